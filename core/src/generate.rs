@@ -1,0 +1,127 @@
+//! Text generation: prefill the prompt, then decode one token at a time against the KV cache.
+//! Greedy by default; temperature and nucleus (top-p) sampling on request.
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::model::teacher::{Logits, Teacher};
+
+#[derive(Clone, Debug)]
+pub struct Sampling {
+    pub max_new_tokens: usize,
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: u64,
+    /// Generation stops after any of these ids.
+    pub stop_ids: Vec<u32>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling { max_new_tokens: 32, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() }
+    }
+}
+
+impl Sampling {
+    pub fn validate(&self) -> Result<()> {
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return Err(Error::argument("--temperature", format!("must be a finite number ≥ 0, got {}", self.temperature)));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(Error::argument("--top-p", format!("must be in (0, 1], got {}", self.top_p)));
+        }
+        Ok(())
+    }
+}
+
+/// SplitMix64: a small, well-mixed generator; enough for sampling and reproducible by seed.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E3779B97F4A7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58476D1CE4E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D049BB133111EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [0, 1).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in logits.iter().enumerate() {
+        if v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Picks the next token from one row of logits.
+pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
+    if s.temperature == 0.0 {
+        return argmax(logits);
+    }
+    let t = s.temperature as f64;
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let mut probs: Vec<(u32, f64)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l as f64 - max) / t).exp())).collect();
+    let z: f64 = probs.iter().map(|p| p.1).sum();
+    probs.iter_mut().for_each(|p| p.1 /= z);
+    probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+    // Keep the smallest prefix whose mass reaches top_p.
+    let mut mass = 0.0;
+    let mut keep = probs.len();
+    for (i, p) in probs.iter().enumerate() {
+        mass += p.1;
+        if mass >= s.top_p as f64 {
+            keep = i + 1;
+            break;
+        }
+    }
+    let kept = &probs[..keep];
+    let total: f64 = kept.iter().map(|p| p.1).sum();
+    let mut u = rng.next_f64() * total;
+    for p in kept {
+        u -= p.1;
+        if u <= 0.0 {
+            return p.0;
+        }
+    }
+    kept[kept.len() - 1].0
+}
+
+/// Generates up to `s.max_new_tokens` after `prompt`, calling `on_token` with each new id as
+/// soon as it is known. Memory is bounded by a KV cache of prompt + max_new_tokens positions.
+pub async fn generate(gpu: &Gpu, teacher: &Teacher, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+    if prompt.is_empty() {
+        return Err(Error::argument("--prompt", "the prompt is empty; give at least one token of text"));
+    }
+    s.validate()?;
+    let cap = prompt.len() + s.max_new_tokens;
+    let mut cache = teacher.new_cache(gpu, 1, cap)?;
+    let mut rng = Rng::new(s.seed);
+    let vocab = teacher.config.vocab_size;
+    let mut out = Vec::new();
+    let mut logits = teacher.forward(gpu, &mut cache, prompt, Logits::Last)?;
+    while out.len() < s.max_new_tokens {
+        let row = gpu.read_f32(&logits, vocab).await?;
+        gpu.release(logits);
+        if let Some(bad) = row.iter().find(|v| !v.is_finite()) {
+            return Err(Error::Gpu(format!("non-finite logit {bad} after {} generated tokens", out.len())));
+        }
+        let next = sample(&row, s, &mut rng);
+        out.push(next);
+        on_token(next);
+        if s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
+            break;
+        }
+        logits = teacher.forward(gpu, &mut cache, &[next], Logits::Last)?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,14 @@
+//! linearize-core: the teacher, its kernels and their references, on wgpu. Platform-neutral:
+//! builds for native targets and for wasm32 (WebGPU).
+//!
+//! Data flows tokens → `model::Teacher::forward` (embedding → blocks → head) → logits, each op
+//! a WGSL kernel launched from `nn` and mirrored in f64 by `reference`.
+pub mod error;
+pub mod generate;
+pub mod gpu;
+pub mod model;
+pub mod nn;
+pub mod reference;
+pub mod shaders;
+
+pub use error::{Error, Result};

@@ -1,0 +1,331 @@
+//! GGUF reader: header, metadata, tensor index, dequantised tensors; and the conversion of a
+//! llama GGUF into `ModelWeights` (undoing llama.cpp's q/k row permutation).
+use super::config::LlamaConfig;
+use super::quant;
+use super::weights::{LayerWeights, ModelWeights};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    Str(String),
+    Array(Vec<Value>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl Value {
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v as u64),
+            Value::U16(v) => Some(v as u64),
+            Value::U32(v) => Some(v as u64),
+            Value::U64(v) => Some(v),
+            Value::I8(v) if v >= 0 => Some(v as u64),
+            Value::I16(v) if v >= 0 => Some(v as u64),
+            Value::I32(v) if v >= 0 => Some(v as u64),
+            Value::I64(v) if v >= 0 => Some(v as u64),
+            _ => None,
+        }
+    }
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v as f64),
+            Value::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub name: String,
+    /// Dimensions as GGUF lists them: innermost first.
+    pub dims: Vec<u64>,
+    pub ty: u32,
+    pub offset: u64,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product::<u64>() as usize
+    }
+    /// Row-major (PyTorch) shape: outermost first.
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+pub struct GgufFile {
+    pub path: PathBuf,
+    pub version: u32,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+    data_start: usize,
+    bytes: Vec<u8>,
+}
+
+struct Reader<'a> {
+    path: &'a Path,
+    b: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8]> {
+        if self.pos.checked_add(n).is_none_or(|end| end > self.b.len()) {
+            return Err(Error::format(
+                self.path,
+                format!("truncated GGUF: reading {what} needs {n} bytes at offset {}, the file has {}", self.pos, self.b.len()),
+            ));
+        }
+        let s = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn u32(&mut self, what: &str) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4, what)?.try_into().unwrap()))
+    }
+    fn u64(&mut self, what: &str) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8, what)?.try_into().unwrap()))
+    }
+    fn string(&mut self, what: &str) -> Result<String> {
+        let n = self.u64(what)?;
+        if n > self.b.len() as u64 {
+            return Err(Error::format(self.path, format!("corrupt GGUF: {what} claims a string of {n} bytes")));
+        }
+        let s = self.take(n as usize, what)?;
+        String::from_utf8(s.to_vec()).map_err(|_| Error::format(self.path, format!("corrupt GGUF: {what} is not UTF-8")))
+    }
+    fn value(&mut self, ty: u32, what: &str, depth: u32) -> Result<Value> {
+        Ok(match ty {
+            0 => Value::U8(self.take(1, what)?[0]),
+            1 => Value::I8(self.take(1, what)?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.take(2, what)?.try_into().unwrap())),
+            3 => Value::I16(i16::from_le_bytes(self.take(2, what)?.try_into().unwrap())),
+            4 => Value::U32(self.u32(what)?),
+            5 => Value::I32(self.u32(what)? as i32),
+            6 => Value::F32(f32::from_bits(self.u32(what)?)),
+            7 => Value::Bool(self.take(1, what)?[0] != 0),
+            8 => Value::Str(self.string(what)?),
+            9 => {
+                if depth > 4 {
+                    return Err(Error::format(self.path, format!("corrupt GGUF: {what} nests arrays too deeply")));
+                }
+                let inner = self.u32(what)?;
+                let n = self.u64(what)?;
+                // Every element takes at least one byte: a larger count is corruption.
+                if n > (self.b.len() - self.pos) as u64 {
+                    return Err(Error::format(self.path, format!("corrupt GGUF: {what} claims {n} array elements")));
+                }
+                let mut v = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    v.push(self.value(inner, what, depth + 1)?);
+                }
+                Value::Array(v)
+            }
+            10 => Value::U64(self.u64(what)?),
+            11 => Value::I64(self.u64(what)? as i64),
+            12 => Value::F64(f64::from_bits(self.u64(what)?)),
+            t => return Err(Error::format(self.path, format!("corrupt GGUF: {what} has unknown value type {t}"))),
+        })
+    }
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        Self::parse(path, bytes)
+    }
+
+    pub fn parse(path: &Path, bytes: Vec<u8>) -> Result<Self> {
+        let mut r = Reader { path, b: &bytes, pos: 0 };
+        let magic = r.take(4, "the magic number")?;
+        if magic != b"GGUF" {
+            return Err(Error::format(path, format!("not a GGUF file (magic {magic:?}, expected \"GGUF\")")));
+        }
+        let version = r.u32("the version")?;
+        if !(2..=3).contains(&version) {
+            return Err(Error::format(path, format!("GGUF version {version} is not supported (2 or 3)")));
+        }
+        let n_tensors = r.u64("the tensor count")?;
+        let n_kv = r.u64("the metadata count")?;
+        if n_tensors > 1 << 24 || n_kv > 1 << 24 {
+            return Err(Error::format(path, format!("corrupt GGUF header: {n_tensors} tensors, {n_kv} metadata entries")));
+        }
+        let mut metadata = BTreeMap::new();
+        for i in 0..n_kv {
+            let key = r.string(&format!("metadata key #{i}"))?;
+            let ty = r.u32(&format!("the type of '{key}'"))?;
+            let v = r.value(ty, &format!("metadata '{key}'"), 0)?;
+            metadata.insert(key, v);
+        }
+        let mut tensors = Vec::with_capacity(n_tensors as usize);
+        for i in 0..n_tensors {
+            let name = r.string(&format!("tensor name #{i}"))?;
+            let n_dims = r.u32(&format!("the rank of '{name}'"))?;
+            if n_dims > 4 {
+                return Err(Error::format(path, format!("corrupt GGUF: tensor '{name}' has rank {n_dims}")));
+            }
+            let dims = (0..n_dims).map(|_| r.u64(&format!("the shape of '{name}'"))).collect::<Result<Vec<_>>>()?;
+            let ty = r.u32(&format!("the type of '{name}'"))?;
+            let offset = r.u64(&format!("the offset of '{name}'"))?;
+            tensors.push(TensorInfo { name, dims, ty, offset });
+        }
+        let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1) as usize;
+        let data_start = r.pos.div_ceil(align) * align;
+        let file = GgufFile { path: path.into(), version, metadata, tensors, data_start, bytes };
+        for t in &file.tensors {
+            file.tensor_range(t)?;
+        }
+        Ok(file)
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    fn tensor_range(&self, t: &TensorInfo) -> Result<std::ops::Range<usize>> {
+        let (per_block, block_bytes) = quant::block_layout(t.ty)
+            .ok_or_else(|| Error::UnknownQuant { path: self.path.clone(), tensor: t.name.clone(), ty: t.ty })?;
+        let n = t.numel();
+        if n % per_block != 0 {
+            return Err(Error::format(&self.path, format!("tensor '{}' has {n} weights, not a multiple of the block size {per_block}", t.name)));
+        }
+        let len = n / per_block * block_bytes;
+        let start = self.data_start as u64 + t.offset;
+        let end = start + len as u64;
+        if end > self.bytes.len() as u64 {
+            return Err(Error::format(
+                &self.path,
+                format!("truncated GGUF: tensor '{}' needs bytes {start}..{end}, the file has {}", t.name, self.bytes.len()),
+            ));
+        }
+        Ok(start as usize..end as usize)
+    }
+
+    pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    /// A tensor dequantised to f32, row-major.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+        let t = self
+            .tensor_info(name)
+            .ok_or_else(|| Error::Missing { path: self.path.clone(), what: format!("tensor '{name}'") })?;
+        let range = self.tensor_range(t)?;
+        Ok((t.shape(), quant::dequantize(t.ty, &self.bytes[range], t.numel())))
+    }
+
+    fn meta_u64(&self, key: &str) -> Result<u64> {
+        self.get(key).and_then(Value::as_u64).ok_or_else(|| Error::Missing { path: self.path.clone(), what: format!("metadata '{key}'") })
+    }
+
+    /// The HF-style config of a llama-architecture GGUF.
+    pub fn llama_config(&self) -> Result<LlamaConfig> {
+        let arch = self.get("general.architecture").and_then(Value::as_str).unwrap_or("");
+        if arch != "llama" {
+            return Err(Error::format(&self.path, format!("general.architecture is '{arch}', only 'llama' is supported")));
+        }
+        let vocab = match self.get("tokenizer.ggml.tokens").and_then(Value::as_array) {
+            Some(t) => t.len(),
+            None => self.meta_u64("llama.vocab_size")? as usize,
+        };
+        let heads = self.meta_u64("llama.attention.head_count")? as usize;
+        let cfg = LlamaConfig {
+            model_type: "llama".into(),
+            hidden_size: self.meta_u64("llama.embedding_length")? as usize,
+            intermediate_size: self.meta_u64("llama.feed_forward_length")? as usize,
+            num_hidden_layers: self.meta_u64("llama.block_count")? as usize,
+            num_attention_heads: heads,
+            num_key_value_heads: Some(self.get("llama.attention.head_count_kv").and_then(Value::as_u64).map_or(heads, |v| v as usize)),
+            head_dim: None,
+            vocab_size: vocab,
+            max_position_embeddings: self.get("llama.context_length").and_then(Value::as_u64).unwrap_or(2048) as usize,
+            rms_norm_eps: self.get("llama.attention.layer_norm_rms_epsilon").and_then(Value::as_f64).unwrap_or(1e-5),
+            rope_theta: self.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10000.0),
+            tie_word_embeddings: self.tensor_info("output.weight").is_none(),
+            bos_token_id: self.get("tokenizer.ggml.bos_token_id").and_then(Value::as_u64).map(|v| v as u32),
+            eos_token_id: self.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).map(|v| serde_json::json!(v)),
+        };
+        cfg.validate(&self.path)?;
+        Ok(cfg)
+    }
+
+    fn expect(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (s, w) = self.tensor_f32(name)?;
+        if s != shape {
+            return Err(Error::ConfigMismatch {
+                path: self.path.clone(),
+                msg: format!("tensor '{name}' has shape {s:?}, the metadata implies {shape:?}"),
+            });
+        }
+        Ok(w)
+    }
+
+    /// All weights of a llama GGUF in HF layout, dequantised to f32.
+    pub fn llama_weights(&self) -> Result<ModelWeights> {
+        let cfg = self.llama_config()?;
+        let (d, f, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim());
+        let embed = self.expect("token_embd.weight", &[cfg.vocab_size, d])?;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let name = |s: &str| format!("blk.{i}.{s}.weight");
+            let q = self.expect(&name("attn_q"), &[cfg.q_dim(), d])?;
+            let k = self.expect(&name("attn_k"), &[cfg.kv_dim(), d])?;
+            layers.push(LayerWeights {
+                attn_norm: self.expect(&name("attn_norm"), &[d])?,
+                q: unpermute_rope_rows(&q, cfg.num_attention_heads, hd, d),
+                k: unpermute_rope_rows(&k, cfg.n_kv_heads(), hd, d),
+                v: self.expect(&name("attn_v"), &[cfg.kv_dim(), d])?,
+                o: self.expect(&name("attn_output"), &[d, cfg.q_dim()])?,
+                ffn_norm: self.expect(&name("ffn_norm"), &[d])?,
+                gate: self.expect(&name("ffn_gate"), &[f, d])?,
+                up: self.expect(&name("ffn_up"), &[f, d])?,
+                down: self.expect(&name("ffn_down"), &[d, f])?,
+            });
+        }
+        let final_norm = self.expect("output_norm.weight", &[d])?;
+        let lm_head = if cfg.tie_word_embeddings { None } else { Some(self.expect("output.weight", &[cfg.vocab_size, d])?) };
+        Ok(ModelWeights { config: cfg, embed, layers, final_norm, lm_head })
+    }
+}
+
+/// llama.cpp stores q/k rows of each head interleaved as (pair, 2) for its RoPE; HF's
+/// rotate_half wants (2, pair). Row r = h·hd + i·2 + j moves to h·hd + j·(hd/2) + i.
+pub fn unpermute_rope_rows(w: &[f32], heads: usize, head_dim: usize, cols: usize) -> Vec<f32> {
+    let half = head_dim / 2;
+    let mut out = vec![0.0; w.len()];
+    for h in 0..heads {
+        for i in 0..half {
+            for j in 0..2 {
+                let src = h * head_dim + i * 2 + j;
+                let dst = h * head_dim + j * half + i;
+                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
+            }
+        }
+    }
+    out
+}

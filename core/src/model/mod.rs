@@ -1,0 +1,14 @@
+//! Models: configuration, weights and their loaders (GGUF, HF directories), the tokenizer, and
+//! the GPU teacher.
+pub mod config;
+pub mod gguf;
+pub mod hf;
+pub mod quant;
+pub mod teacher;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::LlamaConfig;
+pub use teacher::{KvCache, Teacher};
+pub use tokenizer::Tokenizer;
+pub use weights::{LayerWeights, Model, ModelWeights};

@@ -1,0 +1,130 @@
+//! Launchers for the WGSL kernels under shaders/nn/: one function per op, each the host side of
+//! one shader file. Shapes are checked here, before anything reaches the GPU.
+use crate::error::{Error, Result};
+use crate::gpu::{GpuBuf, Kernel, Recorder};
+
+fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
+    if buf.len < len {
+        return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
+    }
+    Ok(())
+}
+
+/// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
+/// shaders recombine them as `y * 32768 + x`.
+fn split_groups(n: usize) -> [u32; 3] {
+    const PER_Y: usize = 32768;
+    [n.min(PER_Y) as u32, n.div_ceil(PER_Y) as u32, 1]
+}
+
+/// y[m, n] = x[m, k] · w[n, k]ᵀ, or y += that with `accumulate` (residual adds).
+#[allow(clippy::too_many_arguments)]
+pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+    need("linear x", x, m * k)?;
+    need("linear w", w, n * k)?;
+    need("linear y", y, m * n)?;
+    let params = [m as u32, n as u32, k as u32, accumulate as u32];
+    let buffers = [&x.buffer, &w.buffer, &y.buffer];
+    if m <= 8 {
+        rec.dispatch(&Kernel::new("nn/matmul", "matvec"), &params, &buffers, split_groups(n))
+    } else {
+        let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1];
+        rec.dispatch(&Kernel::new("nn/matmul", "matmul"), &params, &buffers, groups)
+    }
+}
+
+/// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w.
+pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize, eps: f32) -> Result<()> {
+    need("rmsnorm x", x, rows * cols)?;
+    need("rmsnorm w", w, cols)?;
+    need("rmsnorm y", y, rows * cols)?;
+    let params = [rows as u32, cols as u32, eps.to_bits()];
+    rec.dispatch(&Kernel::new("nn/rmsnorm", "rmsnorm"), &params, &[&x.buffer, &w.buffer, &y.buffer], split_groups(rows))
+}
+
+/// out[r, :] = table[ids[r], :] for `rows` ids; the table has `table_rows` rows of `cols`.
+pub fn gather_rows(rec: &mut Recorder, ids: &GpuBuf, table: &GpuBuf, out: &GpuBuf, rows: usize, cols: usize, table_rows: usize) -> Result<()> {
+    need("gather ids", ids, rows)?;
+    need("gather table", table, table_rows * cols)?;
+    need("gather out", out, rows * cols)?;
+    let params = [rows as u32, cols as u32, table_rows as u32];
+    let groups = [cols.div_ceil(64) as u32, rows as u32, 1];
+    rec.dispatch(&Kernel::new("nn/embedding", "gather_rows"), &params, &[&ids.buffer, &table.buffer, &out.buffer], groups)
+}
+
+/// Shapes shared by the attention-side kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub batch: usize,
+    pub seq: usize,
+    /// Absolute position of the first query (the number of tokens already in the cache).
+    pub pos0: usize,
+    pub n_q: usize,
+    pub n_kv: usize,
+    pub head_dim: usize,
+    /// Positions the KV cache holds per sequence.
+    pub cap: usize,
+}
+
+impl AttnShape {
+    fn params(&self) -> [u32; 7] {
+        [self.batch, self.seq, self.pos0, self.n_q, self.n_kv, self.head_dim, self.cap].map(|v| v as u32)
+    }
+    fn check(&self) -> Result<()> {
+        if self.pos0 + self.seq > self.cap {
+            return Err(Error::argument(
+                "context",
+                format!("{} tokens do not fit the KV cache of {} positions", self.pos0 + self.seq, self.cap),
+            ));
+        }
+        if self.n_kv == 0 || self.n_q % self.n_kv != 0 {
+            return Err(Error::argument("heads", format!("{} query heads are not a multiple of {} kv heads", self.n_q, self.n_kv)));
+        }
+        Ok(())
+    }
+}
+
+/// Rotary embedding of q and k from the fused qkv projection; k and v go into the cache.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qkv_to_cache(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, cos: &GpuBuf, sin: &GpuBuf, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf) -> Result<()> {
+    s.check()?;
+    let rows = s.batch * s.seq;
+    let half = s.head_dim / 2;
+    need("rope qkv", qkv, rows * (s.n_q + 2 * s.n_kv) * s.head_dim)?;
+    need("rope cos", cos, (s.pos0 + s.seq) * half)?;
+    need("rope sin", sin, (s.pos0 + s.seq) * half)?;
+    need("rope q", q, rows * s.n_q * s.head_dim)?;
+    need("rope k cache", k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    need("rope v cache", v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    let groups = [((s.n_q + 2 * s.n_kv) * half).div_ceil(64) as u32, rows as u32, 1];
+    let bufs = [&qkv.buffer, &cos.buffer, &sin.buffer, &q.buffer, &k_cache.buffer, &v_cache.buffer];
+    rec.dispatch(&Kernel::new("nn/rope", "rope_qkv_to_cache"), &s.params(), &bufs, groups)
+}
+
+/// Head dimension the attention kernel is compiled for.
+pub const ATTENTION_HEAD_DIM: usize = 64;
+
+/// Causal GQA attention of `seq` queries against cache positions 0..pos0+seq.
+pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf) -> Result<()> {
+    s.check()?;
+    if s.head_dim != ATTENTION_HEAD_DIM {
+        return Err(Error::argument("head_dim", format!("the attention kernel supports head_dim {ATTENTION_HEAD_DIM}, the model has {}", s.head_dim)));
+    }
+    let rows = s.batch * s.seq;
+    need("attention q", q, rows * s.n_q * s.head_dim)?;
+    need("attention k cache", k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    need("attention v cache", v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    need("attention out", out, rows * s.n_q * s.head_dim)?;
+    let mut params = s.params().to_vec();
+    params.push((1.0 / (s.head_dim as f32).sqrt()).to_bits());
+    let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
+    rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &[&q.buffer, &k_cache.buffer, &v_cache.buffer, &out.buffer], groups)
+}
+
+/// out[r, j] = silu(gate_up[r, j]) · gate_up[r, ffn + j].
+pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, ffn: usize) -> Result<()> {
+    need("swiglu gate_up", gate_up, rows * 2 * ffn)?;
+    need("swiglu out", out, rows * ffn)?;
+    let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
+    rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &[rows as u32, ffn as u32], &[&gate_up.buffer, &out.buffer], groups)
+}

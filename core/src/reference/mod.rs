@@ -1,0 +1,3 @@
+//! Plain-Rust f64 implementations: the oracle every GPU kernel is tested against.
+pub mod nn;
+pub mod teacher;

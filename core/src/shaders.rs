@@ -1,0 +1,15 @@
+//! The WGSL sources, embedded at build time so the same binary (or wasm module) carries them.
+//! One entry per file under shaders/.
+
+pub const ALL: &[(&str, &str)] = &[
+    ("nn/matmul", include_str!("../../shaders/nn/matmul.wgsl")),
+    ("nn/rmsnorm", include_str!("../../shaders/nn/rmsnorm.wgsl")),
+    ("nn/embedding", include_str!("../../shaders/nn/embedding.wgsl")),
+    ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),
+    ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
+    ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
+];
+
+pub fn source(name: &str) -> Option<&'static str> {
+    ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}

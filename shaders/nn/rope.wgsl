@@ -1,0 +1,60 @@
+// Splits the fused q|k|v projection, applies rotary embeddings (HF rotate_half: pairs (i, i+d/2))
+// to q and k, and writes k and v into the KV cache at their absolute positions.
+// cos/sin come from a table computed on the host in f64, so long positions stay exact.
+
+struct Params {
+    batch: u32,
+    seq: u32,
+    pos0: u32,
+    n_q: u32,
+    n_kv: u32,
+    head_dim: u32,
+    cap: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;     // [batch*seq, (n_q + 2 n_kv) * head_dim]
+@group(0) @binding(2) var<storage, read> cos_table: array<f32>; // [positions, head_dim / 2]
+@group(0) @binding(3) var<storage, read> sin_table: array<f32>;
+@group(0) @binding(4) var<storage, read_write> q_out: array<f32>;  // [batch*seq, n_q * head_dim]
+@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>; // [batch, n_kv, cap, head_dim]
+@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
+
+@compute @workgroup_size(64)
+fn rope_qkv_to_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let half = p.head_dim / 2u;
+    let heads = p.n_q + 2u * p.n_kv;
+    let j = gid.x;
+    let row = gid.y;
+    if (j >= heads * half || row >= p.batch * p.seq) {
+        return;
+    }
+    let head = j / half;
+    let i = j % half;
+    let b = row / p.seq;
+    let pos = p.pos0 + row % p.seq;
+    let src = row * heads * p.head_dim + head * p.head_dim;
+    let x1 = qkv[src + i];
+    let x2 = qkv[src + i + half];
+    if (head < p.n_q + p.n_kv) {
+        let c = cos_table[pos * half + i];
+        let s = sin_table[pos * half + i];
+        let r1 = x1 * c - x2 * s;
+        let r2 = x2 * c + x1 * s;
+        if (head < p.n_q) {
+            let dst = row * p.n_q * p.head_dim + head * p.head_dim;
+            q_out[dst + i] = r1;
+            q_out[dst + i + half] = r2;
+        } else {
+            let kh = head - p.n_q;
+            let dst = ((b * p.n_kv + kh) * p.cap + pos) * p.head_dim;
+            k_cache[dst + i] = r1;
+            k_cache[dst + i + half] = r2;
+        }
+    } else {
+        let vh = head - p.n_q - p.n_kv;
+        let dst = ((b * p.n_kv + vh) * p.cap + pos) * p.head_dim;
+        v_cache[dst + i] = x1;
+        v_cache[dst + i + half] = x2;
+    }
+}
