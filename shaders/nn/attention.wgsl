@@ -38,7 +38,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
     let b = wid.z;
     let kh = h / (p.n_q / p.n_kv);
     let t = t0 + lid.x;
-    let active = t < p.seq;
+    let in_range = t < p.seq;
     let my_pos = p.pos0 + t;
     let row = b * p.seq + t;
 
@@ -48,7 +48,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         acc[i] = 0.0;
         qv[i] = 0.0;
     }
-    if (active) {
+    if (in_range) {
         let base = (row * p.n_q + h) * D;
         for (var i = 0u; i < D; i++) {
             qv[i] = q[base + i] * p.scale;
@@ -75,7 +75,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
             v_tile[e] = vv;
         }
         workgroupBarrier();
-        if (active) {
+        if (in_range) {
             var s: array<f32, 32>;
             var tile_max = -3.0e38;
             for (var jj = 0u; jj < BKV; jj++) {
@@ -110,7 +110,7 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         }
         workgroupBarrier();
     }
-    if (active) {
+    if (in_range) {
         let base = (row * p.n_q + h) * D;
         let inv = 1.0 / l;
         for (var i = 0u; i < D; i++) {
