@@ -1,1 +1,183 @@
+//! Each WGSL op against its f64 reference at awkward shapes: one row, sizes that are not
+//! multiples of the tiles, several heads, grouped kv heads, and extreme values.
+use linearize_core::generate::Rng;
+use linearize_core::gpu::GpuBuf;
+use linearize_core::nn::{self, AttnShape};
+use linearize_core::reference::nn as reference;
+use linearize_tests::{assert_close, f64s, gpu, random};
 
+fn read(buf: &GpuBuf, len: usize) -> Vec<f32> {
+    gpu().read_f32_blocking(buf, len).unwrap()
+}
+
+fn up(label: &str, v: &[f32]) -> GpuBuf {
+    gpu().upload_f32(label, v).unwrap()
+}
+
+#[test]
+fn linear_matches_reference() {
+    let mut rng = Rng::new(1);
+    // (m, n, k): single element, matvec path (m ≤ 8), tiled path with ragged edges.
+    for &(m, n, k) in &[(1, 1, 1), (1, 577, 33), (5, 70, 130), (8, 3, 200), (9, 65, 17), (65, 130, 77), (130, 64, 64)] {
+        for accumulate in [false, true] {
+            let x = random(&mut rng, m * k, 1.0);
+            let w = random(&mut rng, n * k, 1.0);
+            let y0 = random(&mut rng, m * n, 1.0);
+            let (xb, wb, yb) = (up("x", &x), up("w", &w), up("y", &y0));
+            let mut rec = gpu().recorder();
+            nn::linear(&mut rec, &xb, &wb, &yb, m, n, k, accumulate).unwrap();
+            rec.submit().unwrap();
+            let mut want = reference::linear(&f64s(&x), &f64s(&w), m, n, k);
+            if accumulate {
+                want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
+            }
+            assert_close(&format!("linear m={m} n={n} k={k} acc={accumulate}"), &read(&yb, m * n), &want, 1e-5 * (k as f64).sqrt(), 1e-4);
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_matches_reference() {
+    let mut rng = Rng::new(2);
+    for &(rows, cols, scale) in &[(1, 1, 1.0), (3, 576, 1.0), (7, 1000, 1.0), (2, 64, 1e-3), (2, 300, 1e3)] {
+        let x = random(&mut rng, rows * cols, scale);
+        let w = random(&mut rng, cols, 2.0);
+        let (xb, wb, yb) = (up("x", &x), up("w", &w), gpu().scratch(rows * cols).unwrap());
+        let mut rec = gpu().recorder();
+        nn::rmsnorm(&mut rec, &xb, &wb, &yb, rows, cols, 1e-5).unwrap();
+        rec.submit().unwrap();
+        let want = reference::rmsnorm(&f64s(&x), &f64s(&w), rows, cols, 1e-5f32 as f64);
+        assert_close(&format!("rmsnorm {rows}x{cols} scale {scale}"), &read(&yb, rows * cols), &want, 1e-6, 1e-4);
+    }
+}
+
+#[test]
+fn gather_rows_matches_reference() {
+    let mut rng = Rng::new(3);
+    let (table_rows, cols) = (37, 70);
+    let table = random(&mut rng, table_rows * cols, 1.0);
+    let ids: Vec<u32> = vec![0, 36, 5, 5, 17];
+    let (ib, tb, ob) = (gpu().upload_u32("ids", &ids).unwrap(), up("t", &table), gpu().scratch(ids.len() * cols).unwrap());
+    let mut rec = gpu().recorder();
+    nn::gather_rows(&mut rec, &ib, &tb, &ob, ids.len(), cols, table_rows).unwrap();
+    rec.submit().unwrap();
+    assert_close("gather", &read(&ob, ids.len() * cols), &reference::gather_rows(&ids, &f64s(&table), cols), 0.0, 0.0);
+}
+
+#[test]
+fn swiglu_matches_reference_with_extreme_gates() {
+    let mut rng = Rng::new(4);
+    let (rows, ffn) = (3, 77);
+    let mut gu = random(&mut rng, rows * 2 * ffn, 4.0);
+    gu[0] = 80.0;
+    gu[1] = -80.0;
+    gu[2] = 0.0;
+    let (gb, ob) = (up("gu", &gu), gpu().scratch(rows * ffn).unwrap());
+    let mut rec = gpu().recorder();
+    nn::swiglu(&mut rec, &gb, &ob, rows, ffn).unwrap();
+    rec.submit().unwrap();
+    assert_close("swiglu", &read(&ob, rows * ffn), &reference::swiglu(&f64s(&gu), rows, ffn), 1e-6, 1e-5);
+}
+
+/// Cache layout [batch, n_kv, cap, d] → per-sequence reference layout [t, n_kv, d].
+fn cache_to_seq(cache: &[f32], b: usize, n_kv: usize, cap: usize, d: usize, t: usize) -> Vec<f64> {
+    let mut out = Vec::with_capacity(t * n_kv * d);
+    for pos in 0..t {
+        for h in 0..n_kv {
+            let base = ((b * n_kv + h) * cap + pos) * d;
+            out.extend(cache[base..base + d].iter().map(|&v| v as f64));
+        }
+    }
+    out
+}
+
+#[test]
+fn rope_writes_rotated_q_and_cache() {
+    let mut rng = Rng::new(5);
+    for &(batch, seq, pos0, n_q, n_kv, d) in &[(1, 1, 0, 1, 1, 2), (2, 5, 3, 4, 2, 64), (1, 3, 100, 3, 1, 8)] {
+        let cap = pos0 + seq + 2;
+        let s = AttnShape { batch, seq, pos0, n_q, n_kv, head_dim: d, cap };
+        let rows = batch * seq;
+        let width = (n_q + 2 * n_kv) * d;
+        let qkv = random(&mut rng, rows * width, 1.0);
+        let (cos, sin) = linearize_core::model::teacher::rope_tables(cap, d, 10000.0);
+        let q = gpu().scratch(rows * n_q * d).unwrap();
+        let kc = up("k", &vec![0.0; batch * n_kv * cap * d]);
+        let vc = up("v", &vec![0.0; batch * n_kv * cap * d]);
+        let mut rec = gpu().recorder();
+        nn::rope_qkv_to_cache(&mut rec, s, &up("qkv", &qkv), &up("cos", &cos), &up("sin", &sin), &q, &kc, &vc).unwrap();
+        rec.submit().unwrap();
+        let got_q = read(&q, rows * n_q * d);
+        let got_k = read(&kc, batch * n_kv * cap * d);
+        let got_v = read(&vc, batch * n_kv * cap * d);
+        for b in 0..batch {
+            let positions: Vec<usize> = (pos0..pos0 + seq).collect();
+            let part = |off: usize, heads: usize| -> Vec<f64> {
+                (0..seq).flat_map(|t| qkv[(b * seq + t) * width + off..][..heads * d].iter().map(|&v| v as f64).collect::<Vec<_>>()).collect()
+            };
+            let mut want_q = part(0, n_q);
+            let mut want_k = part(n_q * d, n_kv);
+            let want_v = part((n_q + n_kv) * d, n_kv);
+            reference::rope(&mut want_q, &positions, n_q, d, 10000.0);
+            reference::rope(&mut want_k, &positions, n_kv, d, 10000.0);
+            let tag = format!("rope b={b} seq={seq} pos0={pos0} d={d}");
+            assert_close(&format!("{tag} q"), &got_q[b * seq * n_q * d..][..seq * n_q * d], &want_q, 1e-6, 1e-5);
+            let k_seq = cache_to_seq(&got_k, b, n_kv, cap, d, pos0 + seq);
+            let v_seq = cache_to_seq(&got_v, b, n_kv, cap, d, pos0 + seq);
+            let k_new: Vec<f32> = k_seq[pos0 * n_kv * d..].iter().map(|&v| v as f32).collect();
+            let v_new: Vec<f32> = v_seq[pos0 * n_kv * d..].iter().map(|&v| v as f32).collect();
+            assert_close(&format!("{tag} k cache"), &k_new, &want_k, 1e-6, 1e-5);
+            assert_close(&format!("{tag} v cache"), &v_new, &want_v, 0.0, 0.0);
+            assert!(k_seq[..pos0 * n_kv * d].iter().all(|&v| v == 0.0), "{tag}: rope wrote before pos0");
+        }
+    }
+}
+
+#[test]
+fn attention_matches_reference() {
+    let mut rng = Rng::new(6);
+    let d = 64;
+    // (batch, seq, pos0, n_q, n_kv, scale of q): decode, ragged tiles, prefill after a prefix,
+    // and large scores that would overflow a naive softmax.
+    for &(batch, seq, pos0, n_q, n_kv, q_scale) in &[
+        (1, 1, 0, 1, 1, 1.0),
+        (1, 1, 40, 3, 1, 1.0),
+        (2, 63, 0, 6, 2, 1.0),
+        (1, 64, 0, 2, 2, 1.0),
+        (2, 65, 7, 6, 3, 1.0),
+        (1, 130, 0, 3, 1, 1.0),
+        (1, 33, 5, 2, 1, 40.0),
+    ] {
+        let cap = pos0 + seq + 3;
+        let s = AttnShape { batch, seq, pos0, n_q, n_kv, head_dim: d, cap };
+        let q = random(&mut rng, batch * seq * n_q * d, q_scale);
+        let k = random(&mut rng, batch * n_kv * cap * d, 1.0);
+        let v = random(&mut rng, batch * n_kv * cap * d, 1.0);
+        let out = gpu().scratch(batch * seq * n_q * d).unwrap();
+        let mut rec = gpu().recorder();
+        nn::attention(&mut rec, s, &up("q", &q), &up("k", &k), &up("v", &v), &out).unwrap();
+        rec.submit().unwrap();
+        let got = read(&out, batch * seq * n_q * d);
+        for b in 0..batch {
+            let t_k = pos0 + seq;
+            let qb = f64s(&q[b * seq * n_q * d..][..seq * n_q * d]);
+            let want = reference::attention(&qb, &cache_to_seq(&k, b, n_kv, cap, d, t_k), &cache_to_seq(&v, b, n_kv, cap, d, t_k), seq, t_k, pos0, n_q, n_kv, d);
+            let tag = format!("attention b={b}/{batch} seq={seq} pos0={pos0} heads={n_q}/{n_kv} q×{q_scale}");
+            assert_close(&tag, &got[b * seq * n_q * d..][..seq * n_q * d], &want, 1e-5, 1e-4);
+        }
+    }
+}
+
+#[test]
+fn shape_errors_are_reported_not_dispatched() {
+    let small = gpu().scratch(4).unwrap();
+    let mut rec = gpu().recorder();
+    let err = nn::linear(&mut rec, &small, &small, &small, 4, 4, 4, false).unwrap_err().to_string();
+    assert!(err.contains("linear x") && err.contains("needs 16"), "{err}");
+    let s = AttnShape { batch: 1, seq: 4, pos0: 2, n_q: 2, n_kv: 1, head_dim: 64, cap: 5 };
+    let err = nn::attention(&mut rec, s, &small, &small, &small, &small).unwrap_err().to_string();
+    assert!(err.contains("do not fit the KV cache"), "{err}");
+    let s = AttnShape { batch: 1, seq: 1, pos0: 0, n_q: 2, n_kv: 1, head_dim: 32, cap: 5 };
+    let err = nn::attention(&mut rec, s, &small, &small, &small, &small).unwrap_err().to_string();
+    assert!(err.contains("head_dim"), "{err}");
+}

@@ -85,49 +85,35 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
 }
 
 const MATVEC_ROWS: u32 = 8u;
-const MATVEC_THREADS: u32 = 64u;
 const MATVEC_COLS_PER_Y: u32 = 32768u;
 
-var<workgroup> partial: array<f32, 512>; // [MATVEC_ROWS][MATVEC_THREADS]
-
+// One thread per output column, all (up to 8) rows at once, k walked sequentially: no
+// barriers and no shared memory, so it is cheap per workgroup on CPU implementations too;
+// x reads are the same address across threads (broadcast).
 @compute @workgroup_size(64)
-fn matvec(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let col = wid.y * MATVEC_COLS_PER_Y + wid.x;
+fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.y * MATVEC_COLS_PER_Y + gid.x;
     if (col >= p.n) {
-        return; // uniform across the workgroup
+        return;
     }
-    let t = lid.x;
     var acc: array<f32, 8>;
     for (var r = 0u; r < MATVEC_ROWS; r++) {
         acc[r] = 0.0;
     }
-    for (var kk = t; kk < p.k; kk += MATVEC_THREADS) {
-        let wv = w[col * p.k + kk];
-        for (var r = 0u; r < MATVEC_ROWS; r++) {
-            if (r < p.m) {
-                acc[r] = fma(x[r * p.k + kk], wv, acc[r]);
-            }
+    let rows = min(p.m, MATVEC_ROWS);
+    let w_base = col * p.k;
+    for (var kk = 0u; kk < p.k; kk++) {
+        let wv = w[w_base + kk];
+        for (var r = 0u; r < rows; r++) {
+            acc[r] = fma(x[r * p.k + kk], wv, acc[r]);
         }
     }
-    for (var r = 0u; r < MATVEC_ROWS; r++) {
-        partial[r * MATVEC_THREADS + t] = acc[r];
-    }
-    workgroupBarrier();
-    for (var s = MATVEC_THREADS / 2u; s > 0u; s = s / 2u) {
-        if (t < s) {
-            for (var r = 0u; r < MATVEC_ROWS; r++) {
-                partial[r * MATVEC_THREADS + t] += partial[r * MATVEC_THREADS + t + s];
-            }
-        }
-        workgroupBarrier();
-    }
-    if (t < p.m) {
-        let idx = t * p.n + col;
-        let v = partial[t * MATVEC_THREADS];
+    for (var r = 0u; r < rows; r++) {
+        let idx = r * p.n + col;
         if (p.accumulate != 0u) {
-            y[idx] = y[idx] + v;
+            y[idx] = y[idx] + acc[r];
         } else {
-            y[idx] = v;
+            y[idx] = acc[r];
         }
     }
 }

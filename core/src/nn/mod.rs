@@ -26,7 +26,9 @@ pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, 
     let params = [m as u32, n as u32, k as u32, accumulate as u32];
     let buffers = [&x.buffer, &w.buffer, &y.buffer];
     if m <= 8 {
-        rec.dispatch(&Kernel::new("nn/matmul", "matvec"), &params, &buffers, split_groups(n))
+        // One thread per column: x spans 32768 columns (512 workgroups of 64) per row of the grid.
+        let groups = [(n.min(32768)).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1];
+        rec.dispatch(&Kernel::new("nn/matmul", "matvec"), &params, &buffers, groups)
     } else {
         let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1];
         rec.dispatch(&Kernel::new("nn/matmul", "matmul"), &params, &buffers, groups)
