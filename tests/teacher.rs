@@ -1,1 +1,139 @@
+//! The whole teacher on the GPU against the f64 reference: a random tiny Llama (untied head,
+//! grouped kv heads, batch > 1) and the real SmolLM2-135M (known token ids and continuation,
+//! logits of a 32-token prompt by prefill and by token-by-token decode).
+use linearize_core::generate::{argmax, generate, Rng, Sampling};
+use linearize_core::model::teacher::Logits;
+use linearize_core::model::{LayerWeights, LlamaConfig, ModelWeights, Teacher};
+use linearize_core::reference::teacher as reference;
+use linearize_tests::{assert_close, gpu, max_abs_diff, random, teacher};
 
+fn tiny_model(seed: u64) -> ModelWeights {
+    let cfg = LlamaConfig {
+        model_type: "llama".into(),
+        hidden_size: 96,
+        intermediate_size: 80,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: Some(2),
+        head_dim: Some(64),
+        vocab_size: 101,
+        max_position_embeddings: 256,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+        bos_token_id: None,
+        eos_token_id: None,
+    };
+    let mut rng = Rng::new(seed);
+    let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
+    let mut r = |n: usize, s: f32| random(&mut rng, n, s);
+    let layers = (0..cfg.num_hidden_layers)
+        .map(|_| LayerWeights {
+            attn_norm: r(d, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect(),
+            q: r(cfg.q_dim() * d, 0.3),
+            k: r(cfg.kv_dim() * d, 0.3),
+            v: r(cfg.kv_dim() * d, 0.3),
+            o: r(d * cfg.q_dim(), 0.1),
+            ffn_norm: r(d, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect(),
+            gate: r(f * d, 0.2),
+            up: r(f * d, 0.2),
+            down: r(d * f, 0.2),
+        })
+        .collect();
+    ModelWeights {
+        embed: r(cfg.vocab_size * d, 1.0),
+        final_norm: r(d, 1.0).iter().map(|v| 1.0 + 0.5 * v).collect(),
+        lm_head: Some(r(cfg.vocab_size * d, 0.5)),
+        layers,
+        config: cfg,
+    }
+}
+
+#[test]
+fn tiny_llama_prefill_and_decode_match_reference() {
+    let w = tiny_model(7);
+    let vocab = w.config.vocab_size;
+    let t = Teacher::upload(gpu(), &w).unwrap();
+    let seqs: Vec<Vec<u32>> = vec![(0..70).map(|i| (i * 37 % 101) as u32).collect(), (0..70).map(|i| (i * 11 % 97 + 3) as u32).collect()];
+    let want: Vec<Vec<f64>> = seqs.iter().map(|s| reference::forward(&w, s)).collect();
+
+    // Prefill of both sequences at once: 70 tokens is not a multiple of the 64-query tile.
+    let mut cache = t.new_cache(gpu(), 2, 80).unwrap();
+    let ids: Vec<u32> = seqs.concat();
+    let logits = t.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
+    let got = gpu().read_f32_blocking(&logits, 2 * 70 * vocab).unwrap();
+    for b in 0..2 {
+        assert_close(&format!("tiny prefill seq {b}"), &got[b * 70 * vocab..][..70 * vocab], &want[b], 1e-4, 1e-4);
+    }
+
+    // Prefill 61 tokens, then decode the remaining 9 one at a time.
+    let mut cache = t.new_cache(gpu(), 2, 70).unwrap();
+    let prefix: Vec<u32> = seqs.iter().flat_map(|s| s[..61].to_vec()).collect();
+    let logits = t.forward(gpu(), &mut cache, &prefix, Logits::Last).unwrap();
+    let mut got = gpu().read_f32_blocking(&logits, 2 * vocab).unwrap();
+    for pos in 61..=70 {
+        for b in 0..2 {
+            assert_close(&format!("tiny decode seq {b} pos {}", pos - 1), &got[b * vocab..][..vocab], &want[b][(pos - 1) * vocab..][..vocab], 1e-4, 1e-4);
+        }
+        if pos == 70 {
+            break;
+        }
+        let step: Vec<u32> = seqs.iter().map(|s| s[pos]).collect();
+        let logits = t.forward(gpu(), &mut cache, &step, Logits::Last).unwrap();
+        got = gpu().read_f32_blocking(&logits, 2 * vocab).unwrap();
+    }
+    assert_eq!(cache.len, 70);
+    let err = t.forward(gpu(), &mut cache, &[1, 2], Logits::Last).unwrap_err().to_string();
+    assert!(err.contains("do not fit the KV cache"), "{err}");
+    let err = t.forward(gpu(), &mut cache, &[1, 500], Logits::Last).unwrap_err().to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+}
+
+const PROMPT: &str = "The capital of France is";
+
+#[test]
+fn real_teacher_known_tokens_and_greedy_continuation() {
+    let m = teacher();
+    let ids = m.tokenizer.encode(PROMPT).unwrap();
+    assert_eq!(ids, [504, 3575, 282, 4649, 314]);
+    let t = Teacher::upload(gpu(), &m.weights).unwrap();
+    let s = Sampling { max_new_tokens: 6, ..Default::default() };
+    let mut streamed = Vec::new();
+    let out = pollster::block_on(generate(gpu(), &t, &ids, &s, |id| streamed.push(id))).unwrap();
+    assert_eq!(out, [7042, 30, 198, 198, 504, 2988]);
+    assert_eq!(streamed, out);
+    assert_eq!(m.tokenizer.decode(&out).unwrap(), " Paris.\n\nThe answer");
+    let err = pollster::block_on(generate(gpu(), &t, &[], &s, |_| {})).unwrap_err().to_string();
+    assert!(err.contains("prompt is empty"), "{err}");
+}
+
+#[test]
+fn real_teacher_logits_match_f64_reference_on_32_tokens() {
+    let m = teacher();
+    let text = "Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse, and nothing particular to interest me on shore, I thought I would sail about a little";
+    let mut ids = m.tokenizer.encode(text).unwrap();
+    assert!(ids.len() >= 32, "the prompt has {} tokens", ids.len());
+    ids.truncate(32);
+    let vocab = m.weights.config.vocab_size;
+    let want = reference::forward(&m.weights, &ids);
+    let t = Teacher::upload(gpu(), &m.weights).unwrap();
+
+    let mut cache = t.new_cache(gpu(), 1, 32).unwrap();
+    let logits = t.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
+    let prefill = gpu().read_f32_blocking(&logits, 32 * vocab).unwrap();
+    eprintln!("prefill: max |gpu − f64| over 32 × {vocab} logits = {:.2e}", max_abs_diff(&prefill, &want));
+    assert_close("teacher prefill logits", &prefill, &want, 1e-3, 0.0);
+
+    let mut cache = t.new_cache(gpu(), 1, 32).unwrap();
+    let mut worst = 0.0f64;
+    for (pos, &id) in ids.iter().enumerate() {
+        let logits = t.forward(gpu(), &mut cache, &[id], Logits::Last).unwrap();
+        let row = gpu().read_f32_blocking(&logits, vocab).unwrap();
+        gpu().release(logits);
+        let want_row = &want[pos * vocab..][..vocab];
+        worst = worst.max(max_abs_diff(&row, want_row));
+        assert_close(&format!("teacher decode logits at position {pos}"), &row, want_row, 1e-3, 0.0);
+        assert_eq!(argmax(&row), argmax(&prefill[pos * vocab..][..vocab]));
+    }
+    eprintln!("decode: max |gpu − f64| = {worst:.2e}");
+}

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use wgpu::util::DeviceExt;
 
 /// A storage buffer of `len` 32-bit words (f32 or u32).
+#[derive(Debug)]
 pub struct GpuBuf {
     pub buffer: wgpu::Buffer,
     pub len: usize,
