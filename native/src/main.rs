@@ -1,4 +1,5 @@
 //! The `linearize` command line.
+mod bench;
 mod fetch;
 
 use anyhow::{bail, Context, Result};
@@ -53,6 +54,26 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
+    Bench {
+        /// What to time: teacher
+        #[arg(default_value = "teacher")]
+        what: String,
+        #[arg(long, default_value = TEACHER_ALIAS)]
+        model: String,
+        /// Prefill shapes as BxT, comma-separated
+        #[arg(long, default_value = "8x512,4x2048")]
+        prefill: String,
+        /// Decode context lengths, comma-separated
+        #[arg(long, default_value = "512")]
+        decode: String,
+        #[arg(long, default_value_t = 64)]
+        decode_tokens: usize,
+        #[arg(long, default_value_t = 5)]
+        iters: usize,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write an HF directory (config.json, model.safetensors, tokenizer.json) from a GGUF file.
     Convert {
         #[arg(long)]
@@ -72,6 +93,9 @@ fn main() {
             cmd_generate(&model, &prompt, sampling, json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
+        Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
+            cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
+        }
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
@@ -200,5 +224,42 @@ fn cmd_convert(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
     let model = Model::load_path(from)?;
     hf::save_dir(to, &model.weights, &model.tokenizer)?;
     println!("wrote {} (config.json, model.safetensors, tokenizer.json)", to.display());
+    Ok(())
+}
+
+fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
+    text.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{arg}: '{s}' is not a valid number")))
+        .collect()
+}
+
+fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens: usize, iters: usize, json: bool) -> Result<()> {
+    if what != "teacher" {
+        bail!("unknown benchmark '{what}': expected 'teacher'");
+    }
+    let shapes = prefill
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let (b, t) = s.split_once('x').ok_or_else(|| anyhow::anyhow!("--prefill: '{s}' is not BxT"))?;
+            Ok((parse_list::<usize>("--prefill", b)?[0], parse_list::<usize>("--prefill", t)?[0]))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let decode = parse_list::<usize>("--decode", decode)?;
+    if iters == 0 {
+        bail!("--iters must be at least 1");
+    }
+    let model = load(spec)?;
+    let gpu = Gpu::new_blocking()?;
+    eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
+    let results = bench::bench_teacher(&model, &gpu, &shapes, &decode, decode_tokens, iters)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
+    } else {
+        for r in &results {
+            println!("{r}");
+        }
+    }
     Ok(())
 }

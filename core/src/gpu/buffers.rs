@@ -134,3 +134,14 @@ impl Gpu {
         pollster::block_on(self.read_f32(buf, len))
     }
 }
+
+impl Gpu {
+    /// Waits until all submitted work has finished (natively; for timing).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn sync(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("device poll failed: {e}")))?;
+        self.take_error()
+    }
+}
