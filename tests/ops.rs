@@ -17,8 +17,9 @@ fn up(label: &str, v: &[f32]) -> GpuBuf {
 #[test]
 fn linear_matches_reference() {
     let mut rng = Rng::new(1);
-    // (m, n, k): single element, matvec path (m ≤ 8), tiled path with ragged edges.
-    for &(m, n, k) in &[(1, 1, 1), (1, 577, 33), (5, 70, 130), (8, 3, 200), (9, 65, 17), (65, 130, 77), (130, 64, 64)] {
+    // (m, n, k): single element, matvec path (m ≤ 8), the scalar tiled path (k % 4 ≠ 0) and
+    // the vec4 128x128 path, all with ragged edges.
+    for &(m, n, k) in &[(1, 1, 1), (1, 577, 33), (5, 70, 130), (8, 3, 200), (9, 65, 17), (65, 130, 77), (130, 64, 64), (9, 5, 4), (129, 131, 36), (200, 300, 576)] {
         for accumulate in [false, true] {
             let x = random(&mut rng, m * k, 1.0);
             let w = random(&mut rng, n * k, 1.0);

@@ -3,6 +3,7 @@
 
 pub const ALL: &[(&str, &str)] = &[
     ("nn/matmul", include_str!("../../shaders/nn/matmul.wgsl")),
+    ("nn/matmul_vec4", include_str!("../../shaders/nn/matmul_vec4.wgsl")),
     ("nn/rmsnorm", include_str!("../../shaders/nn/rmsnorm.wgsl")),
     ("nn/embedding", include_str!("../../shaders/nn/embedding.wgsl")),
     ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),

@@ -47,7 +47,10 @@ impl Gpu {
 
     /// A scratch buffer of at least `len` words from the pool; contents are undefined.
     pub fn scratch(&self, len: usize) -> Result<GpuBuf> {
-        let bytes = bucket((len * 4) as u64);
+        let mut bytes = bucket((len * 4) as u64);
+        if bytes > self.limits.max_buffer_size {
+            bytes = ((len * 4) as u64).div_ceil(256) * 256;
+        }
         self.check_binding("a scratch buffer", (len * 4) as u64)?;
         let reused = self.pool.lock().unwrap().free.get_mut(&bytes).and_then(|v| v.pop());
         let buffer = reused.unwrap_or_else(|| {
@@ -64,9 +67,7 @@ impl Gpu {
     /// Returns a scratch buffer to the pool.
     pub fn release(&self, buf: GpuBuf) {
         let bytes = buf.buffer.size();
-        if bytes.is_power_of_two() {
-            self.pool.lock().unwrap().free.entry(bytes).or_default().push(buf.buffer);
-        }
+        self.pool.lock().unwrap().free.entry(bytes).or_default().push(buf.buffer);
     }
 
     fn upload_bytes(&self, label: &str, bytes: &[u8], len: usize) -> Result<GpuBuf> {

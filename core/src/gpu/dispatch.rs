@@ -1,5 +1,5 @@
 //! Pipelines keyed by shader, entry point and specialisation constants; recording dispatches.
-use super::Gpu;
+use super::{Gpu, GpuBuf};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -103,7 +103,7 @@ pub struct Recorder<'g> {
 impl Recorder<'_> {
     /// Dispatches `kernel`. Binding 0 is a uniform holding `params` (32-bit words: shapes as
     /// u32, scalars as f32 bits); bindings 1.. are `buffers` in order.
-    pub fn dispatch(&mut self, kernel: &Kernel, params: &[u32], buffers: &[&wgpu::Buffer], groups: [u32; 3]) -> Result<()> {
+    pub fn dispatch(&mut self, kernel: &Kernel, params: &[u32], buffers: &[&GpuBuf], groups: [u32; 3]) -> Result<()> {
         let max = self.gpu.limits.max_compute_workgroups_per_dimension;
         if groups.iter().any(|&g| g > max) {
             return Err(Error::Gpu(format!(
@@ -125,7 +125,10 @@ impl Recorder<'_> {
         });
         let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
         for (i, b) in buffers.iter().enumerate() {
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource: b.as_entire_binding() });
+            // Bind the words in use, not the pooled capacity (which may exceed the binding limit).
+            let size = std::num::NonZeroU64::new(b.bytes().max(4));
+            let resource = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &b.buffer, offset: 0, size });
+            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource });
         }
         let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.entry),

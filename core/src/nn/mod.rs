@@ -24,11 +24,14 @@ pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, 
     need("linear w", w, n * k)?;
     need("linear y", y, m * n)?;
     let params = [m as u32, n as u32, k as u32, accumulate as u32];
-    let buffers = [&x.buffer, &w.buffer, &y.buffer];
+    let buffers = [x, w, y];
     if m <= 8 {
         // One thread per column: x spans 32768 columns (512 workgroups of 64) per row of the grid.
         let groups = [(n.min(32768)).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1];
         rec.dispatch(&Kernel::new("nn/matmul", "matvec"), &params, &buffers, groups)
+    } else if k % 4 == 0 {
+        let groups = [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1];
+        rec.dispatch(&Kernel::new("nn/matmul_vec4", "matmul_128"), &params, &buffers, groups)
     } else {
         let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1];
         rec.dispatch(&Kernel::new("nn/matmul", "matmul"), &params, &buffers, groups)
@@ -41,7 +44,7 @@ pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usi
     need("rmsnorm w", w, cols)?;
     need("rmsnorm y", y, rows * cols)?;
     let params = [rows as u32, cols as u32, eps.to_bits()];
-    rec.dispatch(&Kernel::new("nn/rmsnorm", "rmsnorm"), &params, &[&x.buffer, &w.buffer, &y.buffer], split_groups(rows))
+    rec.dispatch(&Kernel::new("nn/rmsnorm", "rmsnorm"), &params, &[&x, &w, &y], split_groups(rows))
 }
 
 /// out[r, :] = table[ids[r], :] for `rows` ids; the table has `table_rows` rows of `cols`.
@@ -51,7 +54,7 @@ pub fn gather_rows(rec: &mut Recorder, ids: &GpuBuf, table: &GpuBuf, out: &GpuBu
     need("gather out", out, rows * cols)?;
     let params = [rows as u32, cols as u32, table_rows as u32];
     let groups = [cols.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch(&Kernel::new("nn/embedding", "gather_rows"), &params, &[&ids.buffer, &table.buffer, &out.buffer], groups)
+    rec.dispatch(&Kernel::new("nn/embedding", "gather_rows"), &params, &[&ids, &table, &out], groups)
 }
 
 /// Shapes shared by the attention-side kernels.
@@ -99,7 +102,7 @@ pub fn rope_qkv_to_cache(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, cos: &G
     need("rope k cache", k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
     need("rope v cache", v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
     let groups = [((s.n_q + 2 * s.n_kv) * half).div_ceil(64) as u32, rows as u32, 1];
-    let bufs = [&qkv.buffer, &cos.buffer, &sin.buffer, &q.buffer, &k_cache.buffer, &v_cache.buffer];
+    let bufs = [qkv, cos, sin, q, k_cache, v_cache];
     rec.dispatch(&Kernel::new("nn/rope", "rope_qkv_to_cache"), &s.params(), &bufs, groups)
 }
 
@@ -120,7 +123,7 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     let mut params = s.params().to_vec();
     params.push((1.0 / (s.head_dim as f32).sqrt()).to_bits());
     let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
-    rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &[&q.buffer, &k_cache.buffer, &v_cache.buffer, &out.buffer], groups)
+    rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &[&q, &k_cache, &v_cache, &out], groups)
 }
 
 /// out[r, j] = silu(gate_up[r, j]) · gate_up[r, ffn + j].
@@ -128,5 +131,5 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
     need("swiglu gate_up", gate_up, rows * 2 * ffn)?;
     need("swiglu out", out, rows * ffn)?;
     let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &[rows as u32, ffn as u32], &[&gate_up.buffer, &out.buffer], groups)
+    rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &[rows as u32, ffn as u32], &[&gate_up, &out], groups)
 }
