@@ -138,11 +138,15 @@ fn rope_writes_rotated_q_and_cache() {
 fn attention_matches_reference() {
     let mut rng = Rng::new(6);
     let d = 64;
-    // (batch, seq, pos0, n_q, n_kv, scale of q): decode, ragged tiles, prefill after a prefix,
+    // (batch, seq, pos0, n_q, n_kv, scale of q): decode (seq ≤ 8: the split-keys kernel, with
+    // fewer and more keys than threads), ragged tiles, prefill after a prefix,
     // and large scores that would overflow a naive softmax.
     for &(batch, seq, pos0, n_q, n_kv, q_scale) in &[
         (1, 1, 0, 1, 1, 1.0),
         (1, 1, 40, 3, 1, 1.0),
+        (2, 1, 200, 6, 2, 1.0),
+        (1, 8, 70, 3, 3, 1.0),
+        (1, 1, 100, 2, 1, 40.0),
         (2, 63, 0, 6, 2, 1.0),
         (1, 64, 0, 2, 2, 1.0),
         (2, 65, 7, 6, 3, 1.0),

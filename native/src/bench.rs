@@ -65,3 +65,51 @@ pub fn bench_teacher(model: &Model, gpu: &Gpu, shapes: &[(usize, usize)], decode
     }
     Ok(out)
 }
+
+/// Times single kernels at the teacher's shapes, to see where a forward pass spends its time.
+pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
+    use linearize_core::nn::{self, AttnShape};
+    let mut rng = Rng::new(1);
+    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
+    let mut out = Vec::new();
+    let mut time = |name: String, flops: f64, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<()> {
+        let mut times = Vec::new();
+        for i in 0..iters + 2 {
+            let mut rec = gpu.recorder();
+            f(&mut rec)?;
+            let start = Instant::now();
+            rec.submit()?;
+            gpu.sync()?;
+            if i >= 2 {
+                times.push(start.elapsed().as_secs_f64());
+            }
+        }
+        let s = median(times);
+        let v = json!({"what": "op", "op": name, "seconds": s, "tflops": flops / s / 1e12});
+        eprintln!("{v}");
+        out.push(v);
+        Ok(())
+    };
+    for &(m, n, k) in &[(4096, 960, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] {
+        let (x, w, y) = (gpu.upload_f32("x", &rand(m * k))?, gpu.upload_f32("w", &rand(n * k))?, gpu.scratch(m * n)?);
+        time(format!("linear {m}x{n}x{k}"), 2.0 * (m * n * k) as f64, &mut |rec| nn::linear(rec, &x, &w, &y, m, n, k, false))?;
+    }
+    for &(b, t) in &[(8, 512), (4, 2048), (1, 1)] {
+        let s = AttnShape { batch: b, seq: t, pos0: if t == 1 { 511 } else { 0 }, n_q: 9, n_kv: 3, head_dim: 64, cap: t.max(512) };
+        let q = gpu.upload_f32("q", &rand(b * t * 9 * 64))?;
+        let kc = gpu.upload_f32("k", &rand(b * 3 * s.cap * 64))?;
+        let vc = gpu.upload_f32("v", &rand(b * 3 * s.cap * 64))?;
+        let o = gpu.scratch(b * t * 9 * 64)?;
+        let flops = 4.0 * (b * 9 * 64) as f64 * (t * (t + 1) / 2) as f64;
+        time(format!("attention b{b} t{t} pos0 {}", s.pos0), flops, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
+    }
+    let (x, w, y) = (gpu.upload_f32("x", &rand(4096 * 576))?, gpu.upload_f32("w", &rand(576))?, gpu.scratch(4096 * 576)?);
+    time("rmsnorm 4096x576".into(), 0.0, &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?;
+    time("300 x rmsnorm 1x576 (dispatch overhead)".into(), 0.0, &mut |rec| {
+        for _ in 0..300 {
+            nn::rmsnorm(rec, &x, &w, &y, 1, 576, 1e-5)?;
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}

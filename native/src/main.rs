@@ -56,7 +56,7 @@ enum Command {
     },
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
-        /// What to time: teacher
+        /// What to time: teacher (end to end) or ops (single kernels at the teacher's shapes)
         #[arg(default_value = "teacher")]
         what: String,
         #[arg(long, default_value = TEACHER_ALIAS)]
@@ -235,8 +235,17 @@ fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
 }
 
 fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens: usize, iters: usize, json: bool) -> Result<()> {
-    if what != "teacher" {
-        bail!("unknown benchmark '{what}': expected 'teacher'");
+    if what != "teacher" && what != "ops" {
+        bail!("unknown benchmark '{what}': expected 'teacher' or 'ops'");
+    }
+    if what == "ops" {
+        let gpu = Gpu::new_blocking()?;
+        eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
+        let results = bench::bench_ops(&gpu, iters)?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
+        }
+        return Ok(());
     }
     let shapes = prefill
         .split(',')

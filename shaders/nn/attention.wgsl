@@ -118,3 +118,66 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
         }
     }
 }
+
+// Decode (few queries): one workgroup per (query, head, batch); the 64 threads split the keys,
+// each keeping its own running max, sum and accumulator, merged at the end through workgroup
+// memory. One query can then use the whole workgroup instead of one thread.
+var<workgroup> part_m: array<f32, 64>;
+var<workgroup> part_l: array<f32, 64>;
+var<workgroup> part_acc: array<f32, 4096>; // [thread][D]
+
+@compute @workgroup_size(64)
+fn attention_decode(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let kh = h / (p.n_q / p.n_kv);
+    let tid = lid.x;
+    let row = b * p.seq + t;
+    let n_keys = p.pos0 + t + 1u;
+    let q_base = (row * p.n_q + h) * D;
+    let kv_base = (b * p.n_kv + kh) * p.cap * D;
+
+    var acc: array<f32, 64>;
+    for (var i = 0u; i < D; i++) {
+        acc[i] = 0.0;
+    }
+    var m = -3.0e38;
+    var l = 0.0;
+    for (var j = tid; j < n_keys; j += 64u) {
+        var dot = 0.0;
+        for (var i = 0u; i < D; i++) {
+            dot = fma(q[q_base + i], k_cache[kv_base + j * D + i], dot);
+        }
+        let s = dot * p.scale;
+        let m_new = max(m, s);
+        let correction = exp(m - m_new);
+        let pj = exp(s - m_new);
+        l = l * correction + pj;
+        for (var i = 0u; i < D; i++) {
+            acc[i] = fma(pj, v_cache[kv_base + j * D + i], acc[i] * correction);
+        }
+        m = m_new;
+    }
+    part_m[tid] = m;
+    part_l[tid] = l;
+    for (var i = 0u; i < D; i++) {
+        part_acc[tid * D + i] = acc[i];
+    }
+    workgroupBarrier();
+    // Thread i now owns output dimension i.
+    var m_all = -3.0e38;
+    for (var s = 0u; s < 64u; s++) {
+        m_all = max(m_all, part_m[s]);
+    }
+    var num = 0.0;
+    var den = 0.0;
+    for (var s = 0u; s < 64u; s++) {
+        if (part_l[s] > 0.0) {
+            let f = exp(part_m[s] - m_all);
+            num = fma(f, part_acc[s * D + tid], num);
+            den = fma(f, part_l[s], den);
+        }
+    }
+    out[q_base + tid] = num / den;
+}

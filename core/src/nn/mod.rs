@@ -109,6 +109,9 @@ pub fn rope_qkv_to_cache(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, cos: &G
 /// Head dimension the attention kernel is compiled for.
 pub const ATTENTION_HEAD_DIM: usize = 64;
 
+/// Up to this many queries per sequence take the split-keys decode kernel.
+pub const ATTENTION_DECODE_MAX_SEQ: usize = 8;
+
 /// Causal GQA attention of `seq` queries against cache positions 0..pos0+seq.
 pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf) -> Result<()> {
     s.check()?;
