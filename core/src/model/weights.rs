@@ -2,8 +2,11 @@
 //! weights and tokenizer from a GGUF file, an HF directory, or the fetched-teacher alias.
 use super::config::LlamaConfig;
 use super::tokenizer::Tokenizer;
+#[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
-use std::path::{Path, PathBuf};
+#[cfg(not(target_arch = "wasm32"))]
+use std::path::Path;
+use std::path::PathBuf;
 
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
