@@ -1,1 +1,84 @@
+//! The command line end to end: fetch is idempotent, info and generate report as documented
+//! (also as JSON), bad arguments and a missing adapter give clear errors and a failing exit.
+use linearize_tests::linearize_bin;
+use std::process::{Command, Output};
 
+fn run(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(linearize_bin());
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("linearize runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+#[test]
+fn fetch_twice_does_nothing_the_second_time() {
+    let o = run(&["fetch", "all", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["fetch", "all", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for a in v.as_array().unwrap() {
+        assert_eq!(a["already_present"], true, "{a}");
+        assert!(a["files"].as_u64().unwrap() > 0, "{a}");
+    }
+    let o = run(&["fetch", "teacher"], &[]);
+    assert!(stdout(&o).contains("already present"), "{}", stdout(&o));
+    let o = run(&["fetch", "weights"], &[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("unknown asset 'weights'"), "{}", stderr(&o));
+}
+
+#[test]
+fn info_reports_the_teacher() {
+    let o = run(&["info", "--model", "smollm2-135m", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["config"]["num_hidden_layers"], 30);
+    assert_eq!(v["parameters"], 134_515_008);
+    assert_eq!(v["kv_cache_bytes_per_token"], 2 * 30 * 192 * 4);
+    let o = run(&["info"], &[]);
+    assert!(stdout(&o).contains("134.5 M"), "{}", stdout(&o));
+}
+
+#[test]
+fn generate_streams_the_known_continuation_and_reports_json() {
+    let o = run(&["generate", "--max-new-tokens", "6", "--json"], &[("WGPU_BACKEND", "vulkan")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["prompt_ids"], serde_json::json!([504, 3575, 282, 4649, 314]));
+    assert_eq!(v["ids"], serde_json::json!([7042, 30, 198, 198, 504, 2988]));
+    assert_eq!(v["text"], " Paris.\n\nThe answer");
+    let o = run(&["generate", "--max-new-tokens", "2"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "The capital of France is Paris.\n");
+}
+
+#[test]
+fn bad_arguments_fail_with_clear_messages() {
+    let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
+        (&["generate", "--prompt", ""], &[], "--prompt is empty"),
+        (&["generate", "--temperature=-1"], &[], "--temperature"),
+        (&["generate", "--top-p", "0"], &[], "--top-p"),
+        (&["generate"], &[("WGPU_ADAPTER_NAME", "no-such-gpu")], "no GPU adapter found"),
+        (&["info", "--model", "/nonexistent/model.gguf"], &[], "/nonexistent/model.gguf"),
+        (&["generate", "--model", "smollm2-135m"], &[("LINEARIZE_HOME", "/nonexistent-home")], "linearize fetch teacher"),
+        (&["convert", "--from", "/etc/hostname", "--to", "/tmp/x"], &[], "expected a .gguf file"),
+        (&["bench", "nothing"], &[], "unknown benchmark"),
+    ];
+    for (args, env, want) in cases {
+        let o = run(args, env);
+        assert!(!o.status.success(), "{args:?} should fail");
+        let e = stderr(&o);
+        assert!(e.contains(want), "{args:?}: expected '{want}' in: {e}");
+        assert!(!e.contains("panicked"), "{args:?} panicked: {e}");
+    }
+}
