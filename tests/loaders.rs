@@ -109,7 +109,12 @@ fn dequantises_every_block_format() {
     let f16_bytes: Vec<u8> = f32s.iter().flat_map(|&v| f16(v)).collect();
     let bf16_bytes: Vec<u8> = f32s.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
     let bytes = write_gguf(
-        &[("general.architecture", Meta::Str("test"))],
+        &[
+            ("general.architecture", Meta::Str("test")),
+            ("general.alignment", Meta::U32(32)),
+            ("test.scale", Meta::F32(1.5)),
+            ("test.types", Meta::I32s(vec![1, 3])),
+        ],
         &[
             ("q41", vec![32], 3, q41),
             ("q80", vec![32], 8, q80),
@@ -120,6 +125,9 @@ fn dequantises_every_block_format() {
         ],
     );
     let g = GgufFile::parse(Path::new("mem.gguf"), bytes).unwrap();
+    assert_eq!(g.get("general.alignment").and_then(|v| v.as_u64()), Some(32));
+    assert_eq!(g.get("test.scale").and_then(|v| v.as_f64()), Some(1.5));
+    assert_eq!(g.get("test.types").and_then(|v| v.as_array()).map(|a| a.len()), Some(2));
     assert_eq!(g.tensor_f32("q41").unwrap().1, want41);
     assert_eq!(g.tensor_f32("q80").unwrap().1, want80);
     assert_eq!(g.tensor_f32("q40").unwrap().1, want40);

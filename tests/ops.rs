@@ -2,7 +2,7 @@
 //! multiples of the tiles, several heads, grouped kv heads, and extreme values.
 use linearize_core::generate::Rng;
 use linearize_core::gpu::GpuBuf;
-use linearize_core::nn::{self, AttnShape};
+use linearize_core::nn::{self, AttnShape, LinearKernel};
 use linearize_core::reference::nn as reference;
 use linearize_tests::{assert_close, f64s, gpu, random};
 
@@ -25,14 +25,27 @@ fn linear_matches_reference() {
             let w = random(&mut rng, n * k, 1.0);
             let y0 = random(&mut rng, m * n, 1.0);
             let (xb, wb, yb) = (up("x", &x), up("w", &w), up("y", &y0));
-            let mut rec = gpu().recorder();
-            nn::linear(&mut rec, &xb, &wb, &yb, m, n, k, accumulate).unwrap();
-            rec.submit().unwrap();
             let mut want = reference::linear(&f64s(&x), &f64s(&w), m, n, k);
             if accumulate {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
-            assert_close(&format!("linear m={m} n={n} k={k} acc={accumulate}"), &read(&yb, m * n), &want, 1e-5 * (k as f64).sqrt(), 1e-4);
+            // Every kernel that accepts the shape, whatever `Auto` would pick on this adapter.
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+                let fits = match kernel {
+                    LinearKernel::Matvec => m <= 8,
+                    LinearKernel::MatvecCoalesced => m <= 8 && k % 4 == 0,
+                    LinearKernel::TiledVec4 => k % 4 == 0,
+                    _ => true,
+                };
+                gpu().write_f32(&yb, &y0);
+                let mut rec = gpu().recorder();
+                let r = nn::linear_with(&mut rec, kernel, &xb, &wb, &yb, m, n, k, accumulate);
+                assert_eq!(r.is_ok(), fits, "{kernel:?} m={m} k={k}: {r:?}");
+                rec.submit().unwrap();
+                if fits {
+                    assert_close(&format!("linear {kernel:?} m={m} n={n} k={k} acc={accumulate}"), &read(&yb, m * n), &want, 1e-5 * (k as f64).sqrt(), 1e-4);
+                }
+            }
         }
     }
 }

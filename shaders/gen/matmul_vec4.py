@@ -130,6 +130,47 @@ fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
 {stores}
 }}
 """
+mv_acc = "\n".join(f"    var acc{r} = 0.0;" for r in range(8))
+mv_fma = "\n".join(f"        if ({r}u < p.m) {{ acc{r} += dot(x[{r}u * k4 + kq], wv); }}" for r in range(8))
+mv_put = "\n".join(f"    partial[tid * 8u + {r}u] = acc{r};" for r in range(8))
+src += f"""
+// Decode (m ≤ 8 rows): 4 columns per workgroup of 64 threads, 16 threads per column reading
+// consecutive vec4 of its weight row (coalesced), then one reduction through workgroup memory.
+// Suited to GPUs; CPU implementations prefer nn/matmul.wgsl's barrier-free matvec.
+var<workgroup> partial: array<f32, 512>; // [64 threads][8 rows]
+
+@compute @workgroup_size(64)
+fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let col = (wid.y * 8192u + wid.x) * 4u + tid / 16u;
+    let lane = tid % 16u;
+    let k4 = p.k / 4u;
+{mv_acc}
+    if (col < p.n) {{
+        for (var kq = lane; kq < k4; kq += 16u) {{
+            let wv = w[col * k4 + kq];
+{mv_fma}
+        }}
+    }}
+{mv_put}
+    workgroupBarrier();
+    if (tid < 32u) {{
+        let c = (wid.y * 8192u + wid.x) * 4u + tid / 8u;
+        let r = tid % 8u;
+        if (c < p.n && r < p.m) {{
+            var s = 0.0;
+            for (var i = 0u; i < 16u; i++) {{
+                s += partial[((tid / 8u) * 16u + i) * 8u + r];
+            }}
+            let idx = r * p.n + c;
+            if (p.accumulate != 0u) {{
+                y[idx] = y[idx] + s;
+            }} else {{
+                y[idx] = s;
+            }}
+        }}
+    }}
+}}
+"""
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

@@ -158,3 +158,61 @@ fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     store(m0 + 64u + ty * 4u + 3u, n0 + tx * 4u, acc70);
     store(m0 + 64u + ty * 4u + 3u, n0 + 64u + tx * 4u, acc71);
 }
+
+// Decode (m ≤ 8 rows): 4 columns per workgroup of 64 threads, 16 threads per column reading
+// consecutive vec4 of its weight row (coalesced), then one reduction through workgroup memory.
+// Suited to GPUs; CPU implementations prefer nn/matmul.wgsl's barrier-free matvec.
+var<workgroup> partial: array<f32, 512>; // [64 threads][8 rows]
+
+@compute @workgroup_size(64)
+fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let col = (wid.y * 8192u + wid.x) * 4u + tid / 16u;
+    let lane = tid % 16u;
+    let k4 = p.k / 4u;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+        for (var kq = lane; kq < k4; kq += 16u) {
+            let wv = w[col * k4 + kq];
+        if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
+        if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
+        if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
+        if (3u < p.m) { acc3 += dot(x[3u * k4 + kq], wv); }
+        if (4u < p.m) { acc4 += dot(x[4u * k4 + kq], wv); }
+        if (5u < p.m) { acc5 += dot(x[5u * k4 + kq], wv); }
+        if (6u < p.m) { acc6 += dot(x[6u * k4 + kq], wv); }
+        if (7u < p.m) { acc7 += dot(x[7u * k4 + kq], wv); }
+        }
+    }
+    partial[tid * 8u + 0u] = acc0;
+    partial[tid * 8u + 1u] = acc1;
+    partial[tid * 8u + 2u] = acc2;
+    partial[tid * 8u + 3u] = acc3;
+    partial[tid * 8u + 4u] = acc4;
+    partial[tid * 8u + 5u] = acc5;
+    partial[tid * 8u + 6u] = acc6;
+    partial[tid * 8u + 7u] = acc7;
+    workgroupBarrier();
+    if (tid < 32u) {
+        let c = (wid.y * 8192u + wid.x) * 4u + tid / 8u;
+        let r = tid % 8u;
+        if (c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < 16u; i++) {
+                s += partial[((tid / 8u) * 16u + i) * 8u + r];
+            }
+            let idx = r * p.n + c;
+            if (p.accumulate != 0u) {
+                y[idx] = y[idx] + s;
+            } else {
+                y[idx] = s;
+            }
+        }
+    }
+}

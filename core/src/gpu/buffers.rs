@@ -91,6 +91,11 @@ impl Gpu {
     }
 
     /// Overwrites the start of `buf` with `data`.
+    pub fn write_f32(&self, buf: &GpuBuf, data: &[f32]) {
+        self.queue.write_buffer(&buf.buffer, 0, bytemuck::cast_slice(data));
+    }
+
+    /// Overwrites the start of `buf` with `data`.
     pub fn write_u32(&self, buf: &GpuBuf, data: &[u32]) {
         self.queue.write_buffer(&buf.buffer, 0, bytemuck::cast_slice(data));
     }

@@ -18,6 +18,13 @@ pub struct AdapterReport {
     pub max_compute_invocations_per_workgroup: u32,
 }
 
+impl AdapterReport {
+    /// A CPU implementation (lavapipe, SwiftShader): kernels without barriers suit it better.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == "Cpu"
+    }
+}
+
 /// A device with everything kernels need: queue, pipeline cache and buffer pool.
 pub struct Gpu {
     pub device: wgpu::Device,

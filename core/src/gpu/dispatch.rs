@@ -101,6 +101,10 @@ pub struct Recorder<'g> {
 }
 
 impl Recorder<'_> {
+    pub fn gpu(&self) -> &Gpu {
+        self.gpu
+    }
+
     /// Dispatches `kernel`. Binding 0 is a uniform holding `params` (32-bit words: shapes as
     /// u32, scalars as f32 bits); bindings 1.. are `buffers` in order.
     pub fn dispatch(&mut self, kernel: &Kernel, params: &[u32], buffers: &[&GpuBuf], groups: [u32; 3]) -> Result<()> {

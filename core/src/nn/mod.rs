@@ -17,25 +17,58 @@ fn split_groups(n: usize) -> [u32; 3] {
     [n.min(PER_Y) as u32, n.div_ceil(PER_Y) as u32, 1]
 }
 
+/// The kernels that compute a linear layer; `Auto` picks by shape and adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearKernel {
+    Auto,
+    /// nn/matmul.wgsl `matvec`: a thread per column, no barriers (m ≤ 8; best on CPUs).
+    Matvec,
+    /// nn/matmul_vec4.wgsl `matvec_coalesced`: 16 threads per column (m ≤ 8, k % 4 = 0; GPUs).
+    MatvecCoalesced,
+    /// nn/matmul.wgsl `matmul`: 64×64 scalar tiles, any shape.
+    Tiled,
+    /// nn/matmul_vec4.wgsl `matmul_128`: 128×128 vec4 tiles (k % 4 = 0).
+    TiledVec4,
+}
+
 /// y[m, n] = x[m, k] · w[n, k]ᵀ, or y += that with `accumulate` (residual adds).
 #[allow(clippy::too_many_arguments)]
 pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+    linear_with(rec, LinearKernel::Auto, x, w, y, m, n, k, accumulate)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn linear_with(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
     need("linear x", x, m * k)?;
     need("linear w", w, n * k)?;
     need("linear y", y, m * n)?;
+    let kernel = match kernel {
+        LinearKernel::Auto if m <= 8 && k % 4 == 0 && !rec.gpu().adapter.is_cpu() => LinearKernel::MatvecCoalesced,
+        LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
+        LinearKernel::Auto if k % 4 == 0 => LinearKernel::TiledVec4,
+        LinearKernel::Auto => LinearKernel::Tiled,
+        chosen => chosen,
+    };
+    if (kernel == LinearKernel::Matvec || kernel == LinearKernel::MatvecCoalesced) && m > 8 {
+        return Err(Error::argument("linear", format!("{kernel:?} takes at most 8 rows, got {m}")));
+    }
+    if (kernel == LinearKernel::MatvecCoalesced || kernel == LinearKernel::TiledVec4) && k % 4 != 0 {
+        return Err(Error::argument("linear", format!("{kernel:?} needs k divisible by 4, got {k}")));
+    }
     let params = [m as u32, n as u32, k as u32, accumulate as u32];
     let buffers = [x, w, y];
-    if m <= 8 {
+    let (shader, entry, groups) = match kernel {
         // One thread per column: x spans 32768 columns (512 workgroups of 64) per row of the grid.
-        let groups = [(n.min(32768)).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1];
-        rec.dispatch(&Kernel::new("nn/matmul", "matvec"), &params, &buffers, groups)
-    } else if k % 4 == 0 {
-        let groups = [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1];
-        rec.dispatch(&Kernel::new("nn/matmul_vec4", "matmul_128"), &params, &buffers, groups)
-    } else {
-        let groups = [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1];
-        rec.dispatch(&Kernel::new("nn/matmul", "matmul"), &params, &buffers, groups)
-    }
+        LinearKernel::Matvec => ("nn/matmul", "matvec", [n.min(32768).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1]),
+        // Four columns per workgroup, 8192 workgroups per row of the grid.
+        LinearKernel::MatvecCoalesced => {
+            let wgs = n.div_ceil(4);
+            ("nn/matmul_vec4", "matvec_coalesced", [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
+        }
+        LinearKernel::TiledVec4 => ("nn/matmul_vec4", "matmul_128", [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
+        LinearKernel::Tiled | LinearKernel::Auto => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
+    };
+    rec.dispatch(&Kernel::new(shader, entry), &params, &buffers, groups)
 }
 
 /// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w.
