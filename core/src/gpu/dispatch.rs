@@ -90,14 +90,26 @@ impl Gpu {
     }
 
     pub fn recorder(&self) -> Recorder<'_> {
-        Recorder { gpu: self, encoder: self.device.create_command_encoder(&Default::default()) }
+        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new() }
     }
 }
 
-/// Records dispatches into one command encoder; `submit` sends them to the queue.
+struct Dispatch {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    label: &'static str,
+    /// Byte offset of this dispatch's parameters in the shared uniform buffer.
+    params_at: u64,
+    params_len: u64,
+    buffers: Vec<(wgpu::Buffer, u64)>,
+    groups: [u32; 3],
+}
+
+/// Records dispatches; `submit` packs all their parameters into one uniform buffer, encodes
+/// them in one compute pass (wgpu orders dependent dispatches) and sends them to the queue.
 pub struct Recorder<'g> {
     gpu: &'g Gpu,
-    encoder: wgpu::CommandEncoder,
+    params: Vec<u8>,
+    dispatches: Vec<Dispatch>,
 }
 
 impl Recorder<'_> {
@@ -119,38 +131,75 @@ impl Recorder<'_> {
             return Ok(());
         }
         let pipeline = self.gpu.pipeline(kernel)?;
-        // Uniform buffers are at least 16 bytes and a multiple of 16.
-        let mut words = params.to_vec();
-        words.resize(params.len().div_ceil(4).max(1) * 4, 0);
-        let uniform = self.gpu.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: bytemuck::cast_slice(&words),
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
-        for (i, b) in buffers.iter().enumerate() {
+        // Each dispatch's parameters start at an offset the device accepts for uniforms, and
+        // take at least 16 bytes.
+        let align = self.gpu.limits.min_uniform_buffer_offset_alignment.max(16) as usize;
+        let params_at = self.params.len().div_ceil(align) * align;
+        self.params.resize(params_at, 0);
+        self.params.extend_from_slice(bytemuck::cast_slice(params));
+        let params_len = (params.len() * 4).div_ceil(16).max(1) * 16;
+        self.params.resize(params_at + params_len, 0);
+        self.dispatches.push(Dispatch {
+            pipeline,
+            label: kernel.entry,
+            params_at: params_at as u64,
+            params_len: params_len as u64,
             // Bind the words in use, not the pooled capacity (which may exceed the binding limit).
-            let size = std::num::NonZeroU64::new(b.bytes().max(4));
-            let resource = wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: &b.buffer, offset: 0, size });
-            entries.push(wgpu::BindGroupEntry { binding: i as u32 + 1, resource });
-        }
-        let bind_group = self.gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.entry),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
+            buffers: buffers.iter().map(|b| (b.buffer.clone(), b.bytes().max(4))).collect(),
+            groups,
         });
-        let mut pass = self.encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(kernel.entry),
-            timestamp_writes: None,
-        });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         Ok(())
     }
 
     pub fn submit(self) -> Result<()> {
-        self.gpu.queue.submit([self.encoder.finish()]);
+        if self.dispatches.is_empty() {
+            return Ok(());
+        }
+        let device = &self.gpu.device;
+        let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("params"),
+            contents: &self.params,
+            usage: wgpu::BufferUsages::UNIFORM,
+        });
+        let bind_groups: Vec<wgpu::BindGroup> = self
+            .dispatches
+            .iter()
+            .map(|d| {
+                let mut entries = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &uniform,
+                        offset: d.params_at,
+                        size: std::num::NonZeroU64::new(d.params_len),
+                    }),
+                }];
+                for (i, (buffer, bytes)) in d.buffers.iter().enumerate() {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: i as u32 + 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer,
+                            offset: 0,
+                            size: std::num::NonZeroU64::new(*bytes),
+                        }),
+                    });
+                }
+                device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(d.label),
+                    layout: &d.pipeline.get_bind_group_layout(0),
+                    entries: &entries,
+                })
+            })
+            .collect();
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
+            for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
+                pass.set_pipeline(&d.pipeline);
+                pass.set_bind_group(0, bg, &[]);
+                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+            }
+        }
+        self.gpu.queue.submit([encoder.finish()]);
         self.gpu.take_error()
     }
 }
