@@ -3,7 +3,7 @@
 use linearize_core::generate::Rng;
 use linearize_core::nn;
 use linearize_core::reference::nn as reference;
-use linearize_tests::{assert_close, f64s, gpu, nested_target_dir, random, repo_root, serve};
+use linearize_tests::{assert_close, f64s, gpu, nested_target_dir, random, repo_root, serve, tempdir};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -84,9 +84,3 @@ fn linear_kernel_in_browser_matches_native() {
     }
 }
 
-fn tempdir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("linearize-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}

@@ -160,3 +160,11 @@ pub fn repo_root() -> std::path::PathBuf {
 pub fn nested_target_dir() -> std::path::PathBuf {
     repo_root().join("target").join("nested")
 }
+
+/// A fresh, empty directory under the system temp dir, unique to this process.
+pub fn tempdir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("linearize-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}

@@ -5,15 +5,9 @@ use linearize_core::model::gguf::{unpermute_rope_rows, GgufFile};
 use linearize_core::model::hf;
 use linearize_core::model::weights::{linearize_home, teacher_path};
 use linearize_core::model::Model;
-use linearize_tests::teacher;
+use linearize_tests::{teacher, tempdir};
 use std::path::{Path, PathBuf};
 
-fn tempdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("linearize-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
 
 // ---- a small GGUF writer (just enough for tests) ----
 

@@ -1,7 +1,7 @@
 //! The whole teacher on the GPU against the f64 reference: a random tiny Llama (untied head,
 //! grouped kv heads, batch > 1) and the real SmolLM2-135M (known token ids and continuation,
 //! logits of a 32-token prompt by prefill and by token-by-token decode).
-use linearize_core::generate::{argmax, generate, Rng, Sampling};
+use linearize_core::generate::{argmax, generate, sample, Rng, Sampling};
 use linearize_core::model::teacher::Logits;
 use linearize_core::model::{LayerWeights, LlamaConfig, ModelWeights, Teacher};
 use linearize_core::reference::teacher as reference;
@@ -136,4 +136,33 @@ fn real_teacher_logits_match_f64_reference_on_32_tokens() {
         assert_eq!(argmax(&row), argmax(&prefill[pos * vocab..][..vocab]));
     }
     eprintln!("decode: max |gpu − f64| = {worst:.2e}");
+}
+
+#[test]
+fn sampling_follows_temperature_and_top_p() {
+    let logits = [1.0f32, 3.0, 2.0, -1.0];
+    let mut rng = Rng::new(5);
+    // Greedy, and a nucleus so small only the top token survives.
+    assert_eq!(sample(&logits, &Sampling::default(), &mut rng), 1);
+    let tiny_p = Sampling { temperature: 1.0, top_p: 1e-6, ..Default::default() };
+    assert!((0..100).all(|_| sample(&logits, &tiny_p, &mut rng) == 1));
+    // Temperature 1: frequencies follow softmax(logits) (20k draws, 4 standard errors).
+    let s = Sampling { temperature: 1.0, ..Default::default() };
+    let z: f64 = logits.iter().map(|&l| (l as f64).exp()).sum();
+    let mut counts = [0usize; 4];
+    let n = 20_000;
+    for _ in 0..n {
+        counts[sample(&logits, &s, &mut rng) as usize] += 1;
+    }
+    for (i, &c) in counts.iter().enumerate() {
+        let p = (logits[i] as f64).exp() / z;
+        let se = (p * (1.0 - p) / n as f64).sqrt();
+        assert!(((c as f64 / n as f64) - p).abs() < 4.0 * se + 1e-3, "token {i}: {c}/{n} vs p = {p:.4}");
+    }
+    // top_p = 0.7 keeps tokens 1 and 2 (0.665 + 0.245 ≥ 0.7) and never draws 0 or 3.
+    let nucleus = Sampling { temperature: 1.0, top_p: 0.7, ..Default::default() };
+    assert!((0..2000).all(|_| matches!(sample(&logits, &nucleus, &mut rng), 1 | 2)));
+    // The same seed gives the same draws.
+    let draw = |seed| (0..50).map(|_| 0).scan(Rng::new(seed), |r, _: i32| Some(sample(&logits, &s, r))).collect::<Vec<_>>();
+    assert_eq!(draw(9), draw(9));
 }
