@@ -6,6 +6,7 @@
 pub mod error;
 pub mod generate;
 pub mod gpu;
+pub mod mixers;
 pub mod model;
 pub mod nn;
 pub mod reference;

@@ -9,6 +9,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
+    ("mixers/common/recurrent", include_str!("../../shaders/mixers/common/recurrent.wgsl")),
 ];
 
 pub fn source(name: &str) -> Option<&'static str> {

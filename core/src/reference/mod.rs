@@ -1,3 +1,4 @@
 //! Plain-Rust f64 implementations: the oracle every GPU kernel is tested against.
 pub mod nn;
+pub mod recurrence;
 pub mod teacher;

@@ -1,0 +1,154 @@
+//! The state recurrence shared by the mixers, on the GPU (shaders/mixers/common/recurrent.wgsl;
+//! f64 twin: crate::reference::recurrence). Token by token: the decode path, and the form the
+//! chunked kernels are checked against.
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuf, Kernel, Recorder};
+
+/// How the state decays each token (gates live in log space: α = exp(g), g ≤ 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// A = I (linear attention, DeltaNet).
+    None,
+    /// One log-decay per head and token (RetNet, Gated DeltaNet, mLSTM's forget gate).
+    Scalar,
+    /// One log-decay per key channel (GLA, KDA).
+    Vector,
+}
+
+/// What the output is divided by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Normalizer {
+    None,
+    /// Linear attention's optional denominator: o / (scale · qᵀ Σ_s k_s + 1e-10).
+    Sum,
+    /// mLSTM: input gate ĩ, stabiliser m, o = Cᵀq̃ / (max(|nᵀq̃|, exp(−m)) + 1e-6).
+    Mlstm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recurrence {
+    pub gate: Gate,
+    /// Delta rule: u = β (v − Sᵀk), S ← S + k uᵀ (after the decay).
+    pub delta: bool,
+    pub normalizer: Normalizer,
+}
+
+/// Shapes: `batch` sequences of `seq` tokens, `heads` heads, key size `dk`, value size `dv`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dims {
+    pub batch: usize,
+    pub seq: usize,
+    pub heads: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl Recurrence {
+    fn kernel(&self, dk: usize) -> Kernel {
+        let entry = if dk == 64 { "recurrent_k64" } else { "recurrent_k128" };
+        let gate = match self.gate {
+            Gate::None => 0.0,
+            Gate::Scalar => 1.0,
+            Gate::Vector => 2.0,
+        };
+        let norm = match self.normalizer {
+            Normalizer::None => 0.0,
+            Normalizer::Sum => 1.0,
+            Normalizer::Mlstm => 2.0,
+        };
+        Kernel::new("mixers/common/recurrent", entry).with("GATE", gate).with("DELTA", self.delta as u8 as f64).with("NORM", norm)
+    }
+}
+
+/// The carried state on the GPU: S [B, H, K, V]; n [B, H, V/64, K] and m [B, H, V/64], one copy
+/// per block of 64 value channels (each workgroup advances its own; all copies are equal).
+pub struct GpuState {
+    pub dims: Dims,
+    pub s: GpuBuf,
+    pub n: GpuBuf,
+    pub m: GpuBuf,
+}
+
+impl GpuState {
+    pub fn zeros(gpu: &Gpu, d: Dims) -> Result<Self> {
+        let bh = d.batch * d.heads;
+        let blocks = bh * d.dv.div_ceil(64);
+        Ok(GpuState {
+            dims: d,
+            s: gpu.upload_f32("state S", &vec![0.0; bh * d.dk * d.dv])?,
+            n: gpu.upload_f32("state n", &vec![0.0; blocks * d.dk])?,
+            m: gpu.upload_f32("state m", &vec![0.0; blocks])?,
+        })
+    }
+
+    /// Bytes of state per sequence (S, n and m in f32), independent of the context length.
+    pub fn bytes_per_sequence(d: Dims) -> usize {
+        d.heads * (d.dk * d.dv + d.dk + 1) * 4
+    }
+}
+
+fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
+    if buf.len < len {
+        return Err(Error::Gpu(format!("recurrence {what}: buffer holds {} values, the op needs {len}", buf.len)));
+    }
+    Ok(())
+}
+
+/// Optional per-token inputs of the recurrence.
+pub struct Gates<'a> {
+    /// Log decay: [B, T, H, K] for a vector gate, [B, T, H] for a scalar one (mLSTM: log σ(f̃)).
+    pub g: Option<&'a GpuBuf>,
+    /// β of the delta rules: [B, T, H].
+    pub beta: Option<&'a GpuBuf>,
+    /// mLSTM's input gate ĩ: [B, T, H].
+    pub igate: Option<&'a GpuBuf>,
+}
+
+/// Runs `d.seq` tokens of the recurrence from `state` (updated in place) into `out` [B, T, H, V].
+#[allow(clippy::too_many_arguments)]
+pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, state: &GpuState, out: &GpuBuf) -> Result<()> {
+    if !(d.dk == 64 || d.dk == 128) || d.dv % 64 != 0 || d.dv == 0 {
+        return Err(Error::argument("head size", format!("the recurrent kernel takes key size 64 or 128 and a value size that is a multiple of 64, got {}×{}", d.dk, d.dv)));
+    }
+    if state.dims.batch != d.batch || state.dims.heads != d.heads || state.dims.dk != d.dk || state.dims.dv != d.dv {
+        return Err(Error::argument("state", format!("state for {:?} does not fit inputs {:?}", state.dims, d)));
+    }
+    let rows = d.batch * d.seq * d.heads;
+    need("q", q, rows * d.dk)?;
+    need("k", k, rows * d.dk)?;
+    need("v", v, rows * d.dv)?;
+    need("out", out, rows * d.dv)?;
+    let dummy = rec.gpu().scratch(1)?;
+    let g = match (r.gate, r.normalizer, gates.g) {
+        (Gate::None, Normalizer::None | Normalizer::Sum, _) => &dummy,
+        (Gate::Vector, _, Some(g)) => {
+            need("g", g, rows * d.dk)?;
+            g
+        }
+        (_, _, Some(g)) => {
+            need("g", g, rows)?;
+            g
+        }
+        (_, _, None) => return Err(Error::argument("g", format!("{r:?} needs a log gate"))),
+    };
+    let beta = match (r.delta, gates.beta) {
+        (false, _) => &dummy,
+        (true, Some(b)) => {
+            need("beta", b, rows)?;
+            b
+        }
+        (true, None) => return Err(Error::argument("beta", "the delta rule needs β")),
+    };
+    let igate = match (r.normalizer, gates.igate) {
+        (Normalizer::Mlstm, Some(i)) => {
+            need("igate", i, rows)?;
+            i
+        }
+        (Normalizer::Mlstm, None) => return Err(Error::argument("igate", "mLSTM needs its input gate")),
+        _ => &dummy,
+    };
+    let params = [d.batch as u32, d.seq as u32, d.heads as u32, d.dk as u32, d.dv as u32, scale.to_bits()];
+    let bufs = [q, k, v, g, beta, igate, &state.s, &state.n, &state.m, out];
+    let groups = [(d.dv / 64) as u32, d.heads as u32, d.batch as u32];
+    rec.dispatch(&r.kernel(d.dk), &params, &bufs, groups)
+}

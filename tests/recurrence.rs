@@ -1,0 +1,170 @@
+//! The state recurrence on the GPU against its f64 reference, for the variant of every mixer,
+//! at awkward shapes (one token, T around the chunk size, several heads, batch > 1), with gates
+//! near 0 and near 1, and with the state carried across two calls.
+use linearize_core::generate::Rng;
+use linearize_core::mixers::recurrence::{recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence};
+use linearize_core::reference::recurrence::{self as reference, Inputs, State};
+use linearize_tests::{assert_close, f64s, gpu, random};
+
+/// The recurrence each mixer uses (MIXERS.md §3).
+fn variants() -> Vec<(&'static str, Recurrence)> {
+    let r = |gate, delta, normalizer| Recurrence { gate, delta, normalizer };
+    vec![
+        ("linear_attn", r(Gate::None, false, Normalizer::None)),
+        ("linear_attn+denominator", r(Gate::None, false, Normalizer::Sum)),
+        ("retnet", r(Gate::Scalar, false, Normalizer::None)),
+        ("gla", r(Gate::Vector, false, Normalizer::None)),
+        ("deltanet", r(Gate::None, true, Normalizer::None)),
+        ("gated_deltanet", r(Gate::Scalar, true, Normalizer::None)),
+        ("kda", r(Gate::Vector, true, Normalizer::None)),
+        ("mlstm", r(Gate::Scalar, false, Normalizer::Mlstm)),
+    ]
+}
+
+struct Data {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+    igate: Vec<f32>,
+}
+
+fn l2_normalise(x: &mut [f32], dim: usize) {
+    for row in x.chunks_mut(dim) {
+        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+        row.iter_mut().for_each(|v| *v /= n);
+    }
+}
+
+/// Inputs as the mixers produce them; `gate_regime` 0: moderate, 1: near 1 (g ≈ −1e−4),
+/// 2: near 0 (g ≈ −20).
+fn data(rng: &mut Rng, r: Recurrence, d: Dims, gate_regime: u32) -> Data {
+    let rows = d.batch * d.seq * d.heads;
+    let mut k = random(rng, rows * d.dk, 1.0);
+    let mut q = random(rng, rows * d.dk, 1.0);
+    if r.delta {
+        l2_normalise(&mut k, d.dk);
+        l2_normalise(&mut q, d.dk);
+    }
+    if r.normalizer == Normalizer::Sum {
+        // Linear attention's feature maps are positive where a denominator is used.
+        k.iter_mut().for_each(|x| *x = x.abs() + 0.1);
+        q.iter_mut().for_each(|x| *x = x.abs() + 0.1);
+    }
+    let g_len = if r.gate == Gate::Vector { rows * d.dk } else { rows };
+    let g = match (r.normalizer, gate_regime) {
+        // log σ(f̃) with f̃ soft-capped at ±15.
+        (Normalizer::Mlstm, _) => random(rng, g_len, 15.0).iter().map(|&f| -(1.0 + (-f).exp()).ln()).collect(),
+        (_, 1) => random(rng, g_len, 1e-4).iter().map(|x| -x.abs()).collect(),
+        (_, 2) => random(rng, g_len, 1.0).iter().map(|x| -20.0 + x).collect(),
+        _ => random(rng, g_len, 1.0).iter().map(|x| -x.abs() * 0.5).collect(),
+    };
+    Data {
+        v: random(rng, rows * d.dv, 1.0),
+        beta: random(rng, rows, 0.5).iter().map(|x| x + 0.5).collect(),
+        igate: random(rng, rows, 15.0),
+        q,
+        k,
+        g,
+    }
+}
+
+/// Runs the GPU recurrence over tokens [t0, t1) of `x` from `state`.
+fn gpu_run(r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: usize) -> Vec<f32> {
+    let sub = |a: &[f32], per_token: usize| -> Vec<f32> {
+        (0..d.batch).flat_map(|b| a[(b * d.seq + t0) * d.heads * per_token..(b * d.seq + t1) * d.heads * per_token].to_vec()).collect()
+    };
+    let g_per = if r.gate == Gate::Vector { d.dk } else { 1 };
+    let dd = Dims { seq: t1 - t0, ..d };
+    let up = |n: &str, a: Vec<f32>| gpu().upload_f32(n, &a).unwrap();
+    let (q, k, v) = (up("q", sub(&x.q, d.dk)), up("k", sub(&x.k, d.dk)), up("v", sub(&x.v, d.dv)));
+    let (g, beta, igate) = (up("g", sub(&x.g, g_per)), up("beta", sub(&x.beta, 1)), up("igate", sub(&x.igate, 1)));
+    let out = gpu().scratch(d.batch * dd.seq * d.heads * d.dv).unwrap();
+    let mut rec = gpu().recorder();
+    let gates = Gates { g: Some(&g), beta: Some(&beta), igate: Some(&igate) };
+    recurrent(&mut rec, r, dd, 1.0 / (d.dk as f32).sqrt(), &q, &k, &v, &gates, state, &out).unwrap();
+    rec.submit().unwrap();
+    gpu().read_f32_blocking(&out, d.batch * dd.seq * d.heads * d.dv).unwrap()
+}
+
+fn reference_run(r: Recurrence, d: Dims, x: &Data) -> (Vec<f64>, State) {
+    let mut state = State::zeros(d);
+    let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
+    let inputs = Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &igate };
+    let o = reference::run(r, d, &inputs, 1.0 / (d.dk as f64).sqrt(), &mut state);
+    (o, state)
+}
+
+fn tolerance(want: &[f64]) -> f64 {
+    let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+    2e-5 * scale
+}
+
+#[test]
+fn recurrent_kernel_matches_reference_for_every_mixer() {
+    let mut rng = Rng::new(21);
+    for (name, r) in variants() {
+        for &(batch, seq, heads, dk, dv, regime) in &[
+            (1, 1, 1, 64, 64, 0),
+            (2, 63, 3, 64, 64, 0),
+            (1, 65, 2, 128, 64, 1),
+            (2, 64, 1, 64, 128, 2),
+            (1, 300, 2, 64, 64, 0),
+        ] {
+            let d = Dims { batch, seq, heads, dk, dv };
+            let x = data(&mut rng, r, d, regime);
+            let (want, want_state) = reference_run(r, d, &x);
+            let state = GpuState::zeros(gpu(), d).unwrap();
+            let got = gpu_run(r, d, &x, &state, 0, seq);
+            let tag = format!("{name} B={batch} T={seq} H={heads} K={dk} V={dv} gates regime {regime}");
+            assert_close(&format!("{tag}: outputs"), &got, &want, tolerance(&want), 1e-4);
+            let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
+            assert_close(&format!("{tag}: final state"), &s, &want_state.s, tolerance(&want_state.s), 1e-4);
+            if r.normalizer == Normalizer::Mlstm {
+                // One copy of m per block of 64 value channels, all equal to the reference.
+                let blocks = dv / 64;
+                let m = gpu().read_f32_blocking(&state.m, want_state.m.len() * blocks).unwrap();
+                let want_m: Vec<f64> = want_state.m.iter().flat_map(|&v| std::iter::repeat_n(v, blocks)).collect();
+                assert_close(&format!("{tag}: stabiliser"), &m, &want_m, 1e-4, 1e-5);
+            }
+        }
+    }
+}
+
+#[test]
+fn state_carried_across_two_calls_equals_one_pass() {
+    let mut rng = Rng::new(22);
+    for (name, r) in variants() {
+        let d = Dims { batch: 2, seq: 70, heads: 2, dk: 64, dv: 64 };
+        let x = data(&mut rng, r, d, 0);
+        let one = GpuState::zeros(gpu(), d).unwrap();
+        let whole = gpu_run(r, d, &x, &one, 0, 70);
+        let two = GpuState::zeros(gpu(), d).unwrap();
+        let first = gpu_run(r, d, &x, &two, 0, 33);
+        let second = gpu_run(r, d, &x, &two, 33, 70);
+        // Reassemble [B, T, H, V] from the two pieces.
+        let per = d.heads * d.dv;
+        let mut pieces = Vec::new();
+        for b in 0..2 {
+            pieces.extend_from_slice(&first[b * 33 * per..(b + 1) * 33 * per]);
+            pieces.extend_from_slice(&second[b * 37 * per..(b + 1) * 37 * per]);
+        }
+        assert_close(&format!("{name}: two pieces vs one pass"), &pieces, &f64s(&whole), 1e-5, 1e-5);
+    }
+}
+
+#[test]
+fn bad_shapes_are_rejected() {
+    let r = Recurrence { gate: Gate::Scalar, delta: true, normalizer: Normalizer::None };
+    let d = Dims { batch: 1, seq: 2, heads: 1, dk: 32, dv: 64 };
+    let buf = gpu().scratch(4096).unwrap();
+    let state = GpuState::zeros(gpu(), Dims { dk: 64, ..d }).unwrap();
+    let mut rec = gpu().recorder();
+    let gates = Gates { g: Some(&buf), beta: None, igate: None };
+    let e = recurrent(&mut rec, r, d, 1.0, &buf, &buf, &buf, &gates, &state, &buf).unwrap_err().to_string();
+    assert!(e.contains("key size 64 or 128"), "{e}");
+    let d = Dims { dk: 64, ..d };
+    let e = recurrent(&mut rec, r, d, 1.0, &buf, &buf, &buf, &gates, &state, &buf).unwrap_err().to_string();
+    assert!(e.contains("needs β"), "{e}");
+}
