@@ -58,3 +58,27 @@ fn rope_qkv_to_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
         v_cache[dst + i + half] = x2;
     }
 }
+
+// Rotary embedding in place on x [batch*seq, heads, head_dim] (RetNet's q and k), same tables
+// and positions as above. Reuses the parameter block: n_q = heads; n_kv and cap are unused.
+@group(0) @binding(7) var<storage, read_write> x_inplace: array<f32>;
+
+@compute @workgroup_size(64)
+fn rope_inplace(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let half = p.head_dim / 2u;
+    let j = gid.x;
+    let row = gid.y;
+    if (j >= p.n_q * half || row >= p.batch * p.seq) {
+        return;
+    }
+    let head = j / half;
+    let i = j % half;
+    let pos = p.pos0 + row % p.seq;
+    let base = (row * p.n_q + head) * p.head_dim;
+    let x1 = x_inplace[base + i];
+    let x2 = x_inplace[base + i + half];
+    let c = cos_table[pos * half + i];
+    let s = sin_table[pos * half + i];
+    x_inplace[base + i] = x1 * c - x2 * s;
+    x_inplace[base + i + half] = x2 * c + x1 * s;
+}

@@ -100,7 +100,7 @@ struct Dispatch {
     /// Byte offset of this dispatch's parameters in the shared uniform buffer.
     params_at: u64,
     params_len: u64,
-    buffers: Vec<(wgpu::Buffer, u64)>,
+    buffers: Vec<(u32, wgpu::Buffer, u64)>,
     groups: [u32; 3],
 }
 
@@ -120,6 +120,13 @@ impl Recorder<'_> {
     /// Dispatches `kernel`. Binding 0 is a uniform holding `params` (32-bit words: shapes as
     /// u32, scalars as f32 bits); bindings 1.. are `buffers` in order.
     pub fn dispatch(&mut self, kernel: &Kernel, params: &[u32], buffers: &[&GpuBuf], groups: [u32; 3]) -> Result<()> {
+        let numbered: Vec<(u32, &GpuBuf)> = buffers.iter().enumerate().map(|(i, b)| (i as u32 + 1, *b)).collect();
+        self.dispatch_bindings(kernel, params, &numbered, groups)
+    }
+
+    /// As `dispatch`, with each buffer's binding number given: for entry points that use only
+    /// some of their shader file's bindings.
+    pub fn dispatch_bindings(&mut self, kernel: &Kernel, params: &[u32], buffers: &[(u32, &GpuBuf)], groups: [u32; 3]) -> Result<()> {
         let max = self.gpu.limits.max_compute_workgroups_per_dimension;
         if groups.iter().any(|&g| g > max) {
             return Err(Error::Gpu(format!(
@@ -145,7 +152,7 @@ impl Recorder<'_> {
             params_at: params_at as u64,
             params_len: params_len as u64,
             // Bind the words in use, not the pooled capacity (which may exceed the binding limit).
-            buffers: buffers.iter().map(|b| (b.buffer.clone(), b.bytes().max(4))).collect(),
+            buffers: buffers.iter().map(|(i, b)| (*i, b.buffer.clone(), b.bytes().max(4))).collect(),
             groups,
         });
         Ok(())
@@ -173,9 +180,9 @@ impl Recorder<'_> {
                         size: std::num::NonZeroU64::new(d.params_len),
                     }),
                 }];
-                for (i, (buffer, bytes)) in d.buffers.iter().enumerate() {
+                for (binding, buffer, bytes) in &d.buffers {
                     entries.push(wgpu::BindGroupEntry {
-                        binding: i as u32 + 1,
+                        binding: *binding,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer,
                             offset: 0,

@@ -1,0 +1,133 @@
+//! Launchers for the mixers' input and output paths (shaders/mixers/common/{conv, headnorm,
+//! gates}.wgsl and nn/rope.wgsl's in-place rotation); f64 twins in crate::reference::mixer_ops.
+use crate::error::{Error, Result};
+use crate::gpu::{GpuBuf, Kernel, Recorder};
+
+fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
+    if buf.len < len {
+        return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
+    }
+    Ok(())
+}
+
+/// Depthwise causal conv (kernel 4) over x [B, T, C] with weights [C, 4], continuing from
+/// `state` [B, 3, C] and advancing it; SiLU after when `silu`.
+#[allow(clippy::too_many_arguments)]
+pub fn short_conv(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, state: &GpuBuf, y: &GpuBuf, batch: usize, seq: usize, channels: usize, silu: bool) -> Result<()> {
+    need("conv x", x, batch * seq * channels)?;
+    need("conv w", w, channels * 4)?;
+    need("conv state", state, batch * 3 * channels)?;
+    need("conv y", y, batch * seq * channels)?;
+    let params = [batch as u32, seq as u32, channels as u32];
+    let k = |entry| Kernel::new("mixers/common/conv", entry).with("SILU", silu as u8 as f64);
+    let bufs = [x, w, state, y];
+    rec.dispatch(&k("conv"), &params, &bufs, [channels.div_ceil(64) as u32, seq as u32, batch as u32])?;
+    let state_bufs = [(1, x), (3, state)];
+    rec.dispatch_bindings(&k("conv_state_update"), &params, &state_bufs, [channels.div_ceil(64) as u32, batch as u32, 1])
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadNorm {
+    L2,
+    Rms,
+    Layer,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputGate {
+    None,
+    Silu,
+    Sigmoid,
+}
+
+/// Normalises each head of x [rows, heads, dim]; `w` [dim] for RMS/Layer; times the gate.
+#[allow(clippy::too_many_arguments)]
+pub fn head_norm(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, x: &GpuBuf, w: &GpuBuf, g: &GpuBuf, y: &GpuBuf, rows: usize, heads: usize, dim: usize, eps: f32) -> Result<()> {
+    need("headnorm x", x, rows * heads * dim)?;
+    need("headnorm y", y, rows * heads * dim)?;
+    if norm != HeadNorm::L2 {
+        need("headnorm w", w, dim)?;
+    }
+    if gate != OutputGate::None {
+        need("headnorm gate", g, rows * heads * dim)?;
+    }
+    let n = match norm {
+        HeadNorm::L2 => 0.0,
+        HeadNorm::Rms => 1.0,
+        HeadNorm::Layer => 2.0,
+    };
+    let gt = match gate {
+        OutputGate::None => 0.0,
+        OutputGate::Silu => 1.0,
+        OutputGate::Sigmoid => 2.0,
+    };
+    let kernel = Kernel::new("mixers/common/headnorm", "headnorm").with("NORM", n).with("GATE", gt);
+    let threads = rows * heads;
+    let per_y = 65535 * 64;
+    let groups = [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1];
+    rec.dispatch(&kernel, &[rows as u32, heads as u32, dim as u32, eps.to_bits()], &[x, w, g, y], groups)
+}
+
+/// The gate activations of gates.wgsl.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateFn {
+    /// β = σ(x)
+    Sigmoid,
+    /// g = logσ(x + bias) / 16
+    LogSigmoidOver16,
+    /// g = −exp(A_log[head]) · softplus(x + dt_bias)
+    NegExpSoftplus,
+    /// g = logσ(15 tanh((x + bias)/15))
+    MlstmForget,
+    /// ĩ = 15 tanh((x + bias)/15)
+    MlstmInput,
+    /// g = param[col]
+    Constant,
+    /// y = (x + bias) ⊙ (x2 + param)
+    Hadamard,
+}
+
+/// y[r, c] = f(x[r, c]) for rows × cols; `param` and `bias` as the mode needs (per column, or
+/// per head of `per_head` columns for NegExpSoftplus); unused ones may be any buffer.
+#[allow(clippy::too_many_arguments)]
+pub fn gate(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuBuf, bias: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize, per_head: usize) -> Result<()> {
+    need("gate x", x, rows * cols)?;
+    need("gate y", y, rows * cols)?;
+    let mode = match f {
+        GateFn::Sigmoid => 0.0,
+        GateFn::LogSigmoidOver16 => 1.0,
+        GateFn::NegExpSoftplus => 2.0,
+        GateFn::MlstmForget => 3.0,
+        GateFn::MlstmInput => 4.0,
+        GateFn::Constant => 5.0,
+        GateFn::Hadamard => 6.0,
+    };
+    match f {
+        GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput => need("gate bias", bias, cols)?,
+        GateFn::NegExpSoftplus => {
+            need("gate bias", bias, cols)?;
+            need("gate A_log", param, cols / per_head.max(1))?;
+        }
+        GateFn::Constant => need("gate param", param, cols)?,
+        GateFn::Hadamard => {
+            need("gate x2", x2, rows * cols)?;
+            need("gate bias", bias, cols)?;
+            need("gate param", param, cols)?;
+        }
+        GateFn::Sigmoid => {}
+    }
+    let kernel = Kernel::new("mixers/common/gates", "gates").with("MODE", mode);
+    let groups = [cols.div_ceil(64) as u32, rows.div_ceil(65535) as u32, rows.min(65535) as u32];
+    rec.dispatch(&kernel, &[rows as u32, cols as u32, per_head.max(1) as u32], &[x, x2, param, bias, y], groups)
+}
+
+/// Rotary embedding in place on x [batch·seq, heads, head_dim] at positions pos0 + t.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_inplace(rec: &mut Recorder, x: &GpuBuf, cos: &GpuBuf, sin: &GpuBuf, batch: usize, seq: usize, pos0: usize, heads: usize, head_dim: usize) -> Result<()> {
+    need("rope x", x, batch * seq * heads * head_dim)?;
+    need("rope cos", cos, (pos0 + seq) * head_dim / 2)?;
+    need("rope sin", sin, (pos0 + seq) * head_dim / 2)?;
+    let params = [batch, seq, pos0, heads, 0, head_dim, 0].map(|v| v as u32);
+    let groups = [(heads * head_dim / 2).div_ceil(64) as u32, (batch * seq) as u32, 1];
+    rec.dispatch_bindings(&Kernel::new("nn/rope", "rope_inplace"), &params, &[(2, cos), (3, sin), (7, x)], groups)
+}

@@ -1,0 +1,61 @@
+// Short causal convolution of the mixers' q/k/v (depthwise, kernel 4, no bias), optionally
+// followed by SiLU: y[b, t, c] = act(Σ_j w[c, j] · x[b, t − 3 + j, c]). Inputs before the first
+// token come from the carried state [B, 3, C] (the last three inputs of the previous call),
+// which `conv_state_update` then advances; so decode runs one token at a time.
+
+override SILU: bool = true;
+
+struct Params {
+    batch: u32,
+    seq: u32,
+    channels: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;        // [B, T, C]
+@group(0) @binding(2) var<storage, read> w: array<f32>;        // [C, 4]
+@group(0) @binding(3) var<storage, read_write> state: array<f32>; // [B, 3, C]
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;  // [B, T, C]
+
+fn input_at(b: u32, t: i32, c: u32) -> f32 {
+    if (t >= 0) {
+        return x[(b * p.seq + u32(t)) * p.channels + c];
+    }
+    return state[(b * 3u + u32(3 + t)) * p.channels + c];
+}
+
+@compute @workgroup_size(64)
+fn conv(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let t = gid.y;
+    let b = gid.z;
+    if (c >= p.channels || t >= p.seq) {
+        return;
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < 4u; j++) {
+        acc = fma(w[c * 4u + j], input_at(b, i32(t) - 3 + i32(j), c), acc);
+    }
+    if (SILU) {
+        acc = acc / (1.0 + exp(-acc));
+    }
+    y[(b * p.seq + t) * p.channels + c] = acc;
+}
+
+// The new state: the last three inputs (from x, or from the old state when seq < 3).
+// Each thread reads the old state before any thread of its (b, c) writes: one thread per (b, c).
+@compute @workgroup_size(64)
+fn conv_state_update(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let b = gid.y;
+    if (c >= p.channels || b >= p.batch) {
+        return;
+    }
+    let last = i32(p.seq) - 1;
+    let v0 = input_at(b, last - 2, c);
+    let v1 = input_at(b, last - 1, c);
+    let v2 = input_at(b, last, c);
+    state[(b * 3u) * p.channels + c] = v0;
+    state[(b * 3u + 1u) * p.channels + c] = v1;
+    state[(b * 3u + 2u) * p.channels + c] = v2;
+}
