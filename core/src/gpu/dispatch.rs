@@ -112,8 +112,8 @@ pub struct Recorder<'g> {
     dispatches: Vec<Dispatch>,
 }
 
-impl Recorder<'_> {
-    pub fn gpu(&self) -> &Gpu {
+impl<'g> Recorder<'g> {
+    pub fn gpu(&self) -> &'g Gpu {
         self.gpu
     }
 

@@ -85,6 +85,8 @@ pub enum GateFn {
     Constant,
     /// y = (x + bias) ⊙ (x2 + param)
     Hadamard,
+    /// y = x + bias
+    AddBias,
 }
 
 /// y[r, c] = f(x[r, c]) for rows × cols; `param` and `bias` as the mode needs (per column, or
@@ -101,9 +103,10 @@ pub fn gate(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuB
         GateFn::MlstmInput => 4.0,
         GateFn::Constant => 5.0,
         GateFn::Hadamard => 6.0,
+        GateFn::AddBias => 7.0,
     };
     match f {
-        GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput => need("gate bias", bias, cols)?,
+        GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput | GateFn::AddBias => need("gate bias", bias, cols)?,
         GateFn::NegExpSoftplus => {
             need("gate bias", bias, cols)?;
             need("gate A_log", param, cols / per_head.max(1))?;

@@ -84,6 +84,7 @@ pub fn gate(f: GateFn, x: &[f64], x2: &[f64], param: &[f64], bias: &[f64], rows:
                 GateFn::MlstmInput => 15.0 * ((v + bias[c]) / 15.0).tanh(),
                 GateFn::Constant => param[c],
                 GateFn::Hadamard => (v + bias[c]) * (x2[i] + param[c]),
+                GateFn::AddBias => v + bias[c],
             };
         }
     }

@@ -8,6 +8,7 @@
 //   MODE 4: ĩ = 15 tanh((x + bias) / 15)                      (mLSTM input gate)
 //   MODE 5: g = param                                         (RetNet's fixed log γ per head)
 //   MODE 6: y = (x + bias) ⊙ (x2 + param)                     (Hadamard feature map, per column)
+//   MODE 7: y = x + bias                                      (KDA's output-gate bias)
 
 override MODE: u32 = 0u;
 
@@ -66,8 +67,11 @@ fn gates(@builtin(global_invocation_id) gid: vec3<u32>) {
         case 5u: {
             out = param[c];
         }
-        default: {
+        case 6u: {
             out = (v + bias[c]) * (x2[i] + param[c]);
+        }
+        default: {
+            out = v + bias[c];
         }
     }
     y[i] = out;
