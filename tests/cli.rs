@@ -73,6 +73,9 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["generate", "--model", "smollm2-135m"], &[("LINEARIZE_HOME", "/nonexistent-home")], "linearize fetch teacher"),
         (&["convert", "--from", "/etc/hostname", "--to", "/tmp/x"], &[], "expected a .gguf file"),
         (&["bench", "nothing"], &[], "unknown benchmark"),
+        (&["student", "--mixer", "mamba", "--out", "/tmp/never"], &[], "unknown mixer 'mamba'"),
+        (&["student", "--mixer", "gla", "--layers", "0", "--out", "/tmp/never"], &[], "--layers 0"),
+        (&["student", "--mixer", "gla", "--mixer-layers", "3,99", "--out", "/tmp/never"], &[], "layer 99 does not exist"),
     ];
     for (args, env, want) in cases {
         let o = run(args, env);
@@ -81,4 +84,28 @@ fn bad_arguments_fail_with_clear_messages() {
         assert!(e.contains(want), "{args:?}: expected '{want}' in: {e}");
         assert!(!e.contains("panicked"), "{args:?} panicked: {e}");
     }
+}
+
+#[test]
+fn student_command_builds_a_student_that_info_and_generate_use() {
+    let dir = linearize_tests::tempdir("cli-student");
+    let out = dir.join("gdn");
+    let o = run(&["student", "--mixer", "gated_deltanet", "--layers", "2", "--out", out.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("gated_deltanet in 2 of 2 blocks"), "{}", stdout(&o));
+    let o = run(&["info", "--model", out.to_str().unwrap(), "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["kind"], "student");
+    assert_eq!(v["student"]["mixer"], "gated_deltanet");
+    // 9 heads × 64 × 64 f32 state plus the conv inputs 3 × 9 × (64 + 64 + 64).
+    assert_eq!(v["state_bytes_per_mixer_layer"], 4 * (9 * 64 * 64 + 3 * 9 * 192));
+    assert_eq!(v["memory_bytes_per_sequence"]["512"], v["memory_bytes_per_sequence"]["32768"]);
+    let o = run(&["info", "--model", out.to_str().unwrap()], &[]);
+    assert!(stdout(&o).contains("at any context") && stdout(&o).contains("48.0 MiB at 32k"), "{}", stdout(&o));
+    let o = run(&["generate", "--model", out.to_str().unwrap(), "--max-new-tokens", "3", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["ids"].as_array().unwrap().len(), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
 }

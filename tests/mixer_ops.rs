@@ -106,7 +106,7 @@ fn rope_in_place_matches_reference() {
     let mut rng = Rng::new(35);
     let (batch, seq, pos0, heads, d) = (2, 5, 7, 3, 64);
     let x = random(&mut rng, batch * seq * heads * d, 1.0);
-    let (cos, sin) = linearize_core::model::teacher::rope_tables(pos0 + seq, d, 10000.0);
+    let (cos, sin) = linearize_core::model::lm::rope_tables(pos0 + seq, d, 10000.0);
     let xb = up(&x);
     let mut rec = gpu().recorder();
     ops::rope_inplace(&mut rec, &xb, &up(&cos), &up(&sin), batch, seq, pos0, heads, d).unwrap();

@@ -27,7 +27,7 @@ fn every_mixer_layer_matches_reference_across_calls() {
     let mut rng = Rng::new(41);
     let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
     let theta = 10000.0;
-    let (cos, sin) = linearize_core::model::teacher::rope_tables(256, s.dk, theta);
+    let (cos, sin) = linearize_core::model::lm::rope_tables(256, s.dk, theta);
     let (cos, sin) = (gpu().upload_f32("cos", &cos).unwrap(), gpu().upload_f32("sin", &sin).unwrap());
     let rope = Rope { cos: &cos, sin: &sin };
     for kind in MixerKind::ALL {

@@ -114,7 +114,7 @@ fn rope_writes_rotated_q_and_cache() {
         let rows = batch * seq;
         let width = (n_q + 2 * n_kv) * d;
         let qkv = random(&mut rng, rows * width, 1.0);
-        let (cos, sin) = linearize_core::model::teacher::rope_tables(cap, d, 10000.0);
+        let (cos, sin) = linearize_core::model::lm::rope_tables(cap, d, 10000.0);
         let q = gpu().scratch(rows * n_q * d).unwrap();
         let kc = up("k", &vec![0.0; batch * n_kv * cap * d]);
         let vc = up("v", &vec![0.0; batch * n_kv * cap * d]);

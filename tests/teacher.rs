@@ -2,8 +2,8 @@
 //! grouped kv heads, batch > 1) and the real SmolLM2-135M (known token ids and continuation,
 //! logits of a 32-token prompt by prefill and by token-by-token decode).
 use linearize_core::generate::{argmax, generate, sample, Rng, Sampling};
-use linearize_core::model::teacher::Logits;
-use linearize_core::model::{LayerWeights, LlamaConfig, ModelWeights, Teacher};
+use linearize_core::model::Logits;
+use linearize_core::model::{LanguageModel as Teacher, LayerWeights, LlamaConfig, ModelWeights};
 use linearize_core::reference::teacher as reference;
 use linearize_tests::{assert_close, gpu, max_abs_diff, random, teacher};
 

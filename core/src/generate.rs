@@ -2,7 +2,7 @@
 //! Greedy by default; temperature and nucleus (top-p) sampling on request.
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::model::teacher::{Logits, Teacher};
+use crate::model::lm::{LanguageModel, Logits};
 
 #[derive(Clone, Debug)]
 pub struct Sampling {
@@ -98,17 +98,17 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
 
 /// Generates up to `s.max_new_tokens` after `prompt`, calling `on_token` with each new id as
 /// soon as it is known. Memory is bounded by a KV cache of prompt + max_new_tokens positions.
-pub async fn generate(gpu: &Gpu, teacher: &Teacher, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(Error::argument("--prompt", "the prompt is empty; give at least one token of text"));
     }
     s.validate()?;
     let cap = prompt.len() + s.max_new_tokens;
-    let mut cache = teacher.new_cache(gpu, 1, cap)?;
+    let mut cache = model.new_cache(gpu, 1, cap)?;
     let mut rng = Rng::new(s.seed);
-    let vocab = teacher.config.vocab_size;
+    let vocab = model.config.vocab_size;
     let mut out = Vec::new();
-    let mut logits = teacher.forward(gpu, &mut cache, prompt, Logits::Last)?;
+    let mut logits = model.forward(gpu, &mut cache, prompt, Logits::Last)?;
     while out.len() < s.max_new_tokens {
         let row = gpu.read_f32(&logits, vocab).await?;
         gpu.release(logits);
@@ -121,7 +121,7 @@ pub async fn generate(gpu: &Gpu, teacher: &Teacher, prompt: &[u32], s: &Sampling
         if s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
             break;
         }
-        logits = teacher.forward(gpu, &mut cache, &[next], Logits::Last)?;
+        logits = model.forward(gpu, &mut cache, &[next], Logits::Last)?;
     }
     Ok(out)
 }

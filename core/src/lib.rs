@@ -1,7 +1,7 @@
 //! linearize-core: the teacher, its kernels and their references, on wgpu. Platform-neutral:
 //! builds for native targets and for wasm32 (WebGPU).
 //!
-//! Data flows tokens → `model::Teacher::forward` (embedding → blocks → head) → logits, each op
+//! Data flows tokens → `model::LanguageModel::forward` (embedding → blocks → head) → logits, each op
 //! a WGSL kernel launched from `nn` and mirrored in f64 by `reference`.
 pub mod error;
 pub mod generate;

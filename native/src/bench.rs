@@ -4,8 +4,8 @@
 use anyhow::Result;
 use linearize_core::generate::Rng;
 use linearize_core::gpu::Gpu;
-use linearize_core::model::teacher::Logits;
-use linearize_core::model::{Model, Teacher};
+use linearize_core::model::Logits;
+use linearize_core::model::{LanguageModel, Model};
 use serde_json::{json, Value};
 use std::time::Instant;
 
@@ -19,7 +19,7 @@ fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
 }
 
 pub fn bench_teacher(model: &Model, gpu: &Gpu, shapes: &[(usize, usize)], decode: &[usize], decode_tokens: usize, iters: usize) -> Result<Vec<Value>> {
-    let teacher = Teacher::upload(gpu, &model.weights)?;
+    let teacher = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
     let vocab = model.weights.config.vocab_size;
     let mut rng = Rng::new(0);
     let mut out = Vec::new();

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use linearize_core::generate::{generate, Sampling};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::weights::{linearize_home, TEACHER_ALIAS};
-use linearize_core::model::{hf, Model, Teacher};
+use linearize_core::model::{hf, LanguageModel, Model};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -54,6 +54,33 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Build an untrained student: the teacher with attention replaced by a mixer.
+    Student {
+        #[arg(long, default_value = TEACHER_ALIAS)]
+        teacher: String,
+        /// linear_attn, retnet, gla, deltanet, gated_deltanet, kda or mlstm
+        #[arg(long)]
+        mixer: String,
+        #[arg(long)]
+        out: PathBuf,
+        /// Keep only the first N blocks of teacher and student (quick experiments)
+        #[arg(long)]
+        layers: Option<usize>,
+        /// Blocks to replace, comma-separated (default: all; others keep attention)
+        #[arg(long)]
+        mixer_layers: Option<String>,
+        /// identity (keeps the copied q/k/v at step 0) or random (the paper's)
+        #[arg(long, default_value = "identity")]
+        conv_init: String,
+        /// Linear attention: divide by the running-sum denominator
+        #[arg(long)]
+        la_denominator: bool,
+        /// Linear attention: RMSNorm per head on the output
+        #[arg(long)]
+        la_output_norm: bool,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
         /// What to time: teacher (end to end) or ops (single kernels at the teacher's shapes)
@@ -93,6 +120,9 @@ fn main() {
             cmd_generate(&model, &prompt, sampling, json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
+        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, seed } => {
+            cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, la_denominator, la_output_norm, seed)
+        }
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
         }
@@ -139,27 +169,65 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
     let c = &model.weights.config;
     let kv = c.kv_bytes_per_token();
     let at = |t: usize| kv * t;
+    let per_layer_kv = kv / c.num_hidden_layers;
+    let student = model.mixers.as_ref().map(|m| {
+        let state = linearize_core::mixers::state_bytes(m.config.mixer, m.config.shape, &m.config.options);
+        let params: usize = m.layers.values().flat_map(|p| p.values()).map(|t| t.data.len()).sum();
+        (m, state, params)
+    });
+    let attention_layers = c.num_hidden_layers - student.map_or(0, |(m, _, _)| m.config.mixer_layers.len());
+    // Parameters: the teacher's, less the attention moved into mixers, plus the mixers'.
+    let parameters = match student {
+        Some((m, _, params)) => {
+            let attn = c.hidden_size * c.q_dim() * 2 + 2 * c.hidden_size * c.kv_dim();
+            c.parameter_count() - m.config.mixer_layers.len() * attn + params
+        }
+        None => c.parameter_count(),
+    };
+    let memory_at = |t: usize| attention_layers * per_layer_kv * t + student.map_or(0, |(m, s, _)| m.config.mixer_layers.len() * s);
     if json {
-        let v = json!({
-            "model": model.source, "kind": "teacher", "config": c,
-            "parameters": c.parameter_count(),
+        let mut v = json!({
+            "model": model.source, "kind": if student.is_some() { "student" } else { "teacher" }, "config": c,
+            "parameters": parameters,
             "kv_cache_bytes_per_token": kv,
             "kv_cache_bytes": {"512": at(512), "4096": at(4096), "32768": at(32768)},
             "tokenizer_vocab": model.tokenizer.vocab_size(),
         });
+        if let Some((m, state, _)) = student {
+            v["student"] = serde_json::to_value(&m.config)?;
+            v["state_bytes_per_mixer_layer"] = json!(state);
+            v["teacher_kv_bytes_per_layer"] = json!({"512": per_layer_kv * 512, "4096": per_layer_kv * 4096, "32768": per_layer_kv * 32768});
+            v["memory_bytes_per_sequence"] = json!({"512": memory_at(512), "4096": memory_at(4096), "32768": memory_at(32768)});
+        }
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
     println!("model        {}", model.source.display());
-    println!("kind         teacher (softmax attention, Llama architecture)");
-    println!("parameters   {:.1} M", c.parameter_count() as f64 / 1e6);
+    match student {
+        Some((m, state, _)) => {
+            let n = m.config.mixer_layers.len();
+            println!("kind         student: {} in {n} of {} blocks (from {})", m.config.mixer.name(), c.num_hidden_layers, m.config.teacher);
+            println!(
+                "state        {:.1} KiB per mixer layer per sequence, at any context; the teacher's KV cache per layer: {:.2} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k",
+                state as f64 / 1024.0,
+                mib(per_layer_kv * 512),
+                mib(per_layer_kv * 4096),
+                mib(per_layer_kv * 32768)
+            );
+            println!("memory/seq   {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k (teacher: {:.1} / {:.1} / {:.1})", mib(memory_at(512)), mib(memory_at(4096)), mib(memory_at(32768)), mib(at(512)), mib(at(4096)), mib(at(32768)));
+        }
+        None => println!("kind         teacher (softmax attention, Llama architecture)"),
+    }
+    println!("parameters   {:.1} M", parameters as f64 / 1e6);
     println!(
         "layers {}  hidden {}  ffn {}  heads {} q / {} kv x {}  vocab {}",
         c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.n_kv_heads(), c.head_dim(), c.vocab_size
     );
     println!("rope θ {}  rms eps {:e}  context {}  tied head {}", c.rope_theta, c.rms_norm_eps as f32, c.max_position_embeddings, c.tie_word_embeddings);
-    println!("KV cache     {} KiB per token (f32): {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k", kv / 1024, mib(at(512)), mib(at(4096)), mib(at(32768)));
+    if student.is_none() {
+        println!("KV cache     {} KiB per token (f32): {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k", kv / 1024, mib(at(512)), mib(at(4096)), mib(at(32768)));
+    }
     Ok(())
 }
 
@@ -176,7 +244,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Res
     sampling.stop_ids = model.weights.config.eos_ids();
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
-    let teacher = Teacher::upload(&gpu, &model.weights)?;
+    let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
     let start = Instant::now();
     let mut shown = String::new();
     let mut ids_so_far = Vec::new();
@@ -184,7 +252,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Res
         print!("{prompt}");
         std::io::stdout().flush()?;
     }
-    let ids = pollster::block_on(generate(&gpu, &teacher, &prompt_ids, &sampling, |id| {
+    let ids = pollster::block_on(generate(&gpu, &lm, &prompt_ids, &sampling, |id| {
         if json {
             return;
         }
@@ -270,5 +338,39 @@ fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens:
             println!("{r}");
         }
     }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, la_denominator: bool, la_output_norm: bool, seed: u64) -> Result<()> {
+    use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
+    let kind = MixerKind::from_name(mixer)?;
+    let conv_init = match conv_init {
+        "identity" => ConvInit::Identity,
+        "random" => ConvInit::Random,
+        other => bail!("--conv-init '{other}': expected identity or random"),
+    };
+    let mut model = load(teacher)?;
+    if model.mixers.is_some() {
+        bail!("--teacher {teacher}: this is already a student; give a teacher (GGUF, HF directory or alias)");
+    }
+    if let Some(n) = layers {
+        let total = model.weights.config.num_hidden_layers;
+        if n == 0 || n > total {
+            bail!("--layers {n}: expected 1..={total}");
+        }
+        model.weights.truncate_layers(n);
+    }
+    let chosen = mixer_layers.map(|s| parse_list::<usize>("--mixer-layers", s)).transpose()?;
+    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, seed, ..Default::default() };
+    let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
+    linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;
+    println!(
+        "wrote {} ({} in {} of {} blocks)",
+        out.display(),
+        kind.name(),
+        mixers.config.mixer_layers.len(),
+        weights.config.num_hidden_layers
+    );
     Ok(())
 }

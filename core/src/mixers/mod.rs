@@ -240,3 +240,16 @@ pub fn new_parameters(kind: MixerKind, s: MixerShape, opts: &MixerOptions, layer
 pub fn retnet_log_gamma(heads: usize) -> Vec<f32> {
     (0..heads).map(|h| (1.0 - 2f64.powi(-5 - h as i32)).ln() as f32).collect()
 }
+
+/// Bytes of state a mixer layer keeps per sequence (f32), whatever the context length: the
+/// K×V state of every head, mLSTM's / LA's normaliser, and the short-conv inputs.
+pub fn state_bytes(kind: MixerKind, s: MixerShape, opts: &MixerOptions) -> usize {
+    let mut floats = s.heads * s.dk * s.dv;
+    if matches!(kind.recurrence(opts).normalizer, Normalizer::Mlstm | Normalizer::Sum) {
+        floats += s.heads * (s.dk + 1);
+    }
+    if kind.uses_conv() {
+        floats += 3 * s.heads * (2 * s.dk + s.dv);
+    }
+    floats * 4
+}

@@ -4,11 +4,12 @@ pub mod config;
 pub mod gguf;
 pub mod hf;
 pub mod quant;
-pub mod teacher;
+pub mod lm;
+pub mod student;
 pub mod tokenizer;
 pub mod weights;
 
 pub use config::LlamaConfig;
-pub use teacher::{KvCache, Teacher};
+pub use lm::{Cache, LanguageModel, Logits};
 pub use tokenizer::Tokenizer;
-pub use weights::{LayerWeights, Model, ModelWeights};
+pub use weights::{LayerWeights, Model, ModelWeights, StudentMixers};

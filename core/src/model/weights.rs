@@ -103,11 +103,21 @@ impl ModelWeights {
     }
 }
 
-/// A model ready to run: weights, tokenizer and where they came from.
+/// The linear-time mixers of a student: which blocks they replace and their parameters.
+#[derive(Clone, Debug)]
+pub struct StudentMixers {
+    pub config: super::student::StudentConfig,
+    /// Parameters by block index (copied q/k/v/o projections included).
+    pub layers: std::collections::BTreeMap<usize, crate::mixers::MixerParams>,
+}
+
+/// A model ready to run: weights, tokenizer and where they came from; a student also has
+/// mixers (the attention tensors of the blocks they replace are empty).
 pub struct Model {
     pub weights: ModelWeights,
     pub tokenizer: Tokenizer,
     pub source: PathBuf,
+    pub mixers: Option<StudentMixers>,
 }
 
 /// The alias of the fetched teacher.
@@ -151,9 +161,12 @@ impl Model {
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_path(path: &Path) -> Result<Self> {
+        if path.is_dir() && path.join(super::student::STUDENT_FILE).exists() {
+            return super::student::load_dir(path);
+        }
         if path.is_dir() {
             let (weights, tokenizer) = super::hf::load_dir(path)?;
-            return Ok(Model { weights, tokenizer, source: path.into() });
+            return Ok(Model { weights, tokenizer, source: path.into(), mixers: None });
         }
         if !path.exists() {
             return Err(Error::Missing { path: path.into(), what: "model (expected a .gguf file, an HF directory or the alias 'smollm2-135m')".into() });
@@ -161,6 +174,6 @@ impl Model {
         let gguf = super::gguf::GgufFile::open(path)?;
         let weights = gguf.llama_weights()?;
         let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        Ok(Model { weights, tokenizer, source: path.into() })
+        Ok(Model { weights, tokenizer, source: path.into(), mixers: None })
     }
 }

@@ -1,0 +1,243 @@
+//! A language model on the GPU, teacher or student: tokens → embedding → blocks (RMSNorm →
+//! token mixer → residual → RMSNorm → SwiGLU MLP → residual) → final RMSNorm → tied head. The
+//! token mixer of a block is the teacher's softmax attention (with a KV cache) or a linear-time
+//! mixer (with a fixed-size state). One code path serves prefill (many tokens) and decode (one
+//! token per sequence).
+use super::config::LlamaConfig;
+use super::weights::{ModelWeights, StudentMixers};
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuf};
+use crate::mixers::layer::{MixerLayer, MixerState, Rope};
+use crate::nn::{self, AttnShape};
+
+enum TokenMixer {
+    Attention {
+        /// q, k and v projections stacked: [q_dim + 2 kv_dim, hidden].
+        wqkv: GpuBuf,
+        wo: GpuBuf,
+    },
+    Mixer(MixerLayer),
+}
+
+struct Block {
+    attn_norm: GpuBuf,
+    mixer: TokenMixer,
+    ffn_norm: GpuBuf,
+    /// gate and up projections stacked: [2 ffn, hidden].
+    w_gate_up: GpuBuf,
+    w_down: GpuBuf,
+}
+
+pub struct LanguageModel {
+    pub config: LlamaConfig,
+    blocks: Vec<Block>,
+    embed: GpuBuf,
+    final_norm: GpuBuf,
+    /// Untied head; None means the embedding is the head.
+    head: Option<GpuBuf>,
+    rope_cos: GpuBuf,
+    rope_sin: GpuBuf,
+    /// Positions the rotary tables cover.
+    pub max_positions: usize,
+}
+
+enum LayerCache {
+    /// Keys and values [batch, n_kv, cap, head_dim] of an attention block.
+    Kv { k: GpuBuf, v: GpuBuf },
+    /// The fixed-size state of a mixer block.
+    Mixer(MixerState),
+}
+
+/// What the blocks carry between calls for `batch` sequences: KV caches of up to `cap`
+/// positions for attention blocks, fixed-size states for mixer blocks.
+pub struct Cache {
+    pub batch: usize,
+    pub cap: usize,
+    /// Tokens already processed per sequence.
+    pub len: usize,
+    layers: Vec<LayerCache>,
+}
+
+/// Which rows of logits a forward pass produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// Only the last position of each sequence: [batch, vocab].
+    Last,
+    /// Every position: [batch * seq, vocab].
+    All,
+}
+
+fn concat(parts: &[&[f32]]) -> Vec<f32> {
+    parts.concat()
+}
+
+/// cos and sin of pos · θ^(−2i/d), computed in f64 and stored as f32: [positions, d/2].
+pub fn rope_tables(positions: usize, head_dim: usize, theta: f64) -> (Vec<f32>, Vec<f32>) {
+    let half = head_dim / 2;
+    let mut cos = Vec::with_capacity(positions * half);
+    let mut sin = Vec::with_capacity(positions * half);
+    for pos in 0..positions {
+        for i in 0..half {
+            let angle = pos as f64 * theta.powf(-((2 * i) as f64) / head_dim as f64);
+            cos.push(angle.cos() as f32);
+            sin.push(angle.sin() as f32);
+        }
+    }
+    (cos, sin)
+}
+
+impl LanguageModel {
+    /// A teacher: softmax attention in every block.
+    pub fn upload(gpu: &Gpu, w: &ModelWeights) -> Result<Self> {
+        Self::upload_with_mixers(gpu, w, None)
+    }
+
+    /// A teacher, or a student when `mixers` replaces the token mixer of some blocks.
+    pub fn upload_with_mixers(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>) -> Result<Self> {
+        let cfg = w.config.clone();
+        let mut blocks = Vec::with_capacity(w.layers.len());
+        for (i, l) in w.layers.iter().enumerate() {
+            let label = |s: &str| format!("layer {i} {s}");
+            let mixer = match mixers.and_then(|m| m.layers.get(&i).map(|p| (m, p))) {
+                Some((m, params)) => TokenMixer::Mixer(MixerLayer::upload(gpu, m.config.mixer, &m.config.options, m.config.shape, params)?),
+                None => TokenMixer::Attention {
+                    wqkv: gpu.upload_f32(&label("wqkv"), &concat(&[&l.q, &l.k, &l.v]))?,
+                    wo: gpu.upload_f32(&label("wo"), &l.o)?,
+                },
+            };
+            blocks.push(Block {
+                attn_norm: gpu.upload_f32(&label("attn_norm"), &l.attn_norm)?,
+                mixer,
+                ffn_norm: gpu.upload_f32(&label("ffn_norm"), &l.ffn_norm)?,
+                w_gate_up: gpu.upload_f32(&label("w_gate_up"), &concat(&[&l.gate, &l.up]))?,
+                w_down: gpu.upload_f32(&label("w_down"), &l.down)?,
+            });
+        }
+        let max_positions = cfg.max_position_embeddings.max(2048);
+        let (cos, sin) = rope_tables(max_positions, cfg.head_dim(), cfg.rope_theta);
+        Ok(LanguageModel {
+            embed: gpu.upload_f32("embed", &w.embed)?,
+            final_norm: gpu.upload_f32("final_norm", &w.final_norm)?,
+            head: w.lm_head.as_ref().map(|h| gpu.upload_f32("lm_head", h)).transpose()?,
+            rope_cos: gpu.upload_f32("rope_cos", &cos)?,
+            rope_sin: gpu.upload_f32("rope_sin", &sin)?,
+            max_positions,
+            blocks,
+            config: cfg,
+        })
+    }
+
+    /// Whether every block is a linear-time mixer (memory per sequence does not grow).
+    pub fn is_linear_time(&self) -> bool {
+        self.blocks.iter().all(|b| matches!(b.mixer, TokenMixer::Mixer(_)))
+    }
+
+    /// A cache for `batch` sequences of up to `cap` positions (attention blocks need it; mixer
+    /// blocks hold a fixed-size state whatever `cap` is).
+    pub fn new_cache(&self, gpu: &Gpu, batch: usize, cap: usize) -> Result<Cache> {
+        let has_attention = self.blocks.iter().any(|b| matches!(b.mixer, TokenMixer::Attention { .. }));
+        if cap > self.max_positions && (has_attention || self.blocks.iter().any(|b| matches!(&b.mixer, TokenMixer::Mixer(m) if m.kind == crate::mixers::MixerKind::Retnet))) {
+            return Err(Error::argument("context", format!("{cap} positions exceed the model's {} positions", self.max_positions)));
+        }
+        let per_layer = batch * self.config.kv_dim() * cap;
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for b in &self.blocks {
+            layers.push(match &b.mixer {
+                TokenMixer::Attention { .. } => {
+                    let mk = || gpu.scratch(per_layer).map_err(|e| Error::Gpu(format!("KV cache: {e}")));
+                    LayerCache::Kv { k: mk()?, v: mk()? }
+                }
+                TokenMixer::Mixer(m) => LayerCache::Mixer(m.new_state(gpu, batch)?),
+            });
+        }
+        Ok(Cache { batch, cap, len: 0, layers })
+    }
+
+    /// Runs `ids` (`batch` sequences of equal length, concatenated) after the tokens already in
+    /// `cache`, advances the cache, and returns the logits.
+    pub fn forward(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits) -> Result<GpuBuf> {
+        let cfg = &self.config;
+        let batch = cache.batch;
+        if ids.is_empty() || ids.len() % batch != 0 {
+            return Err(Error::argument("ids", format!("{} tokens do not split into {batch} equal sequences", ids.len())));
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= cfg.vocab_size) {
+            return Err(Error::argument("ids", format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
+        }
+        let seq = ids.len() / batch;
+        let rows = ids.len();
+        if cache.layers.iter().any(|l| matches!(l, LayerCache::Kv { .. })) && cache.len + seq > cache.cap {
+            return Err(Error::argument("context", format!("{} tokens do not fit the KV cache of {} positions", cache.len + seq, cache.cap)));
+        }
+        let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let shape = AttnShape {
+            batch,
+            seq,
+            pos0: cache.len,
+            n_q: cfg.num_attention_heads,
+            n_kv: cfg.n_kv_heads(),
+            head_dim: cfg.head_dim(),
+            cap: cache.cap,
+        };
+        let eps = cfg.rms_norm_eps as f32;
+        let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
+
+        let ids_buf = gpu.upload_u32("ids", ids)?;
+        let x = gpu.scratch(rows * d)?;
+        let xn = gpu.scratch(rows * d)?;
+        let gate_up = gpu.scratch(rows * 2 * f)?;
+        let act = gpu.scratch(rows * f)?;
+        let mut temps = Vec::new();
+
+        let mut rec = gpu.recorder();
+        nn::gather_rows(&mut rec, &ids_buf, &self.embed, &x, rows, d, cfg.vocab_size)?;
+        for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
+            match (&block.mixer, layer_cache) {
+                (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
+                    let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
+                    let (q, att) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?);
+                    nn::linear(&mut rec, &xn, wqkv, &qkv, rows, qd + 2 * kvd, d, false)?;
+                    nn::rope_qkv_to_cache(&mut rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, kc, vc)?;
+                    nn::attention(&mut rec, shape, &q, kc, vc, &att)?;
+                    nn::linear(&mut rec, &att, wo, &x, rows, d, qd, true)?;
+                    temps.extend([qkv, q, att]);
+                }
+                (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
+                    layer.forward(&mut rec, &xn, seq, state, &rope, &x, true, &mut temps)?;
+                }
+                _ => return Err(Error::argument("cache", "the cache was made for another model")),
+            }
+            nn::rmsnorm(&mut rec, &x, &block.ffn_norm, &xn, rows, d, eps)?;
+            nn::linear(&mut rec, &xn, &block.w_gate_up, &gate_up, rows, 2 * f, d, false)?;
+            nn::swiglu(&mut rec, &gate_up, &act, rows, f)?;
+            nn::linear(&mut rec, &act, &block.w_down, &x, rows, d, f, true)?;
+        }
+        nn::rmsnorm(&mut rec, &x, &self.final_norm, &xn, rows, d, eps)?;
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        let out = match logits {
+            Logits::All => {
+                let out = gpu.scratch(rows * cfg.vocab_size)?;
+                nn::linear(&mut rec, &xn, head, &out, rows, cfg.vocab_size, d, false)?;
+                out
+            }
+            Logits::Last => {
+                let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
+                let last_buf = gpu.upload_u32("last rows", &last)?;
+                let h = gpu.scratch(batch * d)?;
+                nn::gather_rows(&mut rec, &last_buf, &xn, &h, batch, d, rows)?;
+                let out = gpu.scratch(batch * cfg.vocab_size)?;
+                nn::linear(&mut rec, &h, head, &out, batch, cfg.vocab_size, d, false)?;
+                temps.push(h);
+                out
+            }
+        };
+        rec.submit()?;
+        cache.len += seq;
+        for b in [x, xn, gate_up, act].into_iter().chain(temps) {
+            gpu.release(b);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,175 @@
+//! Students: the teacher with its softmax attention replaced by a mixer in every block or in a
+//! chosen set (hybrids). Everything the teacher provides is copied — embeddings, norms, MLPs,
+//! head, and q/k/v/o projections (GQA k/v expanded by whole heads); mixer-only parameters are
+//! new (crate::mixers::new_parameters). Saved as a directory: config.json (the teacher's),
+//! student.json (mixer and layout), model.safetensors, tokenizer.json.
+use super::config::LlamaConfig;
+use super::hf::write_atomic;
+use super::tokenizer::Tokenizer;
+use super::weights::{hf_tensor_shapes, Model, ModelWeights, StudentMixers};
+use crate::error::{Error, Result};
+use crate::mixers::{new_parameters, MixerKind, MixerOptions, MixerParams, MixerShape, Tensor};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+pub const STUDENT_FILE: &str = "student.json";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StudentConfig {
+    pub mixer: MixerKind,
+    /// Blocks whose attention is replaced (all of them unless a hybrid).
+    pub mixer_layers: Vec<usize>,
+    pub shape: MixerShape,
+    pub options: MixerOptions,
+    /// Where the teacher came from (for reports).
+    pub teacher: String,
+}
+
+/// Repeats each of `n_kv` whole heads (head_dim rows of `cols`) n_q / n_kv times, so that query
+/// head h reads kv head h / (n_q / n_kv): [n_kv·hd, cols] → [n_q·hd, cols].
+pub fn expand_kv_heads(w: &[f32], n_kv: usize, n_q: usize, head_dim: usize, cols: usize) -> Vec<f32> {
+    let group = n_q / n_kv;
+    let mut out = Vec::with_capacity(n_q * head_dim * cols);
+    for h in 0..n_q {
+        let kv = h / group;
+        out.extend_from_slice(&w[kv * head_dim * cols..(kv + 1) * head_dim * cols]);
+    }
+    out
+}
+
+/// Builds an untrained student from teacher weights. `layers`: the blocks to replace (None:
+/// all). The teacher's attention tensors of replaced blocks move into the mixer parameters.
+pub fn from_teacher(teacher: &ModelWeights, kind: MixerKind, layers: Option<Vec<usize>>, opts: &MixerOptions, source: &str) -> Result<(ModelWeights, StudentMixers)> {
+    let c = &teacher.config;
+    let n = c.num_hidden_layers;
+    let layers = layers.unwrap_or_else(|| (0..n).collect());
+    if let Some(&bad) = layers.iter().find(|&&l| l >= n) {
+        return Err(Error::argument("--mixer-layers", format!("layer {bad} does not exist; the model has layers 0..{}", n - 1)));
+    }
+    let hd = c.head_dim();
+    if !(hd == 64 || hd == 128) {
+        return Err(Error::argument("head_dim", format!("mixers take heads of 64 or 128 channels, the teacher has {hd}")));
+    }
+    let shape = MixerShape { hidden: c.hidden_size, heads: c.num_attention_heads, dk: hd, dv: hd };
+    let mut base = teacher.clone();
+    let mut mixers = BTreeMap::new();
+    for &i in &layers {
+        let l = &mut base.layers[i];
+        let mut p: MixerParams = new_parameters(kind, shape, opts, i);
+        let (d, hq) = (c.hidden_size, c.num_attention_heads * hd);
+        p.insert("q_proj".into(), Tensor::new(vec![hq, d], std::mem::take(&mut l.q)));
+        p.insert("k_proj".into(), Tensor::new(vec![hq, d], expand_kv_heads(&l.k, c.n_kv_heads(), c.num_attention_heads, hd, d)));
+        p.insert("v_proj".into(), Tensor::new(vec![hq, d], expand_kv_heads(&l.v, c.n_kv_heads(), c.num_attention_heads, hd, d)));
+        p.insert("o_proj".into(), Tensor::new(vec![d, hq], std::mem::take(&mut l.o)));
+        l.k.clear();
+        l.v.clear();
+        mixers.insert(i, p);
+    }
+    let config = StudentConfig { mixer: kind, mixer_layers: layers, shape, options: opts.clone(), teacher: source.to_string() };
+    Ok((base, StudentMixers { config, layers: mixers }))
+}
+
+const MIXER_PREFIX: &str = "mixer.";
+
+/// Tensor names and data of a student, in a fixed order.
+fn student_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Vec<(String, Vec<usize>, &'a [f32])> {
+    let tensors = w.hf_tensors();
+    let mut out = Vec::new();
+    for ((name, shape), data) in hf_tensor_shapes(&w.config).into_iter().zip(tensors) {
+        let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        if name.contains(".self_attn.") && layer.is_some_and(|i| m.layers.contains_key(&i)) {
+            continue; // moved into the mixer
+        }
+        out.push((name, shape, data));
+    }
+    for (i, params) in &m.layers {
+        for (pname, t) in params {
+            out.push((format!("model.layers.{i}.{MIXER_PREFIX}{pname}"), t.shape.clone(), t.data.as_slice()));
+        }
+    }
+    out
+}
+
+pub fn save_dir(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let tensors = student_tensors(w, m);
+    let views = tensors
+        .iter()
+        .map(|(name, shape, data)| {
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytemuck::cast_slice(data))
+                .map(|v| (name.clone(), v))
+                .map_err(|e| Error::format(dir, format!("tensor '{name}': {e}")))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(dir, format!("serialising: {e}")))?;
+    write_atomic(&dir.join("model.safetensors"), &bytes)?;
+    write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(&w.config).expect("json").as_bytes())?;
+    write_atomic(&dir.join(STUDENT_FILE), serde_json::to_string_pretty(&m.config).expect("json").as_bytes())?;
+    write_atomic(&dir.join("tokenizer.json"), tokenizer.json().as_bytes())?;
+    Ok(())
+}
+
+pub fn load_dir(dir: &Path) -> Result<Model> {
+    let config = LlamaConfig::from_json_file(&dir.join("config.json"))?;
+    let sp = dir.join(STUDENT_FILE);
+    let text = std::fs::read_to_string(&sp).map_err(|e| Error::io(&sp, e))?;
+    let scfg: StudentConfig = serde_json::from_str(&text).map_err(|e| Error::format(&sp, format!("not a valid student config: {e}")))?;
+    let tok_path = dir.join("tokenizer.json");
+    if !tok_path.exists() {
+        return Err(Error::Missing { path: tok_path, what: "tokenizer.json".into() });
+    }
+    let tokenizer = Tokenizer::from_file(&tok_path)?;
+    let expected_shape = MixerShape { hidden: config.hidden_size, heads: config.num_attention_heads, dk: config.head_dim(), dv: config.head_dim() };
+    if scfg.shape != expected_shape {
+        return Err(Error::ConfigMismatch { path: sp, msg: format!("mixer shape {:?} does not match config.json ({expected_shape:?})", scfg.shape) });
+    }
+    if let Some(&bad) = scfg.mixer_layers.iter().find(|&&l| l >= config.num_hidden_layers) {
+        return Err(Error::ConfigMismatch { path: sp, msg: format!("mixer layer {bad} does not exist ({} layers)", config.num_hidden_layers) });
+    }
+    let st_path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&st_path).map_err(|e| Error::io(&st_path, e))?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&st_path, format!("not a valid safetensors file: {e}")))?;
+    let mut found: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != safetensors::Dtype::F32 {
+            return Err(Error::format(&st_path, format!("tensor '{name}' is {:?}; students are stored in F32", view.dtype())));
+        }
+        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        found.insert(name.clone(), (view.shape().to_vec(), data));
+    }
+    let mut take = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
+        let (s, d) = found.remove(name).ok_or_else(|| Error::ConfigMismatch { path: st_path.clone(), msg: format!("tensor '{name}' is missing") })?;
+        if s != shape {
+            return Err(Error::ConfigMismatch { path: st_path.clone(), msg: format!("tensor '{name}' has shape {s:?}, expected {shape:?}") });
+        }
+        Ok(d)
+    };
+    let replaced: std::collections::BTreeSet<usize> = scfg.mixer_layers.iter().copied().collect();
+    let mut tensors = Vec::new();
+    for (name, shape) in hf_tensor_shapes(&config) {
+        let layer = name.strip_prefix("model.layers.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        if name.contains(".self_attn.") && layer.is_some_and(|i| replaced.contains(&i)) {
+            tensors.push(Vec::new());
+        } else {
+            tensors.push(take(&name, &shape)?);
+        }
+    }
+    let weights = ModelWeights::from_hf_tensors(config.clone(), tensors);
+    let mut layers = BTreeMap::new();
+    for &i in &scfg.mixer_layers {
+        let mut want = new_parameters(scfg.mixer, scfg.shape, &scfg.options, i);
+        let (d, hq) = (config.hidden_size, scfg.shape.heads * scfg.shape.dk);
+        want.insert("q_proj".into(), Tensor::new(vec![hq, d], Vec::new()));
+        want.insert("k_proj".into(), Tensor::new(vec![hq, d], Vec::new()));
+        want.insert("v_proj".into(), Tensor::new(vec![hq, d], Vec::new()));
+        want.insert("o_proj".into(), Tensor::new(vec![d, hq], Vec::new()));
+        let mut params = MixerParams::new();
+        for (pname, spec) in want {
+            let data = take(&format!("model.layers.{i}.{MIXER_PREFIX}{pname}"), &spec.shape)?;
+            params.insert(pname, Tensor::new(spec.shape, data));
+        }
+        layers.insert(i, params);
+    }
+    Ok(Model { weights, tokenizer, source: dir.into(), mixers: Some(StudentMixers { config: scfg, layers }) })
+}
