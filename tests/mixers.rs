@@ -61,6 +61,13 @@ fn every_mixer_layer_matches_reference_across_calls() {
                 let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-3);
                 let tag = format!("{} {:?} call {step} ({seq} tokens)", kind.name(), opts);
                 assert_close(&tag, &got, &want, 1e-4 * scale, 1e-3);
+                // The state read-out: ‖S‖_F per (batch, head) against the reference state.
+                let norms = gpu().scratch(batch * s.heads).unwrap();
+                let mut rec = gpu().recorder();
+                linearize_core::mixers::ops::state_norm(&mut rec, &state.rec.s, &norms, batch, s.heads, s.dk, s.dv).unwrap();
+                rec.submit().unwrap();
+                let want_norms: Vec<f64> = want_state.rec.s.chunks(s.dk * s.dv).map(|c| c.iter().map(|v| v * v).sum::<f64>().sqrt()).collect();
+                assert_close(&format!("{tag}: state norm"), &gpu().read_f32_blocking(&norms, batch * s.heads).unwrap(), &want_norms, 1e-5, 1e-4);
             }
         }
     }

@@ -1,10 +1,10 @@
 //! Students of the real SmolLM2-135M: GQA expansion by whole heads, copied projections and the
 //! identity conv, save/load round trips, GPU logits against the f64 reference for every mixer
 //! (prefill and decode), generation with constant memory, and clear errors on bad directories.
-use linearize_core::generate::{generate, Sampling};
+use linearize_core::generate::{generate, generate_traced, Sampling};
 use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
 use linearize_core::model::student::{expand_kv_heads, from_teacher, save_dir};
-use linearize_core::model::{LanguageModel, Logits, Model};
+use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model};
 use linearize_core::reference::teacher as reference;
 use linearize_tests::{assert_close, gpu, teacher, tempdir};
 
@@ -124,4 +124,42 @@ fn student_directory_round_trips_and_bad_ones_fail_clearly() {
     let e = Model::load_path(&dir).err().unwrap().to_string();
     assert!(e.contains("model.layers.0.mixer.A_log") && e.contains("shape [3, 3]"), "{e}");
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn diagnostics_follow_the_state_while_a_student_generates() {
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(2);
+    let prompt = t.tokenizer.encode("The capital of France is").unwrap();
+    let s = Sampling { max_new_tokens: 4, ..Default::default() };
+    for kind in [MixerKind::LinearAttn, MixerKind::GatedDeltanet, MixerKind::Kda] {
+        let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "test").unwrap();
+        let lm = LanguageModel::upload_with_mixers(gpu(), &w, Some(&m)).unwrap();
+        let mut d = Diagnostics::default();
+        pollster::block_on(generate_traced(gpu(), &lm, &prompt, &s, |_| {}, Some(&mut d))).unwrap();
+        assert_eq!(d.layers.len(), 2, "{}", kind.name());
+        for l in &d.layers {
+            // Prompt, then three decode steps (the fourth token is sampled, not run).
+            assert_eq!(l.position, [5, 6, 7, 8], "{}", kind.name());
+            assert_eq!((l.decay.len(), l.beta_k2.len()), (8, 8));
+            assert!(l.state_norm.iter().flatten().all(|v| v.is_finite() && *v > 0.0));
+            let heads = 9;
+            assert!(l.decay.iter().all(|r| r.len() == heads));
+            match kind {
+                MixerKind::LinearAttn => {
+                    assert!(l.decay.iter().flatten().all(|&a| a == 1.0));
+                    assert!(l.beta_k2.iter().flatten().all(|&b| b == 0.0));
+                    // An additive state only grows.
+                    let n: Vec<f32> = l.state_norm.iter().map(|r| r.iter().sum()).collect();
+                    assert!(n.windows(2).all(|w| w[1] >= w[0]), "{n:?}");
+                }
+                _ => {
+                    assert!(l.decay.iter().flatten().all(|&a| a > 0.0 && a <= 1.0));
+                    // k is L2-normalised and β ∈ (0, 1): β‖k‖² ∈ (0, 1].
+                    assert!(l.beta_k2.iter().flatten().all(|&b| b > 0.0 && b <= 1.0 + 1e-5));
+                }
+            }
+        }
+    }
 }

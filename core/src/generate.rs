@@ -2,7 +2,7 @@
 //! Greedy by default; temperature and nucleus (top-p) sampling on request.
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::model::lm::{LanguageModel, Logits};
+use crate::model::lm::{Diagnostics, LanguageModel, Logits};
 
 #[derive(Clone, Debug)]
 pub struct Sampling {
@@ -98,7 +98,13 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
 
 /// Generates up to `s.max_new_tokens` after `prompt`, calling `on_token` with each new id as
 /// soon as it is known. Memory is bounded by a KV cache of prompt + max_new_tokens positions.
-pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+    generate_traced(gpu, model, prompt, s, on_token, None).await
+}
+
+/// `generate`, recording the mixer blocks' state diagnostics after the prompt and after every
+/// generated token when `trace` is given.
+pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32), mut trace: Option<&mut Diagnostics>) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(Error::argument("--prompt", "the prompt is empty; give at least one token of text"));
     }
@@ -108,7 +114,7 @@ pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Samp
     let mut rng = Rng::new(s.seed);
     let vocab = model.config.vocab_size;
     let mut out = Vec::new();
-    let mut logits = model.forward(gpu, &mut cache, prompt, Logits::Last)?;
+    let mut logits = model.forward_traced(gpu, &mut cache, prompt, Logits::Last, trace.as_deref_mut())?;
     while out.len() < s.max_new_tokens {
         let row = gpu.read_f32(&logits, vocab).await?;
         gpu.release(logits);
@@ -121,7 +127,7 @@ pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Samp
         if s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
             break;
         }
-        logits = model.forward(gpu, &mut cache, &[next], Logits::Last)?;
+        logits = model.forward_traced(gpu, &mut cache, &[next], Logits::Last, trace.as_deref_mut())?;
     }
     Ok(out)
 }

@@ -12,6 +12,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("mixers/common/conv", include_str!("../../shaders/mixers/common/conv.wgsl")),
     ("mixers/common/headnorm", include_str!("../../shaders/mixers/common/headnorm.wgsl")),
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),
+    ("mixers/common/readout", include_str!("../../shaders/mixers/common/readout.wgsl")),
     ("mixers/common/recurrent", include_str!("../../shaders/mixers/common/recurrent.wgsl")),
 ];
 

@@ -4,7 +4,7 @@ mod fetch;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use linearize_core::generate::{generate, Sampling};
+use linearize_core::generate::Sampling;
 use linearize_core::gpu::Gpu;
 use linearize_core::model::weights::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{hf, LanguageModel, Model};
@@ -51,6 +51,10 @@ enum Command {
         top_p: f32,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Students: write each mixer block's state diagnostics (state norm over position,
+        /// decay, β‖k‖²) to this JSON file
+        #[arg(long)]
+        diagnostics: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -115,9 +119,9 @@ fn main() {
     let result = match cli.command {
         Command::Fetch { what, json } => cmd_fetch(&what, json),
         Command::Info { model, json } => cmd_info(&model, json),
-        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, json } => {
+        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, diagnostics, json } => {
             let sampling = Sampling { max_new_tokens, temperature, top_p, seed, stop_ids: Vec::new() };
-            cmd_generate(&model, &prompt, sampling, json)
+            cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
         Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, seed } => {
@@ -231,7 +235,7 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Result<()> {
+fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Option<&std::path::Path>, json: bool) -> Result<()> {
     if prompt.is_empty() {
         bail!("--prompt is empty: give some text to continue");
     }
@@ -252,7 +256,12 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Res
         print!("{prompt}");
         std::io::stdout().flush()?;
     }
-    let ids = pollster::block_on(generate(&gpu, &lm, &prompt_ids, &sampling, |id| {
+    if diagnostics.is_some() && model.mixers.is_none() {
+        bail!("--diagnostics: {spec} is a teacher; state diagnostics are for students");
+    }
+    let mut trace = linearize_core::model::Diagnostics::default();
+    let want_trace = diagnostics.is_some().then_some(&mut trace);
+    let ids = pollster::block_on(linearize_core::generate::generate_traced(&gpu, &lm, &prompt_ids, &sampling, |id| {
         if json {
             return;
         }
@@ -265,7 +274,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Res
                 shown = text;
             }
         }
-    }))
+    }, want_trace))
     .context("generation failed")?;
     let secs = start.elapsed().as_secs_f64();
     let text = model.tokenizer.decode(&ids)?;
@@ -281,6 +290,10 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, json: bool) -> Res
         }
         println!();
         eprintln!("{} tokens in {:.2} s ({:.1} tokens/s)", ids.len(), secs, ids.len() as f64 / secs);
+    }
+    if let Some(path) = diagnostics {
+        std::fs::write(path, serde_json::to_string(&trace)?).with_context(|| format!("{}: cannot write", path.display()))?;
+        eprintln!("diagnostics of {} mixer blocks written to {}", trace.layers.len(), path.display());
     }
     Ok(())
 }

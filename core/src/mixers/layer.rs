@@ -26,6 +26,14 @@ pub struct MixerState {
     pub pos: usize,
 }
 
+/// Diagnostics a layer records on request (read back after the submission):
+/// `state_norm` [B, H] = ‖S‖_F after the call; `token_stats` [B·T, H, 2] = (mean decay, β‖k‖²).
+#[derive(Default)]
+pub struct LayerTrace {
+    pub state_norm: Option<GpuBuf>,
+    pub token_stats: Option<GpuBuf>,
+}
+
 /// Rotary tables [positions, head_dim / 2] (RetNet).
 pub struct Rope<'a> {
     pub cos: &'a GpuBuf,
@@ -64,6 +72,12 @@ impl MixerLayer {
     /// Temporaries go to `temps`, to be released after the recorder is submitted.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>) -> Result<()> {
+        self.forward_traced(rec, x, seq, state, rope, out, accumulate, temps, None)
+    }
+
+    /// `forward`, also recording the diagnostics of `trace` when given.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_traced(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>, trace: Option<&mut LayerTrace>) -> Result<()> {
         let gpu = rec.gpu();
         let batch = state.batch;
         let rows = batch * seq;
@@ -157,6 +171,20 @@ impl MixerLayer {
         let gates = Gates { g: g.as_ref(), beta: beta.as_ref(), igate: igate.as_ref() };
         recurrence::recurrent(rec, r, dims, 1.0 / (dk as f32).sqrt(), &q, &k, &v, &gates, &state.rec, &o)?;
         state.pos += seq;
+        if let Some(trace) = trace {
+            let norm = tmp(batch * h)?;
+            ops::state_norm(rec, &state.rec.s, &norm, batch, h, dk, dv)?;
+            let stats = tmp(rows * h * 2)?;
+            let gate_kind = match r.gate {
+                recurrence::Gate::None => 0,
+                recurrence::Gate::Scalar => 1,
+                recurrence::Gate::Vector => 2,
+            };
+            let any = &q;
+            ops::token_stats(rec, gate_kind, r.delta, g.as_ref().unwrap_or(any), beta.as_ref().unwrap_or(any), &k, &stats, rows, h, dk)?;
+            trace.state_norm = Some(norm);
+            trace.token_stats = Some(stats);
+        }
         temps.extend([q, k, v]);
         temps.extend(g.into_iter().chain(beta).chain(igate));
 

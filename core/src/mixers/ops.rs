@@ -134,3 +134,28 @@ pub fn rope_inplace(rec: &mut Recorder, x: &GpuBuf, cos: &GpuBuf, sin: &GpuBuf, 
     let groups = [(heads * head_dim / 2).div_ceil(64) as u32, (batch * seq) as u32, 1];
     rec.dispatch_bindings(&Kernel::new("nn/rope", "rope_inplace"), &params, &[(2, cos), (3, sin), (7, x)], groups)
 }
+
+/// ‖S‖_F of every (batch, head) state S [B, H, K, V] into out [B, H].
+pub fn state_norm(rec: &mut Recorder, s: &GpuBuf, out: &GpuBuf, batch: usize, heads: usize, dk: usize, dv: usize) -> Result<()> {
+    need("state norm S", s, batch * heads * dk * dv)?;
+    need("state norm out", out, batch * heads)?;
+    let params = [batch, heads, dk, dv, 0, 0, 0].map(|v| v as u32);
+    rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "state_norm"), &params, &[(1, s), (5, out)], [heads as u32, batch as u32, 1])
+}
+
+/// Per token and head: mean decay exp(g) and β‖k‖², into out [rows, heads, 2]. `gate`: 0 none,
+/// 1 scalar g [rows, heads], 2 per channel g [rows, heads, dk]; `delta` uses beta and k.
+#[allow(clippy::too_many_arguments)]
+pub fn token_stats(rec: &mut Recorder, gate: u32, delta: bool, g: &GpuBuf, beta: &GpuBuf, k: &GpuBuf, out: &GpuBuf, rows: usize, heads: usize, dk: usize) -> Result<()> {
+    need("token stats out", out, rows * heads * 2)?;
+    if gate > 0 {
+        need("token stats g", g, rows * heads * if gate == 2 { dk } else { 1 })?;
+    }
+    if delta {
+        need("token stats beta", beta, rows * heads)?;
+        need("token stats k", k, rows * heads * dk)?;
+    }
+    let params = [0, heads, dk, 0, rows, gate as usize, delta as usize].map(|v| v as u32);
+    let groups = [(rows * heads).div_ceil(64) as u32, 1, 1];
+    rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "token_stats"), &params, &[(2, g), (3, beta), (4, k), (5, out)], groups)
+}

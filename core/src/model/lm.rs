@@ -7,7 +7,8 @@ use super::config::LlamaConfig;
 use super::weights::{ModelWeights, StudentMixers};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuf};
-use crate::mixers::layer::{MixerLayer, MixerState, Rope};
+use crate::mixers::layer::{LayerTrace, MixerLayer, MixerState, Rope};
+use serde::Serialize;
 use crate::nn::{self, AttnShape};
 
 enum TokenMixer {
@@ -156,6 +157,11 @@ impl LanguageModel {
     /// Runs `ids` (`batch` sequences of equal length, concatenated) after the tokens already in
     /// `cache`, advances the cache, and returns the logits.
     pub fn forward(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits) -> Result<GpuBuf> {
+        self.forward_traced(gpu, cache, ids, logits, None)
+    }
+
+    /// `forward`, also appending each mixer block's diagnostics to `trace` when given.
+    pub fn forward_traced(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits, mut trace: Option<&mut Diagnostics>) -> Result<GpuBuf> {
         let cfg = &self.config;
         let batch = cache.batch;
         if ids.is_empty() || ids.len() % batch != 0 {
@@ -189,10 +195,11 @@ impl LanguageModel {
         let gate_up = gpu.scratch(rows * 2 * f)?;
         let act = gpu.scratch(rows * f)?;
         let mut temps = Vec::new();
+        let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
 
         let mut rec = gpu.recorder();
         nn::gather_rows(&mut rec, &ids_buf, &self.embed, &x, rows, d, cfg.vocab_size)?;
-        for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+        for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
             match (&block.mixer, layer_cache) {
                 (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
@@ -205,7 +212,12 @@ impl LanguageModel {
                     temps.extend([qkv, q, att]);
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
-                    layer.forward(&mut rec, &xn, seq, state, &rope, &x, true, &mut temps)?;
+                    let mut t = LayerTrace::default();
+                    let want = trace.is_some().then_some(&mut t);
+                    layer.forward_traced(&mut rec, &xn, seq, state, &rope, &x, true, &mut temps, want)?;
+                    if trace.is_some() {
+                        traces.push((i, t));
+                    }
                 }
                 _ => return Err(Error::argument("cache", "the cache was made for another model")),
             }
@@ -235,9 +247,63 @@ impl LanguageModel {
         };
         rec.submit()?;
         cache.len += seq;
+        if let Some(d) = trace.as_deref_mut() {
+            d.record(gpu, &traces, batch, seq, cfg.num_attention_heads)?;
+        }
+        for (_, t) in traces {
+            temps.extend(t.state_norm.into_iter().chain(t.token_stats));
+        }
         for b in [x, xn, gate_up, act].into_iter().chain(temps) {
             gpu.release(b);
         }
         Ok(out)
+    }
+}
+
+/// State diagnostics of the mixer blocks while a student runs (MIXERS.md §1: additive states
+/// saturate, gated delta rules keep theirs bounded). One entry per mixer block; arrays are
+/// indexed [call or token][batch · head], ready to plot.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Diagnostics {
+    pub layers: Vec<LayerDiagnostics>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LayerDiagnostics {
+    pub layer: usize,
+    /// Tokens processed when each state norm was read (one read per forward call).
+    pub position: Vec<usize>,
+    /// ‖S‖_F per (batch, head) after each call.
+    pub state_norm: Vec<Vec<f32>>,
+    /// Mean decay exp(g) per token, per (batch, head).
+    pub decay: Vec<Vec<f32>>,
+    /// β‖k‖² per token, per (batch, head) (0 for mixers without a delta rule).
+    pub beta_k2: Vec<Vec<f32>>,
+}
+
+impl Diagnostics {
+    fn record(&mut self, gpu: &Gpu, traces: &[(usize, LayerTrace)], batch: usize, seq: usize, heads: usize) -> Result<()> {
+        for (layer, t) in traces {
+            let (Some(norm), Some(stats)) = (&t.state_norm, &t.token_stats) else { continue };
+            let norms = gpu.read_f32_blocking_or_async(norm, batch * heads)?;
+            let stats = gpu.read_f32_blocking_or_async(stats, batch * seq * heads * 2)?;
+            let entry = match self.layers.iter_mut().position(|l| l.layer == *layer) {
+                Some(i) => &mut self.layers[i],
+                None => {
+                    self.layers.push(LayerDiagnostics { layer: *layer, ..Default::default() });
+                    self.layers.last_mut().unwrap()
+                }
+            };
+            let done = entry.decay.len() + seq;
+            entry.position.push(done);
+            entry.state_norm.push(norms);
+            // stats are [b, t, h, 2]: regroup per token as [b·h].
+            for tt in 0..seq {
+                let pick = |c: usize| (0..batch).flat_map(|b| (0..heads).map(move |h| (b, h))).map(|(b, h)| stats[((b * seq + tt) * heads + h) * 2 + c]).collect::<Vec<f32>>();
+                entry.decay.push(pick(0));
+                entry.beta_k2.push(pick(1));
+            }
+        }
+        Ok(())
     }
 }

@@ -10,6 +10,6 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::LlamaConfig;
-pub use lm::{Cache, LanguageModel, Logits};
+pub use lm::{Cache, Diagnostics, LanguageModel, LayerDiagnostics, Logits};
 pub use tokenizer::Tokenizer;
 pub use weights::{LayerWeights, Model, ModelWeights, StudentMixers};
