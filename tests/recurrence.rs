@@ -2,7 +2,7 @@
 //! at awkward shapes (one token, T around the chunk size, several heads, batch > 1), with gates
 //! near 0 and near 1, and with the state carried across two calls.
 use linearize_core::generate::Rng;
-use linearize_core::mixers::recurrence::{recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence};
+use linearize_core::mixers::recurrence::{chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence};
 use linearize_core::reference::recurrence::{self as reference, Inputs, State};
 use linearize_tests::{assert_close, f64s, gpu, random};
 
@@ -72,6 +72,11 @@ fn data(rng: &mut Rng, r: Recurrence, d: Dims, gate_regime: u32) -> Data {
 
 /// Runs the GPU recurrence over tokens [t0, t1) of `x` from `state`.
 fn gpu_run(r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: usize) -> Vec<f32> {
+    gpu_run_with(false, r, d, x, state, t0, t1)
+}
+
+/// As `gpu_run`, with the chunked kernels when `chunk`.
+fn gpu_run_with(chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: usize) -> Vec<f32> {
     let sub = |a: &[f32], per_token: usize| -> Vec<f32> {
         (0..d.batch).flat_map(|b| a[(b * d.seq + t0) * d.heads * per_token..(b * d.seq + t1) * d.heads * per_token].to_vec()).collect()
     };
@@ -83,8 +88,14 @@ fn gpu_run(r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: us
     let out = gpu().scratch(d.batch * dd.seq * d.heads * d.dv).unwrap();
     let mut rec = gpu().recorder();
     let gates = Gates { g: Some(&g), beta: Some(&beta), igate: Some(&igate) };
-    recurrent(&mut rec, r, dd, 1.0 / (d.dk as f32).sqrt(), &q, &k, &v, &gates, state, &out).unwrap();
+    let mut temps = Vec::new();
+    if chunk {
+        chunked(&mut rec, r, dd, 1.0 / (d.dk as f32).sqrt(), &q, &k, &v, &gates, state, &out, &mut temps).unwrap();
+    } else {
+        recurrent(&mut rec, r, dd, 1.0 / (d.dk as f32).sqrt(), &q, &k, &v, &gates, state, &out).unwrap();
+    }
     rec.submit().unwrap();
+    temps.into_iter().for_each(|t| gpu().release(t));
     gpu().read_f32_blocking(&out, d.batch * dd.seq * d.heads * d.dv).unwrap()
 }
 
@@ -167,4 +178,46 @@ fn bad_shapes_are_rejected() {
     let d = Dims { dk: 64, ..d };
     let e = recurrent(&mut rec, r, d, 1.0, &buf, &buf, &buf, &gates, &state, &buf).unwrap_err().to_string();
     assert!(e.contains("needs β"), "{e}");
+}
+
+#[test]
+fn chunked_kernels_match_recurrent_and_reference() {
+    let mut rng = Rng::new(23);
+    for (name, r) in variants() {
+        let probe = Dims { batch: 1, seq: 1, heads: 1, dk: 64, dv: 64 };
+        if !r.has_chunked_form(probe) {
+            continue;
+        }
+        for &(batch, seq, heads, regime) in &[(1, 1, 1, 0), (2, 63, 3, 0), (1, 64, 2, 1), (2, 65, 1, 2), (1, 300, 2, 0)] {
+            let d = Dims { batch, seq, heads, dk: 64, dv: 64 };
+            let x = data(&mut rng, r, d, regime);
+            let (want, want_state) = reference_run(r, d, &x);
+            let state = GpuState::zeros(gpu(), d).unwrap();
+            let got = gpu_run_with(true, r, d, &x, &state, 0, seq);
+            let tag = format!("chunked {name} B={batch} T={seq} H={heads} gates regime {regime}");
+            let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+            assert_close(&format!("{tag}: outputs vs f64"), &got, &want, 1e-4 * scale, 1e-3);
+            let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
+            let s_scale = want_state.s.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+            assert_close(&format!("{tag}: final state vs f64"), &s, &want_state.s, 1e-4 * s_scale, 1e-3);
+            let rstate = GpuState::zeros(gpu(), d).unwrap();
+            let rec_out = gpu_run(r, d, &x, &rstate, 0, seq);
+            assert_close(&format!("{tag}: chunked vs recurrent"), &got, &f64s(&rec_out), 1e-4 * scale, 1e-3);
+        }
+        // Two pieces (the first not a multiple of the chunk) with the state carried.
+        let d = Dims { batch: 2, seq: 150, heads: 2, dk: 64, dv: 64 };
+        let x = data(&mut rng, r, d, 0);
+        let (want, _) = reference_run(r, d, &x);
+        let state = GpuState::zeros(gpu(), d).unwrap();
+        let first = gpu_run_with(true, r, d, &x, &state, 0, 70);
+        let second = gpu_run_with(true, r, d, &x, &state, 70, 150);
+        let per = d.heads * d.dv;
+        let mut joined = Vec::new();
+        for b in 0..2 {
+            joined.extend_from_slice(&first[b * 70 * per..(b + 1) * 70 * per]);
+            joined.extend_from_slice(&second[b * 80 * per..(b + 1) * 80 * per]);
+        }
+        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+        assert_close(&format!("chunked {name}: two pieces vs f64"), &joined, &want, 1e-4 * scale, 1e-3);
+    }
 }

@@ -9,6 +9,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
+    ("mixers/common/chunk", include_str!("../../shaders/mixers/common/chunk.wgsl")),
     ("mixers/common/conv", include_str!("../../shaders/mixers/common/conv.wgsl")),
     ("mixers/common/headnorm", include_str!("../../shaders/mixers/common/headnorm.wgsl")),
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),

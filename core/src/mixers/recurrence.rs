@@ -152,3 +152,75 @@ pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &Gpu
     let groups = [(d.dv / 64) as u32, d.heads as u32, d.batch as u32];
     rec.dispatch(&r.kernel(d.dk), &params, &bufs, groups)
 }
+
+/// Tokens per chunk of the chunked kernels.
+pub const CHUNK: usize = 64;
+
+impl Recurrence {
+    /// Whether `chunked` handles this variant (the rest run token by token): head size 64 and no
+    /// normaliser (mLSTM and linear attention's denominator come later).
+    pub fn has_chunked_form(&self, d: Dims) -> bool {
+        d.dk == 64 && d.dv == 64 && self.normalizer == Normalizer::None
+    }
+}
+
+/// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
+/// (shaders/mixers/common/chunk.wgsl). Scratch buffers go to `temps`, to be released after
+/// the recorder is submitted.
+#[allow(clippy::too_many_arguments)]
+pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, state: &GpuState, out: &GpuBuf, temps: &mut Vec<GpuBuf>) -> Result<()> {
+    if !r.has_chunked_form(d) {
+        return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{}; use the recurrent one", d.dk, d.dv)));
+    }
+    if state.dims.batch != d.batch || state.dims.heads != d.heads || state.dims.dk != d.dk || state.dims.dv != d.dv {
+        return Err(Error::argument("state", format!("state for {:?} does not fit inputs {:?}", state.dims, d)));
+    }
+    if d.seq == 0 {
+        return Ok(());
+    }
+    let rows = d.batch * d.seq * d.heads;
+    need("q", q, rows * d.dk)?;
+    need("k", k, rows * d.dk)?;
+    need("v", v, rows * d.dv)?;
+    need("out", out, rows * d.dv)?;
+    let gpu = rec.gpu();
+    let dummy = gpu.scratch(4)?;
+    let g = match (r.gate, gates.g) {
+        (Gate::None, _) => &dummy,
+        (Gate::Vector, Some(g)) => {
+            need("g", g, rows * d.dk)?;
+            g
+        }
+        (Gate::Scalar, Some(g)) => {
+            need("g", g, rows)?;
+            g
+        }
+        (_, None) => return Err(Error::argument("g", format!("{r:?} needs a log gate"))),
+    };
+    let beta = match (r.delta, gates.beta) {
+        (false, _) => &dummy,
+        (true, Some(b)) => {
+            need("beta", b, rows)?;
+            b
+        }
+        (true, None) => return Err(Error::argument("beta", "the delta rule needs β")),
+    };
+    let chunks = d.seq.div_ceil(CHUNK);
+    let b_cum = gpu.scratch(rows * d.dk)?;
+    let u = gpu.scratch(rows * d.dv)?;
+    let w = gpu.scratch(rows * d.dk)?;
+    let h = gpu.scratch(d.batch * d.heads * chunks * d.dk * d.dv)?;
+    let gate = match r.gate {
+        Gate::None => 0.0,
+        Gate::Scalar => 1.0,
+        Gate::Vector => 2.0,
+    };
+    let kernel = |entry| Kernel::new("mixers/common/chunk", entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64);
+    let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
+    let grid = [chunks as u32, d.heads as u32, d.batch as u32];
+    rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
+    rec.dispatch_bindings(&kernel("chunk_state"), &params, &[(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum)], [1, d.heads as u32, d.batch as u32])?;
+    rec.dispatch_bindings(&kernel("chunk_output"), &params, &[(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum)], grid)?;
+    temps.extend([dummy, b_cum, u, w, h]);
+    Ok(())
+}
