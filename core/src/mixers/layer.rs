@@ -169,7 +169,14 @@ impl MixerLayer {
         let o = tmp(rows * hv)?;
         let dims = Dims { batch, seq, heads: h, dk, dv };
         let gates = Gates { g: g.as_ref(), beta: beta.as_ref(), igate: igate.as_ref() };
-        recurrence::recurrent(rec, r, dims, 1.0 / (dk as f32).sqrt(), &q, &k, &v, &gates, &state.rec, &o)?;
+        // Prefill takes the chunked kernels where the variant has them; decode (and the rest)
+        // the token-by-token recurrence.
+        let scale = 1.0 / (dk as f32).sqrt();
+        if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
+            recurrence::chunked(rec, r, dims, scale, &q, &k, &v, &gates, &state.rec, &o, temps)?;
+        } else {
+            recurrence::recurrent(rec, r, dims, scale, &q, &k, &v, &gates, &state.rec, &o)?;
+        }
         state.pos += seq;
         if let Some(trace) = trace {
             let norm = tmp(batch * h)?;

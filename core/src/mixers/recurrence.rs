@@ -153,6 +153,9 @@ pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &Gpu
     rec.dispatch(&r.kernel(d.dk), &params, &bufs, groups)
 }
 
+/// Up to this many tokens per call, mixer layers run the token-by-token kernel.
+pub const DECODE_MAX_SEQ: usize = 8;
+
 /// Tokens per chunk of the chunked kernels.
 pub const CHUNK: usize = 64;
 
