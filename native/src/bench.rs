@@ -113,3 +113,74 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     })?;
     Ok(out)
 }
+
+/// Times each mixer's recurrence: the chunked forward over B×T tokens (the token-by-token
+/// kernel where a variant has no chunked form) and one decode step, on random inputs shaped as
+/// the mixers produce them. `shapes`: (batch, seq, heads, head_dim).
+pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: usize) -> Result<Vec<Value>> {
+    use linearize_core::mixers::recurrence::{chunked, recurrent, Dims, Gate, Gates, GpuState};
+    use linearize_core::mixers::{MixerKind, MixerOptions};
+    let mut rng = Rng::new(3);
+    let mut out = Vec::new();
+    for &(b, t, h, dh) in shapes {
+        let rows = b * t * h;
+        let mut rand = |n: usize, s: f64| -> Vec<f32> { (0..n).map(|_| ((rng.next_f64() * 2.0 - 1.0) * s) as f32).collect() };
+        let mut k = rand(rows * dh, 1.0);
+        for r in k.chunks_mut(dh) {
+            let n = r.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
+            r.iter_mut().for_each(|v| *v /= n);
+        }
+        let q = gpu.upload_f32("q", &rand(rows * dh, 0.1))?;
+        let k = gpu.upload_f32("k", &k)?;
+        let v = gpu.upload_f32("v", &rand(rows * dh, 1.0))?;
+        let gv: Vec<f32> = rand(rows * dh, 1.0).iter().map(|x| -x.abs() * 0.05).collect();
+        let g_vec = gpu.upload_f32("g", &gv)?;
+        let g_sca = gpu.upload_f32("g", &gv[..rows])?;
+        let beta = gpu.upload_f32("beta", &rand(rows, 0.5).iter().map(|x| x + 0.5).collect::<Vec<_>>())?;
+        let igate = gpu.upload_f32("i", &rand(rows, 3.0))?;
+        let o = gpu.scratch(rows * dh)?;
+        for kind in MixerKind::ALL {
+            let r = kind.recurrence(&MixerOptions::default());
+            let d = Dims { batch: b, seq: t, heads: h, dk: dh, dv: dh };
+            let g = match r.gate {
+                Gate::None => None,
+                Gate::Scalar => Some(&g_sca),
+                Gate::Vector => Some(&g_vec),
+            };
+            let gates = Gates { g, beta: Some(&beta), igate: Some(&igate) };
+            let state = GpuState::zeros(gpu, d)?;
+            let chunk = r.has_chunked_form(d);
+            let run = |d: Dims| -> Result<f64> {
+                let mut times = Vec::new();
+                for i in 0..iters + 2 {
+                    let mut rec = gpu.recorder();
+                    let mut temps = Vec::new();
+                    if chunk && d.seq > 1 {
+                        chunked(&mut rec, r, d, 0.125, &q, &k, &v, &gates, &state, &o, &mut temps)?;
+                    } else {
+                        recurrent(&mut rec, r, d, 0.125, &q, &k, &v, &gates, &state, &o)?;
+                    }
+                    let start = Instant::now();
+                    rec.submit()?;
+                    gpu.sync()?;
+                    if i >= 2 {
+                        times.push(start.elapsed().as_secs_f64());
+                    }
+                    temps.into_iter().for_each(|t| gpu.release(t));
+                }
+                Ok(median(times))
+            };
+            let fwd = run(d)?;
+            let step = run(Dims { seq: 1, ..d })?;
+            let v = json!({
+                "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh,
+                "kernel": if chunk { "chunked" } else { "recurrent" },
+                "fwd_seconds": fwd, "fwd_mhead_tokens_per_s": (b * t * h) as f64 / fwd / 1e6,
+                "decode_step_seconds": step,
+            });
+            eprintln!("{v}");
+            out.push(v);
+        }
+    }
+    Ok(out)
+}

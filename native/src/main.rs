@@ -87,7 +87,8 @@ enum Command {
     },
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
-        /// What to time: teacher (end to end) or ops (single kernels at the teacher's shapes)
+        /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
+        /// (each mixer's chunked forward and decode step at fla's comparison shapes)
         #[arg(default_value = "teacher")]
         what: String,
         #[arg(long, default_value = TEACHER_ALIAS)]
@@ -316,13 +317,18 @@ fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
 }
 
 fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens: usize, iters: usize, json: bool) -> Result<()> {
-    if what != "teacher" && what != "ops" {
-        bail!("unknown benchmark '{what}': expected 'teacher' or 'ops'");
+    if !["teacher", "ops", "mixers"].contains(&what) {
+        bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
     }
-    if what == "ops" {
+    if what == "ops" || what == "mixers" {
         let gpu = Gpu::new_blocking()?;
         eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
-        let results = bench::bench_ops(&gpu, iters)?;
+        let results = if what == "ops" {
+            bench::bench_ops(&gpu, iters)?
+        } else {
+            // fla's comparison shapes: (batch, seq, heads, head_dim)
+            bench::bench_mixers(&gpu, &[(8, 512, 9, 64), (4, 4096, 16, 128)], iters)?
+        };
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
         }

@@ -1,0 +1,78 @@
+"""flash-linear-attention peer for `linearize bench mixers`, run in the same call on the same GPU.
+
+Times fla 0.6.0's chunked forward of each mixer it has at the given shapes (bf16 inputs, as fla
+is used), with inputs shaped as the mixers produce them (L2-normalised q/k for delta rules, log
+gates ≤ 0). One JSON line per figure, written as it goes; stops starting new kernels after
+--budget seconds (Triton compiles and autotunes each new kernel for a minute or more).
+Usage: python3 scripts/bench_fla_mixers.py [--shapes 8x512x9x64] [--budget 400] [--out FILE]
+"""
+import argparse, json, time
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="8x512x9x64")
+    ap.add_argument("--budget", type=float, default=400)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    sink = open(a.out, "a") if a.out else None
+
+    def log(**kw):
+        line = json.dumps(kw)
+        print(line, flush=True)
+        if sink:
+            sink.write(line + "\n")
+            sink.flush()
+
+    start = time.time()
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    from fla.ops.delta_rule import chunk_delta_rule
+    from fla.ops.simple_gla import chunk_simple_gla
+    from fla.ops.linear_attn import chunk_linear_attn
+    from fla.ops.gla import chunk_gla
+    from fla.ops.kda import chunk_kda
+    log(what="env", torch=torch.__version__, gpu=torch.cuda.get_device_name())
+    for shape in a.shapes.split(","):
+        B, T, H, D = map(int, shape.split("x"))
+        dt = torch.bfloat16
+        mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt)
+        q, k, v = mk(B, T, H, D), mk(B, T, H, D), mk(B, T, H, D)
+        kn = lambda x: F.normalize(x.float(), p=2, dim=-1).to(dt)
+        qn, knn = kn(q), kn(k)
+        beta = torch.rand(B, T, H, device="cuda", dtype=dt).sigmoid()
+        g = F.logsigmoid(torch.randn(B, T, H, device="cuda", dtype=torch.float32))
+        gk = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", dtype=torch.float32)) / 16
+        cases = [
+            ("linear_attn", lambda: chunk_linear_attn(q, k, v, normalize=False)),
+            ("retnet", lambda: chunk_simple_gla(q, k, v, g)),
+            ("gated_deltanet", lambda: chunk_gated_delta_rule(qn, knn, v, g, beta)),
+            ("deltanet", lambda: chunk_delta_rule(qn, knn, v, beta)),
+            ("gla", lambda: chunk_gla(q, k, v, gk)),
+            ("kda", lambda: chunk_kda(qn, knn, v, gk, beta)),
+        ]
+        for name, f in cases:
+            if time.time() - start > a.budget:
+                log(what="fla", mixer=name, B=B, T=T, H=H, D=D, skipped="time budget")
+                continue
+            try:
+                with torch.no_grad():
+                    for _ in range(3):
+                        f()
+                    torch.cuda.synchronize()
+                    times = []
+                    for _ in range(10):
+                        t0 = time.perf_counter()
+                        f()
+                        torch.cuda.synchronize()
+                        times.append(time.perf_counter() - t0)
+                times.sort()
+                s = times[len(times) // 2]
+                log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_seconds=s, fwd_mhead_tokens_per_s=B * T * H / s / 1e6)
+            except Exception as e:
+                log(what="fla", mixer=name, B=B, T=T, H=H, D=D, error=str(e)[:300])
+
+
+if __name__ == "__main__":
+    main()
