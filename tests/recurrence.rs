@@ -200,6 +200,15 @@ fn chunked_kernels_match_recurrent_and_reference() {
             let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
             let s_scale = want_state.s.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
             assert_close(&format!("{tag}: final state vs f64"), &s, &want_state.s, 1e-4 * s_scale, 1e-3);
+            if r.normalizer != Normalizer::None {
+                let n = gpu().read_f32_blocking(&state.n, want_state.n.len()).unwrap();
+                let n_scale = want_state.n.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+                assert_close(&format!("{tag}: final normaliser vs f64"), &n, &want_state.n, 1e-4 * n_scale, 1e-3);
+            }
+            if r.normalizer == Normalizer::Mlstm {
+                let m = gpu().read_f32_blocking(&state.m, want_state.m.len()).unwrap();
+                assert_close(&format!("{tag}: final stabiliser vs f64"), &m, &want_state.m, 1e-4, 1e-5);
+            }
             let rstate = GpuState::zeros(gpu(), d).unwrap();
             let rec_out = gpu_run(r, d, &x, &rstate, 0, seq);
             assert_close(&format!("{tag}: chunked vs recurrent"), &got, &f64s(&rec_out), 1e-4 * scale, 1e-3);

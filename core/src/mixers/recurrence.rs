@@ -160,10 +160,9 @@ pub const DECODE_MAX_SEQ: usize = 8;
 pub const CHUNK: usize = 64;
 
 impl Recurrence {
-    /// Whether `chunked` handles this variant (the rest run token by token): head size 64 and no
-    /// normaliser (mLSTM and linear attention's denominator come later).
+    /// Whether `chunked` handles these shapes (head size 64; larger heads run token by token).
     pub fn has_chunked_form(&self, d: Dims) -> bool {
-        d.dk == 64 && d.dv == 64 && self.normalizer == Normalizer::None
+        d.dk == 64 && d.dv == 64
     }
 }
 
@@ -208,22 +207,39 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
         }
         (true, None) => return Err(Error::argument("beta", "the delta rule needs β")),
     };
+    let igate = match (r.normalizer, gates.igate) {
+        (Normalizer::Mlstm, Some(i)) => {
+            need("igate", i, rows)?;
+            i
+        }
+        (Normalizer::Mlstm, None) => return Err(Error::argument("igate", "mLSTM needs its input gate")),
+        _ => &dummy,
+    };
     let chunks = d.seq.div_ceil(CHUNK);
     let b_cum = gpu.scratch(rows * d.dk)?;
     let u = gpu.scratch(rows * d.dv)?;
     let w = gpu.scratch(rows * d.dk)?;
     let h = gpu.scratch(d.batch * d.heads * chunks * d.dk * d.dv)?;
+    let n0 = gpu.scratch(d.batch * d.heads * chunks * d.dk)?;
+    let m0 = gpu.scratch(d.batch * d.heads * chunks)?;
+    let norm = match r.normalizer {
+        Normalizer::None => 0.0,
+        Normalizer::Sum => 1.0,
+        Normalizer::Mlstm => 2.0,
+    };
     let gate = match r.gate {
         Gate::None => 0.0,
         Gate::Scalar => 1.0,
         Gate::Vector => 2.0,
     };
-    let kernel = |entry| Kernel::new("mixers/common/chunk", entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64);
+    let kernel = |entry| Kernel::new("mixers/common/chunk", entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64).with("NORM", norm);
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
-    rec.dispatch_bindings(&kernel("chunk_state"), &params, &[(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum)], [1, d.heads as u32, d.batch as u32])?;
-    rec.dispatch_bindings(&kernel("chunk_output"), &params, &[(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum)], grid)?;
-    temps.extend([dummy, b_cum, u, w, h]);
+    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.n), (18, &state.m), (19, &n0), (20, &m0)];
+    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [1, d.heads as u32, d.batch as u32])?;
+    let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate), (21, &n0), (22, &m0)];
+    rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)?;
+    temps.extend([dummy, b_cum, u, w, h, n0, m0]);
     Ok(())
 }

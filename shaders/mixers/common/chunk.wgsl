@@ -2,11 +2,15 @@
 //
 // The chunked form of the state recurrence (chunks of 64 tokens, head size 64), for training;
 // the generator's docstring gives the equations. GATE: 0 none, 1 per head, 2 per key channel.
-// DELTA: the WY/UT transform of the delta rules. The f64 twin is the token-by-token recurrence
+// DELTA: the WY/UT transform of the delta rules. NORM: linear attention's denominator or
+// mLSTM's stabilised normaliser. The f64 twin is the token-by-token recurrence
 // (core/src/reference/recurrence.rs); tests check chunked = recurrent = f64.
 
 override GATE: u32 = 0u;
 override DELTA: bool = false;
+// 0 none; 1 running-sum denominator (linear attention); 2 mLSTM (input gate, stabiliser m,
+// normaliser n; g holds log sigmoid of the forget gate).
+override NORM: u32 = 0u;
 
 struct Params {
     batch: u32,
@@ -36,6 +40,13 @@ const D4: u32 = 16u;
 @group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;  // W as vec4
 @group(0) @binding(14) var<storage, read_write> out_row: array<vec4<f32>>; // [B, T, H, D/4]
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;  // b_cum as vec4
+@group(0) @binding(16) var<storage, read> igate: array<f32>;        // [B, T, H] mLSTM input gate
+@group(0) @binding(17) var<storage, read_write> state_n: array<f32>; // [B, H, D] carried n
+@group(0) @binding(18) var<storage, read_write> state_m: array<f32>; // [B, H] carried m
+@group(0) @binding(19) var<storage, read_write> n_out: array<f32>;  // [B, H, chunks, D]: n_0
+@group(0) @binding(20) var<storage, read_write> m_out: array<f32>;  // [B, H, chunks]: m_0
+@group(0) @binding(21) var<storage, read> n_in: array<vec4<f32>>;   // n_0 as vec4
+@group(0) @binding(22) var<storage, read> m_in: array<f32>;         // m_0
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
@@ -47,6 +58,11 @@ fn gate_b(row: u32, a: u32) -> vec4<f32> {
         return vec4<f32>(0.0);
     }
     return b_row[row * D4 + a];
+}
+
+// The scalar cumulative gate of a row (GATE 1; mLSTM).
+fn b_cum_at(row: u32) -> f32 {
+    return b_row[row * D4].x;
 }
 
 // The same through the read-write binding (chunk_prepare, which writes it).
@@ -185,6 +201,15 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
     var s13 = vec4<f32>(state_s[sb + 52u * D + j], state_s[sb + 53u * D + j], state_s[sb + 54u * D + j], state_s[sb + 55u * D + j]);
     var s14 = vec4<f32>(state_s[sb + 56u * D + j], state_s[sb + 57u * D + j], state_s[sb + 58u * D + j], state_s[sb + 59u * D + j]);
     var s15 = vec4<f32>(state_s[sb + 60u * D + j], state_s[sb + 61u * D + j], state_s[sb + 62u * D + j], state_s[sb + 63u * D + j]);
+    // Thread j also owns entry j of the normaliser n; m is the same in every thread.
+    var n_j = 0.0;
+    var m0 = 0.0;
+    if (NORM != 0u) {
+        n_j = state_n[bh * D + j];
+    }
+    if (NORM == 2u) {
+        m0 = state_m[bh];
+    }
     for (var n = 0u; n < p.chunks; n++) {
         let hb = (bh * p.chunks + n) * D * D;
         h_out[hb + 0u * D + j] = s0.x;
@@ -251,6 +276,12 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
         h_out[hb + 61u * D + j] = s15.y;
         h_out[hb + 62u * D + j] = s15.z;
         h_out[hb + 63u * D + j] = s15.w;
+        if (NORM != 0u) {
+            n_out[(bh * p.chunks + n) * D + j] = n_j;
+        }
+        if (NORM == 2u && j == 0u) {
+            m_out[bh * p.chunks + n] = m0;
+        }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
         if (DELTA) {
@@ -261,58 +292,114 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
             }
         }
         let last_row = row_of(b, c0 + len - 1u, h);
-        let bl0 = gate_b(last_row, 0u);
-        let bl1 = gate_b(last_row, 1u);
-        let bl2 = gate_b(last_row, 2u);
-        let bl3 = gate_b(last_row, 3u);
-        let bl4 = gate_b(last_row, 4u);
-        let bl5 = gate_b(last_row, 5u);
-        let bl6 = gate_b(last_row, 6u);
-        let bl7 = gate_b(last_row, 7u);
-        let bl8 = gate_b(last_row, 8u);
-        let bl9 = gate_b(last_row, 9u);
-        let bl10 = gate_b(last_row, 10u);
-        let bl11 = gate_b(last_row, 11u);
-        let bl12 = gate_b(last_row, 12u);
-        let bl13 = gate_b(last_row, 13u);
-        let bl14 = gate_b(last_row, 14u);
-        let bl15 = gate_b(last_row, 15u);
-        s0 = s0 * exp(bl0);
-        s1 = s1 * exp(bl1);
-        s2 = s2 * exp(bl2);
-        s3 = s3 * exp(bl3);
-        s4 = s4 * exp(bl4);
-        s5 = s5 * exp(bl5);
-        s6 = s6 * exp(bl6);
-        s7 = s7 * exp(bl7);
-        s8 = s8 * exp(bl8);
-        s9 = s9 * exp(bl9);
-        s10 = s10 * exp(bl10);
-        s11 = s11 * exp(bl11);
-        s12 = s12 * exp(bl12);
-        s13 = s13 * exp(bl13);
-        s14 = s14 * exp(bl14);
-        s15 = s15 * exp(bl15);
-        for (var t = 0u; t < len; t++) {
-            let row = row_of(b, c0 + t, h);
-            let kb = row * D4;
-            let u = u_buf[row * D + j];
-            s0 = fma(k_row[kb + 0u] * exp(bl0 - gate_b(row, 0u)), vec4<f32>(u), s0);
-            s1 = fma(k_row[kb + 1u] * exp(bl1 - gate_b(row, 1u)), vec4<f32>(u), s1);
-            s2 = fma(k_row[kb + 2u] * exp(bl2 - gate_b(row, 2u)), vec4<f32>(u), s2);
-            s3 = fma(k_row[kb + 3u] * exp(bl3 - gate_b(row, 3u)), vec4<f32>(u), s3);
-            s4 = fma(k_row[kb + 4u] * exp(bl4 - gate_b(row, 4u)), vec4<f32>(u), s4);
-            s5 = fma(k_row[kb + 5u] * exp(bl5 - gate_b(row, 5u)), vec4<f32>(u), s5);
-            s6 = fma(k_row[kb + 6u] * exp(bl6 - gate_b(row, 6u)), vec4<f32>(u), s6);
-            s7 = fma(k_row[kb + 7u] * exp(bl7 - gate_b(row, 7u)), vec4<f32>(u), s7);
-            s8 = fma(k_row[kb + 8u] * exp(bl8 - gate_b(row, 8u)), vec4<f32>(u), s8);
-            s9 = fma(k_row[kb + 9u] * exp(bl9 - gate_b(row, 9u)), vec4<f32>(u), s9);
-            s10 = fma(k_row[kb + 10u] * exp(bl10 - gate_b(row, 10u)), vec4<f32>(u), s10);
-            s11 = fma(k_row[kb + 11u] * exp(bl11 - gate_b(row, 11u)), vec4<f32>(u), s11);
-            s12 = fma(k_row[kb + 12u] * exp(bl12 - gate_b(row, 12u)), vec4<f32>(u), s12);
-            s13 = fma(k_row[kb + 13u] * exp(bl13 - gate_b(row, 13u)), vec4<f32>(u), s13);
-            s14 = fma(k_row[kb + 14u] * exp(bl14 - gate_b(row, 14u)), vec4<f32>(u), s14);
-            s15 = fma(k_row[kb + 15u] * exp(bl15 - gate_b(row, 15u)), vec4<f32>(u), s15);
+        if (NORM == 2u) {
+            // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
+            // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
+            let b_last = b_cum_at(last_row);
+            var m_c = b_last + m0;
+            for (var t = 0u; t < len; t++) {
+                let row = row_of(b, c0 + t, h);
+                m_c = max(m_c, b_last - b_cum_at(row) + igate[row]);
+            }
+            let d0 = exp(b_last + m0 - m_c);
+            s0 = s0 * d0;
+            s1 = s1 * d0;
+            s2 = s2 * d0;
+            s3 = s3 * d0;
+            s4 = s4 * d0;
+            s5 = s5 * d0;
+            s6 = s6 * d0;
+            s7 = s7 * d0;
+            s8 = s8 * d0;
+            s9 = s9 * d0;
+            s10 = s10 * d0;
+            s11 = s11 * d0;
+            s12 = s12 * d0;
+            s13 = s13 * d0;
+            s14 = s14 * d0;
+            s15 = s15 * d0;
+            n_j = n_j * d0;
+            for (var t = 0u; t < len; t++) {
+                let row = row_of(b, c0 + t, h);
+                let kb = row * D4;
+                let wgt = exp(b_last - b_cum_at(row) + igate[row] - m_c);
+                let u = u_buf[row * D + j] * wgt;
+                s0 = fma(k_row[kb + 0u], vec4<f32>(u), s0);
+                s1 = fma(k_row[kb + 1u], vec4<f32>(u), s1);
+                s2 = fma(k_row[kb + 2u], vec4<f32>(u), s2);
+                s3 = fma(k_row[kb + 3u], vec4<f32>(u), s3);
+                s4 = fma(k_row[kb + 4u], vec4<f32>(u), s4);
+                s5 = fma(k_row[kb + 5u], vec4<f32>(u), s5);
+                s6 = fma(k_row[kb + 6u], vec4<f32>(u), s6);
+                s7 = fma(k_row[kb + 7u], vec4<f32>(u), s7);
+                s8 = fma(k_row[kb + 8u], vec4<f32>(u), s8);
+                s9 = fma(k_row[kb + 9u], vec4<f32>(u), s9);
+                s10 = fma(k_row[kb + 10u], vec4<f32>(u), s10);
+                s11 = fma(k_row[kb + 11u], vec4<f32>(u), s11);
+                s12 = fma(k_row[kb + 12u], vec4<f32>(u), s12);
+                s13 = fma(k_row[kb + 13u], vec4<f32>(u), s13);
+                s14 = fma(k_row[kb + 14u], vec4<f32>(u), s14);
+                s15 = fma(k_row[kb + 15u], vec4<f32>(u), s15);
+                n_j = fma(wgt, k_row[kb + j / 4u][j % 4u], n_j);
+            }
+            m0 = m_c;
+        } else {
+            let bl0 = gate_b(last_row, 0u);
+            let bl1 = gate_b(last_row, 1u);
+            let bl2 = gate_b(last_row, 2u);
+            let bl3 = gate_b(last_row, 3u);
+            let bl4 = gate_b(last_row, 4u);
+            let bl5 = gate_b(last_row, 5u);
+            let bl6 = gate_b(last_row, 6u);
+            let bl7 = gate_b(last_row, 7u);
+            let bl8 = gate_b(last_row, 8u);
+            let bl9 = gate_b(last_row, 9u);
+            let bl10 = gate_b(last_row, 10u);
+            let bl11 = gate_b(last_row, 11u);
+            let bl12 = gate_b(last_row, 12u);
+            let bl13 = gate_b(last_row, 13u);
+            let bl14 = gate_b(last_row, 14u);
+            let bl15 = gate_b(last_row, 15u);
+            s0 = s0 * exp(bl0);
+            s1 = s1 * exp(bl1);
+            s2 = s2 * exp(bl2);
+            s3 = s3 * exp(bl3);
+            s4 = s4 * exp(bl4);
+            s5 = s5 * exp(bl5);
+            s6 = s6 * exp(bl6);
+            s7 = s7 * exp(bl7);
+            s8 = s8 * exp(bl8);
+            s9 = s9 * exp(bl9);
+            s10 = s10 * exp(bl10);
+            s11 = s11 * exp(bl11);
+            s12 = s12 * exp(bl12);
+            s13 = s13 * exp(bl13);
+            s14 = s14 * exp(bl14);
+            s15 = s15 * exp(bl15);
+            for (var t = 0u; t < len; t++) {
+                let row = row_of(b, c0 + t, h);
+                let kb = row * D4;
+                let u = u_buf[row * D + j];
+                s0 = fma(k_row[kb + 0u] * exp(bl0 - gate_b(row, 0u)), vec4<f32>(u), s0);
+                s1 = fma(k_row[kb + 1u] * exp(bl1 - gate_b(row, 1u)), vec4<f32>(u), s1);
+                s2 = fma(k_row[kb + 2u] * exp(bl2 - gate_b(row, 2u)), vec4<f32>(u), s2);
+                s3 = fma(k_row[kb + 3u] * exp(bl3 - gate_b(row, 3u)), vec4<f32>(u), s3);
+                s4 = fma(k_row[kb + 4u] * exp(bl4 - gate_b(row, 4u)), vec4<f32>(u), s4);
+                s5 = fma(k_row[kb + 5u] * exp(bl5 - gate_b(row, 5u)), vec4<f32>(u), s5);
+                s6 = fma(k_row[kb + 6u] * exp(bl6 - gate_b(row, 6u)), vec4<f32>(u), s6);
+                s7 = fma(k_row[kb + 7u] * exp(bl7 - gate_b(row, 7u)), vec4<f32>(u), s7);
+                s8 = fma(k_row[kb + 8u] * exp(bl8 - gate_b(row, 8u)), vec4<f32>(u), s8);
+                s9 = fma(k_row[kb + 9u] * exp(bl9 - gate_b(row, 9u)), vec4<f32>(u), s9);
+                s10 = fma(k_row[kb + 10u] * exp(bl10 - gate_b(row, 10u)), vec4<f32>(u), s10);
+                s11 = fma(k_row[kb + 11u] * exp(bl11 - gate_b(row, 11u)), vec4<f32>(u), s11);
+                s12 = fma(k_row[kb + 12u] * exp(bl12 - gate_b(row, 12u)), vec4<f32>(u), s12);
+                s13 = fma(k_row[kb + 13u] * exp(bl13 - gate_b(row, 13u)), vec4<f32>(u), s13);
+                s14 = fma(k_row[kb + 14u] * exp(bl14 - gate_b(row, 14u)), vec4<f32>(u), s14);
+                s15 = fma(k_row[kb + 15u] * exp(bl15 - gate_b(row, 15u)), vec4<f32>(u), s15);
+                if (NORM == 1u) {
+                    n_j += k_row[kb + j / 4u][j % 4u];
+                }
+            }
         }
     }
     state_s[sb + 0u * D + j] = s0.x;
@@ -379,6 +466,12 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
     state_s[sb + 61u * D + j] = s15.y;
     state_s[sb + 62u * D + j] = s15.z;
     state_s[sb + 63u * D + j] = s15.w;
+    if (NORM != 0u) {
+        state_n[bh * D + j] = n_j;
+    }
+    if (NORM == 2u && j == 0u) {
+        state_m[bh] = m0;
+    }
 }
 
 // ---- chunk_output ----
@@ -394,6 +487,7 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let in_range = t < len;
     let row = row_of(b, c0 + min(t, len - 1u), h);
     let qb = row * D4;
+    let last = select(0u, t + 1u, in_range);
     let q0 = q_row[qb + 0u] * p.scale;
     let q1 = q_row[qb + 1u] * p.scale;
     let q2 = q_row[qb + 2u] * p.scale;
@@ -442,140 +536,179 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     var o13 = vec4<f32>(0.0);
     var o14 = vec4<f32>(0.0);
     var o15 = vec4<f32>(0.0);
+    // mLSTM: this query's stabiliser m_t = max(b_t + m_0, max_(s≤t) b_t − b_s + ĩ_s).
+    var m_t = 0.0;
+    var inter_scale = 1.0;
+    if (NORM == 2u) {
+        let m0 = m_in[bh * p.chunks + n];
+        let b_t = bt0.x;
+        m_t = b_t + m0;
+        for (var s = 0u; s < last; s++) {
+            let srow = row_of(b, c0 + s, h);
+            m_t = max(m_t, b_t - b_cum_at(srow) + igate[srow]);
+        }
+        inter_scale = exp(b_t + m0 - m_t);
+    }
+    let qe0 = select(q0 * exp(bt0), q0 * inter_scale, NORM == 2u);
+    let qe1 = select(q1 * exp(bt1), q1 * inter_scale, NORM == 2u);
+    let qe2 = select(q2 * exp(bt2), q2 * inter_scale, NORM == 2u);
+    let qe3 = select(q3 * exp(bt3), q3 * inter_scale, NORM == 2u);
+    let qe4 = select(q4 * exp(bt4), q4 * inter_scale, NORM == 2u);
+    let qe5 = select(q5 * exp(bt5), q5 * inter_scale, NORM == 2u);
+    let qe6 = select(q6 * exp(bt6), q6 * inter_scale, NORM == 2u);
+    let qe7 = select(q7 * exp(bt7), q7 * inter_scale, NORM == 2u);
+    let qe8 = select(q8 * exp(bt8), q8 * inter_scale, NORM == 2u);
+    let qe9 = select(q9 * exp(bt9), q9 * inter_scale, NORM == 2u);
+    let qe10 = select(q10 * exp(bt10), q10 * inter_scale, NORM == 2u);
+    let qe11 = select(q11 * exp(bt11), q11 * inter_scale, NORM == 2u);
+    let qe12 = select(q12 * exp(bt12), q12 * inter_scale, NORM == 2u);
+    let qe13 = select(q13 * exp(bt13), q13 * inter_scale, NORM == 2u);
+    let qe14 = select(q14 * exp(bt14), q14 * inter_scale, NORM == 2u);
+    let qe15 = select(q15 * exp(bt15), q15 * inter_scale, NORM == 2u);
     let hb4 = (bh * p.chunks + n) * D * D4;
-    { let c = q0.x * exp(bt0.x);
+    { let c = qe0.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 0u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 1u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 2u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 3u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 4u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 5u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 6u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 7u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 8u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 9u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 10u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 11u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 12u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 13u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 14u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 15u], o15); }
-    { let c = q0.y * exp(bt0.y);
+    { let c = qe0.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 16u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 17u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 18u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 19u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 20u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 21u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 22u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 23u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 24u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 25u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 26u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 27u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 28u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 29u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 30u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 31u], o15); }
-    { let c = q0.z * exp(bt0.z);
+    { let c = qe0.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 32u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 33u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 34u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 35u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 36u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 37u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 38u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 39u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 40u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 41u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 42u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 43u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 44u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 45u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 46u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 47u], o15); }
-    { let c = q0.w * exp(bt0.w);
+    { let c = qe0.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 48u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 49u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 50u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 51u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 52u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 53u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 54u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 55u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 56u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 57u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 58u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 59u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 60u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 61u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 62u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 63u], o15); }
-    { let c = q1.x * exp(bt1.x);
+    { let c = qe1.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 64u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 65u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 66u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 67u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 68u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 69u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 70u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 71u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 72u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 73u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 74u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 75u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 76u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 77u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 78u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 79u], o15); }
-    { let c = q1.y * exp(bt1.y);
+    { let c = qe1.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 80u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 81u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 82u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 83u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 84u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 85u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 86u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 87u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 88u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 89u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 90u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 91u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 92u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 93u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 94u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 95u], o15); }
-    { let c = q1.z * exp(bt1.z);
+    { let c = qe1.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 96u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 97u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 98u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 99u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 100u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 101u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 102u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 103u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 104u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 105u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 106u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 107u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 108u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 109u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 110u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 111u], o15); }
-    { let c = q1.w * exp(bt1.w);
+    { let c = qe1.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 112u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 113u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 114u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 115u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 116u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 117u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 118u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 119u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 120u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 121u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 122u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 123u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 124u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 125u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 126u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 127u], o15); }
-    { let c = q2.x * exp(bt2.x);
+    { let c = qe2.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 128u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 129u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 130u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 131u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 132u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 133u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 134u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 135u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 136u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 137u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 138u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 139u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 140u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 141u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 142u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 143u], o15); }
-    { let c = q2.y * exp(bt2.y);
+    { let c = qe2.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 144u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 145u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 146u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 147u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 148u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 149u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 150u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 151u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 152u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 153u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 154u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 155u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 156u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 157u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 158u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 159u], o15); }
-    { let c = q2.z * exp(bt2.z);
+    { let c = qe2.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 160u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 161u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 162u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 163u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 164u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 165u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 166u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 167u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 168u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 169u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 170u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 171u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 172u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 173u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 174u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 175u], o15); }
-    { let c = q2.w * exp(bt2.w);
+    { let c = qe2.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 176u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 177u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 178u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 179u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 180u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 181u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 182u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 183u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 184u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 185u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 186u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 187u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 188u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 189u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 190u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 191u], o15); }
-    { let c = q3.x * exp(bt3.x);
+    { let c = qe3.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 192u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 193u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 194u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 195u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 196u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 197u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 198u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 199u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 200u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 201u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 202u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 203u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 204u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 205u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 206u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 207u], o15); }
-    { let c = q3.y * exp(bt3.y);
+    { let c = qe3.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 208u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 209u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 210u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 211u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 212u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 213u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 214u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 215u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 216u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 217u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 218u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 219u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 220u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 221u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 222u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 223u], o15); }
-    { let c = q3.z * exp(bt3.z);
+    { let c = qe3.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 224u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 225u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 226u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 227u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 228u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 229u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 230u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 231u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 232u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 233u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 234u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 235u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 236u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 237u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 238u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 239u], o15); }
-    { let c = q3.w * exp(bt3.w);
+    { let c = qe3.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 240u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 241u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 242u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 243u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 244u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 245u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 246u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 247u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 248u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 249u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 250u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 251u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 252u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 253u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 254u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 255u], o15); }
-    { let c = q4.x * exp(bt4.x);
+    { let c = qe4.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 256u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 257u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 258u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 259u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 260u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 261u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 262u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 263u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 264u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 265u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 266u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 267u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 268u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 269u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 270u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 271u], o15); }
-    { let c = q4.y * exp(bt4.y);
+    { let c = qe4.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 272u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 273u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 274u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 275u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 276u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 277u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 278u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 279u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 280u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 281u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 282u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 283u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 284u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 285u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 286u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 287u], o15); }
-    { let c = q4.z * exp(bt4.z);
+    { let c = qe4.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 288u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 289u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 290u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 291u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 292u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 293u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 294u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 295u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 296u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 297u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 298u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 299u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 300u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 301u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 302u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 303u], o15); }
-    { let c = q4.w * exp(bt4.w);
+    { let c = qe4.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 304u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 305u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 306u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 307u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 308u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 309u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 310u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 311u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 312u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 313u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 314u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 315u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 316u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 317u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 318u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 319u], o15); }
-    { let c = q5.x * exp(bt5.x);
+    { let c = qe5.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 320u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 321u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 322u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 323u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 324u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 325u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 326u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 327u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 328u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 329u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 330u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 331u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 332u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 333u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 334u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 335u], o15); }
-    { let c = q5.y * exp(bt5.y);
+    { let c = qe5.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 336u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 337u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 338u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 339u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 340u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 341u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 342u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 343u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 344u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 345u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 346u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 347u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 348u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 349u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 350u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 351u], o15); }
-    { let c = q5.z * exp(bt5.z);
+    { let c = qe5.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 352u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 353u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 354u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 355u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 356u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 357u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 358u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 359u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 360u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 361u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 362u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 363u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 364u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 365u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 366u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 367u], o15); }
-    { let c = q5.w * exp(bt5.w);
+    { let c = qe5.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 368u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 369u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 370u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 371u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 372u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 373u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 374u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 375u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 376u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 377u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 378u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 379u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 380u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 381u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 382u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 383u], o15); }
-    { let c = q6.x * exp(bt6.x);
+    { let c = qe6.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 384u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 385u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 386u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 387u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 388u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 389u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 390u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 391u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 392u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 393u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 394u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 395u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 396u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 397u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 398u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 399u], o15); }
-    { let c = q6.y * exp(bt6.y);
+    { let c = qe6.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 400u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 401u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 402u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 403u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 404u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 405u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 406u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 407u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 408u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 409u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 410u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 411u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 412u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 413u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 414u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 415u], o15); }
-    { let c = q6.z * exp(bt6.z);
+    { let c = qe6.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 416u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 417u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 418u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 419u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 420u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 421u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 422u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 423u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 424u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 425u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 426u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 427u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 428u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 429u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 430u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 431u], o15); }
-    { let c = q6.w * exp(bt6.w);
+    { let c = qe6.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 432u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 433u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 434u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 435u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 436u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 437u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 438u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 439u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 440u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 441u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 442u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 443u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 444u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 445u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 446u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 447u], o15); }
-    { let c = q7.x * exp(bt7.x);
+    { let c = qe7.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 448u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 449u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 450u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 451u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 452u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 453u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 454u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 455u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 456u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 457u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 458u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 459u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 460u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 461u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 462u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 463u], o15); }
-    { let c = q7.y * exp(bt7.y);
+    { let c = qe7.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 464u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 465u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 466u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 467u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 468u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 469u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 470u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 471u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 472u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 473u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 474u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 475u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 476u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 477u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 478u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 479u], o15); }
-    { let c = q7.z * exp(bt7.z);
+    { let c = qe7.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 480u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 481u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 482u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 483u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 484u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 485u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 486u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 487u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 488u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 489u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 490u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 491u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 492u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 493u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 494u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 495u], o15); }
-    { let c = q7.w * exp(bt7.w);
+    { let c = qe7.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 496u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 497u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 498u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 499u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 500u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 501u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 502u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 503u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 504u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 505u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 506u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 507u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 508u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 509u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 510u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 511u], o15); }
-    { let c = q8.x * exp(bt8.x);
+    { let c = qe8.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 512u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 513u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 514u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 515u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 516u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 517u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 518u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 519u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 520u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 521u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 522u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 523u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 524u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 525u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 526u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 527u], o15); }
-    { let c = q8.y * exp(bt8.y);
+    { let c = qe8.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 528u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 529u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 530u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 531u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 532u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 533u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 534u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 535u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 536u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 537u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 538u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 539u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 540u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 541u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 542u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 543u], o15); }
-    { let c = q8.z * exp(bt8.z);
+    { let c = qe8.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 544u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 545u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 546u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 547u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 548u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 549u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 550u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 551u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 552u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 553u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 554u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 555u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 556u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 557u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 558u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 559u], o15); }
-    { let c = q8.w * exp(bt8.w);
+    { let c = qe8.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 560u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 561u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 562u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 563u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 564u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 565u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 566u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 567u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 568u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 569u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 570u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 571u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 572u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 573u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 574u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 575u], o15); }
-    { let c = q9.x * exp(bt9.x);
+    { let c = qe9.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 576u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 577u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 578u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 579u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 580u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 581u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 582u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 583u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 584u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 585u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 586u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 587u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 588u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 589u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 590u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 591u], o15); }
-    { let c = q9.y * exp(bt9.y);
+    { let c = qe9.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 592u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 593u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 594u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 595u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 596u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 597u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 598u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 599u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 600u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 601u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 602u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 603u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 604u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 605u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 606u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 607u], o15); }
-    { let c = q9.z * exp(bt9.z);
+    { let c = qe9.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 608u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 609u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 610u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 611u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 612u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 613u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 614u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 615u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 616u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 617u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 618u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 619u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 620u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 621u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 622u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 623u], o15); }
-    { let c = q9.w * exp(bt9.w);
+    { let c = qe9.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 624u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 625u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 626u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 627u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 628u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 629u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 630u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 631u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 632u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 633u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 634u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 635u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 636u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 637u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 638u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 639u], o15); }
-    { let c = q10.x * exp(bt10.x);
+    { let c = qe10.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 640u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 641u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 642u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 643u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 644u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 645u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 646u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 647u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 648u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 649u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 650u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 651u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 652u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 653u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 654u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 655u], o15); }
-    { let c = q10.y * exp(bt10.y);
+    { let c = qe10.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 656u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 657u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 658u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 659u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 660u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 661u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 662u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 663u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 664u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 665u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 666u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 667u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 668u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 669u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 670u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 671u], o15); }
-    { let c = q10.z * exp(bt10.z);
+    { let c = qe10.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 672u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 673u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 674u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 675u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 676u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 677u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 678u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 679u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 680u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 681u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 682u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 683u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 684u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 685u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 686u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 687u], o15); }
-    { let c = q10.w * exp(bt10.w);
+    { let c = qe10.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 688u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 689u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 690u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 691u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 692u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 693u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 694u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 695u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 696u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 697u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 698u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 699u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 700u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 701u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 702u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 703u], o15); }
-    { let c = q11.x * exp(bt11.x);
+    { let c = qe11.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 704u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 705u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 706u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 707u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 708u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 709u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 710u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 711u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 712u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 713u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 714u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 715u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 716u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 717u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 718u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 719u], o15); }
-    { let c = q11.y * exp(bt11.y);
+    { let c = qe11.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 720u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 721u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 722u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 723u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 724u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 725u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 726u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 727u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 728u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 729u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 730u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 731u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 732u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 733u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 734u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 735u], o15); }
-    { let c = q11.z * exp(bt11.z);
+    { let c = qe11.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 736u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 737u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 738u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 739u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 740u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 741u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 742u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 743u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 744u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 745u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 746u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 747u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 748u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 749u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 750u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 751u], o15); }
-    { let c = q11.w * exp(bt11.w);
+    { let c = qe11.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 752u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 753u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 754u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 755u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 756u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 757u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 758u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 759u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 760u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 761u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 762u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 763u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 764u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 765u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 766u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 767u], o15); }
-    { let c = q12.x * exp(bt12.x);
+    { let c = qe12.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 768u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 769u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 770u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 771u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 772u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 773u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 774u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 775u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 776u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 777u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 778u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 779u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 780u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 781u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 782u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 783u], o15); }
-    { let c = q12.y * exp(bt12.y);
+    { let c = qe12.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 784u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 785u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 786u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 787u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 788u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 789u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 790u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 791u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 792u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 793u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 794u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 795u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 796u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 797u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 798u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 799u], o15); }
-    { let c = q12.z * exp(bt12.z);
+    { let c = qe12.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 800u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 801u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 802u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 803u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 804u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 805u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 806u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 807u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 808u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 809u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 810u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 811u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 812u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 813u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 814u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 815u], o15); }
-    { let c = q12.w * exp(bt12.w);
+    { let c = qe12.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 816u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 817u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 818u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 819u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 820u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 821u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 822u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 823u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 824u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 825u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 826u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 827u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 828u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 829u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 830u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 831u], o15); }
-    { let c = q13.x * exp(bt13.x);
+    { let c = qe13.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 832u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 833u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 834u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 835u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 836u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 837u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 838u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 839u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 840u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 841u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 842u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 843u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 844u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 845u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 846u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 847u], o15); }
-    { let c = q13.y * exp(bt13.y);
+    { let c = qe13.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 848u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 849u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 850u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 851u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 852u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 853u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 854u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 855u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 856u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 857u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 858u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 859u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 860u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 861u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 862u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 863u], o15); }
-    { let c = q13.z * exp(bt13.z);
+    { let c = qe13.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 864u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 865u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 866u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 867u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 868u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 869u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 870u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 871u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 872u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 873u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 874u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 875u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 876u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 877u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 878u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 879u], o15); }
-    { let c = q13.w * exp(bt13.w);
+    { let c = qe13.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 880u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 881u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 882u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 883u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 884u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 885u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 886u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 887u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 888u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 889u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 890u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 891u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 892u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 893u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 894u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 895u], o15); }
-    { let c = q14.x * exp(bt14.x);
+    { let c = qe14.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 896u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 897u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 898u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 899u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 900u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 901u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 902u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 903u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 904u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 905u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 906u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 907u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 908u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 909u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 910u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 911u], o15); }
-    { let c = q14.y * exp(bt14.y);
+    { let c = qe14.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 912u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 913u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 914u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 915u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 916u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 917u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 918u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 919u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 920u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 921u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 922u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 923u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 924u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 925u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 926u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 927u], o15); }
-    { let c = q14.z * exp(bt14.z);
+    { let c = qe14.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 928u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 929u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 930u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 931u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 932u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 933u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 934u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 935u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 936u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 937u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 938u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 939u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 940u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 941u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 942u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 943u], o15); }
-    { let c = q14.w * exp(bt14.w);
+    { let c = qe14.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 944u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 945u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 946u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 947u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 948u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 949u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 950u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 951u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 952u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 953u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 954u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 955u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 956u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 957u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 958u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 959u], o15); }
-    { let c = q15.x * exp(bt15.x);
+    { let c = qe15.x;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 960u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 961u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 962u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 963u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 964u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 965u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 966u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 967u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 968u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 969u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 970u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 971u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 972u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 973u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 974u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 975u], o15); }
-    { let c = q15.y * exp(bt15.y);
+    { let c = qe15.y;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 976u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 977u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 978u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 979u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 980u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 981u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 982u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 983u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 984u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 985u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 986u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 987u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 988u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 989u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 990u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 991u], o15); }
-    { let c = q15.z * exp(bt15.z);
+    { let c = qe15.z;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 992u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 993u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 994u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 995u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 996u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 997u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 998u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 999u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 1000u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 1001u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 1002u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 1003u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 1004u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 1005u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 1006u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 1007u], o15); }
-    { let c = q15.w * exp(bt15.w);
+    { let c = qe15.w;
       o0 = fma(vec4<f32>(c), h_in[hb4 + 1008u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + 1009u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + 1010u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + 1011u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + 1012u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + 1013u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + 1014u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + 1015u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + 1016u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + 1017u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + 1018u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + 1019u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + 1020u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + 1021u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + 1022u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + 1023u], o15); }
-    let last = select(0u, t + 1u, in_range);
+    var den = 0.0;
+    if (NORM != 0u) {
+        let nb4 = (bh * p.chunks + n) * D4;
+        den = inter_scale * (dot(q0, n_in[nb4 + 0u]) + dot(q1, n_in[nb4 + 1u]) + dot(q2, n_in[nb4 + 2u]) + dot(q3, n_in[nb4 + 3u]) + dot(q4, n_in[nb4 + 4u]) + dot(q5, n_in[nb4 + 5u]) + dot(q6, n_in[nb4 + 6u]) + dot(q7, n_in[nb4 + 7u]) + dot(q8, n_in[nb4 + 8u]) + dot(q9, n_in[nb4 + 9u]) + dot(q10, n_in[nb4 + 10u]) + dot(q11, n_in[nb4 + 11u]) + dot(q12, n_in[nb4 + 12u]) + dot(q13, n_in[nb4 + 13u]) + dot(q14, n_in[nb4 + 14u]) + dot(q15, n_in[nb4 + 15u]));
+    }
     for (var s = 0u; s < last; s++) {
         let srow = row_of(b, c0 + s, h);
         let sk = srow * D4;
-        let cf = dot(q0 * exp(bt0 - gate_b(srow, 0u)), k_row[sk + 0u]) + dot(q1 * exp(bt1 - gate_b(srow, 1u)), k_row[sk + 1u]) + dot(q2 * exp(bt2 - gate_b(srow, 2u)), k_row[sk + 2u]) + dot(q3 * exp(bt3 - gate_b(srow, 3u)), k_row[sk + 3u]) + dot(q4 * exp(bt4 - gate_b(srow, 4u)), k_row[sk + 4u]) + dot(q5 * exp(bt5 - gate_b(srow, 5u)), k_row[sk + 5u]) + dot(q6 * exp(bt6 - gate_b(srow, 6u)), k_row[sk + 6u]) + dot(q7 * exp(bt7 - gate_b(srow, 7u)), k_row[sk + 7u]) + dot(q8 * exp(bt8 - gate_b(srow, 8u)), k_row[sk + 8u]) + dot(q9 * exp(bt9 - gate_b(srow, 9u)), k_row[sk + 9u]) + dot(q10 * exp(bt10 - gate_b(srow, 10u)), k_row[sk + 10u]) + dot(q11 * exp(bt11 - gate_b(srow, 11u)), k_row[sk + 11u]) + dot(q12 * exp(bt12 - gate_b(srow, 12u)), k_row[sk + 12u]) + dot(q13 * exp(bt13 - gate_b(srow, 13u)), k_row[sk + 13u]) + dot(q14 * exp(bt14 - gate_b(srow, 14u)), k_row[sk + 14u]) + dot(q15 * exp(bt15 - gate_b(srow, 15u)), k_row[sk + 15u]);
+        var cf = 0.0;
+        if (NORM == 2u) {
+            cf = exp(bt0.x - b_cum_at(srow) + igate[srow] - m_t) * (dot(q0, k_row[sk + 0u]) + dot(q1, k_row[sk + 1u]) + dot(q2, k_row[sk + 2u]) + dot(q3, k_row[sk + 3u]) + dot(q4, k_row[sk + 4u]) + dot(q5, k_row[sk + 5u]) + dot(q6, k_row[sk + 6u]) + dot(q7, k_row[sk + 7u]) + dot(q8, k_row[sk + 8u]) + dot(q9, k_row[sk + 9u]) + dot(q10, k_row[sk + 10u]) + dot(q11, k_row[sk + 11u]) + dot(q12, k_row[sk + 12u]) + dot(q13, k_row[sk + 13u]) + dot(q14, k_row[sk + 14u]) + dot(q15, k_row[sk + 15u]));
+        } else {
+            cf = dot(q0 * exp(bt0 - gate_b(srow, 0u)), k_row[sk + 0u]) + dot(q1 * exp(bt1 - gate_b(srow, 1u)), k_row[sk + 1u]) + dot(q2 * exp(bt2 - gate_b(srow, 2u)), k_row[sk + 2u]) + dot(q3 * exp(bt3 - gate_b(srow, 3u)), k_row[sk + 3u]) + dot(q4 * exp(bt4 - gate_b(srow, 4u)), k_row[sk + 4u]) + dot(q5 * exp(bt5 - gate_b(srow, 5u)), k_row[sk + 5u]) + dot(q6 * exp(bt6 - gate_b(srow, 6u)), k_row[sk + 6u]) + dot(q7 * exp(bt7 - gate_b(srow, 7u)), k_row[sk + 7u]) + dot(q8 * exp(bt8 - gate_b(srow, 8u)), k_row[sk + 8u]) + dot(q9 * exp(bt9 - gate_b(srow, 9u)), k_row[sk + 9u]) + dot(q10 * exp(bt10 - gate_b(srow, 10u)), k_row[sk + 10u]) + dot(q11 * exp(bt11 - gate_b(srow, 11u)), k_row[sk + 11u]) + dot(q12 * exp(bt12 - gate_b(srow, 12u)), k_row[sk + 12u]) + dot(q13 * exp(bt13 - gate_b(srow, 13u)), k_row[sk + 13u]) + dot(q14 * exp(bt14 - gate_b(srow, 14u)), k_row[sk + 14u]) + dot(q15 * exp(bt15 - gate_b(srow, 15u)), k_row[sk + 15u]);
+        }
+        den += cf;
         o0 = fma(vec4<f32>(cf), u_row[sk + 0u], o0);
         o1 = fma(vec4<f32>(cf), u_row[sk + 1u], o1);
         o2 = fma(vec4<f32>(cf), u_row[sk + 2u], o2);
@@ -593,22 +726,28 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         o14 = fma(vec4<f32>(cf), u_row[sk + 14u], o14);
         o15 = fma(vec4<f32>(cf), u_row[sk + 15u], o15);
     }
+    var inv = 1.0;
+    if (NORM == 1u) {
+        inv = 1.0 / (den + 1e-10);
+    } else if (NORM == 2u) {
+        inv = 1.0 / (max(abs(den), exp(-m_t)) + 1e-6);
+    }
     if (in_range) {
-        out_row[qb + 0u] = o0;
-        out_row[qb + 1u] = o1;
-        out_row[qb + 2u] = o2;
-        out_row[qb + 3u] = o3;
-        out_row[qb + 4u] = o4;
-        out_row[qb + 5u] = o5;
-        out_row[qb + 6u] = o6;
-        out_row[qb + 7u] = o7;
-        out_row[qb + 8u] = o8;
-        out_row[qb + 9u] = o9;
-        out_row[qb + 10u] = o10;
-        out_row[qb + 11u] = o11;
-        out_row[qb + 12u] = o12;
-        out_row[qb + 13u] = o13;
-        out_row[qb + 14u] = o14;
-        out_row[qb + 15u] = o15;
+        out_row[qb + 0u] = o0 * inv;
+        out_row[qb + 1u] = o1 * inv;
+        out_row[qb + 2u] = o2 * inv;
+        out_row[qb + 3u] = o3 * inv;
+        out_row[qb + 4u] = o4 * inv;
+        out_row[qb + 5u] = o5 * inv;
+        out_row[qb + 6u] = o6 * inv;
+        out_row[qb + 7u] = o7 * inv;
+        out_row[qb + 8u] = o8 * inv;
+        out_row[qb + 9u] = o9 * inv;
+        out_row[qb + 10u] = o10 * inv;
+        out_row[qb + 11u] = o11 * inv;
+        out_row[qb + 12u] = o12 * inv;
+        out_row[qb + 13u] = o13 * inv;
+        out_row[qb + 14u] = o14 * inv;
+        out_row[qb + 15u] = o15 * inv;
     }
 }
