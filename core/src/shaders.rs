@@ -10,6 +10,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
     ("mixers/common/chunk", include_str!("../../shaders/mixers/common/chunk.wgsl")),
+    ("mixers/common/chunk_d128", include_str!("../../shaders/mixers/common/chunk_d128.wgsl")),
     ("mixers/common/conv", include_str!("../../shaders/mixers/common/conv.wgsl")),
     ("mixers/common/headnorm", include_str!("../../shaders/mixers/common/headnorm.wgsl")),
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),

@@ -160,9 +160,9 @@ pub const DECODE_MAX_SEQ: usize = 8;
 pub const CHUNK: usize = 64;
 
 impl Recurrence {
-    /// Whether `chunked` handles these shapes (head size 64; larger heads run token by token).
+    /// Whether `chunked` handles these shapes: equal key and value sizes of 64 or 128.
     pub fn has_chunked_form(&self, d: Dims) -> bool {
-        d.dk == 64 && d.dv == 64
+        d.dk == d.dv && (d.dk == 64 || d.dk == 128)
     }
 }
 
@@ -232,7 +232,8 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
         Gate::Scalar => 1.0,
         Gate::Vector => 2.0,
     };
-    let kernel = |entry| Kernel::new("mixers/common/chunk", entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64).with("NORM", norm);
+    let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
+    let kernel = |entry| Kernel::new(shader, entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64).with("NORM", norm);
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
