@@ -16,6 +16,7 @@ def main():
     ap.add_argument("--shapes", default="8x512x9x64")
     ap.add_argument("--budget", type=float, default=400)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--decode", action="store_true", help="time one-token fused_recurrent steps from a carried state instead")
     a = ap.parse_args()
     sink = open(a.out, "a") if a.out else None
 
@@ -44,7 +45,27 @@ def main():
         beta = torch.rand(B, T, H, device="cuda", dtype=dt).sigmoid()
         g = F.logsigmoid(torch.randn(B, T, H, device="cuda", dtype=torch.float32))
         gk = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", dtype=torch.float32)) / 16
-        cases = [
+        if a.decode:
+            from fla.ops.linear_attn import fused_recurrent_linear_attn
+            from fla.ops.simple_gla import fused_recurrent_simple_gla
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+            from fla.ops.delta_rule import fused_recurrent_delta_rule
+            from fla.ops.gla import fused_recurrent_gla
+            from fla.ops.kda import fused_recurrent_kda
+            s1 = lambda x: x[:, :1].contiguous()
+            q1, k1, v1, qn1, kn1, b1, g1, gk1 = map(s1, (q, k, v, qn, knn, beta, g, gk))
+            h0 = torch.zeros(B, H, D, D, device="cuda", dtype=torch.float32)
+            cases = [
+                ("linear_attn", lambda: fused_recurrent_linear_attn(q1, k1, v1, initial_state=h0, output_final_state=True, normalize=False)),
+                ("retnet", lambda: fused_recurrent_simple_gla(q1, k1, v1, g1, initial_state=h0, output_final_state=True)),
+                ("gated_deltanet", lambda: fused_recurrent_gated_delta_rule(qn1, kn1, v1, g1, b1, initial_state=h0, output_final_state=True)),
+                ("deltanet", lambda: fused_recurrent_delta_rule(qn1, kn1, v1, b1, initial_state=h0, output_final_state=True)),
+                ("gla", lambda: fused_recurrent_gla(q1, k1, v1, gk1, initial_state=h0, output_final_state=True)),
+                ("kda", lambda: fused_recurrent_kda(qn1, kn1, v1, gk1, b1, initial_state=h0, output_final_state=True)),
+            ]
+        else:
+            cases = []
+        cases = cases or [
             ("linear_attn", lambda: chunk_linear_attn(q, k, v, normalize=False)),
             ("retnet", lambda: chunk_simple_gla(q, k, v, g)),
             ("gated_deltanet", lambda: chunk_gated_delta_rule(qn, knn, v, g, beta)),
@@ -69,7 +90,10 @@ def main():
                         times.append(time.perf_counter() - t0)
                 times.sort()
                 s = times[len(times) // 2]
-                log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_seconds=s, fwd_mhead_tokens_per_s=B * T * H / s / 1e6)
+                if a.decode:
+                    log(what="fla_decode", mixer=name, B=B, H=H, D=D, decode_step_seconds=s)
+                else:
+                    log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_seconds=s, fwd_mhead_tokens_per_s=B * T * H / s / 1e6)
             except Exception as e:
                 log(what="fla", mixer=name, B=B, T=T, H=H, D=D, error=str(e)[:300])
 
