@@ -104,12 +104,10 @@ pub struct Gates<'a> {
     pub igate: Option<&'a GpuBuf>,
 }
 
-/// Runs `d.seq` tokens of the recurrence from `state` (updated in place) into `out` [B, T, H, V].
+/// Checks the shapes of a recurrence call and picks its gate, β and input-gate buffers (the
+/// dummy where the variant has none).
 #[allow(clippy::too_many_arguments)]
-pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, state: &GpuState, out: &GpuBuf) -> Result<()> {
-    if !(d.dk == 64 || d.dk == 128) || d.dv % 64 != 0 || d.dv == 0 {
-        return Err(Error::argument("head size", format!("the recurrent kernel takes key size 64 or 128 and a value size that is a multiple of 64, got {}×{}", d.dk, d.dv)));
-    }
+fn checked_inputs<'a>(r: Recurrence, d: Dims, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates<'a>, state: &GpuState, out: &GpuBuf, dummy: &'a GpuBuf) -> Result<(&'a GpuBuf, &'a GpuBuf, &'a GpuBuf)> {
     if state.dims.batch != d.batch || state.dims.heads != d.heads || state.dims.dk != d.dk || state.dims.dv != d.dv {
         return Err(Error::argument("state", format!("state for {:?} does not fit inputs {:?}", state.dims, d)));
     }
@@ -118,9 +116,8 @@ pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &Gpu
     need("k", k, rows * d.dk)?;
     need("v", v, rows * d.dv)?;
     need("out", out, rows * d.dv)?;
-    let dummy = rec.gpu().scratch(1)?;
     let g = match (r.gate, r.normalizer, gates.g) {
-        (Gate::None, Normalizer::None | Normalizer::Sum, _) => &dummy,
+        (Gate::None, Normalizer::None | Normalizer::Sum, _) => dummy,
         (Gate::Vector, _, Some(g)) => {
             need("g", g, rows * d.dk)?;
             g
@@ -132,7 +129,7 @@ pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &Gpu
         (_, _, None) => return Err(Error::argument("g", format!("{r:?} needs a log gate"))),
     };
     let beta = match (r.delta, gates.beta) {
-        (false, _) => &dummy,
+        (false, _) => dummy,
         (true, Some(b)) => {
             need("beta", b, rows)?;
             b
@@ -145,8 +142,19 @@ pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &Gpu
             i
         }
         (Normalizer::Mlstm, None) => return Err(Error::argument("igate", "mLSTM needs its input gate")),
-        _ => &dummy,
+        _ => dummy,
     };
+    Ok((g, beta, igate))
+}
+
+/// Runs `d.seq` tokens of the recurrence from `state` (updated in place) into `out` [B, T, H, V].
+#[allow(clippy::too_many_arguments)]
+pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, state: &GpuState, out: &GpuBuf) -> Result<()> {
+    if !(d.dk == 64 || d.dk == 128) || d.dv % 64 != 0 || d.dv == 0 {
+        return Err(Error::argument("head size", format!("the recurrent kernel takes key size 64 or 128 and a value size that is a multiple of 64, got {}×{}", d.dk, d.dv)));
+    }
+    let dummy = rec.gpu().scratch(1)?;
+    let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, state, out, &dummy)?;
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, d.dk as u32, d.dv as u32, scale.to_bits()];
     let bufs = [q, k, v, g, beta, igate, &state.s, &state.n, &state.m, out];
     let groups = [(d.dv / 64) as u32, d.heads as u32, d.batch as u32];
@@ -174,47 +182,13 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     if !r.has_chunked_form(d) {
         return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{}; use the recurrent one", d.dk, d.dv)));
     }
-    if state.dims.batch != d.batch || state.dims.heads != d.heads || state.dims.dk != d.dk || state.dims.dv != d.dv {
-        return Err(Error::argument("state", format!("state for {:?} does not fit inputs {:?}", state.dims, d)));
-    }
     if d.seq == 0 {
         return Ok(());
     }
-    let rows = d.batch * d.seq * d.heads;
-    need("q", q, rows * d.dk)?;
-    need("k", k, rows * d.dk)?;
-    need("v", v, rows * d.dv)?;
-    need("out", out, rows * d.dv)?;
     let gpu = rec.gpu();
     let dummy = gpu.scratch(4)?;
-    let g = match (r.gate, gates.g) {
-        (Gate::None, _) => &dummy,
-        (Gate::Vector, Some(g)) => {
-            need("g", g, rows * d.dk)?;
-            g
-        }
-        (Gate::Scalar, Some(g)) => {
-            need("g", g, rows)?;
-            g
-        }
-        (_, None) => return Err(Error::argument("g", format!("{r:?} needs a log gate"))),
-    };
-    let beta = match (r.delta, gates.beta) {
-        (false, _) => &dummy,
-        (true, Some(b)) => {
-            need("beta", b, rows)?;
-            b
-        }
-        (true, None) => return Err(Error::argument("beta", "the delta rule needs β")),
-    };
-    let igate = match (r.normalizer, gates.igate) {
-        (Normalizer::Mlstm, Some(i)) => {
-            need("igate", i, rows)?;
-            i
-        }
-        (Normalizer::Mlstm, None) => return Err(Error::argument("igate", "mLSTM needs its input gate")),
-        _ => &dummy,
-    };
+    let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, state, out, &dummy)?;
+    let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
     let b_cum = gpu.scratch(rows * d.dk)?;
     let u = gpu.scratch(rows * d.dv)?;
