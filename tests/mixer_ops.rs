@@ -91,7 +91,7 @@ fn gate_activations_match_reference_at_extremes() {
     let x2 = random(&mut rng, rows * cols, 2.0);
     let param = random(&mut rng, cols, 2.0);
     let bias = random(&mut rng, cols, 1.0);
-    for f in [GateFn::Sigmoid, GateFn::LogSigmoidOver16, GateFn::NegExpSoftplus, GateFn::MlstmForget, GateFn::MlstmInput, GateFn::Constant, GateFn::Hadamard, GateFn::AddBias] {
+    for f in [GateFn::Sigmoid, GateFn::LogSigmoidOver16, GateFn::NegExpSoftplus, GateFn::MlstmForget, GateFn::MlstmInput, GateFn::Constant, GateFn::Hadamard, GateFn::AddBias, GateFn::Add] {
         let y = gpu().scratch(x.len()).unwrap();
         let mut rec = gpu().recorder();
         ops::gate(&mut rec, f, &up(&x), &up(&x2), &up(&param), &up(&bias), &y, rows, cols, per_head).unwrap();

@@ -34,8 +34,9 @@ fn every_mixer_layer_matches_reference_across_calls() {
         for opts in [
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
             MixerOptions { la_denominator: true, la_output_norm: true, ..Default::default() },
+            MixerOptions { kda_gate_mixup: true, ..Default::default() },
         ] {
-            if opts.la_denominator && kind != MixerKind::LinearAttn {
+            if (opts.la_denominator && kind != MixerKind::LinearAttn) || (opts.kda_gate_mixup && kind != MixerKind::Kda) {
                 continue;
             }
             let p = params(kind, s, &opts, &mut rng);

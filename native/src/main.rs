@@ -82,6 +82,9 @@ enum Command {
         /// Linear attention: RMSNorm per head on the output
         #[arg(long)]
         la_output_norm: bool,
+        /// KDA: reproduce the paper student's output (RMSNorm(o + W_g x)) instead of the gate
+        #[arg(long)]
+        kda_gate_mixup: bool,
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
@@ -125,8 +128,9 @@ fn main() {
             cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
-        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, seed } => {
-            cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, la_denominator, la_output_norm, seed)
+        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, seed } => {
+            let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup };
+            cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed)
         }
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
@@ -361,7 +365,14 @@ fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens:
 }
 
 #[allow(clippy::too_many_arguments)]
-fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, la_denominator: bool, la_output_norm: bool, seed: u64) -> Result<()> {
+/// The mixer options a `student` call can switch on.
+struct StudentFlags {
+    la_denominator: bool,
+    la_output_norm: bool,
+    kda_gate_mixup: bool,
+}
+
+fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, flags: StudentFlags, seed: u64) -> Result<()> {
     use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
     let kind = MixerKind::from_name(mixer)?;
     let conv_init = match conv_init {
@@ -381,7 +392,8 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
         model.weights.truncate_layers(n);
     }
     let chosen = mixer_layers.map(|s| parse_list::<usize>("--mixer-layers", s)).transpose()?;
-    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, seed, ..Default::default() };
+    let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup } = flags;
+    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, seed, ..Default::default() };
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;
     println!(

@@ -166,7 +166,7 @@ impl MixerLayer {
         } else {
             None
         };
-        let o = tmp(rows * hv)?;
+        let mut o = tmp(rows * hv)?;
         let dims = Dims { batch, seq, heads: h, dk, dv };
         let gates = Gates { g: g.as_ref(), beta: beta.as_ref(), igate: igate.as_ref() };
         // Prefill takes the chunked kernels where the variant has them; decode (and the rest)
@@ -210,7 +210,15 @@ impl MixerLayer {
                 nn::linear(rec, x, self.p("g_proj")?, &gl, rows, hv, d, false)?;
                 ops::gate(rec, GateFn::AddBias, &gl, &gl, &gl, self.p("g_bias")?, &gate_in, rows, hv, 1)?;
                 temps.push(gl);
-                (Some(HeadNorm::Rms), OutputGate::Sigmoid)
+                if self.opts.kda_gate_mixup {
+                    // The paper student's mix-up: the gate is added to o before the norm.
+                    let mixed = tmp(rows * hv)?;
+                    ops::gate(rec, GateFn::Add, &o, &gate_in, &o, &o, &mixed, rows, hv, 1)?;
+                    temps.push(std::mem::replace(&mut o, mixed));
+                    (Some(HeadNorm::Rms), OutputGate::None)
+                } else {
+                    (Some(HeadNorm::Rms), OutputGate::Sigmoid)
+                }
             }
             MixerKind::Mlstm => {
                 nn::linear(rec, x, self.p("og_proj")?, &gate_in, rows, hv, d, false)?;

@@ -86,6 +86,10 @@ pub struct MixerOptions {
     pub la_denominator: bool,
     /// Linear attention: per-head RMSNorm on the output.
     pub la_output_norm: bool,
+    /// KDA: reproduce the paper student's argument mix-up, output RMSNorm(o + W_g x + b)·w
+    /// instead of RMSNorm(o)·w ⊙ σ(W_g x + b).
+    #[serde(default)]
+    pub kda_gate_mixup: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -94,7 +98,7 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Identity, la_denominator: false, la_output_norm: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Identity, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, norm_eps: 1e-5, seed: 0 }
     }
 }
 

@@ -87,6 +87,8 @@ pub enum GateFn {
     Hadamard,
     /// y = x + bias
     AddBias,
+    /// y = x + x2
+    Add,
 }
 
 /// y[r, c] = f(x[r, c]) for rows × cols; `param` and `bias` as the mode needs (per column, or
@@ -104,6 +106,7 @@ pub fn gate(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuB
         GateFn::Constant => 5.0,
         GateFn::Hadamard => 6.0,
         GateFn::AddBias => 7.0,
+        GateFn::Add => 8.0,
     };
     match f {
         GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput | GateFn::AddBias => need("gate bias", bias, cols)?,
@@ -117,6 +120,7 @@ pub fn gate(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuB
             need("gate bias", bias, cols)?;
             need("gate param", param, cols)?;
         }
+        GateFn::Add => need("gate x2", x2, rows * cols)?,
         GateFn::Sigmoid => {}
     }
     let kernel = Kernel::new("mixers/common/gates", "gates").with("MODE", mode);

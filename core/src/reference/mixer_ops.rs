@@ -85,6 +85,7 @@ pub fn gate(f: GateFn, x: &[f64], x2: &[f64], param: &[f64], bias: &[f64], rows:
                 GateFn::Constant => param[c],
                 GateFn::Hadamard => (v + bias[c]) * (x2[i] + param[c]),
                 GateFn::AddBias => v + bias[c],
+                GateFn::Add => v + x2[i],
             };
         }
     }

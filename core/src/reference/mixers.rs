@@ -109,7 +109,12 @@ pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &Mix
             let gl = linear(x, &p(params, "g_proj"), rows, hv, d);
             let bias = p(params, "g_bias");
             let gate: Vec<f64> = gl.iter().enumerate().map(|(i, v)| v + bias[i % hv]).collect();
-            ops::head_norm(HeadNorm::Rms, OutputGate::Sigmoid, &o, &p(params, "o_norm"), &gate, rows, h, dv, eps)
+            if opts.kda_gate_mixup {
+                let mixed: Vec<f64> = o.iter().zip(&gate).map(|(a, b)| a + b).collect();
+                ops::head_norm(HeadNorm::Rms, OutputGate::None, &mixed, &p(params, "o_norm"), &[], rows, h, dv, eps)
+            } else {
+                ops::head_norm(HeadNorm::Rms, OutputGate::Sigmoid, &o, &p(params, "o_norm"), &gate, rows, h, dv, eps)
+            }
         }
         MixerKind::Mlstm => {
             let gate = linear(x, &p(params, "og_proj"), rows, hv, d);

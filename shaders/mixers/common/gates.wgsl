@@ -9,6 +9,7 @@
 //   MODE 5: g = param                                         (RetNet's fixed log γ per head)
 //   MODE 6: y = (x + bias) ⊙ (x2 + param)                     (Hadamard feature map, per column)
 //   MODE 7: y = x + bias                                      (KDA's output-gate bias)
+//   MODE 8: y = x + x2                                        (KDA's gate mix-up option)
 
 override MODE: u32 = 0u;
 
@@ -70,8 +71,11 @@ fn gates(@builtin(global_invocation_id) gid: vec3<u32>) {
         case 6u: {
             out = (v + bias[c]) * (x2[i] + param[c]);
         }
-        default: {
+        case 7u: {
             out = v + bias[c];
+        }
+        default: {
+            out = v + x2[i];
         }
     }
     y[i] = out;
