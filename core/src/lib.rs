@@ -11,5 +11,6 @@ pub mod model;
 pub mod nn;
 pub mod reference;
 pub mod shaders;
+pub mod train;
 
 pub use error::{Error, Result};

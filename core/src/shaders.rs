@@ -9,6 +9,8 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
+    ("train/losses", include_str!("../../shaders/train/losses.wgsl")),
+    ("train/adamw", include_str!("../../shaders/train/adamw.wgsl")),
     ("mixers/common/chunk", include_str!("../../shaders/mixers/common/chunk.wgsl")),
     ("mixers/common/chunk_d128", include_str!("../../shaders/mixers/common/chunk_d128.wgsl")),
     ("mixers/common/conv", include_str!("../../shaders/mixers/common/conv.wgsl")),

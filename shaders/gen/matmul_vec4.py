@@ -36,6 +36,11 @@ struct Params {{
     n: u32,
     k: u32,
     accumulate: u32,
+    // nn/matmul.wgsl's strides (unused here; the parameter block is shared)
+    sam: u32,
+    sak: u32,
+    sbn: u32,
+    sbk: u32,
 }}
 
 @group(0) @binding(0) var<uniform> p: Params;

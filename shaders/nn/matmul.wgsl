@@ -11,6 +11,11 @@ struct Params {
     n: u32,
     k: u32,
     accumulate: u32,
+    // matmul_strided only: x is read at m·sam + k·sak, w at n·sbn + k·sbk
+    sam: u32,
+    sak: u32,
+    sbn: u32,
+    sbk: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -114,6 +119,68 @@ fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
             y[idx] = y[idx] + acc[r];
         } else {
             y[idx] = acc[r];
+        }
+    }
+}
+
+// The same tiled product with arbitrary strides, for the backward pass:
+//   y[m, n] (+)= Σ_k a[m·sam + k·sak] · b[n·sbn + k·sbk]
+// dX = dY·W is (sam, sak, sbn, sbk) = (N, 1, 1, K); dW = dYᵀ·X is (1, N, 1, K) over m.
+
+@compute @workgroup_size(16, 16)
+fn matmul_strided(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let m0 = wid.y * BM;
+    let n0 = wid.x * BN;
+    let tid = lid.y * 16u + lid.x;
+    var acc: array<f32, 16>;
+    for (var i = 0u; i < 16u; i++) {
+        acc[i] = 0.0;
+    }
+    for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        for (var i = 0u; i < 4u; i++) {
+            let e = tid + i * 256u;
+            let r = e / BK;
+            let c = e % BK;
+            let gk = k0 + c;
+            var xv = 0.0;
+            if (m0 + r < p.m && gk < p.k) {
+                xv = x[(m0 + r) * p.sam + gk * p.sak];
+            }
+            x_tile[c * BM + r] = xv;
+            var wv = 0.0;
+            if (n0 + r < p.n && gk < p.k) {
+                wv = w[(n0 + r) * p.sbn + gk * p.sbk];
+            }
+            w_tile[c * BN + r] = wv;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < BK; kk++) {
+            var a: array<f32, 4>;
+            var b: array<f32, 4>;
+            for (var i = 0u; i < 4u; i++) {
+                a[i] = x_tile[kk * BM + lid.y + 16u * i];
+                b[i] = w_tile[kk * BN + lid.x + 16u * i];
+            }
+            for (var i = 0u; i < 4u; i++) {
+                for (var j = 0u; j < 4u; j++) {
+                    acc[i * 4u + j] = fma(a[i], b[j], acc[i * 4u + j]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let row = m0 + lid.y + 16u * i;
+        for (var j = 0u; j < 4u; j++) {
+            let col = n0 + lid.x + 16u * j;
+            if (row < p.m && col < p.n) {
+                let idx = row * p.n + col;
+                if (p.accumulate != 0u) {
+                    y[idx] = y[idx] + acc[i * 4u + j];
+                } else {
+                    y[idx] = acc[i * 4u + j];
+                }
+            }
         }
     }
 }

@@ -41,3 +41,91 @@ fn rmsnorm(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) 
         y[base + c] = x[base + c] * inv * w[c];
     }
 }
+
+// Backward of y = x · r · w with r = 1 / sqrt(mean(x²) + eps), per row:
+//   dx = r · (dy ⊙ w) − x · r³ / cols · Σ (dy ⊙ w ⊙ x)
+// One workgroup per row, like the forward.
+@group(0) @binding(4) var<storage, read> dy: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dx: array<f32>;
+
+@compute @workgroup_size(256)
+fn rmsnorm_backward_x(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.y * ROWS_PER_Y + wid.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let t = lid.x;
+    let base = row * p.cols;
+    var ss = 0.0;
+    var dot_ = 0.0;
+    for (var c = t; c < p.cols; c += THREADS) {
+        let v = x[base + c];
+        ss = fma(v, v, ss);
+        dot_ = fma(dy[base + c] * w[c], v, dot_);
+    }
+    sums[t] = ss;
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            sums[t] += sums[t + k];
+        }
+        workgroupBarrier();
+    }
+    let r = inverseSqrt(sums[0] / f32(p.cols) + p.eps);
+    workgroupBarrier();
+    sums[t] = dot_;
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            sums[t] += sums[t + k];
+        }
+        workgroupBarrier();
+    }
+    let s = sums[0];
+    for (var c = t; c < p.cols; c += THREADS) {
+        dx[base + c] = r * dy[base + c] * w[c] - x[base + c] * r * r * r / f32(p.cols) * s;
+    }
+}
+
+// dw[c] (+)= Σ_rows dy · x · r; one thread per column walks the rows (r recomputed per row by
+// the rows' owners is avoided: `y` here holds r per row, written by rmsnorm_row_scale).
+@group(0) @binding(6) var<storage, read_write> dw: array<f32>;
+@group(0) @binding(7) var<storage, read_write> row_scale: array<f32>;
+
+@compute @workgroup_size(256)
+fn rmsnorm_row_scale(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.y * ROWS_PER_Y + wid.x;
+    if (row >= p.rows) {
+        return;
+    }
+    let t = lid.x;
+    var ss = 0.0;
+    for (var c = t; c < p.cols; c += THREADS) {
+        let v = x[row * p.cols + c];
+        ss = fma(v, v, ss);
+    }
+    sums[t] = ss;
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            sums[t] += sums[t + k];
+        }
+        workgroupBarrier();
+    }
+    if (t == 0u) {
+        row_scale[row] = inverseSqrt(sums[0] / f32(p.cols) + p.eps);
+    }
+}
+
+@compute @workgroup_size(64)
+fn rmsnorm_backward_w(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    if (c >= p.cols) {
+        return;
+    }
+    var acc = 0.0;
+    for (var r = 0u; r < p.rows; r++) {
+        acc = fma(dy[r * p.cols + c] * x[r * p.cols + c], row_scale[r], acc);
+    }
+    dw[c] = dw[c] + acc;
+}

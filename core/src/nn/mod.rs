@@ -55,7 +55,8 @@ pub fn linear_with(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &Gpu
     if (kernel == LinearKernel::MatvecCoalesced || kernel == LinearKernel::TiledVec4) && k % 4 != 0 {
         return Err(Error::argument("linear", format!("{kernel:?} needs k divisible by 4, got {k}")));
     }
-    let params = [m as u32, n as u32, k as u32, accumulate as u32];
+    // The strides are matmul_strided's; the other kernels read rows contiguously.
+    let params = [m as u32, n as u32, k as u32, accumulate as u32, 0, 0, 0, 0];
     let buffers = [x, w, y];
     let (shader, entry, groups) = match kernel {
         // One thread per column: x spans 32768 columns (512 workgroups of 64) per row of the grid.
@@ -168,4 +169,56 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
     need("swiglu out", out, rows * ffn)?;
     let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
     rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &[rows as u32, ffn as u32], &[&gate_up, &out], groups)
+}
+
+// ---- backward ----
+
+/// Backward of `linear` for the input: dx[m, k] (+)= Σ_n dy[m, n] · w[n, k].
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+    need("linear backward dy", dy, m * n)?;
+    need("linear backward w", w, n * k)?;
+    need("linear backward dx", dx, m * k)?;
+    strided(rec, dy, w, dx, (m, k, n), [n, 1, 1, k], accumulate)
+}
+
+/// Backward of `linear` for the weight: dw[n, k] (+)= Σ_m dy[m, n] · x[m, k].
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+    need("linear backward dy", dy, m * n)?;
+    need("linear backward x", x, m * k)?;
+    need("linear backward dw", dw, n * k)?;
+    strided(rec, dy, x, dw, (n, k, m), [1, n, 1, k], accumulate)
+}
+
+/// y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for out shape (rows, cols, reduce).
+fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
+    let [sam, sak, sbn, sbk] = strides.map(|v| v as u32);
+    let params = [rows as u32, cols as u32, red as u32, accumulate as u32, sam, sak, sbn, sbk];
+    let groups = [cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1];
+    rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
+}
+
+/// Backward of `rmsnorm`: dx, and dw (+)= Σ_rows dy · x · r; `row_scale` is scratch [rows].
+#[allow(clippy::too_many_arguments)]
+pub fn rmsnorm_backward(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf, row_scale: &GpuBuf, rows: usize, cols: usize, eps: f32) -> Result<()> {
+    need("rmsnorm backward x", x, rows * cols)?;
+    need("rmsnorm backward dy", dy, rows * cols)?;
+    need("rmsnorm backward dx", dx, rows * cols)?;
+    need("rmsnorm backward w", w, cols)?;
+    need("rmsnorm backward dw", dw, cols)?;
+    need("rmsnorm backward row scale", row_scale, rows)?;
+    let params = [rows as u32, cols as u32, eps.to_bits()];
+    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_backward_x"), &params, &[(1, x), (2, w), (4, dy), (5, dx)], split_groups(rows))?;
+    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_row_scale"), &params, &[(1, x), (7, row_scale)], split_groups(rows))?;
+    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_backward_w"), &params, &[(1, x), (4, dy), (6, dw), (7, row_scale)], [cols.div_ceil(64) as u32, 1, 1])
+}
+
+/// Backward of `swiglu`: the fused [rows, 2·ffn] gradient of gate|up.
+pub fn swiglu_backward(rec: &mut Recorder, gate_up: &GpuBuf, d_out: &GpuBuf, d_gate_up: &GpuBuf, rows: usize, ffn: usize) -> Result<()> {
+    need("swiglu backward gate_up", gate_up, rows * 2 * ffn)?;
+    need("swiglu backward d_out", d_out, rows * ffn)?;
+    need("swiglu backward d_gate_up", d_gate_up, rows * 2 * ffn)?;
+    let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
+    rec.dispatch_bindings(&Kernel::new("nn/swiglu", "swiglu_backward"), &[rows as u32, ffn as u32], &[(1, gate_up), (3, d_out), (4, d_gate_up)], groups)
 }

@@ -4,3 +4,4 @@ pub mod mixers;
 pub mod nn;
 pub mod recurrence;
 pub mod teacher;
+pub mod train;

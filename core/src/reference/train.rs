@@ -1,0 +1,37 @@
+//! f64 references of the losses and the optimizer step (crate::train on the GPU).
+
+fn log_softmax(z: &[f64]) -> Vec<f64> {
+    let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let lse = z.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
+    z.iter().map(|v| v - lse).collect()
+}
+
+/// Per-row cross entropy of logits [rows, vocab].
+pub fn cross_entropy(z: &[f64], targets: &[u32], vocab: usize) -> Vec<f64> {
+    z.chunks(vocab).zip(targets).map(|(row, &t)| -log_softmax(row)[t as usize]).collect()
+}
+
+/// Per-row KL(p_teacher ‖ p_student).
+pub fn kl(student: &[f64], teacher: &[f64], vocab: usize) -> Vec<f64> {
+    student
+        .chunks(vocab)
+        .zip(teacher.chunks(vocab))
+        .map(|(s, t)| {
+            let (ls, lt) = (log_softmax(s), log_softmax(t));
+            lt.iter().zip(&ls).map(|(a, b)| a.exp() * (a - b)).sum()
+        })
+        .collect()
+}
+
+/// One AdamW step in place (decoupled decay), the same formula as shaders/train/adamw.wgsl.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw(param: &mut [f64], grad: &[f64], m: &mut [f64], v: &mut [f64], step: u32, lr: f64, beta1: f64, beta2: f64, eps: f64, decay: f64, grad_scale: f64) {
+    let c1 = 1.0 - beta1.powi(step as i32);
+    let c2 = 1.0 - beta2.powi(step as i32);
+    for i in 0..param.len() {
+        let g = grad[i] * grad_scale;
+        m[i] = beta1 * m[i] + (1.0 - beta1) * g;
+        v[i] = beta2 * v[i] + (1.0 - beta2) * g * g;
+        param[i] -= lr * (m[i] / c1) / ((v[i] / c2).sqrt() + eps) + lr * decay * param[i];
+    }
+}

@@ -1,0 +1,123 @@
+// Losses over rows of logits [rows, vocab] with their gradients (one workgroup per row):
+//   cross_entropy: loss_r = logsumexp(z_r) − z_r[target_r];  dz = (softmax(z) − onehot) · scale
+//   kl:            loss_r = Σ p_t (log p_t − log p_s), p = softmax;  dz_s = (p_s − p_t) · scale
+// `scale` is the weight of the loss and its reduction (1/rows for a per-token mean). Gradients
+// are added to `grad` when `accumulate` is set (CE + KL into one buffer).
+
+struct Params {
+    rows: u32,
+    vocab: u32,
+    scale: f32,
+    accumulate: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> z: array<f32>;          // student logits
+@group(0) @binding(2) var<storage, read> targets: array<u32>;    // cross entropy
+@group(0) @binding(3) var<storage, read> teacher: array<f32>;    // kl: teacher logits
+@group(0) @binding(4) var<storage, read_write> loss: array<f32>; // [rows]
+@group(0) @binding(5) var<storage, read_write> grad: array<f32>; // [rows, vocab]
+
+const THREADS: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+
+fn reduce_max(t: u32, v: f32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            red[t] = max(red[t], red[t + k]);
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(t: u32, v: f32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            red[t] = red[t] + red[t + k];
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn put_grad(i: u32, g: f32) {
+    if (p.accumulate != 0u) {
+        grad[i] = grad[i] + g;
+    } else {
+        grad[i] = g;
+    }
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x;
+    let t = lid.x;
+    let base = r * p.vocab;
+    var m = -3.0e38;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        m = max(m, z[base + c]);
+    }
+    m = reduce_max(t, m);
+    var s = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        s += exp(z[base + c] - m);
+    }
+    s = reduce_sum(t, s);
+    let gold = targets[r];
+    if (t == 0u) {
+        loss[r] = log(s) + m - z[base + gold];
+    }
+    for (var c = t; c < p.vocab; c += THREADS) {
+        var g = exp(z[base + c] - m) / s;
+        if (c == gold) {
+            g -= 1.0;
+        }
+        put_grad(base + c, g * p.scale);
+    }
+}
+
+@compute @workgroup_size(256)
+fn kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x;
+    let t = lid.x;
+    let base = r * p.vocab;
+    var ms = -3.0e38;
+    var mt = -3.0e38;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        ms = max(ms, z[base + c]);
+        mt = max(mt, teacher[base + c]);
+    }
+    ms = reduce_max(t, ms);
+    mt = reduce_max(t, mt);
+    var ss = 0.0;
+    var st = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        ss += exp(z[base + c] - ms);
+        st += exp(teacher[base + c] - mt);
+    }
+    ss = reduce_sum(t, ss);
+    st = reduce_sum(t, st);
+    let lse_s = log(ss) + ms;
+    let lse_t = log(st) + mt;
+    var l = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        let log_pt = teacher[base + c] - lse_t;
+        let log_ps = z[base + c] - lse_s;
+        let pt = exp(log_pt);
+        l += pt * (log_pt - log_ps);
+        put_grad(base + c, (exp(log_ps) - pt) * p.scale);
+    }
+    l = reduce_sum(t, l);
+    if (t == 0u) {
+        loss[r] = l;
+    }
+}

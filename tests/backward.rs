@@ -1,0 +1,155 @@
+//! Backward kernels and training ops against finite differences of the f64 reference: linear
+//! (input and weight), RMSNorm, SwiGLU, cross entropy and KL; AdamW and the squared-norm sum
+//! against their f64 twins. Shapes are awkward (not multiples of the tiles).
+use linearize_core::generate::Rng;
+use linearize_core::gpu::GpuBuf;
+use linearize_core::nn;
+use linearize_core::reference::{nn as rnn, train as rtrain};
+use linearize_core::train::{self, AdamW};
+use linearize_tests::{assert_close, f64s, gpu, random};
+
+fn up(v: &[f32]) -> GpuBuf {
+    gpu().upload_f32("t", v).unwrap()
+}
+fn read(b: &GpuBuf, n: usize) -> Vec<f32> {
+    gpu().read_f32_blocking(b, n).unwrap()
+}
+
+/// Central differences of a scalar f64 function at every coordinate of `x`.
+fn numeric_grad(x: &[f64], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+    let mut x = x.to_vec();
+    (0..x.len())
+        .map(|i| {
+            let h = 1e-5 * x[i].abs().max(1.0);
+            let keep = x[i];
+            x[i] = keep + h;
+            let up = f(&x);
+            x[i] = keep - h;
+            let down = f(&x);
+            x[i] = keep;
+            (up - down) / (2.0 * h)
+        })
+        .collect()
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[test]
+fn linear_backward_matches_finite_differences() {
+    let mut rng = Rng::new(51);
+    for &(m, n, k) in &[(1, 1, 1), (5, 7, 3), (65, 33, 70)] {
+        let (x, w, dy) = (random(&mut rng, m * k, 1.0), random(&mut rng, n * k, 1.0), random(&mut rng, m * n, 1.0));
+        let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
+        // L = Σ dy ⊙ linear(x, w)
+        let want_dx = numeric_grad(&xd, |xx| dot(&dyd, &rnn::linear(xx, &wd, m, n, k)));
+        let want_dw = numeric_grad(&wd, |ww| dot(&dyd, &rnn::linear(&xd, ww, m, n, k)));
+        let (dx, dw) = (gpu().scratch(m * k).unwrap(), up(&vec![0.5; n * k]));
+        let mut rec = gpu().recorder();
+        nn::linear_backward_input(&mut rec, &up(&dy), &up(&w), &dx, m, n, k, false).unwrap();
+        nn::linear_backward_weight(&mut rec, &up(&dy), &up(&x), &dw, m, n, k, true).unwrap();
+        rec.submit().unwrap();
+        assert_close(&format!("linear dx {m}x{n}x{k}"), &read(&dx, m * k), &want_dx, 1e-4, 1e-4);
+        // dw was accumulated onto 0.5.
+        let want_dw_acc: Vec<f64> = want_dw.iter().map(|v| v + 0.5).collect();
+        assert_close(&format!("linear dw {m}x{n}x{k} (accumulated)"), &read(&dw, n * k), &want_dw_acc, 1e-4, 1e-4);
+    }
+}
+
+#[test]
+fn rmsnorm_backward_matches_finite_differences() {
+    let mut rng = Rng::new(52);
+    for &(rows, cols) in &[(1, 1), (3, 70), (5, 300)] {
+        let (x, w, dy) = (random(&mut rng, rows * cols, 2.0), random(&mut rng, cols, 1.0), random(&mut rng, rows * cols, 1.0));
+        let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
+        let eps = 1e-5f32 as f64;
+        let want_dx = numeric_grad(&xd, |xx| dot(&dyd, &rnn::rmsnorm(xx, &wd, rows, cols, eps)));
+        let want_dw = numeric_grad(&wd, |ww| dot(&dyd, &rnn::rmsnorm(&xd, ww, rows, cols, eps)));
+        let (dx, dw, scale) = (gpu().scratch(rows * cols).unwrap(), up(&vec![0.0; cols]), gpu().scratch(rows).unwrap());
+        let mut rec = gpu().recorder();
+        nn::rmsnorm_backward(&mut rec, &up(&x), &up(&w), &up(&dy), &dx, &dw, &scale, rows, cols, 1e-5).unwrap();
+        rec.submit().unwrap();
+        assert_close(&format!("rmsnorm dx {rows}x{cols}"), &read(&dx, rows * cols), &want_dx, 1e-4, 1e-3);
+        assert_close(&format!("rmsnorm dw {rows}x{cols}"), &read(&dw, cols), &want_dw, 1e-4, 1e-3);
+    }
+}
+
+#[test]
+fn swiglu_backward_matches_finite_differences() {
+    let mut rng = Rng::new(53);
+    let (rows, ffn) = (3, 37);
+    let mut gu = random(&mut rng, rows * 2 * ffn, 4.0);
+    gu[0] = 30.0;
+    gu[1] = -30.0;
+    let d = random(&mut rng, rows * ffn, 1.0);
+    let (gud, dd) = (f64s(&gu), f64s(&d));
+    let want = numeric_grad(&gud, |g| dot(&dd, &rnn::swiglu(g, rows, ffn)));
+    let out = gpu().scratch(rows * 2 * ffn).unwrap();
+    let mut rec = gpu().recorder();
+    nn::swiglu_backward(&mut rec, &up(&gu), &up(&d), &out, rows, ffn).unwrap();
+    rec.submit().unwrap();
+    assert_close("swiglu backward", &read(&out, rows * 2 * ffn), &want, 1e-4, 1e-3);
+}
+
+#[test]
+fn losses_and_their_gradients_match_reference() {
+    let mut rng = Rng::new(54);
+    let (rows, vocab) = (4, 300);
+    let z = random(&mut rng, rows * vocab, 5.0);
+    let t = random(&mut rng, rows * vocab, 5.0);
+    let targets: Vec<u32> = vec![0, 299, 17, 150];
+    let (zd, td) = (f64s(&z), f64s(&t));
+    let scale = 1.0 / rows as f64;
+    let loss = gpu().scratch(rows).unwrap();
+    let grad = gpu().scratch(rows * vocab).unwrap();
+    let (zb, tb, ib) = (up(&z), up(&t), gpu().upload_u32("targets", &targets).unwrap());
+
+    let mut rec = gpu().recorder();
+    train::cross_entropy(&mut rec, &zb, &ib, &loss, &grad, rows, vocab, scale as f32, false).unwrap();
+    rec.submit().unwrap();
+    assert_close("cross entropy", &read(&loss, rows), &rtrain::cross_entropy(&zd, &targets, vocab), 1e-5, 1e-5);
+    let want = numeric_grad(&zd, |zz| rtrain::cross_entropy(zz, &targets, vocab).iter().sum::<f64>() * scale);
+    assert_close("cross entropy grad", &read(&grad, rows * vocab), &want, 1e-6, 1e-3);
+
+    // KL added onto the CE gradient: the stage-3 loss CE + KL with weights 1:1.
+    let mut rec = gpu().recorder();
+    train::kl(&mut rec, &zb, &tb, &loss, &grad, rows, vocab, scale as f32, true).unwrap();
+    rec.submit().unwrap();
+    assert_close("kl", &read(&loss, rows), &rtrain::kl(&zd, &td, vocab), 1e-5, 1e-4);
+    let want_total = numeric_grad(&zd, |zz| {
+        (rtrain::cross_entropy(zz, &targets, vocab).iter().sum::<f64>() + rtrain::kl(zz, &td, vocab).iter().sum::<f64>()) * scale
+    });
+    assert_close("ce + kl grad", &read(&grad, rows * vocab), &want_total, 1e-6, 1e-3);
+}
+
+#[test]
+fn adamw_and_global_norm_match_reference() {
+    let mut rng = Rng::new(55);
+    let n = 5000;
+    let p0 = random(&mut rng, n, 1.0);
+    let h = AdamW::default();
+    let (param, m, v) = (up(&p0), up(&vec![0.0; n]), up(&vec![0.0; n]));
+    let (mut pd, mut md, mut vd) = (f64s(&p0), vec![0.0; n], vec![0.0; n]);
+    for step in 1..=3u32 {
+        let g = random(&mut rng, n, 0.1);
+        let grad = up(&g);
+        let mut rec = gpu().recorder();
+        train::adamw_step(&mut rec, &h, step, step != 2, 0.7, &param, &grad, &m, &v, n).unwrap();
+        rec.submit().unwrap();
+        let decay = if step != 2 { h.weight_decay as f64 } else { 0.0 };
+        rtrain::adamw(&mut pd, &f64s(&g), &mut md, &mut vd, step, h.lr as f64, h.beta1 as f64, h.beta2 as f64, h.eps as f64, decay, 0.7);
+        assert_close(&format!("adamw step {step}"), &read(&param, n), &pd, 1e-6, 1e-5);
+    }
+    let g = random(&mut rng, n, 1.0);
+    let partial = gpu().scratch(16).unwrap();
+    let mut rec = gpu().recorder();
+    let parts = train::sum_squares(&mut rec, &up(&g), &partial, n).unwrap();
+    rec.submit().unwrap();
+    let got: f64 = read(&partial, parts).iter().map(|&v| v as f64).sum();
+    let want: f64 = g.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    assert!((got - want).abs() < 1e-4 * want, "sum of squares {got} vs {want}");
+    let mut rec = gpu().recorder();
+    let e = train::adamw_step(&mut rec, &h, 0, true, 1.0, &param, &param, &m, &v, n).unwrap_err().to_string();
+    assert!(e.contains("count from 1"), "{e}");
+}
