@@ -17,6 +17,15 @@ impl GpuBuf {
     }
 }
 
+/// Checks that `buf` holds at least `len` words before an op uses it: a clear error instead of
+/// a device validation failure.
+pub fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
+    if buf.len < len {
+        return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
+    }
+    Ok(())
+}
+
 /// Free buffers by capacity in bytes. Sizes are rounded up to a power of two (at least 256
 /// bytes) so that activations of nearby shapes share buffers.
 #[derive(Default)]

@@ -4,6 +4,6 @@ mod buffers;
 mod device;
 mod dispatch;
 
-pub use buffers::{BufferPool, GpuBuf};
+pub use buffers::{need, BufferPool, GpuBuf};
 pub use device::{AdapterReport, Gpu};
 pub use dispatch::{Kernel, Recorder};

@@ -1,14 +1,8 @@
 //! Launchers for the mixers' input and output paths (shaders/mixers/common/{conv, headnorm,
 //! gates}.wgsl and nn/rope.wgsl's in-place rotation); f64 twins in crate::reference::mixer_ops.
-use crate::error::{Error, Result};
-use crate::gpu::{GpuBuf, Kernel, Recorder};
+use crate::error::Result;
+use crate::gpu::{need, GpuBuf, Kernel, Recorder};
 
-fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
-    if buf.len < len {
-        return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
-    }
-    Ok(())
-}
 
 /// Depthwise causal conv (kernel 4) over x [B, T, C] with weights [C, 4], continuing from
 /// `state` [B, 3, C] and advancing it; SiLU after when `silu`.

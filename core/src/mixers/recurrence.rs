@@ -2,7 +2,7 @@
 //! f64 twin: crate::reference::recurrence). Token by token: the decode path, and the form the
 //! chunked kernels are checked against.
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuf, Kernel, Recorder};
+use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
 
 /// How the state decays each token (gates live in log space: α = exp(g), g ≤ 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,12 +87,6 @@ impl GpuState {
     }
 }
 
-fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
-    if buf.len < len {
-        return Err(Error::Gpu(format!("recurrence {what}: buffer holds {} values, the op needs {len}", buf.len)));
-    }
-    Ok(())
-}
 
 /// Optional per-token inputs of the recurrence.
 pub struct Gates<'a> {
@@ -112,18 +106,18 @@ fn checked_inputs<'a>(r: Recurrence, d: Dims, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf
         return Err(Error::argument("state", format!("state for {:?} does not fit inputs {:?}", state.dims, d)));
     }
     let rows = d.batch * d.seq * d.heads;
-    need("q", q, rows * d.dk)?;
-    need("k", k, rows * d.dk)?;
-    need("v", v, rows * d.dv)?;
-    need("out", out, rows * d.dv)?;
+    need("recurrence q", q, rows * d.dk)?;
+    need("recurrence k", k, rows * d.dk)?;
+    need("recurrence v", v, rows * d.dv)?;
+    need("recurrence out", out, rows * d.dv)?;
     let g = match (r.gate, r.normalizer, gates.g) {
         (Gate::None, Normalizer::None | Normalizer::Sum, _) => dummy,
         (Gate::Vector, _, Some(g)) => {
-            need("g", g, rows * d.dk)?;
+            need("recurrence g", g, rows * d.dk)?;
             g
         }
         (_, _, Some(g)) => {
-            need("g", g, rows)?;
+            need("recurrence g", g, rows)?;
             g
         }
         (_, _, None) => return Err(Error::argument("g", format!("{r:?} needs a log gate"))),
@@ -131,14 +125,14 @@ fn checked_inputs<'a>(r: Recurrence, d: Dims, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf
     let beta = match (r.delta, gates.beta) {
         (false, _) => dummy,
         (true, Some(b)) => {
-            need("beta", b, rows)?;
+            need("recurrence beta", b, rows)?;
             b
         }
         (true, None) => return Err(Error::argument("beta", "the delta rule needs β")),
     };
     let igate = match (r.normalizer, gates.igate) {
         (Normalizer::Mlstm, Some(i)) => {
-            need("igate", i, rows)?;
+            need("recurrence igate", i, rows)?;
             i
         }
         (Normalizer::Mlstm, None) => return Err(Error::argument("igate", "mLSTM needs its input gate")),

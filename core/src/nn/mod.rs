@@ -1,14 +1,8 @@
 //! Launchers for the WGSL kernels under shaders/nn/: one function per op, each the host side of
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
-use crate::gpu::{GpuBuf, Kernel, Recorder};
+use crate::gpu::{need, GpuBuf, Kernel, Recorder};
 
-fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
-    if buf.len < len {
-        return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
-    }
-    Ok(())
-}
 
 /// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
 /// shaders recombine them as `y * 32768 + x`.

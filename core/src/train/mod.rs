@@ -1,14 +1,8 @@
 //! Training: losses with their gradients and the AdamW step (shaders/train/), the pieces the
 //! distillation stages are built from. f64 twins in crate::reference::train.
 use crate::error::{Error, Result};
-use crate::gpu::{GpuBuf, Kernel, Recorder};
+use crate::gpu::{need, GpuBuf, Kernel, Recorder};
 
-fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
-    if buf.len < len {
-        return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
-    }
-    Ok(())
-}
 
 /// Per-row cross entropy of logits [rows, vocab] against `targets`, into `loss` [rows]; the
 /// gradient times `scale` goes to `grad` (added with `accumulate`).
