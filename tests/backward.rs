@@ -153,3 +153,25 @@ fn adamw_and_global_norm_match_reference() {
     let e = train::adamw_step(&mut rec, &h, 0, true, 1.0, &param, &param, &m, &v, n).unwrap_err().to_string();
     assert!(e.contains("count from 1"), "{e}");
 }
+
+#[test]
+fn embedding_backward_adds_rows_by_id() {
+    let mut rng = Rng::new(56);
+    let (table_rows, cols) = (11, 70);
+    let ids: Vec<u32> = vec![3, 0, 3, 10, 3, 7, 0];
+    let d = random(&mut rng, ids.len() * cols, 1.0);
+    let start = random(&mut rng, table_rows * cols, 1.0);
+    let grad = up(&start);
+    let mut rec = gpu().recorder();
+    nn::gather_rows_backward(&mut rec, &ids, &up(&d), &grad, cols, table_rows).unwrap();
+    rec.submit().unwrap();
+    // L = Σ d ⊙ gather(table): dL/dtable by finite differences, added to the start values.
+    let dd = f64s(&d);
+    let table = f64s(&random(&mut rng, table_rows * cols, 1.0));
+    let fd = numeric_grad(&table, |t| dot(&dd, &rnn::gather_rows(&ids, t, cols)));
+    let want: Vec<f64> = fd.iter().zip(&start).map(|(g, &s)| g + s as f64).collect();
+    assert_close("embedding backward", &read(&grad, table_rows * cols), &want, 1e-5, 1e-5);
+    let mut rec = gpu().recorder();
+    let e = nn::gather_rows_backward(&mut rec, &[11], &up(&d), &grad, cols, table_rows).unwrap_err().to_string();
+    assert!(e.contains("id 11 is outside"), "{e}");
+}

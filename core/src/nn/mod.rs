@@ -216,3 +216,29 @@ pub fn swiglu_backward(rec: &mut Recorder, gate_up: &GpuBuf, d_out: &GpuBuf, d_g
     let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
     rec.dispatch_bindings(&Kernel::new("nn/swiglu", "swiglu_backward"), &[rows as u32, ffn as u32], &[(1, gate_up), (3, d_out), (4, d_gate_up)], groups)
 }
+
+/// Backward of `gather_rows` (the embedding): table_grad[ids[r], :] += d_out[r, :]. The rows
+/// are grouped by id on the host, so no two threads add to the same entry.
+pub fn gather_rows_backward(rec: &mut Recorder, ids: &[u32], d_out: &GpuBuf, table_grad: &GpuBuf, cols: usize, table_rows: usize) -> Result<()> {
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= table_rows) {
+        return Err(Error::argument("ids", format!("id {bad} is outside the table of {table_rows} rows")));
+    }
+    need("gather backward d_out", d_out, ids.len() * cols)?;
+    need("gather backward table grad", table_grad, table_rows * cols)?;
+    let mut order: Vec<u32> = (0..ids.len() as u32).collect();
+    order.sort_by_key(|&r| ids[r as usize]);
+    let (mut starts, mut uniq) = (Vec::new(), Vec::new());
+    for (i, &r) in order.iter().enumerate() {
+        let id = ids[r as usize];
+        if uniq.last() != Some(&id) {
+            uniq.push(id);
+            starts.push(i as u32);
+        }
+    }
+    starts.push(order.len() as u32);
+    let gpu = rec.gpu();
+    let (ob, sb, ub) = (gpu.upload_u32("order", &order)?, gpu.upload_u32("starts", &starts)?, gpu.upload_u32("uniq", &uniq)?);
+    let params = [uniq.len() as u32, cols as u32, table_rows as u32];
+    let groups = [cols.div_ceil(64) as u32, uniq.len().div_ceil(65535) as u32, uniq.len().min(65535) as u32];
+    rec.dispatch_bindings(&Kernel::new("nn/embedding", "gather_rows_backward"), &params, &[(4, &ob), (5, &sb), (6, &ub), (7, d_out), (8, table_grad)], groups)
+}
