@@ -175,3 +175,29 @@ fn embedding_backward_adds_rows_by_id() {
     let e = nn::gather_rows_backward(&mut rec, &[11], &up(&d), &grad, cols, table_rows).unwrap_err().to_string();
     assert!(e.contains("id 11 is outside"), "{e}");
 }
+
+#[test]
+fn schedules_follow_the_paper() {
+    use linearize_core::train::schedule::Schedule;
+    let n = 1000;
+    let wsd = Schedule::paper_wsd();
+    assert!((wsd.factor(0, n) - 0.01).abs() < 1e-12, "warmup starts small");
+    assert_eq!(wsd.factor(99, n), 1.0, "warmup ends at the peak");
+    assert_eq!(wsd.factor(500, n), 1.0, "stable");
+    assert_eq!(wsd.factor(899, n), 1.0, "stable to 90 %");
+    assert!((wsd.factor(999, n) - 1e-4).abs() < 1e-12, "decays to the min ratio");
+    assert!(wsd.factor(950, n) < 0.6 && wsd.factor(950, n) > 0.4);
+    let lin = Schedule::paper_linear();
+    assert_eq!(lin.factor(99, n), 1.0);
+    assert!((lin.factor(550, n) - 0.5).abs() < 1e-9);
+    assert!(lin.factor(999, n) < 0.002);
+    let cos = Schedule::Cosine { warmup: 0.1, floor: 0.1 };
+    assert!((cos.factor(100, n) - 1.0).abs() < 1e-9);
+    assert!((cos.factor(550, n) - 0.55).abs() < 1e-9);
+    assert!((cos.factor(1000, n) - 0.1).abs() < 1e-9);
+    // Monotone after warmup.
+    for s in [wsd, lin, cos] {
+        let f: Vec<f64> = (100..n).map(|i| s.factor(i, n)).collect();
+        assert!(f.windows(2).all(|w| w[1] <= w[0] + 1e-12), "{s:?}");
+    }
+}
