@@ -201,3 +201,28 @@ fn schedules_follow_the_paper() {
         assert!(f.windows(2).all(|w| w[1] <= w[0] + 1e-12), "{s:?}");
     }
 }
+
+#[test]
+fn short_conv_backward_matches_finite_differences() {
+    use linearize_core::mixers::ops;
+    use linearize_core::reference::mixer_ops as rops;
+    let mut rng = Rng::new(57);
+    let (batch, seq, channels) = (2, 9, 70);
+    let (x, w, dy) = (random(&mut rng, batch * seq * channels, 1.0), random(&mut rng, channels * 4, 1.0), random(&mut rng, batch * seq * channels, 1.0));
+    let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
+    for silu in [false, true] {
+        let loss = |xx: &[f64], ww: &[f64]| {
+            let mut st = vec![0.0; batch * 3 * channels];
+            dot(&dyd, &rops::short_conv(xx, ww, &mut st, batch, seq, channels, silu))
+        };
+        let want_dx = numeric_grad(&xd, |xx| loss(xx, &wd));
+        let want_dw = numeric_grad(&wd, |ww| loss(&xd, ww));
+        let (dx, dw) = (gpu().scratch(x.len()).unwrap(), up(&vec![0.0; channels * 4]));
+        let mut rec = gpu().recorder();
+        let zero = up(&vec![0.0; batch * 3 * channels]);
+        ops::short_conv_backward(&mut rec, &up(&x), &up(&w), &zero, &up(&dy), &dx, &dw, batch, seq, channels, silu).unwrap();
+        rec.submit().unwrap();
+        assert_close(&format!("conv dx silu={silu}"), &read(&dx, x.len()), &want_dx, 1e-4, 1e-3);
+        assert_close(&format!("conv dw silu={silu}"), &read(&dw, channels * 4), &want_dw, 1e-4, 1e-3);
+    }
+}

@@ -157,3 +157,21 @@ pub fn token_stats(rec: &mut Recorder, gate: u32, delta: bool, g: &GpuBuf, beta:
     let groups = [(rows * heads).div_ceil(64) as u32, 1, 1];
     rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "token_stats"), &params, &[(2, g), (3, beta), (4, k), (5, out)], groups)
 }
+
+/// Backward of `short_conv` from a zero state (training): dx and dw (+)= for dy [B, T, C];
+/// `state` must hold the zero state the forward started from.
+#[allow(clippy::too_many_arguments)]
+pub fn short_conv_backward(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, state: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf, batch: usize, seq: usize, channels: usize, silu: bool) -> Result<()> {
+    for (what, b, n) in [("x", x, batch * seq * channels), ("dy", dy, batch * seq * channels), ("dx", dx, batch * seq * channels), ("w", w, channels * 4), ("dw", dw, channels * 4), ("state", state, batch * 3 * channels)] {
+        need(&format!("conv backward {what}"), b, n)?;
+    }
+    let params = [batch as u32, seq as u32, channels as u32];
+    let k = |entry| Kernel::new("mixers/common/conv", entry).with("SILU", silu as u8 as f64);
+    let common = [(1, x), (2, w), (3, state), (5, dy)];
+    let mut bx = common.to_vec();
+    bx.push((6, dx));
+    rec.dispatch_bindings(&k("conv_backward_x"), &params, &bx, [channels.div_ceil(64) as u32, seq as u32, batch as u32])?;
+    let mut bw = common.to_vec();
+    bw.push((7, dw));
+    rec.dispatch_bindings(&k("conv_backward_w"), &params, &bw, [channels.div_ceil(64) as u32, 1, 1])
+}

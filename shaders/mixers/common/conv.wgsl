@@ -59,3 +59,62 @@ fn conv_state_update(@builtin(global_invocation_id) gid: vec3<u32>) {
     state[(b * 3u + 1u) * p.channels + c] = v1;
     state[(b * 3u + 2u) * p.channels + c] = v2;
 }
+
+// Backward (training starts from a zero state, so the carried inputs get no gradient):
+//   a = Σ_j w[c, j] x[t − 3 + j],  y = act(a),  ga = dy · act'(a)
+//   dx[t] = Σ_j w[c, j] · ga[t + 3 − j]          (t + 3 − j < T)
+//   dw[c, j] += Σ_(b, t) ga[t] · x[t − 3 + j]
+@group(0) @binding(5) var<storage, read> dy: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dw: array<f32>;
+
+fn grad_pre(b: u32, t: u32, c: u32) -> f32 {
+    var a = 0.0;
+    for (var j = 0u; j < 4u; j++) {
+        a = fma(w[c * 4u + j], input_at(b, i32(t) - 3 + i32(j), c), a);
+    }
+    let g = dy[(b * p.seq + t) * p.channels + c];
+    if (SILU) {
+        let s = 1.0 / (1.0 + exp(-a));
+        return g * s * (1.0 + a * (1.0 - s));
+    }
+    return g;
+}
+
+@compute @workgroup_size(64)
+fn conv_backward_x(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let t = gid.y;
+    let b = gid.z;
+    if (c >= p.channels || t >= p.seq) {
+        return;
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < 4u; j++) {
+        let tt = t + 3u - j;
+        if (tt < p.seq) {
+            acc = fma(w[c * 4u + j], grad_pre(b, tt, c), acc);
+        }
+    }
+    dx[(b * p.seq + t) * p.channels + c] = acc;
+}
+
+@compute @workgroup_size(64)
+fn conv_backward_w(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    if (c >= p.channels) {
+        return;
+    }
+    var acc = vec4<f32>(0.0);
+    for (var b = 0u; b < p.batch; b++) {
+        for (var t = 0u; t < p.seq; t++) {
+            let g = grad_pre(b, t, c);
+            for (var j = 0u; j < 4u; j++) {
+                acc[j] = fma(g, input_at(b, i32(t) - 3 + i32(j), c), acc[j]);
+            }
+        }
+    }
+    for (var j = 0u; j < 4u; j++) {
+        dw[c * 4u + j] = dw[c * 4u + j] + acc[j];
+    }
+}
