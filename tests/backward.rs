@@ -226,3 +226,35 @@ fn short_conv_backward_matches_finite_differences() {
         assert_close(&format!("conv dw silu={silu}"), &read(&dw, channels * 4), &want_dw, 1e-4, 1e-3);
     }
 }
+
+#[test]
+fn head_norm_backward_matches_finite_differences() {
+    use linearize_core::mixers::ops::{self, HeadNorm, OutputGate};
+    use linearize_core::reference::mixer_ops as rops;
+    let mut rng = Rng::new(58);
+    let (rows, heads, dim) = (3, 2, 64);
+    let n = rows * heads * dim;
+    let (x, w, g, dy) = (random(&mut rng, n, 2.0), random(&mut rng, dim, 1.0), random(&mut rng, n, 3.0), random(&mut rng, n, 1.0));
+    let (xd, wd, gd, dyd) = (f64s(&x), f64s(&w), f64s(&g), f64s(&dy));
+    let eps = 1e-5f32 as f64;
+    for norm in [HeadNorm::L2, HeadNorm::Rms, HeadNorm::Layer] {
+        for gate in [OutputGate::None, OutputGate::Silu, OutputGate::Sigmoid] {
+            let f = |xx: &[f64], ww: &[f64], gg: &[f64]| dot(&dyd, &rops::head_norm(norm, gate, xx, ww, gg, rows, heads, dim, eps));
+            let want_dx = numeric_grad(&xd, |xx| f(xx, &wd, &gd));
+            let (dx, dg, dw) = (gpu().scratch(n).unwrap(), up(&vec![0.0; n]), up(&vec![0.0; dim]));
+            let mut rec = gpu().recorder();
+            ops::head_norm_backward(&mut rec, norm, gate, &up(&x), &up(&w), &up(&g), &up(&dy), &dx, &dg, &dw, rows, heads, dim, 1e-5).unwrap();
+            rec.submit().unwrap();
+            let tag = format!("{norm:?} {gate:?}");
+            assert_close(&format!("{tag} dx"), &read(&dx, n), &want_dx, 1e-4, 1e-3);
+            if gate != OutputGate::None {
+                let want_dg = numeric_grad(&gd, |gg| f(&xd, &wd, gg));
+                assert_close(&format!("{tag} d_gate"), &read(&dg, n), &want_dg, 1e-4, 1e-3);
+            }
+            if norm != HeadNorm::L2 {
+                let want_dw = numeric_grad(&wd, |ww| f(&xd, ww, &gd));
+                assert_close(&format!("{tag} dw"), &read(&dw, dim), &want_dw, 1e-4, 1e-3);
+            }
+        }
+    }
+}

@@ -175,3 +175,30 @@ pub fn short_conv_backward(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, state: &G
     bw.push((7, dw));
     rec.dispatch_bindings(&k("conv_backward_w"), &params, &bw, [channels.div_ceil(64) as u32, 1, 1])
 }
+
+/// Backward of `head_norm`: dx, the output gate's gradient `d_gate` (when gated) and dw (+)=
+/// (RMS and Layer).
+#[allow(clippy::too_many_arguments)]
+pub fn head_norm_backward(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, x: &GpuBuf, w: &GpuBuf, g: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, d_gate: &GpuBuf, dw: &GpuBuf, rows: usize, heads: usize, dim: usize, eps: f32) -> Result<()> {
+    let n = rows * heads * dim;
+    for (what, b, len) in [("x", x, n), ("dy", dy, n), ("dx", dx, n), ("gate", g, n), ("d_gate", d_gate, n), ("w", w, dim), ("dw", dw, dim)] {
+        need(&format!("headnorm backward {what}"), b, len)?;
+    }
+    let nv = match norm {
+        HeadNorm::L2 => 0.0,
+        HeadNorm::Rms => 1.0,
+        HeadNorm::Layer => 2.0,
+    };
+    let gv = match gate {
+        OutputGate::None => 0.0,
+        OutputGate::Silu => 1.0,
+        OutputGate::Sigmoid => 2.0,
+    };
+    let k = |entry| Kernel::new("mixers/common/headnorm", entry).with("NORM", nv).with("GATE", gv);
+    let params = [rows as u32, heads as u32, dim as u32, eps.to_bits()];
+    let threads = rows * heads;
+    let per_y = 65535 * 64;
+    let groups = [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1];
+    rec.dispatch_bindings(&k("headnorm_backward"), &params, &[(1, x), (2, w), (3, g), (5, dy), (6, dx), (7, d_gate)], groups)?;
+    rec.dispatch_bindings(&k("headnorm_backward_w"), &params, &[(1, x), (3, g), (5, dy), (8, dw)], [dim.div_ceil(64) as u32, 1, 1])
+}
