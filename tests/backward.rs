@@ -258,3 +258,48 @@ fn head_norm_backward_matches_finite_differences() {
         }
     }
 }
+
+#[test]
+fn gate_backward_matches_finite_differences() {
+    use linearize_core::mixers::ops::{self, GateFn};
+    use linearize_core::reference::mixer_ops as rops;
+    let mut rng = Rng::new(59);
+    let (rows, cols, per_head) = (5, 128, 64);
+    let n = rows * cols;
+    let (x, x2, dy) = (random(&mut rng, n, 4.0), random(&mut rng, n, 2.0), random(&mut rng, n, 1.0));
+    let (param_cols, bias) = (random(&mut rng, cols, 1.0), random(&mut rng, cols, 1.0));
+    let (xd, x2d, dyd, bd) = (f64s(&x), f64s(&x2), f64s(&dy), f64s(&bias));
+    for f in [GateFn::Sigmoid, GateFn::LogSigmoidOver16, GateFn::NegExpSoftplus, GateFn::MlstmForget, GateFn::MlstmInput, GateFn::Constant, GateFn::Hadamard, GateFn::AddBias, GateFn::Add] {
+        // NegExpSoftplus takes one A_log per head; the others a value per column.
+        let param: Vec<f32> = if f == GateFn::NegExpSoftplus { param_cols[..cols / per_head].to_vec() } else { param_cols.clone() };
+        let pd = f64s(&param);
+        let loss = |xx: &[f64], xx2: &[f64], pp: &[f64], bb: &[f64]| dot(&dyd, &rops::gate(f, xx, xx2, pp, bb, rows, cols, per_head));
+        let zeros = vec![0.0f32; cols];
+        let (dx, dx2, db, dp) = (gpu().scratch(n).unwrap(), up(&vec![0.0; n]), up(&zeros), up(&zeros));
+        let mut rec = gpu().recorder();
+        // The parameter buffer is padded to a column's length for the kernel's bounds.
+        let mut padded = param.clone();
+        padded.resize(cols, 0.0);
+        ops::gate_backward(&mut rec, f, &up(&x), &up(&x2), &up(&padded), &up(&bias), &up(&dy), &dx, &dx2, &db, &dp, rows, cols, per_head).unwrap();
+        rec.submit().unwrap();
+        let tag = format!("{f:?}");
+        assert_close(&format!("{tag} dx"), &read(&dx, n), &numeric_grad(&xd, |v| loss(v, &x2d, &pd, &bd)), 1e-4, 1e-3);
+        if matches!(f, GateFn::Hadamard | GateFn::Add) {
+            assert_close(&format!("{tag} dx2"), &read(&dx2, n), &numeric_grad(&x2d, |v| loss(&xd, v, &pd, &bd)), 1e-4, 1e-3);
+        }
+        if !matches!(f, GateFn::Sigmoid | GateFn::Constant | GateFn::Add) {
+            assert_close(&format!("{tag} d_bias"), &read(&db, cols), &numeric_grad(&bd, |v| loss(&xd, &x2d, &pd, v)), 1e-4, 1e-3);
+        }
+        let want_dp = numeric_grad(&pd, |v| loss(&xd, &x2d, v, &bd));
+        let got_dp = read(&dp, cols);
+        match f {
+            // Per head: the host sums the per-column values of each head.
+            GateFn::NegExpSoftplus => {
+                let per: Vec<f32> = got_dp.chunks(per_head).map(|c| c.iter().sum()).collect();
+                assert_close(&format!("{tag} d_A_log"), &per, &want_dp, 1e-3, 1e-3);
+            }
+            GateFn::Constant | GateFn::Hadamard => assert_close(&format!("{tag} d_param"), &got_dp, &want_dp, 1e-4, 1e-3),
+            _ => {}
+        }
+    }
+}

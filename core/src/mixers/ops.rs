@@ -202,3 +202,34 @@ pub fn head_norm_backward(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, 
     rec.dispatch_bindings(&k("headnorm_backward"), &params, &[(1, x), (2, w), (3, g), (5, dy), (6, dx), (7, d_gate)], groups)?;
     rec.dispatch_bindings(&k("headnorm_backward_w"), &params, &[(1, x), (3, g), (5, dy), (8, dw)], [dim.div_ceil(64) as u32, 1, 1])
 }
+
+/// Backward of `gate`: dx (and dx2 for Hadamard and Add) from dy, plus per-column gradients
+/// added to `d_bias` and `d_param` [cols] (NegExpSoftplus: the host sums d_param per head to get
+/// ∂/∂A_log). Unused outputs may be any buffer of the right size.
+#[allow(clippy::too_many_arguments)]
+pub fn gate_backward(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuBuf, bias: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dx2: &GpuBuf, d_bias: &GpuBuf, d_param: &GpuBuf, rows: usize, cols: usize, per_head: usize) -> Result<()> {
+    let n = rows * cols;
+    for (what, b, len) in [("x", x, n), ("dy", dy, n), ("dx", dx, n), ("dx2", dx2, n), ("x2", x2, n), ("d_bias", d_bias, cols), ("d_param", d_param, cols), ("bias", bias, cols), ("param", param, cols / per_head.max(1))] {
+        need(&format!("gate backward {what}"), b, len)?;
+    }
+    let mode = match f {
+        GateFn::Sigmoid => 0.0,
+        GateFn::LogSigmoidOver16 => 1.0,
+        GateFn::NegExpSoftplus => 2.0,
+        GateFn::MlstmForget => 3.0,
+        GateFn::MlstmInput => 4.0,
+        GateFn::Constant => 5.0,
+        GateFn::Hadamard => 6.0,
+        GateFn::AddBias => 7.0,
+        GateFn::Add => 8.0,
+    };
+    let k = |entry| Kernel::new("mixers/common/gates", entry).with("MODE", mode);
+    let params = [rows as u32, cols as u32, per_head.max(1) as u32];
+    let ins = [(1, x), (2, x2), (3, param), (4, bias), (6, dy)];
+    let mut b1 = ins.to_vec();
+    b1.extend([(7, dx), (8, dx2)]);
+    rec.dispatch_bindings(&k("gates_backward"), &params, &b1, [cols.div_ceil(64) as u32, rows.div_ceil(65535) as u32, rows.min(65535) as u32])?;
+    let mut b2 = ins.to_vec();
+    b2.extend([(9, d_bias), (10, d_param)]);
+    rec.dispatch_bindings(&k("gates_backward_columns"), &params, &b2, [cols.div_ceil(64) as u32, 1, 1])
+}
