@@ -303,3 +303,54 @@ fn gate_backward_matches_finite_differences() {
         }
     }
 }
+
+#[test]
+fn recurrence_reference_backward_matches_finite_differences() {
+    use linearize_core::mixers::recurrence::{Dims, Gate, Normalizer, Recurrence};
+    use linearize_core::reference::recurrence::{backward, run, Inputs, State};
+    let mut rng = Rng::new(60);
+    let rr = |gate, delta, normalizer| Recurrence { gate, delta, normalizer };
+    let variants = [
+        ("linear_attn", rr(Gate::None, false, Normalizer::None)),
+        ("linear_attn+denominator", rr(Gate::None, false, Normalizer::Sum)),
+        ("retnet", rr(Gate::Scalar, false, Normalizer::None)),
+        ("gla", rr(Gate::Vector, false, Normalizer::None)),
+        ("deltanet", rr(Gate::None, true, Normalizer::None)),
+        ("gated_deltanet", rr(Gate::Scalar, true, Normalizer::None)),
+        ("kda", rr(Gate::Vector, true, Normalizer::None)),
+    ];
+    let d = Dims { batch: 2, seq: 6, heads: 2, dk: 5, dv: 3 };
+    let rows = d.batch * d.seq * d.heads;
+    for (name, r) in variants {
+        let pos = r.normalizer == Normalizer::Sum;
+        let mk = |rng: &mut Rng, n: usize| -> Vec<f64> { f64s(&random(rng, n, 1.0)).iter().map(|v| if pos { v.abs() + 0.1 } else { *v }).collect() };
+        let (q, k, v) = (mk(&mut rng, rows * d.dk), mk(&mut rng, rows * d.dk), f64s(&random(&mut rng, rows * d.dv, 1.0)));
+        let g_len = match r.gate {
+            Gate::None => 0,
+            Gate::Scalar => rows,
+            Gate::Vector => rows * d.dk,
+        };
+        let g: Vec<f64> = f64s(&random(&mut rng, g_len, 1.0)).iter().map(|x| -x.abs() * 0.5).collect();
+        let beta: Vec<f64> = if r.delta { f64s(&random(&mut rng, rows, 0.4)).iter().map(|x| x + 0.5).collect() } else { Vec::new() };
+        let dout = f64s(&random(&mut rng, rows * d.dv, 1.0));
+        let scale = 0.7;
+        let loss = |q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64]| {
+            let mut st = State::zeros(d);
+            dot(&dout, &run(r, d, &Inputs { q, k, v, g, beta, igate: &[] }, scale, &mut st))
+        };
+        let gr = backward(r, d, &Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &[] }, scale, &dout);
+        let check = |what: &str, got: &[f64], want: Vec<f64>| {
+            let got32: Vec<f32> = got.iter().map(|&v| v as f32).collect();
+            assert_close(&format!("{name} d{what}"), &got32, &want, 1e-5, 1e-4);
+        };
+        check("q", &gr.q, numeric_grad(&q, |x| loss(x, &k, &v, &g, &beta)));
+        check("k", &gr.k, numeric_grad(&k, |x| loss(&q, x, &v, &g, &beta)));
+        check("v", &gr.v, numeric_grad(&v, |x| loss(&q, &k, x, &g, &beta)));
+        if !g.is_empty() {
+            check("g", &gr.g, numeric_grad(&g, |x| loss(&q, &k, &v, x, &beta)));
+        }
+        if r.delta {
+            check("beta", &gr.beta, numeric_grad(&beta, |x| loss(&q, &k, &v, &g, x)));
+        }
+    }
+}

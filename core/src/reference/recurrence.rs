@@ -108,3 +108,150 @@ pub fn run(r: Recurrence, d: Dims, x: &Inputs, scale: f64, state: &mut State) ->
     }
     out
 }
+
+/// Gradients of the recurrence's inputs (same layouts as `Inputs`).
+#[derive(Clone, Debug, Default)]
+pub struct Grads {
+    pub q: Vec<f64>,
+    pub k: Vec<f64>,
+    pub v: Vec<f64>,
+    pub g: Vec<f64>,
+    pub beta: Vec<f64>,
+}
+
+/// Backward of `run` from a zero initial state, by reverse-mode through the token-by-token
+/// recurrence (states of every step kept): the oracle for the GPU backward kernels, itself
+/// checked against finite differences. `d_out` is ∂L/∂o [B, T, H, V]. mLSTM is not covered
+/// here (its stabiliser is a constant in the gradient, which finite differences cannot check).
+pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -> Grads {
+    assert!(r.normalizer != Normalizer::Mlstm, "mLSTM's backward treats the stabiliser as a constant");
+    let Dims { batch, seq, heads, dk, dv } = d;
+    let rows = batch * seq * heads;
+    let g_per = if r.gate == Gate::Vector { dk } else { 1 };
+    let mut gr = Grads {
+        q: vec![0.0; rows * dk],
+        k: vec![0.0; rows * dk],
+        v: vec![0.0; rows * dv],
+        g: vec![0.0; if r.gate == Gate::None { 0 } else { rows * g_per }],
+        beta: vec![0.0; if r.delta { rows } else { 0 }],
+    };
+    for b in 0..batch {
+        for h in 0..heads {
+            let row = |t: usize| (b * seq + t) * heads + h;
+            let alpha = |t: usize, i: usize| match r.gate {
+                Gate::None => 1.0,
+                Gate::Scalar => x.g[row(t)].exp(),
+                Gate::Vector => x.g[row(t) * dk + i].exp(),
+            };
+            // Forward, keeping S_(t−1), S' (after the decay), S_t, n_t and u_t of every step.
+            let mut s = vec![0.0; dk * dv];
+            let mut n = vec![0.0; dk];
+            let (mut prev, mut decayed, mut after, mut norms, mut us) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for t in 0..seq {
+                let (k, v) = (&x.k[row(t) * dk..][..dk], &x.v[row(t) * dv..][..dv]);
+                prev.push(s.clone());
+                for i in 0..dk {
+                    let a = alpha(t, i);
+                    for j in 0..dv {
+                        s[i * dv + j] *= a;
+                    }
+                    n[i] *= a;
+                }
+                decayed.push(s.clone());
+                let mut u = v.to_vec();
+                if r.delta {
+                    let beta = x.beta[row(t)];
+                    for j in 0..dv {
+                        let ks: f64 = (0..dk).map(|i| k[i] * s[i * dv + j]).sum();
+                        u[j] = beta * (v[j] - ks);
+                    }
+                }
+                for i in 0..dk {
+                    for j in 0..dv {
+                        s[i * dv + j] += k[i] * u[j];
+                    }
+                    n[i] += k[i];
+                }
+                us.push(u);
+                after.push(s.clone());
+                norms.push(n.clone());
+            }
+            // Reverse sweep.
+            let mut ds = vec![0.0; dk * dv];
+            let mut dn = vec![0.0; dk];
+            for t in (0..seq).rev() {
+                let rt = row(t);
+                let (q, k, v) = (&x.q[rt * dk..][..dk], &x.k[rt * dk..][..dk], &x.v[rt * dv..][..dv]);
+                let qs: Vec<f64> = q.iter().map(|a| a * scale).collect();
+                let st = &after[t];
+                let dout = &d_out[rt * dv..][..dv];
+                // o_raw = S_tᵀ q̃ (divided by q̃·n_t + 1e-10 with the denominator).
+                let o_raw: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| qs[i] * st[i * dv + j]).sum()).collect();
+                let mut d_raw = dout.to_vec();
+                let mut dqs = vec![0.0; dk];
+                if r.normalizer == Normalizer::Sum {
+                    let den: f64 = (0..dk).map(|i| qs[i] * norms[t][i]).sum::<f64>() + 1e-10;
+                    let d_den: f64 = -(0..dv).map(|j| dout[j] * o_raw[j]).sum::<f64>() / (den * den);
+                    d_raw.iter_mut().for_each(|v| *v /= den);
+                    for i in 0..dk {
+                        dqs[i] += d_den * norms[t][i];
+                        dn[i] += d_den * qs[i];
+                    }
+                }
+                for i in 0..dk {
+                    for j in 0..dv {
+                        dqs[i] += st[i * dv + j] * d_raw[j];
+                        ds[i * dv + j] += qs[i] * d_raw[j];
+                    }
+                    gr.q[rt * dk + i] = dqs[i] * scale;
+                }
+                // Write: S_t = S' + k uᵀ (u = v without the delta rule); n_t = n' + k.
+                let u = &us[t];
+                let mut du = vec![0.0; dv];
+                for i in 0..dk {
+                    for j in 0..dv {
+                        gr.k[rt * dk + i] += ds[i * dv + j] * u[j];
+                        du[j] += ds[i * dv + j] * k[i];
+                    }
+                    gr.k[rt * dk + i] += dn[i];
+                }
+                let sd = &decayed[t];
+                if r.delta {
+                    let beta = x.beta[rt];
+                    for j in 0..dv {
+                        let ks: f64 = (0..dk).map(|i| k[i] * sd[i * dv + j]).sum();
+                        gr.beta[rt] += du[j] * (v[j] - ks);
+                        gr.v[rt * dv + j] += beta * du[j];
+                        let dks = -beta * du[j];
+                        for i in 0..dk {
+                            gr.k[rt * dk + i] += dks * sd[i * dv + j];
+                            ds[i * dv + j] += k[i] * dks;
+                        }
+                    }
+                } else {
+                    for j in 0..dv {
+                        gr.v[rt * dv + j] += du[j];
+                    }
+                }
+                // Decay: S' = diag(α) S_(t−1), n' = diag(α) n_(t−1).
+                let sp = &prev[t];
+                let np = if t > 0 { norms[t - 1].clone() } else { vec![0.0; dk] };
+                for i in 0..dk {
+                    let a = alpha(t, i);
+                    let mut da: f64 = (0..dv).map(|j| ds[i * dv + j] * sp[i * dv + j]).sum();
+                    da += dn[i] * np[i];
+                    match r.gate {
+                        Gate::None => {}
+                        Gate::Scalar => gr.g[rt] += da * a,
+                        Gate::Vector => gr.g[rt * dk + i] += da * a,
+                    }
+                    for j in 0..dv {
+                        ds[i * dv + j] *= a;
+                    }
+                    dn[i] *= a;
+                }
+            }
+        }
+    }
+    gr
+}
