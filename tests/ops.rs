@@ -152,7 +152,7 @@ fn attention_matches_reference() {
     let mut rng = Rng::new(6);
     let d = 64;
     // (batch, seq, pos0, n_q, n_kv, scale of q): decode (seq ≤ 8: the split-keys kernel, with
-    // fewer and more keys than threads), ragged tiles, prefill after a prefix,
+    // fewer and more keys than threads, and past 512 keys split over workgroups), ragged tiles, prefill after a prefix,
     // and large scores that would overflow a naive softmax.
     for &(batch, seq, pos0, n_q, n_kv, q_scale) in &[
         (1, 1, 0, 1, 1, 1.0),
@@ -160,6 +160,9 @@ fn attention_matches_reference() {
         (2, 1, 200, 6, 2, 1.0),
         (1, 8, 70, 3, 3, 1.0),
         (1, 1, 100, 2, 1, 40.0),
+        (1, 1, 1000, 3, 1, 1.0),
+        (2, 3, 700, 6, 2, 1.0),
+        (1, 2, 513, 2, 2, 30.0),
         (2, 63, 0, 6, 2, 1.0),
         (1, 64, 0, 2, 2, 1.0),
         (2, 65, 7, 6, 3, 1.0),

@@ -94,7 +94,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let (x, w, y) = (gpu.upload_f32("x", &rand(m * k))?, gpu.upload_f32("w", &rand(n * k))?, gpu.scratch(m * n)?);
         time(format!("linear {m}x{n}x{k}"), 2.0 * (m * n * k) as f64, &mut |rec| nn::linear(rec, &x, &w, &y, m, n, k, false))?;
     }
-    for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0)] {
+    for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] {
         let s = AttnShape { batch: b, seq: t, pos0, n_q: 9, n_kv: 3, head_dim: 64, cap: (pos0 + t).max(512) };
         let q = gpu.upload_f32("q", &rand(b * t * 9 * 64))?;
         let kc = gpu.upload_f32("k", &rand(b * 3 * s.cap * 64))?;

@@ -36,6 +36,9 @@ struct Params {{
     head_dim: u32,
     cap: u32,
     scale: f32,
+    // attention_decode_split / attention_combine: key ranges per query
+    splits: u32,
+    keys_per_split: u32,
 }}
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -43,6 +46,9 @@ struct Params {{
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>; // [batch, n_kv, cap, 16]
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>; // [batch*seq, n_q, 16]
+// Split decode: per (row, head, split) the running max, sum and unnormalised output.
+@group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>; // [rows, n_q, splits]
+@group(0) @binding(6) var<storage, read_write> part_out: array<vec4<f32>>; // [rows, n_q, splits, 16]
 
 const D4: u32 = 16u;  // vec4 per head (head_dim 64; the host rejects others)
 const BQ: u32 = 64u;  // queries per workgroup
@@ -154,6 +160,89 @@ fn attention_decode(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
         }}
         out[qb + tid] = num / den;
     }}
+}}
+
+// Split decode (long contexts): the keys of each query are cut into `splits` ranges of
+// `keys_per_split`, one workgroup each (grid: seq·splits, heads, batch), so a single decoded
+// token fills the GPU; attention_combine merges the ranges' (max, sum, output).
+@compute @workgroup_size(64)
+fn attention_decode_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let t = wid.x / p.splits;
+    let split = wid.x % p.splits;
+    let h = wid.y;
+    let b = wid.z;
+    let kh = h / (p.n_q / p.n_kv);
+    let tid = lid.x;
+    let row = b * p.seq + t;
+    let n_keys = p.pos0 + t + 1u;
+    let j0 = split * p.keys_per_split;
+    let j1 = min(n_keys, j0 + p.keys_per_split);
+    let qb = (row * p.n_q + h) * D4;
+    let kv_base = (b * p.n_kv + kh) * p.cap * D4;
+{lines("let q{i} = q[qb + {i}u] * p.scale;", indent=4)}
+{lines("var o{i} = vec4<f32>(0.0);", indent=4)}
+    var m = NEG;
+    var l = 0.0;
+    for (var j = j0 + tid; j < j1; j += 64u) {{
+        let kb = kv_base + j * D4;
+        let s = {dot_q_k_global};
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let pj = exp(s - m_new);
+        l = l * corr + pj;
+{lines("o{i} = fma(vec4<f32>(pj), v_cache[kb + {i}u], o{i} * corr);")}
+        m = m_new;
+    }}
+    part_m[tid] = m;
+    part_l[tid] = l;
+{lines("part_o[tid * D4 + {i}u] = o{i};", indent=4)}
+    workgroupBarrier();
+    if (tid < D4) {{
+        var m_all = NEG;
+        for (var s = 0u; s < 64u; s++) {{
+            m_all = max(m_all, part_m[s]);
+        }}
+        var num = vec4<f32>(0.0);
+        var den = 0.0;
+        for (var s = 0u; s < 64u; s++) {{
+            if (part_l[s] > 0.0) {{
+                let f = exp(part_m[s] - m_all);
+                num = fma(vec4<f32>(f), part_o[s * D4 + tid], num);
+                den = fma(f, part_l[s], den);
+            }}
+        }}
+        let at = (row * p.n_q + h) * p.splits + split;
+        part_out[at * D4 + tid] = num;
+        if (tid == 0u) {{
+            part_ml[at] = vec2<f32>(m_all, den);
+        }}
+    }}
+}}
+
+@compute @workgroup_size(16)
+fn attention_combine(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let t = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let row = b * p.seq + t;
+    let base = (row * p.n_q + h) * p.splits;
+    var m_all = NEG;
+    for (var s = 0u; s < p.splits; s++) {{
+        if (part_ml[base + s].y > 0.0) {{
+            m_all = max(m_all, part_ml[base + s].x);
+        }}
+    }}
+    var num = vec4<f32>(0.0);
+    var den = 0.0;
+    for (var s = 0u; s < p.splits; s++) {{
+        let ml = part_ml[base + s];
+        if (ml.y > 0.0) {{
+            let f = exp(ml.x - m_all);
+            num = fma(vec4<f32>(f), part_out[(base + s) * D4 + lid.x], num);
+            den = fma(f, ml.y, den);
+        }}
+    }}
+    out[(row * p.n_q + h) * D4 + lid.x] = num / den;
 }}
 """
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "attention.wgsl"

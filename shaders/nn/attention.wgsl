@@ -20,6 +20,9 @@ struct Params {
     head_dim: u32,
     cap: u32,
     scale: f32,
+    // attention_decode_split / attention_combine: key ranges per query
+    splits: u32,
+    keys_per_split: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,6 +30,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>; // [batch, n_kv, cap, 16]
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>; // [batch*seq, n_q, 16]
+// Split decode: per (row, head, split) the running max, sum and unnormalised output.
+@group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>; // [rows, n_q, splits]
+@group(0) @binding(6) var<storage, read_write> part_out: array<vec4<f32>>; // [rows, n_q, splits, 16]
 
 const D4: u32 = 16u;  // vec4 per head (head_dim 64; the host rejects others)
 const BQ: u32 = 64u;  // queries per workgroup
@@ -258,4 +264,147 @@ fn attention_decode(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
         }
         out[qb + tid] = num / den;
     }
+}
+
+// Split decode (long contexts): the keys of each query are cut into `splits` ranges of
+// `keys_per_split`, one workgroup each (grid: seq·splits, heads, batch), so a single decoded
+// token fills the GPU; attention_combine merges the ranges' (max, sum, output).
+@compute @workgroup_size(64)
+fn attention_decode_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = wid.x / p.splits;
+    let split = wid.x % p.splits;
+    let h = wid.y;
+    let b = wid.z;
+    let kh = h / (p.n_q / p.n_kv);
+    let tid = lid.x;
+    let row = b * p.seq + t;
+    let n_keys = p.pos0 + t + 1u;
+    let j0 = split * p.keys_per_split;
+    let j1 = min(n_keys, j0 + p.keys_per_split);
+    let qb = (row * p.n_q + h) * D4;
+    let kv_base = (b * p.n_kv + kh) * p.cap * D4;
+    let q0 = q[qb + 0u] * p.scale;
+    let q1 = q[qb + 1u] * p.scale;
+    let q2 = q[qb + 2u] * p.scale;
+    let q3 = q[qb + 3u] * p.scale;
+    let q4 = q[qb + 4u] * p.scale;
+    let q5 = q[qb + 5u] * p.scale;
+    let q6 = q[qb + 6u] * p.scale;
+    let q7 = q[qb + 7u] * p.scale;
+    let q8 = q[qb + 8u] * p.scale;
+    let q9 = q[qb + 9u] * p.scale;
+    let q10 = q[qb + 10u] * p.scale;
+    let q11 = q[qb + 11u] * p.scale;
+    let q12 = q[qb + 12u] * p.scale;
+    let q13 = q[qb + 13u] * p.scale;
+    let q14 = q[qb + 14u] * p.scale;
+    let q15 = q[qb + 15u] * p.scale;
+    var o0 = vec4<f32>(0.0);
+    var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0);
+    var o3 = vec4<f32>(0.0);
+    var o4 = vec4<f32>(0.0);
+    var o5 = vec4<f32>(0.0);
+    var o6 = vec4<f32>(0.0);
+    var o7 = vec4<f32>(0.0);
+    var o8 = vec4<f32>(0.0);
+    var o9 = vec4<f32>(0.0);
+    var o10 = vec4<f32>(0.0);
+    var o11 = vec4<f32>(0.0);
+    var o12 = vec4<f32>(0.0);
+    var o13 = vec4<f32>(0.0);
+    var o14 = vec4<f32>(0.0);
+    var o15 = vec4<f32>(0.0);
+    var m = NEG;
+    var l = 0.0;
+    for (var j = j0 + tid; j < j1; j += 64u) {
+        let kb = kv_base + j * D4;
+        let s = dot(q0, k_cache[kb + 0u]) + dot(q1, k_cache[kb + 1u]) + dot(q2, k_cache[kb + 2u]) + dot(q3, k_cache[kb + 3u]) + dot(q4, k_cache[kb + 4u]) + dot(q5, k_cache[kb + 5u]) + dot(q6, k_cache[kb + 6u]) + dot(q7, k_cache[kb + 7u]) + dot(q8, k_cache[kb + 8u]) + dot(q9, k_cache[kb + 9u]) + dot(q10, k_cache[kb + 10u]) + dot(q11, k_cache[kb + 11u]) + dot(q12, k_cache[kb + 12u]) + dot(q13, k_cache[kb + 13u]) + dot(q14, k_cache[kb + 14u]) + dot(q15, k_cache[kb + 15u]);
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let pj = exp(s - m_new);
+        l = l * corr + pj;
+        o0 = fma(vec4<f32>(pj), v_cache[kb + 0u], o0 * corr);
+        o1 = fma(vec4<f32>(pj), v_cache[kb + 1u], o1 * corr);
+        o2 = fma(vec4<f32>(pj), v_cache[kb + 2u], o2 * corr);
+        o3 = fma(vec4<f32>(pj), v_cache[kb + 3u], o3 * corr);
+        o4 = fma(vec4<f32>(pj), v_cache[kb + 4u], o4 * corr);
+        o5 = fma(vec4<f32>(pj), v_cache[kb + 5u], o5 * corr);
+        o6 = fma(vec4<f32>(pj), v_cache[kb + 6u], o6 * corr);
+        o7 = fma(vec4<f32>(pj), v_cache[kb + 7u], o7 * corr);
+        o8 = fma(vec4<f32>(pj), v_cache[kb + 8u], o8 * corr);
+        o9 = fma(vec4<f32>(pj), v_cache[kb + 9u], o9 * corr);
+        o10 = fma(vec4<f32>(pj), v_cache[kb + 10u], o10 * corr);
+        o11 = fma(vec4<f32>(pj), v_cache[kb + 11u], o11 * corr);
+        o12 = fma(vec4<f32>(pj), v_cache[kb + 12u], o12 * corr);
+        o13 = fma(vec4<f32>(pj), v_cache[kb + 13u], o13 * corr);
+        o14 = fma(vec4<f32>(pj), v_cache[kb + 14u], o14 * corr);
+        o15 = fma(vec4<f32>(pj), v_cache[kb + 15u], o15 * corr);
+        m = m_new;
+    }
+    part_m[tid] = m;
+    part_l[tid] = l;
+    part_o[tid * D4 + 0u] = o0;
+    part_o[tid * D4 + 1u] = o1;
+    part_o[tid * D4 + 2u] = o2;
+    part_o[tid * D4 + 3u] = o3;
+    part_o[tid * D4 + 4u] = o4;
+    part_o[tid * D4 + 5u] = o5;
+    part_o[tid * D4 + 6u] = o6;
+    part_o[tid * D4 + 7u] = o7;
+    part_o[tid * D4 + 8u] = o8;
+    part_o[tid * D4 + 9u] = o9;
+    part_o[tid * D4 + 10u] = o10;
+    part_o[tid * D4 + 11u] = o11;
+    part_o[tid * D4 + 12u] = o12;
+    part_o[tid * D4 + 13u] = o13;
+    part_o[tid * D4 + 14u] = o14;
+    part_o[tid * D4 + 15u] = o15;
+    workgroupBarrier();
+    if (tid < D4) {
+        var m_all = NEG;
+        for (var s = 0u; s < 64u; s++) {
+            m_all = max(m_all, part_m[s]);
+        }
+        var num = vec4<f32>(0.0);
+        var den = 0.0;
+        for (var s = 0u; s < 64u; s++) {
+            if (part_l[s] > 0.0) {
+                let f = exp(part_m[s] - m_all);
+                num = fma(vec4<f32>(f), part_o[s * D4 + tid], num);
+                den = fma(f, part_l[s], den);
+            }
+        }
+        let at = (row * p.n_q + h) * p.splits + split;
+        part_out[at * D4 + tid] = num;
+        if (tid == 0u) {
+            part_ml[at] = vec2<f32>(m_all, den);
+        }
+    }
+}
+
+@compute @workgroup_size(16)
+fn attention_combine(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let row = b * p.seq + t;
+    let base = (row * p.n_q + h) * p.splits;
+    var m_all = NEG;
+    for (var s = 0u; s < p.splits; s++) {
+        if (part_ml[base + s].y > 0.0) {
+            m_all = max(m_all, part_ml[base + s].x);
+        }
+    }
+    var num = vec4<f32>(0.0);
+    var den = 0.0;
+    for (var s = 0u; s < p.splits; s++) {
+        let ml = part_ml[base + s];
+        if (ml.y > 0.0) {
+            let f = exp(ml.x - m_all);
+            num = fma(vec4<f32>(f), part_out[(base + s) * D4 + lid.x], num);
+            den = fma(f, ml.y, den);
+        }
+    }
+    out[(row * p.n_q + h) * D4 + lid.x] = num / den;
 }

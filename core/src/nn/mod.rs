@@ -139,6 +139,10 @@ pub const ATTENTION_HEAD_DIM: usize = 64;
 
 /// Up to this many queries per sequence take the split-keys decode kernel.
 pub const ATTENTION_DECODE_MAX_SEQ: usize = 8;
+/// Beyond this many keys, decode splits each query's keys over several workgroups.
+pub const ATTENTION_SPLIT_MIN_KEYS: usize = 512;
+/// Keys per workgroup in the split decode.
+pub const ATTENTION_KEYS_PER_SPLIT: usize = 256;
 
 /// Causal GQA attention of `seq` queries against cache positions 0..pos0+seq.
 pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf) -> Result<()> {
@@ -151,10 +155,30 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     need("attention k cache", k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
     need("attention v cache", v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
     need("attention out", out, rows * s.n_q * s.head_dim)?;
+    let n_keys = s.pos0 + s.seq;
+    let split = s.seq <= ATTENTION_DECODE_MAX_SEQ && n_keys > ATTENTION_SPLIT_MIN_KEYS;
+    let splits = if split { n_keys.div_ceil(ATTENTION_KEYS_PER_SPLIT) } else { 1 };
     let mut params = s.params().to_vec();
     params.push((1.0 / (s.head_dim as f32).sqrt()).to_bits());
-    let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
-    rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &[&q, &k_cache, &v_cache, &out], groups)
+    params.extend([splits as u32, ATTENTION_KEYS_PER_SPLIT as u32]);
+    let bufs = [q, k_cache, v_cache, out];
+    if split {
+        // Long context, few queries: the keys are split over workgroups, then merged.
+        let parts = rows * s.n_q * splits;
+        let gpu = rec.gpu();
+        let (ml, po) = (gpu.scratch(parts * 2)?, gpu.scratch(parts * s.head_dim)?);
+        let groups = [(s.seq * splits) as u32, s.n_q as u32, s.batch as u32];
+        rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &params, &[(1, q), (2, k_cache), (3, v_cache), (5, &ml), (6, &po)], groups)?;
+        let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
+        rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_combine"), &params, &[(4, out), (5, &ml), (6, &po)], groups)
+    } else if s.seq <= ATTENTION_DECODE_MAX_SEQ {
+        // Few queries: a workgroup per query, its threads splitting the keys.
+        let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
+        rec.dispatch(&Kernel::new("nn/attention", "attention_decode"), &params, &bufs, groups)
+    } else {
+        let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
+        rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &bufs, groups)
+    }
 }
 
 /// out[r, j] = silu(gate_up[r, j]) · gate_up[r, ffn + j].
