@@ -182,13 +182,8 @@ impl MixerLayer {
             let norm = tmp(batch * h)?;
             ops::state_norm(rec, &state.rec.s, &norm, batch, h, dk, dv)?;
             let stats = tmp(rows * h * 2)?;
-            let gate_kind = match r.gate {
-                recurrence::Gate::None => 0,
-                recurrence::Gate::Scalar => 1,
-                recurrence::Gate::Vector => 2,
-            };
             let any = &q;
-            ops::token_stats(rec, gate_kind, r.delta, g.as_ref().unwrap_or(any), beta.as_ref().unwrap_or(any), &k, &stats, rows, h, dk)?;
+            ops::token_stats(rec, r.gate.code(), r.delta, g.as_ref().unwrap_or(any), beta.as_ref().unwrap_or(any), &k, &stats, rows, h, dk)?;
             trace.state_norm = Some(norm);
             trace.token_stats = Some(stats);
         }

@@ -34,6 +34,28 @@ pub enum OutputGate {
     Sigmoid,
 }
 
+impl HeadNorm {
+    /// headnorm.wgsl's NORM constant.
+    fn code(self) -> u32 {
+        match self {
+            HeadNorm::L2 => 0,
+            HeadNorm::Rms => 1,
+            HeadNorm::Layer => 2,
+        }
+    }
+}
+
+impl OutputGate {
+    /// headnorm.wgsl's GATE constant.
+    fn code(self) -> u32 {
+        match self {
+            OutputGate::None => 0,
+            OutputGate::Silu => 1,
+            OutputGate::Sigmoid => 2,
+        }
+    }
+}
+
 /// Normalises each head of x [rows, heads, dim]; `w` [dim] for RMS/Layer; times the gate.
 #[allow(clippy::too_many_arguments)]
 pub fn head_norm(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, x: &GpuBuf, w: &GpuBuf, g: &GpuBuf, y: &GpuBuf, rows: usize, heads: usize, dim: usize, eps: f32) -> Result<()> {
@@ -45,16 +67,8 @@ pub fn head_norm(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, x: &GpuBu
     if gate != OutputGate::None {
         need("headnorm gate", g, rows * heads * dim)?;
     }
-    let n = match norm {
-        HeadNorm::L2 => 0.0,
-        HeadNorm::Rms => 1.0,
-        HeadNorm::Layer => 2.0,
-    };
-    let gt = match gate {
-        OutputGate::None => 0.0,
-        OutputGate::Silu => 1.0,
-        OutputGate::Sigmoid => 2.0,
-    };
+    let n = norm.code() as f64;
+    let gt = gate.code() as f64;
     let kernel = Kernel::new("mixers/common/headnorm", "headnorm").with("NORM", n).with("GATE", gt);
     let threads = rows * heads;
     let per_y = 65535 * 64;
@@ -85,23 +99,30 @@ pub enum GateFn {
     Add,
 }
 
+impl GateFn {
+    /// gates.wgsl's MODE constant.
+    fn code(self) -> u32 {
+        match self {
+            GateFn::Sigmoid => 0,
+            GateFn::LogSigmoidOver16 => 1,
+            GateFn::NegExpSoftplus => 2,
+            GateFn::MlstmForget => 3,
+            GateFn::MlstmInput => 4,
+            GateFn::Constant => 5,
+            GateFn::Hadamard => 6,
+            GateFn::AddBias => 7,
+            GateFn::Add => 8,
+        }
+    }
+}
+
 /// y[r, c] = f(x[r, c]) for rows × cols; `param` and `bias` as the mode needs (per column, or
 /// per head of `per_head` columns for NegExpSoftplus); unused ones may be any buffer.
 #[allow(clippy::too_many_arguments)]
 pub fn gate(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuBuf, bias: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize, per_head: usize) -> Result<()> {
     need("gate x", x, rows * cols)?;
     need("gate y", y, rows * cols)?;
-    let mode = match f {
-        GateFn::Sigmoid => 0.0,
-        GateFn::LogSigmoidOver16 => 1.0,
-        GateFn::NegExpSoftplus => 2.0,
-        GateFn::MlstmForget => 3.0,
-        GateFn::MlstmInput => 4.0,
-        GateFn::Constant => 5.0,
-        GateFn::Hadamard => 6.0,
-        GateFn::AddBias => 7.0,
-        GateFn::Add => 8.0,
-    };
+    let mode = f.code() as f64;
     match f {
         GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput | GateFn::AddBias => need("gate bias", bias, cols)?,
         GateFn::NegExpSoftplus => {
@@ -184,16 +205,8 @@ pub fn head_norm_backward(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, 
     for (what, b, len) in [("x", x, n), ("dy", dy, n), ("dx", dx, n), ("gate", g, n), ("d_gate", d_gate, n), ("w", w, dim), ("dw", dw, dim)] {
         need(&format!("headnorm backward {what}"), b, len)?;
     }
-    let nv = match norm {
-        HeadNorm::L2 => 0.0,
-        HeadNorm::Rms => 1.0,
-        HeadNorm::Layer => 2.0,
-    };
-    let gv = match gate {
-        OutputGate::None => 0.0,
-        OutputGate::Silu => 1.0,
-        OutputGate::Sigmoid => 2.0,
-    };
+    let nv = norm.code() as f64;
+    let gv = gate.code() as f64;
     let k = |entry| Kernel::new("mixers/common/headnorm", entry).with("NORM", nv).with("GATE", gv);
     let params = [rows as u32, heads as u32, dim as u32, eps.to_bits()];
     let threads = rows * heads;
@@ -212,17 +225,7 @@ pub fn gate_backward(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, par
     for (what, b, len) in [("x", x, n), ("dy", dy, n), ("dx", dx, n), ("dx2", dx2, n), ("x2", x2, n), ("d_bias", d_bias, cols), ("d_param", d_param, cols), ("bias", bias, cols), ("param", param, cols / per_head.max(1))] {
         need(&format!("gate backward {what}"), b, len)?;
     }
-    let mode = match f {
-        GateFn::Sigmoid => 0.0,
-        GateFn::LogSigmoidOver16 => 1.0,
-        GateFn::NegExpSoftplus => 2.0,
-        GateFn::MlstmForget => 3.0,
-        GateFn::MlstmInput => 4.0,
-        GateFn::Constant => 5.0,
-        GateFn::Hadamard => 6.0,
-        GateFn::AddBias => 7.0,
-        GateFn::Add => 8.0,
-    };
+    let mode = f.code() as f64;
     let k = |entry| Kernel::new("mixers/common/gates", entry).with("MODE", mode);
     let params = [rows as u32, cols as u32, per_head.max(1) as u32];
     let ins = [(1, x), (2, x2), (3, param), (4, bias), (6, dy)];

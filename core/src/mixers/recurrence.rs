@@ -43,19 +43,33 @@ pub struct Dims {
     pub dv: usize,
 }
 
+impl Gate {
+    /// The GATE constant of the recurrence, chunk and readout shaders.
+    pub fn code(self) -> u32 {
+        match self {
+            Gate::None => 0,
+            Gate::Scalar => 1,
+            Gate::Vector => 2,
+        }
+    }
+}
+
+impl Normalizer {
+    /// The NORM constant of the recurrence and chunk shaders.
+    pub fn code(self) -> u32 {
+        match self {
+            Normalizer::None => 0,
+            Normalizer::Sum => 1,
+            Normalizer::Mlstm => 2,
+        }
+    }
+}
+
 impl Recurrence {
     fn kernel(&self, dk: usize) -> Kernel {
         let entry = if dk == 64 { "recurrent_k64" } else { "recurrent_k128" };
-        let gate = match self.gate {
-            Gate::None => 0.0,
-            Gate::Scalar => 1.0,
-            Gate::Vector => 2.0,
-        };
-        let norm = match self.normalizer {
-            Normalizer::None => 0.0,
-            Normalizer::Sum => 1.0,
-            Normalizer::Mlstm => 2.0,
-        };
+        let gate = self.gate.code() as f64;
+        let norm = self.normalizer.code() as f64;
         Kernel::new("mixers/common/recurrent", entry).with("GATE", gate).with("DELTA", self.delta as u8 as f64).with("NORM", norm)
     }
 }
@@ -190,16 +204,8 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     let h = gpu.scratch(d.batch * d.heads * chunks * d.dk * d.dv)?;
     let n0 = gpu.scratch(d.batch * d.heads * chunks * d.dk)?;
     let m0 = gpu.scratch(d.batch * d.heads * chunks)?;
-    let norm = match r.normalizer {
-        Normalizer::None => 0.0,
-        Normalizer::Sum => 1.0,
-        Normalizer::Mlstm => 2.0,
-    };
-    let gate = match r.gate {
-        Gate::None => 0.0,
-        Gate::Scalar => 1.0,
-        Gate::Vector => 2.0,
-    };
+    let norm = r.normalizer.code() as f64;
+    let gate = r.gate.code() as f64;
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
     let kernel = |entry| Kernel::new(shader, entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64).with("NORM", norm);
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
