@@ -318,6 +318,7 @@ fn recurrence_reference_backward_matches_finite_differences() {
         ("deltanet", rr(Gate::None, true, Normalizer::None)),
         ("gated_deltanet", rr(Gate::Scalar, true, Normalizer::None)),
         ("kda", rr(Gate::Vector, true, Normalizer::None)),
+        ("mlstm", rr(Gate::Scalar, false, Normalizer::Mlstm)),
     ];
     let d = Dims { batch: 2, seq: 6, heads: 2, dk: 5, dv: 3 };
     let rows = d.batch * d.seq * d.heads;
@@ -332,13 +333,16 @@ fn recurrence_reference_backward_matches_finite_differences() {
         };
         let g: Vec<f64> = f64s(&random(&mut rng, g_len, 1.0)).iter().map(|x| -x.abs() * 0.5).collect();
         let beta: Vec<f64> = if r.delta { f64s(&random(&mut rng, rows, 0.4)).iter().map(|x| x + 0.5).collect() } else { Vec::new() };
+        // mLSTM: ĩ spread so that the stabiliser switches between the two arms of its max.
+        let igate: Vec<f64> = if r.normalizer == Normalizer::Mlstm { f64s(&random(&mut rng, rows, 3.0)) } else { Vec::new() };
         let dout = f64s(&random(&mut rng, rows * d.dv, 1.0));
         let scale = 0.7;
-        let loss = |q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64]| {
+        let loss_i = |q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64], igate: &[f64]| {
             let mut st = State::zeros(d);
-            dot(&dout, &run(r, d, &Inputs { q, k, v, g, beta, igate: &[] }, scale, &mut st))
+            dot(&dout, &run(r, d, &Inputs { q, k, v, g, beta, igate }, scale, &mut st))
         };
-        let gr = backward(r, d, &Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &[] }, scale, &dout);
+        let loss = |q: &[f64], k: &[f64], v: &[f64], g: &[f64], beta: &[f64]| loss_i(q, k, v, g, beta, &igate);
+        let gr = backward(r, d, &Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &igate }, scale, &dout);
         let check = |what: &str, got: &[f64], want: Vec<f64>| {
             let got32: Vec<f32> = got.iter().map(|&v| v as f32).collect();
             assert_close(&format!("{name} d{what}"), &got32, &want, 1e-5, 1e-4);
@@ -351,6 +355,9 @@ fn recurrence_reference_backward_matches_finite_differences() {
         }
         if r.delta {
             check("beta", &gr.beta, numeric_grad(&beta, |x| loss(&q, &k, &v, &g, x)));
+        }
+        if !igate.is_empty() {
+            check("igate", &gr.igate, numeric_grad(&igate, |x| loss_i(&q, &k, &v, &g, &beta, x)));
         }
     }
 }

@@ -117,14 +117,17 @@ pub struct Grads {
     pub v: Vec<f64>,
     pub g: Vec<f64>,
     pub beta: Vec<f64>,
+    /// mLSTM's input gate ĩ.
+    pub igate: Vec<f64>,
 }
 
 /// Backward of `run` from a zero initial state, by reverse-mode through the token-by-token
 /// recurrence (states of every step kept): the oracle for the GPU backward kernels, itself
-/// checked against finite differences. `d_out` is ∂L/∂o [B, T, H, V]. mLSTM is not covered
-/// here (its stabiliser is a constant in the gradient, which finite differences cannot check).
+/// checked against finite differences. `d_out` is ∂L/∂o [B, T, H, V]. mLSTM's stabiliser m is
+/// a constant here: o depends on the inputs only through ratios m cancels from, so the gradient
+/// is still exact (away from the kinks of the max).
 pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -> Grads {
-    assert!(r.normalizer != Normalizer::Mlstm, "mLSTM's backward treats the stabiliser as a constant");
+    let mlstm = r.normalizer == Normalizer::Mlstm;
     let Dims { batch, seq, heads, dk, dv } = d;
     let rows = batch * seq * heads;
     let g_per = if r.gate == Gate::Vector { dk } else { 1 };
@@ -134,11 +137,26 @@ pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -
         v: vec![0.0; rows * dv],
         g: vec![0.0; if r.gate == Gate::None { 0 } else { rows * g_per }],
         beta: vec![0.0; if r.delta { rows } else { 0 }],
+        igate: vec![0.0; if mlstm { rows } else { 0 }],
     };
     for b in 0..batch {
         for h in 0..heads {
             let row = |t: usize| (b * seq + t) * heads + h;
+            // mLSTM: stabiliser m_t and the stabilised decay a_t and write scale w_t.
+            let (mut ms, mut mlstm_a, mut writes) = (vec![0.0; seq], vec![1.0; seq], vec![1.0; seq]);
+            if mlstm {
+                let mut m = 0.0f64;
+                for t in 0..seq {
+                    let (log_f, i) = (x.g[row(t)], x.igate[row(t)]);
+                    let m_new = (log_f + m).max(i);
+                    mlstm_a[t] = (log_f + m - m_new).exp();
+                    writes[t] = (i - m_new).exp();
+                    m = m_new;
+                    ms[t] = m;
+                }
+            }
             let alpha = |t: usize, i: usize| match r.gate {
+                _ if mlstm => mlstm_a[t],
                 Gate::None => 1.0,
                 Gate::Scalar => x.g[row(t)].exp(),
                 Gate::Vector => x.g[row(t) * dk + i].exp(),
@@ -148,6 +166,7 @@ pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -
             let mut n = vec![0.0; dk];
             let (mut prev, mut decayed, mut after, mut norms, mut us) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
             for t in 0..seq {
+                let w = writes[t];
                 let (k, v) = (&x.k[row(t) * dk..][..dk], &x.v[row(t) * dv..][..dv]);
                 prev.push(s.clone());
                 for i in 0..dk {
@@ -168,9 +187,9 @@ pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -
                 }
                 for i in 0..dk {
                     for j in 0..dv {
-                        s[i * dv + j] += k[i] * u[j];
+                        s[i * dv + j] += w * k[i] * u[j];
                     }
-                    n[i] += k[i];
+                    n[i] += w * k[i];
                 }
                 us.push(u);
                 after.push(s.clone());
@@ -189,13 +208,19 @@ pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -
                 let o_raw: Vec<f64> = (0..dv).map(|j| (0..dk).map(|i| qs[i] * st[i * dv + j]).sum()).collect();
                 let mut d_raw = dout.to_vec();
                 let mut dqs = vec![0.0; dk];
-                if r.normalizer == Normalizer::Sum {
-                    let den: f64 = (0..dk).map(|i| qs[i] * norms[t][i]).sum::<f64>() + 1e-10;
+                if r.normalizer != Normalizer::None {
+                    // Sum: den = q̃·n + 1e-10; mLSTM: den = max(|q̃·n|, exp(−m)) + 1e-6.
+                    let nq: f64 = (0..dk).map(|i| qs[i] * norms[t][i]).sum();
+                    let (den, dden_dnq) = match r.normalizer {
+                        Normalizer::Sum => (nq + 1e-10, 1.0),
+                        _ if nq.abs() > (-ms[t]).exp() => (nq.abs() + 1e-6, nq.signum()),
+                        _ => ((-ms[t]).exp() + 1e-6, 0.0),
+                    };
                     let d_den: f64 = -(0..dv).map(|j| dout[j] * o_raw[j]).sum::<f64>() / (den * den);
                     d_raw.iter_mut().for_each(|v| *v /= den);
                     for i in 0..dk {
-                        dqs[i] += d_den * norms[t][i];
-                        dn[i] += d_den * qs[i];
+                        dqs[i] += d_den * dden_dnq * norms[t][i];
+                        dn[i] += d_den * dden_dnq * qs[i];
                     }
                 }
                 for i in 0..dk {
@@ -205,15 +230,21 @@ pub fn backward(r: Recurrence, d: Dims, x: &Inputs, scale: f64, d_out: &[f64]) -
                     }
                     gr.q[rt * dk + i] = dqs[i] * scale;
                 }
-                // Write: S_t = S' + k uᵀ (u = v without the delta rule); n_t = n' + k.
-                let u = &us[t];
+                // Write: S_t = S' + w k uᵀ (u = v without the delta rule); n_t = n' + w k.
+                let (u, w) = (&us[t], writes[t]);
                 let mut du = vec![0.0; dv];
+                let mut dw = 0.0;
                 for i in 0..dk {
                     for j in 0..dv {
-                        gr.k[rt * dk + i] += ds[i * dv + j] * u[j];
-                        du[j] += ds[i * dv + j] * k[i];
+                        gr.k[rt * dk + i] += w * ds[i * dv + j] * u[j];
+                        du[j] += w * ds[i * dv + j] * k[i];
+                        dw += ds[i * dv + j] * k[i] * u[j];
                     }
-                    gr.k[rt * dk + i] += dn[i];
+                    gr.k[rt * dk + i] += w * dn[i];
+                    dw += dn[i] * k[i];
+                }
+                if mlstm {
+                    gr.igate[rt] = dw * w;
                 }
                 let sd = &decayed[t];
                 if r.delta {
