@@ -2,7 +2,7 @@
 //! at awkward shapes (one token, T around the chunk size, several heads, batch > 1), with gates
 //! near 0 and near 1, and with the state carried across two calls.
 use linearize_core::generate::Rng;
-use linearize_core::mixers::recurrence::{chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence};
+use linearize_core::mixers::recurrence::{self as recurrence, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence};
 use linearize_core::reference::recurrence::{self as reference, Inputs, State};
 use linearize_tests::{assert_close, f64s, gpu, random};
 
@@ -230,5 +230,54 @@ fn chunked_kernels_match_recurrent_and_reference() {
         }
         let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
         assert_close(&format!("chunked {name}: two pieces vs f64"), &joined, &want, 1e-4 * scale, 1e-3);
+    }
+}
+
+/// The GPU backward against the f64 reverse-mode reference (itself checked against finite
+/// differences in tests/backward.rs), for every variant, at one token, around the chunk size and
+/// across chunks, with gates moderate, near 1 and near 0.
+#[test]
+fn backward_kernel_matches_reference_for_every_mixer() {
+    let mut rng = Rng::new(24);
+    for (name, r) in variants() {
+        for &(batch, seq, heads, regime) in &[(1, 1, 1, 0), (2, 63, 2, 0), (1, 65, 1, 1), (1, 130, 2, 2)] {
+            let d = Dims { batch, seq, heads, dk: 64, dv: 64 };
+            let x = data(&mut rng, r, d, regime);
+            let rows = batch * seq * heads;
+            let dout = random(&mut rng, rows * d.dv, 1.0);
+            let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
+            let inputs = Inputs { q: &q, k: &k, v: &v, g: if r.gate == Gate::None { &[] } else { &g }, beta: &beta, igate: &igate };
+            let scale = 1.0 / (d.dk as f64).sqrt();
+            let want = reference::backward(r, d, &inputs, scale, &f64s(&dout));
+
+            let up = |n: &str, a: &[f32]| gpu().upload_f32(n, a).unwrap();
+            let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
+            let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
+            let mut rec = gpu().recorder();
+            let mut temps = Vec::new();
+            let grads = recurrence::backward(&mut rec, r, d, scale as f32, &gq, &gk, &gv, &gates, &gd, &mut temps).unwrap();
+            rec.submit().unwrap();
+            temps.into_iter().for_each(|t| gpu().release(t));
+            let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
+            let tag = format!("backward {name} B={batch} T={seq} H={heads} gates regime {regime}");
+            let check = |what: &str, got: Vec<f32>, want: &[f64]| {
+                let tol = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0) * 1e-4;
+                assert_close(&format!("{tag}: d{what}"), &got, want, tol, 1e-3);
+            };
+            check("q", read(&grads.q, rows * 64), &want.q);
+            check("k", read(&grads.k, rows * 64), &want.k);
+            check("v", read(&grads.v, rows * 64), &want.v);
+            if r.gate != Gate::None {
+                check("g", read(&grads.g, want.g.len()), &want.g);
+            }
+            let scalars = read(&grads.scalars, rows * 2);
+            if r.delta {
+                check("beta", scalars.iter().step_by(2).copied().collect(), &want.beta);
+            }
+            if r.normalizer == Normalizer::Mlstm {
+                check("igate", scalars.iter().skip(1).step_by(2).copied().collect(), &want.igate);
+            }
+            grads.release(gpu());
+        }
     }
 }

@@ -18,6 +18,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),
     ("mixers/common/readout", include_str!("../../shaders/mixers/common/readout.wgsl")),
     ("mixers/common/recurrent", include_str!("../../shaders/mixers/common/recurrent.wgsl")),
+    ("mixers/common/recurrent_backward", include_str!("../../shaders/mixers/common/recurrent_backward.wgsl")),
 ];
 
 pub fn source(name: &str) -> Option<&'static str> {

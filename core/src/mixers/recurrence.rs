@@ -218,3 +218,67 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     temps.extend([dummy, b_cum, u, w, h, n0, m0]);
     Ok(())
 }
+
+/// Gradients of the recurrence's inputs on the GPU, laid out like the inputs; `scalars` is
+/// [B, T, H, 2]: ∂β and ∂ĩ (mLSTM's input gate). Buffers a variant has no input for are 1 long.
+pub struct RecurrenceGrads {
+    pub q: GpuBuf,
+    pub k: GpuBuf,
+    pub v: GpuBuf,
+    pub g: GpuBuf,
+    pub scalars: GpuBuf,
+}
+
+impl RecurrenceGrads {
+    pub fn release(self, gpu: &Gpu) {
+        for b in [self.q, self.k, self.v, self.g, self.scalars] {
+            gpu.release(b);
+        }
+    }
+}
+
+/// Backward of `recurrent`/`chunked` from a zero initial state (training blocks start fresh):
+/// ∂L/∂(q, k, v, g, β, ĩ) from ∂L/∂o `d_out` [B, T, H, V] (shaders/mixers/common/
+/// recurrent_backward.wgsl; f64 twin: crate::reference::recurrence::backward). States are kept
+/// per chunk of 64 tokens and recomputed within it. Key and value size 64.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, d_out: &GpuBuf, temps: &mut Vec<GpuBuf>) -> Result<RecurrenceGrads> {
+    if d.dk != 64 || d.dv != 64 {
+        return Err(Error::argument("head size", format!("the recurrence backward takes key and value size 64, got {}×{}", d.dk, d.dv)));
+    }
+    let gpu = rec.gpu();
+    let dummy = gpu.scratch(4)?;
+    let zero = GpuState::zeros(gpu, d)?;
+    let rows = d.batch * d.seq * d.heads;
+    let grads = RecurrenceGrads {
+        q: gpu.scratch(rows * d.dk)?,
+        k: gpu.scratch(rows * d.dk)?,
+        v: gpu.scratch(rows * d.dv)?,
+        g: gpu.scratch(match r.gate {
+            Gate::None => 1,
+            Gate::Scalar => rows,
+            Gate::Vector => rows * d.dk,
+        })?,
+        scalars: gpu.scratch(rows * 2)?,
+    };
+    let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, &zero, &grads.v, &dummy)?;
+    need("recurrence d_out", d_out, rows * d.dv)?;
+    temps.extend([zero.s, zero.n, zero.m]);
+    if d.seq == 0 {
+        temps.push(dummy);
+        return Ok(grads);
+    }
+    let chunks = d.seq.div_ceil(CHUNK);
+    let bh = d.batch * d.heads;
+    let saved = gpu.scratch(bh * chunks * (64 * 64 + 65))?;
+    let steps = gpu.scratch(bh * CHUNK * (64 * 64 + 64 + 64 + 3))?;
+    let kernel = Kernel::new("mixers/common/recurrent_backward", "recurrent_backward_k64")
+        .with("GATE", r.gate.code() as f64)
+        .with("DELTA", r.delta as u8 as f64)
+        .with("NORM", r.normalizer.code() as f64);
+    let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
+    let bufs = [q, k, v, g, beta, igate, d_out, &saved, &steps, &grads.q, &grads.k, &grads.v, &grads.g, &grads.scalars];
+    rec.dispatch(&kernel, &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
+    temps.extend([dummy, saved, steps]);
+    Ok(grads)
+}
