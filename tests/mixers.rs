@@ -82,3 +82,84 @@ fn mixer_names_round_trip_and_unknown_names_are_rejected() {
     let e = MixerKind::from_name("mamba").unwrap_err().to_string();
     assert!(e.contains("unknown mixer 'mamba'") && e.contains("gated_deltanet"), "{e}");
 }
+
+/// The training backward of every mixer layer against finite differences of its f64 forward:
+/// for x and for every trainable parameter, the gradient along a random direction.
+#[test]
+fn every_mixer_layer_backward_matches_finite_differences() {
+    let mut rng = Rng::new(42);
+    let s = MixerShape { hidden: 48, heads: 2, dk: 64, dv: 64 };
+    let theta = 10000.0;
+    let (cos, sin) = linearize_core::model::lm::rope_tables(256, s.dk, theta);
+    let neg_sin: Vec<f32> = sin.iter().map(|v| -v).collect();
+    let (cos, sin, neg_sin) = (gpu().upload_f32("cos", &cos).unwrap(), gpu().upload_f32("sin", &sin).unwrap(), gpu().upload_f32("-sin", &neg_sin).unwrap());
+    let (rope, rope_back) = (Rope { cos: &cos, sin: &sin }, Rope { cos: &cos, sin: &neg_sin });
+    let (batch, seq) = (2, 70);
+    let rows = batch * seq;
+    for kind in MixerKind::ALL {
+        for opts in [
+            MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
+            MixerOptions { la_denominator: true, la_output_norm: true, ..Default::default() },
+            MixerOptions { kda_gate_mixup: true, ..Default::default() },
+        ] {
+            if (opts.la_denominator && kind != MixerKind::LinearAttn) || (opts.kda_gate_mixup && kind != MixerKind::Kda) {
+                continue;
+            }
+            let p = params(kind, s, &opts, &mut rng);
+            let layer = MixerLayer::upload(gpu(), kind, &opts, s, &p).unwrap();
+            let mut x = random(&mut rng, rows * s.hidden, 1.0);
+            if kind == MixerKind::LinearAttn && opts.la_denominator {
+                x.iter_mut().for_each(|v| *v = v.abs());
+            }
+            let w = f64s(&random(&mut rng, rows * s.hidden, 1.0));
+            let loss = |p: &MixerParams, x: &[f64]| -> f64 {
+                let out = reference::forward(kind, &opts, s, p, x, batch, seq, theta, &mut LayerState::new(s, batch));
+                out.iter().zip(&w).map(|(a, b)| a * b).sum()
+            };
+
+            // GPU: forward keeping activations, then backward of L = Σ w ⊙ out.
+            let xb = gpu().upload_f32("x", &x).unwrap();
+            let out = gpu().scratch(rows * s.hidden).unwrap();
+            let dout = gpu().upload_f32("dout", &w.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();
+            let dx = gpu().scratch(rows * s.hidden).unwrap();
+            let names = layer.parameter_names();
+            let grads: std::collections::BTreeMap<String, _> = names.iter().map(|n| (n.clone(), gpu().upload_f32(n, &vec![0.0; p[n].data.len()]).unwrap())).collect();
+            let mut temps = Vec::new();
+            let mut rec = gpu().recorder();
+            let acts = layer.forward_train(&mut rec, &xb, batch, seq, &rope, &out, &mut temps).unwrap();
+            layer.backward(&mut rec, &xb, &acts, &rope_back, &dout, &dx, false, &grads, &mut temps).unwrap();
+            rec.submit().unwrap();
+            temps.into_iter().for_each(|t| gpu().release(t));
+            acts.release(gpu());
+
+            let tag = format!("{} {:?}", kind.name(), opts);
+            let eps = 1e-4;
+            let check = |what: &str, got: &[f32], dir: &[f64], plus: f64, minus: f64| {
+                let analytic: f64 = got.iter().zip(dir).map(|(g, d)| *g as f64 * d).sum();
+                let numeric = (plus - minus) / (2.0 * eps);
+                let tol = 2e-3 * numeric.abs().max(analytic.abs()) + 1e-4;
+                assert!((analytic - numeric).abs() <= tol, "{tag}: d{what}·dir = {analytic}, finite differences {numeric}");
+            };
+            let xd = f64s(&x);
+            let dir = f64s(&random(&mut rng, xd.len(), 1.0));
+            let shifted = |sign: f64| -> Vec<f64> { xd.iter().zip(&dir).map(|(a, d)| a + sign * eps * d).collect() };
+            check("x", &gpu().read_f32_blocking(&dx, rows * s.hidden).unwrap(), &dir, loss(&p, &shifted(1.0)), loss(&p, &shifted(-1.0)));
+            for name in &names {
+                let t = &p[name];
+                let dir = f64s(&random(&mut rng, t.data.len(), 1.0));
+                let moved = |sign: f64| -> MixerParams {
+                    let mut q = p.clone();
+                    let d = &mut q.get_mut(name).unwrap().data;
+                    // Perturb in f64 through the f32 store: keep the step exact by using the
+                    // difference actually stored.
+                    d.iter_mut().zip(&dir).for_each(|(v, dd)| *v = (*v as f64 + sign * eps * dd) as f32);
+                    q
+                };
+                let (pp, pm) = (moved(1.0), moved(-1.0));
+                // The direction as stored in f32 (the f32 rounding of the perturbation).
+                let real_dir: Vec<f64> = pp[name].data.iter().zip(&pm[name].data).map(|(a, b)| (*a as f64 - *b as f64) / (2.0 * eps)).collect();
+                check(name, &gpu().read_f32_blocking(&grads[name], t.data.len()).unwrap(), &real_dir, loss(&pp, &xd), loss(&pm, &xd));
+            }
+        }
+    }
+}

@@ -219,19 +219,20 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     Ok(())
 }
 
-/// Gradients of the recurrence's inputs on the GPU, laid out like the inputs; `scalars` is
-/// [B, T, H, 2]: ∂β and ∂ĩ (mLSTM's input gate). Buffers a variant has no input for are 1 long.
+/// Gradients of the recurrence's inputs on the GPU, laid out like the inputs (`igate`: mLSTM's
+/// ĩ). Buffers a variant has no input for are 1 long.
 pub struct RecurrenceGrads {
     pub q: GpuBuf,
     pub k: GpuBuf,
     pub v: GpuBuf,
     pub g: GpuBuf,
-    pub scalars: GpuBuf,
+    pub beta: GpuBuf,
+    pub igate: GpuBuf,
 }
 
 impl RecurrenceGrads {
     pub fn release(self, gpu: &Gpu) {
-        for b in [self.q, self.k, self.v, self.g, self.scalars] {
+        for b in [self.q, self.k, self.v, self.g, self.beta, self.igate] {
             gpu.release(b);
         }
     }
@@ -259,7 +260,8 @@ pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuB
             Gate::Scalar => rows,
             Gate::Vector => rows * d.dk,
         })?,
-        scalars: gpu.scratch(rows * 2)?,
+        beta: gpu.scratch(if r.delta { rows } else { 1 })?,
+        igate: gpu.scratch(if r.normalizer == Normalizer::Mlstm { rows } else { 1 })?,
     };
     let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, &zero, &grads.v, &dummy)?;
     need("recurrence d_out", d_out, rows * d.dv)?;
@@ -277,7 +279,7 @@ pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuB
         .with("DELTA", r.delta as u8 as f64)
         .with("NORM", r.normalizer.code() as f64);
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
-    let bufs = [q, k, v, g, beta, igate, d_out, &saved, &steps, &grads.q, &grads.k, &grads.v, &grads.g, &grads.scalars];
+    let bufs = [q, k, v, g, beta, igate, d_out, &saved, &steps, &grads.q, &grads.k, &grads.v, &grads.g, &grads.beta, &grads.igate];
     rec.dispatch(&kernel, &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
     temps.extend([dummy, saved, steps]);
     Ok(grads)

@@ -39,7 +39,8 @@ struct Params {
 @group(0) @binding(11) var<storage, read_write> dk: array<f32>;    // like k
 @group(0) @binding(12) var<storage, read_write> dv: array<f32>;    // like v
 @group(0) @binding(13) var<storage, read_write> dg: array<f32>;    // like g
-@group(0) @binding(14) var<storage, read_write> dscal: array<f32>; // [B, T, H, 2]: d beta, d igate
+@group(0) @binding(14) var<storage, read_write> dbeta: array<f32>;  // [B, T, H]
+@group(0) @binding(15) var<storage, read_write> digate: array<f32>; // [B, T, H]
 
 const C: u32 = 64u;
 // saved, per chunk: S [64 x 64], n [64], m.
@@ -346,7 +347,7 @@ fn recurrent_backward_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin
             if (DELTA) {
                 let d_beta = sum_columns(du * e, rb, col);
                 if (flat == 0u) {
-                    dscal[row * 2u] = d_beta;
+                    dbeta[row] = d_beta;
                 }
                 if (rb == 0u) {
                     dv[row * 64u + col] = bt * du;
@@ -365,7 +366,7 @@ fn recurrent_backward_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin
                 if (NORM == 2u) {
                     let dw = sum_columns(du * v_sh[col], rb, col) + sum_row_blocks(dnk_part, flat, col);
                     if (flat == 0u) {
-                        dscal[row * 2u + 1u] = dw * w;
+                        digate[row] = dw * w;
                     }
                 }
             }
