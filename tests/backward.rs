@@ -361,3 +361,28 @@ fn recurrence_reference_backward_matches_finite_differences() {
         }
     }
 }
+
+#[test]
+fn squared_and_l2_errors_match_finite_differences() {
+    let mut rng = Rng::new(61);
+    for &(rows, width) in &[(1, 1), (3, 70), (4, 300)] {
+        let (y, t) = (random(&mut rng, rows * width, 1.0), random(&mut rng, rows * width, 1.0));
+        let (yd, td) = (f64s(&y), f64s(&t));
+        let scale = 1.0 / (rows * width) as f64;
+        let (yb, tb) = (up(&y), up(&t));
+        let (loss, grad) = (gpu().scratch(rows).unwrap(), gpu().scratch(rows * width).unwrap());
+        let mut rec = gpu().recorder();
+        train::squared_error(&mut rec, &yb, &tb, &loss, &grad, rows, width, scale as f32, false).unwrap();
+        rec.submit().unwrap();
+        assert_close("squared error", &read(&loss, rows), &rtrain::squared_error(&yd, &td, width), 1e-5, 1e-5);
+        let want = numeric_grad(&yd, |yy| rtrain::squared_error(yy, &td, width).iter().sum::<f64>() * scale);
+        assert_close("squared error grad", &read(&grad, rows * width), &want, 1e-6, 1e-3);
+
+        let mut rec = gpu().recorder();
+        train::l2_error(&mut rec, &yb, &tb, &loss, &grad, rows, width, 0.5, false).unwrap();
+        rec.submit().unwrap();
+        assert_close("l2 error", &read(&loss, rows), &rtrain::l2_error(&yd, &td, width), 1e-5, 1e-5);
+        let want = numeric_grad(&yd, |yy| rtrain::l2_error(yy, &td, width).iter().sum::<f64>() * 0.5);
+        assert_close("l2 error grad", &read(&grad, rows * width), &want, 1e-6, 1e-3);
+    }
+}

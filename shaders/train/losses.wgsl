@@ -1,6 +1,9 @@
-// Losses over rows of logits [rows, vocab] with their gradients (one workgroup per row):
+// Losses over rows [rows, vocab] with their gradients (one workgroup per row):
 //   cross_entropy: loss_r = logsumexp(z_r) − z_r[target_r];  dz = (softmax(z) − onehot) · scale
 //   kl:            loss_r = Σ p_t (log p_t − log p_s), p = softmax;  dz_s = (p_s − p_t) · scale
+//   squared_error: loss_r = Σ (z − t)²;  dz = 2 (z − t) · scale   (stage 1's MSE)
+//   l2_error:      loss_r = ‖z_r − t_r‖;  dz = (z − t) / ‖z − t‖ · scale   (stage 2)
+// (`vocab` is the row width; `teacher` holds the targets t of the last two.)
 // `scale` is the weight of the loss and its reduction (1/rows for a per-token mean). Gradients
 // are added to `grad` when `accumulate` is set (CE + KL into one buffer).
 
@@ -119,5 +122,43 @@ fn kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
     l = reduce_sum(t, l);
     if (t == 0u) {
         loss[r] = l;
+    }
+}
+
+@compute @workgroup_size(256)
+fn squared_error(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x;
+    let t = lid.x;
+    let base = r * p.vocab;
+    var l = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        let e = z[base + c] - teacher[base + c];
+        l = fma(e, e, l);
+        put_grad(base + c, 2.0 * e * p.scale);
+    }
+    l = reduce_sum(t, l);
+    if (t == 0u) {
+        loss[r] = l;
+    }
+}
+
+@compute @workgroup_size(256)
+fn l2_error(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x;
+    let t = lid.x;
+    let base = r * p.vocab;
+    var l = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        let e = z[base + c] - teacher[base + c];
+        l = fma(e, e, l);
+    }
+    let norm = sqrt(reduce_sum(t, l));
+    if (t == 0u) {
+        loss[r] = norm;
+    }
+    // The gradient of ‖e‖ at e = 0 is taken as 0.
+    let inv = select(0.0, 1.0 / norm, norm > 0.0);
+    for (var c = t; c < p.vocab; c += THREADS) {
+        put_grad(base + c, (z[base + c] - teacher[base + c]) * inv * p.scale);
     }
 }

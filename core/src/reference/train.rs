@@ -23,6 +23,16 @@ pub fn kl(student: &[f64], teacher: &[f64], vocab: usize) -> Vec<f64> {
         .collect()
 }
 
+/// Per-row Σ (y − t)².
+pub fn squared_error(y: &[f64], t: &[f64], width: usize) -> Vec<f64> {
+    y.chunks(width).zip(t.chunks(width)).map(|(a, b)| a.iter().zip(b).map(|(x, z)| (x - z) * (x - z)).sum()).collect()
+}
+
+/// Per-row ‖y − t‖.
+pub fn l2_error(y: &[f64], t: &[f64], width: usize) -> Vec<f64> {
+    squared_error(y, t, width).into_iter().map(f64::sqrt).collect()
+}
+
 /// One AdamW step in place (decoupled decay), the same formula as shaders/train/adamw.wgsl.
 #[allow(clippy::too_many_arguments)]
 pub fn adamw(param: &mut [f64], grad: &[f64], m: &mut [f64], v: &mut [f64], step: u32, lr: f64, beta1: f64, beta2: f64, eps: f64, decay: f64, grad_scale: f64) {

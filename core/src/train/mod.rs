@@ -30,6 +30,28 @@ pub fn kl(rec: &mut Recorder, student: &GpuBuf, teacher: &GpuBuf, loss: &GpuBuf,
     rec.dispatch_bindings(&Kernel::new("train/losses", "kl"), &params, &[(1, student), (3, teacher), (4, loss), (5, grad)], [rows as u32, 1, 1])
 }
 
+/// Per-row Σ (y − target)² of [rows, width] into `loss`; gradient 2 (y − target) · scale.
+#[allow(clippy::too_many_arguments)]
+pub fn squared_error(rec: &mut Recorder, y: &GpuBuf, target: &GpuBuf, loss: &GpuBuf, grad: &GpuBuf, rows: usize, width: usize, scale: f32, accumulate: bool) -> Result<()> {
+    row_loss(rec, "squared_error", y, target, loss, grad, rows, width, scale, accumulate)
+}
+
+/// Per-row ‖y − target‖ (the L2 norm, not squared) into `loss`; gradient (y − t)/‖y − t‖ · scale.
+#[allow(clippy::too_many_arguments)]
+pub fn l2_error(rec: &mut Recorder, y: &GpuBuf, target: &GpuBuf, loss: &GpuBuf, grad: &GpuBuf, rows: usize, width: usize, scale: f32, accumulate: bool) -> Result<()> {
+    row_loss(rec, "l2_error", y, target, loss, grad, rows, width, scale, accumulate)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn row_loss(rec: &mut Recorder, entry: &'static str, y: &GpuBuf, target: &GpuBuf, loss: &GpuBuf, grad: &GpuBuf, rows: usize, width: usize, scale: f32, accumulate: bool) -> Result<()> {
+    need(&format!("{entry} y"), y, rows * width)?;
+    need(&format!("{entry} target"), target, rows * width)?;
+    need(&format!("{entry} loss"), loss, rows)?;
+    need(&format!("{entry} grad"), grad, rows * width)?;
+    let params = [rows as u32, width as u32, scale.to_bits(), accumulate as u32];
+    rec.dispatch_bindings(&Kernel::new("train/losses", entry), &params, &[(1, y), (3, target), (4, loss), (5, grad)], [rows as u32, 1, 1])
+}
+
 /// AdamW hyperparameters (the paper's: β (0.9, 0.95), eps 1e-8, weight decay 0.1).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamW {
