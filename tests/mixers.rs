@@ -127,7 +127,7 @@ fn every_mixer_layer_backward_matches_finite_differences() {
             let mut temps = Vec::new();
             let mut rec = gpu().recorder();
             let acts = layer.forward_train(&mut rec, &xb, batch, seq, &rope, &out, &mut temps).unwrap();
-            layer.backward(&mut rec, &xb, &acts, &rope_back, &dout, &dx, false, &grads, &mut temps).unwrap();
+            layer.backward(&mut rec, &xb, &acts, &rope_back, &dout, &dx, false, &grads, "", &mut temps).unwrap();
             rec.submit().unwrap();
             temps.into_iter().for_each(|t| gpu().release(t));
             acts.release(gpu());

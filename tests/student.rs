@@ -163,3 +163,117 @@ fn diagnostics_follow_the_state_while_a_student_generates() {
         }
     }
 }
+
+/// A small random Llama (2 blocks, 2 heads of 64, GQA 2:1, vocabulary 300) for gradient checks.
+fn tiny_teacher(seed: u64) -> linearize_core::model::ModelWeights {
+    use linearize_core::model::{LayerWeights, LlamaConfig, ModelWeights};
+    let mut rng = linearize_core::generate::Rng::new(seed);
+    let config: LlamaConfig = serde_json::from_value(serde_json::json!({
+        "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": 300, "max_position_embeddings": 256, "tie_word_embeddings": true
+    }))
+    .unwrap();
+    let mut r = |n: usize, s: f32| linearize_tests::random(&mut rng, n, s);
+    let (d, f, hd) = (128, 96, 64);
+    let layers = (0..2)
+        .map(|_| LayerWeights {
+            attn_norm: r(d, 0.2).iter().map(|v| 1.0 + v).collect(),
+            q: r(2 * hd * d, 0.15),
+            k: r(hd * d, 0.15),
+            v: r(hd * d, 0.15),
+            o: r(d * 2 * hd, 0.1),
+            ffn_norm: r(d, 0.2).iter().map(|v| 1.0 + v).collect(),
+            gate: r(f * d, 0.15),
+            up: r(f * d, 0.15),
+            down: r(d * f, 0.15),
+        })
+        .collect();
+    ModelWeights { embed: r(300 * d, 1.0), final_norm: r(d, 0.2).iter().map(|v| 1.0 + v).collect(), lm_head: None, layers, config }
+}
+
+/// The student's training backward (every block a mixer, all parameters trained) against finite
+/// differences of the f64 student, for every mixer: L = Σ w ⊙ logits along a random direction
+/// of each parameter.
+#[test]
+fn student_backward_matches_finite_differences_for_every_mixer() {
+    use linearize_core::model::lm::training::Scope;
+    use linearize_core::model::StudentMixers;
+    let (batch, seq) = (2, 70);
+    let rows = batch * seq;
+    for (n, kind) in MixerKind::ALL.into_iter().enumerate() {
+        let mut rng = linearize_core::generate::Rng::new(90 + n as u64);
+        let teacher_w = tiny_teacher(80 + n as u64);
+        let opts = MixerOptions { conv_init: ConvInit::Random, ..Default::default() };
+        let (sw, mut mixers) = from_teacher(&teacher_w, kind, None, &opts, "tiny").unwrap();
+        // Move the new projections away from their small inits so every path carries gradient.
+        for p in mixers.layers.values_mut() {
+            for name in ["g_proj", "b_proj", "a_proj", "i_proj", "f_proj", "og_proj", "gk_w1", "gk_w2", "f_w1", "f_w2"] {
+                if let Some(t) = p.get_mut(name) {
+                    t.data = linearize_tests::random(&mut rng, t.data.len(), 0.3);
+                }
+            }
+        }
+        let ids: Vec<u32> = (0..rows).map(|_| (rng.next_f64() * 300.0) as u32 % 300).collect();
+        let w: Vec<f64> = linearize_tests::f64s(&linearize_tests::random(&mut rng, rows * 300, 1.0));
+        let loss = |sw: &linearize_core::model::ModelWeights, m: &StudentMixers| -> f64 {
+            (0..batch)
+                .map(|b| {
+                    let logits = reference::forward_with_mixers(sw, Some(m), &ids[b * seq..(b + 1) * seq]);
+                    logits.iter().zip(&w[b * seq * 300..]).map(|(a, c)| a * c).sum::<f64>()
+                })
+                .sum()
+        };
+
+        let lm = LanguageModel::upload_with_mixers(gpu(), &sw, Some(&mixers)).unwrap();
+        let params = lm.parameters(Scope::All);
+        let grads: std::collections::BTreeMap<String, _> = params.iter().map(|p| (p.name.clone(), gpu().upload_f32(&p.name, &vec![0.0; p.buf.len]).unwrap())).collect();
+        let ids_buf = gpu().upload_u32("ids", &ids).unwrap();
+        let d_logits = gpu().upload_f32("w", &w.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();
+        let mut temps = Vec::new();
+        let mut rec = gpu().recorder();
+        let acts = lm.forward_train(&mut rec, &ids_buf, batch, seq, &mut temps).unwrap();
+        lm.backward(&mut rec, &ids, &acts, &d_logits, batch, seq, &grads, &mut temps).unwrap();
+        rec.submit().unwrap();
+        temps.into_iter().for_each(|t| gpu().release(t));
+        acts.release(gpu());
+
+        // Steps of eps·dir with dir on a grid of 1/64 and eps = 2⁻¹⁴ are exact in f32 for
+        // |values| < 8, so the perturbation applied is exactly the one the gradient is dotted with.
+        let eps = 1.0 / 16384.0;
+        for p in &params {
+            // The tensor(s) behind the name, perturbed along `dir` in f32.
+            let got = gpu().read_f32_blocking(&grads[&p.name], p.buf.len).unwrap();
+            let dir: Vec<f32> = linearize_tests::random(&mut rng, p.buf.len, 1.0).iter().map(|v| (v * 64.0).round() / 64.0).collect();
+            let moved = |sign: f32| {
+                let (mut sw2, mut m2) = (sw.clone(), mixers.clone());
+                let apply = |v: &mut Vec<f32>, dir: &[f32]| v.iter_mut().zip(dir).for_each(|(x, d)| *x += sign * eps as f32 * d);
+                let parts: Vec<&str> = p.name.split('.').collect();
+                match parts.as_slice() {
+                    ["layers", i, "mixer", name] => apply(&mut m2.layers.get_mut(&i.parse::<usize>().unwrap()).unwrap().get_mut(*name).unwrap().data, &dir),
+                    ["layers", i, what] => {
+                        let l = &mut sw2.layers[i.parse::<usize>().unwrap()];
+                        match *what {
+                            "attn_norm" => apply(&mut l.attn_norm, &dir),
+                            "ffn_norm" => apply(&mut l.ffn_norm, &dir),
+                            "w_down" => apply(&mut l.down, &dir),
+                            "w_gate_up" => {
+                                let g = l.gate.len();
+                                apply(&mut l.gate, &dir[..g]);
+                                apply(&mut l.up, &dir[g..]);
+                            }
+                            other => panic!("unexpected parameter {other}"),
+                        }
+                    }
+                    ["embed"] => apply(&mut sw2.embed, &dir),
+                    ["final_norm"] => apply(&mut sw2.final_norm, &dir),
+                    _ => panic!("unexpected parameter {}", p.name),
+                }
+                loss(&sw2, &m2)
+            };
+            let numeric = (moved(1.0) - moved(-1.0)) / (2.0 * eps);
+            let analytic: f64 = got.iter().zip(&dir).map(|(g, d)| *g as f64 * *d as f64).sum();
+            let tol = 3e-3 * numeric.abs().max(analytic.abs()) + 1e-3;
+            assert!((analytic - numeric).abs() <= tol, "{}: d{}·dir = {analytic}, finite differences {numeric}", kind.name(), p.name);
+        }
+    }
+}

@@ -305,10 +305,10 @@ impl MixerLayer {
     }
 
     /// Backward of `forward_train`: dx [rows, hidden] (+)= ∂L/∂x for d_out = ∂L/∂out, and each
-    /// parameter's gradient added to `grads[name]`. `rope_back` holds the rotary tables with sin
+    /// parameter's gradient added to `grads[prefix + name]`. `rope_back` holds the rotary tables with sin
     /// negated (RetNet rotates its gradients back).
     #[allow(clippy::too_many_arguments)]
-    pub fn backward(&self, rec: &mut Recorder, x: &GpuBuf, a: &Activations, rope_back: &Rope, d_out: &GpuBuf, dx: &GpuBuf, accumulate: bool, grads: &BTreeMap<String, GpuBuf>, temps: &mut Vec<GpuBuf>) -> Result<()> {
+    pub fn backward(&self, rec: &mut Recorder, x: &GpuBuf, a: &Activations, rope_back: &Rope, d_out: &GpuBuf, dx: &GpuBuf, accumulate: bool, grads: &BTreeMap<String, GpuBuf>, prefix: &str, temps: &mut Vec<GpuBuf>) -> Result<()> {
         let gpu = rec.gpu();
         let (batch, seq) = (a.batch, a.seq);
         let rows = batch * seq;
@@ -316,7 +316,7 @@ impl MixerLayer {
         let (hk, hv) = (h * dk, h * dv);
         let eps = self.opts.norm_eps as f32;
         let tmp = |n: usize| -> Result<GpuBuf> { gpu.scratch(n) };
-        let grad = |name: &str| grads.get(name).ok_or_else(|| Error::argument("gradients", format!("no gradient buffer for '{name}'")));
+        let grad = |name: &str| grads.get(&format!("{prefix}{name}")).ok_or_else(|| Error::argument("gradients", format!("no gradient buffer for '{prefix}{name}'")));
         // dx (+)= dy W, dW += dyᵀ x for y = x Wᵀ; the first write to dx honours `accumulate`.
         let mut dx_written = accumulate;
         let linear_back = |rec: &mut Recorder, dy: &GpuBuf, input: &GpuBuf, w: &str, d_input: &GpuBuf, m: usize, n: usize, k: usize, acc: bool| -> Result<()> {

@@ -11,6 +11,8 @@ use crate::mixers::layer::{LayerTrace, MixerLayer, MixerState, Rope};
 use serde::Serialize;
 use crate::nn::{self, AttnShape};
 
+pub mod training;
+
 enum TokenMixer {
     Attention {
         /// q, k and v projections stacked: [q_dim + 2 kv_dim, hidden].
@@ -38,6 +40,8 @@ pub struct LanguageModel {
     head: Option<GpuBuf>,
     rope_cos: GpuBuf,
     rope_sin: GpuBuf,
+    /// −sin: rotating by −θ undoes a rotation (RetNet's backward).
+    rope_sin_neg: GpuBuf,
     /// Positions the rotary tables cover.
     pub max_positions: usize,
 }
@@ -122,6 +126,7 @@ impl LanguageModel {
             head: w.lm_head.as_ref().map(|h| gpu.upload_f32("lm_head", h)).transpose()?,
             rope_cos: gpu.upload_f32("rope_cos", &cos)?,
             rope_sin: gpu.upload_f32("rope_sin", &sin)?,
+            rope_sin_neg: gpu.upload_f32("rope_sin_neg", &sin.iter().map(|v| -v).collect::<Vec<f32>>())?,
             max_positions,
             blocks,
             config: cfg,

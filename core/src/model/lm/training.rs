@@ -1,0 +1,275 @@
+//! Training passes of the language model, for the distillation stages (crate::train::distill):
+//! a forward that keeps each block's activations and the backward beside it, block by block
+//! (RMSNorm → token mixer → residual → RMSNorm → SwiGLU MLP → residual), then the whole model
+//! (embedding → blocks → final norm → head).
+use super::{Block, LanguageModel, TokenMixer};
+use crate::error::{Error, Result};
+use crate::gpu::{GpuBuf, Recorder};
+use crate::mixers::layer::{Activations, Rope};
+use crate::mixers::ops::{self, GateFn};
+use crate::nn::{self, AttnShape};
+use std::collections::BTreeMap;
+
+/// Gradients by parameter name (the names of `LanguageModel::parameters`); a parameter without
+/// an entry is frozen.
+pub type Grads = BTreeMap<String, GpuBuf>;
+
+/// Which parameters a stage trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// The token mixers' parameters (copied q/k/v/o projections and the new ones).
+    Mixers,
+    /// Everything: mixers, norms, MLPs, embedding (tied head) and final norm.
+    All,
+}
+
+/// A trainable parameter: its name, its buffer and whether weight decay applies (not to norms,
+/// biases and the per-head decay parameters).
+pub struct Param<'a> {
+    pub name: String,
+    pub buf: &'a GpuBuf,
+    pub decay: bool,
+}
+
+fn decays(name: &str) -> bool {
+    !["norm", "bias", "A_log", "fm_b", "gk_b"].iter().any(|s| name.contains(s))
+}
+
+/// What one block's training forward keeps.
+pub struct BlockActs {
+    /// attn_norm(x): the mixer's input.
+    pub xn1: GpuBuf,
+    /// The token mixer's output after its output projection.
+    pub mixer_out: GpuBuf,
+    mixer: Option<Activations>,
+    x_mid: GpuBuf,
+    xn2: GpuBuf,
+    gate_up: GpuBuf,
+    act: GpuBuf,
+    /// The block's output (the next residual state).
+    pub x_out: GpuBuf,
+}
+
+impl BlockActs {
+    pub fn release(self, gpu: &crate::gpu::Gpu) {
+        for b in [self.xn1, self.mixer_out, self.x_mid, self.xn2, self.gate_up, self.act, self.x_out] {
+            gpu.release(b);
+        }
+        if let Some(m) = self.mixer {
+            m.release(gpu);
+        }
+    }
+}
+
+/// What the whole model's training forward keeps: the embedded input, every block, the final
+/// norm's output and the logits [rows, vocab].
+pub struct ModelActs {
+    pub x0: GpuBuf,
+    pub blocks: Vec<BlockActs>,
+    xnf: GpuBuf,
+    pub logits: GpuBuf,
+}
+
+impl ModelActs {
+    pub fn release(self, gpu: &crate::gpu::Gpu) {
+        for b in self.blocks {
+            b.release(gpu);
+        }
+        for b in [self.x0, self.xnf, self.logits] {
+            gpu.release(b);
+        }
+    }
+}
+
+impl LanguageModel {
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Whether block `i` runs a linear-time mixer (rather than softmax attention).
+    pub fn is_mixer_block(&self, i: usize) -> bool {
+        matches!(self.blocks.get(i).map(|b| &b.mixer), Some(TokenMixer::Mixer(_)))
+    }
+
+    /// The trainable parameters of `scope`, by name.
+    pub fn parameters(&self, scope: Scope) -> Vec<Param<'_>> {
+        let mut out = Vec::new();
+        let mut put = |name: String, buf| {
+            let decay = decays(&name);
+            out.push(Param { name, buf, decay });
+        };
+        for (i, b) in self.blocks.iter().enumerate() {
+            if let TokenMixer::Mixer(m) = &b.mixer {
+                for n in m.parameter_names() {
+                    put(format!("layers.{i}.mixer.{n}"), m.parameter(&n).expect("named parameter exists"));
+                }
+            }
+            if scope == Scope::All {
+                put(format!("layers.{i}.attn_norm"), &b.attn_norm);
+                put(format!("layers.{i}.ffn_norm"), &b.ffn_norm);
+                put(format!("layers.{i}.w_gate_up"), &b.w_gate_up);
+                put(format!("layers.{i}.w_down"), &b.w_down);
+            }
+        }
+        if scope == Scope::All {
+            put("embed".into(), &self.embed);
+            put("final_norm".into(), &self.final_norm);
+            if let Some(h) = &self.head {
+                put("head".into(), h);
+            }
+        }
+        out
+    }
+
+    /// Block `i` on x [batch·seq, hidden] from a fresh state, keeping what `block_backward`
+    /// needs.
+    pub fn block_forward_train(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, batch: usize, seq: usize, temps: &mut Vec<GpuBuf>) -> Result<BlockActs> {
+        let gpu = rec.gpu();
+        let cfg = &self.config;
+        let block = &self.blocks[i];
+        let rows = batch * seq;
+        let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
+        let eps = cfg.rms_norm_eps as f32;
+        let xn1 = gpu.scratch(rows * d)?;
+        let mixer_out = gpu.scratch(rows * d)?;
+        nn::rmsnorm(rec, x, &block.attn_norm, &xn1, rows, d, eps)?;
+        let mixer = match &block.mixer {
+            TokenMixer::Attention { wqkv, wo } => {
+                let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+                let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
+                let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
+                let (q, att, kc, vc) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?, gpu.scratch(rows * kvd)?, gpu.scratch(rows * kvd)?);
+                nn::linear(rec, &xn1, wqkv, &qkv, rows, qd + 2 * kvd, d, false)?;
+                nn::rope_qkv_to_cache(rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, &kc, &vc)?;
+                nn::attention(rec, shape, &q, &kc, &vc, &att)?;
+                nn::linear(rec, &att, wo, &mixer_out, rows, d, qd, false)?;
+                temps.extend([qkv, q, att, kc, vc]);
+                None
+            }
+            TokenMixer::Mixer(m) => {
+                let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
+                Some(m.forward_train(rec, &xn1, batch, seq, &rope, &mixer_out, temps)?)
+            }
+        };
+        let x_mid = gpu.scratch(rows * d)?;
+        ops::gate(rec, GateFn::Add, x, &mixer_out, x, x, &x_mid, rows, d, 1)?;
+        let (xn2, gate_up, act, mlp_out, x_out) = (gpu.scratch(rows * d)?, gpu.scratch(rows * 2 * f)?, gpu.scratch(rows * f)?, gpu.scratch(rows * d)?, gpu.scratch(rows * d)?);
+        nn::rmsnorm(rec, &x_mid, &block.ffn_norm, &xn2, rows, d, eps)?;
+        nn::linear(rec, &xn2, &block.w_gate_up, &gate_up, rows, 2 * f, d, false)?;
+        nn::swiglu(rec, &gate_up, &act, rows, f)?;
+        nn::linear(rec, &act, &block.w_down, &mlp_out, rows, d, f, false)?;
+        ops::gate(rec, GateFn::Add, &x_mid, &mlp_out, &x_mid, &x_mid, &x_out, rows, d, 1)?;
+        temps.push(mlp_out);
+        Ok(BlockActs { xn1, mixer_out, mixer, x_mid, xn2, gate_up, act, x_out })
+    }
+
+    /// Backward of `block_forward_train`: dx = ∂L/∂x from d_out = ∂L/∂x_out; parameter
+    /// gradients added to `grads` (frozen parameters have none).
+    #[allow(clippy::too_many_arguments)]
+    pub fn block_backward(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, a: &BlockActs, d_out: &GpuBuf, dx: &GpuBuf, batch: usize, seq: usize, grads: &Grads, temps: &mut Vec<GpuBuf>) -> Result<()> {
+        let gpu = rec.gpu();
+        let cfg = &self.config;
+        let Block { attn_norm, mixer, ffn_norm, w_gate_up, w_down } = &self.blocks[i];
+        let rows = batch * seq;
+        let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
+        let eps = cfg.rms_norm_eps as f32;
+        let tmp = |n: usize| gpu.scratch(n);
+        // Frozen weights (no entry in `grads`) get no weight gradient.
+        let weight_grad = |rec: &mut Recorder, name: String, dy: &GpuBuf, input: &GpuBuf, m: usize, n: usize, k: usize| -> Result<()> {
+            match grads.get(&name) {
+                Some(g) => nn::linear_backward_weight(rec, dy, input, g, m, n, k, true),
+                None => Ok(()),
+            }
+        };
+        let norm_back = |rec: &mut Recorder, name: String, x: &GpuBuf, w: &GpuBuf, dy: &GpuBuf, temps: &mut Vec<GpuBuf>| -> Result<GpuBuf> {
+            let (dxn, scale) = (tmp(rows * d)?, tmp(rows)?);
+            // A frozen norm's weight gradient goes to a throwaway buffer.
+            let throwaway = tmp(d)?;
+            nn::rmsnorm_backward(rec, x, w, dy, &dxn, grads.get(&name).unwrap_or(&throwaway), &scale, rows, d, eps)?;
+            temps.extend([scale, throwaway]);
+            Ok(dxn)
+        };
+
+        // MLP: x_out = x_mid + down(swiglu(gate_up(ffn_norm(x_mid)))).
+        let (d_act, d_gate_up, d_xn2) = (tmp(rows * f)?, tmp(rows * 2 * f)?, tmp(rows * d)?);
+        nn::linear_backward_input(rec, d_out, w_down, &d_act, rows, d, f, false)?;
+        weight_grad(rec, format!("layers.{i}.w_down"), d_out, &a.act, rows, d, f)?;
+        nn::swiglu_backward(rec, &a.gate_up, &d_act, &d_gate_up, rows, f)?;
+        nn::linear_backward_input(rec, &d_gate_up, w_gate_up, &d_xn2, rows, 2 * f, d, false)?;
+        weight_grad(rec, format!("layers.{i}.w_gate_up"), &d_gate_up, &a.xn2, rows, 2 * f, d)?;
+        let d_mid_norm = norm_back(rec, format!("layers.{i}.ffn_norm"), &a.x_mid, ffn_norm, &d_xn2, temps)?;
+        let d_mid = tmp(rows * d)?;
+        ops::gate(rec, GateFn::Add, d_out, &d_mid_norm, d_out, d_out, &d_mid, rows, d, 1)?;
+        temps.extend([d_act, d_gate_up, d_xn2, d_mid_norm]);
+
+        // Token mixer: x_mid = x + mixer(attn_norm(x)).
+        let d_xn1 = tmp(rows * d)?;
+        match (mixer, &a.mixer) {
+            (TokenMixer::Mixer(m), Some(acts)) => {
+                let rope_back = Rope { cos: &self.rope_cos, sin: &self.rope_sin_neg };
+                m.backward(rec, &a.xn1, acts, &rope_back, &d_mid, &d_xn1, false, grads, &format!("layers.{i}.mixer."), temps)?;
+            }
+            _ => return Err(Error::argument("stage", format!("block {i} is softmax attention; the backward through attention is not implemented, so only mixer blocks can be trained through"))),
+        }
+        let d_x_norm = norm_back(rec, format!("layers.{i}.attn_norm"), x, attn_norm, &d_xn1, temps)?;
+        ops::gate(rec, GateFn::Add, &d_mid, &d_x_norm, &d_mid, &d_mid, dx, rows, d, 1)?;
+        temps.extend([d_xn1, d_x_norm, d_mid]);
+        Ok(())
+    }
+}
+
+impl LanguageModel {
+    /// The whole model on `batch` sequences of `seq` tokens (`ids` on the GPU), keeping every
+    /// block's activations and the logits [rows, vocab].
+    pub fn forward_train(&self, rec: &mut Recorder, ids: &GpuBuf, batch: usize, seq: usize, temps: &mut Vec<GpuBuf>) -> Result<ModelActs> {
+        let gpu = rec.gpu();
+        let cfg = &self.config;
+        let rows = batch * seq;
+        let d = cfg.hidden_size;
+        let x0 = gpu.scratch(rows * d)?;
+        nn::gather_rows(rec, ids, &self.embed, &x0, rows, d, cfg.vocab_size)?;
+        let mut blocks: Vec<BlockActs> = Vec::with_capacity(self.blocks.len());
+        for i in 0..self.blocks.len() {
+            let x = blocks.last().map(|b| &b.x_out).unwrap_or(&x0);
+            let acts = self.block_forward_train(rec, i, x, batch, seq, temps)?;
+            blocks.push(acts);
+        }
+        let x_last = blocks.last().map(|b| &b.x_out).unwrap_or(&x0);
+        let (xnf, logits) = (gpu.scratch(rows * d)?, gpu.scratch(rows * cfg.vocab_size)?);
+        nn::rmsnorm(rec, x_last, &self.final_norm, &xnf, rows, d, cfg.rms_norm_eps as f32)?;
+        nn::linear(rec, &xnf, self.head.as_ref().unwrap_or(&self.embed), &logits, rows, cfg.vocab_size, d, false)?;
+        Ok(ModelActs { x0, blocks, xnf, logits })
+    }
+
+    /// Backward of `forward_train` from d_logits = ∂L/∂logits; gradients added to `grads`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(&self, rec: &mut Recorder, ids: &[u32], a: &ModelActs, d_logits: &GpuBuf, batch: usize, seq: usize, grads: &Grads, temps: &mut Vec<GpuBuf>) -> Result<()> {
+        let gpu = rec.gpu();
+        let cfg = &self.config;
+        let rows = batch * seq;
+        let (d, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        // Head (tied: the embedding's gradient collects both uses).
+        let head = self.head.as_ref().unwrap_or(&self.embed);
+        let head_name = if self.head.is_some() { "head" } else { "embed" };
+        let d_xnf = gpu.scratch(rows * d)?;
+        nn::linear_backward_input(rec, d_logits, head, &d_xnf, rows, vocab, d, false)?;
+        if let Some(g) = grads.get(head_name) {
+            nn::linear_backward_weight(rec, d_logits, &a.xnf, g, rows, vocab, d, true)?;
+        }
+        let x_last = a.blocks.last().map(|b| &b.x_out).unwrap_or(&a.x0);
+        let (mut d_x, scale, throwaway) = (gpu.scratch(rows * d)?, gpu.scratch(rows)?, gpu.scratch(d)?);
+        nn::rmsnorm_backward(rec, x_last, &self.final_norm, &d_xnf, &d_x, grads.get("final_norm").unwrap_or(&throwaway), &scale, rows, d, cfg.rms_norm_eps as f32)?;
+        temps.extend([d_xnf, scale, throwaway]);
+        for i in (0..self.blocks.len()).rev() {
+            let x = if i == 0 { &a.x0 } else { &a.blocks[i - 1].x_out };
+            let d_in = gpu.scratch(rows * d)?;
+            self.block_backward(rec, i, x, &a.blocks[i], &d_x, &d_in, batch, seq, grads, temps)?;
+            temps.push(std::mem::replace(&mut d_x, d_in));
+        }
+        if let Some(g) = grads.get("embed") {
+            nn::gather_rows_backward(rec, ids, &d_x, g, d, vocab)?;
+        }
+        temps.push(d_x);
+        Ok(())
+    }
+}
