@@ -231,7 +231,7 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
         let d_logits = gpu().upload_f32("w", &w.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();
         let mut temps = Vec::new();
         let mut rec = gpu().recorder();
-        let acts = lm.forward_train(&mut rec, &ids_buf, batch, seq, &mut temps).unwrap();
+        let acts = lm.forward_train(&mut rec, &ids_buf, batch, seq, true, &mut temps).unwrap();
         lm.backward(&mut rec, &ids, &acts, &d_logits, batch, seq, &grads, &mut temps).unwrap();
         rec.submit().unwrap();
         temps.into_iter().for_each(|t| gpu().release(t));

@@ -20,6 +20,8 @@ pub enum Error {
     Gpu(String),
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error("training stopped: {0}")]
+    Training(String),
     #[error("invalid argument {arg}: {msg}")]
     Argument { arg: String, msg: String },
 }

@@ -1,5 +1,6 @@
 //! The `linearize` command line.
 mod bench;
+mod distill;
 mod fetch;
 
 use anyhow::{bail, Context, Result};
@@ -88,6 +89,8 @@ enum Command {
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
+    /// Distil a teacher into a student: stage 1 (mixer outputs), 2 (hidden states), 3 (end to end)
+    Distill(distill::DistillArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
         /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
@@ -132,6 +135,7 @@ fn main() {
             let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup };
             cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed)
         }
+        Command::Distill(args) => distill::run(&args, load),
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
         }

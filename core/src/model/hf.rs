@@ -20,7 +20,7 @@ fn to_f32(path: &Path, name: &str, view: &safetensors::tensor::TensorView) -> Re
 
 /// The safetensors files of a directory: one `model.safetensors`, or the shards named by
 /// `model.safetensors.index.json`.
-fn shard_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+pub fn shard_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     let single = dir.join("model.safetensors");
     if single.exists() {
         return Ok(vec![single]);

@@ -92,18 +92,55 @@ fn student_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Vec<(String
 }
 
 pub fn save_dir(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer) -> Result<()> {
+    save_dir_sharded(dir, w, m, tokenizer, None)
+}
+
+/// As `save_dir`; with `shard_bytes`, the tensors go to model-0000k-of-0000n.safetensors files
+/// of at most that many bytes each (a single larger tensor gets a shard of its own) and a
+/// model.safetensors.index.json that maps each tensor to its file, the HF convention.
+pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, shard_bytes: Option<usize>) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let tensors = student_tensors(w, m);
-    let views = tensors
-        .iter()
-        .map(|(name, shape, data)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytemuck::cast_slice(data))
-                .map(|v| (name.clone(), v))
-                .map_err(|e| Error::format(dir, format!("tensor '{name}': {e}")))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(dir, format!("serialising: {e}")))?;
-    write_atomic(&dir.join("model.safetensors"), &bytes)?;
+    let limit = shard_bytes.unwrap_or(usize::MAX);
+    // Greedy packing in tensor order.
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0;
+    for (i, (_, _, data)) in tensors.iter().enumerate() {
+        let bytes = data.len() * 4;
+        if size > 0 && size + bytes > limit {
+            shards.push(Vec::new());
+            size = 0;
+        }
+        shards.last_mut().expect("one shard").push(i);
+        size += bytes;
+    }
+    let n = shards.len();
+    let name_of = |k: usize| if shard_bytes.is_none() { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", k + 1) };
+    let mut weight_map = serde_json::Map::new();
+    for (k, members) in shards.iter().enumerate() {
+        let views = members
+            .iter()
+            .map(|&i| {
+                let (name, shape, data) = &tensors[i];
+                weight_map.insert(name.clone(), serde_json::Value::String(name_of(k)));
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytemuck::cast_slice(data))
+                    .map(|v| (name.clone(), v))
+                    .map_err(|e| Error::format(dir, format!("tensor '{name}': {e}")))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(dir, format!("serialising: {e}")))?;
+        write_atomic(&dir.join(name_of(k)), &bytes)?;
+    }
+    if shard_bytes.is_some() {
+        let total: usize = tensors.iter().map(|t| t.2.len() * 4).sum();
+        let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        write_atomic(&dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index).expect("json").as_bytes())?;
+        // A single-file save from before would shadow the shards.
+        let single = dir.join("model.safetensors");
+        if single.exists() {
+            std::fs::remove_file(&single).map_err(|e| Error::io(&single, e))?;
+        }
+    }
     write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(&w.config).expect("json").as_bytes())?;
     write_atomic(&dir.join(STUDENT_FILE), serde_json::to_string_pretty(&m.config).expect("json").as_bytes())?;
     write_atomic(&dir.join("tokenizer.json"), tokenizer.json().as_bytes())?;
@@ -127,16 +164,19 @@ pub fn load_dir(dir: &Path) -> Result<Model> {
     if let Some(&bad) = scfg.mixer_layers.iter().find(|&&l| l >= config.num_hidden_layers) {
         return Err(Error::ConfigMismatch { path: sp, msg: format!("mixer layer {bad} does not exist ({} layers)", config.num_hidden_layers) });
     }
-    let st_path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&st_path).map_err(|e| Error::io(&st_path, e))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&st_path, format!("not a valid safetensors file: {e}")))?;
     let mut found: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
-    for (name, view) in st.tensors() {
-        if view.dtype() != safetensors::Dtype::F32 {
-            return Err(Error::format(&st_path, format!("tensor '{name}' is {:?}; students are stored in F32", view.dtype())));
+    let files = super::hf::shard_files(dir)?;
+    let st_path = if files.len() == 1 { files[0].clone() } else { dir.join("model.safetensors.index.json") };
+    for file in &files {
+        let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(file, format!("not a valid safetensors file: {e}")))?;
+        for (name, view) in st.tensors() {
+            if view.dtype() != safetensors::Dtype::F32 {
+                return Err(Error::format(file, format!("tensor '{name}' is {:?}; students are stored in F32", view.dtype())));
+            }
+            let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            found.insert(name.clone(), (view.shape().to_vec(), data));
         }
-        let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        found.insert(name.clone(), (view.shape().to_vec(), data));
     }
     let mut take = |name: &str, shape: &[usize]| -> Result<Vec<f32>> {
         let (s, d) = found.remove(name).ok_or_else(|| Error::ConfigMismatch { path: st_path.clone(), msg: format!("tensor '{name}' is missing") })?;

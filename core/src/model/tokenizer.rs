@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use serde_json::json;
 use std::path::Path;
 
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     json: String,

@@ -1,5 +1,7 @@
 //! Training: losses with their gradients and the AdamW step (shaders/train/), the pieces the
 //! distillation stages are built from. f64 twins in crate::reference::train.
+pub mod data;
+pub mod distill;
 pub mod schedule;
 
 use crate::error::{Error, Result};

@@ -5,7 +5,7 @@
 use super::{Block, LanguageModel, TokenMixer};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuBuf, Recorder};
-use crate::mixers::layer::{Activations, Rope};
+use crate::mixers::layer::{Activations, MixerLayer, Rope};
 use crate::mixers::ops::{self, GateFn};
 use crate::nn::{self, AttnShape};
 use std::collections::BTreeMap;
@@ -62,12 +62,12 @@ impl BlockActs {
 }
 
 /// What the whole model's training forward keeps: the embedded input, every block, the final
-/// norm's output and the logits [rows, vocab].
+/// norm's output and the logits [rows, vocab] (when asked for).
 pub struct ModelActs {
     pub x0: GpuBuf,
     pub blocks: Vec<BlockActs>,
     xnf: GpuBuf,
-    pub logits: GpuBuf,
+    pub logits: Option<GpuBuf>,
 }
 
 impl ModelActs {
@@ -75,7 +75,7 @@ impl ModelActs {
         for b in self.blocks {
             b.release(gpu);
         }
-        for b in [self.x0, self.xnf, self.logits] {
+        for b in [self.x0, self.xnf].into_iter().chain(self.logits) {
             gpu.release(b);
         }
     }
@@ -86,9 +86,17 @@ impl LanguageModel {
         self.blocks.len()
     }
 
-    /// Whether block `i` runs a linear-time mixer (rather than softmax attention).
-    pub fn is_mixer_block(&self, i: usize) -> bool {
-        matches!(self.blocks.get(i).map(|b| &b.mixer), Some(TokenMixer::Mixer(_)))
+    /// Block `i`'s linear-time mixer (None for softmax attention).
+    pub fn mixer_layer(&self, i: usize) -> Option<&MixerLayer> {
+        match self.blocks.get(i).map(|b| &b.mixer) {
+            Some(TokenMixer::Mixer(m)) => Some(m),
+            _ => None,
+        }
+    }
+
+    /// The rotary tables, and the ones that rotate back (sin negated).
+    pub fn rope_tables(&self) -> (Rope<'_>, Rope<'_>) {
+        (Rope { cos: &self.rope_cos, sin: &self.rope_sin }, Rope { cos: &self.rope_cos, sin: &self.rope_sin_neg })
     }
 
     /// The trainable parameters of `scope`, by name.
@@ -220,8 +228,8 @@ impl LanguageModel {
 
 impl LanguageModel {
     /// The whole model on `batch` sequences of `seq` tokens (`ids` on the GPU), keeping every
-    /// block's activations and the logits [rows, vocab].
-    pub fn forward_train(&self, rec: &mut Recorder, ids: &GpuBuf, batch: usize, seq: usize, temps: &mut Vec<GpuBuf>) -> Result<ModelActs> {
+    /// block's activations and, `with_logits`, the logits [rows, vocab].
+    pub fn forward_train(&self, rec: &mut Recorder, ids: &GpuBuf, batch: usize, seq: usize, with_logits: bool, temps: &mut Vec<GpuBuf>) -> Result<ModelActs> {
         let gpu = rec.gpu();
         let cfg = &self.config;
         let rows = batch * seq;
@@ -235,9 +243,15 @@ impl LanguageModel {
             blocks.push(acts);
         }
         let x_last = blocks.last().map(|b| &b.x_out).unwrap_or(&x0);
-        let (xnf, logits) = (gpu.scratch(rows * d)?, gpu.scratch(rows * cfg.vocab_size)?);
+        let xnf = gpu.scratch(rows * d)?;
         nn::rmsnorm(rec, x_last, &self.final_norm, &xnf, rows, d, cfg.rms_norm_eps as f32)?;
-        nn::linear(rec, &xnf, self.head.as_ref().unwrap_or(&self.embed), &logits, rows, cfg.vocab_size, d, false)?;
+        let logits = if with_logits {
+            let logits = gpu.scratch(rows * cfg.vocab_size)?;
+            nn::linear(rec, &xnf, self.head.as_ref().unwrap_or(&self.embed), &logits, rows, cfg.vocab_size, d, false)?;
+            Some(logits)
+        } else {
+            None
+        };
         Ok(ModelActs { x0, blocks, xnf, logits })
     }
 

@@ -1,0 +1,123 @@
+//! Distillation data: the fetched prose (ASSETS.md) tokenised with the teacher's tokenizer into
+//! one stream, documents separated by <|endoftext|>, with a fixed held-out split (the last
+//! State of the Union addresses and the end of Moby-Dick). Blocks are consecutive slices of the
+//! stream, so a run is a function of its cursor.
+use crate::error::{Error, Result};
+use crate::model::Tokenizer;
+use std::path::{Path, PathBuf};
+
+/// The document separator (<|endoftext|>).
+pub const SEPARATOR: u32 = 0;
+/// State of the Union addresses held out (the last ones by file name).
+const HELDOUT_SPEECHES: usize = 8;
+/// Share of Moby-Dick held out (its end).
+const HELDOUT_MOBY_DICK: f64 = 0.1;
+
+pub struct Corpus {
+    pub train: Vec<u32>,
+    pub heldout: Vec<u32>,
+}
+
+fn files(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(suffix))
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn read(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    // Some Gutenberg files are Latin-1; keep what decodes.
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// FNV-1a: a stable key for the token cache.
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+fn to_bytes(tokens: &[u32]) -> Vec<u8> {
+    tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
+}
+
+fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<u32>> {
+    if bytes.len() % 4 != 0 {
+        return Err(Error::format(path, "token cache is not a whole number of u32"));
+    }
+    Ok(bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+}
+
+impl Corpus {
+    /// Loads the corpus under `corpus_dir` ($LINEARIZE_HOME/corpus), tokenising it on first
+    /// use and caching the tokens beside it.
+    pub fn load(corpus_dir: &Path, tokenizer: &Tokenizer) -> Result<Self> {
+        let sotu = corpus_dir.join("sotu");
+        let moby = corpus_dir.join("moby-dick").join("data.txt");
+        if !sotu.is_dir() || !moby.is_file() {
+            return Err(Error::Missing { path: corpus_dir.into(), what: "the fetched corpus (run `linearize fetch corpus`)".into() });
+        }
+        let key = fnv(tokenizer.json().as_bytes());
+        let cache = |name: &str| corpus_dir.join(format!(".tokens-{name}-{key:016x}.bin"));
+        let (train_cache, heldout_cache) = (cache("train"), cache("heldout"));
+        if train_cache.is_file() && heldout_cache.is_file() {
+            let read_cache = |p: &Path| -> Result<Vec<u32>> { from_bytes(p, &std::fs::read(p).map_err(|e| Error::io(p, e))?) };
+            return Ok(Corpus { train: read_cache(&train_cache)?, heldout: read_cache(&heldout_cache)? });
+        }
+        let speeches = files(&sotu, ".txt")?;
+        let split = speeches.len().saturating_sub(HELDOUT_SPEECHES);
+        let moby_text = read(&moby)?;
+        let mut cut = ((moby_text.len() as f64) * (1.0 - HELDOUT_MOBY_DICK)) as usize;
+        while !moby_text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let cut = moby_text[..cut].rfind('\n').unwrap_or(cut);
+        let mut train_docs: Vec<String> = Vec::new();
+        for p in &speeches[..split] {
+            train_docs.push(read(p)?);
+        }
+        train_docs.push(moby_text[..cut].to_string());
+        for sub in ["shakespeare", "milton"] {
+            let dir = corpus_dir.join(sub);
+            if dir.is_dir() {
+                for p in files(&dir, ".txt")? {
+                    train_docs.push(read(&p)?);
+                }
+            }
+        }
+        let mut heldout_docs: Vec<String> = Vec::new();
+        for p in &speeches[split..] {
+            heldout_docs.push(read(p)?);
+        }
+        heldout_docs.push(moby_text[cut..].to_string());
+        let encode = |docs: &[String]| -> Result<Vec<u32>> {
+            let mut out = Vec::new();
+            for d in docs {
+                out.extend(tokenizer.encode(d)?);
+                out.push(SEPARATOR);
+            }
+            Ok(out)
+        };
+        let corpus = Corpus { train: encode(&train_docs)?, heldout: encode(&heldout_docs)? };
+        crate::model::hf::write_atomic(&train_cache, &to_bytes(&corpus.train))?;
+        crate::model::hf::write_atomic(&heldout_cache, &to_bytes(&corpus.heldout))?;
+        Ok(corpus)
+    }
+}
+
+/// `batch` rows of `len` consecutive tokens of `stream` from `cursor` (wrapping around at the
+/// end); returns them and the cursor after them.
+pub fn next_rows(stream: &[u32], cursor: u64, batch: usize, len: usize) -> (Vec<u32>, u64) {
+    let n = stream.len() as u64;
+    let mut out = Vec::with_capacity(batch * len);
+    let mut c = cursor;
+    for _ in 0..batch {
+        for j in 0..len as u64 {
+            out.push(stream[((c + j) % n) as usize]);
+        }
+        c += len as u64;
+    }
+    (out, c)
+}

@@ -1,0 +1,599 @@
+//! The three-stage distillation of MIXERS.md §5, on one token stream consumed in consecutive
+//! slices:
+//!   1. mixer-output alignment: every mixer layer on the teacher's normed residual stream,
+//!      Σ_ℓ MSE against the teacher's attention output (mixer parameters train);
+//!   2. hidden-state alignment: every student block on the teacher's input h_ℓ, Σ_ℓ mean over
+//!      tokens of ‖block(h_ℓ) − h_(ℓ+1)‖ (un-normed at the last layer; mixer parameters train);
+//!   3. end to end: CE(next token) + KL(p_teacher ‖ p_student) (everything trains).
+//! Checkpoints (weights, optimizer state, stage, step, data cursor) are written atomically every
+//! few steps; `resume` continues exactly where the last one left off.
+use super::data::{next_rows, Corpus};
+use super::schedule::Schedule;
+use super::{adamw_step, cross_entropy, kl, l2_error, squared_error, sum_squares, zero, AdamW};
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuf};
+use crate::mixers::{MixerKind, MixerOptions};
+use crate::model::hf::write_atomic;
+use crate::model::lm::training::{Grads, Scope};
+use crate::model::student::{from_teacher, save_dir_sharded};
+use crate::model::{Cache, LanguageModel, Logits, ModelWeights, StudentMixers, Tokenizer};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// How the KL term is reduced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlScaling {
+    /// Mean over tokens (the default).
+    TokenMean,
+    /// The public code's: summed over positions, divided by the batch size.
+    PaperBatch,
+}
+
+/// A distillation run's settings; the defaults are the paper's (MIXERS.md §5) with a small
+/// token budget. Read from a TOML run config and overridden by flags.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DistillConfig {
+    pub mixer: MixerKind,
+    /// Blocks to replace (all when empty).
+    pub mixer_layers: Vec<usize>,
+    pub options: MixerOptions,
+    /// Token budget over all stages.
+    pub tokens: u64,
+    /// Context per sequence.
+    pub seq: usize,
+    pub batch: usize,
+    /// Keep only the first N blocks of teacher and student.
+    pub layers: Option<usize>,
+    pub stages: Vec<u8>,
+    /// Peak learning rate of stages 1, 2, 3.
+    pub lr: [f32; 3],
+    /// Share of the budget of stages 1, 2, 3 (normalised over the stages that run).
+    pub split: [f64; 3],
+    pub schedules: [Schedule; 3],
+    pub beta1: f32,
+    pub beta2: f32,
+    pub adam_eps: f32,
+    pub weight_decay: f32,
+    /// Global gradient-norm clip.
+    pub clip: f64,
+    pub kl_scaling: KlScaling,
+    /// Steps between checkpoints (and at the end of every stage).
+    pub checkpoint_every: usize,
+    /// Held-out tokens for the perplexities.
+    pub heldout_tokens: usize,
+    /// Largest student shard in MB.
+    pub shard_mb: usize,
+}
+
+impl Default for DistillConfig {
+    fn default() -> Self {
+        DistillConfig {
+            mixer: MixerKind::GatedDeltanet,
+            mixer_layers: Vec::new(),
+            options: MixerOptions::default(),
+            tokens: 2_000_000,
+            seq: 512,
+            batch: 8,
+            layers: None,
+            stages: vec![1, 2, 3],
+            lr: [2e-4, 2e-3, 3e-4],
+            split: [0.026, 0.053, 0.921],
+            schedules: [Schedule::paper_wsd(), Schedule::paper_wsd(), Schedule::paper_linear()],
+            beta1: 0.9,
+            beta2: 0.95,
+            adam_eps: 1e-8,
+            weight_decay: 0.1,
+            clip: 1.0,
+            kl_scaling: KlScaling::TokenMean,
+            checkpoint_every: 50,
+            heldout_tokens: 16_384,
+            shard_mb: 16,
+        }
+    }
+}
+
+impl DistillConfig {
+    pub fn validate(&self) -> Result<()> {
+        if self.stages.is_empty() || self.stages.iter().any(|s| !(1..=3).contains(s)) {
+            return Err(Error::argument("--stages", format!("{:?}: expected a list of 1, 2, 3", self.stages)));
+        }
+        if self.seq == 0 || self.batch == 0 {
+            return Err(Error::argument("--seq/--batch", "must be at least 1"));
+        }
+        if self.tokens == 0 {
+            return Err(Error::argument("--tokens", "the budget must be at least 1 token"));
+        }
+        if self.split.iter().any(|s| !(s.is_finite() && *s >= 0.0)) {
+            return Err(Error::argument("split", format!("{:?}: expected non-negative shares", self.split)));
+        }
+        if self.checkpoint_every == 0 {
+            return Err(Error::argument("--checkpoint-every", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// Optimizer steps of `stage`: its share of the budget in blocks of batch × seq tokens.
+    pub fn stage_steps(&self, stage: u8) -> usize {
+        let total: f64 = self.stages.iter().map(|&s| self.split[s as usize - 1]).sum();
+        let share = if total > 0.0 { self.split[stage as usize - 1] / total } else { 0.0 };
+        let tokens = (self.tokens as f64 * share).round() as usize;
+        tokens.div_ceil(self.batch * self.seq).max(1)
+    }
+}
+
+/// What a run reports as it goes (the CLI turns these into progress bars and JSON lines).
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum Event {
+    StageStart { stage: u8, steps: usize, from_step: usize },
+    Step(StepReport),
+    Perplexity { model: String, stage: Option<u8>, perplexity: f64, tokens: usize },
+    Checkpoint { stage: u8, step: usize },
+    Saved { dir: PathBuf },
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StepReport {
+    pub stage: u8,
+    /// 1-based step within the stage.
+    pub step: usize,
+    pub steps: usize,
+    /// The stage's loss (stages 1–2: summed over layers; stage 3: CE + KL).
+    pub loss: f64,
+    /// Stages 1–2: per mixer layer; stage 3: [CE, KL].
+    pub parts: Vec<f64>,
+    pub lr: f64,
+    pub grad_norm: f64,
+    pub tokens_per_s: f64,
+    pub tokens: u64,
+}
+
+/// The resumable part of a run (checkpoint/state.json).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct RunState {
+    config: DistillConfig,
+    /// Stages finished.
+    done: Vec<u8>,
+    /// The stage in progress and its completed steps.
+    stage: u8,
+    step: usize,
+    /// Data cursor: tokens of the stream consumed.
+    cursor: u64,
+    tokens: u64,
+    /// The tensors file of this state.
+    weights: String,
+    /// Lines of the metrics file written up to this state.
+    metrics_lines: usize,
+}
+
+pub const CHECKPOINT_DIR: &str = "checkpoint";
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// A distillation run: teacher and student on the GPU, the data, and the output directory.
+pub struct Distiller<'g> {
+    gpu: &'g Gpu,
+    pub config: DistillConfig,
+    teacher: LanguageModel,
+    student: LanguageModel,
+    student_weights: ModelWeights,
+    student_mixers: StudentMixers,
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    out: PathBuf,
+    state: RunState,
+    /// Lines in the metrics file.
+    metrics_lines: usize,
+}
+
+/// Optimizer buffers of one parameter.
+struct Slot {
+    grad: GpuBuf,
+    m: GpuBuf,
+    v: GpuBuf,
+    len: usize,
+    decay: bool,
+}
+
+impl<'g> Distiller<'g> {
+    /// Prepares a run into `out`; with `resume`, from the checkpoint there (whose config must
+    /// match `config`).
+    pub fn new(gpu: &'g Gpu, teacher: &ModelWeights, tokenizer: &Tokenizer, source: &str, corpus: Corpus, config: DistillConfig, out: &Path, resume: bool) -> Result<Self> {
+        config.validate()?;
+        let mut tw = teacher.clone();
+        if let Some(n) = config.layers {
+            if n == 0 || n > tw.layers.len() {
+                return Err(Error::argument("--layers", format!("{n}: the teacher has {} blocks", tw.layers.len())));
+            }
+            tw.truncate_layers(n);
+        }
+        if corpus.train.len() < config.seq + 1 || corpus.heldout.len() < config.seq + 1 {
+            return Err(Error::argument("corpus", format!("{} training / {} held-out tokens are fewer than one sequence of {}", corpus.train.len(), corpus.heldout.len(), config.seq + 1)));
+        }
+        let layers = (!config.mixer_layers.is_empty()).then(|| config.mixer_layers.clone());
+        let (sw, mixers) = from_teacher(&tw, config.mixer, layers, &config.options, source)?;
+        let state_path = out.join(CHECKPOINT_DIR).join("state.json");
+        let state = if resume && state_path.exists() {
+            let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
+            let st: RunState = serde_json::from_str(&text).map_err(|e| Error::format(&state_path, format!("not a checkpoint state: {e}")))?;
+            if st.config != config {
+                return Err(Error::argument("--resume", format!("{} was written with other settings; run with the same flags (it has {:?})", state_path.display(), st.config)));
+            }
+            st
+        } else {
+            if state_path.exists() && !resume {
+                return Err(Error::argument("--out", format!("{} holds a checkpoint; pass --resume to continue it or choose another directory", out.display())));
+            }
+            RunState { config: config.clone(), done: Vec::new(), stage: 0, step: 0, cursor: 0, tokens: 0, weights: String::new(), metrics_lines: 0 }
+        };
+        std::fs::create_dir_all(out.join(CHECKPOINT_DIR)).map_err(|e| Error::io(out, e))?;
+        let teacher_lm = LanguageModel::upload(gpu, &tw)?;
+        let student = LanguageModel::upload_with_mixers(gpu, &sw, Some(&mixers))?;
+        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, out: out.to_path_buf(), state, metrics_lines: 0 })
+    }
+
+    /// Runs the remaining stages, reporting through `report`.
+    pub fn run(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let fresh = self.state.done.is_empty() && self.state.stage == 0;
+        if fresh {
+            self.truncate_metrics(0)?;
+            let ppl = self.perplexity(true)?;
+            self.emit(report, Event::Perplexity { model: "teacher".into(), stage: None, perplexity: ppl.0, tokens: ppl.1 })?;
+            let ppl = self.perplexity(false)?;
+            self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(0), perplexity: ppl.0, tokens: ppl.1 })?;
+        } else {
+            self.load_checkpoint()?;
+            self.truncate_metrics(self.state.metrics_lines)?;
+        }
+        for stage in self.config.stages.clone() {
+            if self.state.done.contains(&stage) {
+                continue;
+            }
+            self.run_stage(stage, report)?;
+        }
+        Ok(())
+    }
+
+    fn run_stage(&mut self, stage: u8, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let gpu = self.gpu;
+        let steps = self.config.stage_steps(stage);
+        let scope = if stage == 3 { Scope::All } else { Scope::Mixers };
+        let resuming = self.state.stage == stage && self.state.step > 0;
+        let from = if resuming { self.state.step } else { 0 };
+        let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
+        for p in self.student.parameters(scope) {
+            let z = || gpu.upload_f32(&p.name, &vec![0.0; p.buf.len]);
+            slots.insert(p.name.clone(), Slot { grad: z()?, m: z()?, v: z()?, len: p.buf.len, decay: p.decay });
+        }
+        if resuming {
+            self.load_optimizer(&slots)?;
+        }
+        self.state.stage = stage;
+        self.state.step = from;
+        self.emit(report, Event::StageStart { stage, steps, from_step: from })?;
+        let hyper = AdamW { lr: self.config.lr[stage as usize - 1], beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
+        for step in from..steps {
+            let started = Instant::now();
+            let (rows_ids, cursor) = next_rows(&self.corpus.train, self.state.cursor, self.config.batch, self.config.seq + 1);
+            let (loss, parts) = self.step_gradients(stage, &rows_ids, &slots)?;
+            if let Some(bad) = parts.iter().position(|v| !v.is_finite()).or((!loss.is_finite()).then_some(0)) {
+                let what = if stage == 3 { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
+                return Err(self.diverged(stage, step + 1, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
+            }
+            let norm = self.grad_norm(&slots, stage, step + 1)?;
+            let lr = hyper.lr as f64 * self.config.schedules[stage as usize - 1].factor(step, steps);
+            let scale = if norm > self.config.clip { (self.config.clip / norm) as f32 } else { 1.0 };
+            let mut rec = gpu.recorder();
+            let h = AdamW { lr: lr as f32, ..hyper };
+            for p in self.student.parameters(scope) {
+                let s = &slots[&p.name];
+                adamw_step(&mut rec, &h, (step + 1) as u32, s.decay, scale, p.buf, &s.grad, &s.m, &s.v, s.len)?;
+            }
+            rec.submit()?;
+            self.state.cursor = cursor;
+            self.state.step = step + 1;
+            self.state.tokens += (self.config.batch * self.config.seq) as u64;
+            gpu.sync()?;
+            let secs = started.elapsed().as_secs_f64();
+            let r = StepReport { stage, step: step + 1, steps, loss, parts, lr, grad_norm: norm, tokens_per_s: (self.config.batch * self.config.seq) as f64 / secs, tokens: self.state.tokens };
+            self.emit(report, Event::Step(r))?;
+            if (step + 1) % self.config.checkpoint_every == 0 && step + 1 < steps {
+                self.checkpoint(&slots, report)?;
+            }
+        }
+        let ppl = self.perplexity(false)?;
+        self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(stage), perplexity: ppl.0, tokens: ppl.1 })?;
+        self.save_student()?;
+        self.emit(report, Event::Saved { dir: self.out.clone() })?;
+        self.state.done.push(stage);
+        self.state.step = 0;
+        self.checkpoint(&BTreeMap::new(), report)?;
+        for s in slots.into_values() {
+            for b in [s.grad, s.m, s.v] {
+                gpu.release(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// The student blocks stages 1 and 2 train (its mixer blocks).
+    fn trained_layers(&self) -> Vec<usize> {
+        (0..self.student.num_blocks()).filter(|&i| self.student.mixer_layer(i).is_some()).collect()
+    }
+
+    /// Zeroes the gradients and accumulates one step's into them; returns the loss and its
+    /// parts (per layer, or CE and KL).
+    fn step_gradients(&self, stage: u8, rows_ids: &[u32], slots: &BTreeMap<String, Slot>) -> Result<(f64, Vec<f64>)> {
+        let gpu = self.gpu;
+        let (batch, seq) = (self.config.batch, self.config.seq);
+        let rows = batch * seq;
+        let d = self.student.config.hidden_size;
+        let vocab = self.student.config.vocab_size;
+        let inputs: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
+        let targets: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
+        let ids = gpu.upload_u32("ids", &inputs)?;
+        let grads: Grads = slots.iter().map(|(n, s)| (n.clone(), GpuBuf { buffer: s.grad.buffer.clone(), len: s.len })).collect();
+        let mut temps = Vec::new();
+        let mut rec = gpu.recorder();
+        for s in slots.values() {
+            zero(&mut rec, &s.grad, s.len)?;
+        }
+        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == 3, &mut temps)?;
+        rec.submit()?;
+        let mut parts = Vec::new();
+        match stage {
+            1 | 2 => {
+                for i in self.trained_layers() {
+                    let (loss, grad, dx) = (gpu.scratch(rows)?, gpu.scratch(rows * d)?, gpu.scratch(rows * d)?);
+                    let mut rec = gpu.recorder();
+                    let t = &teacher.blocks[i];
+                    if stage == 1 {
+                        // The mixer on the teacher's normed stream, against its attention output.
+                        let m = self.student.mixer_layer(i).expect("a mixer block");
+                        let (rope, rope_back) = self.student.rope_tables();
+                        let out = gpu.scratch(rows * d)?;
+                        let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out, &mut temps)?;
+                        squared_error(&mut rec, &out, &t.mixer_out, &loss, &grad, rows, d, 1.0 / (rows * d) as f32, false)?;
+                        m.backward(&mut rec, &t.xn1, &acts, &rope_back, &grad, &dx, false, &grads, &format!("layers.{i}.mixer."), &mut temps)?;
+                        rec.submit()?;
+                        acts.release(gpu);
+                        temps.push(out);
+                    } else {
+                        // The block on the teacher's input, against the teacher's next state.
+                        let x = if i == 0 { &teacher.x0 } else { &teacher.blocks[i - 1].x_out };
+                        let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq, &mut temps)?;
+                        l2_error(&mut rec, &acts.x_out, &t.x_out, &loss, &grad, rows, d, 1.0 / rows as f32, false)?;
+                        self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, &grads, &mut temps)?;
+                        rec.submit()?;
+                        acts.release(gpu);
+                    }
+                    let l = gpu.read_f32_blocking(&loss, rows)?;
+                    let sum: f64 = l.iter().map(|&v| v as f64).sum();
+                    parts.push(if stage == 1 { sum / (rows * d) as f64 } else { sum / rows as f64 });
+                    temps.extend([loss, grad, dx]);
+                    for t in temps.drain(..) {
+                        gpu.release(t);
+                    }
+                }
+            }
+            _ => {
+                let teacher_logits = teacher.logits.as_ref().expect("asked for logits");
+                let target_buf = gpu.upload_u32("targets", &targets)?;
+                let (ce, klb, d_logits) = (gpu.scratch(rows)?, gpu.scratch(rows)?, gpu.scratch(rows * vocab)?);
+                let mut rec = gpu.recorder();
+                let acts = self.student.forward_train(&mut rec, &ids, batch, seq, true, &mut temps)?;
+                let logits = acts.logits.as_ref().expect("asked for logits");
+                let kl_scale = match self.config.kl_scaling {
+                    KlScaling::TokenMean => 1.0 / rows as f32,
+                    KlScaling::PaperBatch => 1.0 / batch as f32,
+                };
+                cross_entropy(&mut rec, logits, &target_buf, &ce, &d_logits, rows, vocab, 1.0 / rows as f32, false)?;
+                kl(&mut rec, logits, teacher_logits, &klb, &d_logits, rows, vocab, kl_scale, true)?;
+                self.student.backward(&mut rec, &inputs, &acts, &d_logits, batch, seq, &grads, &mut temps)?;
+                rec.submit()?;
+                acts.release(gpu);
+                let mean = |b: &GpuBuf| -> Result<f64> { Ok(gpu.read_f32_blocking(b, rows)?.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) };
+                parts = vec![mean(&ce)?, mean(&klb)?];
+                temps.extend([target_buf, ce, klb, d_logits]);
+            }
+        }
+        teacher.release(gpu);
+        for t in temps {
+            gpu.release(t);
+        }
+        gpu.release(ids);
+        // The per-layer (or CE/KL) parts sum to the loss.
+        let loss = parts.iter().sum();
+        Ok((loss, parts))
+    }
+
+    /// The global gradient norm; a non-finite one stops the run naming the parameter.
+    fn grad_norm(&self, slots: &BTreeMap<String, Slot>, stage: u8, step: usize) -> Result<f64> {
+        let gpu = self.gpu;
+        let mut rec = gpu.recorder();
+        let mut partials = Vec::new();
+        for (name, s) in slots {
+            let p = gpu.scratch(s.len.div_ceil(4096))?;
+            let n = sum_squares(&mut rec, &s.grad, &p, s.len)?;
+            partials.push((name, p, n));
+        }
+        rec.submit()?;
+        let mut total = 0.0f64;
+        for (name, p, n) in partials {
+            let sq: f64 = gpu.read_f32_blocking(&p, n)?.iter().map(|&v| v as f64).sum();
+            gpu.release(p);
+            if !sq.is_finite() {
+                return Err(self.diverged(stage, step, &format!("the gradient of {name} is not finite")));
+            }
+            total += sq;
+        }
+        Ok(total.sqrt())
+    }
+
+    fn diverged(&self, stage: u8, step: usize, what: &str) -> Error {
+        let kept = self.out.join(CHECKPOINT_DIR);
+        let last = if self.state.weights.is_empty() { "none was written yet".to_string() } else { format!("the last good one is kept in {}", kept.display()) };
+        Error::Training(format!("stage {stage}, step {step}: {what}; checkpoint: {last}"))
+    }
+
+    /// Held-out perplexity of the teacher or the student, over `heldout_tokens`.
+    fn perplexity(&self, teacher: bool) -> Result<(f64, usize)> {
+        let model = if teacher { &self.teacher } else { &self.student };
+        let seq = self.config.seq;
+        let n_rows = (self.config.heldout_tokens / seq).max(1).min((self.corpus.heldout.len() - 1) / seq);
+        let batch = self.config.batch.min(n_rows).max(1);
+        heldout_perplexity(self.gpu, model, &self.corpus.heldout, seq, batch, n_rows)
+    }
+
+    fn emit(&mut self, report: &mut dyn FnMut(&Event), e: Event) -> Result<()> {
+        let path = self.out.join(METRICS_FILE);
+        let mut line = serde_json::to_string(&e).expect("events serialise");
+        line.push('\n');
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
+        f.write_all(line.as_bytes()).map_err(|e| Error::io(&path, e))?;
+        self.metrics_lines += 1;
+        report(&e);
+        Ok(())
+    }
+
+    /// Keeps the first `lines` lines of the metrics file (a resumed run repeats what came after
+    /// its checkpoint).
+    fn truncate_metrics(&mut self, lines: usize) -> Result<()> {
+        let path = self.out.join(METRICS_FILE);
+        let text = if path.exists() { std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))? } else { String::new() };
+        let keep: String = text.lines().take(lines).map(|l| format!("{l}\n")).collect();
+        self.metrics_lines = keep.lines().count();
+        write_atomic(&path, keep.as_bytes())
+    }
+
+    /// Writes the weights (all of them) and the optimizer state of `slots`, then the state that
+    /// points at them: a run killed at any moment leaves the previous checkpoint intact.
+    fn checkpoint(&mut self, slots: &BTreeMap<String, Slot>, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let gpu = self.gpu;
+        self.emit(report, Event::Checkpoint { stage: self.state.stage, step: self.state.step })?;
+        self.state.metrics_lines = self.metrics_lines;
+        let dir = self.out.join(CHECKPOINT_DIR);
+        let mut tensors: Vec<(String, Vec<f32>)> = Vec::new();
+        for p in self.student.parameters(Scope::All) {
+            tensors.push((format!("param.{}", p.name), gpu.read_f32_blocking(p.buf, p.buf.len)?));
+        }
+        for (name, s) in slots {
+            tensors.push((format!("m.{name}"), gpu.read_f32_blocking(&s.m, s.len)?));
+            tensors.push((format!("v.{name}"), gpu.read_f32_blocking(&s.v, s.len)?));
+        }
+        let views = tensors
+            .iter()
+            .map(|(n, d)| safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![d.len()], bytemuck::cast_slice(d)).map(|v| (n.clone(), v)).map_err(|e| Error::format(&dir, format!("{n}: {e}"))))
+            .collect::<Result<Vec<_>>>()?;
+        let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(&dir, format!("serialising the checkpoint: {e}")))?;
+        let name = format!("weights-stage{}-step{}.safetensors", self.state.stage, self.state.step);
+        let previous = std::mem::replace(&mut self.state.weights, name.clone());
+        write_atomic(&dir.join(&name), &bytes)?;
+        write_atomic(&dir.join("state.json"), serde_json::to_string_pretty(&self.state).expect("state serialises").as_bytes())?;
+        if !previous.is_empty() && previous != name {
+            let _ = std::fs::remove_file(dir.join(previous));
+        }
+        Ok(())
+    }
+
+    fn read_checkpoint(&self) -> Result<(PathBuf, Vec<u8>)> {
+        let path = self.out.join(CHECKPOINT_DIR).join(&self.state.weights);
+        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        Ok((path, bytes))
+    }
+
+    fn load_checkpoint(&mut self) -> Result<()> {
+        let (path, bytes) = self.read_checkpoint()?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
+        for p in self.student.parameters(Scope::All) {
+            let view = st.tensor(&format!("param.{}", p.name)).map_err(|_| Error::format(&path, format!("missing parameter '{}'", p.name)))?;
+            let data: &[f32] = bytemuck::cast_slice(view.data());
+            if data.len() != p.buf.len {
+                return Err(Error::format(&path, format!("parameter '{}' has {} values, expected {}", p.name, data.len(), p.buf.len)));
+            }
+            self.gpu.write_f32(p.buf, data);
+        }
+        Ok(())
+    }
+
+    fn load_optimizer(&self, slots: &BTreeMap<String, Slot>) -> Result<()> {
+        let (path, bytes) = self.read_checkpoint()?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
+        for (name, s) in slots {
+            for (what, buf) in [("m", &s.m), ("v", &s.v)] {
+                let view = st.tensor(&format!("{what}.{name}")).map_err(|_| Error::format(&path, format!("missing optimizer state {what}.{name}")))?;
+                self.gpu.write_f32(buf, bytemuck::cast_slice(view.data()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the trained parameters back and saves the student (sharded) into the output dir.
+    fn save_student(&mut self) -> Result<()> {
+        let gpu = self.gpu;
+        for p in self.student.parameters(Scope::All) {
+            let data = gpu.read_f32_blocking(p.buf, p.buf.len)?;
+            let parts: Vec<&str> = p.name.split('.').collect();
+            match parts.as_slice() {
+                ["layers", i, "mixer", name] => {
+                    let i: usize = i.parse().expect("layer index");
+                    self.student_mixers.layers.get_mut(&i).and_then(|l| l.get_mut(*name)).expect("mixer parameter").data = data;
+                }
+                ["layers", i, what] => {
+                    let l = &mut self.student_weights.layers[i.parse::<usize>().expect("layer index")];
+                    match *what {
+                        "attn_norm" => l.attn_norm = data,
+                        "ffn_norm" => l.ffn_norm = data,
+                        "w_down" => l.down = data,
+                        "w_gate_up" => {
+                            let g = l.gate.len();
+                            l.gate = data[..g].to_vec();
+                            l.up = data[g..].to_vec();
+                        }
+                        _ => unreachable!("parameters() names"),
+                    }
+                }
+                ["embed"] => self.student_weights.embed = data,
+                ["final_norm"] => self.student_weights.final_norm = data,
+                ["head"] => self.student_weights.lm_head = Some(data),
+                _ => unreachable!("parameters() names"),
+            }
+        }
+        save_dir_sharded(&self.out, &self.student_weights, &self.student_mixers, &self.tokenizer, Some(self.config.shard_mb.max(1) * 1_000_000))
+    }
+}
+
+/// Perplexity of `model` on `rows` sequences of `seq` + 1 tokens of `tokens` (next-token cross
+/// entropy, averaged over tokens), `batch` sequences at a time.
+pub fn heldout_perplexity(gpu: &Gpu, model: &LanguageModel, tokens: &[u32], seq: usize, batch: usize, rows: usize) -> Result<(f64, usize)> {
+    let vocab = model.config.vocab_size;
+    let (mut sum, mut count) = (0.0f64, 0usize);
+    let mut cursor = 0u64;
+    let mut left = rows;
+    while left > 0 {
+        let b = batch.min(left);
+        let (block, next) = next_rows(tokens, cursor, b, seq + 1);
+        cursor = next;
+        left -= b;
+        let inputs: Vec<u32> = block.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
+        let targets: Vec<u32> = block.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
+        let mut cache: Cache = model.new_cache(gpu, b, seq)?;
+        let logits = model.forward(gpu, &mut cache, &inputs, Logits::All)?;
+        let n = b * seq;
+        let (t, loss, grad) = (gpu.upload_u32("targets", &targets)?, gpu.scratch(n)?, gpu.scratch(n * vocab)?);
+        let mut rec = gpu.recorder();
+        cross_entropy(&mut rec, &logits, &t, &loss, &grad, n, vocab, 0.0, false)?;
+        rec.submit()?;
+        sum += gpu.read_f32_blocking(&loss, n)?.iter().map(|&v| v as f64).sum::<f64>();
+        count += n;
+        drop(cache);
+        for x in [logits, t, loss, grad] {
+            gpu.release(x);
+        }
+    }
+    Ok(((sum / count as f64).exp(), count))
+}

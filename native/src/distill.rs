@@ -1,0 +1,204 @@
+//! `linearize distill`: the three-stage distillation (core::train::distill) with progress bars,
+//! JSON-lines metrics, a TOML run config and flags over it.
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use linearize_core::gpu::Gpu;
+use linearize_core::mixers::{ConvInit, MixerKind};
+use linearize_core::model::weights::linearize_home;
+use linearize_core::train::data::Corpus;
+use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling};
+use std::path::PathBuf;
+
+/// Flags of `distill`; each set one overrides the run config.
+#[derive(clap::Args)]
+pub struct DistillArgs {
+    /// Teacher: GGUF, HF directory or alias
+    #[arg(long, default_value = linearize_core::model::weights::TEACHER_ALIAS)]
+    pub teacher: String,
+    /// linear_attn, retnet, gla, deltanet, gated_deltanet, kda or mlstm
+    #[arg(long)]
+    pub mixer: Option<String>,
+    /// Output directory: the student, metrics.jsonl and checkpoint/
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A TOML run config (fields of DistillConfig; flags override it)
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Token budget over all stages
+    #[arg(long)]
+    pub tokens: Option<u64>,
+    /// Keep only the first N blocks of teacher and student
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Stages to run, comma-separated (1, 2, 3)
+    #[arg(long)]
+    pub stages: Option<String>,
+    #[arg(long)]
+    pub seq: Option<usize>,
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Peak learning rates of stages 1, 2, 3
+    #[arg(long)]
+    pub lr1: Option<f32>,
+    #[arg(long)]
+    pub lr2: Option<f32>,
+    #[arg(long)]
+    pub lr3: Option<f32>,
+    /// Shares of the budget of stages 1, 2, 3, comma-separated
+    #[arg(long)]
+    pub split: Option<String>,
+    /// Blocks to replace, comma-separated (default: all)
+    #[arg(long)]
+    pub mixer_layers: Option<String>,
+    /// identity or random
+    #[arg(long)]
+    pub conv_init: Option<String>,
+    /// KL reduction: token-mean (default) or paper-batch (summed over positions / batch)
+    #[arg(long)]
+    pub kl_scaling: Option<String>,
+    #[arg(long)]
+    pub checkpoint_every: Option<usize>,
+    #[arg(long)]
+    pub heldout_tokens: Option<usize>,
+    /// Largest student shard, MB
+    #[arg(long)]
+    pub shard_mb: Option<usize>,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Continue from the checkpoint in --out
+    #[arg(long)]
+    pub resume: bool,
+    /// Print every event as a JSON line instead of progress bars
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>> {
+    s.split(',').map(|p| p.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{flag} '{s}': '{p}' is not a valid value"))).collect()
+}
+
+/// The run config: defaults, then the TOML file, then the flags.
+pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
+    let mut c = match &a.config {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading --config {}", p.display()))?;
+            toml::from_str::<DistillConfig>(&text).with_context(|| format!("{}: not a valid run config", p.display()))?
+        }
+        None => DistillConfig::default(),
+    };
+    if let Some(m) = &a.mixer {
+        c.mixer = MixerKind::from_name(m)?;
+    } else if a.config.is_none() {
+        bail!("--mixer is required (or a --config that names one): linear_attn, retnet, gla, deltanet, gated_deltanet, kda or mlstm");
+    }
+    if let Some(v) = a.tokens {
+        c.tokens = v;
+    }
+    if a.layers.is_some() {
+        c.layers = a.layers;
+    }
+    if let Some(s) = &a.stages {
+        c.stages = list("--stages", s)?;
+    }
+    if let Some(v) = a.seq {
+        c.seq = v;
+    }
+    if let Some(v) = a.batch {
+        c.batch = v;
+    }
+    for (i, v) in [a.lr1, a.lr2, a.lr3].into_iter().enumerate() {
+        if let Some(v) = v {
+            c.lr[i] = v;
+        }
+    }
+    if let Some(s) = &a.split {
+        let v: Vec<f64> = list("--split", s)?;
+        if v.len() != 3 {
+            bail!("--split '{s}': expected three shares (stages 1, 2, 3)");
+        }
+        c.split = [v[0], v[1], v[2]];
+    }
+    if let Some(s) = &a.mixer_layers {
+        c.mixer_layers = list("--mixer-layers", s)?;
+    }
+    if let Some(s) = &a.conv_init {
+        c.options.conv_init = match s.as_str() {
+            "identity" => ConvInit::Identity,
+            "random" => ConvInit::Random,
+            other => bail!("--conv-init '{other}': expected identity or random"),
+        };
+    }
+    if let Some(s) = &a.kl_scaling {
+        c.kl_scaling = match s.as_str() {
+            "token-mean" => KlScaling::TokenMean,
+            "paper-batch" => KlScaling::PaperBatch,
+            other => bail!("--kl-scaling '{other}': expected token-mean or paper-batch"),
+        };
+    }
+    if let Some(v) = a.checkpoint_every {
+        c.checkpoint_every = v;
+    }
+    if let Some(v) = a.heldout_tokens {
+        c.heldout_tokens = v;
+    }
+    if let Some(v) = a.shard_mb {
+        c.shard_mb = v;
+    }
+    if let Some(v) = a.seed {
+        c.options.seed = v;
+    }
+    c.validate()?;
+    Ok(c)
+}
+
+pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model::Model>) -> Result<()> {
+    let cfg = config(a)?;
+    let teacher = load(&a.teacher)?;
+    if teacher.mixers.is_some() {
+        bail!("--teacher {}: this is a student; give a teacher", a.teacher);
+    }
+    let corpus = Corpus::load(&linearize_home().join("corpus"), &teacher.tokenizer)?;
+    let gpu = Gpu::new_blocking()?;
+    let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?;
+    let mut bar: Option<ProgressBar> = None;
+    let json = a.json;
+    let mut report = |e: &Event| {
+        if json {
+            println!("{}", serde_json::to_string(e).expect("events serialise"));
+            return;
+        }
+        match e {
+            Event::StageStart { stage, steps, from_step } => {
+                let b = ProgressBar::new(*steps as u64);
+                b.set_style(ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg} eta {eta}").expect("template").progress_chars("=> "));
+                b.set_prefix(stage.to_string());
+                b.set_position(*from_step as u64);
+                bar = Some(b);
+            }
+            Event::Step(r) => {
+                if let Some(b) = &bar {
+                    b.set_position(r.step as u64);
+                    b.set_message(format!("loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s", r.loss, r.lr, r.grad_norm, r.tokens_per_s));
+                }
+            }
+            Event::Perplexity { model, stage, perplexity, tokens } => {
+                if let Some(b) = bar.take() {
+                    b.finish();
+                }
+                let when = match stage {
+                    None => String::new(),
+                    Some(0) => " before training".into(),
+                    Some(s) => format!(" after stage {s}"),
+                };
+                println!("held-out perplexity of the {model}{when}: {perplexity:.3} ({tokens} tokens)");
+            }
+            Event::Checkpoint { .. } => {}
+            Event::Saved { dir } => println!("saved the student to {}", dir.display()),
+        }
+    };
+    d.run(&mut report)?;
+    if !json {
+        println!("metrics: {}", a.out.join(linearize_core::train::distill::METRICS_FILE).display());
+    }
+    Ok(())
+}
