@@ -192,6 +192,12 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
                 };
                 println!("held-out perplexity of the {model}{when}: {perplexity:.3} ({tokens} tokens)");
             }
+            Event::StageLoss { stage, after, loss, .. } => {
+                if let Some(b) = bar.as_ref().filter(|_| *after) {
+                    b.finish();
+                }
+                println!("stage {stage} loss on held-out text {}: {loss:.5}", if *after { "after" } else { "before" });
+            }
             Event::Checkpoint { .. } => {}
             Event::Saved { dir } => println!("saved the student to {}", dir.display()),
         }

@@ -137,16 +137,29 @@ fn matmul_strided(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         acc[i] = 0.0;
     }
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
+        // Neighbouring threads read neighbouring addresses: along k when that stride is 1,
+        // along the tile's rows when theirs is.
         for (var i = 0u; i < 4u; i++) {
             let e = tid + i * 256u;
-            let r = e / BK;
-            let c = e % BK;
-            let gk = k0 + c;
+            var r = e / BK;
+            var c = e % BK;
+            if (p.sam == 1u) {
+                r = e % BM;
+                c = e / BM;
+            }
+            var gk = k0 + c;
             var xv = 0.0;
             if (m0 + r < p.m && gk < p.k) {
                 xv = x[(m0 + r) * p.sam + gk * p.sak];
             }
             x_tile[c * BM + r] = xv;
+            r = e / BK;
+            c = e % BK;
+            if (p.sbn == 1u) {
+                r = e % BN;
+                c = e / BN;
+            }
+            gk = k0 + c;
             var wv = 0.0;
             if (n0 + r < p.n && gk < p.k) {
                 wv = w[(n0 + r) * p.sbn + gk * p.sbk];

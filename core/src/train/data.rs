@@ -13,6 +13,7 @@ const HELDOUT_SPEECHES: usize = 8;
 /// Share of Moby-Dick held out (its end).
 const HELDOUT_MOBY_DICK: f64 = 0.1;
 
+#[derive(Clone)]
 pub struct Corpus {
     pub train: Vec<u32>,
     pub heldout: Vec<u32>,

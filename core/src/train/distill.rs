@@ -132,6 +132,8 @@ pub enum Event {
     StageStart { stage: u8, steps: usize, from_step: usize },
     Step(StepReport),
     Perplexity { model: String, stage: Option<u8>, perplexity: f64, tokens: usize },
+    /// The stage's loss on the first held-out block, before and after the stage.
+    StageLoss { stage: u8, after: bool, loss: f64, parts: Vec<f64> },
     Checkpoint { stage: u8, step: usize },
     Saved { dir: PathBuf },
 }
@@ -274,6 +276,10 @@ impl<'g> Distiller<'g> {
         self.state.stage = stage;
         self.state.step = from;
         self.emit(report, Event::StageStart { stage, steps, from_step: from })?;
+        if !resuming {
+            let (loss, parts) = self.heldout_stage_loss(stage, &slots)?;
+            self.emit(report, Event::StageLoss { stage, after: false, loss, parts })?;
+        }
         let hyper = AdamW { lr: self.config.lr[stage as usize - 1], beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
         for step in from..steps {
             let started = Instant::now();
@@ -304,6 +310,8 @@ impl<'g> Distiller<'g> {
                 self.checkpoint(&slots, report)?;
             }
         }
+        let (loss, parts) = self.heldout_stage_loss(stage, &slots)?;
+        self.emit(report, Event::StageLoss { stage, after: true, loss, parts })?;
         let ppl = self.perplexity(false)?;
         self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(stage), perplexity: ppl.0, tokens: ppl.1 })?;
         self.save_student()?;
@@ -317,6 +325,13 @@ impl<'g> Distiller<'g> {
             }
         }
         Ok(())
+    }
+
+    /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
+    /// zeroed by the next step).
+    fn heldout_stage_loss(&self, stage: u8, slots: &BTreeMap<String, Slot>) -> Result<(f64, Vec<f64>)> {
+        let (rows_ids, _) = next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1);
+        self.step_gradients(stage, &rows_ids, slots)
     }
 
     /// The student blocks stages 1 and 2 train (its mixer blocks).
