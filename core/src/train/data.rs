@@ -55,17 +55,17 @@ impl Corpus {
     /// Loads the corpus under `corpus_dir` ($LINEARIZE_HOME/corpus), tokenising it on first
     /// use and caching the tokens beside it.
     pub fn load(corpus_dir: &Path, tokenizer: &Tokenizer) -> Result<Self> {
-        let sotu = corpus_dir.join("sotu");
-        let moby = corpus_dir.join("moby-dick").join("data.txt");
-        if !sotu.is_dir() || !moby.is_file() {
-            return Err(Error::Missing { path: corpus_dir.into(), what: "the fetched corpus (run `linearize fetch corpus`)".into() });
-        }
         let key = fnv(tokenizer.json().as_bytes());
         let cache = |name: &str| corpus_dir.join(format!(".tokens-{name}-{key:016x}.bin"));
         let (train_cache, heldout_cache) = (cache("train"), cache("heldout"));
         if train_cache.is_file() && heldout_cache.is_file() {
             let read_cache = |p: &Path| -> Result<Vec<u32>> { from_bytes(p, &std::fs::read(p).map_err(|e| Error::io(p, e))?) };
             return Ok(Corpus { train: read_cache(&train_cache)?, heldout: read_cache(&heldout_cache)? });
+        }
+        let sotu = corpus_dir.join("sotu");
+        let moby = corpus_dir.join("moby-dick").join("data.txt");
+        if !sotu.is_dir() || !moby.is_file() {
+            return Err(Error::Missing { path: corpus_dir.into(), what: "the fetched corpus (run `linearize fetch corpus`)".into() });
         }
         let speeches = files(&sotu, ".txt")?;
         let split = speeches.len().saturating_sub(HELDOUT_SPEECHES);
