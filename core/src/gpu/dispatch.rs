@@ -197,6 +197,23 @@ impl<'g> Recorder<'g> {
                 })
             })
             .collect();
+        if profile::enabled() {
+            // One dispatch per submission, waited for: slow, but each kernel's time is its own.
+            for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
+                let started = std::time::Instant::now();
+                let mut encoder = device.create_command_encoder(&Default::default());
+                {
+                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
+                    pass.set_pipeline(&d.pipeline);
+                    pass.set_bind_group(0, bg, &[]);
+                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                }
+                self.gpu.queue.submit([encoder.finish()]);
+                self.gpu.sync()?;
+                profile::record(d.label, started.elapsed().as_secs_f64());
+            }
+            return self.gpu.take_error();
+        }
         let mut encoder = device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
@@ -208,5 +225,39 @@ impl<'g> Recorder<'g> {
         }
         self.gpu.queue.submit([encoder.finish()]);
         self.gpu.take_error()
+    }
+}
+
+/// A coarse kernel profiler for native runs: with LINEARIZE_PROFILE=1 every dispatch is submitted
+/// and waited for alone, and its wall time is added to its entry point's total.
+pub mod profile {
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    static TOTALS: Mutex<BTreeMap<&'static str, (f64, usize)>> = Mutex::new(BTreeMap::new());
+
+    pub fn enabled() -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            *ON.get_or_init(|| std::env::var_os("LINEARIZE_PROFILE").is_some_and(|v| v != "0"))
+        }
+        #[cfg(target_arch = "wasm32")]
+        false
+    }
+
+    pub fn record(entry: &'static str, seconds: f64) {
+        let mut t = TOTALS.lock().expect("profile lock");
+        let e = t.entry(entry).or_insert((0.0, 0));
+        e.0 += seconds;
+        e.1 += 1;
+    }
+
+    /// (entry point, total seconds, dispatches), slowest first.
+    pub fn report() -> Vec<(&'static str, f64, usize)> {
+        let t = TOTALS.lock().expect("profile lock");
+        let mut v: Vec<_> = t.iter().map(|(k, (s, n))| (*k, *s, *n)).collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
     }
 }

@@ -6,4 +6,4 @@ mod dispatch;
 
 pub use buffers::{need, BufferPool, GpuBuf};
 pub use device::{AdapterReport, Gpu};
-pub use dispatch::{Kernel, Recorder};
+pub use dispatch::{profile, Kernel, Recorder};
