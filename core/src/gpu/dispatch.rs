@@ -90,7 +90,7 @@ impl Gpu {
     }
 
     pub fn recorder(&self) -> Recorder<'_> {
-        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new() }
+        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new() }
     }
 }
 
@@ -110,11 +110,18 @@ pub struct Recorder<'g> {
     gpu: &'g Gpu,
     params: Vec<u8>,
     dispatches: Vec<Dispatch>,
+    /// Temporaries of the recorded dispatches, back to the pool once submitted.
+    retired: Vec<GpuBuf>,
 }
 
 impl<'g> Recorder<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// Keeps `buf` until the recorded work is submitted, then returns it to the pool.
+    pub fn retire(&mut self, buf: GpuBuf) {
+        self.retired.push(buf);
     }
 
     /// Dispatches `kernel`. Binding 0 is a uniform holding `params` (32-bit words: shapes as
@@ -158,7 +165,16 @@ impl<'g> Recorder<'g> {
         Ok(())
     }
 
-    pub fn submit(self) -> Result<()> {
+    pub fn submit(mut self) -> Result<()> {
+        let retired = std::mem::take(&mut self.retired);
+        let result = self.submit_dispatches();
+        for b in retired {
+            self.gpu.release(b);
+        }
+        result
+    }
+
+    fn submit_dispatches(&self) -> Result<()> {
         if self.dispatches.is_empty() {
             return Ok(());
         }

@@ -192,9 +192,14 @@ pub fn short_conv_backward(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, state: &G
     let mut bx = common.to_vec();
     bx.push((6, dx));
     rec.dispatch_bindings(&k("conv_backward_x"), &params, &bx, [channels.div_ceil(64) as u32, seq as u32, batch as u32])?;
+    let splits = (batch * seq).div_ceil(64);
+    let partial = rec.gpu().scratch(splits * channels * 4)?;
     let mut bw = common.to_vec();
-    bw.push((7, dw));
-    rec.dispatch_bindings(&k("conv_backward_w"), &params, &bw, [channels.div_ceil(64) as u32, 1, 1])
+    bw.push((7, &partial));
+    rec.dispatch_bindings(&k("conv_backward_w"), &params, &bw, [channels.div_ceil(64) as u32, splits as u32, 1])?;
+    crate::nn::column_sum(rec, &partial, dw, splits, channels * 4, true)?;
+    rec.retire(partial);
+    Ok(())
 }
 
 /// Backward of `head_norm`: dx, the output gate's gradient `d_gate` (when gated) and dw (+)=
@@ -212,8 +217,13 @@ pub fn head_norm_backward(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, 
     let threads = rows * heads;
     let per_y = 65535 * 64;
     let groups = [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1];
-    rec.dispatch_bindings(&k("headnorm_backward"), &params, &[(1, x), (2, w), (3, g), (5, dy), (6, dx), (7, d_gate)], groups)?;
-    rec.dispatch_bindings(&k("headnorm_backward_w"), &params, &[(1, x), (3, g), (5, dy), (8, dw)], [dim.div_ceil(64) as u32, 1, 1])
+    let dw_rows = rec.gpu().scratch(if norm == HeadNorm::L2 { 1 } else { n })?;
+    rec.dispatch_bindings(&k("headnorm_backward"), &params, &[(1, x), (2, w), (3, g), (5, dy), (6, dx), (7, d_gate), (8, &dw_rows)], groups)?;
+    if norm != HeadNorm::L2 {
+        crate::nn::column_sum(rec, &dw_rows, dw, rows * heads, dim, true)?;
+    }
+    rec.retire(dw_rows);
+    Ok(())
 }
 
 /// Backward of `gate`: dx (and dx2 for Hadamard and Add) from dy, plus per-column gradients

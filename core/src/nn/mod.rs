@@ -191,22 +191,64 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
 
 // ---- backward ----
 
-/// Backward of `linear` for the input: dx[m, k] (+)= Σ_n dy[m, n] · w[n, k].
+/// y [cols, rows] = xᵀ for x [rows, cols].
+pub fn transpose(rec: &mut Recorder, x: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize) -> Result<()> {
+    need("transpose x", x, rows * cols)?;
+    need("transpose y", y, rows * cols)?;
+    rec.dispatch(&Kernel::new("nn/transpose", "transpose"), &[rows as u32, cols as u32], &[x, y], [cols.div_ceil(16) as u32, rows.div_ceil(16) as u32, 1])
+}
+
+/// Backward of `linear` for the input: dx[m, k] (+)= Σ_n dy[m, n] · w[n, k], as the forward
+/// product of dy and wᵀ (the fast kernels need the reduction along rows of both operands).
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
     need("linear backward dy", dy, m * n)?;
     need("linear backward w", w, n * k)?;
     need("linear backward dx", dx, m * k)?;
-    strided(rec, dy, w, dx, (m, k, n), [n, 1, 1, k], accumulate)
+    if n % 4 != 0 {
+        // Narrow reductions (β, gate ranks): the strided kernel reads w in place.
+        return strided(rec, dy, w, dx, (m, k, n), [n, 1, 1, k], accumulate);
+    }
+    let wt = rec.gpu().scratch(n * k)?;
+    transpose(rec, w, &wt, n, k)?;
+    linear(rec, dy, &wt, dx, m, k, n, accumulate)?;
+    rec.retire(wt);
+    Ok(())
 }
 
-/// Backward of `linear` for the weight: dw[n, k] (+)= Σ_m dy[m, n] · x[m, k].
+/// Backward of `linear` for the weight: dw[n, k] (+)= Σ_m dy[m, n] · x[m, k], as the forward
+/// product of dyᵀ and xᵀ.
 #[allow(clippy::too_many_arguments)]
 pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
     need("linear backward dy", dy, m * n)?;
     need("linear backward x", x, m * k)?;
     need("linear backward dw", dw, n * k)?;
-    strided(rec, dy, x, dw, (n, k, m), [1, n, 1, k], accumulate)
+    if m % 4 != 0 {
+        return strided(rec, dy, x, dw, (n, k, m), [1, n, 1, k], accumulate);
+    }
+    let gpu = rec.gpu();
+    let (dyt, xt) = (gpu.scratch(n * m)?, gpu.scratch(k * m)?);
+    transpose(rec, dy, &dyt, m, n)?;
+    transpose(rec, x, &xt, m, k)?;
+    linear(rec, &dyt, &xt, dw, n, k, m, accumulate)?;
+    rec.retire(dyt);
+    rec.retire(xt);
+    Ok(())
+}
+
+/// dst[c] (+)= Σ_r src[r, c] over `rows` rows: the per-column parameter gradients.
+pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols: usize, accumulate: bool) -> Result<()> {
+    need("column sum src", src, rows * cols)?;
+    need("column sum dst", dst, cols)?;
+    let gpu = rec.gpu();
+    let ones = gpu.upload_f32("ones", &vec![1.0; rows])?;
+    let t = gpu.scratch(rows * cols)?;
+    transpose(rec, src, &t, rows, cols)?;
+    // [1, rows] · [cols, rows]ᵀ
+    linear(rec, &ones, &t, dst, 1, cols, rows, accumulate)?;
+    rec.retire(ones);
+    rec.retire(t);
+    Ok(())
 }
 
 /// y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for out shape (rows, cols, reduce).

@@ -66,7 +66,7 @@ fn conv_state_update(@builtin(global_invocation_id) gid: vec3<u32>) {
 //   dw[c, j] += Σ_(b, t) ga[t] · x[t − 3 + j]
 @group(0) @binding(5) var<storage, read> dy: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dw: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dw: array<f32>; // [splits, channels, 4]
 
 fn grad_pre(b: u32, t: u32, c: u32) -> f32 {
     var a = 0.0;
@@ -101,20 +101,24 @@ fn conv_backward_x(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @compute @workgroup_size(64)
 fn conv_backward_w(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // Partial sums over 64 tokens (of the flattened batch x seq) per workgroup row; the host
+    // adds the partials: dw_partial [splits, channels, 4].
     let c = gid.x;
     if (c >= p.channels) {
         return;
     }
     var acc = vec4<f32>(0.0);
-    for (var b = 0u; b < p.batch; b++) {
-        for (var t = 0u; t < p.seq; t++) {
-            let g = grad_pre(b, t, c);
-            for (var j = 0u; j < 4u; j++) {
-                acc[j] = fma(g, input_at(b, i32(t) - 3 + i32(j), c), acc[j]);
-            }
+    let first = gid.y * 64u;
+    let last = min(first + 64u, p.batch * p.seq);
+    for (var bt = first; bt < last; bt++) {
+        let b = bt / p.seq;
+        let t = bt % p.seq;
+        let g = grad_pre(b, t, c);
+        for (var j = 0u; j < 4u; j++) {
+            acc[j] = fma(g, input_at(b, i32(t) - 3 + i32(j), c), acc[j]);
         }
     }
     for (var j = 0u; j < 4u; j++) {
-        dw[c * 4u + j] = dw[c * 4u + j] + acc[j];
+        dw[(gid.y * p.channels + c) * 4u + j] = acc[j];
     }
 }

@@ -68,7 +68,8 @@ fn headnorm(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(5) var<storage, read> dy: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(7) var<storage, read_write> d_gate: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dw: array<f32>;
+// Per-row terms of ∂/∂w (dy · gate · normalised x); the host sums them over rows.
+@group(0) @binding(8) var<storage, read_write> dw_rows: array<f32>;
 
 fn stats(base: u32) -> vec2<f32> {
     var mean = 0.0;
@@ -131,6 +132,9 @@ fn headnorm_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
             let v = (x[base + i] - mean) * inv * weight(i);
             d_gate[base + i] = dy[base + i] * v * gv.y;
         }
+        if (NORM != 0u) {
+            dw_rows[base + i] = dy[base + i] * gv.x * (x[base + i] - mean) * inv;
+        }
     }
     var k = 1.0;
     if (NORM != 0u) {
@@ -151,20 +155,4 @@ fn headnorm_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
             dx[base + i] = dx[base + i] - dc_mean;
         }
     }
-}
-
-@compute @workgroup_size(64)
-fn headnorm_backward_w(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i >= p.dim || NORM == 0u) {
-        return;
-    }
-    var acc = 0.0;
-    for (var rh = 0u; rh < p.rows * p.heads; rh++) {
-        let base = rh * p.dim;
-        let st = stats(base);
-        let n = (x[base + i] - st.x) * st.y;
-        acc = fma(dy[base + i] * gate_value(gate[base + i]).x, n, acc);
-    }
-    dw[i] = dw[i] + acc;
 }
