@@ -2,7 +2,8 @@
 # Prepares what a run on the lent GPU machine carries (all in git-ignored folders):
 #   .gl/     Vulkan loader packages (the machine has the NVIDIA driver but no loader)
 #   .bin/    the release `linearize` binary
-#   .stage/  the teacher GGUF split in two parts (one call may carry 64 MiB)
+#   .stage/  the teacher GGUF split in two parts (one call may carry 64 MiB), and the corpus's
+#            token cache gzipped (.stage/tok), so the machine needs no text
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -d .gl ] || [ -z "$(ls .gl/*.deb 2>/dev/null)" ]; then
@@ -17,4 +18,8 @@ cp target/release/linearize .bin/
 strip .bin/linearize || true
 GGUF="${LINEARIZE_HOME:-$HOME/.cache/linearize}/teacher/SmolLM2-135M-Instruct.Q4_1.gguf"
 [ -f .stage/gguf.part01 ] || split -b 48M -d "$GGUF" .stage/gguf.part
+mkdir -p .stage/tok
+for f in "${LINEARIZE_HOME:-$HOME/.cache/linearize}"/corpus/.tokens-*.bin; do
+  [ -f "$f" ] && gzip -9 -c "$f" > ".stage/tok/$(basename "$f" | sed 's/^\.//').gz"
+done
 ls -la .gl .bin .stage
