@@ -213,6 +213,7 @@ impl<'g> Recorder<'g> {
                 })
             })
             .collect();
+        #[cfg(not(target_arch = "wasm32"))]
         if profile::enabled() {
             // One dispatch per submission, waited for: slow, but each kernel's time is its own.
             for (d, bg) in self.dispatches.iter().zip(&bind_groups) {

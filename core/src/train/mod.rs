@@ -1,6 +1,9 @@
 //! Training: losses with their gradients and the AdamW step (shaders/train/), the pieces the
 //! distillation stages are built from. f64 twins in crate::reference::train.
+// The distillation reads files and waits on readbacks: native only (the browser evaluates).
+#[cfg(not(target_arch = "wasm32"))]
 pub mod data;
+#[cfg(not(target_arch = "wasm32"))]
 pub mod distill;
 pub mod schedule;
 
