@@ -5,9 +5,9 @@
 use linearize_core::mixers::MixerKind;
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::Model;
-use linearize_core::train::data::Corpus;
+use linearize_core::train::data::{sample_from_teacher, Corpus, SEPARATOR};
 use linearize_core::train::schedule::Schedule;
-use linearize_core::train::distill::{DistillConfig, Distiller, Event, CHECKPOINT_DIR, METRICS_FILE};
+use linearize_core::train::distill::{DistillConfig, Distiller, Event, CHECKPOINT_DIR, METRICS_FILE, SAMPLES_FILE};
 use linearize_tests::{gpu, linearize_bin, teacher, tempdir};
 use std::path::Path;
 use std::sync::OnceLock;
@@ -107,8 +107,12 @@ fn stages_two_and_three_lower_their_losses_and_the_student_reloads() {
     let mut c = small(MixerKind::GatedDeltanet, &[2, 3], [0, 12, 6]);
     c.lr = [2e-4, 2e-3, 1e-3];
     c.shard_mb = 8;
+    (c.teacher_tokens, c.sample_batch, c.sample_len) = (40, 2, 10);
     let out = tempdir("distill-s23");
     let events = run(c, &out);
+    // The teacher's samples joined the stream: two rounds of two sequences of 10 + separator.
+    assert_eq!(std::fs::metadata(out.join(SAMPLES_FILE)).unwrap().len(), 44 * 4);
+    assert!(events.iter().any(|e| matches!(e, Event::Sampling { tokens: 40, of: 40 })));
     for stage in [2, 3] {
         let (before, after) = stage_losses(&events, stage);
         eprintln!("stage {stage}: held-out loss {before:.4} -> {after:.4}");
@@ -223,4 +227,23 @@ fn bad_distill_arguments_get_clear_errors() {
     assert!(e.contains("run.toml") && e.contains("learning_rate"), "{e}");
     let e = run(&["--mixer", "gla", "--layers", "99", "--out", &o]);
     assert!(e.contains("--layers") && e.contains("99"), "{e}");
+}
+
+#[test]
+fn teacher_samples_are_batched_separated_and_deterministic() {
+    let t = teacher();
+    let mut w = t.weights.clone();
+    w.truncate_layers(2);
+    let lm = linearize_core::model::LanguageModel::upload(gpu(), &w).unwrap();
+    let sample = |seed| sample_from_teacher(gpu(), &lm, &t.tokenizer, &corpus().train, 40, 2, 10, seed, &mut |_| {}).unwrap();
+    let a = sample(7);
+    // Rounds of 2 sequences × (10 new tokens + separator) until 40 are reached: 2 rounds (one of
+    // openings from the corpus, one of a ChatML request).
+    assert_eq!(a.len(), 44);
+    for end in [10, 21, 32, 43] {
+        assert_eq!(a[end], SEPARATOR, "sequence end at {end}: {a:?}");
+    }
+    assert!(a.iter().all(|&x| (x as usize) < w.config.vocab_size));
+    assert_eq!(a, sample(7), "same seed, same text");
+    assert_ne!(a, sample(8), "another seed, other text");
 }

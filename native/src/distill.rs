@@ -63,6 +63,9 @@ pub struct DistillArgs {
     /// Largest student shard, MB
     #[arg(long)]
     pub shard_mb: Option<usize>,
+    /// Add this many tokens of text sampled from the teacher to the training stream
+    #[arg(long)]
+    pub teacher_tokens: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// Continue from the checkpoint in --out
@@ -144,6 +147,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     if let Some(v) = a.shard_mb {
         c.shard_mb = v;
     }
+    if let Some(v) = a.teacher_tokens {
+        c.teacher_tokens = v;
+    }
     if let Some(v) = a.seed {
         c.options.seed = v;
     }
@@ -197,6 +203,18 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
                     b.finish();
                 }
                 println!("stage {stage} loss on held-out text {}: {loss:.5}", if *after { "after" } else { "before" });
+            }
+            Event::Sampling { tokens, of } => {
+                let b = bar.get_or_insert_with(|| {
+                    let b = ProgressBar::new(*of as u64);
+                    b.set_style(ProgressStyle::with_template("sampling from the teacher [{bar:30}] {pos}/{len} tokens eta {eta}").expect("template").progress_chars("=> "));
+                    b
+                });
+                b.set_position(*tokens as u64);
+                if tokens >= of {
+                    b.finish();
+                    bar = None;
+                }
             }
             Event::Checkpoint { .. } => {}
             Event::Saved { dir } => println!("saved the student to {}", dir.display()),

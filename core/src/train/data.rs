@@ -3,7 +3,9 @@
 //! State of the Union addresses and the end of Moby-Dick). Blocks are consecutive slices of the
 //! stream, so a run is a function of its cursor.
 use crate::error::{Error, Result};
-use crate::model::Tokenizer;
+use crate::generate::{sample, Rng, Sampling};
+use crate::gpu::Gpu;
+use crate::model::{LanguageModel, Logits, Tokenizer};
 use std::path::{Path, PathBuf};
 
 /// The document separator (<|endoftext|>).
@@ -106,6 +108,73 @@ impl Corpus {
         crate::model::hf::write_atomic(&heldout_cache, &to_bytes(&corpus.heldout))?;
         Ok(corpus)
     }
+}
+
+/// Requests the teacher answers in ChatML (the Instruct teacher's format), for sampled text.
+const CHATML_REQUESTS: &[&str] = &[
+    "Write a short essay about the history of your country.",
+    "Explain how a steam engine works.",
+    "Tell me a story about a sailor and a whale.",
+    "Describe the duties of a president to the people.",
+    "Write a poem about the sea at night.",
+    "What should a good government do for farmers?",
+    "Explain why the seasons change.",
+    "Write a letter to a friend about a long journey.",
+];
+
+/// Text sampled from the teacher, for budgets beyond the prose the registries hold: about `n`
+/// tokens in sequences of `len` new tokens, `batch` sequences at a time on the GPU (temperature
+/// 1, top-p 0.95), alternately continuing 32-token openings taken from `train` and answering
+/// ChatML requests. Sequences end with the separator. Deterministic in `seed`.
+#[allow(clippy::too_many_arguments)]
+pub fn sample_from_teacher(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, train: &[u32], n: usize, batch: usize, len: usize, seed: u64, progress: &mut dyn FnMut(usize)) -> Result<Vec<u32>> {
+    const OPENING: usize = 32;
+    if train.len() <= OPENING || batch == 0 || len == 0 {
+        return Err(Error::argument("teacher samples", format!("need a training stream longer than {OPENING} tokens and a positive batch and length")));
+    }
+    let vocab = teacher.config.vocab_size;
+    let sampling = Sampling { max_new_tokens: len, temperature: 1.0, top_p: 0.95, seed, stop_ids: Vec::new() };
+    let mut rng = Rng::new(seed ^ 0x5A4D_504C);
+    let mut out = Vec::with_capacity(n + batch * (len + 1));
+    let mut round = 0usize;
+    while out.len() < n {
+        // Equal-length prompts per batch: openings, or one ChatML request for every row.
+        let prompts: Vec<u32> = if round % 2 == 0 {
+            (0..batch)
+                .flat_map(|_| {
+                    let start = (rng.next_u64() % (train.len() - OPENING) as u64) as usize;
+                    train[start..start + OPENING].to_vec()
+                })
+                .collect()
+        } else {
+            let request = CHATML_REQUESTS[(round / 2) % CHATML_REQUESTS.len()];
+            let ids = tokenizer.encode(&format!("<|im_start|>user\n{request}<|im_end|>\n<|im_start|>assistant\n"))?;
+            (0..batch).flat_map(|_| ids.clone()).collect()
+        };
+        let prompt_len = prompts.len() / batch;
+        let mut cache = teacher.new_cache(gpu, batch, prompt_len + len)?;
+        let mut logits = teacher.forward(gpu, &mut cache, &prompts, Logits::Last)?;
+        let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(len + 1); batch];
+        for step in 0..len {
+            let host = gpu.read_f32_blocking(&logits, batch * vocab)?;
+            gpu.release(logits);
+            let next: Vec<u32> = host.chunks(vocab).map(|row| sample(row, &sampling, &mut rng)).collect();
+            for (r, &t) in rows.iter_mut().zip(&next) {
+                r.push(t);
+            }
+            if step + 1 == len {
+                break;
+            }
+            logits = teacher.forward(gpu, &mut cache, &next, Logits::Last)?;
+        }
+        for mut r in rows {
+            r.push(SEPARATOR);
+            out.extend(r);
+        }
+        round += 1;
+        progress(out.len().min(n));
+    }
+    Ok(out)
 }
 
 /// `batch` rows of `len` consecutive tokens of `stream` from `cursor` (wrapping around at the

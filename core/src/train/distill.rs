@@ -67,6 +67,12 @@ pub struct DistillConfig {
     pub heldout_tokens: usize,
     /// Largest student shard in MB.
     pub shard_mb: usize,
+    /// Tokens of text sampled from the teacher, added to the training stream.
+    pub teacher_tokens: usize,
+    /// New tokens per sampled sequence.
+    pub sample_len: usize,
+    /// Sequences sampled at a time.
+    pub sample_batch: usize,
 }
 
 impl Default for DistillConfig {
@@ -92,6 +98,9 @@ impl Default for DistillConfig {
             checkpoint_every: 50,
             heldout_tokens: 16_384,
             shard_mb: 16,
+            teacher_tokens: 0,
+            sample_len: 256,
+            sample_batch: 32,
         }
     }
 }
@@ -129,6 +138,8 @@ impl DistillConfig {
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum Event {
+    /// Text sampled from the teacher so far.
+    Sampling { tokens: usize, of: usize },
     StageStart { stage: u8, steps: usize, from_step: usize },
     Step(StepReport),
     Perplexity { model: String, stage: Option<u8>, perplexity: f64, tokens: usize },
@@ -174,6 +185,8 @@ struct RunState {
 
 pub const CHECKPOINT_DIR: &str = "checkpoint";
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// The teacher-sampled tokens of a run (u32 little-endian), reused by `--resume`.
+pub const SAMPLES_FILE: &str = "teacher-samples.bin";
 
 /// A distillation run: teacher and student on the GPU, the data, and the output directory.
 pub struct Distiller<'g> {
@@ -239,6 +252,7 @@ impl<'g> Distiller<'g> {
 
     /// Runs the remaining stages, reporting through `report`.
     pub fn run(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        self.add_teacher_samples(report)?;
         let fresh = self.state.done.is_empty() && self.state.stage == 0;
         if fresh {
             self.truncate_metrics(0)?;
@@ -256,6 +270,28 @@ impl<'g> Distiller<'g> {
             }
             self.run_stage(stage, report)?;
         }
+        Ok(())
+    }
+
+    /// Samples `teacher_tokens` of text from the teacher (or reads them back from an earlier
+    /// start of this run) and appends them to the training stream.
+    fn add_teacher_samples(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let n = self.config.teacher_tokens;
+        if n == 0 {
+            return Ok(());
+        }
+        let path = self.out.join(SAMPLES_FILE);
+        let samples = if path.is_file() {
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        } else {
+            let mut progress = |done: usize| report(&Event::Sampling { tokens: done, of: n });
+            let s = super::data::sample_from_teacher(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, self.config.sample_batch, self.config.sample_len, self.config.options.seed, &mut progress)?;
+            let bytes: Vec<u8> = s.iter().flat_map(|t| t.to_le_bytes()).collect();
+            write_atomic(&path, &bytes)?;
+            s
+        };
+        self.corpus.train.extend(samples);
         Ok(())
     }
 
