@@ -76,6 +76,8 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["student", "--mixer", "mamba", "--out", "/tmp/never"], &[], "unknown mixer 'mamba'"),
         (&["student", "--mixer", "gla", "--layers", "0", "--out", "/tmp/never"], &[], "--layers 0"),
         (&["student", "--mixer", "gla", "--mixer-layers", "3,99", "--out", "/tmp/never"], &[], "layer 99 does not exist"),
+        (&["eval", "--tasks", "lambada,mmlu"], &[], "unknown task 'mmlu'"),
+        (&["eval", "--ppl", "/nonexistent/text.txt"], &[], "/nonexistent/text.txt"),
     ];
     for (args, env, want) in cases {
         let o = run(args, env);

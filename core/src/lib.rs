@@ -4,6 +4,8 @@
 //! Data flows tokens → `model::LanguageModel::forward` (embedding → blocks → head) → logits, each op
 //! a WGSL kernel launched from `nn` and mirrored in f64 by `reference`.
 pub mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod eval;
 pub mod generate;
 pub mod gpu;
 pub mod mixers;

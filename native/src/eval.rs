@@ -1,0 +1,117 @@
+//! `linearize eval`: zero-shot tasks scored as lm-evaluation-harness scores them
+//! (core::eval), and perplexity of a text file.
+use anyhow::{bail, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use linearize_core::eval::{load_docs, loglikelihood, request_file, score_task, TaskResult, TASKS};
+use linearize_core::gpu::Gpu;
+use linearize_core::model::weights::linearize_home;
+use linearize_core::model::{LanguageModel, Model};
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct EvalArgs {
+    #[arg(long, default_value = linearize_core::model::weights::TEACHER_ALIAS)]
+    pub model: String,
+    /// Comma-separated: lambada, winogrande, arc_easy, arc_challenge, piqa, hellaswag
+    #[arg(long, default_value = "lambada,winogrande,arc_easy,arc_challenge,piqa,hellaswag")]
+    pub tasks: String,
+    /// Score only the first N documents of each task
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Also evaluate this teacher and report recovery = model average / teacher average
+    #[arg(long)]
+    pub teacher: Option<String>,
+    /// Instead of tasks: perplexity of this text file (context 512)
+    #[arg(long)]
+    pub ppl: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The average over tasks of acc_norm where a task has it, acc otherwise.
+fn average(results: &[TaskResult]) -> f64 {
+    results.iter().map(|r| r.acc_norm.unwrap_or(r.acc)).sum::<f64>() / results.len().max(1) as f64
+}
+
+fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool) -> Result<Vec<TaskResult>> {
+    let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
+    let eval_dir = linearize_home().join("eval");
+    let mut out = Vec::new();
+    for task in tasks {
+        let path = request_file(&eval_dir, task)?;
+        if !path.exists() {
+            bail!("{}: missing; run `linearize fetch eval`", path.display());
+        }
+        let mut docs = load_docs(&path)?;
+        if let Some(n) = limit {
+            docs.truncate(n);
+        }
+        let bar = if json_out { ProgressBar::hidden() } else { ProgressBar::new(docs.len() as u64) };
+        bar.set_style(ProgressStyle::with_template("{prefix:14} [{bar:30}] {pos}/{len} docs eta {eta}").expect("template").progress_chars("=> "));
+        bar.set_prefix(task.clone());
+        let mut scores = Vec::with_capacity(docs.len());
+        for d in &docs {
+            let s = d.requests.iter().map(|r| loglikelihood(gpu, &lm, &model.tokenizer, &r.context, &r.continuation)).collect::<linearize_core::Result<Vec<_>>>()?;
+            scores.push(s);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let r = score_task(task, &docs, &scores);
+        if !json_out {
+            let norm = r.acc_norm.map(|v| format!("  acc_norm {v:.4}")).unwrap_or_default();
+            let ppl = r.perplexity.map(|v| format!("  perplexity {v:.3}")).unwrap_or_default();
+            println!("{:14} {:5} docs  acc {:.4}{norm}{ppl}", r.task, r.docs, r.acc);
+        }
+        out.push(r);
+    }
+    Ok(out)
+}
+
+pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
+    let tasks: Vec<String> = a.tasks.split(',').map(|t| t.trim().to_string()).collect();
+    for t in &tasks {
+        if !TASKS.iter().any(|(n, _)| n == t) {
+            let names: Vec<&str> = TASKS.iter().map(|t| t.0).collect();
+            bail!("--tasks: unknown task '{t}'; expected some of {}", names.join(", "));
+        }
+    }
+    let ppl_text = match &a.ppl {
+        Some(file) => Some(std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("--ppl {}: {e}", file.display()))?),
+        None => None,
+    };
+    let model = load(&a.model)?;
+    let gpu = Gpu::new_blocking()?;
+    if let (Some(file), Some(text)) = (&a.ppl, ppl_text) {
+        let tokens = model.tokenizer.encode(&text)?;
+        let seq = 512.min(tokens.len().saturating_sub(1));
+        if seq == 0 {
+            bail!("--ppl {}: fewer than two tokens", file.display());
+        }
+        let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
+        let rows = (tokens.len() - 1) / seq;
+        let (ppl, n) = linearize_core::train::distill::heldout_perplexity(&gpu, &lm, &tokens, seq, 1, rows)?;
+        if a.json {
+            println!("{}", json!({ "file": file, "perplexity": ppl, "tokens": n }));
+        } else {
+            println!("perplexity of {} on {}: {ppl:.3} ({n} tokens)", a.model, file.display());
+        }
+        return Ok(());
+    }
+    let results = evaluate(&gpu, &model, &tasks, a.limit, a.json)?;
+    let avg = average(&results);
+    let teacher = match &a.teacher {
+        Some(t) => Some(evaluate(&gpu, &load(t)?, &tasks, a.limit, a.json)?),
+        None => None,
+    };
+    let recovery = teacher.as_ref().map(|t| avg / average(t));
+    if a.json {
+        println!("{}", json!({ "model": a.model, "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
+    } else {
+        println!("average {avg:.4}");
+        if let Some(r) = recovery {
+            println!("recovery (model / teacher average) {r:.4}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,107 @@
+//! Zero-shot scoring as lm-evaluation-harness does it: acc / acc_norm, WinoGrande's partial
+//! scoring and LAMBADA against hand-computed cases; the fetched request files load (and broken
+//! ones are named); the GPU log-likelihood equals the f64 teacher's; a few documents of the
+//! short-context tasks on the real teacher.
+use linearize_core::eval::{encode_pair, load_docs, loglikelihood, multiple_choice, request_file, score_task, Doc, Request, Scored};
+use linearize_core::model::weights::linearize_home;
+use linearize_core::model::LanguageModel;
+use linearize_tests::{gpu, teacher, tempdir};
+
+fn doc(gold: usize, items: &[(&str, &str)]) -> Doc {
+    let requests = items.iter().enumerate().map(|(i, (c, k))| Request { doc_id: 7, idx: i, context: c.to_string(), continuation: k.to_string(), label: gold }).collect();
+    Doc { doc_id: 7, gold, requests }
+}
+
+fn s(ll: f64) -> Scored {
+    Scored { ll, greedy: false }
+}
+
+#[test]
+fn multiple_choice_acc_and_length_normalised_acc() {
+    // ll −3, −4, −2.5 over choices of 2, 4 and 1 characters (the leading space does not count):
+    // acc picks choice 2; per character −1.5, −1, −2.5 picks choice 1.
+    let d = doc(1, &[("Q:", " ab"), ("Q:", " abcd"), ("Q:", " a")]);
+    assert_eq!(multiple_choice(&d, &[s(-3.0), s(-4.0), s(-2.5)]), (false, true));
+    let d = doc(2, &[("Q:", " ab"), ("Q:", " abcd"), ("Q:", " a")]);
+    assert_eq!(multiple_choice(&d, &[s(-3.0), s(-4.0), s(-2.5)]), (true, false));
+    let r = score_task("arc_easy", &[doc(1, &[("Q:", " ab"), ("Q:", " abcd"), ("Q:", " a")]), doc(0, &[("Q:", " x"), ("Q:", " y")])], &[vec![s(-3.0), s(-4.0), s(-2.5)], vec![s(-1.0), s(-2.0)]]);
+    assert_eq!((r.docs, r.acc, r.acc_norm), (2, 0.5, Some(1.0)));
+}
+
+#[test]
+fn winogrande_partial_scoring_compares_the_shared_continuation() {
+    // Each option sits in the context; the continuation after the blank is the same.
+    let d = doc(1, &[("Sarah was better than Maria so Sarah", " got the easy cases."), ("Sarah was better than Maria so Maria", " got the easy cases.")]);
+    let r = score_task("winogrande", std::slice::from_ref(&d), &[vec![s(-9.0), s(-7.5)]]);
+    assert_eq!((r.acc, r.acc_norm), (1.0, None));
+    let r = score_task("winogrande", &[d], &[vec![s(-7.0), s(-7.5)]]);
+    assert_eq!(r.acc, 0.0);
+}
+
+#[test]
+fn lambada_last_word_accuracy_and_perplexity() {
+    let docs = [doc(0, &[("a b c", " d")]), doc(0, &[("e f g", " h")])];
+    let r = score_task("lambada", &docs, &[vec![Scored { ll: -2.0, greedy: true }], vec![Scored { ll: -4.0, greedy: false }]]);
+    assert_eq!(r.acc, 0.5);
+    assert!((r.perplexity.unwrap() - 3f64.exp()).abs() < 1e-12);
+}
+
+#[test]
+fn request_files_load_and_bad_ones_are_named() {
+    let eval = linearize_home().join("eval");
+    let wino = load_docs(&request_file(&eval, "winogrande").unwrap()).unwrap();
+    assert_eq!(wino.len(), 1267);
+    assert!(wino.iter().all(|d| d.requests.len() == 2 && d.gold < 2));
+    let arc = load_docs(&request_file(&eval, "arc_challenge").unwrap()).unwrap();
+    assert!(arc.len() > 1000 && arc.iter().all(|d| d.requests.len() >= 3), "{}", arc.len());
+    let e = request_file(&eval, "mmlu").unwrap_err().to_string();
+    assert!(e.contains("unknown task 'mmlu'") && e.contains("hellaswag"), "{e}");
+    let dir = tempdir("eval-bad");
+    let bad = dir.join("requests.jsonl.gz");
+    std::fs::write(&bad, b"not gzip").unwrap();
+    let e = load_docs(&bad).unwrap_err().to_string();
+    assert!(e.contains("requests.jsonl.gz") && e.contains("gzip"), "{e}");
+    let e = load_docs(&dir.join("missing.jsonl.gz")).unwrap_err().to_string();
+    assert!(e.contains("missing.jsonl.gz"), "{e}");
+}
+
+#[test]
+fn loglikelihood_equals_the_f64_teacher() {
+    let t = teacher();
+    let lm = LanguageModel::upload(gpu(), &t.weights).unwrap();
+    let (context, continuation) = ("The capital of France is", " Paris, a city");
+    let got = loglikelihood(gpu(), &lm, &t.tokenizer, context, continuation).unwrap();
+    let (ctx, cont) = encode_pair(&t.tokenizer, context, continuation).unwrap();
+    let ids: Vec<u32> = ctx.iter().chain(&cont).copied().collect();
+    let logits = linearize_core::reference::teacher::forward(&t.weights, &ids[..ids.len() - 1]);
+    let vocab = t.weights.config.vocab_size;
+    let (mut want, mut greedy) = (0.0, true);
+    for (i, &target) in cont.iter().enumerate() {
+        let row = &logits[(ctx.len() - 1 + i) * vocab..][..vocab];
+        let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = row.iter().map(|v| (v - max).exp()).sum::<f64>().ln() + max;
+        want += row[target as usize] - lse;
+        greedy &= row.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0 == target as usize;
+    }
+    assert!((got.ll - want).abs() < 2e-3, "GPU ll {} vs f64 {want}", got.ll);
+    assert_eq!(got.greedy, greedy);
+    // A trailing space of the context moves to the continuation.
+    let (a, b) = encode_pair(&t.tokenizer, "Answer: ", "yes").unwrap();
+    assert_eq!(t.tokenizer.decode(&b).unwrap(), " yes", "{a:?} {b:?}");
+}
+
+#[test]
+fn a_few_documents_of_the_short_tasks_on_the_real_teacher() {
+    let t = teacher();
+    let lm = LanguageModel::upload(gpu(), &t.weights).unwrap();
+    let eval = linearize_home().join("eval");
+    for task in ["winogrande", "piqa", "hellaswag", "lambada"] {
+        let mut docs = load_docs(&request_file(&eval, task).unwrap()).unwrap();
+        docs.truncate(2);
+        let scores: Vec<Vec<Scored>> = docs.iter().map(|d| d.requests.iter().map(|r| loglikelihood(gpu(), &lm, &t.tokenizer, &r.context, &r.continuation).unwrap()).collect()).collect();
+        assert!(scores.iter().flatten().all(|s| s.ll.is_finite() && s.ll < 0.0), "{task}: {scores:?}");
+        let r = score_task(task, &docs, &scores);
+        assert_eq!(r.docs, 2);
+        assert!((0.0..=1.0).contains(&r.acc), "{task}: {r:?}");
+    }
+}
