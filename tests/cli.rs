@@ -78,6 +78,9 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["student", "--mixer", "gla", "--mixer-layers", "3,99", "--out", "/tmp/never"], &[], "layer 99 does not exist"),
         (&["eval", "--tasks", "lambada,mmlu"], &[], "unknown task 'mmlu'"),
         (&["eval", "--ppl", "/nonexistent/text.txt"], &[], "/nonexistent/text.txt"),
+        (&["niah", "--task", "s_niah_9"], &[], "unknown NIAH task 's_niah_9'"),
+        (&["niah", "--depths", "0,150"], &[], "--depths: 150"),
+        (&["niah", "--lengths", "256,99999"], &[], "99999 tokens"),
     ];
     for (args, env, want) in cases {
         let o = run(args, env);

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod gpu;
 pub mod mixers;
 pub mod model;
+pub mod niah;
 pub mod nn;
 pub mod reference;
 pub mod shaders;

@@ -3,6 +3,7 @@ mod bench;
 mod distill;
 mod eval;
 mod fetch;
+mod niah;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -94,6 +95,8 @@ enum Command {
     Distill(distill::DistillArgs),
     /// Zero-shot tasks (acc, acc_norm, WinoGrande partial scoring, LAMBADA) or --ppl FILE
     Eval(eval::EvalArgs),
+    /// Needle in a haystack (RULER s_niah_1 / s_niah_2) over a length × depth grid
+    Niah(niah::NiahArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
         /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
@@ -140,6 +143,7 @@ fn main() {
         }
         Command::Distill(args) => distill::run(&args, load),
         Command::Eval(args) => eval::run(&args, load),
+        Command::Niah(args) => niah::run(&args, load),
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
         }
