@@ -2,7 +2,7 @@
 //! scoring and LAMBADA against hand-computed cases; the fetched request files load (and broken
 //! ones are named); the GPU log-likelihood equals the f64 teacher's; a few documents of the
 //! short-context tasks on the real teacher.
-use linearize_core::eval::{encode_pair, load_docs, loglikelihood, multiple_choice, request_file, score_task, Doc, Request, Scored};
+use linearize_core::eval::{encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::LanguageModel;
 use linearize_tests::{gpu, teacher, tempdir};
@@ -98,7 +98,14 @@ fn a_few_documents_of_the_short_tasks_on_the_real_teacher() {
     for task in ["winogrande", "piqa", "hellaswag", "lambada"] {
         let mut docs = load_docs(&request_file(&eval, task).unwrap()).unwrap();
         docs.truncate(2);
-        let scores: Vec<Vec<Scored>> = docs.iter().map(|d| d.requests.iter().map(|r| loglikelihood(gpu(), &lm, &t.tokenizer, &r.context, &r.continuation).unwrap()).collect()).collect();
+        let scores: Vec<Vec<Scored>> = docs
+            .iter()
+            .map(|d| loglikelihoods(gpu(), &lm, &t.tokenizer, &d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect::<Vec<_>>()).unwrap())
+            .collect();
+        // Batched (padded) scoring equals one request at a time.
+        let r0 = &docs[0].requests[0];
+        let single = loglikelihood(gpu(), &lm, &t.tokenizer, &r0.context, &r0.continuation).unwrap();
+        assert!((single.ll - scores[0][0].ll).abs() < 1e-3 && single.greedy == scores[0][0].greedy, "{task}: batched {:?} vs single {single:?}", scores[0][0]);
         assert!(scores.iter().flatten().all(|s| s.ll.is_finite() && s.ll < 0.0), "{task}: {scores:?}");
         let r = score_task(task, &docs, &scores);
         assert_eq!(r.docs, 2);

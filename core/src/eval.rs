@@ -155,33 +155,76 @@ pub fn encode_pair(tokenizer: &Tokenizer, context: &str, continuation: &str) -> 
 /// The log-likelihood of `continuation` after `context` under `model`, and whether it is the
 /// greedy continuation. An empty context is conditioned on <|endoftext|>.
 pub fn loglikelihood(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, context: &str, continuation: &str) -> Result<Scored> {
-    let (mut ctx, cont) = encode_pair(tokenizer, context, continuation)?;
-    if cont.is_empty() {
-        return Err(Error::argument("request", format!("empty continuation after context {context:?}")));
-    }
-    if ctx.is_empty() {
-        ctx.push(0);
-    }
-    let ids: Vec<u32> = ctx.iter().chain(&cont[..cont.len() - 1]).copied().collect();
+    Ok(loglikelihoods(gpu, model, tokenizer, &[(context, continuation)])?[0])
+}
+
+/// `loglikelihood` of many requests, batched on the GPU: the sequences are padded at the end to
+/// the longest (causal models do not look ahead, so padding changes nothing before it) and run
+/// together, as many at a time as the logits of one binding hold.
+pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, requests: &[(&str, &str)]) -> Result<Vec<Scored>> {
     let vocab = model.config.vocab_size;
-    let mut cache = model.new_cache(gpu, 1, ids.len())?;
-    let logits = model.forward(gpu, &mut cache, &ids, Logits::All)?;
-    // Only the rows that predict the continuation come back.
-    let rows: Vec<u32> = (ctx.len() - 1..ids.len()).map(|r| r as u32).collect();
-    let (row_buf, picked) = (gpu.upload_u32("rows", &rows)?, gpu.scratch(rows.len() * vocab)?);
-    let mut rec = gpu.recorder();
-    crate::nn::gather_rows(&mut rec, &row_buf, &logits, &picked, rows.len(), vocab, ids.len())?;
-    rec.submit()?;
-    let host = gpu.read_f32_blocking(&picked, rows.len() * vocab)?;
-    for b in [logits, row_buf, picked] {
-        gpu.release(b);
+    let mut encoded = Vec::with_capacity(requests.len());
+    for (context, continuation) in requests {
+        let (mut ctx, cont) = encode_pair(tokenizer, context, continuation)?;
+        if cont.is_empty() {
+            return Err(Error::argument("request", format!("empty continuation after context {context:?}")));
+        }
+        if ctx.is_empty() {
+            ctx.push(0);
+        }
+        encoded.push((ctx, cont));
     }
-    let (mut ll, mut greedy) = (0.0, true);
-    for (row, &target) in host.chunks(vocab).zip(&cont) {
-        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-        ll += row[target as usize] as f64 - lse;
-        greedy &= crate::generate::argmax(row) == target;
+    let max_bytes = gpu.limits.max_storage_buffer_binding_size as usize;
+    let mut out = Vec::with_capacity(requests.len());
+    let mut start = 0;
+    while start < encoded.len() {
+        // Grow the batch while its padded logits fit one binding.
+        let mut end = start + 1;
+        let len = |r: &(Vec<u32>, Vec<u32>)| r.0.len() + r.1.len() - 1;
+        let mut longest = len(&encoded[start]);
+        while end < encoded.len() && end - start < 16 {
+            let l = longest.max(len(&encoded[end]));
+            if (end + 1 - start) * l * vocab * 4 > max_bytes {
+                break;
+            }
+            longest = l;
+            end += 1;
+        }
+        let batch = &encoded[start..end];
+        let t = longest;
+        let mut ids = Vec::with_capacity(batch.len() * t);
+        let mut rows = Vec::new();
+        for (b, (ctx, cont)) in batch.iter().enumerate() {
+            let seq: Vec<u32> = ctx.iter().chain(&cont[..cont.len() - 1]).copied().collect();
+            ids.extend(&seq);
+            ids.extend(std::iter::repeat_n(0u32, t - seq.len()));
+            rows.extend((ctx.len() - 1..seq.len()).map(|r| (b * t + r) as u32));
+        }
+        let mut cache = model.new_cache(gpu, batch.len(), t)?;
+        let logits = model.forward(gpu, &mut cache, &ids, Logits::All)?;
+        // Only the rows that predict the continuations come back.
+        let (row_buf, picked) = (gpu.upload_u32("rows", &rows)?, gpu.scratch(rows.len() * vocab)?);
+        let mut rec = gpu.recorder();
+        crate::nn::gather_rows(&mut rec, &row_buf, &logits, &picked, rows.len(), vocab, ids.len())?;
+        rec.submit()?;
+        let host = gpu.read_f32_blocking(&picked, rows.len() * vocab)?;
+        for b in [logits, row_buf, picked] {
+            gpu.release(b);
+        }
+        let mut at = 0;
+        for (_, cont) in batch {
+            let (mut ll, mut greedy) = (0.0, true);
+            for &target in cont {
+                let row = &host[at * vocab..(at + 1) * vocab];
+                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+                ll += row[target as usize] as f64 - lse;
+                greedy &= crate::generate::argmax(row) == target;
+                at += 1;
+            }
+            out.push(Scored { ll, greedy });
+        }
+        start = end;
     }
-    Ok(Scored { ll, greedy })
+    Ok(out)
 }

@@ -2,7 +2,7 @@
 //! (core::eval), and perplexity of a text file.
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::eval::{load_docs, loglikelihood, request_file, score_task, TaskResult, TASKS};
+use linearize_core::eval::{load_docs, loglikelihoods, request_file, score_task, TaskResult, TASKS};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::{LanguageModel, Model};
@@ -52,8 +52,8 @@ fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, js
         bar.set_prefix(task.clone());
         let mut scores = Vec::with_capacity(docs.len());
         for d in &docs {
-            let s = d.requests.iter().map(|r| loglikelihood(gpu, &lm, &model.tokenizer, &r.context, &r.continuation)).collect::<linearize_core::Result<Vec<_>>>()?;
-            scores.push(s);
+            let pairs: Vec<(&str, &str)> = d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect();
+            scores.push(loglikelihoods(gpu, &lm, &model.tokenizer, &pairs)?);
             bar.inc(1);
         }
         bar.finish_and_clear();
