@@ -79,6 +79,8 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["eval", "--tasks", "lambada,mmlu"], &[], "unknown task 'mmlu'"),
         (&["eval", "--ppl", "/nonexistent/text.txt"], &[], "/nonexistent/text.txt"),
         (&["niah", "--task", "s_niah_9"], &[], "unknown NIAH task 's_niah_9'"),
+        (&["saturation", "--model", "smollm2-135m"], &[], "a teacher has no mixer state"),
+        (&["saturation", "--model", "smollm2-135m", "--every", "0"], &[], "--every 0"),
         (&["niah", "--depths", "0,150"], &[], "--depths: 150"),
         (&["niah", "--lengths", "256,99999"], &[], "99999 tokens"),
     ];
@@ -112,5 +114,17 @@ fn student_command_builds_a_student_that_info_and_generate_use() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["ids"].as_array().unwrap().len(), 3);
+    // Saturation: two reads of both mixer blocks' states over 64 tokens of held-out prose.
+    let o = run(&["saturation", "--model", out.to_str().unwrap(), "--tokens", "64", "--every", "32", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2);
+    for l in layers {
+        assert_eq!(l["position"], serde_json::json!([32, 64]));
+        let ranks = l["effective_rank"].as_array().unwrap();
+        assert_eq!(ranks.len(), 2);
+        assert!(ranks.iter().flat_map(|r| r.as_array().unwrap()).all(|x| (1.0..=64.0).contains(&x.as_f64().unwrap())), "{ranks:?}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -144,6 +144,9 @@ fn diagnostics_follow_the_state_while_a_student_generates() {
             assert_eq!(l.position, [5, 6, 7, 8], "{}", kind.name());
             assert_eq!((l.decay.len(), l.beta_k2.len()), (8, 8));
             assert!(l.state_norm.iter().flatten().all(|v| v.is_finite() && *v > 0.0));
+            // One effective rank per call and head, between 1 and the key size.
+            assert_eq!(l.effective_rank.len(), 4);
+            assert!(l.effective_rank.iter().flatten().all(|&r| (0.999..=64.001).contains(&r)), "{:?}", l.effective_rank);
             let heads = 9;
             assert!(l.decay.iter().all(|r| r.len() == heads));
             match kind {
@@ -276,4 +279,28 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
             assert!((analytic - numeric).abs() <= tol, "{}: d{}·dir = {analytic}, finite differences {numeric}", kind.name(), p.name);
         }
     }
+}
+
+#[test]
+fn effective_rank_of_known_matrices() {
+    use linearize_core::model::lm::effective_rank;
+    // Rank one: u vᵀ.
+    let (k, v) = (64, 64);
+    let rank_one: Vec<f32> = (0..k * v).map(|i| ((i / v) as f32 * 0.1 + 1.0) * ((i % v) as f32 - 20.0)).collect();
+    let r1 = effective_rank(&rank_one, k, v);
+    assert!((r1 - 1.0).abs() < 1e-3, "{r1}");
+    // The identity: a flat spectrum of 64 equal singular values.
+    let eye: Vec<f32> = (0..k * v).map(|i| if i / v == i % v { 1.0 } else { 0.0 }).collect();
+    assert!((effective_rank(&eye, k, v) - 64.0).abs() < 1e-6);
+    // Singular values 3 and 1 (a rotated diag): p = (3/4, 1/4), exp(entropy) = 1.7548...
+    let (c, s) = (0.6f32, 0.8f32);
+    let mut m = vec![0.0f32; 4];
+    // R · diag(3, 1) for a 2 × 2 rotation R.
+    m[0] = c * 3.0;
+    m[1] = -s;
+    m[2] = s * 3.0;
+    m[3] = c;
+    let want = (-(0.75f64 * 0.75f64.ln() + 0.25 * 0.25f64.ln())).exp();
+    assert!((effective_rank(&m, 2, 2) - want).abs() < 1e-6, "{}", effective_rank(&m, 2, 2));
+    assert_eq!(effective_rank(&[0.0; 4], 2, 2), 0.0);
 }

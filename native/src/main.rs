@@ -4,6 +4,7 @@ mod distill;
 mod eval;
 mod fetch;
 mod niah;
+mod saturation;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -97,6 +98,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Needle in a haystack (RULER s_niah_1 / s_niah_2) over a length × depth grid
     Niah(niah::NiahArgs),
+    /// A student's state norm, effective rank and gates over position on held-out prose
+    Saturation(saturation::SaturationArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench {
         /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
@@ -144,6 +147,7 @@ fn main() {
         Command::Distill(args) => distill::run(&args, load),
         Command::Eval(args) => eval::run(&args, load),
         Command::Niah(args) => niah::run(&args, load),
+        Command::Saturation(args) => saturation::run(&args, load),
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
         }

@@ -254,6 +254,13 @@ impl LanguageModel {
         cache.len += seq;
         if let Some(d) = trace.as_deref_mut() {
             d.record(gpu, &traces, batch, seq, cfg.num_attention_heads)?;
+            for (i, layer_cache) in cache.layers.iter().enumerate() {
+                if let (LayerCache::Mixer(state), Some(entry)) = (layer_cache, d.layers.iter_mut().find(|l| l.layer == i)) {
+                    let dims = state.rec.dims;
+                    let s = gpu.read_f32_blocking_or_async(&state.rec.s, batch * dims.heads * dims.dk * dims.dv)?;
+                    entry.effective_rank.push(s.chunks(dims.dk * dims.dv).map(|m| effective_rank(m, dims.dk, dims.dv) as f32).collect());
+                }
+            }
         }
         for (_, t) in traces {
             temps.extend(t.state_norm.into_iter().chain(t.token_stats));
@@ -280,10 +287,62 @@ pub struct LayerDiagnostics {
     pub position: Vec<usize>,
     /// ‖S‖_F per (batch, head) after each call.
     pub state_norm: Vec<Vec<f32>>,
+    /// Effective rank of S per (batch, head) after each call: exp of the entropy of its
+    /// normalised singular values (1 for a rank-one state, K for a flat spectrum).
+    pub effective_rank: Vec<Vec<f32>>,
     /// Mean decay exp(g) per token, per (batch, head).
     pub decay: Vec<Vec<f32>>,
     /// β‖k‖² per token, per (batch, head) (0 for mixers without a delta rule).
     pub beta_k2: Vec<Vec<f32>>,
+}
+
+/// exp(−Σ p log p) of the normalised singular values of m [rows, cols] (Roy & Vetterli's
+/// effective rank), from the eigenvalues of mᵀm by cyclic Jacobi rotations in f64.
+pub fn effective_rank(m: &[f32], rows: usize, cols: usize) -> f64 {
+    let mut g = vec![0.0f64; cols * cols];
+    for i in 0..cols {
+        for j in i..cols {
+            let v: f64 = (0..rows).map(|r| m[r * cols + i] as f64 * m[r * cols + j] as f64).sum();
+            g[i * cols + j] = v;
+            g[j * cols + i] = v;
+        }
+    }
+    for _sweep in 0..30 {
+        let off: f64 = (0..cols).flat_map(|i| (0..cols).filter(move |&j| j != i).map(move |j| (i, j))).map(|(i, j)| g[i * cols + j].powi(2)).sum();
+        let diag: f64 = (0..cols).map(|i| g[i * cols + i].powi(2)).sum();
+        if off <= 1e-24 * diag.max(1e-300) {
+            break;
+        }
+        for p in 0..cols {
+            for q in p + 1..cols {
+                let apq = g[p * cols + q];
+                if apq.abs() < 1e-300 {
+                    continue;
+                }
+                let theta = (g[q * cols + q] - g[p * cols + p]) / (2.0 * apq);
+                let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
+                let t = if theta == 0.0 { 1.0 } else { t };
+                let c = 1.0 / (t * t + 1.0).sqrt();
+                let s = t * c;
+                for k in 0..cols {
+                    let (gkp, gkq) = (g[k * cols + p], g[k * cols + q]);
+                    g[k * cols + p] = c * gkp - s * gkq;
+                    g[k * cols + q] = s * gkp + c * gkq;
+                }
+                for k in 0..cols {
+                    let (gpk, gqk) = (g[p * cols + k], g[q * cols + k]);
+                    g[p * cols + k] = c * gpk - s * gqk;
+                    g[q * cols + k] = s * gpk + c * gqk;
+                }
+            }
+        }
+    }
+    let sv: Vec<f64> = (0..cols).map(|i| g[i * cols + i].max(0.0).sqrt()).collect();
+    let total: f64 = sv.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    (-sv.iter().map(|s| s / total).filter(|&p| p > 0.0).map(|p| p * p.ln()).sum::<f64>()).exp()
 }
 
 impl Diagnostics {
