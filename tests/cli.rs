@@ -128,3 +128,26 @@ fn student_command_builds_a_student_that_info_and_generate_use() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn an_interrupted_evaluation_resumes_without_rescoring() {
+    let dir = linearize_tests::tempdir("cli-eval");
+    let out = dir.join("scores");
+    let o = run(&["eval", "--tasks", "winogrande", "--limit", "2", "--out", out.to_str().unwrap(), "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(first["tasks"][0]["docs"], 2);
+    // Cut the record as an interruption would: one whole line and half of the next.
+    let record = out.join("winogrande.jsonl");
+    let text = std::fs::read_to_string(&record).unwrap();
+    let cut = text.find('\n').unwrap() + 10;
+    std::fs::write(&record, &text[..cut]).unwrap();
+    let o = run(&["eval", "--tasks", "winogrande", "--limit", "3", "--out", out.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("winogrande: 1 document(s) already scored"), "{}", stderr(&o));
+    assert!(stdout(&o).contains("winogrande         3 docs"), "{}", stdout(&o));
+    // Every document is on record now: a third run scores nothing.
+    let o = run(&["eval", "--tasks", "winogrande", "--limit", "3", "--out", out.to_str().unwrap()], &[]);
+    assert!(stderr(&o).contains("winogrande: 3 document(s) already scored"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

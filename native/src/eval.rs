@@ -2,7 +2,7 @@
 //! (core::eval), and perplexity of a text file.
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::eval::{load_docs, loglikelihoods, request_file, score_task, TaskResult, TASKS};
+use linearize_core::eval::{load_docs, loglikelihoods, request_file, score_task, Scored, TaskResult, TASKS};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::{LanguageModel, Model};
@@ -25,6 +25,10 @@ pub struct EvalArgs {
     /// Instead of tasks: perplexity of this text file (context 512)
     #[arg(long)]
     pub ppl: Option<PathBuf>,
+    /// Keep each scored document in DIR/<task>.jsonl (the teacher's in DIR/teacher/): an
+    /// interrupted evaluation run again with the same DIR skips the documents already scored
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     #[arg(long)]
     pub json: bool,
 }
@@ -34,7 +38,23 @@ fn average(results: &[TaskResult]) -> f64 {
     results.iter().map(|r| r.acc_norm.unwrap_or(r.acc)).sum::<f64>() / results.len().max(1) as f64
 }
 
-fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool) -> Result<Vec<TaskResult>> {
+/// Documents already scored in `path` (one JSON line per document).
+fn scored_docs(path: &std::path::Path) -> Result<std::collections::HashMap<u64, Vec<Scored>>> {
+    let mut done = std::collections::HashMap::new();
+    if !path.exists() {
+        return Ok(done);
+    }
+    for line in std::fs::read_to_string(path)?.lines() {
+        // A line cut by an interruption is scored again.
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let (Some(id), Some(ll), Some(greedy)) = (v["doc_id"].as_u64(), v["ll"].as_array(), v["greedy"].as_array()) else { continue };
+        let scores = ll.iter().zip(greedy).map(|(l, g)| Scored { ll: l.as_f64().unwrap_or(f64::NAN), greedy: g.as_bool().unwrap_or(false) }).collect();
+        done.insert(id, scores);
+    }
+    Ok(done)
+}
+
+fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
     let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
     let eval_dir = linearize_home().join("eval");
     let mut out = Vec::new();
@@ -50,11 +70,47 @@ fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, js
         let bar = if json_out { ProgressBar::hidden() } else { ProgressBar::new(docs.len() as u64) };
         bar.set_style(ProgressStyle::with_template("{prefix:14} [{bar:30}] {pos}/{len} docs eta {eta}").expect("template").progress_chars("=> "));
         bar.set_prefix(task.clone());
-        let mut scores = Vec::with_capacity(docs.len());
+        let record = record_dir.map(|dir| dir.join(format!("{task}.jsonl")));
+        let done = match &record {
+            Some(path) => {
+                std::fs::create_dir_all(path.parent().expect("a directory")).map_err(|e| anyhow::anyhow!("--out {}: {e}", path.display()))?;
+                scored_docs(path)?
+            }
+            None => Default::default(),
+        };
+        let mut file = match &record {
+            Some(path) => {
+                // A line cut by an interruption is ended, so the next record starts on its own line.
+                let cut = std::fs::read(path).map(|b| b.last().is_some_and(|&c| c != b'\n')).unwrap_or(false);
+                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(|e| anyhow::anyhow!("--out {}: {e}", path.display()))?;
+                if cut {
+                    use std::io::Write;
+                    writeln!(f)?;
+                }
+                Some(f)
+            }
+            None => None,
+        };
+        let (mut scores, mut reused) = (Vec::with_capacity(docs.len()), 0);
         for d in &docs {
+            if let Some(s) = done.get(&d.doc_id).filter(|s| s.len() == d.requests.len() && s.iter().all(|x| x.ll.is_finite())) {
+                scores.push(s.clone());
+                reused += 1;
+                bar.inc(1);
+                continue;
+            }
             let pairs: Vec<(&str, &str)> = d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect();
-            scores.push(loglikelihoods(gpu, &lm, &model.tokenizer, &pairs)?);
+            let s = loglikelihoods(gpu, &lm, &model.tokenizer, &pairs)?;
+            if let Some(f) = file.as_mut() {
+                use std::io::Write;
+                let line = json!({ "doc_id": d.doc_id, "ll": s.iter().map(|x| x.ll).collect::<Vec<_>>(), "greedy": s.iter().map(|x| x.greedy).collect::<Vec<_>>() });
+                writeln!(f, "{line}")?;
+            }
+            scores.push(s);
             bar.inc(1);
+        }
+        if reused > 0 && !json_out {
+            eprintln!("{task}: {reused} document(s) already scored in {}", record.as_ref().expect("recorded").display());
         }
         bar.finish_and_clear();
         let r = score_task(task, &docs, &scores);
@@ -98,10 +154,10 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         }
         return Ok(());
     }
-    let results = evaluate(&gpu, &model, &tasks, a.limit, a.json)?;
+    let results = evaluate(&gpu, &model, &tasks, a.limit, a.json, a.out.as_deref())?;
     let avg = average(&results);
     let teacher = match &a.teacher {
-        Some(t) => Some(evaluate(&gpu, &load(t)?, &tasks, a.limit, a.json)?),
+        Some(t) => Some(evaluate(&gpu, &load(t)?, &tasks, a.limit, a.json, a.out.as_ref().map(|d| d.join("teacher")).as_deref())?),
         None => None,
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
