@@ -76,10 +76,6 @@ pub struct DistillArgs {
     pub json: bool,
 }
 
-fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>> {
-    s.split(',').map(|p| p.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{flag} '{s}': '{p}' is not a valid value"))).collect()
-}
-
 /// The run config: defaults, then the TOML file, then the flags.
 pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     let mut c = match &a.config {
@@ -101,7 +97,7 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
         c.layers = a.layers;
     }
     if let Some(s) = &a.stages {
-        c.stages = list("--stages", s)?;
+        c.stages = crate::parse_list("--stages", s)?;
     }
     if let Some(v) = a.seq {
         c.seq = v;
@@ -115,14 +111,14 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
         }
     }
     if let Some(s) = &a.split {
-        let v: Vec<f64> = list("--split", s)?;
+        let v: Vec<f64> = crate::parse_list("--split", s)?;
         if v.len() != 3 {
             bail!("--split '{s}': expected three shares (stages 1, 2, 3)");
         }
         c.split = [v[0], v[1], v[2]];
     }
     if let Some(s) = &a.mixer_layers {
-        c.mixer_layers = list("--mixer-layers", s)?;
+        c.mixer_layers = crate::parse_list("--mixer-layers", s)?;
     }
     if let Some(s) = &a.conv_init {
         c.options.conv_init = match s.as_str() {

@@ -329,7 +329,8 @@ fn cmd_convert(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
-fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
+/// A comma-separated list of numbers for flag `arg` (empty entries skipped).
+pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
     text.split(',')
         .filter(|s| !s.is_empty())
         .map(|s| s.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{arg}: '{s}' is not a valid number")))

@@ -31,14 +31,10 @@ pub struct NiahArgs {
     pub json: bool,
 }
 
-fn list<T: std::str::FromStr>(flag: &str, s: &str) -> Result<Vec<T>> {
-    s.split(',').map(|p| p.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{flag} '{s}': '{p}' is not a valid value"))).collect()
-}
-
 pub fn run(a: &NiahArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     let task = NiahTask::from_name(&a.task)?;
-    let lengths: Vec<usize> = list("--lengths", &a.lengths)?;
-    let depths: Vec<f64> = list("--depths", &a.depths)?;
+    let lengths: Vec<usize> = crate::parse_list("--lengths", &a.lengths)?;
+    let depths: Vec<f64> = crate::parse_list("--depths", &a.depths)?;
     if let Some(d) = depths.iter().find(|d| !(0.0..=100.0).contains(*d)) {
         bail!("--depths: {d} is outside 0–100 %");
     }
