@@ -159,6 +159,23 @@ impl LanguageModel {
         Ok(Cache { batch, cap, len: 0, layers })
     }
 
+    /// A softmax-attention block's mixer: xn → fused q/k/v, rotary (k and v into the cache),
+    /// attention over the cache, then o_proj into `out` (added to it with `accumulate`).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &GpuBuf, wo: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>) -> Result<()> {
+        let gpu = rec.gpu();
+        let (d, qd, kvd) = (self.config.hidden_size, self.config.q_dim(), self.config.kv_dim());
+        let rows = shape.batch * shape.seq;
+        let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
+        let (q, att) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?);
+        nn::linear(rec, xn, wqkv, &qkv, rows, qd + 2 * kvd, d, false)?;
+        nn::rope_qkv_to_cache(rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, k_cache, v_cache)?;
+        nn::attention(rec, shape, &q, k_cache, v_cache, &att)?;
+        nn::linear(rec, &att, wo, out, rows, d, qd, accumulate)?;
+        temps.extend([qkv, q, att]);
+        Ok(())
+    }
+
     /// Runs `ids` (`batch` sequences of equal length, concatenated) after the tokens already in
     /// `cache`, advances the cache, and returns the logits.
     pub fn forward(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits) -> Result<GpuBuf> {
@@ -181,7 +198,6 @@ impl LanguageModel {
             return Err(Error::argument("context", format!("{} tokens do not fit the KV cache of {} positions", cache.len + seq, cache.cap)));
         }
         let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
-        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
         let shape = AttnShape {
             batch,
             seq,
@@ -208,13 +224,7 @@ impl LanguageModel {
             nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
             match (&block.mixer, layer_cache) {
                 (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
-                    let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
-                    let (q, att) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?);
-                    nn::linear(&mut rec, &xn, wqkv, &qkv, rows, qd + 2 * kvd, d, false)?;
-                    nn::rope_qkv_to_cache(&mut rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, kc, vc)?;
-                    nn::attention(&mut rec, shape, &q, kc, vc, &att)?;
-                    nn::linear(&mut rec, &att, wo, &x, rows, d, qd, true)?;
-                    temps.extend([qkv, q, att]);
+                    self.attention_step(&mut rec, shape, &xn, wqkv, wo, kc, vc, &x, true, &mut temps)?;
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
                     let mut t = LayerTrace::default();

@@ -143,15 +143,11 @@ impl LanguageModel {
         nn::rmsnorm(rec, x, &block.attn_norm, &xn1, rows, d, eps)?;
         let mixer = match &block.mixer {
             TokenMixer::Attention { wqkv, wo } => {
-                let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+                // A fresh cache of exactly this block of tokens.
                 let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
-                let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
-                let (q, att, kc, vc) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?, gpu.scratch(rows * kvd)?, gpu.scratch(rows * kvd)?);
-                nn::linear(rec, &xn1, wqkv, &qkv, rows, qd + 2 * kvd, d, false)?;
-                nn::rope_qkv_to_cache(rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, &kc, &vc)?;
-                nn::attention(rec, shape, &q, &kc, &vc, &att)?;
-                nn::linear(rec, &att, wo, &mixer_out, rows, d, qd, false)?;
-                temps.extend([qkv, q, att, kc, vc]);
+                let (kc, vc) = (gpu.scratch(rows * cfg.kv_dim())?, gpu.scratch(rows * cfg.kv_dim())?);
+                self.attention_step(rec, shape, &xn1, wqkv, wo, &kc, &vc, &mixer_out, false, temps)?;
+                temps.extend([kc, vc]);
                 None
             }
             TokenMixer::Mixer(m) => {
