@@ -2,10 +2,11 @@
 //! scoring and LAMBADA against hand-computed cases; the fetched request files load (and broken
 //! ones are named); the GPU log-likelihood equals the f64 teacher's; a few documents of the
 //! short-context tasks on the real teacher.
-use linearize_core::eval::{encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
+use linearize_core::eval::{target_logprob, encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::LanguageModel;
-use linearize_tests::{gpu, teacher, tempdir};
+use linearize_core::generate::Rng;
+use linearize_tests::{f64s, gpu, random, teacher, tempdir};
 
 fn doc(gold: usize, items: &[(&str, &str)]) -> Doc {
     let requests = items.iter().enumerate().map(|(i, (c, k))| Request { doc_id: 7, idx: i, context: c.to_string(), continuation: k.to_string(), label: gold }).collect();
@@ -63,6 +64,36 @@ fn request_files_load_and_bad_ones_are_named() {
     assert!(e.contains("requests.jsonl.gz") && e.contains("gzip"), "{e}");
     let e = load_docs(&dir.join("missing.jsonl.gz")).unwrap_err().to_string();
     assert!(e.contains("missing.jsonl.gz"), "{e}");
+}
+
+#[test]
+fn target_logprob_kernel_equals_f64_at_awkward_shapes() {
+    // A vocabulary not a multiple of the workgroup, rows scored out of order and twice, a tie at
+    // the maximum (still greedy), logits of ±80 and one row of a single huge value.
+    let mut rng = Rng::new(5);
+    let (vocab, logits_rows) = (1001, 7);
+    let mut z = random(&mut rng, vocab * logits_rows, 4.0);
+    z[2 * vocab + 17] = 80.0;
+    z[2 * vocab + 18] = 80.0;
+    z[3 * vocab + 5] = -80.0;
+    z[5 * vocab + 999] = 1e4;
+    let row_of = [2u32, 2, 0, 6, 3, 5, 5];
+    let targets = [17u32, 18, 1000, 0, 5, 999, 3];
+    let g = gpu();
+    let (zb, rb, tb, out) = (g.upload_f32("z", &z).unwrap(), g.upload_u32("rows", &row_of).unwrap(), g.upload_u32("targets", &targets).unwrap(), g.scratch(2 * row_of.len()).unwrap());
+    let mut rec = g.recorder();
+    target_logprob(&mut rec, &zb, &rb, &tb, &out, row_of.len(), vocab, logits_rows).unwrap();
+    rec.submit().unwrap();
+    let got = g.read_f32_blocking(&out, 2 * row_of.len()).unwrap();
+    let want = linearize_core::reference::train::target_logprob(&f64s(&z), vocab, &row_of, &targets);
+    for (r, (ll, greedy)) in want.iter().enumerate() {
+        assert!((got[2 * r] as f64 - ll).abs() < 1e-4 * (1.0 + ll.abs()), "row {r}: {} vs {ll}", got[2 * r]);
+        assert_eq!(got[2 * r + 1] == 1.0, *greedy, "row {r}");
+    }
+    assert!(want[0].1 && want[1].1 && want[5].1 && !want[6].1);
+    // Too short a logits buffer is named, not read past.
+    let e = target_logprob(&mut g.recorder(), &zb, &rb, &tb, &out, row_of.len(), vocab, logits_rows + 1).unwrap_err().to_string();
+    assert!(e.contains("logprob logits"), "{e}");
 }
 
 #[test]

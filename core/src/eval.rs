@@ -7,7 +7,7 @@
 //!     the rest of the sentence in the continuation, so acc is the same argmax;
 //!   - LAMBADA: acc = the last word is the greedy continuation; perplexity = exp(−mean ll).
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
 use crate::model::{LanguageModel, Logits, Tokenizer};
 use serde::Serialize;
 use std::io::Read;
@@ -158,9 +158,15 @@ pub fn loglikelihood(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, co
     Ok(loglikelihoods(gpu, model, tokenizer, &[(context, continuation)])?[0])
 }
 
-/// `loglikelihood` of many requests, batched on the GPU: the sequences are padded at the end to
-/// the longest (causal models do not look ahead, so padding changes nothing before it) and run
-/// together, as many at a time as the logits of one binding hold.
+/// Tokens of one batched forward at most: large enough to fill a big GPU, small enough that the
+/// logits of a batch stay far below what a device allocates at once.
+const BATCH_TOKENS: usize = 8192;
+
+/// `loglikelihood` of many requests, batched on the GPU: the sequences, longest first, are padded
+/// at the end to the longest of their batch (causal models do not look ahead, so padding changes
+/// nothing before it) and run together, as many at a time as the logits of one binding hold. The
+/// continuation tokens are scored on the GPU (shaders/eval/logprob.wgsl); two numbers per token
+/// come back.
 pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, requests: &[(&str, &str)]) -> Result<Vec<Scored>> {
     let vocab = model.config.vocab_size;
     let mut encoded = Vec::with_capacity(requests.len());
@@ -174,57 +180,60 @@ pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, r
         }
         encoded.push((ctx, cont));
     }
+    let len = |r: &(Vec<u32>, Vec<u32>)| r.0.len() + r.1.len() - 1;
+    let mut order: Vec<usize> = (0..encoded.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(len(&encoded[i])));
     let max_bytes = gpu.limits.max_storage_buffer_binding_size as usize;
-    let mut out = Vec::with_capacity(requests.len());
+    let mut out = vec![Scored { ll: f64::NAN, greedy: false }; encoded.len()];
     let mut start = 0;
-    while start < encoded.len() {
-        // Grow the batch while its padded logits fit one binding.
+    while start < order.len() {
+        // Longest first: the first request of a batch sets its padded length.
+        let t = len(&encoded[order[start]]);
         let mut end = start + 1;
-        let len = |r: &(Vec<u32>, Vec<u32>)| r.0.len() + r.1.len() - 1;
-        let mut longest = len(&encoded[start]);
-        while end < encoded.len() && end - start < 16 {
-            let l = longest.max(len(&encoded[end]));
-            if (end + 1 - start) * l * vocab * 4 > max_bytes {
-                break;
-            }
-            longest = l;
+        while end < order.len() && (end + 1 - start) * t <= BATCH_TOKENS.max(t) && (end + 1 - start) * t * vocab * 4 <= max_bytes {
             end += 1;
         }
-        let batch = &encoded[start..end];
-        let t = longest;
+        let batch = &order[start..end];
         let mut ids = Vec::with_capacity(batch.len() * t);
-        let mut rows = Vec::new();
-        for (b, (ctx, cont)) in batch.iter().enumerate() {
+        let (mut rows, mut targets) = (Vec::new(), Vec::new());
+        for (b, &i) in batch.iter().enumerate() {
+            let (ctx, cont) = &encoded[i];
             let seq: Vec<u32> = ctx.iter().chain(&cont[..cont.len() - 1]).copied().collect();
             ids.extend(&seq);
             ids.extend(std::iter::repeat_n(0u32, t - seq.len()));
             rows.extend((ctx.len() - 1..seq.len()).map(|r| (b * t + r) as u32));
+            targets.extend(cont);
         }
         let mut cache = model.new_cache(gpu, batch.len(), t)?;
         let logits = model.forward(gpu, &mut cache, &ids, Logits::All)?;
-        // Only the rows that predict the continuations come back.
-        let (row_buf, picked) = (gpu.upload_u32("rows", &rows)?, gpu.scratch(rows.len() * vocab)?);
+        let (row_buf, target_buf, scores) = (gpu.upload_u32("rows", &rows)?, gpu.upload_u32("targets", &targets)?, gpu.scratch(2 * rows.len())?);
         let mut rec = gpu.recorder();
-        crate::nn::gather_rows(&mut rec, &row_buf, &logits, &picked, rows.len(), vocab, ids.len())?;
+        target_logprob(&mut rec, &logits, &row_buf, &target_buf, &scores, rows.len(), vocab, ids.len())?;
         rec.submit()?;
-        let host = gpu.read_f32_blocking(&picked, rows.len() * vocab)?;
-        for b in [logits, row_buf, picked] {
+        let host = gpu.read_f32_blocking(&scores, 2 * rows.len())?;
+        for b in [logits, row_buf, target_buf, scores] {
             gpu.release(b);
         }
         let mut at = 0;
-        for (_, cont) in batch {
-            let (mut ll, mut greedy) = (0.0, true);
-            for &target in cont {
-                let row = &host[at * vocab..(at + 1) * vocab];
-                let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let lse = row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-                ll += row[target as usize] as f64 - lse;
-                greedy &= crate::generate::argmax(row) == target;
-                at += 1;
-            }
-            out.push(Scored { ll, greedy });
+        for &i in batch {
+            let n = encoded[i].1.len();
+            let token = &host[2 * at..2 * (at + n)];
+            out[i] = Scored { ll: token.chunks(2).map(|s| s[0] as f64).sum(), greedy: token.chunks(2).all(|s| s[1] == 1.0) };
+            at += n;
         }
         start = end;
     }
     Ok(out)
+}
+
+/// out[r] = (log softmax(logits[row_of[r]])[targets[r]], 1 if that token is the row's argmax
+/// else 0) for `rows` scored rows of logits [logits_rows, vocab].
+#[allow(clippy::too_many_arguments)]
+pub fn target_logprob(rec: &mut Recorder, logits: &GpuBuf, row_of: &GpuBuf, targets: &GpuBuf, out: &GpuBuf, rows: usize, vocab: usize, logits_rows: usize) -> Result<()> {
+    need("logprob logits", logits, logits_rows * vocab)?;
+    need("logprob rows", row_of, rows)?;
+    need("logprob targets", targets, rows)?;
+    need("logprob out", out, 2 * rows)?;
+    let params = [rows as u32, vocab as u32];
+    rec.dispatch(&Kernel::new("eval/logprob", "target_logprob"), &params, &[logits, row_of, targets, out], crate::nn::split_groups(rows))
 }

@@ -54,7 +54,10 @@ fn scored_docs(path: &std::path::Path) -> Result<std::collections::HashMap<u64, 
     Ok(done)
 }
 
-fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
+/// Documents scored together (their requests share batched forwards).
+const DOCS_PER_GROUP: usize = 64;
+
+pub(crate) fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
     let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
     let eval_dir = linearize_home().join("eval");
     let mut out = Vec::new();
@@ -91,24 +94,28 @@ fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, js
             }
             None => None,
         };
-        let (mut scores, mut reused) = (Vec::with_capacity(docs.len()), 0);
-        for d in &docs {
-            if let Some(s) = done.get(&d.doc_id).filter(|s| s.len() == d.requests.len() && s.iter().all(|x| x.ll.is_finite())) {
-                scores.push(s.clone());
-                reused += 1;
-                bar.inc(1);
-                continue;
+        // Documents already on record are reused; the rest are scored in groups, so that one
+        // batched forward holds the requests of many documents.
+        let mut scores: Vec<Option<Vec<Scored>>> = docs.iter().map(|d| done.get(&d.doc_id).filter(|s| s.len() == d.requests.len() && s.iter().all(|x| x.ll.is_finite())).cloned()).collect();
+        let reused = scores.iter().filter(|s| s.is_some()).count();
+        bar.inc(reused as u64);
+        let todo: Vec<usize> = (0..docs.len()).filter(|&i| scores[i].is_none()).collect();
+        for group in todo.chunks(DOCS_PER_GROUP) {
+            let pairs: Vec<(&str, &str)> = group.iter().flat_map(|&i| docs[i].requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str()))).collect();
+            let mut s = loglikelihoods(gpu, &lm, &model.tokenizer, &pairs)?.into_iter();
+            for &i in group {
+                let d = &docs[i];
+                let doc_scores: Vec<Scored> = s.by_ref().take(d.requests.len()).collect();
+                if let Some(f) = file.as_mut() {
+                    use std::io::Write;
+                    let line = json!({ "doc_id": d.doc_id, "ll": doc_scores.iter().map(|x| x.ll).collect::<Vec<_>>(), "greedy": doc_scores.iter().map(|x| x.greedy).collect::<Vec<_>>() });
+                    writeln!(f, "{line}")?;
+                }
+                scores[i] = Some(doc_scores);
             }
-            let pairs: Vec<(&str, &str)> = d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect();
-            let s = loglikelihoods(gpu, &lm, &model.tokenizer, &pairs)?;
-            if let Some(f) = file.as_mut() {
-                use std::io::Write;
-                let line = json!({ "doc_id": d.doc_id, "ll": s.iter().map(|x| x.ll).collect::<Vec<_>>(), "greedy": s.iter().map(|x| x.greedy).collect::<Vec<_>>() });
-                writeln!(f, "{line}")?;
-            }
-            scores.push(s);
-            bar.inc(1);
+            bar.inc(group.len() as u64);
         }
+        let scores: Vec<Vec<Scored>> = scores.into_iter().map(|s| s.expect("every document scored")).collect();
         if reused > 0 && !json_out {
             eprintln!("{task}: {reused} document(s) already scored in {}", record.as_ref().expect("recorded").display());
         }

@@ -6,7 +6,7 @@ use crate::gpu::{need, GpuBuf, Kernel, Recorder};
 
 /// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
 /// shaders recombine them as `y * 32768 + x`.
-fn split_groups(n: usize) -> [u32; 3] {
+pub(crate) fn split_groups(n: usize) -> [u32; 3] {
     const PER_Y: usize = 32768;
     [n.min(PER_Y) as u32, n.div_ceil(PER_Y) as u32, 1]
 }

@@ -11,6 +11,20 @@ pub fn cross_entropy(z: &[f64], targets: &[u32], vocab: usize) -> Vec<f64> {
     z.chunks(vocab).zip(targets).map(|(row, &t)| -log_softmax(row)[t as usize]).collect()
 }
 
+/// Evaluation's token scores (crate::eval::target_logprob): for each scored row, the target's
+/// log-probability and whether the target holds the row's maximum.
+pub fn target_logprob(z: &[f64], vocab: usize, row_of: &[u32], targets: &[u32]) -> Vec<(f64, bool)> {
+    row_of
+        .iter()
+        .zip(targets)
+        .map(|(&r, &t)| {
+            let row = &z[r as usize * vocab..][..vocab];
+            let max = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            (log_softmax(row)[t as usize], row[t as usize] >= max)
+        })
+        .collect()
+}
+
 /// Per-row KL(p_teacher ‖ p_student).
 pub fn kl(student: &[f64], teacher: &[f64], vocab: usize) -> Vec<f64> {
     student

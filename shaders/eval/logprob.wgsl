@@ -1,0 +1,62 @@
+// Scores of continuation tokens, one workgroup per scored row, read straight from the model's
+// logits [*, vocab] (no gather, no full rows back to the host):
+//   out[2r]     = log softmax(z[row_of[r]])[target[r]]
+//   out[2r + 1] = 1 when target[r] holds the row's maximum (greedy decoding would pick it), else 0
+// The logsumexp subtracts the row maximum first, as the f64 reference does.
+
+struct Params {
+    rows: u32,
+    vocab: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> z: array<f32>;        // logits [*, vocab]
+@group(0) @binding(2) var<storage, read> row_of: array<u32>;   // [rows]: which logits row
+@group(0) @binding(3) var<storage, read> targets: array<u32>;  // [rows]
+@group(0) @binding(4) var<storage, read_write> out: array<f32>; // [rows, 2]
+
+const THREADS: u32 = 256u;
+var<workgroup> red: array<f32, 256>;
+
+fn reduce(t: u32, v: f32, take_max: bool) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            if (take_max) {
+                red[t] = max(red[t], red[t + k]);
+            } else {
+                red[t] = red[t] + red[t + k];
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn target_logprob(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x + wid.y * 32768u;
+    if (r >= p.rows) {
+        return;
+    }
+    let t = lid.x;
+    let base = row_of[r] * p.vocab;
+    var m = -3.0e38;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        m = max(m, z[base + c]);
+    }
+    m = reduce(t, m, true);
+    var s = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        s += exp(z[base + c] - m);
+    }
+    s = reduce(t, s, false);
+    if (t == 0u) {
+        let gold = z[base + targets[r]];
+        out[2u * r] = gold - m - log(s);
+        out[2u * r + 1u] = select(0.0, 1.0, gold >= m);
+    }
+}
