@@ -183,6 +183,10 @@ pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, r
     let len = |r: &(Vec<u32>, Vec<u32>)| r.0.len() + r.1.len() - 1;
     let mut order: Vec<usize> = (0..encoded.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(len(&encoded[i])));
+    if let Some(&longest) = order.first() {
+        let t = len(&encoded[longest]);
+        model.check_fits(gpu, t, t, "request")?;
+    }
     let max_bytes = gpu.limits.max_storage_buffer_binding_size as usize;
     let mut out = vec![Scored { ll: f64::NAN, greedy: false }; encoded.len()];
     let mut start = 0;

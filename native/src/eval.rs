@@ -34,7 +34,7 @@ pub struct EvalArgs {
 }
 
 /// The average over tasks of acc_norm where a task has it, acc otherwise.
-fn average(results: &[TaskResult]) -> f64 {
+pub(crate) fn average(results: &[TaskResult]) -> f64 {
     results.iter().map(|r| r.acc_norm.unwrap_or(r.acc)).sum::<f64>() / results.len().max(1) as f64
 }
 
@@ -59,6 +59,11 @@ const DOCS_PER_GROUP: usize = 64;
 
 pub(crate) fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
     let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
+    evaluate_on(gpu, model, &lm, tasks, limit, json_out, record_dir)
+}
+
+/// `evaluate` with the model already on the GPU.
+pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
     let eval_dir = linearize_home().join("eval");
     let mut out = Vec::new();
     for task in tasks {
@@ -102,7 +107,7 @@ pub(crate) fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option
         let todo: Vec<usize> = (0..docs.len()).filter(|&i| scores[i].is_none()).collect();
         for group in todo.chunks(DOCS_PER_GROUP) {
             let pairs: Vec<(&str, &str)> = group.iter().flat_map(|&i| docs[i].requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str()))).collect();
-            let mut s = loglikelihoods(gpu, &lm, &model.tokenizer, &pairs)?.into_iter();
+            let mut s = loglikelihoods(gpu, lm, &model.tokenizer, &pairs)?.into_iter();
             for &i in group {
                 let d = &docs[i];
                 let doc_scores: Vec<Scored> = s.by_ref().take(d.requests.len()).collect();
@@ -131,14 +136,20 @@ pub(crate) fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option
     Ok(out)
 }
 
-pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
-    let tasks: Vec<String> = a.tasks.split(',').map(|t| t.trim().to_string()).collect();
+/// The `--tasks` list, each name checked.
+pub(crate) fn parse_tasks(list: &str) -> Result<Vec<String>> {
+    let tasks: Vec<String> = list.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
     for t in &tasks {
         if !TASKS.iter().any(|(n, _)| n == t) {
             let names: Vec<&str> = TASKS.iter().map(|t| t.0).collect();
             bail!("--tasks: unknown task '{t}'; expected some of {}", names.join(", "));
         }
     }
+    Ok(tasks)
+}
+
+pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
+    let tasks = parse_tasks(&a.tasks)?;
     let ppl_text = match &a.ppl {
         Some(file) => Some(std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("--ppl {}: {e}", file.display()))?),
         None => None,

@@ -1,9 +1,11 @@
 //! The `linearize` command line.
 mod bench;
+mod compare;
 mod distill;
 mod eval;
 mod fetch;
 mod niah;
+mod report;
 mod saturation;
 
 use anyhow::{bail, Context, Result};
@@ -98,6 +100,8 @@ enum Command {
     Eval(eval::EvalArgs),
     /// Needle in a haystack (RULER s_niah_1 / s_niah_2) over a length × depth grid
     Niah(niah::NiahArgs),
+    /// Evaluate several models side by side: an HTML report with tables, figures and JSON
+    Compare(compare::CompareArgs),
     /// A student's state norm, effective rank and gates over position on held-out prose
     Saturation(saturation::SaturationArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
@@ -147,6 +151,7 @@ fn main() {
         Command::Distill(args) => distill::run(&args, load),
         Command::Eval(args) => eval::run(&args, load),
         Command::Niah(args) => niah::run(&args, load),
+        Command::Compare(args) => compare::run(&args, load),
         Command::Saturation(args) => saturation::run(&args, load),
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)

@@ -28,8 +28,28 @@ pub struct SaturationArgs {
     pub json: bool,
 }
 
-fn mean(v: &[f32]) -> f64 {
+pub fn mean(v: &[f32]) -> f64 {
     v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64
+}
+
+/// Feeds `tokens` of held-out prose in calls of `every` and reads every mixer block's states
+/// after each call.
+pub fn diagnostics(gpu: &Gpu, model: &Model, lm: &LanguageModel, tokens: usize, every: usize) -> Result<Diagnostics> {
+    if every == 0 || tokens < every {
+        bail!("--every {every} and --tokens {tokens}: expected 1 ≤ every ≤ tokens");
+    }
+    lm.check_fits(gpu, every, 1, "--every")?;
+    let prose = Corpus::load(&linearize_home().join("corpus"), &model.tokenizer)?.heldout;
+    if prose.len() < tokens {
+        bail!("--tokens {tokens}: the held-out text has {} tokens", prose.len());
+    }
+    let mut cache = lm.new_cache(gpu, 1, tokens)?;
+    let mut diag = Diagnostics::default();
+    for chunk in prose[..tokens].chunks(every) {
+        let logits = lm.forward_traced(gpu, &mut cache, chunk, Logits::Last, Some(&mut diag))?;
+        gpu.release(logits);
+    }
+    Ok(diag)
 }
 
 pub fn run(a: &SaturationArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
@@ -40,18 +60,9 @@ pub fn run(a: &SaturationArgs, load: impl Fn(&str) -> Result<Model>) -> Result<(
     if model.mixers.is_none() {
         bail!("--model {}: a teacher has no mixer state; give a student directory", a.model);
     }
-    let prose = Corpus::load(&linearize_home().join("corpus"), &model.tokenizer)?.heldout;
-    if prose.len() < a.tokens {
-        bail!("--tokens {}: the held-out text has {} tokens", a.tokens, prose.len());
-    }
     let gpu = Gpu::new_blocking()?;
     let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
-    let mut cache = lm.new_cache(&gpu, 1, a.tokens)?;
-    let mut diag = Diagnostics::default();
-    for chunk in prose[..a.tokens].chunks(a.every) {
-        let logits = lm.forward_traced(&gpu, &mut cache, chunk, Logits::Last, Some(&mut diag))?;
-        gpu.release(logits);
-    }
+    let diag = diagnostics(&gpu, &model, &lm, a.tokens, a.every)?;
     if let Some(path) = &a.out {
         std::fs::write(path, serde_json::to_string(&diag)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", path.display()))?;
     }

@@ -138,6 +138,25 @@ impl LanguageModel {
         self.blocks.iter().all(|b| matches!(b.mixer, TokenMixer::Mixer(_)))
     }
 
+    /// Refuses up front (naming `what`) a forward of `rows` tokens, `logits_rows` of them with
+    /// logits, whose largest buffer no binding of this device holds: the MLP's gate and up
+    /// projections, the attention's q/k/v or a mixer's projections (at most four times the
+    /// width), or the logits. Long evaluations fail here, before any work, not midway.
+    pub fn check_fits(&self, gpu: &Gpu, rows: usize, logits_rows: usize, what: &str) -> Result<()> {
+        let c = &self.config;
+        let width = (2 * c.intermediate_size).max(c.q_dim() + 2 * c.kv_dim()).max(4 * c.hidden_size);
+        let words = (rows * width).max(logits_rows * c.vocab_size);
+        let (need, max) = (words as u64 * 4, gpu.limits.max_storage_buffer_binding_size as u64);
+        if need > max {
+            let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+            return Err(Error::argument(
+                what,
+                format!("{rows} tokens need a buffer of {:.0} MiB; this device ('{}') binds at most {:.0} MiB", mib(need), gpu.adapter.name, mib(max)),
+            ));
+        }
+        Ok(())
+    }
+
     /// A cache for `batch` sequences of up to `cap` positions (attention blocks need it; mixer
     /// blocks hold a fixed-size state whatever `cap` is).
     pub fn new_cache(&self, gpu: &Gpu, batch: usize, cap: usize) -> Result<Cache> {
@@ -285,12 +304,12 @@ impl LanguageModel {
 /// State diagnostics of the mixer blocks while a student runs (MIXERS.md §1: additive states
 /// saturate, gated delta rules keep theirs bounded). One entry per mixer block; arrays are
 /// indexed [call or token][batch · head], ready to plot.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct Diagnostics {
     pub layers: Vec<LayerDiagnostics>,
 }
 
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct LayerDiagnostics {
     pub layer: usize,
     /// Tokens processed when each state norm was read (one read per forward call).
