@@ -83,6 +83,10 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["saturation", "--model", "smollm2-135m", "--every", "0"], &[], "--every 0"),
         (&["niah", "--depths", "0,150"], &[], "--depths: 150"),
         (&["niah", "--lengths", "256,99999"], &[], "99999 tokens"),
+        (&["compare", "--models", "smollm2-135m", "--out", "/tmp/never", "--skip", "eval,speed"], &[], "--skip: unknown evaluation 'speed'"),
+        (&["compare", "--models", ",", "--out", "/tmp/never"], &[], "--models: expected at least one model"),
+        (&["compare", "--models", "smollm2-135m", "--out", "/tmp/never", "--tasks", "mmlu"], &[], "unknown task 'mmlu'"),
+        (&["compare", "--models", "/nonexistent/student", "--out", "/tmp/never-compare"], &[], "/nonexistent/student"),
     ];
     for (args, env, want) in cases {
         let o = run(args, env);

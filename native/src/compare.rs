@@ -179,6 +179,9 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
             specs.insert(0, t.clone());
         }
     }
+    if let Some(s) = specs.iter().find(|s| s.as_str() != linearize_core::model::weights::TEACHER_ALIAS && !Path::new(s).exists()) {
+        bail!("--models: {s}: no such file or directory");
+    }
     let labels = labels(&specs);
     std::fs::create_dir_all(a.out.join("figures")).map_err(|e| anyhow!("--out {}: {e}", a.out.display()))?;
     let gpu = Gpu::new_blocking()?;
