@@ -86,6 +86,8 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["compare", "--models", "smollm2-135m", "--out", "/tmp/never", "--skip", "eval,speed"], &[], "--skip: unknown evaluation 'speed'"),
         (&["compare", "--models", ",", "--out", "/tmp/never"], &[], "--models: expected at least one model"),
         (&["compare", "--models", "smollm2-135m", "--out", "/tmp/never", "--tasks", "mmlu"], &[], "unknown task 'mmlu'"),
+        (&["compare", "--out", "/nonexistent-report", "--redraw"], &[], "--redraw: /nonexistent-report/report.json"),
+        (&["compare", "--out", "/tmp/never"], &[], "--models"),
         (&["compare", "--models", "/nonexistent/student", "--out", "/tmp/never-compare"], &[], "/nonexistent/student"),
     ];
     for (args, env, want) in cases {

@@ -111,7 +111,7 @@ pub fn multiple_choice(doc: &Doc, scores: &[Scored]) -> (bool, bool) {
 }
 
 /// Per-task results.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct TaskResult {
     pub task: String,
     pub docs: usize,

@@ -17,8 +17,8 @@ use std::path::{Path, PathBuf};
 #[derive(clap::Args)]
 pub struct CompareArgs {
     /// Models, comma-separated: the teacher alias, .gguf files, HF or student directories
-    #[arg(long)]
-    pub models: String,
+    #[arg(long, required_unless_present = "redraw")]
+    pub models: Option<String>,
     /// Where the report goes (created; a rerun reuses what is already there)
     #[arg(long)]
     pub out: PathBuf,
@@ -43,12 +43,15 @@ pub struct CompareArgs {
     /// Evaluations to leave out, comma-separated: eval, niah, saturation
     #[arg(long, default_value = "")]
     pub skip: String,
+    /// Only redraw the figures and index.html from DIR/report.json (no model is evaluated)
+    #[arg(long)]
+    pub redraw: bool,
     #[arg(long)]
     pub json: bool,
 }
 
 /// Everything the report shows about one model.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelReport {
     pub label: String,
     pub model: String,
@@ -74,7 +77,7 @@ pub struct Saturation {
 }
 
 /// The loss curves and perplexities of the distillation run that made a student.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Distillation {
     /// Per stage (1, 2, 3): (step, loss).
     pub loss: Vec<(u8, Vec<(usize, f64)>)>,
@@ -83,7 +86,7 @@ pub struct Distillation {
     pub teacher_perplexity: Option<f64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, Deserialize)]
 pub struct Report {
     pub tasks: Vec<String>,
     pub limit: Option<usize>,
@@ -160,8 +163,32 @@ fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(value)?).map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
+/// Writes report.json (unless `redrawing`), the figures and index.html, and prints the tables.
+fn publish(out: &Path, report: &Report, json: bool, redrawing: bool) -> Result<()> {
+    if !redrawing {
+        write_json(&out.join("report.json"), report)?;
+    }
+    let figures = crate::report::figures(&out.join("figures"), report)?;
+    let html = crate::report::html(report, &figures);
+    std::fs::write(out.join("index.html"), html).map_err(|e| anyhow!("{}: {e}", out.join("index.html").display()))?;
+    if json {
+        println!("{}", serde_json::to_string(report)?);
+    } else {
+        print!("{}", crate::report::text_table(report));
+        println!("report: {}", out.join("index.html").display());
+    }
+    Ok(())
+}
+
 pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
-    let mut specs: Vec<String> = a.models.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
+    if a.redraw {
+        let path = a.out.join("report.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| anyhow!("--redraw: {}: {e}", path.display()))?;
+        let report: Report = serde_json::from_str(&text).map_err(|e| anyhow!("--redraw: {}: not a compare report: {e}", path.display()))?;
+        std::fs::create_dir_all(a.out.join("figures")).map_err(|e| anyhow!("--out {}: {e}", a.out.display()))?;
+        return publish(&a.out, &report, a.json, true);
+    }
+    let mut specs: Vec<String> = a.models.as_deref().unwrap_or_default().split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect();
     if specs.is_empty() {
         bail!("--models: expected at least one model");
     }
@@ -235,21 +262,12 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
         Some(t) => specs.iter().position(|s| s == t),
         None => reports.iter().position(|r| r.kind == "teacher"),
     };
-    if let Some(base) = reference.and_then(|i| reports[i].average) {
+    // No recovery against a reference that scored nothing (a few documents can do that).
+    if let Some(base) = reference.and_then(|i| reports[i].average).filter(|&b| b > 0.0) {
         for r in &mut reports {
             r.recovery = r.average.map(|v| v / base);
         }
     }
     let report = Report { tasks, limit: a.limit, reference: reference.map(|i| reports[i].label.clone()), models: reports };
-    write_json(&a.out.join("report.json"), &report)?;
-    let figures = crate::report::figures(&a.out.join("figures"), &report)?;
-    let html = crate::report::html(&report, &figures);
-    std::fs::write(a.out.join("index.html"), html).map_err(|e| anyhow!("{}: {e}", a.out.join("index.html").display()))?;
-    if a.json {
-        println!("{}", serde_json::to_string(&report)?);
-    } else {
-        print!("{}", crate::report::text_table(&report));
-        println!("report: {}", a.out.join("index.html").display());
-    }
-    Ok(())
+    publish(&a.out, &report, a.json, false)
 }

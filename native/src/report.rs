@@ -85,9 +85,27 @@ fn heatmap<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, grid: &Grid, title:
     root.present()
 }
 
-/// One line per model: y against x, with the given axis names; x on a log2 scale if `log_x`.
+/// How an x value is labelled: plain (whole numbers without decimals), or x = log2 of a length.
+#[derive(Clone, Copy)]
+enum XAxis {
+    Plain,
+    Log2,
+}
+
+impl XAxis {
+    fn label(self, x: f64) -> String {
+        match self {
+            XAxis::Plain if x.fract() == 0.0 => format!("{x:.0}"),
+            XAxis::Plain => format!("{x:.2}"),
+            XAxis::Log2 if x.fract() == 0.0 => format!("{:.0}", x.exp2()),
+            XAxis::Log2 => String::new(),
+        }
+    }
+}
+
+/// One line per model: y against x, with the given axis names; y on a log scale if `log_y`.
 #[allow(clippy::too_many_arguments)]
-fn lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, x_desc: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], y_range: Option<(f64, f64)>, log_y: bool) -> DrawResult<DB> {
+fn lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, x_axis: XAxis, x_desc: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)], y_range: Option<(f64, f64)>, log_y: bool) -> DrawResult<DB> {
     root.fill(&WHITE)?;
     let xs = series.iter().flat_map(|s| s.1.iter().map(|p| p.0));
     let (x0, x1) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
@@ -100,7 +118,8 @@ fn lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, x_desc: 
     macro_rules! draw_on {
         ($chart:expr) => {{
             let mut chart = $chart;
-            chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style((FONT, 13)).draw()?;
+            let x_label = |x: &f64| x_axis.label(*x);
+            chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).x_label_formatter(&x_label).label_style((FONT, 13)).draw()?;
             for (i, (name, points)) in series.iter().enumerate() {
                 let color = palette(i);
                 let pts: Vec<(f64, f64)> = points.iter().copied().filter(|p| p.1.is_finite() && (!log_y || p.1 > 0.0)).collect();
@@ -138,7 +157,7 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
     }
     if !with_niah.is_empty() {
         let series: Vec<(String, Vec<(f64, f64)>)> = with_niah.iter().map(|m| (m.label.clone(), m.niah.as_ref().expect("filtered").by_length().into_iter().map(|(l, a)| ((l as f64).log2(), a)).collect())).collect();
-        render!(dir, "niah-accuracy", lines("retrieval accuracy against context length", "log2(context length in tokens)", "accuracy (mean over depths)", &series, Some((0.0, 1.0)), false));
+        render!(dir, "niah-accuracy", lines("retrieval accuracy against context length", XAxis::Log2, "context length (tokens, log scale)", "accuracy (mean over depths)", &series, Some((-0.02, 1.02)), false));
         out.push(Figure { stem: "niah-accuracy".into(), caption: "Needle retrieval accuracy, averaged over depths, against the haystack's length.".into() });
     }
     let students: Vec<&ModelReport> = report.models.iter().filter(|m| m.saturation.as_ref().is_some_and(|s| !s.position.is_empty())).collect();
@@ -147,13 +166,13 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
             let s = m.saturation.as_ref().expect("filtered");
             (m.label.clone(), s.position.iter().zip(&s.state_norm).map(|(&p, &v)| (p as f64, v)).collect())
         }).collect();
-        render!(dir, "state-norm", lines("mixer state norm over position", "position (tokens of held-out prose)", "‖S‖ (mean over blocks and heads)", &norm, None, true));
+        render!(dir, "state-norm", lines("mixer state norm over position", XAxis::Plain, "position (tokens of held-out prose)", "‖S‖ (mean over blocks and heads)", &norm, None, true));
         out.push(Figure { stem: "state-norm".into(), caption: "Frobenius norm of the mixer state as held-out prose is read: additive states grow, gated and delta-rule states stay bounded.".into() });
         let rank: Vec<_> = students.iter().map(|m| {
             let s = m.saturation.as_ref().expect("filtered");
             (m.label.clone(), s.position.iter().zip(&s.effective_rank).map(|(&p, &v)| (p as f64, v)).collect())
         }).collect();
-        render!(dir, "effective-rank", lines("effective rank of the mixer state", "position (tokens of held-out prose)", "effective rank (mean over blocks and heads)", &rank, None, false));
+        render!(dir, "effective-rank", lines("effective rank of the mixer state", XAxis::Plain, "position (tokens of held-out prose)", "effective rank (mean over blocks and heads)", &rank, None, false));
         out.push(Figure { stem: "effective-rank".into(), caption: "Effective rank of the state (exp of the entropy of its normalised singular values) over position.".into() });
     }
     for stage in 1..=3u8 {
@@ -171,7 +190,7 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
         }
         let what = ["mixer-output MSE (sum over layers)", "hidden-state L2 (sum over layers)", "CE + KL"][stage as usize - 1];
         let stem = format!("distill-stage{stage}");
-        render!(dir, stem, lines(&format!("distillation stage {stage}: {what}"), "step", "training loss", &series, None, true));
+        render!(dir, stem, lines(&format!("distillation stage {stage}: {what}"), XAxis::Plain, "step", "training loss", &series, None, true));
         out.push(Figure { stem, caption: format!("Training loss of distillation stage {stage} ({what}) per step.") });
     }
     Ok(out)
