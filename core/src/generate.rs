@@ -115,6 +115,9 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
     let vocab = model.config.vocab_size;
     let mut out = Vec::new();
     let mut logits = model.forward_traced(gpu, &mut cache, prompt, Logits::Last, trace.as_deref_mut())?;
+    if let Some(t) = trace.as_deref_mut() {
+        t.settle(gpu).await?;
+    }
     while out.len() < s.max_new_tokens {
         let row = gpu.read_f32(&logits, vocab).await?;
         gpu.release(logits);
@@ -128,6 +131,9 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
             break;
         }
         logits = model.forward_traced(gpu, &mut cache, &[next], Logits::Last, trace.as_deref_mut())?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.settle(gpu).await?;
+        }
     }
     Ok(out)
 }

@@ -148,18 +148,6 @@ impl Gpu {
     pub fn read_f32_blocking(&self, buf: &GpuBuf, len: usize) -> Result<Vec<f32>> {
         pollster::block_on(self.read_f32(buf, len))
     }
-
-    /// Blocking readback natively; on the web, where nothing may block, an error that says to
-    /// use `read_f32` (diagnostics are read this way).
-    pub fn read_f32_blocking_or_async(&self, buf: &GpuBuf, len: usize) -> Result<Vec<f32>> {
-        #[cfg(not(target_arch = "wasm32"))]
-        return self.read_f32_blocking(buf, len);
-        #[cfg(target_arch = "wasm32")]
-        {
-            let _ = (buf, len);
-            Err(Error::Gpu("blocking readback is not available on the web; read diagnostics with read_f32".into()))
-        }
-    }
 }
 
 impl Gpu {

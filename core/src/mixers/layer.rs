@@ -29,7 +29,7 @@ pub struct MixerState {
 
 /// Diagnostics a layer records on request (read back after the submission):
 /// `state_norm` [B, H] = ‖S‖_F after the call; `token_stats` [B·T, H, 2] = (mean decay, β‖k‖²).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct LayerTrace {
     pub state_norm: Option<GpuBuf>,
     pub token_stats: Option<GpuBuf>,

@@ -102,8 +102,13 @@ impl LlamaConfig {
 
     pub fn from_json_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json(&text, path)
+    }
+
+    /// Parses and checks config.json text; `path` names it in errors.
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
         let cfg: LlamaConfig =
-            serde_json::from_str(&text).map_err(|e| Error::format(path, format!("not a valid Llama config.json: {e}")))?;
+            serde_json::from_str(text).map_err(|e| Error::format(path, format!("not a valid Llama config.json: {e}")))?;
         cfg.validate(path)?;
         Ok(cfg)
     }

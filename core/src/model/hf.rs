@@ -1,6 +1,7 @@
 //! HF directories: config.json + model.safetensors (or sharded with model.safetensors.index.json)
 //! + tokenizer.json. Reads f32, bf16 and f16 tensors; writes f32.
 use super::config::LlamaConfig;
+use super::files::ModelFiles;
 use super::tokenizer::Tokenizer;
 use super::weights::{hf_tensor_shapes, ModelWeights};
 use crate::error::{Error, Result};
@@ -21,38 +22,52 @@ fn to_f32(path: &Path, name: &str, view: &safetensors::tensor::TensorView) -> Re
 /// The safetensors files of a directory: one `model.safetensors`, or the shards named by
 /// `model.safetensors.index.json`.
 pub fn shard_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
-    let single = dir.join("model.safetensors");
-    if single.exists() {
-        return Ok(vec![single]);
+    Ok(shard_names(&ModelFiles::dir(dir))?.into_iter().map(|f| dir.join(f)).collect())
+}
+
+/// `shard_files` by name, for any source of files.
+pub fn shard_names(files: &ModelFiles) -> Result<Vec<String>> {
+    if files.exists("model.safetensors") {
+        return Ok(vec!["model.safetensors".into()]);
     }
-    let index = dir.join("model.safetensors.index.json");
-    if !index.exists() {
-        return Err(Error::Missing { path: dir.into(), what: "model.safetensors (or model.safetensors.index.json)".into() });
+    let index = "model.safetensors.index.json";
+    if !files.exists(index) {
+        return Err(Error::Missing { path: files.origin().into(), what: "model.safetensors (or model.safetensors.index.json)".into() });
     }
-    let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::format(&index, format!("invalid JSON: {e}")))?;
+    let text = files.read_string(index)?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::format(&files.path(index), format!("invalid JSON: {e}")))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
-        .ok_or_else(|| Error::format(&index, "expected an object 'weight_map'"))?;
-    let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
-    files.sort();
-    files.dedup();
-    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+        .ok_or_else(|| Error::format(&files.path(index), "expected an object 'weight_map'"))?;
+    let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+    names.sort();
+    names.dedup();
+    Ok(names)
+}
+
+/// The tokenizer.json of a model directory.
+pub fn tokenizer(files: &ModelFiles) -> Result<Tokenizer> {
+    let name = "tokenizer.json";
+    if !files.exists(name) {
+        return Err(Error::Missing { path: files.path(name), what: name.into() });
+    }
+    Tokenizer::from_json(files.read_string(name)?, &files.path(name))
 }
 
 pub fn load_dir(dir: &Path) -> Result<(ModelWeights, Tokenizer)> {
-    let config = LlamaConfig::from_json_file(&dir.join("config.json"))?;
-    let tok_path = dir.join("tokenizer.json");
-    if !tok_path.exists() {
-        return Err(Error::Missing { path: tok_path, what: "tokenizer.json".into() });
-    }
-    let tokenizer = Tokenizer::from_file(&tok_path)?;
+    load_files(&ModelFiles::dir(dir))
+}
+
+pub fn load_files(files: &ModelFiles) -> Result<(ModelWeights, Tokenizer)> {
+    let config = LlamaConfig::from_json(&files.read_string("config.json")?, &files.path("config.json"))?;
+    let tokenizer = tokenizer(files)?;
     let mut found: HashMap<String, Vec<f32>> = HashMap::new();
     let expected = hf_tensor_shapes(&config);
     let wanted: HashMap<&str, &Vec<usize>> = expected.iter().map(|(n, s)| (n.as_str(), s)).collect();
-    for file in shard_files(dir)? {
-        let bytes = std::fs::read(&file).map_err(|e| Error::io(&file, e))?;
+    for name in shard_names(files)? {
+        let file = files.path(&name);
+        let bytes = files.read(&name)?;
         let st = SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&file, format!("not a valid safetensors file: {e}")))?;
         for (name, view) in st.tensors() {
             let Some(shape) = wanted.get(name.as_str()) else { continue };
@@ -70,7 +85,7 @@ pub fn load_dir(dir: &Path) -> Result<(ModelWeights, Tokenizer)> {
         match found.remove(name) {
             Some(t) => tensors.push(t),
             None => {
-                return Err(Error::ConfigMismatch { path: dir.into(), msg: format!("tensor '{name}' required by config.json is missing") })
+                return Err(Error::ConfigMismatch { path: files.origin().into(), msg: format!("tensor '{name}' required by config.json is missing") })
             }
         }
     }

@@ -202,7 +202,10 @@ impl LanguageModel {
     }
 
     /// `forward`, also appending each mixer block's diagnostics to `trace` when given.
-    pub fn forward_traced(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits, mut trace: Option<&mut Diagnostics>) -> Result<GpuBuf> {
+    pub fn forward_traced(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits, trace: Option<&mut Diagnostics>) -> Result<GpuBuf> {
+        if trace.as_ref().is_some_and(|d| !d.pending.is_empty()) {
+            return Err(Error::argument("diagnostics", "the previous forward's diagnostics are not settled; await Diagnostics::settle first"));
+        }
         let cfg = &self.config;
         let batch = cache.batch;
         if ids.is_empty() || ids.len() % batch != 0 {
@@ -281,18 +284,27 @@ impl LanguageModel {
         };
         rec.submit()?;
         cache.len += seq;
-        if let Some(d) = trace.as_deref_mut() {
-            d.record(gpu, &traces, batch, seq, cfg.num_attention_heads)?;
-            for (i, layer_cache) in cache.layers.iter().enumerate() {
-                if let (LayerCache::Mixer(state), Some(entry)) = (layer_cache, d.layers.iter_mut().find(|l| l.layer == i)) {
-                    let dims = state.rec.dims;
-                    let s = gpu.read_f32_blocking_or_async(&state.rec.s, batch * dims.heads * dims.dk * dims.dv)?;
-                    entry.effective_rank.push(s.chunks(dims.dk * dims.dv).map(|m| effective_rank(m, dims.dk, dims.dv) as f32).collect());
+        match trace {
+            Some(d) => {
+                // The readbacks wait in `d` until settled: natively right here; on the web, where
+                // nothing may block, the caller awaits `Diagnostics::settle` before the next forward.
+                let mut layers = Vec::new();
+                for (i, t) in traces {
+                    let state = match &cache.layers[i] {
+                        LayerCache::Mixer(state) => Some((state.rec.s.buffer.clone(), state.rec.dims)),
+                        LayerCache::Kv { .. } => None,
+                    };
+                    layers.push(PendingLayer { layer: i, trace: t, state });
+                }
+                d.pending.push(PendingTrace { batch, seq, heads: cfg.num_attention_heads, layers });
+                #[cfg(not(target_arch = "wasm32"))]
+                pollster::block_on(d.settle(gpu))?;
+            }
+            None => {
+                for (_, t) in traces {
+                    temps.extend(t.state_norm.into_iter().chain(t.token_stats));
                 }
             }
-        }
-        for (_, t) in traces {
-            temps.extend(t.state_norm.into_iter().chain(t.token_stats));
         }
         for b in [x, xn, gate_up, act].into_iter().chain(temps) {
             gpu.release(b);
@@ -304,9 +316,36 @@ impl LanguageModel {
 /// State diagnostics of the mixer blocks while a student runs (MIXERS.md §1: additive states
 /// saturate, gated delta rules keep theirs bounded). One entry per mixer block; arrays are
 /// indexed [call or token][batch · head], ready to plot.
-#[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
+#[derive(Debug, Default, Serialize, serde::Deserialize)]
 pub struct Diagnostics {
     pub layers: Vec<LayerDiagnostics>,
+    /// Readbacks of traced forwards not read yet (see `settle`).
+    #[serde(skip)]
+    pending: Vec<PendingTrace>,
+}
+
+impl Clone for Diagnostics {
+    /// The values read so far; pending readbacks stay with the original.
+    fn clone(&self) -> Self {
+        Diagnostics { layers: self.layers.clone(), pending: Vec::new() }
+    }
+}
+
+/// What one traced forward left to read: per mixer block its state norms and per-token stats,
+/// and its state S (for the effective rank).
+#[derive(Debug)]
+struct PendingTrace {
+    batch: usize,
+    seq: usize,
+    heads: usize,
+    layers: Vec<PendingLayer>,
+}
+
+#[derive(Debug)]
+struct PendingLayer {
+    layer: usize,
+    trace: LayerTrace,
+    state: Option<(wgpu::Buffer, crate::mixers::recurrence::Dims)>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
@@ -375,26 +414,38 @@ pub fn effective_rank(m: &[f32], rows: usize, cols: usize) -> f64 {
 }
 
 impl Diagnostics {
-    fn record(&mut self, gpu: &Gpu, traces: &[(usize, LayerTrace)], batch: usize, seq: usize, heads: usize) -> Result<()> {
-        for (layer, t) in traces {
-            let (Some(norm), Some(stats)) = (&t.state_norm, &t.token_stats) else { continue };
-            let norms = gpu.read_f32_blocking_or_async(norm, batch * heads)?;
-            let stats = gpu.read_f32_blocking_or_async(stats, batch * seq * heads * 2)?;
-            let entry = match self.layers.iter_mut().position(|l| l.layer == *layer) {
-                Some(i) => &mut self.layers[i],
-                None => {
-                    self.layers.push(LayerDiagnostics { layer: *layer, ..Default::default() });
-                    self.layers.last_mut().unwrap()
+    /// Reads what traced forwards left pending into `layers`, without blocking (the web awaits
+    /// this after each forward; natively the forward has already done it).
+    pub async fn settle(&mut self, gpu: &Gpu) -> Result<()> {
+        for p in std::mem::take(&mut self.pending) {
+            let (batch, seq, heads) = (p.batch, p.seq, p.heads);
+            for PendingLayer { layer, trace, state } in p.layers {
+                let (Some(norm), Some(stats)) = (trace.state_norm, trace.token_stats) else { continue };
+                let norms = gpu.read_f32(&norm, batch * heads).await?;
+                let token_stats = gpu.read_f32(&stats, batch * seq * heads * 2).await?;
+                gpu.release(norm);
+                gpu.release(stats);
+                let entry = match self.layers.iter().position(|l| l.layer == layer) {
+                    Some(i) => &mut self.layers[i],
+                    None => {
+                        self.layers.push(LayerDiagnostics { layer, ..Default::default() });
+                        self.layers.last_mut().expect("pushed")
+                    }
+                };
+                let done = entry.decay.len() + seq;
+                entry.position.push(done);
+                entry.state_norm.push(norms);
+                // stats are [b, t, h, 2]: regroup per token as [b·h].
+                for tt in 0..seq {
+                    let pick = |c: usize| (0..batch).flat_map(|b| (0..heads).map(move |h| (b, h))).map(|(b, h)| token_stats[((b * seq + tt) * heads + h) * 2 + c]).collect::<Vec<f32>>();
+                    entry.decay.push(pick(0));
+                    entry.beta_k2.push(pick(1));
                 }
-            };
-            let done = entry.decay.len() + seq;
-            entry.position.push(done);
-            entry.state_norm.push(norms);
-            // stats are [b, t, h, 2]: regroup per token as [b·h].
-            for tt in 0..seq {
-                let pick = |c: usize| (0..batch).flat_map(|b| (0..heads).map(move |h| (b, h))).map(|(b, h)| stats[((b * seq + tt) * heads + h) * 2 + c]).collect::<Vec<f32>>();
-                entry.decay.push(pick(0));
-                entry.beta_k2.push(pick(1));
+                if let Some((buffer, dims)) = state {
+                    // A second handle on the layer's state (not the pool's: never released).
+                    let s = gpu.read_f32(&GpuBuf { buffer, len: batch * dims.heads * dims.dk * dims.dv }, batch * dims.heads * dims.dk * dims.dv).await?;
+                    entry.effective_rank.push(s.chunks(dims.dk * dims.dv).map(|m| effective_rank(m, dims.dk, dims.dv) as f32).collect());
+                }
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! Models: configuration, weights and their loaders (GGUF, HF directories), the tokenizer, and
 //! the GPU teacher.
 pub mod config;
+pub mod files;
 pub mod gguf;
 pub mod hf;
 pub mod quant;

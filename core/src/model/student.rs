@@ -4,6 +4,7 @@
 //! new (crate::mixers::new_parameters). Saved as a directory: config.json (the teacher's),
 //! student.json (mixer and layout), model.safetensors, tokenizer.json.
 use super::config::LlamaConfig;
+use super::files::ModelFiles;
 use super::hf::write_atomic;
 use super::tokenizer::Tokenizer;
 use super::weights::{hf_tensor_shapes, Model, ModelWeights, StudentMixers};
@@ -148,15 +149,17 @@ pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokeniz
 }
 
 pub fn load_dir(dir: &Path) -> Result<Model> {
-    let config = LlamaConfig::from_json_file(&dir.join("config.json"))?;
-    let sp = dir.join(STUDENT_FILE);
-    let text = std::fs::read_to_string(&sp).map_err(|e| Error::io(&sp, e))?;
+    load_files(&ModelFiles::dir(dir))
+}
+
+/// A student from its directory's files (config.json, student.json, tokenizer.json, f32
+/// safetensors, one file or shards).
+pub fn load_files(files: &ModelFiles) -> Result<Model> {
+    let config = LlamaConfig::from_json(&files.read_string("config.json")?, &files.path("config.json"))?;
+    let sp = files.path(STUDENT_FILE);
+    let text = files.read_string(STUDENT_FILE)?;
     let scfg: StudentConfig = serde_json::from_str(&text).map_err(|e| Error::format(&sp, format!("not a valid student config: {e}")))?;
-    let tok_path = dir.join("tokenizer.json");
-    if !tok_path.exists() {
-        return Err(Error::Missing { path: tok_path, what: "tokenizer.json".into() });
-    }
-    let tokenizer = Tokenizer::from_file(&tok_path)?;
+    let tokenizer = super::hf::tokenizer(files)?;
     let expected_shape = MixerShape { hidden: config.hidden_size, heads: config.num_attention_heads, dk: config.head_dim(), dv: config.head_dim() };
     if scfg.shape != expected_shape {
         return Err(Error::ConfigMismatch { path: sp, msg: format!("mixer shape {:?} does not match config.json ({expected_shape:?})", scfg.shape) });
@@ -165,14 +168,15 @@ pub fn load_dir(dir: &Path) -> Result<Model> {
         return Err(Error::ConfigMismatch { path: sp, msg: format!("mixer layer {bad} does not exist ({} layers)", config.num_hidden_layers) });
     }
     let mut found: HashMap<String, (Vec<usize>, Vec<f32>)> = HashMap::new();
-    let files = super::hf::shard_files(dir)?;
-    let st_path = if files.len() == 1 { files[0].clone() } else { dir.join("model.safetensors.index.json") };
-    for file in &files {
-        let bytes = std::fs::read(file).map_err(|e| Error::io(file, e))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(file, format!("not a valid safetensors file: {e}")))?;
+    let names = super::hf::shard_names(files)?;
+    let st_path = if names.len() == 1 { files.path(&names[0]) } else { files.path("model.safetensors.index.json") };
+    for name in &names {
+        let file = files.path(name);
+        let bytes = files.read(name)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&file, format!("not a valid safetensors file: {e}")))?;
         for (name, view) in st.tensors() {
             if view.dtype() != safetensors::Dtype::F32 {
-                return Err(Error::format(file, format!("tensor '{name}' is {:?}; students are stored in F32", view.dtype())));
+                return Err(Error::format(&file, format!("tensor '{name}' is {:?}; students are stored in F32", view.dtype())));
             }
             let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             found.insert(name.clone(), (view.shape().to_vec(), data));
@@ -211,5 +215,5 @@ pub fn load_dir(dir: &Path) -> Result<Model> {
         }
         layers.insert(i, params);
     }
-    Ok(Model { weights, tokenizer, source: dir.into(), mixers: Some(StudentMixers { config: scfg, layers }) })
+    Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: Some(StudentMixers { config: scfg, layers }) })
 }

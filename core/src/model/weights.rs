@@ -2,7 +2,6 @@
 //! weights and tokenizer from a GGUF file, an HF directory, or the fetched-teacher alias.
 use super::config::LlamaConfig;
 use super::tokenizer::Tokenizer;
-#[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 use std::path::Path;
@@ -157,6 +156,24 @@ impl Model {
             PathBuf::from(spec)
         };
         Self::load_path(&path)
+    }
+
+    /// A model from its files, the browser's way in: a student directory (student.json), an HF
+    /// directory (config.json) or a single .gguf file.
+    pub fn from_files(files: &super::files::ModelFiles) -> Result<Self> {
+        if files.exists(super::student::STUDENT_FILE) {
+            return super::student::load_files(files);
+        }
+        if files.exists("config.json") {
+            let (weights, tokenizer) = super::hf::load_files(files)?;
+            return Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: None });
+        }
+        let ggufs: Vec<String> = files.names().into_iter().filter(|n| n.ends_with(".gguf")).collect();
+        let [name] = ggufs.as_slice() else {
+            return Err(Error::Missing { path: files.origin().into(), what: "a model: student.json, config.json or one .gguf file".into() });
+        };
+        let gguf = super::gguf::GgufFile::parse(&files.path(name), files.read(name)?)?;
+        Ok(Model { weights: gguf.llama_weights()?, tokenizer: Tokenizer::from_gguf(&gguf)?, source: files.path(name), mixers: None })
     }
 
     #[cfg(not(target_arch = "wasm32"))]
