@@ -3,7 +3,7 @@
 use linearize_core::generate::Rng;
 use linearize_core::nn;
 use linearize_core::reference::nn as reference;
-use linearize_tests::{assert_close, f64s, gpu, nested_target_dir, random, repo_root, serve, tempdir};
+use linearize_tests::{assert_close, f64s, gpu, nested_target_dir, random, repo_root, serve, teacher, tempdir, TestServer};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -28,22 +28,11 @@ fn chromium() -> String {
     panic!("the browser test needs Debian's chromium: apt-get install chromium chromium-driver (scripts/setup.sh does)");
 }
 
-#[test]
-fn linear_kernel_in_browser_matches_native() {
-    let pkg = build_web_package();
-    let mut rng = Rng::new(11);
-    // (m, n, k): the vec4 tiled path and the matvec path.
-    let shapes = [(37, 70, 64), (3, 50, 30)];
-    let cases: Vec<_> = shapes.iter().map(|&(m, n, k)| (m, n, k, random(&mut rng, m * k, 1.0), random(&mut rng, n * k, 1.0))).collect();
-    let input = serde_json::json!({
-        "cases": cases.iter().map(|(m, n, k, x, w)| serde_json::json!({"m": m, "n": n, "k": k, "x": x, "w": w})).collect::<Vec<_>>()
-    });
-    let server = serve(
-        vec![("/pkg/".into(), pkg), ("/".into(), repo_root().join("www"))],
-        vec![("/input.json".into(), input.to_string())],
-    );
+/// Opens `page` of `server` in headless Chromium and returns the JSON the page posts to /result
+/// (within `secs`); a page that posts nothing fails the test.
+fn run_page(server: &TestServer, page: &str, secs: u64) -> serde_json::Value {
+    let url = format!("http://127.0.0.1:{}/{page}", server.port);
     let profile = tempdir("chromium-profile");
-    let url = format!("http://127.0.0.1:{}/kernel-test.html", server.port);
     let mut child = Command::new(chromium())
         .args([
             "--headless=new",
@@ -61,11 +50,29 @@ fn linear_kernel_in_browser_matches_native() {
         .stderr(Stdio::null())
         .spawn()
         .expect("chromium starts");
-    let posted = server.posts.recv_timeout(Duration::from_secs(180));
+    let posted = server.posts.recv_timeout(Duration::from_secs(secs));
     let _ = child.kill();
     let _ = child.wait();
-    let posted = posted.expect("the page posted no result within 180 s");
-    let result: serde_json::Value = serde_json::from_str(&posted).expect("the page posts JSON");
+    let _ = std::fs::remove_dir_all(&profile);
+    let posted = posted.unwrap_or_else(|_| panic!("{page} posted no result within {secs} s"));
+    serde_json::from_str(&posted).expect("the page posts JSON")
+}
+
+#[test]
+fn linear_kernel_in_browser_matches_native() {
+    let pkg = build_web_package();
+    let mut rng = Rng::new(11);
+    // (m, n, k): the vec4 tiled path and the matvec path.
+    let shapes = [(37, 70, 64), (3, 50, 30)];
+    let cases: Vec<_> = shapes.iter().map(|&(m, n, k)| (m, n, k, random(&mut rng, m * k, 1.0), random(&mut rng, n * k, 1.0))).collect();
+    let input = serde_json::json!({
+        "cases": cases.iter().map(|(m, n, k, x, w)| serde_json::json!({"m": m, "n": n, "k": k, "x": x, "w": w})).collect::<Vec<_>>()
+    });
+    let server = serve(
+        vec![("/pkg/".into(), pkg), ("/".into(), repo_root().join("www"))],
+        vec![("/input.json".into(), input.to_string())],
+    );
+    let result = run_page(&server, "kernel-test.html", 180);
     assert_eq!(result["ok"], true, "the page failed: {}", result["error"]);
     eprintln!("browser adapter: {}", result["adapter"]);
     for (i, (m, n, k, x, w)) in cases.iter().enumerate() {
@@ -84,3 +91,87 @@ fn linear_kernel_in_browser_matches_native() {
     }
 }
 
+
+/// The teacher and one 2-layer student of each mixer family — additive (linear attention),
+/// gated (GLA), delta rule (gated DeltaNet) — loaded in the page from the files a server hands
+/// out (the teacher's GGUF; the students' directories), give the native logits; generation
+/// streams token by token and the students' state norms come back.
+#[test]
+fn teacher_and_students_in_the_browser_give_the_native_logits() {
+    use linearize_core::mixers::{MixerKind, MixerOptions};
+    use linearize_core::model::student::{from_teacher, save_dir};
+    use linearize_core::model::{LanguageModel, Logits, Model};
+    let pkg = build_web_package();
+    let t = teacher();
+    let dir = tempdir("browser-models");
+    let mut small = t.weights.clone();
+    small.truncate_layers(2);
+    let teacher_file = linearize_core::model::weights::teacher_path();
+    let mut models: Vec<(String, std::path::PathBuf, Vec<String>)> =
+        vec![("teacher".into(), teacher_file.parent().unwrap().into(), vec![teacher_file.file_name().unwrap().to_string_lossy().into()])];
+    for kind in [MixerKind::LinearAttn, MixerKind::Gla, MixerKind::GatedDeltanet] {
+        let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "browser test").unwrap();
+        let d = dir.join(kind.name());
+        save_dir(&d, &w, &m, &t.tokenizer).unwrap();
+        let mut files: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
+        files.sort();
+        models.push((kind.name().into(), d, files));
+    }
+    let prompt = "The capital of France is";
+    let ids = t.tokenizer.encode(prompt).unwrap();
+    let new_tokens = 3;
+    let input = serde_json::json!({
+        "ids": ids, "prompt": prompt, "new_tokens": new_tokens,
+        "models": models.iter().map(|(n, _, f)| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f})).collect::<Vec<_>>(),
+    });
+    let mut routes: Vec<(String, std::path::PathBuf)> = models.iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
+    routes.push(("/pkg/".into(), pkg));
+    routes.push(("/".into(), repo_root().join("www")));
+    let server = serve(routes, vec![("/input.json".into(), input.to_string())]);
+    let result = run_page(&server, "model-test.html", 900);
+    assert_eq!(result["ok"], true, "the page failed: {}", result["error"]);
+    eprintln!("browser adapter: {}", result["adapter"]);
+    let vocab = t.weights.config.vocab_size;
+    for (i, (name, d, _)) in models.iter().enumerate() {
+        let r = &result["results"][i];
+        assert_eq!(r["name"].as_str(), Some(name.as_str()));
+        let model = if name == "teacher" { Model::load_path(&teacher_file).unwrap() } else { Model::load_path(d).unwrap() };
+        let lm = LanguageModel::upload_with_mixers(gpu(), &model.weights, model.mixers.as_ref()).unwrap();
+        let mut cache = lm.new_cache(gpu(), 1, ids.len()).unwrap();
+        let out = lm.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
+        let native = gpu().read_f32_blocking(&out, ids.len() * vocab).unwrap();
+        let browser: Vec<f32> = r["last"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+        let last = &native[(ids.len() - 1) * vocab..];
+        let diff = browser.iter().zip(last).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        eprintln!("{name}: browser vs native logits, max |diff| {diff:.2e}");
+        assert_close(&format!("{name}: browser vs native logits"), &browser, &f64s(last), 2e-3, 1e-3);
+        let native_argmax: Vec<u64> = native.chunks(vocab).map(|row| linearize_core::generate::argmax(row) as u64).collect();
+        let browser_argmax: Vec<u64> = r["argmax"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+        assert_eq!(browser_argmax, native_argmax, "{name}: greedy tokens at each position");
+        // Streaming: one callback per token, the pieces add up to the text.
+        let streamed = r["streamed"].as_array().unwrap();
+        assert_eq!(streamed.len(), new_tokens, "{name}: {r}");
+        let joined: String = streamed.iter().map(|p| p[0].as_str().unwrap()).collect();
+        assert_eq!(joined, r["text"].as_str().unwrap(), "{name}");
+        let info = &r["info"];
+        if name == "teacher" {
+            assert!(r["text"].as_str().unwrap().starts_with(" Paris"), "{r}");
+            assert_eq!(info["kind"], "teacher");
+            assert_eq!(r["memory_4096"].as_f64().unwrap(), (t.weights.config.kv_bytes_per_token() * 4096) as f64);
+            assert!(r["norms"].as_array().unwrap().is_empty());
+        } else {
+            assert_eq!((info["kind"].as_str(), info["mixer"].as_str()), (Some("student"), Some(name.as_str())));
+            // The state is read after the prompt and after each generated token but the last.
+            let heads = t.weights.config.num_attention_heads;
+            let want_positions: Vec<u64> = (0..new_tokens as u64).map(|k| ids.len() as u64 + k).collect();
+            assert_eq!(r["positions"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect::<Vec<_>>(), want_positions, "{name}");
+            let norms = r["norms"].as_array().unwrap();
+            assert_eq!(norms.len(), new_tokens * heads, "{name}");
+            assert!(norms.iter().all(|v| v.as_f64().unwrap() > 0.0), "{name}: {norms:?}");
+            // No KV cache: the memory at 4,096 tokens is the fixed state.
+            assert_eq!(info["kv_bytes_per_token"], 0);
+            assert!(r["memory_4096"].as_f64().unwrap() > 0.0);
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,7 +1,21 @@
-//! linearize in the browser: the core crate's kernels on WebGPU through wasm-bindgen.
-//! Everything is async; nothing blocks on readback.
+//! linearize in the browser: the core crate's models and kernels on WebGPU through
+//! wasm-bindgen. Everything is async; nothing blocks on readback.
+//!
+//! ```js
+//! const gpu = await WebGpu.create();
+//! const files = new ModelFiles('models/gdn');          // what the page fetched
+//! files.add('config.json', bytes); …
+//! const model = await gpu.load_model(files);
+//! await model.generate('The capital of France is', 16, (text, id) => …);
+//! model.state_norms(0);                                // Float32Array [reads × heads]
+//! ```
+use linearize_core::generate::{generate_traced, Sampling};
 use linearize_core::gpu::Gpu;
+use linearize_core::model::files::ModelFiles as CoreFiles;
+use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model, Tokenizer};
 use linearize_core::nn;
+use std::collections::HashMap;
+use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 
 fn js_err(e: impl std::fmt::Display) -> JsValue {
@@ -11,7 +25,7 @@ fn js_err(e: impl std::fmt::Display) -> JsValue {
 /// A WebGPU device with linearize's kernels.
 #[wasm_bindgen]
 pub struct WebGpu {
-    gpu: Gpu,
+    gpu: Rc<Gpu>,
 }
 
 #[wasm_bindgen]
@@ -19,7 +33,7 @@ impl WebGpu {
     /// Requests an adapter and a device; rejects with a readable message without WebGPU.
     pub async fn create() -> Result<WebGpu, JsValue> {
         let gpu = Gpu::new().await.map_err(js_err)?;
-        Ok(WebGpu { gpu })
+        Ok(WebGpu { gpu: Rc::new(gpu) })
     }
 
     /// The adapter as JSON (name, backend, limits).
@@ -40,6 +54,161 @@ impl WebGpu {
         nn::linear(&mut rec, &xb, &wb, &yb, m, n, k, false).map_err(js_err)?;
         rec.submit().map_err(js_err)?;
         g.read_f32(&yb, m * n).await.map_err(js_err)
+    }
+
+    /// Builds a model from its files and uploads its weights (the host copy is dropped). A
+    /// model whose tensors exceed this adapter's limits is refused with the tensor named.
+    pub async fn load_model(&self, files: ModelFiles) -> Result<WebModel, JsValue> {
+        let source = CoreFiles::Memory { origin: files.origin.into(), files: files.files };
+        let model = Model::from_files(&source).map_err(js_err)?;
+        let info = model_info(&model);
+        let lm = LanguageModel::upload_with_mixers(&self.gpu, &model.weights, model.mixers.as_ref()).map_err(js_err)?;
+        Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })
+    }
+}
+
+/// The files of one model as the page fetched them: a student or HF directory (config.json,
+/// student.json, tokenizer.json, model.safetensors or its shards and index) or one .gguf.
+#[wasm_bindgen]
+pub struct ModelFiles {
+    origin: String,
+    files: HashMap<String, Vec<u8>>,
+}
+
+#[wasm_bindgen]
+impl ModelFiles {
+    /// `origin` (a URL or folder) names the files in error messages.
+    #[wasm_bindgen(constructor)]
+    pub fn new(origin: String) -> ModelFiles {
+        ModelFiles { origin, files: HashMap::new() }
+    }
+
+    pub fn add(&mut self, name: String, bytes: Vec<u8>) {
+        self.files.insert(name, bytes);
+    }
+}
+
+/// A teacher or student on the GPU, with the state diagnostics of its last generation.
+#[wasm_bindgen]
+pub struct WebModel {
+    gpu: Rc<Gpu>,
+    lm: LanguageModel,
+    tokenizer: Tokenizer,
+    info: serde_json::Value,
+    diagnostics: Diagnostics,
+}
+
+/// What the page shows about a model: kind, mixer, shape, and the memory it holds per token of
+/// context (the KV cache of attention blocks) and in fixed state (mixer blocks).
+fn model_info(m: &Model) -> serde_json::Value {
+    let c = &m.weights.config;
+    let (mixer, mixer_layers, state_bytes) = match &m.mixers {
+        Some(s) => {
+            let per_layer = linearize_core::mixers::state_bytes(s.config.mixer, s.config.shape, &s.config.options);
+            (Some(s.config.mixer.name()), s.config.mixer_layers.clone(), per_layer * s.config.mixer_layers.len())
+        }
+        None => (None, Vec::new(), 0),
+    };
+    let attention_layers = c.num_hidden_layers - mixer_layers.len();
+    serde_json::json!({
+        "kind": if mixer.is_some() { "student" } else { "teacher" },
+        "mixer": mixer,
+        "layers": c.num_hidden_layers,
+        "mixer_layers": mixer_layers,
+        "heads": c.num_attention_heads,
+        "hidden": c.hidden_size,
+        "vocab": c.vocab_size,
+        "max_positions": c.max_position_embeddings,
+        "kv_bytes_per_token": c.kv_bytes_per_token() / c.num_hidden_layers * attention_layers,
+        "state_bytes": state_bytes,
+    })
+}
+
+#[wasm_bindgen]
+impl WebModel {
+    /// kind, mixer, layers, heads, vocab, kv_bytes_per_token, state_bytes as JSON.
+    pub fn info_json(&self) -> String {
+        self.info.to_string()
+    }
+
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, JsValue> {
+        self.tokenizer.encode(text).map_err(js_err)
+    }
+
+    pub fn decode(&self, ids: Vec<u32>) -> Result<String, JsValue> {
+        self.tokenizer.decode(&ids).map_err(js_err)
+    }
+
+    /// The logits [ids.len() × vocab] of one forward over `ids` from an empty context.
+    pub async fn logits(&self, ids: Vec<u32>) -> Result<Vec<f32>, JsValue> {
+        if ids.is_empty() {
+            return Err(js_err("logits: no tokens"));
+        }
+        let (g, vocab) = (&*self.gpu, self.lm.config.vocab_size);
+        self.lm.check_fits(g, ids.len(), ids.len(), "prompt").map_err(js_err)?;
+        let mut cache = self.lm.new_cache(g, 1, ids.len()).map_err(js_err)?;
+        let out = self.lm.forward(g, &mut cache, &ids, Logits::All).map_err(js_err)?;
+        let host = g.read_f32(&out, ids.len() * vocab).await.map_err(js_err);
+        g.release(out);
+        host
+    }
+
+    /// Greedy generation of up to `max_new_tokens` after `prompt`; `on_token(text, id)` is called
+    /// as each token arrives (text: what the token adds to the decoded output). The mixer
+    /// blocks' states are read after the prompt and after every token (`state_norms`).
+    pub async fn generate(&mut self, prompt: String, max_new_tokens: usize, on_token: js_sys::Function) -> Result<String, JsValue> {
+        let ids = self.tokenizer.encode(&prompt).map_err(js_err)?;
+        self.lm.check_fits(&self.gpu, ids.len(), 1, "prompt").map_err(js_err)?;
+        let sampling = Sampling { max_new_tokens, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
+        self.diagnostics = Diagnostics::default();
+        let (tokenizer, mut out, mut shown) = (&self.tokenizer, Vec::new(), String::new());
+        let mut failed = None;
+        let emit = |id: u32| {
+            out.push(id);
+            let text = tokenizer.decode(&out).unwrap_or_default();
+            // A token that ends inside a multi-byte character shows once it is complete.
+            let piece = text.strip_prefix(shown.as_str()).unwrap_or("").to_string();
+            if !text.ends_with('\u{FFFD}') {
+                shown = text;
+            }
+            if let Err(e) = on_token.call2(&JsValue::NULL, &JsValue::from_str(&piece), &JsValue::from(id)) {
+                failed.get_or_insert(e);
+            }
+        };
+        let generated = generate_traced(&self.gpu, &self.lm, &ids, &sampling, emit, Some(&mut self.diagnostics)).await.map_err(js_err)?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        tokenizer.decode(&generated).map_err(js_err)
+    }
+
+    /// The last generation's diagnostics as JSON: per mixer block, positions, state norm and
+    /// effective rank per head at each read, decay and β‖k‖² per token.
+    pub fn diagnostics_json(&self) -> String {
+        serde_json::to_string(&self.diagnostics).unwrap_or_default()
+    }
+
+    /// Mixer block indices with diagnostics, in the order `state_norms` takes them.
+    pub fn mixer_layers(&self) -> Vec<u32> {
+        self.diagnostics.layers.iter().map(|l| l.layer as u32).collect()
+    }
+
+    /// Positions (tokens seen) of each state read of the last generation.
+    pub fn positions(&self) -> Vec<u32> {
+        self.diagnostics.layers.first().map(|l| l.position.iter().map(|&p| p as u32).collect()).unwrap_or_default()
+    }
+
+    /// ‖S‖ of mixer block `i` (an index into `mixer_layers`) as [reads × heads].
+    pub fn state_norms(&self, i: usize) -> Vec<f32> {
+        self.diagnostics.layers.get(i).map(|l| l.state_norm.concat()).unwrap_or_default()
+    }
+
+    /// Bytes the model holds for a context of `tokens`: KV cache of its attention blocks plus
+    /// the fixed state of its mixer blocks (weights not included).
+    pub fn memory_bytes(&self, tokens: f64) -> f64 {
+        let kv = self.info["kv_bytes_per_token"].as_f64().unwrap_or(0.0);
+        let state = self.info["state_bytes"].as_f64().unwrap_or(0.0);
+        kv * tokens + state
     }
 }
 
