@@ -3,30 +3,9 @@
 use linearize_core::generate::Rng;
 use linearize_core::nn;
 use linearize_core::reference::nn as reference;
-use linearize_tests::{assert_close, f64s, gpu, nested_target_dir, random, repo_root, serve, teacher, tempdir, TestServer};
+use linearize_tests::{assert_close, build_web_package, chromium, f64s, gpu, random, repo_root, serve, teacher, tempdir, TestServer};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn build_web_package() -> std::path::PathBuf {
-    let out = nested_target_dir().join("www-pkg");
-    let status = Command::new("bash")
-        .arg(repo_root().join("scripts/build-web.sh"))
-        .arg(&out)
-        .env("CARGO_TARGET_DIR", nested_target_dir())
-        .status()
-        .expect("bash runs");
-    assert!(status.success(), "scripts/build-web.sh failed (is wasm-bindgen-cli installed? see scripts/setup.sh)");
-    out
-}
-
-fn chromium() -> String {
-    for c in ["/usr/bin/chromium", "/usr/bin/chromium-browser"] {
-        if std::path::Path::new(c).exists() {
-            return c.to_string();
-        }
-    }
-    panic!("the browser test needs Debian's chromium: apt-get install chromium chromium-driver (scripts/setup.sh does)");
-}
 
 /// Opens `page` of `server` in headless Chromium and returns the JSON the page posts to /result
 /// (within `secs`); a page that posts nothing fails the test.

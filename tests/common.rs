@@ -168,3 +168,25 @@ pub fn tempdir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&d).unwrap();
     d
 }
+
+/// The browser package (scripts/build-web.sh) built into the nested target directory.
+pub fn build_web_package() -> std::path::PathBuf {
+    let out = nested_target_dir().join("www-pkg");
+    let status = std::process::Command::new("bash")
+        .arg(repo_root().join("scripts/build-web.sh"))
+        .arg(&out)
+        .env("CARGO_TARGET_DIR", nested_target_dir())
+        .status()
+        .expect("bash runs");
+    assert!(status.success(), "scripts/build-web.sh failed (is wasm-bindgen-cli installed? see scripts/setup.sh)");
+    out
+}
+
+pub fn chromium() -> String {
+    for c in ["/usr/bin/chromium", "/usr/bin/chromium-browser"] {
+        if std::path::Path::new(c).exists() {
+            return c.to_string();
+        }
+    }
+    panic!("the browser test needs Debian's chromium: apt-get install chromium chromium-driver (scripts/setup.sh does)");
+}

@@ -137,7 +137,7 @@ fn diagnostics_follow_the_state_while_a_student_generates() {
         let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "test").unwrap();
         let lm = LanguageModel::upload_with_mixers(gpu(), &w, Some(&m)).unwrap();
         let mut d = Diagnostics::default();
-        pollster::block_on(generate_traced(gpu(), &lm, &prompt, &s, |_| {}, Some(&mut d))).unwrap();
+        pollster::block_on(generate_traced(gpu(), &lm, &prompt, &s, |_, _| {}, Some(&mut d))).unwrap();
         assert_eq!(d.layers.len(), 2, "{}", kind.name());
         for l in &d.layers {
             // Prompt, then three decode steps (the fourth token is sampled, not run).

@@ -99,12 +99,13 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
 /// Generates up to `s.max_new_tokens` after `prompt`, calling `on_token` with each new id as
 /// soon as it is known. Memory is bounded by a KV cache of prompt + max_new_tokens positions.
 pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
-    generate_traced(gpu, model, prompt, s, on_token, None).await
+    let mut on_token = on_token;
+    generate_traced(gpu, model, prompt, s, |id, _| on_token(id), None).await
 }
 
 /// `generate`, recording the mixer blocks' state diagnostics after the prompt and after every
-/// generated token when `trace` is given.
-pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32), mut trace: Option<&mut Diagnostics>) -> Result<Vec<u32>> {
+/// generated token when `trace` is given; `on_token` sees them as they grow.
+pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32, Option<&Diagnostics>), mut trace: Option<&mut Diagnostics>) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(Error::argument("--prompt", "the prompt is empty; give at least one token of text"));
     }
@@ -126,7 +127,7 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
         }
         let next = sample(&row, s, &mut rng);
         out.push(next);
-        on_token(next);
+        on_token(next, trace.as_deref());
         if s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
             break;
         }

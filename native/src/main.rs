@@ -7,6 +7,7 @@ mod fetch;
 mod niah;
 mod report;
 mod saturation;
+mod serve;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -102,6 +103,8 @@ enum Command {
     Niah(niah::NiahArgs),
     /// Evaluate several models side by side: an HTML report with tables, figures and JSON
     Compare(compare::CompareArgs),
+    /// The browser demo on 127.0.0.1: www/ and the models in $LINEARIZE_HOME
+    Serve(serve::ServeArgs),
     /// A student's state norm, effective rank and gates over position on held-out prose
     Saturation(saturation::SaturationArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
@@ -152,6 +155,7 @@ fn main() {
         Command::Eval(args) => eval::run(&args, load),
         Command::Niah(args) => niah::run(&args, load),
         Command::Compare(args) => compare::run(&args, load),
+        Command::Serve(args) => serve::run(&args),
         Command::Saturation(args) => saturation::run(&args, load),
         Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
             cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
@@ -287,7 +291,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     }
     let mut trace = linearize_core::model::Diagnostics::default();
     let want_trace = diagnostics.is_some().then_some(&mut trace);
-    let ids = pollster::block_on(linearize_core::generate::generate_traced(&gpu, &lm, &prompt_ids, &sampling, |id| {
+    let ids = pollster::block_on(linearize_core::generate::generate_traced(&gpu, &lm, &prompt_ids, &sampling, |id, _| {
         if json {
             return;
         }

@@ -153,9 +153,10 @@ impl WebModel {
         host
     }
 
-    /// Greedy generation of up to `max_new_tokens` after `prompt`; `on_token(text, id)` is called
-    /// as each token arrives (text: what the token adds to the decoded output). The mixer
-    /// blocks' states are read after the prompt and after every token (`state_norms`).
+    /// Greedy generation of up to `max_new_tokens` after `prompt`; `on_token(text, id, norms)` is
+    /// called as each token arrives: text is what the token adds to the decoded output, norms the
+    /// latest ‖S‖ of every mixer block and head ([mixer blocks × heads], empty for a teacher).
+    /// The states are read after the prompt and after every token (`state_norms`).
     pub async fn generate(&mut self, prompt: String, max_new_tokens: usize, on_token: js_sys::Function) -> Result<String, JsValue> {
         let ids = self.tokenizer.encode(&prompt).map_err(js_err)?;
         self.lm.check_fits(&self.gpu, ids.len(), 1, "prompt").map_err(js_err)?;
@@ -163,7 +164,8 @@ impl WebModel {
         self.diagnostics = Diagnostics::default();
         let (tokenizer, mut out, mut shown) = (&self.tokenizer, Vec::new(), String::new());
         let mut failed = None;
-        let emit = |id: u32| {
+        let emit = |id: u32, diag: Option<&Diagnostics>| {
+            let norms: Vec<f32> = diag.map(|d| d.layers.iter().filter_map(|l| l.state_norm.last()).flatten().copied().collect()).unwrap_or_default();
             out.push(id);
             let text = tokenizer.decode(&out).unwrap_or_default();
             // A token that ends inside a multi-byte character shows once it is complete.
@@ -171,7 +173,8 @@ impl WebModel {
             if !text.ends_with('\u{FFFD}') {
                 shown = text;
             }
-            if let Err(e) = on_token.call2(&JsValue::NULL, &JsValue::from_str(&piece), &JsValue::from(id)) {
+            let norms = js_sys::Float32Array::from(norms.as_slice());
+            if let Err(e) = on_token.call3(&JsValue::NULL, &JsValue::from_str(&piece), &JsValue::from(id), &norms) {
                 failed.get_or_insert(e);
             }
         };
@@ -180,6 +183,24 @@ impl WebModel {
             return Err(e);
         }
         tokenizer.decode(&generated).map_err(js_err)
+    }
+
+    /// One RULER s_niah_1 probe: a prompt of exactly `length` tokens (filler sentences with a
+    /// 7-digit number for a word key at `depth_percent` of the haystack), greedy answer, exact
+    /// match. JSON: {length, depth, answer, generated, correct}.
+    pub async fn niah(&self, length: usize, depth_percent: f64, seed: u64) -> Result<String, JsValue> {
+        use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};
+        if !(0.0..=100.0).contains(&depth_percent) {
+            return Err(js_err(format!("niah: depth {depth_percent} is outside 0–100 %")));
+        }
+        self.lm.check_fits(&self.gpu, length, 1, "niah length").map_err(js_err)?;
+        let mut rng = linearize_core::generate::Rng::new(seed);
+        let sample = make_sample(NiahTask::SNiah1, &self.tokenizer, &[], length, depth_percent / 100.0, &mut rng).map_err(js_err)?;
+        let greedy = Sampling { max_new_tokens: ANSWER_TOKENS, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
+        let out = linearize_core::generate::generate(&self.gpu, &self.lm, &sample.prompt, &greedy, |_| {}).await.map_err(js_err)?;
+        let generated = self.tokenizer.decode(&out).map_err(js_err)?;
+        let correct = is_correct(&generated, &sample.answer);
+        Ok(serde_json::json!({ "length": length, "depth": depth_percent, "answer": sample.answer, "generated": generated, "correct": correct }).to_string())
     }
 
     /// The last generation's diagnostics as JSON: per mixer block, positions, state norm and

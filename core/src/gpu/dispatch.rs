@@ -141,6 +141,16 @@ impl<'g> Recorder<'g> {
                 kernel.shader, kernel.entry
             )));
         }
+        let storage = self.gpu.limits.max_storage_buffers_per_shader_stage as usize;
+        if buffers.len() > storage {
+            return Err(Error::Gpu(format!(
+                "{}::{} binds {} storage buffers; this adapter ('{}') allows {storage} per shader stage",
+                kernel.shader,
+                kernel.entry,
+                buffers.len(),
+                self.gpu.adapter.name
+            )));
+        }
         if groups.contains(&0) {
             return Ok(());
         }

@@ -214,9 +214,10 @@ impl MixerLayer {
         {
             let gates = Gates { g: a.bufs.get("g"), beta: a.bufs.get("beta"), igate: a.bufs.get("igate") };
             let (qb, kb, vb) = (a.get(q)?, a.get(k)?, a.get(v)?);
-            // Prefill takes the chunked kernels where the variant has them; decode (and the
-            // rest) the token-by-token recurrence.
-            if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
+            // Prefill takes the chunked kernels where the variant has them and the adapter binds
+            // enough storage buffers; decode (and the rest) the token-by-token recurrence.
+            let chunked_fits = rec.gpu().limits.max_storage_buffers_per_shader_stage >= recurrence::CHUNKED_STORAGE_BUFFERS;
+            if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) && chunked_fits {
                 recurrence::chunked(rec, r, dims, self.scale(), qb, kb, vb, &gates, &state.rec, &o, temps)?;
             } else {
                 recurrence::recurrent(rec, r, dims, self.scale(), qb, kb, vb, &gates, &state.rec, &o)?;

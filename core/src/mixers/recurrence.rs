@@ -182,6 +182,10 @@ impl Recurrence {
     }
 }
 
+/// Storage buffers the chunked kernels bind in one stage (chunk_state); adapters that allow
+/// fewer per stage (WebGPU's default is 8, SwiftShader 10) take the recurrent kernel.
+pub const CHUNKED_STORAGE_BUFFERS: u32 = 11;
+
 /// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
 /// (shaders/mixers/common/chunk.wgsl). Scratch buffers go to `temps`, to be released after
 /// the recorder is submitted.

@@ -1,0 +1,214 @@
+//! The demo page end to end, driven by Debian's chromedriver on the system chromium
+//! (SwiftShader WebGPU): `linearize serve` hands out the page and the models of a
+//! $LINEARIZE_HOME holding the real teacher and a 2-layer gated DeltaNet student; the page loads
+//! both, streams tokens, draws the state-norm heatmap and the memory chart (checked in the DOM
+//! and in a screenshot), and a browser without WebGPU is told so.
+use linearize_core::mixers::{MixerKind, MixerOptions};
+use linearize_core::model::student::{from_teacher, save_dir};
+use linearize_tests::{build_web_package, chromium, linearize_bin, nested_target_dir, repo_root, teacher, tempdir};
+use serde_json::{json, Value};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A WebDriver session on chromedriver.
+struct Browser {
+    base: String,
+    _driver: Killed,
+}
+
+impl Browser {
+    fn start(profile: &std::path::Path) -> Browser {
+        let port = free_port();
+        let driver = Command::new("chromedriver").arg(format!("--port={port}")).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+        let driver = Killed(driver.expect("chromedriver runs (apt-get install chromium-driver; scripts/setup.sh does)"));
+        let root = format!("http://127.0.0.1:{port}");
+        let caps = json!({ "capabilities": { "alwaysMatch": { "goog:chromeOptions": {
+            "binary": chromium(),
+            "args": ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--window-size=1400,1500", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
+                     format!("--user-data-dir={}", profile.display())],
+        }}}});
+        let started = Instant::now();
+        let session = loop {
+            match ureq::post(&format!("{root}/session")).send_json(caps.clone()) {
+                Ok(r) => break r.into_json::<Value>().unwrap(),
+                Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => panic!("no WebDriver session: {e}"),
+            }
+        };
+        let id = session["value"]["sessionId"].as_str().expect("a session id").to_string();
+        Browser { base: format!("{root}/session/{id}"), _driver: driver }
+    }
+
+    fn post(&self, path: &str, body: Value) -> Value {
+        let r = ureq::post(&format!("{}{path}", self.base)).timeout(Duration::from_secs(900)).send_json(body);
+        match r {
+            Ok(r) => r.into_json::<Value>().unwrap()["value"].clone(),
+            Err(ureq::Error::Status(_, r)) => panic!("WebDriver {path}: {}", r.into_string().unwrap_or_default()),
+            Err(e) => panic!("WebDriver {path}: {e}"),
+        }
+    }
+
+    fn get(&self, path: &str) -> Value {
+        match ureq::get(&format!("{}{path}", self.base)).timeout(Duration::from_secs(120)).call() {
+            Ok(r) => r.into_json::<Value>().unwrap()["value"].clone(),
+            Err(e) => panic!("WebDriver {path}: {e}"),
+        }
+    }
+
+    fn script(&self, source: &str) -> Value {
+        self.post("/execute/sync", json!({ "script": source, "args": [] }))
+    }
+
+    /// Waits until the status line's state is one of `states`; returns (state, text).
+    fn wait_status(&self, states: &[&str], secs: u64) -> (String, String) {
+        let started = Instant::now();
+        loop {
+            let v = self.script("const s = document.getElementById('status'); return [s.dataset.state || '', s.textContent];");
+            let (state, text) = (v[0].as_str().unwrap_or("").to_string(), v[1].as_str().unwrap_or("").to_string());
+            if states.contains(&state.as_str()) {
+                return (state, text);
+            }
+            assert!(state != "error", "the page reports an error: {text}");
+            assert!(started.elapsed() < Duration::from_secs(secs), "status still '{state}: {text}' after {secs} s");
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+}
+
+/// Pixels of `png` inside `rect` (CSS pixels, device scale 1) that are neither white nor grey.
+fn coloured_pixels(png: &[u8], rect: &Value) -> usize {
+    let decoder = png::Decoder::new(png);
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let f = |k: &str| rect[k].as_f64().unwrap().round() as usize;
+    let (x0, y0, w, h) = (f("x"), f("y"), f("width"), f("height"));
+    let mut n = 0;
+    for y in y0..(y0 + h).min(info.height as usize) {
+        for x in x0..(x0 + w).min(info.width as usize) {
+            let p = &buf[(y * info.width as usize + x) * channels..][..3];
+            let (max, min) = (*p.iter().max().unwrap() as i32, *p.iter().min().unwrap() as i32);
+            n += (max - min > 30) as usize;
+        }
+    }
+    n
+}
+
+#[test]
+fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
+    let pkg = build_web_package();
+    // The pages with the package beside them, as `linearize serve` expects.
+    let www = tempdir("demo-www");
+    for f in ["index.html", "app.js"] {
+        std::fs::copy(repo_root().join("www").join(f), www.join(f)).unwrap();
+    }
+    std::fs::create_dir_all(www.join("pkg")).unwrap();
+    for e in std::fs::read_dir(&pkg).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), www.join("pkg").join(e.file_name())).unwrap();
+    }
+    // $LINEARIZE_HOME: the real teacher and a 2-layer gated DeltaNet student.
+    let home = tempdir("demo-home");
+    let t = teacher();
+    let teacher_file = linearize_core::model::weights::teacher_path();
+    std::fs::create_dir_all(home.join("teacher")).unwrap();
+    std::os::unix::fs::symlink(&teacher_file, home.join("teacher").join(teacher_file.file_name().unwrap())).unwrap();
+    let mut small = t.weights.clone();
+    small.truncate_layers(2);
+    let (w, m) = from_teacher(&small, MixerKind::GatedDeltanet, None, &MixerOptions::default(), "demo test").unwrap();
+    save_dir(&home.join("students/gated_deltanet"), &w, &m, &t.tokenizer).unwrap();
+
+    let mut serve = Command::new(linearize_bin())
+        .args(["serve", "--port", "0", "--www", www.to_str().unwrap()])
+        .env("LINEARIZE_HOME", &home)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("linearize serve starts");
+    let mut line = String::new();
+    std::io::BufReader::new(serve.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _serve = Killed(serve);
+    let url = line.split_whitespace().find(|w| w.starts_with("http://127.0.0.1:")).unwrap_or_else(|| panic!("serve printed: {line}")).to_string();
+    assert!(line.contains("models: 2"), "{line}");
+    // Only what the page and the models need is served.
+    let listed: Value = ureq::get(&format!("{url}models.json")).call().unwrap().into_json().unwrap();
+    let names: Vec<&str> = listed["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["smollm2-135m", "gated_deltanet"]);
+    for bad in ["models/gated_deltanet/../../teacher", "models/nobody/config.json", "../Cargo.toml", "models/gated_deltanet/checkpoint"] {
+        assert!(ureq::get(&format!("{url}{bad}")).call().is_err(), "{bad} was served");
+    }
+
+    let profile = tempdir("demo-chromium");
+    let b = Browser::start(&profile);
+    b.post("/url", json!({ "url": url }));
+    let (_, text) = b.wait_status(&["ready", "nowebgpu"], 120);
+    assert!(text.starts_with("ready on"), "{text}");
+    // Both models are ticked by default; four tokens each.
+    b.script("document.getElementById('tokens').value = '4'; document.getElementById('run').click(); return 0;");
+    let (_, text) = b.wait_status(&["ready"], 900);
+    assert!(text.contains("generated 4 tokens"), "{text}");
+    let dom = b.script(
+        "const out = {};
+         for (const p of document.querySelectorAll('.panel')) {
+           const c = p.querySelector('canvas.heatmap');
+           const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+           let coloured = 0;
+           for (let i = 0; i < d.length; i += 4) coloured += Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 30;
+           out[p.dataset.model] = { text: p.querySelector('pre.text').textContent, columns: Number(c.dataset.columns), coloured, pixels: d.length / 4,
+                                    rect: c.getBoundingClientRect().toJSON() };
+         }
+         const m = document.getElementById('memory');
+         out.memory = { lines: Number(m.dataset.lines), rect: m.getBoundingClientRect().toJSON() };
+         return out;",
+    );
+    let prompt = "The capital of France is Paris. The capital of Germany is";
+    for name in ["smollm2-135m", "gated_deltanet"] {
+        let p = &dom[name];
+        assert!(p["text"].as_str().unwrap().len() > prompt.len(), "{name}: {p}");
+    }
+    assert!(dom["smollm2-135m"]["text"].as_str().unwrap().contains("Berlin"), "{}", dom["smollm2-135m"]);
+    // The student's heatmap: one column per state read (prompt, then each token but the last).
+    let student = &dom["gated_deltanet"];
+    assert_eq!(student["columns"], 4, "{student}");
+    assert!(student["coloured"].as_f64().unwrap() > 0.9 * student["pixels"].as_f64().unwrap(), "{student}");
+    assert_eq!(dom["memory"]["lines"], 2);
+    // The same from a screenshot: the heatmap and the chart's lines are on screen.
+    let shot = b.get("/screenshot");
+    use base64::Engine;
+    let png = base64::engine::general_purpose::STANDARD.decode(shot.as_str().unwrap()).unwrap();
+    let saved = nested_target_dir().join("demo-screenshot.png");
+    std::fs::write(&saved, &png).unwrap();
+    eprintln!("screenshot: {}", saved.display());
+    let heat = coloured_pixels(&png, &student["rect"]);
+    let area = student["rect"]["width"].as_f64().unwrap() * student["rect"]["height"].as_f64().unwrap();
+    assert!(heat as f64 > 0.8 * area, "heatmap on screen: {heat} coloured of {area}");
+    assert!(coloured_pixels(&png, &dom["memory"]["rect"]) > 500, "memory chart lines on screen");
+
+    // A browser without WebGPU: the page says so.
+    b.post("/goog/cdp/execute", json!({ "cmd": "Page.addScriptToEvaluateOnNewDocument", "params": { "source": "delete Navigator.prototype.gpu;" } }));
+    b.post("/url", json!({ "url": url }));
+    let (state, text) = b.wait_status(&["nowebgpu", "ready"], 60);
+    assert_eq!(state, "nowebgpu", "{text}");
+    assert!(text.contains("no WebGPU"), "{text}");
+    let _ = ureq::delete(&b.base).call();
+    let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(&www);
+    let _ = std::fs::remove_dir_all(&profile);
+}
