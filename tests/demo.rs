@@ -208,6 +208,14 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     assert!(heat as f64 > 0.8 * area, "heatmap on screen: {heat} coloured of {area}");
     assert!(coloured_pixels(&png, &dom["memory"]["rect"]) > 500, "memory chart lines on screen");
 
+    // The needle probe as the haystack grows: the teacher retrieves it, the untrained student not.
+    b.script("document.getElementById('lengths').value = '128,256'; document.getElementById('needle').click(); return 0;");
+    let (_, text) = b.wait_status(&["ready"], 600);
+    assert!(text.contains("needle probe done"), "{text}");
+    let needles = b.script("const o = {}; for (const p of document.querySelectorAll('.panel')) o[p.dataset.model] = [...p.querySelectorAll('.needles span')].map((s) => s.className); return o;");
+    assert_eq!(needles["smollm2-135m"], json!(["hit", "hit"]), "{needles}");
+    assert_eq!(needles["gated_deltanet"].as_array().unwrap().len(), 2, "{needles}");
+
     // A bad file: the page names the model and what is wrong.
     b.script("for (const c of document.querySelectorAll('#models input')) { c.checked = JSON.parse(c.value).name === 'zz_broken'; } document.getElementById('run').click(); return 0;");
     let (state, text) = b.wait_status(&["error"], 120);

@@ -188,13 +188,13 @@ impl WebModel {
     /// One RULER s_niah_1 probe: a prompt of exactly `length` tokens (filler sentences with a
     /// 7-digit number for a word key at `depth_percent` of the haystack), greedy answer, exact
     /// match. JSON: {length, depth, answer, generated, correct}.
-    pub async fn niah(&self, length: usize, depth_percent: f64, seed: u64) -> Result<String, JsValue> {
+    pub async fn niah(&self, length: usize, depth_percent: f64, seed: u32) -> Result<String, JsValue> {
         use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};
         if !(0.0..=100.0).contains(&depth_percent) {
             return Err(js_err(format!("niah: depth {depth_percent} is outside 0–100 %")));
         }
         self.lm.check_fits(&self.gpu, length, 1, "niah length").map_err(js_err)?;
-        let mut rng = linearize_core::generate::Rng::new(seed);
+        let mut rng = linearize_core::generate::Rng::new(seed as u64);
         let sample = make_sample(NiahTask::SNiah1, &self.tokenizer, &[], length, depth_percent / 100.0, &mut rng).map_err(js_err)?;
         let greedy = Sampling { max_new_tokens: ANSWER_TOKENS, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
         let out = linearize_core::generate::generate(&self.gpu, &self.lm, &sample.prompt, &greedy, |_| {}).await.map_err(js_err)?;
