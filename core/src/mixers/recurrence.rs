@@ -183,8 +183,9 @@ impl Recurrence {
 }
 
 /// Storage buffers the chunked kernels bind in one stage (chunk_state); adapters that allow
-/// fewer per stage (WebGPU's default is 8, SwiftShader 10) take the recurrent kernel.
-pub const CHUNKED_STORAGE_BUFFERS: u32 = 11;
+/// fewer per stage (WebGPU's default is 8; SwiftShader and most desktop GPUs 10) take the
+/// recurrent kernel.
+pub const CHUNKED_STORAGE_BUFFERS: u32 = 10;
 
 /// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
 /// (shaders/mixers/common/chunk.wgsl). Scratch buffers go to `temps`, to be released after
@@ -206,8 +207,8 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     let u = gpu.scratch(rows * d.dv)?;
     let w = gpu.scratch(rows * d.dk)?;
     let h = gpu.scratch(d.batch * d.heads * chunks * d.dk * d.dv)?;
-    let n0 = gpu.scratch(d.batch * d.heads * chunks * d.dk)?;
-    let m0 = gpu.scratch(d.batch * d.heads * chunks)?;
+    // n_0 and m_0 of each chunk in one record of dk + 4 words (one binding fewer).
+    let nm0 = gpu.scratch(d.batch * d.heads * chunks * (d.dk + 4))?;
     let norm = r.normalizer.code() as f64;
     let gate = r.gate.code() as f64;
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
@@ -215,11 +216,11 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
-    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.n), (18, &state.m), (19, &n0), (20, &m0)];
+    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.n), (18, &state.m), (19, &nm0)];
     rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [1, d.heads as u32, d.batch as u32])?;
-    let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate), (21, &n0), (22, &m0)];
+    let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate), (21, &nm0)];
     rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)?;
-    temps.extend([dummy, b_cum, u, w, h, n0, m0]);
+    temps.extend([dummy, b_cum, u, w, h, nm0]);
     Ok(())
 }
 

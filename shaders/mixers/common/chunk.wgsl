@@ -44,10 +44,10 @@ const NB: u32 = 1u;
 @group(0) @binding(16) var<storage, read> igate: array<f32>;        // [B, T, H] mLSTM input gate
 @group(0) @binding(17) var<storage, read_write> state_n: array<f32>; // [B, H, D/64, D] carried n
 @group(0) @binding(18) var<storage, read_write> state_m: array<f32>; // [B, H, D/64] carried m
-@group(0) @binding(19) var<storage, read_write> n_out: array<f32>;  // [B, H, chunks, D]: n_0
-@group(0) @binding(20) var<storage, read_write> m_out: array<f32>;  // [B, H, chunks]: m_0
-@group(0) @binding(21) var<storage, read> n_in: array<vec4<f32>>;   // n_0 as vec4
-@group(0) @binding(22) var<storage, read> m_in: array<f32>;         // m_0
+// n_0 and m_0 of every chunk share one buffer (fewer bindings: WebGPU adapters allow few per
+// stage): per (batch, head, chunk) a record of D + 4 words, n_0 then m_0 and 3 words of padding.
+@group(0) @binding(19) var<storage, read_write> nm_out: array<f32>;  // [B, H, chunks, D + 4]
+@group(0) @binding(21) var<storage, read> nm_in: array<vec4<f32>>;   // the same, as vec4
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
@@ -278,10 +278,10 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
         h_out[hb + 62u * D + j] = s15.z;
         h_out[hb + 63u * D + j] = s15.w;
         if (NORM != 0u) {
-            n_out[(bh * p.chunks + n) * D + j] = n_j;
+            nm_out[(bh * p.chunks + n) * (D + 4u) + j] = n_j;
         }
         if (NORM == 2u && j == 0u) {
-            m_out[bh * p.chunks + n] = m0;
+            nm_out[(bh * p.chunks + n) * (D + 4u) + D] = m0;
         }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
@@ -544,7 +544,7 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     var m_t = 0.0;
     var inter_scale = 1.0;
     if (NORM == 2u) {
-        let m0 = m_in[bh * p.chunks + n];
+        let m0 = nm_in[(bh * p.chunks + n) * (D4 + 1u) + D4].x;
         let b_t = bt0.x;
         m_t = b_t + m0;
         for (var s = 0u; s < last; s++) {
@@ -572,8 +572,8 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     }
     var den = 0.0;
     if (NORM != 0u) {
-        let nb4 = (bh * p.chunks + n) * D4;
-        den = inter_scale * (dot(q0, n_in[nb4 + 0u]) + dot(q1, n_in[nb4 + 1u]) + dot(q2, n_in[nb4 + 2u]) + dot(q3, n_in[nb4 + 3u]) + dot(q4, n_in[nb4 + 4u]) + dot(q5, n_in[nb4 + 5u]) + dot(q6, n_in[nb4 + 6u]) + dot(q7, n_in[nb4 + 7u]) + dot(q8, n_in[nb4 + 8u]) + dot(q9, n_in[nb4 + 9u]) + dot(q10, n_in[nb4 + 10u]) + dot(q11, n_in[nb4 + 11u]) + dot(q12, n_in[nb4 + 12u]) + dot(q13, n_in[nb4 + 13u]) + dot(q14, n_in[nb4 + 14u]) + dot(q15, n_in[nb4 + 15u]));
+        let nb4 = (bh * p.chunks + n) * (D4 + 1u);
+        den = inter_scale * (dot(q0, nm_in[nb4 + 0u]) + dot(q1, nm_in[nb4 + 1u]) + dot(q2, nm_in[nb4 + 2u]) + dot(q3, nm_in[nb4 + 3u]) + dot(q4, nm_in[nb4 + 4u]) + dot(q5, nm_in[nb4 + 5u]) + dot(q6, nm_in[nb4 + 6u]) + dot(q7, nm_in[nb4 + 7u]) + dot(q8, nm_in[nb4 + 8u]) + dot(q9, nm_in[nb4 + 9u]) + dot(q10, nm_in[nb4 + 10u]) + dot(q11, nm_in[nb4 + 11u]) + dot(q12, nm_in[nb4 + 12u]) + dot(q13, nm_in[nb4 + 13u]) + dot(q14, nm_in[nb4 + 14u]) + dot(q15, nm_in[nb4 + 15u]));
     }
     for (var s = 0u; s < last; s++) {
         let srow = row_of(b, c0 + s, h);
