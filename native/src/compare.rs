@@ -198,9 +198,7 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
     }
     let tasks = if skip.contains(&"eval") { Vec::new() } else { parse_tasks(&a.tasks)? };
     let plan = Grid::plan(&a.niah)?;
-    if a.every == 0 || a.saturation_tokens < a.every {
-        bail!("--every {} and --saturation-tokens {}: expected 1 ≤ every ≤ tokens", a.every, a.saturation_tokens);
-    }
+    crate::saturation::check_reads("--saturation-tokens", a.saturation_tokens, a.every)?;
     if let Some(t) = &a.teacher {
         if !specs.contains(t) {
             specs.insert(0, t.clone());

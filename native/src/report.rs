@@ -162,16 +162,20 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
     }
     let students: Vec<&ModelReport> = report.models.iter().filter(|m| m.saturation.as_ref().is_some_and(|s| !s.position.is_empty())).collect();
     if !students.is_empty() {
-        let norm: Vec<_> = students.iter().map(|m| {
-            let s = m.saturation.as_ref().expect("filtered");
-            (m.label.clone(), s.position.iter().zip(&s.state_norm).map(|(&p, &v)| (p as f64, v)).collect())
-        }).collect();
+        // One line per student: a per-read value against the position of the read.
+        let over_position = |value: fn(&crate::compare::Saturation) -> &Vec<f64>| -> Vec<(String, Vec<(f64, f64)>)> {
+            students
+                .iter()
+                .map(|m| {
+                    let s = m.saturation.as_ref().expect("filtered");
+                    (m.label.clone(), s.position.iter().zip(value(s)).map(|(&p, &v)| (p as f64, v)).collect())
+                })
+                .collect()
+        };
+        let norm = over_position(|s| &s.state_norm);
         render!(dir, "state-norm", lines("mixer state norm over position", XAxis::Plain, "position (tokens of held-out prose)", "‖S‖ (mean over blocks and heads)", &norm, None, true));
         out.push(Figure { stem: "state-norm".into(), caption: "Frobenius norm of the mixer state as held-out prose is read: additive states grow, gated and delta-rule states stay bounded.".into() });
-        let rank: Vec<_> = students.iter().map(|m| {
-            let s = m.saturation.as_ref().expect("filtered");
-            (m.label.clone(), s.position.iter().zip(&s.effective_rank).map(|(&p, &v)| (p as f64, v)).collect())
-        }).collect();
+        let rank = over_position(|s| &s.effective_rank);
         render!(dir, "effective-rank", lines("effective rank of the mixer state", XAxis::Plain, "position (tokens of held-out prose)", "effective rank (mean over blocks and heads)", &rank, None, false));
         out.push(Figure { stem: "effective-rank".into(), caption: "Effective rank of the state (exp of the entropy of its normalised singular values) over position.".into() });
     }

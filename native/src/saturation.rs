@@ -32,12 +32,18 @@ pub fn mean(v: &[f32]) -> f64 {
     v.iter().map(|&x| x as f64).sum::<f64>() / v.len().max(1) as f64
 }
 
-/// Feeds `tokens` of held-out prose in calls of `every` and reads every mixer block's states
-/// after each call.
-pub fn diagnostics(gpu: &Gpu, model: &Model, lm: &LanguageModel, tokens: usize, every: usize) -> Result<Diagnostics> {
+/// Checks a reading plan before any model is loaded: `tokens` (given by flag `tokens_flag`) read
+/// after every `every`.
+pub fn check_reads(tokens_flag: &str, tokens: usize, every: usize) -> Result<()> {
     if every == 0 || tokens < every {
-        bail!("--every {every} and --tokens {tokens}: expected 1 ≤ every ≤ tokens");
+        bail!("--every {every} and {tokens_flag} {tokens}: expected 1 ≤ every ≤ tokens");
     }
+    Ok(())
+}
+
+/// Feeds `tokens` of held-out prose in calls of `every` (checked by `check_reads`) and reads
+/// every mixer block's states after each call.
+pub fn diagnostics(gpu: &Gpu, model: &Model, lm: &LanguageModel, tokens: usize, every: usize) -> Result<Diagnostics> {
     lm.check_fits(gpu, every, 1, "--every")?;
     let prose = Corpus::load(&linearize_home().join("corpus"), &model.tokenizer)?.heldout;
     if prose.len() < tokens {
@@ -53,9 +59,7 @@ pub fn diagnostics(gpu: &Gpu, model: &Model, lm: &LanguageModel, tokens: usize, 
 }
 
 pub fn run(a: &SaturationArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
-    if a.every == 0 || a.tokens < a.every {
-        bail!("--every {} and --tokens {}: expected 1 ≤ every ≤ tokens", a.every, a.tokens);
-    }
+    check_reads("--tokens", a.tokens, a.every)?;
     let model = load(&a.model)?;
     if model.mixers.is_none() {
         bail!("--model {}: a teacher has no mixer state; give a student directory", a.model);

@@ -2,6 +2,7 @@
 //! its shards and index — read from disk natively or from fetched bytes in the browser. Errors
 //! name `origin/NAME` either way.
 use crate::error::{Error, Result};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -45,14 +46,19 @@ impl ModelFiles {
         names
     }
 
-    pub fn read(&self, name: &str) -> Result<Vec<u8>> {
+    /// A file's bytes: read from disk, or borrowed from the fetched ones (a shard of hundreds of
+    /// MB is not copied in the browser's memory).
+    pub fn read(&self, name: &str) -> Result<Cow<'_, [u8]>> {
         match self {
-            ModelFiles::Dir(d) => std::fs::read(d.join(name)).map_err(|e| Error::io(&d.join(name), e)),
-            ModelFiles::Memory { files, origin } => files.get(name).cloned().ok_or_else(|| Error::Missing { path: origin.join(name), what: name.into() }),
+            ModelFiles::Dir(d) => {
+                let path = d.join(name);
+                std::fs::read(&path).map(Cow::Owned).map_err(|e| Error::io(&path, e))
+            }
+            ModelFiles::Memory { files, origin } => files.get(name).map(|b| Cow::Borrowed(b.as_slice())).ok_or_else(|| Error::Missing { path: origin.join(name), what: name.into() }),
         }
     }
 
     pub fn read_string(&self, name: &str) -> Result<String> {
-        String::from_utf8(self.read(name)?).map_err(|_| Error::format(&self.path(name), "not UTF-8 text"))
+        String::from_utf8(self.read(name)?.into_owned()).map_err(|_| Error::format(&self.path(name), "not UTF-8 text"))
     }
 }

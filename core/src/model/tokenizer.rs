@@ -23,11 +23,6 @@ impl Tokenizer {
         Ok(Tokenizer { inner, json })
     }
 
-    pub fn from_file(path: &Path) -> Result<Self> {
-        let json = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-        Self::from_json(json, path)
-    }
-
     /// SmolLM2's pipeline: digits split one by one, then GPT-2 byte-level pre-tokenisation with
     /// no prefix space; BPE over the GGUF vocabulary and merges; byte-level decoding.
     pub fn from_gguf(gguf: &GgufFile) -> Result<Self> {

@@ -161,29 +161,30 @@ impl Model {
     /// A model from its files, the browser's way in: a student directory (student.json), an HF
     /// directory (config.json) or a single .gguf file.
     pub fn from_files(files: &super::files::ModelFiles) -> Result<Self> {
-        if files.exists(super::student::STUDENT_FILE) {
-            return super::student::load_files(files);
-        }
-        if files.exists("config.json") {
-            let (weights, tokenizer) = super::hf::load_files(files)?;
-            return Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: None });
+        if files.exists(super::student::STUDENT_FILE) || files.exists("config.json") {
+            return Self::from_model_dir(files);
         }
         let ggufs: Vec<String> = files.names().into_iter().filter(|n| n.ends_with(".gguf")).collect();
         let [name] = ggufs.as_slice() else {
             return Err(Error::Missing { path: files.origin().into(), what: "a model: student.json, config.json or one .gguf file".into() });
         };
-        let gguf = super::gguf::GgufFile::parse(&files.path(name), files.read(name)?)?;
+        let gguf = super::gguf::GgufFile::parse(&files.path(name), files.read(name)?.into_owned())?;
         Ok(Model { weights: gguf.llama_weights()?, tokenizer: Tokenizer::from_gguf(&gguf)?, source: files.path(name), mixers: None })
+    }
+
+    /// A student directory (student.json beside the rest) or an HF directory.
+    fn from_model_dir(files: &super::files::ModelFiles) -> Result<Self> {
+        if files.exists(super::student::STUDENT_FILE) {
+            return super::student::load_files(files);
+        }
+        let (weights, tokenizer) = super::hf::load_files(files)?;
+        Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: None })
     }
 
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load_path(path: &Path) -> Result<Self> {
-        if path.is_dir() && path.join(super::student::STUDENT_FILE).exists() {
-            return super::student::load_dir(path);
-        }
         if path.is_dir() {
-            let (weights, tokenizer) = super::hf::load_dir(path)?;
-            return Ok(Model { weights, tokenizer, source: path.into(), mixers: None });
+            return Self::from_model_dir(&super::files::ModelFiles::dir(path));
         }
         if !path.exists() {
             return Err(Error::Missing { path: path.into(), what: "model (expected a .gguf file, an HF directory or the alias 'smollm2-135m')".into() });
