@@ -50,6 +50,99 @@ fn linear_matches_reference() {
     }
 }
 
+/// The values packed f16 weights hold: each rounded to the nearest half.
+fn halves(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+}
+
+#[test]
+fn linear_reads_packed_f16_weights() {
+    let mut rng = Rng::new(11);
+    // k % 4 = 0 (four halves per read); one row, ragged tiles, decode and prefill rows.
+    for &(m, n, k, scale) in &[(1, 1, 4, 1.0), (1, 577, 36, 1.0), (5, 70, 132, 100.0), (9, 65, 4, 1.0), (129, 131, 36, 1.0), (200, 300, 576, 0.01)] {
+        for accumulate in [false, true] {
+            let x = random(&mut rng, m * k, 1.0);
+            let w = random(&mut rng, n * k, scale);
+            let y0 = random(&mut rng, m * n, 1.0);
+            let (xb, yb) = (up("x", &x), up("y", &y0));
+            let wb = gpu().upload_f16("w", &w).unwrap();
+            assert_eq!(wb.bytes() as usize, (n * k).div_ceil(2) * 4, "two halves per word");
+            let mut want = reference::linear(&f64s(&x), &f64s(&halves(&w)), m, n, k);
+            if accumulate {
+                want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
+            }
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+                let fits = match kernel {
+                    LinearKernel::MatvecCoalesced => m <= 8,
+                    LinearKernel::TiledVec4 | LinearKernel::Auto => true,
+                    // The scalar kernels read f32 and refuse f16 weights by name.
+                    _ => false,
+                };
+                gpu().write_f32(&yb, &y0);
+                let mut rec = gpu().recorder();
+                let r = nn::linear_with(&mut rec, kernel, &xb, &wb, &yb, m, n, k, accumulate);
+                assert_eq!(r.is_ok(), fits, "{kernel:?} f16 m={m} k={k}: {r:?}");
+                rec.submit().unwrap();
+                if fits {
+                    let scale = scale as f64;
+                    assert_close(&format!("linear f16 {kernel:?} m={m} n={n} k={k} acc={accumulate}"), &read(&yb, m * n), &want, 1e-5 * scale * (k as f64).sqrt(), 1e-4);
+                }
+            }
+        }
+    }
+    // An f32 op handed f16 values refuses them rather than reading pairs as floats.
+    let wb = gpu().upload_f16("w", &[1.0; 8]).unwrap();
+    let yb = gpu().scratch(8).unwrap();
+    let mut rec = gpu().recorder();
+    let err = nn::rmsnorm(&mut rec, &wb, &up("n", &[1.0; 8]), &yb, 1, 8, 1e-5).unwrap_err().to_string();
+    assert!(err.contains("packed f16"), "{err}");
+}
+
+/// A device whose storage bindings hold `bytes`: weights larger than that are split.
+fn small_binding_gpu(bytes: u32) -> linearize_core::gpu::Gpu {
+    pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffer_binding_size = bytes.into())).unwrap()
+}
+
+#[test]
+fn split_weights_project_and_embed_like_whole_ones() {
+    use linearize_core::gpu::Dtype;
+    use linearize_core::nn::Weight;
+    let mut rng = Rng::new(12);
+    // 64 KiB bindings: a [1000, 36] matrix is 3 parts of ≤ 455 rows as f32, 2 of ≤ 910 as f16.
+    let small = small_binding_gpu(65536);
+    let (rows, cols) = (1000, 36);
+    let w = random(&mut rng, rows * cols, 1.0);
+    for (dtype, parts) in [(Dtype::F32, 3), (Dtype::F16, 2)] {
+        let weight = Weight::upload(&small, "w", &w, rows, cols, dtype).unwrap();
+        assert_eq!(weight.parts(), parts, "{dtype:?} parts");
+        let held = if dtype == Dtype::F16 { halves(&w) } else { w.clone() };
+        for m in [1, 3, 16] {
+            let x = random(&mut rng, m * cols, 1.0);
+            let y0 = random(&mut rng, m * rows, 1.0);
+            let (xb, yb) = (small.upload_f32("x", &x).unwrap(), small.upload_f32("y", &y0).unwrap());
+            let mut rec = small.recorder();
+            nn::project(&mut rec, &xb, &weight, &yb, m, true).unwrap();
+            rec.submit().unwrap();
+            let mut want = reference::linear(&f64s(&x), &f64s(&held), m, rows, cols);
+            want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
+            assert_close(&format!("project {dtype:?} m={m}"), &small.read_f32_blocking(&yb, m * rows).unwrap(), &want, 1e-5 * 6.0, 1e-4);
+        }
+        // Ids from every part, the first and last rows and repeats.
+        let ids: Vec<u32> = vec![0, 999, 454, 455, 909, 910, 500, 500, 3];
+        let (ib, ob) = (small.upload_u32("ids", &ids).unwrap(), small.scratch(ids.len() * cols).unwrap());
+        let mut rec = small.recorder();
+        nn::embed(&mut rec, &ib, &weight, &ob, ids.len()).unwrap();
+        rec.submit().unwrap();
+        assert_close(&format!("embed {dtype:?}"), &small.read_f32_blocking(&ob, ids.len() * cols).unwrap(), &reference::gather_rows(&ids, &f64s(&held), cols), 0.0, 0.0);
+        // Training needs whole f32 tensors and says so.
+        let err = weight.whole().unwrap_err().to_string();
+        assert!(err.contains("part(s)"), "{err}");
+    }
+    // A row wider than a binding cannot be split by rows: refused with the reason.
+    let err = Weight::upload(&small, "wide", &vec![0.0; 20000], 1, 20000, Dtype::F32).unwrap_err().to_string();
+    assert!(err.contains("one row of 20000 values"), "{err}");
+}
+
 #[test]
 fn rmsnorm_matches_reference() {
     let mut rng = Rng::new(2);

@@ -228,7 +228,7 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
         };
 
         let lm = LanguageModel::upload_with_mixers(gpu(), &sw, Some(&mixers)).unwrap();
-        let params = lm.parameters(Scope::All);
+        let params = lm.parameters(Scope::All).unwrap();
         let grads: std::collections::BTreeMap<String, _> = params.iter().map(|p| (p.name.clone(), gpu().upload_f32(&p.name, &vec![0.0; p.buf.len]).unwrap())).collect();
         let ids_buf = gpu().upload_u32("ids", &ids).unwrap();
         let d_logits = gpu().upload_f32("w", &w.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();

@@ -41,12 +41,17 @@ struct Params {{
     sak: u32,
     sbn: u32,
     sbk: u32,
+    // y[row, col] is stored at row·ldy + y0 + col: a weight split by rows fills its column block
+    ldy: u32,
+    y0: u32,
 }}
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [m, k/4]
 @group(0) @binding(2) var<storage, read> w: array<vec4<f32>>; // [n, k/4]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, n]
+// The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
+@group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
 
 const BM: u32 = 128u;
 const BK4: u32 = 4u; // k slice of 16 = 4 vec4
@@ -60,7 +65,7 @@ fn store(row: u32, col: u32, v: vec4<f32>) {{
     }}
     for (var c = 0u; c < 4u; c++) {{
         if (col + c < p.n) {{
-            let idx = row * p.n + col + c;
+            let idx = row * p.ldy + p.y0 + col + c;
             if (p.accumulate != 0u) {{
                 y[idx] = y[idx] + v[c];
             }} else {{
@@ -77,11 +82,13 @@ fn load_x(row: u32, kq: u32, k4: u32) -> vec4<f32> {{
     return vec4<f32>(0.0);
 }}
 
-fn load_w(row: u32, kq: u32, k4: u32) -> vec4<f32> {{
-    if (row < p.n && kq < k4) {{
-        return w[row * k4 + kq];
-    }}
-    return vec4<f32>(0.0);
+fn w_f32(i: u32) -> vec4<f32> {{
+    return w[i];
+}}
+
+fn w_half(i: u32) -> vec4<f32> {{
+    let h = w_f16[i];
+    return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
 }}
 
 // Writes one vec4 of k values of tile row `r` into the k-major tile.
@@ -97,8 +104,16 @@ fn put_w(r: u32, kb: u32, v: vec4<f32>) {{
 {put("w")}
 }}
 
+"""
+TILED = """fn load_w{SUFFIX}(row: u32, kq: u32, k4: u32) -> vec4<f32> {{
+    if (row < p.n && kq < k4) {{
+        return {READ}(row * k4 + kq);
+    }}
+    return vec4<f32>(0.0);
+}}
+
 @compute @workgroup_size(256)
-fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+fn matmul_128{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let tx = tid % 16u;
     let ty = tid / 16u;
     let m0 = wid.y * BM;
@@ -110,8 +125,8 @@ fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
 {acc_decl}
     var px0 = load_x(m0 + lr, lq, k4);
     var px1 = load_x(m0 + lr, lq + 1u, k4);
-    var pw0 = load_w(n0 + lr, lq, k4);
-    var pw1 = load_w(n0 + lr, lq + 1u, k4);
+    var pw0 = load_w{SUFFIX}(n0 + lr, lq, k4);
+    var pw1 = load_w{SUFFIX}(n0 + lr, lq + 1u, k4);
     for (var k0 = 0u; k0 < k4; k0 += BK4) {{
         put_x(lr, lq * 4u, px0);
         put_x(lr, lq * 4u + 4u, px1);
@@ -121,8 +136,8 @@ fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
         let next = k0 + BK4;
         px0 = load_x(m0 + lr, next + lq, k4);
         px1 = load_x(m0 + lr, next + lq + 1u, k4);
-        pw0 = load_w(n0 + lr, next + lq, k4);
-        pw1 = load_w(n0 + lr, next + lq + 1u, k4);
+        pw0 = load_w{SUFFIX}(n0 + lr, next + lq, k4);
+        pw1 = load_w{SUFFIX}(n0 + lr, next + lq + 1u, k4);
         for (var kk = 0u; kk < 16u; kk++) {{
             let a0 = x_tile[kk * 32u + ty];
             let a1 = x_tile[kk * 32u + 16u + ty];
@@ -135,6 +150,8 @@ fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
 {stores}
 }}
 """
+for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+    src += TILED.replace("{SUFFIX}", suffix).replace("{READ}", read).format(acc_decl=acc_decl, fmas=fmas, stores=stores)
 mv_acc = "\n".join(f"    var acc{r} = 0.0;" for r in range(8))
 mv_fma = "\n".join(f"        if ({r}u < p.m) {{ acc{r} += dot(x[{r}u * k4 + kq], wv); }}" for r in range(8))
 mv_put = "\n".join(f"    partial[tid * 8u + {r}u] = acc{r};" for r in range(8))
@@ -144,15 +161,16 @@ src += f"""
 // Suited to GPUs; CPU implementations prefer nn/matmul.wgsl's barrier-free matvec.
 var<workgroup> partial: array<f32, 512>; // [64 threads][8 rows]
 
-@compute @workgroup_size(64)
-fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+"""
+MATVEC = """@compute @workgroup_size(64)
+fn matvec_coalesced{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let col = (wid.y * 8192u + wid.x) * 4u + tid / 16u;
     let lane = tid % 16u;
     let k4 = p.k / 4u;
 {mv_acc}
     if (col < p.n) {{
         for (var kq = lane; kq < k4; kq += 16u) {{
-            let wv = w[col * k4 + kq];
+            let wv = {READ}(col * k4 + kq);
 {mv_fma}
         }}
     }}
@@ -166,7 +184,7 @@ fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             for (var i = 0u; i < 16u; i++) {{
                 s += partial[((tid / 8u) * 16u + i) * 8u + r];
             }}
-            let idx = r * p.n + c;
+            let idx = r * p.ldy + p.y0 + c;
             if (p.accumulate != 0u) {{
                 y[idx] = y[idx] + s;
             }} else {{
@@ -176,6 +194,8 @@ fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
     }}
 }}
 """
+for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+    src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

@@ -1,16 +1,31 @@
 // Row gather: out[r, :] = table[ids[r], :]. The token embedding, and also the selection of
-// the rows whose logits are wanted (the last token of each sequence).
+// the rows whose logits are wanted (the last token of each sequence). A table split by rows
+// (one part per binding) is gathered part by part: each dispatch writes the rows whose id
+// falls in its part, rows row0 .. row0 + table_rows.
 
 struct Params {
     rows: u32,
     cols: u32,
     table_rows: u32,
+    row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
 @group(0) @binding(2) var<storage, read> table: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+// gather_rows_f16: the table as half floats packed two per word (cols even).
+@group(0) @binding(9) var<storage, read> table_f16: array<u32>;
+
+// The row of the part this thread copies from, or none (ids are checked on the host; a bad
+// one only finds no part).
+fn part_row(r: u32) -> i32 {
+    let id = ids[r];
+    if (id < p.row0 || id - p.row0 >= p.table_rows) {
+        return -1;
+    }
+    return i32(id - p.row0);
+}
 
 @compute @workgroup_size(64)
 fn gather_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -19,9 +34,24 @@ fn gather_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (c >= p.cols || r >= p.rows) {
         return;
     }
-    // Ids are checked on the host; the clamp only keeps a bad id from reading out of bounds.
-    let id = min(ids[r], p.table_rows - 1u);
-    out[r * p.cols + c] = table[id * p.cols + c];
+    let row = part_row(r);
+    if (row >= 0) {
+        out[r * p.cols + c] = table[u32(row) * p.cols + c];
+    }
+}
+
+@compute @workgroup_size(64)
+fn gather_rows_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let r = gid.y;
+    if (c >= p.cols || r >= p.rows) {
+        return;
+    }
+    let row = part_row(r);
+    if (row >= 0) {
+        let at = u32(row) * p.cols + c;
+        out[r * p.cols + c] = unpack2x16float(table_f16[at / 2u])[at % 2u];
+    }
 }
 
 // Backward of the gather: table_grad[ids[r], :] += d_out[r, :]. Without float atomics the host

@@ -16,6 +16,9 @@ struct Params {
     sak: u32,
     sbn: u32,
     sbk: u32,
+    // y[row, col] is stored at row·ldy + y0 + col: a weight split by rows fills its column block
+    ldy: u32,
+    y0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -78,7 +81,7 @@ fn matmul(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         for (var j = 0u; j < 4u; j++) {
             let col = n0 + lid.x + 16u * j;
             if (row < p.m && col < p.n) {
-                let idx = row * p.n + col;
+                let idx = row * p.ldy + p.y0 + col;
                 if (p.accumulate != 0u) {
                     y[idx] = y[idx] + acc[i * 4u + j];
                 } else {
@@ -114,7 +117,7 @@ fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
     }
     for (var r = 0u; r < rows; r++) {
-        let idx = r * p.n + col;
+        let idx = r * p.ldy + p.y0 + col;
         if (p.accumulate != 0u) {
             y[idx] = y[idx] + acc[r];
         } else {
@@ -187,7 +190,7 @@ fn matmul_strided(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         for (var j = 0u; j < 4u; j++) {
             let col = n0 + lid.x + 16u * j;
             if (row < p.m && col < p.n) {
-                let idx = row * p.n + col;
+                let idx = row * p.ldy + p.y0 + col;
                 if (p.accumulate != 0u) {
                     y[idx] = y[idx] + acc[i * 4u + j];
                 } else {

@@ -19,12 +19,17 @@ struct Params {
     sak: u32,
     sbn: u32,
     sbk: u32,
+    // y[row, col] is stored at row·ldy + y0 + col: a weight split by rows fills its column block
+    ldy: u32,
+    y0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<vec4<f32>>; // [m, k/4]
 @group(0) @binding(2) var<storage, read> w: array<vec4<f32>>; // [n, k/4]
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, n]
+// The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
+@group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
 
 const BM: u32 = 128u;
 const BK4: u32 = 4u; // k slice of 16 = 4 vec4
@@ -38,7 +43,7 @@ fn store(row: u32, col: u32, v: vec4<f32>) {
     }
     for (var c = 0u; c < 4u; c++) {
         if (col + c < p.n) {
-            let idx = row * p.n + col + c;
+            let idx = row * p.ldy + p.y0 + col + c;
             if (p.accumulate != 0u) {
                 y[idx] = y[idx] + v[c];
             } else {
@@ -55,11 +60,13 @@ fn load_x(row: u32, kq: u32, k4: u32) -> vec4<f32> {
     return vec4<f32>(0.0);
 }
 
-fn load_w(row: u32, kq: u32, k4: u32) -> vec4<f32> {
-    if (row < p.n && kq < k4) {
-        return w[row * k4 + kq];
-    }
-    return vec4<f32>(0.0);
+fn w_f32(i: u32) -> vec4<f32> {
+    return w[i];
+}
+
+fn w_half(i: u32) -> vec4<f32> {
+    let h = w_f16[i];
+    return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
 }
 
 // Writes one vec4 of k values of tile row `r` into the k-major tile.
@@ -79,6 +86,13 @@ fn put_w(r: u32, kb: u32, v: vec4<f32>) {
     w_tile[(kb + 1u) * 32u + at][lane] = v.y;
     w_tile[(kb + 2u) * 32u + at][lane] = v.z;
     w_tile[(kb + 3u) * 32u + at][lane] = v.w;
+}
+
+fn load_w(row: u32, kq: u32, k4: u32) -> vec4<f32> {
+    if (row < p.n && kq < k4) {
+        return w_f32(row * k4 + kq);
+    }
+    return vec4<f32>(0.0);
 }
 
 @compute @workgroup_size(256)
@@ -163,6 +177,95 @@ fn matmul_128(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     store(m0 + 64u + ty * 4u + 3u, n0 + tx * 4u, acc70);
     store(m0 + 64u + ty * 4u + 3u, n0 + 64u + tx * 4u, acc71);
 }
+fn load_w_f16(row: u32, kq: u32, k4: u32) -> vec4<f32> {
+    if (row < p.n && kq < k4) {
+        return w_half(row * k4 + kq);
+    }
+    return vec4<f32>(0.0);
+}
+
+@compute @workgroup_size(256)
+fn matmul_128_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let tx = tid % 16u;
+    let ty = tid / 16u;
+    let m0 = wid.y * BM;
+    let n0 = wid.x * BM;
+    let k4 = p.k / 4u;
+    // Loading: thread -> tile row lr, vec4 columns lq and lq + 1 of the 4 in the slice.
+    let lr = tid / 2u;
+    let lq = (tid % 2u) * 2u;
+    var acc00 = vec4<f32>(0.0);
+    var acc01 = vec4<f32>(0.0);
+    var acc10 = vec4<f32>(0.0);
+    var acc11 = vec4<f32>(0.0);
+    var acc20 = vec4<f32>(0.0);
+    var acc21 = vec4<f32>(0.0);
+    var acc30 = vec4<f32>(0.0);
+    var acc31 = vec4<f32>(0.0);
+    var acc40 = vec4<f32>(0.0);
+    var acc41 = vec4<f32>(0.0);
+    var acc50 = vec4<f32>(0.0);
+    var acc51 = vec4<f32>(0.0);
+    var acc60 = vec4<f32>(0.0);
+    var acc61 = vec4<f32>(0.0);
+    var acc70 = vec4<f32>(0.0);
+    var acc71 = vec4<f32>(0.0);
+    var px0 = load_x(m0 + lr, lq, k4);
+    var px1 = load_x(m0 + lr, lq + 1u, k4);
+    var pw0 = load_w_f16(n0 + lr, lq, k4);
+    var pw1 = load_w_f16(n0 + lr, lq + 1u, k4);
+    for (var k0 = 0u; k0 < k4; k0 += BK4) {
+        put_x(lr, lq * 4u, px0);
+        put_x(lr, lq * 4u + 4u, px1);
+        put_w(lr, lq * 4u, pw0);
+        put_w(lr, lq * 4u + 4u, pw1);
+        workgroupBarrier();
+        let next = k0 + BK4;
+        px0 = load_x(m0 + lr, next + lq, k4);
+        px1 = load_x(m0 + lr, next + lq + 1u, k4);
+        pw0 = load_w_f16(n0 + lr, next + lq, k4);
+        pw1 = load_w_f16(n0 + lr, next + lq + 1u, k4);
+        for (var kk = 0u; kk < 16u; kk++) {
+            let a0 = x_tile[kk * 32u + ty];
+            let a1 = x_tile[kk * 32u + 16u + ty];
+            let b0 = w_tile[kk * 32u + tx];
+            let b1 = w_tile[kk * 32u + 16u + tx];
+            acc00 = fma(vec4<f32>(a0.x), b0, acc00);
+            acc01 = fma(vec4<f32>(a0.x), b1, acc01);
+            acc10 = fma(vec4<f32>(a0.y), b0, acc10);
+            acc11 = fma(vec4<f32>(a0.y), b1, acc11);
+            acc20 = fma(vec4<f32>(a0.z), b0, acc20);
+            acc21 = fma(vec4<f32>(a0.z), b1, acc21);
+            acc30 = fma(vec4<f32>(a0.w), b0, acc30);
+            acc31 = fma(vec4<f32>(a0.w), b1, acc31);
+            acc40 = fma(vec4<f32>(a1.x), b0, acc40);
+            acc41 = fma(vec4<f32>(a1.x), b1, acc41);
+            acc50 = fma(vec4<f32>(a1.y), b0, acc50);
+            acc51 = fma(vec4<f32>(a1.y), b1, acc51);
+            acc60 = fma(vec4<f32>(a1.z), b0, acc60);
+            acc61 = fma(vec4<f32>(a1.z), b1, acc61);
+            acc70 = fma(vec4<f32>(a1.w), b0, acc70);
+            acc71 = fma(vec4<f32>(a1.w), b1, acc71);
+        }
+        workgroupBarrier();
+    }
+    store(m0 + ty * 4u + 0u, n0 + tx * 4u, acc00);
+    store(m0 + ty * 4u + 0u, n0 + 64u + tx * 4u, acc01);
+    store(m0 + ty * 4u + 1u, n0 + tx * 4u, acc10);
+    store(m0 + ty * 4u + 1u, n0 + 64u + tx * 4u, acc11);
+    store(m0 + ty * 4u + 2u, n0 + tx * 4u, acc20);
+    store(m0 + ty * 4u + 2u, n0 + 64u + tx * 4u, acc21);
+    store(m0 + ty * 4u + 3u, n0 + tx * 4u, acc30);
+    store(m0 + ty * 4u + 3u, n0 + 64u + tx * 4u, acc31);
+    store(m0 + 64u + ty * 4u + 0u, n0 + tx * 4u, acc40);
+    store(m0 + 64u + ty * 4u + 0u, n0 + 64u + tx * 4u, acc41);
+    store(m0 + 64u + ty * 4u + 1u, n0 + tx * 4u, acc50);
+    store(m0 + 64u + ty * 4u + 1u, n0 + 64u + tx * 4u, acc51);
+    store(m0 + 64u + ty * 4u + 2u, n0 + tx * 4u, acc60);
+    store(m0 + 64u + ty * 4u + 2u, n0 + 64u + tx * 4u, acc61);
+    store(m0 + 64u + ty * 4u + 3u, n0 + tx * 4u, acc70);
+    store(m0 + 64u + ty * 4u + 3u, n0 + 64u + tx * 4u, acc71);
+}
 
 // Decode (m ≤ 8 rows): 4 columns per workgroup of 64 threads, 16 threads per column reading
 // consecutive vec4 of its weight row (coalesced), then one reduction through workgroup memory.
@@ -184,7 +287,7 @@ fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
     var acc7 = 0.0;
     if (col < p.n) {
         for (var kq = lane; kq < k4; kq += 16u) {
-            let wv = w[col * k4 + kq];
+            let wv = w_f32(col * k4 + kq);
         if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
         if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
         if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
@@ -212,7 +315,59 @@ fn matvec_coalesced(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             for (var i = 0u; i < 16u; i++) {
                 s += partial[((tid / 8u) * 16u + i) * 8u + r];
             }
-            let idx = r * p.n + c;
+            let idx = r * p.ldy + p.y0 + c;
+            if (p.accumulate != 0u) {
+                y[idx] = y[idx] + s;
+            } else {
+                y[idx] = s;
+            }
+        }
+    }
+}
+@compute @workgroup_size(64)
+fn matvec_coalesced_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let col = (wid.y * 8192u + wid.x) * 4u + tid / 16u;
+    let lane = tid % 16u;
+    let k4 = p.k / 4u;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+        for (var kq = lane; kq < k4; kq += 16u) {
+            let wv = w_half(col * k4 + kq);
+        if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
+        if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
+        if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
+        if (3u < p.m) { acc3 += dot(x[3u * k4 + kq], wv); }
+        if (4u < p.m) { acc4 += dot(x[4u * k4 + kq], wv); }
+        if (5u < p.m) { acc5 += dot(x[5u * k4 + kq], wv); }
+        if (6u < p.m) { acc6 += dot(x[6u * k4 + kq], wv); }
+        if (7u < p.m) { acc7 += dot(x[7u * k4 + kq], wv); }
+        }
+    }
+    partial[tid * 8u + 0u] = acc0;
+    partial[tid * 8u + 1u] = acc1;
+    partial[tid * 8u + 2u] = acc2;
+    partial[tid * 8u + 3u] = acc3;
+    partial[tid * 8u + 4u] = acc4;
+    partial[tid * 8u + 5u] = acc5;
+    partial[tid * 8u + 6u] = acc6;
+    partial[tid * 8u + 7u] = acc7;
+    workgroupBarrier();
+    if (tid < 32u) {
+        let c = (wid.y * 8192u + wid.x) * 4u + tid / 8u;
+        let r = tid % 8u;
+        if (c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < 16u; i++) {
+                s += partial[((tid / 8u) * 16u + i) * 8u + r];
+            }
+            let idx = r * p.ldy + p.y0 + c;
             if (p.accumulate != 0u) {
                 y[idx] = y[idx] + s;
             } else {

@@ -4,22 +4,49 @@ use crate::error::{Error, Result};
 use std::collections::HashMap;
 use wgpu::util::DeviceExt;
 
-/// A storage buffer of `len` 32-bit words (f32 or u32).
+/// How a buffer holds its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    /// One 32-bit word per value: f32, or u32 ids.
+    F32,
+    /// IEEE half floats packed two per word (the first in the low 16 bits), as WGSL's
+    /// `unpack2x16float` reads them without the shader-f16 feature: weights at half the memory.
+    F16,
+}
+
+/// A storage buffer of `len` values.
 #[derive(Debug)]
 pub struct GpuBuf {
     pub buffer: wgpu::Buffer,
     pub len: usize,
+    pub dtype: Dtype,
 }
 
 impl GpuBuf {
+    /// A buffer of `len` 32-bit words.
+    pub fn words(buffer: wgpu::Buffer, len: usize) -> Self {
+        GpuBuf { buffer, len, dtype: Dtype::F32 }
+    }
+
     pub fn bytes(&self) -> u64 {
-        (self.len * 4) as u64
+        match self.dtype {
+            Dtype::F32 => (self.len * 4) as u64,
+            Dtype::F16 => (self.len.div_ceil(2) * 4) as u64,
+        }
     }
 }
 
-/// Checks that `buf` holds at least `len` words before an op uses it: a clear error instead of
-/// a device validation failure.
+/// Checks that `buf` holds at least `len` f32 values before an op uses it: a clear error
+/// instead of a device validation failure (or of f16 pairs read as f32).
 pub fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
+    if buf.dtype != Dtype::F32 {
+        return Err(Error::Gpu(format!("{what}: buffer holds packed f16 values; this op reads f32 (only projections and the embedding read f16 weights)")));
+    }
+    need_values(what, buf, len)
+}
+
+/// As `need`, for the weight operands that may be f32 or packed f16.
+pub fn need_values(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
     if buf.len < len {
         return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
     }
@@ -70,7 +97,7 @@ impl Gpu {
                 mapped_at_creation: false,
             })
         });
-        Ok(GpuBuf { buffer, len })
+        Ok(GpuBuf::words(buffer, len))
     }
 
     /// Returns a scratch buffer to the pool.
@@ -79,7 +106,7 @@ impl Gpu {
         self.pool.lock().unwrap().free.entry(bytes).or_default().push(buf.buffer);
     }
 
-    fn upload_bytes(&self, label: &str, bytes: &[u8], len: usize) -> Result<GpuBuf> {
+    fn upload_bytes(&self, label: &str, bytes: &[u8], len: usize, dtype: Dtype) -> Result<GpuBuf> {
         self.check_binding(label, bytes.len() as u64)?;
         // Zero-length bindings are invalid; keep one word.
         let data: &[u8] = if bytes.is_empty() { &[0u8; 4] } else { bytes };
@@ -88,15 +115,20 @@ impl Gpu {
             contents: data,
             usage: STORAGE,
         });
-        Ok(GpuBuf { buffer, len })
+        Ok(GpuBuf { buffer, len, dtype })
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> Result<GpuBuf> {
-        self.upload_bytes(label, bytemuck::cast_slice(data), data.len())
+        self.upload_bytes(label, bytemuck::cast_slice(data), data.len(), Dtype::F32)
+    }
+
+    /// `data` rounded to the nearest half floats, packed two per word.
+    pub fn upload_f16(&self, label: &str, data: &[f32]) -> Result<GpuBuf> {
+        self.upload_bytes(label, bytemuck::cast_slice(&pack_f16(data)), data.len(), Dtype::F16)
     }
 
     pub fn upload_u32(&self, label: &str, data: &[u32]) -> Result<GpuBuf> {
-        self.upload_bytes(label, bytemuck::cast_slice(data), data.len())
+        self.upload_bytes(label, bytemuck::cast_slice(data), data.len(), Dtype::F32)
     }
 
     /// Overwrites the start of `buf` with `data`.
@@ -112,6 +144,7 @@ impl Gpu {
     /// Copies the first `len` words of `buf` back to the host. Never blocks on the web: the map
     /// callback completes a future; natively the device is polled until it has.
     pub async fn read_f32(&self, buf: &GpuBuf, len: usize) -> Result<Vec<f32>> {
+        need("readback", buf, len)?;
         let bytes = (len * 4) as u64;
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
@@ -148,6 +181,18 @@ impl Gpu {
     pub fn read_f32_blocking(&self, buf: &GpuBuf, len: usize) -> Result<Vec<f32>> {
         pollster::block_on(self.read_f32(buf, len))
     }
+}
+
+/// Half floats (round to nearest even) two per word, the first in the low 16 bits; an odd
+/// count is padded with a zero.
+pub fn pack_f16(data: &[f32]) -> Vec<u32> {
+    data.chunks(2)
+        .map(|p| {
+            let lo = half::f16::from_f32(p[0]).to_bits() as u32;
+            let hi = p.get(1).map_or(0, |&v| half::f16::from_f32(v).to_bits() as u32);
+            lo | (hi << 16)
+        })
+        .collect()
 }
 
 impl Gpu {

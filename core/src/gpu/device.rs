@@ -53,11 +53,20 @@ impl Gpu {
     /// substring) picks an adapter by name; otherwise a discrete GPU is preferred over an
     /// integrated one, a virtual one, then a CPU implementation such as lavapipe.
     pub async fn new() -> Result<Self> {
+        Self::with_limits(|_| {}).await
+    }
+
+    /// As `new`, with the device's limits lowered by `adjust` from the adapter's: how the
+    /// paths of smaller devices run anywhere (WebGPU's default 8 storage buffers per stage, a
+    /// storage binding smaller than a weight).
+    pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Self> {
         let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         let backends = desc.backends;
         let instance = wgpu::Instance::new(desc);
         let adapter = Self::choose_adapter(&instance, backends).await?;
-        Self::from_adapter(adapter).await
+        let mut limits = adapter.limits();
+        adjust(&mut limits);
+        Self::from_adapter(adapter, limits).await
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -94,9 +103,8 @@ impl Gpu {
             .map_err(|e| Error::NoAdapter(format!("this browser offers no WebGPU adapter ({e})")))
     }
 
-    async fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+    async fn from_adapter(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Self> {
         let info = adapter.get_info();
-        let limits = adapter.limits();
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("linearize"),

@@ -5,7 +5,7 @@ use super::ops::{self, GateFn, HeadNorm, OutputGate};
 use super::recurrence::{self, Dims, Gates, GpuState, RecurrenceGrads};
 use super::{retnet_log_gamma, MixerKind, MixerOptions, MixerParams, MixerShape, GLA_GATE_RANK};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuf, Recorder};
+use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
 use crate::nn;
 use crate::train;
 use std::collections::BTreeMap;
@@ -41,16 +41,39 @@ pub struct Rope<'a> {
     pub sin: &'a GpuBuf,
 }
 
+/// Whether a parameter is a projection matrix, read only by nn::linear (whose vec4 kernels
+/// take packed f16).
+fn is_projection(name: &str) -> bool {
+    ["_proj", "_w1", "_w2"].iter().any(|s| name.ends_with(s))
+}
+
 impl MixerLayer {
     pub fn upload(gpu: &Gpu, kind: MixerKind, opts: &MixerOptions, shape: MixerShape, params: &MixerParams) -> Result<Self> {
+        Self::upload_as(gpu, kind, opts, shape, params, Dtype::F32)
+    }
+
+    /// As `upload`, with the projection matrices held as `dtype` (packed f16 for inference);
+    /// gates, biases, norms and convolutions stay f32.
+    pub fn upload_as(gpu: &Gpu, kind: MixerKind, opts: &MixerOptions, shape: MixerShape, params: &MixerParams, dtype: Dtype) -> Result<Self> {
         let mut bufs = BTreeMap::new();
         for (name, t) in params {
-            bufs.insert(name.clone(), gpu.upload_f32(name, &t.data)?);
+            // Projections are read only by nn::linear, whose vec4 kernels take packed f16.
+            let projection = is_projection(name) && t.shape.len() == 2 && t.shape[1] % 4 == 0;
+            let buf = match dtype {
+                Dtype::F16 if projection => gpu.upload_f16(name, &t.data)?,
+                _ => gpu.upload_f32(name, &t.data)?,
+            };
+            bufs.insert(name.clone(), buf);
         }
         if kind == MixerKind::Retnet {
             bufs.insert("log_gamma".into(), gpu.upload_f32("log_gamma", &retnet_log_gamma(shape.heads))?);
         }
         Ok(MixerLayer { kind, opts: opts.clone(), shape, params: bufs })
+    }
+
+    /// Device memory of the projection matrices.
+    pub fn projection_bytes(&self) -> u64 {
+        self.params.iter().filter(|(n, _)| is_projection(n)).map(|(_, b)| b.bytes()).sum()
     }
 
     fn p(&self, name: &str) -> Result<&GpuBuf> {

@@ -6,18 +6,18 @@
 use super::config::LlamaConfig;
 use super::weights::{ModelWeights, StudentMixers};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuf};
+use crate::gpu::{Dtype, Gpu, GpuBuf};
 use crate::mixers::layer::{LayerTrace, MixerLayer, MixerState, Rope};
 use serde::Serialize;
-use crate::nn::{self, AttnShape};
+use crate::nn::{self, AttnShape, Weight};
 
 pub mod training;
 
 enum TokenMixer {
     Attention {
         /// q, k and v projections stacked: [q_dim + 2 kv_dim, hidden].
-        wqkv: GpuBuf,
-        wo: GpuBuf,
+        wqkv: Weight,
+        wo: Weight,
     },
     Mixer(MixerLayer),
 }
@@ -27,17 +27,17 @@ struct Block {
     mixer: TokenMixer,
     ffn_norm: GpuBuf,
     /// gate and up projections stacked: [2 ffn, hidden].
-    w_gate_up: GpuBuf,
-    w_down: GpuBuf,
+    w_gate_up: Weight,
+    w_down: Weight,
 }
 
 pub struct LanguageModel {
     pub config: LlamaConfig,
     blocks: Vec<Block>,
-    embed: GpuBuf,
+    embed: Weight,
     final_norm: GpuBuf,
     /// Untied head; None means the embedding is the head.
-    head: Option<GpuBuf>,
+    head: Option<Weight>,
     rope_cos: GpuBuf,
     rope_sin: GpuBuf,
     /// −sin: rotating by −θ undoes a rotation (RetNet's backward).
@@ -99,31 +99,40 @@ impl LanguageModel {
 
     /// A teacher, or a student when `mixers` replaces the token mixer of some blocks.
     pub fn upload_with_mixers(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>) -> Result<Self> {
+        Self::upload_as(gpu, w, mixers, Dtype::F32)
+    }
+
+    /// As `upload_with_mixers`, with the projection and embedding matrices held as `dtype`
+    /// (packed f16 halves their memory; norms, gates and the rest stay f32). Only f32 models
+    /// train.
+    pub fn upload_as(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>, dtype: Dtype) -> Result<Self> {
         let cfg = w.config.clone();
+        let (d, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let qkv_rows = cfg.q_dim() + 2 * cfg.kv_dim();
         let mut blocks = Vec::with_capacity(w.layers.len());
         for (i, l) in w.layers.iter().enumerate() {
             let label = |s: &str| format!("layer {i} {s}");
             let mixer = match mixers.and_then(|m| m.layers.get(&i).map(|p| (m, p))) {
-                Some((m, params)) => TokenMixer::Mixer(MixerLayer::upload(gpu, m.config.mixer, &m.config.options, m.config.shape, params)?),
+                Some((m, params)) => TokenMixer::Mixer(MixerLayer::upload_as(gpu, m.config.mixer, &m.config.options, m.config.shape, params, dtype)?),
                 None => TokenMixer::Attention {
-                    wqkv: gpu.upload_f32(&label("wqkv"), &concat(&[&l.q, &l.k, &l.v]))?,
-                    wo: gpu.upload_f32(&label("wo"), &l.o)?,
+                    wqkv: Weight::upload(gpu, &label("wqkv"), &concat(&[&l.q, &l.k, &l.v]), qkv_rows, d, dtype)?,
+                    wo: Weight::upload(gpu, &label("wo"), &l.o, d, cfg.q_dim(), dtype)?,
                 },
             };
             blocks.push(Block {
                 attn_norm: gpu.upload_f32(&label("attn_norm"), &l.attn_norm)?,
                 mixer,
                 ffn_norm: gpu.upload_f32(&label("ffn_norm"), &l.ffn_norm)?,
-                w_gate_up: gpu.upload_f32(&label("w_gate_up"), &concat(&[&l.gate, &l.up]))?,
-                w_down: gpu.upload_f32(&label("w_down"), &l.down)?,
+                w_gate_up: Weight::upload(gpu, &label("w_gate_up"), &concat(&[&l.gate, &l.up]), 2 * f, d, dtype)?,
+                w_down: Weight::upload(gpu, &label("w_down"), &l.down, d, f, dtype)?,
             });
         }
         let max_positions = cfg.max_position_embeddings.max(2048);
         let (cos, sin) = rope_tables(max_positions, cfg.head_dim(), cfg.rope_theta);
         Ok(LanguageModel {
-            embed: gpu.upload_f32("embed", &w.embed)?,
+            embed: Weight::upload(gpu, "embed", &w.embed, v, d, dtype)?,
             final_norm: gpu.upload_f32("final_norm", &w.final_norm)?,
-            head: w.lm_head.as_ref().map(|h| gpu.upload_f32("lm_head", h)).transpose()?,
+            head: w.lm_head.as_ref().map(|h| Weight::upload(gpu, "lm_head", h, v, d, dtype)).transpose()?,
             rope_cos: gpu.upload_f32("rope_cos", &cos)?,
             rope_sin: gpu.upload_f32("rope_sin", &sin)?,
             rope_sin_neg: gpu.upload_f32("rope_sin_neg", &sin.iter().map(|v| -v).collect::<Vec<f32>>())?,
@@ -131,6 +140,22 @@ impl LanguageModel {
             blocks,
             config: cfg,
         })
+    }
+
+    /// Device memory of the projection and embedding matrices (what f16 halves).
+    pub fn matrix_bytes(&self) -> u64 {
+        let blocks: u64 = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let mixer = match &b.mixer {
+                    TokenMixer::Attention { wqkv, wo } => wqkv.bytes() + wo.bytes(),
+                    TokenMixer::Mixer(m) => m.projection_bytes(),
+                };
+                mixer + b.w_gate_up.bytes() + b.w_down.bytes()
+            })
+            .sum();
+        blocks + self.embed.bytes() + self.head.as_ref().map_or(0, |h| h.bytes())
     }
 
     /// Whether every block is a linear-time mixer (memory per sequence does not grow).
@@ -181,16 +206,16 @@ impl LanguageModel {
     /// A softmax-attention block's mixer: xn → fused q/k/v, rotary (k and v into the cache),
     /// attention over the cache, then o_proj into `out` (added to it with `accumulate`).
     #[allow(clippy::too_many_arguments)]
-    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &GpuBuf, wo: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>) -> Result<()> {
+    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &Weight, wo: &Weight, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>) -> Result<()> {
         let gpu = rec.gpu();
-        let (d, qd, kvd) = (self.config.hidden_size, self.config.q_dim(), self.config.kv_dim());
+        let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
         let rows = shape.batch * shape.seq;
         let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
         let (q, att) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?);
-        nn::linear(rec, xn, wqkv, &qkv, rows, qd + 2 * kvd, d, false)?;
+        nn::project(rec, xn, wqkv, &qkv, rows, false)?;
         nn::rope_qkv_to_cache(rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, k_cache, v_cache)?;
         nn::attention(rec, shape, &q, k_cache, v_cache, &att)?;
-        nn::linear(rec, &att, wo, out, rows, d, qd, accumulate)?;
+        nn::project(rec, &att, wo, out, rows, accumulate)?;
         temps.extend([qkv, q, att]);
         Ok(())
     }
@@ -241,7 +266,7 @@ impl LanguageModel {
         let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
 
         let mut rec = gpu.recorder();
-        nn::gather_rows(&mut rec, &ids_buf, &self.embed, &x, rows, d, cfg.vocab_size)?;
+        nn::embed(&mut rec, &ids_buf, &self.embed, &x, rows)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
             match (&block.mixer, layer_cache) {
@@ -259,16 +284,16 @@ impl LanguageModel {
                 _ => return Err(Error::argument("cache", "the cache was made for another model")),
             }
             nn::rmsnorm(&mut rec, &x, &block.ffn_norm, &xn, rows, d, eps)?;
-            nn::linear(&mut rec, &xn, &block.w_gate_up, &gate_up, rows, 2 * f, d, false)?;
+            nn::project(&mut rec, &xn, &block.w_gate_up, &gate_up, rows, false)?;
             nn::swiglu(&mut rec, &gate_up, &act, rows, f)?;
-            nn::linear(&mut rec, &act, &block.w_down, &x, rows, d, f, true)?;
+            nn::project(&mut rec, &act, &block.w_down, &x, rows, true)?;
         }
         nn::rmsnorm(&mut rec, &x, &self.final_norm, &xn, rows, d, eps)?;
         let head = self.head.as_ref().unwrap_or(&self.embed);
         let out = match logits {
             Logits::All => {
                 let out = gpu.scratch(rows * cfg.vocab_size)?;
-                nn::linear(&mut rec, &xn, head, &out, rows, cfg.vocab_size, d, false)?;
+                nn::project(&mut rec, &xn, head, &out, rows, false)?;
                 out
             }
             Logits::Last => {
@@ -277,7 +302,7 @@ impl LanguageModel {
                 let h = gpu.scratch(batch * d)?;
                 nn::gather_rows(&mut rec, &last_buf, &xn, &h, batch, d, rows)?;
                 let out = gpu.scratch(batch * cfg.vocab_size)?;
-                nn::linear(&mut rec, &h, head, &out, batch, cfg.vocab_size, d, false)?;
+                nn::project(&mut rec, &h, head, &out, batch, false)?;
                 temps.push(h);
                 out
             }
@@ -443,7 +468,8 @@ impl Diagnostics {
                 }
                 if let Some((buffer, dims)) = state {
                     // A second handle on the layer's state (not the pool's: never released).
-                    let s = gpu.read_f32(&GpuBuf { buffer, len: batch * dims.heads * dims.dk * dims.dv }, batch * dims.heads * dims.dk * dims.dv).await?;
+                    let words = batch * dims.heads * dims.dk * dims.dv;
+                    let s = gpu.read_f32(&GpuBuf::words(buffer, words), words).await?;
                     entry.effective_rank.push(s.chunks(dims.dk * dims.dv).map(|m| effective_rank(m, dims.dk, dims.dv) as f32).collect());
                 }
             }

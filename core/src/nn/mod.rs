@@ -1,7 +1,10 @@
 //! Launchers for the WGSL kernels under shaders/nn/: one function per op, each the host side of
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
-use crate::gpu::{need, GpuBuf, Kernel, Recorder};
+use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Recorder};
+
+mod weight;
+pub use weight::{embed, project, Weight};
 
 
 /// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
@@ -33,37 +36,49 @@ pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, 
 
 #[allow(clippy::too_many_arguments)]
 pub fn linear_with(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+    linear_block(rec, kernel, x, w, y, (m, n, k), (n, 0), accumulate)
+}
+
+/// `linear` into columns y0 .. y0 + n of a y with rows of `ldy` values: one part of a weight
+/// split by rows (weight.rs). `w` may hold f32 or packed f16 values.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, (m, n, k): (usize, usize, usize), (ldy, y0): (usize, usize), accumulate: bool) -> Result<()> {
     need("linear x", x, m * k)?;
-    need("linear w", w, n * k)?;
-    need("linear y", y, m * n)?;
+    need_values("linear w", w, n * k)?;
+    need("linear y", y, (m.max(1) - 1) * ldy + y0 + n)?;
+    let f16 = w.dtype == Dtype::F16;
     let kernel = match kernel {
-        LinearKernel::Auto if m <= 8 && k % 4 == 0 && !rec.gpu().adapter.is_cpu() => LinearKernel::MatvecCoalesced,
+        // Packed f16 weights are read four at a time: only the vec4 kernels take them.
+        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0 && !rec.gpu().adapter.is_cpu()) => LinearKernel::MatvecCoalesced,
         LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
-        LinearKernel::Auto if k % 4 == 0 => LinearKernel::TiledVec4,
+        LinearKernel::Auto if k % 4 == 0 || f16 => LinearKernel::TiledVec4,
         LinearKernel::Auto => LinearKernel::Tiled,
         chosen => chosen,
     };
     if (kernel == LinearKernel::Matvec || kernel == LinearKernel::MatvecCoalesced) && m > 8 {
         return Err(Error::argument("linear", format!("{kernel:?} takes at most 8 rows, got {m}")));
     }
-    if (kernel == LinearKernel::MatvecCoalesced || kernel == LinearKernel::TiledVec4) && k % 4 != 0 {
-        return Err(Error::argument("linear", format!("{kernel:?} needs k divisible by 4, got {k}")));
+    if (kernel == LinearKernel::MatvecCoalesced || kernel == LinearKernel::TiledVec4 || f16) && k % 4 != 0 {
+        return Err(Error::argument("linear", format!("{kernel:?} with {} weights needs k divisible by 4, got {k}", if f16 { "f16" } else { "f32" })));
+    }
+    if f16 && !matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::TiledVec4) {
+        return Err(Error::argument("linear", format!("{kernel:?} reads f32 weights; packed f16 weights take MatvecCoalesced or TiledVec4")));
     }
     // The strides are matmul_strided's; the other kernels read rows contiguously.
-    let params = [m as u32, n as u32, k as u32, accumulate as u32, 0, 0, 0, 0];
-    let buffers = [x, w, y];
+    let params = [m as u32, n as u32, k as u32, accumulate as u32, 0, 0, 0, 0, ldy as u32, y0 as u32];
     let (shader, entry, groups) = match kernel {
         // One thread per column: x spans 32768 columns (512 workgroups of 64) per row of the grid.
         LinearKernel::Matvec => ("nn/matmul", "matvec", [n.min(32768).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1]),
         // Four columns per workgroup, 8192 workgroups per row of the grid.
         LinearKernel::MatvecCoalesced => {
             let wgs = n.div_ceil(4);
-            ("nn/matmul_vec4", "matvec_coalesced", [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
+            ("nn/matmul_vec4", if f16 { "matvec_coalesced_f16" } else { "matvec_coalesced" }, [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
         }
-        LinearKernel::TiledVec4 => ("nn/matmul_vec4", "matmul_128", [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
+        LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
         LinearKernel::Tiled | LinearKernel::Auto => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
-    rec.dispatch(&Kernel::new(shader, entry), &params, &buffers, groups)
+    let w_binding = if f16 { 4 } else { 2 };
+    rec.dispatch_bindings(&Kernel::new(shader, entry), &params, &[(1, x), (w_binding, w), (3, y)], groups)
 }
 
 /// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w.
@@ -80,7 +95,7 @@ pub fn gather_rows(rec: &mut Recorder, ids: &GpuBuf, table: &GpuBuf, out: &GpuBu
     need("gather ids", ids, rows)?;
     need("gather table", table, table_rows * cols)?;
     need("gather out", out, rows * cols)?;
-    let params = [rows as u32, cols as u32, table_rows as u32];
+    let params = [rows as u32, cols as u32, table_rows as u32, 0];
     let groups = [cols.div_ceil(64) as u32, rows as u32, 1];
     rec.dispatch(&Kernel::new("nn/embedding", "gather_rows"), &params, &[&ids, &table, &out], groups)
 }
@@ -254,7 +269,7 @@ pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, c
 /// y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for out shape (rows, cols, reduce).
 fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
     let [sam, sak, sbn, sbk] = strides.map(|v| v as u32);
-    let params = [rows as u32, cols as u32, red as u32, accumulate as u32, sam, sak, sbn, sbk];
+    let params = [rows as u32, cols as u32, red as u32, accumulate as u32, sam, sak, sbn, sbk, cols as u32, 0];
     let groups = [cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1];
     rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
 }
@@ -304,7 +319,7 @@ pub fn gather_rows_backward(rec: &mut Recorder, ids: &[u32], d_out: &GpuBuf, tab
     starts.push(order.len() as u32);
     let gpu = rec.gpu();
     let (ob, sb, ub) = (gpu.upload_u32("order", &order)?, gpu.upload_u32("starts", &starts)?, gpu.upload_u32("uniq", &uniq)?);
-    let params = [uniq.len() as u32, cols as u32, table_rows as u32];
+    let params = [uniq.len() as u32, cols as u32, table_rows as u32, 0];
     let groups = [cols.div_ceil(64) as u32, uniq.len().div_ceil(65535) as u32, uniq.len().min(65535) as u32];
     rec.dispatch_bindings(&Kernel::new("nn/embedding", "gather_rows_backward"), &params, &[(4, &ob), (5, &sb), (6, &ub), (7, d_out), (8, table_grad)], groups)
 }

@@ -302,7 +302,7 @@ impl<'g> Distiller<'g> {
         let resuming = self.state.stage == stage && self.state.step > 0;
         let from = if resuming { self.state.step } else { 0 };
         let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
-        for p in self.student.parameters(scope) {
+        for p in self.student.parameters(scope)? {
             let z = || gpu.upload_f32(&p.name, &vec![0.0; p.buf.len]);
             slots.insert(p.name.clone(), Slot { grad: z()?, m: z()?, v: z()?, len: p.buf.len, decay: p.decay });
         }
@@ -330,7 +330,7 @@ impl<'g> Distiller<'g> {
             let scale = if norm > self.config.clip { (self.config.clip / norm) as f32 } else { 1.0 };
             let mut rec = gpu.recorder();
             let h = AdamW { lr: lr as f32, ..hyper };
-            for p in self.student.parameters(scope) {
+            for p in self.student.parameters(scope)? {
                 let s = &slots[&p.name];
                 adamw_step(&mut rec, &h, (step + 1) as u32, s.decay, scale, p.buf, &s.grad, &s.m, &s.v, s.len)?;
             }
@@ -386,7 +386,7 @@ impl<'g> Distiller<'g> {
         let inputs: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
         let targets: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
         let ids = gpu.upload_u32("ids", &inputs)?;
-        let grads: Grads = slots.iter().map(|(n, s)| (n.clone(), GpuBuf { buffer: s.grad.buffer.clone(), len: s.len })).collect();
+        let grads: Grads = slots.iter().map(|(n, s)| (n.clone(), GpuBuf::words(s.grad.buffer.clone(), s.len))).collect();
         let mut temps = Vec::new();
         let mut rec = gpu.recorder();
         for s in slots.values() {
@@ -529,7 +529,7 @@ impl<'g> Distiller<'g> {
         self.state.metrics_lines = self.metrics_lines;
         let dir = self.out.join(CHECKPOINT_DIR);
         let mut tensors: Vec<(String, Vec<f32>)> = Vec::new();
-        for p in self.student.parameters(Scope::All) {
+        for p in self.student.parameters(Scope::All)? {
             tensors.push((format!("param.{}", p.name), gpu.read_f32_blocking(p.buf, p.buf.len)?));
         }
         for (name, s) in slots {
@@ -560,7 +560,7 @@ impl<'g> Distiller<'g> {
     fn load_checkpoint(&mut self) -> Result<()> {
         let (path, bytes) = self.read_checkpoint()?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
-        for p in self.student.parameters(Scope::All) {
+        for p in self.student.parameters(Scope::All)? {
             let view = st.tensor(&format!("param.{}", p.name)).map_err(|_| Error::format(&path, format!("missing parameter '{}'", p.name)))?;
             let data: &[f32] = bytemuck::cast_slice(view.data());
             if data.len() != p.buf.len {
@@ -586,7 +586,7 @@ impl<'g> Distiller<'g> {
     /// Reads the trained parameters back and saves the student (sharded) into the output dir.
     fn save_student(&mut self) -> Result<()> {
         let gpu = self.gpu;
-        for p in self.student.parameters(Scope::All) {
+        for p in self.student.parameters(Scope::All)? {
             let data = gpu.read_f32_blocking(p.buf, p.buf.len)?;
             let parts: Vec<&str> = p.name.split('.').collect();
             match parts.as_slice() {

@@ -99,8 +99,9 @@ impl LanguageModel {
         (Rope { cos: &self.rope_cos, sin: &self.rope_sin }, Rope { cos: &self.rope_cos, sin: &self.rope_sin_neg })
     }
 
-    /// The trainable parameters of `scope`, by name.
-    pub fn parameters(&self, scope: Scope) -> Vec<Param<'_>> {
+    /// The trainable parameters of `scope`, by name (an error for a model uploaded for
+    /// inference only: packed f16 or split weights).
+    pub fn parameters(&self, scope: Scope) -> Result<Vec<Param<'_>>> {
         let mut out = Vec::new();
         let mut put = |name: String, buf| {
             let decay = decays(&name);
@@ -115,18 +116,18 @@ impl LanguageModel {
             if scope == Scope::All {
                 put(format!("layers.{i}.attn_norm"), &b.attn_norm);
                 put(format!("layers.{i}.ffn_norm"), &b.ffn_norm);
-                put(format!("layers.{i}.w_gate_up"), &b.w_gate_up);
-                put(format!("layers.{i}.w_down"), &b.w_down);
+                put(format!("layers.{i}.w_gate_up"), b.w_gate_up.whole()?);
+                put(format!("layers.{i}.w_down"), b.w_down.whole()?);
             }
         }
         if scope == Scope::All {
-            put("embed".into(), &self.embed);
+            put("embed".into(), self.embed.whole()?);
             put("final_norm".into(), &self.final_norm);
             if let Some(h) = &self.head {
-                put("head".into(), h);
+                put("head".into(), h.whole()?);
             }
         }
-        out
+        Ok(out)
     }
 
     /// Block `i` on x [batch·seq, hidden] from a fresh state, keeping what `block_backward`
@@ -159,9 +160,9 @@ impl LanguageModel {
         ops::gate(rec, GateFn::Add, x, &mixer_out, x, x, &x_mid, rows, d, 1)?;
         let (xn2, gate_up, act, mlp_out, x_out) = (gpu.scratch(rows * d)?, gpu.scratch(rows * 2 * f)?, gpu.scratch(rows * f)?, gpu.scratch(rows * d)?, gpu.scratch(rows * d)?);
         nn::rmsnorm(rec, &x_mid, &block.ffn_norm, &xn2, rows, d, eps)?;
-        nn::linear(rec, &xn2, &block.w_gate_up, &gate_up, rows, 2 * f, d, false)?;
+        nn::project(rec, &xn2, &block.w_gate_up, &gate_up, rows, false)?;
         nn::swiglu(rec, &gate_up, &act, rows, f)?;
-        nn::linear(rec, &act, &block.w_down, &mlp_out, rows, d, f, false)?;
+        nn::project(rec, &act, &block.w_down, &mlp_out, rows, false)?;
         ops::gate(rec, GateFn::Add, &x_mid, &mlp_out, &x_mid, &x_mid, &x_out, rows, d, 1)?;
         temps.push(mlp_out);
         Ok(BlockActs { xn1, mixer_out, mixer, x_mid, xn2, gate_up, act, x_out })
@@ -196,10 +197,10 @@ impl LanguageModel {
 
         // MLP: x_out = x_mid + down(swiglu(gate_up(ffn_norm(x_mid)))).
         let (d_act, d_gate_up, d_xn2) = (tmp(rows * f)?, tmp(rows * 2 * f)?, tmp(rows * d)?);
-        nn::linear_backward_input(rec, d_out, w_down, &d_act, rows, d, f, false)?;
+        nn::linear_backward_input(rec, d_out, w_down.whole()?, &d_act, rows, d, f, false)?;
         weight_grad(rec, format!("layers.{i}.w_down"), d_out, &a.act, rows, d, f)?;
         nn::swiglu_backward(rec, &a.gate_up, &d_act, &d_gate_up, rows, f)?;
-        nn::linear_backward_input(rec, &d_gate_up, w_gate_up, &d_xn2, rows, 2 * f, d, false)?;
+        nn::linear_backward_input(rec, &d_gate_up, w_gate_up.whole()?, &d_xn2, rows, 2 * f, d, false)?;
         weight_grad(rec, format!("layers.{i}.w_gate_up"), &d_gate_up, &a.xn2, rows, 2 * f, d)?;
         let d_mid_norm = norm_back(rec, format!("layers.{i}.ffn_norm"), &a.x_mid, ffn_norm, &d_xn2, temps)?;
         let d_mid = tmp(rows * d)?;
@@ -231,7 +232,7 @@ impl LanguageModel {
         let rows = batch * seq;
         let d = cfg.hidden_size;
         let x0 = gpu.scratch(rows * d)?;
-        nn::gather_rows(rec, ids, &self.embed, &x0, rows, d, cfg.vocab_size)?;
+        nn::embed(rec, ids, &self.embed, &x0, rows)?;
         let mut blocks: Vec<BlockActs> = Vec::with_capacity(self.blocks.len());
         for i in 0..self.blocks.len() {
             let x = blocks.last().map(|b| &b.x_out).unwrap_or(&x0);
@@ -243,7 +244,7 @@ impl LanguageModel {
         nn::rmsnorm(rec, x_last, &self.final_norm, &xnf, rows, d, cfg.rms_norm_eps as f32)?;
         let logits = if with_logits {
             let logits = gpu.scratch(rows * cfg.vocab_size)?;
-            nn::linear(rec, &xnf, self.head.as_ref().unwrap_or(&self.embed), &logits, rows, cfg.vocab_size, d, false)?;
+            nn::project(rec, &xnf, self.head.as_ref().unwrap_or(&self.embed), &logits, rows, false)?;
             Some(logits)
         } else {
             None
@@ -259,7 +260,7 @@ impl LanguageModel {
         let rows = batch * seq;
         let (d, vocab) = (cfg.hidden_size, cfg.vocab_size);
         // Head (tied: the embedding's gradient collects both uses).
-        let head = self.head.as_ref().unwrap_or(&self.embed);
+        let head = self.head.as_ref().unwrap_or(&self.embed).whole()?;
         let head_name = if self.head.is_some() { "head" } else { "embed" };
         let d_xnf = gpu.scratch(rows * d)?;
         nn::linear_backward_input(rec, d_logits, head, &d_xnf, rows, vocab, d, false)?;

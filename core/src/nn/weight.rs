@@ -1,0 +1,107 @@
+//! A model's weight matrices on the GPU, as the inference path holds them: f32 or packed f16
+//! pairs (half the memory, read with WGSL's `unpack2x16float`), split by rows into parts that
+//! each fit one storage binding — a vocabulary-sized embedding can exceed the 128 MiB that
+//! WebGPU and lavapipe bind by default. The two ops that read such a matrix sit beside it:
+//! `project` (y = x·Wᵀ, each part filling its block of columns) and `embed` (row lookup, each
+//! part serving the ids in its rows).
+use super::{linear_block, LinearKernel};
+use crate::error::{Error, Result};
+use crate::gpu::{Dtype, Gpu, GpuBuf, Kernel, Recorder};
+
+/// A row-major [rows, cols] matrix in parts of whole rows.
+#[derive(Debug)]
+pub struct Weight {
+    pub rows: usize,
+    pub cols: usize,
+    pub dtype: Dtype,
+    /// (first row, buffer of the rows from there), in row order.
+    parts: Vec<(usize, GpuBuf)>,
+}
+
+impl Weight {
+    /// Uploads `data` ([rows, cols]) as `dtype`, split so that no part exceeds what one binding
+    /// (and one buffer) of this device holds. f16 needs cols divisible by 4 (the kernels read
+    /// four halves at a time); other shapes stay f32.
+    pub fn upload(gpu: &Gpu, label: &str, data: &[f32], rows: usize, cols: usize, dtype: Dtype) -> Result<Self> {
+        if data.len() != rows * cols {
+            return Err(Error::Gpu(format!("{label}: {} values for a [{rows}, {cols}] matrix", data.len())));
+        }
+        let dtype = if cols % 4 == 0 { dtype } else { Dtype::F32 };
+        let row_bytes = match dtype {
+            Dtype::F32 => cols * 4,
+            Dtype::F16 => cols * 2,
+        } as u64;
+        let limit = (gpu.limits.max_storage_buffer_binding_size as u64).min(gpu.limits.max_buffer_size);
+        let per_part = (limit / row_bytes.max(1)) as usize;
+        if per_part == 0 {
+            return Err(Error::Gpu(format!("{label}: one row of {cols} values exceeds this device's binding limit of {limit} bytes")));
+        }
+        let mut parts = Vec::new();
+        for row0 in (0..rows.max(1)).step_by(per_part) {
+            let slice = &data[row0 * cols..((row0 + per_part).min(rows)) * cols];
+            let name = if rows > per_part { format!("{label} rows {row0}..") } else { label.to_string() };
+            let buf = match dtype {
+                Dtype::F32 => gpu.upload_f32(&name, slice)?,
+                Dtype::F16 => gpu.upload_f16(&name, slice)?,
+            };
+            parts.push((row0, buf));
+        }
+        Ok(Weight { rows, cols, dtype, parts })
+    }
+
+    /// The matrix as one f32 buffer, for the training passes (gradients and AdamW work on
+    /// whole f32 tensors).
+    pub fn whole(&self) -> Result<&GpuBuf> {
+        match self.parts.as_slice() {
+            [(_, buf)] if self.dtype == Dtype::F32 => Ok(buf),
+            _ => Err(Error::Gpu(format!(
+                "training needs each weight as one f32 buffer; this [{}, {}] weight is {} in {} part(s)",
+                self.rows,
+                self.cols,
+                if self.dtype == Dtype::F16 { "packed f16" } else { "f32" },
+                self.parts.len()
+            ))),
+        }
+    }
+
+    /// How many buffers hold the matrix.
+    pub fn parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Device memory the matrix takes.
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|(_, b)| b.bytes()).sum()
+    }
+
+    fn rows_of(&self, i: usize) -> usize {
+        self.parts.get(i + 1).map_or(self.rows, |p| p.0) - self.parts[i].0
+    }
+}
+
+/// y[m, rows] (+)= x[m, cols] · Wᵀ.
+pub fn project(rec: &mut Recorder, x: &GpuBuf, w: &Weight, y: &GpuBuf, m: usize, accumulate: bool) -> Result<()> {
+    for (i, (row0, part)) in w.parts.iter().enumerate() {
+        linear_block(rec, LinearKernel::Auto, x, part, y, (m, w.rows_of(i), w.cols), (w.rows, *row0), accumulate)?;
+    }
+    Ok(())
+}
+
+/// out[r, :] = W[ids[r], :] for `rows` ids (checked against W's rows by the caller).
+pub fn embed(rec: &mut Recorder, ids: &GpuBuf, w: &Weight, out: &GpuBuf, rows: usize) -> Result<()> {
+    crate::gpu::need("embed ids", ids, rows)?;
+    crate::gpu::need("embed out", out, rows * w.cols)?;
+    if w.dtype == Dtype::F16 && w.cols % 2 != 0 {
+        return Err(Error::argument("embed", format!("packed f16 rows need an even width, got {}", w.cols)));
+    }
+    let (entry, binding) = match w.dtype {
+        Dtype::F32 => ("gather_rows", 2),
+        Dtype::F16 => ("gather_rows_f16", 9),
+    };
+    for (i, (row0, part)) in w.parts.iter().enumerate() {
+        let params = [rows as u32, w.cols as u32, w.rows_of(i) as u32, *row0 as u32];
+        let groups = [w.cols.div_ceil(64) as u32, rows as u32, 1];
+        rec.dispatch_bindings(&Kernel::new("nn/embedding", entry), &params, &[(1, ids), (binding, part), (3, out)], groups)?;
+    }
+    Ok(())
+}
