@@ -60,6 +60,11 @@ fn generate_streams_the_known_continuation_and_reports_json() {
     let o = run(&["generate", "--max-new-tokens", "2"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "The capital of France is Paris.\n");
+    // Packed f16 weights: the same greedy continuation at half the memory.
+    let o = run(&["generate", "--max-new-tokens", "6", "--weights", "f16", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["ids"], serde_json::json!([7042, 30, 198, 198, 504, 2988]));
 }
 
 #[test]
@@ -68,6 +73,7 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["generate", "--prompt", ""], &[], "--prompt is empty"),
         (&["generate", "--temperature=-1"], &[], "--temperature"),
         (&["generate", "--top-p", "0"], &[], "--top-p"),
+        (&["generate", "--weights", "f64"], &[], "possible values: f32, f16"),
         (&["generate"], &[("WGPU_ADAPTER_NAME", "no-such-gpu")], "no GPU adapter found"),
         (&["info", "--model", "/nonexistent/model.gguf"], &[], "/nonexistent/model.gguf"),
         (&["generate", "--model", "smollm2-135m"], &[("LINEARIZE_HOME", "/nonexistent-home")], "linearize fetch teacher"),

@@ -18,8 +18,7 @@ fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
-pub fn bench_teacher(model: &Model, gpu: &Gpu, shapes: &[(usize, usize)], decode: &[usize], decode_tokens: usize, iters: usize) -> Result<Vec<Value>> {
-    let teacher = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
+pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: &[(usize, usize)], decode: &[usize], decode_tokens: usize, iters: usize) -> Result<Vec<Value>> {
     let vocab = model.weights.config.vocab_size;
     let mut rng = Rng::new(0);
     let mut out = Vec::new();

@@ -12,7 +12,7 @@ mod serve;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use linearize_core::generate::Sampling;
-use linearize_core::gpu::Gpu;
+use linearize_core::gpu::{Dtype, Gpu};
 use linearize_core::model::weights::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{hf, LanguageModel, Model};
 use serde_json::json;
@@ -62,6 +62,8 @@ enum Command {
         /// decay, β‖k‖²) to this JSON file
         #[arg(long)]
         diagnostics: Option<PathBuf>,
+        #[arg(long, value_enum, default_value_t = Weights::F32)]
+        weights: Weights,
         #[arg(long)]
         json: bool,
     },
@@ -125,6 +127,9 @@ enum Command {
         decode_tokens: usize,
         #[arg(long, default_value_t = 5)]
         iters: usize,
+        /// The teacher's weight matrices as f32 or packed f16 (half the memory)
+        #[arg(long, value_enum, default_value_t = Weights::F32)]
+        weights: Weights,
         #[arg(long)]
         json: bool,
     },
@@ -142,9 +147,9 @@ fn main() {
     let result = match cli.command {
         Command::Fetch { what, json } => cmd_fetch(&what, json),
         Command::Info { model, json } => cmd_info(&model, json),
-        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, diagnostics, json } => {
+        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, diagnostics, weights, json } => {
             let sampling = Sampling { max_new_tokens, temperature, top_p, seed, stop_ids: Vec::new() };
-            cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), json)
+            cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), weights, json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
         Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, seed } => {
@@ -157,8 +162,8 @@ fn main() {
         Command::Compare(args) => compare::run(&args, load),
         Command::Serve(args) => serve::run(&args),
         Command::Saturation(args) => saturation::run(&args, load),
-        Command::Bench { what, model, prefill, decode, decode_tokens, iters, json } => {
-            cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, json)
+        Command::Bench { what, model, prefill, decode, decode_tokens, iters, weights, json } => {
+            cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, weights, json)
         }
     };
     if let Err(e) = result {
@@ -196,6 +201,23 @@ fn cmd_fetch(what: &str, json: bool) -> Result<()> {
 
 fn load(spec: &str) -> Result<Model> {
     Ok(Model::load(spec)?)
+}
+
+/// How the inference commands hold a model's projection and embedding matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Weights {
+    F32,
+    /// Packed f16 pairs: half the memory, logits within a few hundredths of f32's
+    F16,
+}
+
+/// `model` on the GPU with its matrices held as `weights`.
+pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
+    let dtype = match weights {
+        Weights::F32 => Dtype::F32,
+        Weights::F16 => Dtype::F16,
+    };
+    Ok(LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), dtype)?)
 }
 
 fn cmd_info(spec: &str, json: bool) -> Result<()> {
@@ -265,7 +287,7 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Option<&std::path::Path>, json: bool) -> Result<()> {
+fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Option<&std::path::Path>, weights: Weights, json: bool) -> Result<()> {
     if prompt.is_empty() {
         bail!("--prompt is empty: give some text to continue");
     }
@@ -278,7 +300,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     sampling.stop_ids = model.weights.config.eos_ids();
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
-    let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
+    let lm = upload(&gpu, &model, weights)?;
     let start = Instant::now();
     let mut shown = String::new();
     let mut ids_so_far = Vec::new();
@@ -346,7 +368,7 @@ pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<
         .collect()
 }
 
-fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens: usize, iters: usize, json: bool) -> Result<()> {
+fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens: usize, iters: usize, weights: Weights, json: bool) -> Result<()> {
     if !["teacher", "ops", "mixers"].contains(&what) {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
     }
@@ -379,9 +401,10 @@ fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens:
     let model = load(spec)?;
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
-    let results = bench::bench_teacher(&model, &gpu, &shapes, &decode, decode_tokens, iters)?;
+    let lm = upload(&gpu, &model, weights)?;
+    let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
+        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": format!("{weights:?}").to_lowercase(), "results": results}))?);
     } else {
         for r in &results {
             println!("{r}");

@@ -16,6 +16,9 @@ pub struct NiahArgs {
     pub model: String,
     #[command(flatten)]
     pub grid: GridArgs,
+    /// The weight matrices as f32 or packed f16 (half the memory)
+    #[arg(long, value_enum, default_value_t = crate::Weights::F32)]
+    pub weights: crate::Weights,
     #[arg(long)]
     pub json: bool,
 }
@@ -128,7 +131,7 @@ pub fn run(a: &NiahArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     let plan = Grid::plan(&a.grid)?;
     let model = load(&a.model)?;
     let gpu = Gpu::new_blocking()?;
-    let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
+    let lm = crate::upload(&gpu, &model, a.weights)?;
     let bar = progress(a.json, "niah");
     let grid = plan.run(&gpu, &model, &lm, &bar)?;
     bar.finish_and_clear();

@@ -1,0 +1,119 @@
+//! Models held as packed f16 or split weights (nn::Weight): the f16 model computes exactly the
+//! f64 model of its rounded weights, the real teacher keeps its answers at half the memory, and
+//! an embedding split over many bindings gives the logits of a whole one.
+use linearize_core::gpu::{Dtype, Gpu};
+use linearize_core::mixers::{MixerKind, MixerOptions};
+use linearize_core::model::lm::training::Scope;
+use linearize_core::model::student::from_teacher;
+use linearize_core::model::weights::{ModelWeights, StudentMixers};
+use linearize_core::model::{LanguageModel, Logits};
+use linearize_core::reference::teacher as reference;
+use linearize_tests::{assert_close, gpu, max_abs_diff, teacher};
+
+fn halves(v: &mut [f32]) {
+    v.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+}
+
+/// The weights an f16 upload holds: projection and embedding matrices rounded to halves;
+/// norms, gates, biases and convolutions as they were.
+fn rounded(w: &ModelWeights, m: Option<&StudentMixers>) -> (ModelWeights, Option<StudentMixers>) {
+    let mut w = w.clone();
+    halves(&mut w.embed);
+    if let Some(h) = &mut w.lm_head {
+        halves(h);
+    }
+    for l in &mut w.layers {
+        for t in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
+            halves(t);
+        }
+    }
+    let m = m.cloned().map(|mut m| {
+        for params in m.layers.values_mut() {
+            for (name, t) in params.iter_mut() {
+                if ["_proj", "_w1", "_w2"].iter().any(|s| name.ends_with(s)) && t.shape[1] % 4 == 0 {
+                    halves(&mut t.data);
+                }
+            }
+        }
+        m
+    });
+    (w, m)
+}
+
+/// Logits at every position of `ids`: prefill of all but the last two, then decode.
+fn logits(gpu: &Gpu, lm: &LanguageModel, ids: &[u32]) -> Vec<f32> {
+    let vocab = lm.config.vocab_size;
+    let split = ids.len() - 2;
+    let mut cache = lm.new_cache(gpu, 1, ids.len()).unwrap();
+    let l = lm.forward(gpu, &mut cache, &ids[..split], Logits::All).unwrap();
+    let mut out = gpu.read_f32_blocking(&l, split * vocab).unwrap();
+    for &id in &ids[split..] {
+        let l = lm.forward(gpu, &mut cache, &[id], Logits::Last).unwrap();
+        out.extend(gpu.read_f32_blocking(&l, vocab).unwrap());
+    }
+    out
+}
+
+#[test]
+fn f16_models_compute_the_f64_model_of_their_halves() {
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(3);
+    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
+    // The teacher (attention blocks) and a hybrid gated DeltaNet student (mixers in 0 and 2).
+    let (sw, sm) = from_teacher(&small, MixerKind::GatedDeltanet, Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
+        let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
+        let f16_lm = LanguageModel::upload_as(gpu(), w, m, Dtype::F16).unwrap();
+        let ratio = f16_lm.matrix_bytes() as f64 / f32_lm.matrix_bytes() as f64;
+        assert!((ratio - 0.5).abs() < 0.01, "{what}: f16 matrices take {ratio:.3} of f32's");
+        let (rw, rm) = rounded(w, m);
+        let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
+        let got = logits(gpu(), &f16_lm, &ids);
+        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        assert_close(&format!("{what} in f16"), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+        // Training takes whole f32 tensors: an f16 model says so instead of training halves.
+        let err = f16_lm.parameters(Scope::All).err().expect("f16 weights are not trainable").to_string();
+        assert!(err.contains("packed f16"), "{err}");
+    }
+}
+
+#[test]
+fn the_teacher_in_f16_keeps_its_answers_at_half_the_memory() {
+    let t = teacher();
+    let ids = t.tokenizer.encode("The capital of France is").unwrap();
+    let f32_lm = LanguageModel::upload(gpu(), &t.weights).unwrap();
+    let f16_lm = LanguageModel::upload_as(gpu(), &t.weights, None, Dtype::F16).unwrap();
+    let (a, b) = (logits(gpu(), &f32_lm, &ids), logits(gpu(), &f16_lm, &ids));
+    let vocab = t.weights.config.vocab_size;
+    let argmax = |v: &[f32]| v.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    for (pos, (ra, rb)) in a.chunks(vocab).zip(b.chunks(vocab)).enumerate() {
+        assert_eq!(argmax(ra), argmax(rb), "greedy token at position {pos}");
+    }
+    let diff = max_abs_diff(&b, &a.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    eprintln!("teacher f16 vs f32: max |Δ logit| {diff:.4}; matrices {} → {} MiB", f32_lm.matrix_bytes() >> 20, f16_lm.matrix_bytes() >> 20);
+    assert!(diff < 0.1, "f16 moves a logit by {diff}");
+    let paris = t.tokenizer.decode(&[argmax(&b[b.len() - vocab..]) as u32]).unwrap();
+    assert_eq!(paris, " Paris");
+}
+
+#[test]
+fn an_embedding_split_over_bindings_gives_the_whole_ones_logits() {
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(2);
+    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
+    // 16 MiB bindings: the 108 MiB embedding (the tied head) goes into 7 parts, 4 as f16.
+    let limited = pollster::block_on(Gpu::with_limits(|l| l.max_storage_buffer_binding_size = 16 << 20)).unwrap();
+    for dtype in [Dtype::F32, Dtype::F16] {
+        let whole = LanguageModel::upload_as(gpu(), &small, None, dtype).unwrap();
+        let split = LanguageModel::upload_as(&limited, &small, None, dtype).unwrap();
+        let (a, b) = (logits(gpu(), &whole, &ids), logits(&limited, &split, &ids));
+        let diff = max_abs_diff(&b, &a.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        assert!(diff == 0.0, "{dtype:?}: split and whole logits differ by {diff}");
+    }
+    // Training refuses the split tensors by name rather than training a part.
+    let split = LanguageModel::upload(&limited, &small).unwrap();
+    let err = split.parameters(Scope::All).err().expect("split weights are not trainable").to_string();
+    assert!(err.contains("7 part(s)"), "{err}");
+}
