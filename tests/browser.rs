@@ -73,8 +73,9 @@ fn linear_kernel_in_browser_matches_native() {
 
 /// The teacher and one 2-layer student of each mixer family — additive (linear attention),
 /// gated (GLA), delta rule (gated DeltaNet) — loaded in the page from the files a server hands
-/// out (the teacher's GGUF; the students' directories), give the native logits; generation
-/// streams token by token and the students' state norms come back.
+/// out (the teacher's GGUF; the students' directories), give the native logits, with f32 and
+/// with packed f16 weights; generation streams token by token and the students' state norms
+/// come back.
 #[test]
 fn teacher_and_students_in_the_browser_give_the_native_logits() {
     use linearize_core::mixers::{MixerKind, MixerOptions};
@@ -88,6 +89,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     let teacher_file = linearize_core::model::weights::teacher_path();
     let mut models: Vec<(String, std::path::PathBuf, Vec<String>)> =
         vec![("teacher".into(), teacher_file.parent().unwrap().into(), vec![teacher_file.file_name().unwrap().to_string_lossy().into()])];
+    let mut weights = vec!["f32"];
     for kind in [MixerKind::LinearAttn, MixerKind::Gla, MixerKind::GatedDeltanet] {
         let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "browser test").unwrap();
         let d = dir.join(kind.name());
@@ -95,15 +97,21 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         let mut files: Vec<String> = std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
         files.sort();
         models.push((kind.name().into(), d, files));
+        weights.push("f32");
+    }
+    // The teacher and the delta-rule student again, holding their matrices as f16 pairs.
+    for i in [0, 3] {
+        models.push(models[i].clone());
+        weights.push("f16");
     }
     let prompt = "The capital of France is";
     let ids = t.tokenizer.encode(prompt).unwrap();
     let new_tokens = 3;
     let input = serde_json::json!({
         "ids": ids, "prompt": prompt, "new_tokens": new_tokens,
-        "models": models.iter().map(|(n, _, f)| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f})).collect::<Vec<_>>(),
+        "models": models.iter().zip(&weights).map(|((n, _, f), w)| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f, "weights": w})).collect::<Vec<_>>(),
     });
-    let mut routes: Vec<(String, std::path::PathBuf)> = models.iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
+    let mut routes: Vec<(String, std::path::PathBuf)> = models[..4].iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
     routes.push(("/pkg/".into(), pkg));
     routes.push(("/".into(), repo_root().join("www")));
     let server = serve(routes, vec![("/input.json".into(), input.to_string())]);
@@ -111,11 +119,15 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     assert_eq!(result["ok"], true, "the page failed: {}", result["error"]);
     eprintln!("browser adapter: {}", result["adapter"]);
     let vocab = t.weights.config.vocab_size;
-    for (i, (name, d, _)) in models.iter().enumerate() {
+    for (i, ((name, d, _), &weights)) in models.iter().zip(&weights).enumerate() {
         let r = &result["results"][i];
         assert_eq!(r["name"].as_str(), Some(name.as_str()));
+        assert_eq!(r["info"]["weights"].as_str(), Some(weights));
         let model = if name == "teacher" { Model::load_path(&teacher_file).unwrap() } else { Model::load_path(d).unwrap() };
-        let lm = LanguageModel::upload_with_mixers(gpu(), &model.weights, model.mixers.as_ref()).unwrap();
+        let dtype = if weights == "f16" { linearize_core::gpu::Dtype::F16 } else { linearize_core::gpu::Dtype::F32 };
+        let lm = LanguageModel::upload_as(gpu(), &model.weights, model.mixers.as_ref(), dtype).unwrap();
+        let name = &format!("{name} ({weights})");
+        assert_eq!(r["info"]["weight_bytes"].as_u64(), Some(lm.matrix_bytes()), "{name}");
         let mut cache = lm.new_cache(gpu(), 1, ids.len()).unwrap();
         let out = lm.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
         let native = gpu().read_f32_blocking(&out, ids.len() * vocab).unwrap();
@@ -133,13 +145,14 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         let joined: String = streamed.iter().map(|p| p[0].as_str().unwrap()).collect();
         assert_eq!(joined, r["text"].as_str().unwrap(), "{name}");
         let info = &r["info"];
-        if name == "teacher" {
+        if name.starts_with("teacher") {
             assert!(r["text"].as_str().unwrap().starts_with(" Paris"), "{r}");
             assert_eq!(info["kind"], "teacher");
             assert_eq!(r["memory_4096"].as_f64().unwrap(), (t.weights.config.kv_bytes_per_token() * 4096) as f64);
             assert!(r["norms"].as_array().unwrap().is_empty());
         } else {
-            assert_eq!((info["kind"].as_str(), info["mixer"].as_str()), (Some("student"), Some(name.as_str())));
+            assert_eq!(info["kind"].as_str(), Some("student"));
+            assert!(name.starts_with(info["mixer"].as_str().unwrap()), "{name}: {info}");
             // The state is read after the prompt and after each generated token but the last.
             let heads = t.weights.config.num_attention_heads;
             let want_positions: Vec<u64> = (0..new_tokens as u64).map(|k| ids.len() as u64 + k).collect();

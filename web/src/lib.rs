@@ -10,7 +10,7 @@
 //! model.state_norms(0);                                // Float32Array [reads × heads]
 //! ```
 use linearize_core::generate::{generate_traced, Sampling};
-use linearize_core::gpu::Gpu;
+use linearize_core::gpu::{Dtype, Gpu};
 use linearize_core::model::files::ModelFiles as CoreFiles;
 use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model, Tokenizer};
 use linearize_core::nn;
@@ -59,10 +59,24 @@ impl WebGpu {
     /// Builds a model from its files and uploads its weights (the host copy is dropped). A
     /// model whose tensors exceed this adapter's limits is refused with the tensor named.
     pub async fn load_model(&self, files: ModelFiles) -> Result<WebModel, JsValue> {
+        self.load_model_as(files, "f32".into()).await
+    }
+
+    /// `load_model` with the projection and embedding matrices held as `weights`: "f32", or
+    /// "f16" (packed pairs: half the memory). Matrices beyond the adapter's binding limit are
+    /// split either way.
+    pub async fn load_model_as(&self, files: ModelFiles, weights: String) -> Result<WebModel, JsValue> {
+        let dtype = match weights.as_str() {
+            "f32" => Dtype::F32,
+            "f16" => Dtype::F16,
+            other => return Err(js_err(format!("weights: '{other}' is neither 'f32' nor 'f16'"))),
+        };
         let source = CoreFiles::Memory { origin: files.origin.into(), files: files.files };
         let model = Model::from_files(&source).map_err(js_err)?;
-        let info = model_info(&model);
-        let lm = LanguageModel::upload_with_mixers(&self.gpu, &model.weights, model.mixers.as_ref()).map_err(js_err)?;
+        let mut info = model_info(&model);
+        let lm = LanguageModel::upload_as(&self.gpu, &model.weights, model.mixers.as_ref(), dtype).map_err(|e| js_err(format!("{}: {e}", source.origin().display())))?;
+        info["weights"] = weights.into();
+        info["weight_bytes"] = lm.matrix_bytes().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })
     }
 }
