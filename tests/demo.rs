@@ -167,8 +167,8 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     b.post("/url", json!({ "url": url }));
     let (_, text) = b.wait_status(&["ready", "nowebgpu"], 120);
     assert!(text.starts_with("ready on"), "{text}");
-    // Both models are ticked by default; four tokens each.
-    b.script("document.getElementById('tokens').value = '4'; document.getElementById('run').click(); return 0;");
+    // Both models are ticked by default; four tokens each, the weights held as f16 pairs.
+    b.script("document.getElementById('tokens').value = '4'; document.getElementById('weights').value = 'f16'; document.getElementById('run').click(); return 0;");
     let (_, text) = b.wait_status(&["ready"], 900);
     assert!(text.contains("generated 4 tokens"), "{text}");
     let dom = b.script(
@@ -178,7 +178,7 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
            let coloured = 0;
            for (let i = 0; i < d.length; i += 4) coloured += Math.max(d[i], d[i+1], d[i+2]) - Math.min(d[i], d[i+1], d[i+2]) > 30;
-           out[p.dataset.model] = { text: p.querySelector('pre.text').textContent, columns: Number(c.dataset.columns), coloured, pixels: d.length / 4,
+           out[p.dataset.model] = { title: p.querySelector('h3').textContent, text: p.querySelector('pre.text').textContent, columns: Number(c.dataset.columns), coloured, pixels: d.length / 4,
                                     rect: c.getBoundingClientRect().toJSON() };
          }
          const m = document.getElementById('memory');
@@ -189,6 +189,7 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     for name in ["smollm2-135m", "gated_deltanet"] {
         let p = &dom[name];
         assert!(p["text"].as_str().unwrap().len() > prompt.len(), "{name}: {p}");
+        assert!(p["title"].as_str().unwrap().contains("f16 weights"), "{name}: {p}");
     }
     assert!(dom["smollm2-135m"]["text"].as_str().unwrap().contains("Berlin"), "{}", dom["smollm2-135m"]);
     // The student's heatmap: one column per state read (prompt, then each token but the last).

@@ -43,7 +43,9 @@ function listModels(models) {
 }
 
 async function load(entry) {
-  if (loaded.has(entry.name)) return loaded.get(entry.name);
+  const weights = $('weights').value;
+  const key = `${entry.name} ${weights}`;
+  if (loaded.has(key)) return loaded.get(key);
   const files = new ModelFiles(entry.base);
   let bytes = 0;
   for (const name of entry.files) {
@@ -57,13 +59,13 @@ async function load(entry) {
   status(`${entry.name}: uploading ${(bytes / 2 ** 20).toFixed(0)} MiB of weights to the GPU…`);
   let model;
   try {
-    model = await gpu.load_model(files);
+    model = await gpu.load_model_as(files, weights);
   } catch (e) {
     throw new Error(`${entry.name} could not be loaded: ${e.message || e}`);
   }
   const info = JSON.parse(model.info_json());
   const it = { model, info, panel: makePanel(entry.name, info), columns: [], color: COLORS[loaded.size % COLORS.length] };
-  loaded.set(entry.name, it);
+  loaded.set(key, it);
   return it;
 }
 
@@ -72,7 +74,8 @@ function makePanel(name, info) {
   panel.className = 'panel';
   panel.dataset.model = name;
   const title = document.createElement('h3');
-  title.textContent = `${name} — ${info.kind === 'teacher' ? 'softmax attention (teacher)' : info.mixer}`;
+  title.textContent = `${name} — ${info.kind === 'teacher' ? 'softmax attention (teacher)' : info.mixer}`
+    + ` · ${info.weights} weights, ${(info.weight_bytes / 2 ** 20).toFixed(0)} MiB`;
   const text = document.createElement('pre');
   text.className = 'text';
   const heat = document.createElement('canvas');
