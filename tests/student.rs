@@ -79,6 +79,37 @@ fn every_mixer_student_matches_reference_and_generates() {
     }
 }
 
+/// Every mixer's prefill (chunked kernels) and decode (recurrent kernel) on a device opened
+/// with WebGPU's default of 8 storage buffers per shader stage, as a browser may give: the same
+/// logits as the f64 reference. Linear attention with its denominator and mLSTM carry the
+/// normaliser; mLSTM's input gate shares β's binding.
+#[test]
+fn every_mixer_runs_within_webgpus_default_storage_buffers() {
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(1);
+    let ids = t.tokenizer.encode("The capital of France is Paris, and the capital of Italy").unwrap();
+    let vocab = small.config.vocab_size;
+    let limited = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap();
+    for kind in MixerKind::ALL {
+        let opts = MixerOptions { la_denominator: kind == MixerKind::LinearAttn, ..Default::default() };
+        let (w, m) = from_teacher(&small, kind, None, &opts, "test").unwrap();
+        let want = reference::forward_with_mixers(&w, Some(&m), &ids);
+        let lm = LanguageModel::upload_with_mixers(&limited, &w, Some(&m)).unwrap();
+        let split = ids.len() - 2;
+        assert!(split > linearize_core::mixers::recurrence::DECODE_MAX_SEQ, "the prefill takes the chunked kernels");
+        let mut cache = lm.new_cache(&limited, 1, ids.len()).unwrap();
+        let logits = lm.forward(&limited, &mut cache, &ids[..split], Logits::All).unwrap();
+        let mut got = limited.read_f32_blocking(&logits, split * vocab).unwrap();
+        for &id in &ids[split..] {
+            let l = lm.forward(&limited, &mut cache, &[id], Logits::Last).unwrap();
+            got.extend(limited.read_f32_blocking(&l, vocab).unwrap());
+        }
+        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        assert_close(&format!("{} with 8 storage buffers", kind.name()), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+    }
+}
+
 #[test]
 fn student_directory_round_trips_and_bad_ones_fail_clearly() {
     let t = teacher();

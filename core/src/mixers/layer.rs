@@ -112,7 +112,7 @@ impl MixerLayer {
     pub fn forward_train(&self, rec: &mut Recorder, x: &GpuBuf, batch: usize, seq: usize, rope: &Rope, out: &GpuBuf, temps: &mut Vec<GpuBuf>) -> Result<Activations> {
         let mut state = self.new_state(rec.gpu(), batch)?;
         let acts = self.record_forward(rec, x, seq, &mut state, rope, out, false, temps, None)?;
-        temps.extend([state.rec.s, state.rec.n, state.rec.m]);
+        temps.extend([state.rec.s, state.rec.nm]);
         temps.extend(state.conv.into_iter().flatten());
         Ok(acts)
     }
@@ -237,10 +237,9 @@ impl MixerLayer {
         {
             let gates = Gates { g: a.bufs.get("g"), beta: a.bufs.get("beta"), igate: a.bufs.get("igate") };
             let (qb, kb, vb) = (a.get(q)?, a.get(k)?, a.get(v)?);
-            // Prefill takes the chunked kernels where the variant has them and the adapter binds
-            // enough storage buffers; decode (and the rest) the token-by-token recurrence.
-            let chunked_fits = rec.gpu().limits.max_storage_buffers_per_shader_stage >= recurrence::CHUNKED_STORAGE_BUFFERS;
-            if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) && chunked_fits {
+            // Prefill takes the chunked kernels where the variant has them; decode (and the rest)
+            // the token-by-token recurrence. Both bind at most WebGPU's default 8 storage buffers.
+            if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
                 recurrence::chunked(rec, r, dims, self.scale(), qb, kb, vb, &gates, &state.rec, &o, temps)?;
             } else {
                 recurrence::recurrent(rec, r, dims, self.scale(), qb, kb, vb, &gates, &state.rec, &o)?;

@@ -74,13 +74,14 @@ impl Recurrence {
     }
 }
 
-/// The carried state on the GPU: S [B, H, K, V]; n [B, H, V/64, K] and m [B, H, V/64], one copy
-/// per block of 64 value channels (each workgroup advances its own; all copies are equal).
+/// The carried state on the GPU: S [B, H, K, V], and the normaliser n [K] with mLSTM's
+/// stabiliser m in one record of K + 4 words per (batch, head, block of 64 value channels):
+/// one copy per block (each workgroup advances its own; all copies are equal), one binding.
 pub struct GpuState {
     pub dims: Dims,
     pub s: GpuBuf,
-    pub n: GpuBuf,
-    pub m: GpuBuf,
+    /// [B, H, V/64, K + 4]: n, then m and 3 words of padding.
+    pub nm: GpuBuf,
 }
 
 impl GpuState {
@@ -90,9 +91,18 @@ impl GpuState {
         Ok(GpuState {
             dims: d,
             s: gpu.upload_f32("state S", &vec![0.0; bh * d.dk * d.dv])?,
-            n: gpu.upload_f32("state n", &vec![0.0; blocks * d.dk])?,
-            m: gpu.upload_f32("state m", &vec![0.0; blocks])?,
+            nm: gpu.upload_f32("state n, m", &vec![0.0; blocks * (d.dk + 4)])?,
         })
+    }
+
+    /// n [B·H·V/64, K] and m [B·H·V/64] read back (every block's copy).
+    pub async fn read_normaliser(&self, gpu: &Gpu) -> Result<(Vec<f32>, Vec<f32>)> {
+        let d = self.dims;
+        let blocks = d.batch * d.heads * d.dv.div_ceil(64);
+        let nm = gpu.read_f32(&self.nm, blocks * (d.dk + 4)).await?;
+        let n = nm.chunks(d.dk + 4).flat_map(|r| r[..d.dk].to_vec()).collect();
+        let m = nm.chunks(d.dk + 4).map(|r| r[d.dk]).collect();
+        Ok((n, m))
     }
 
     /// Bytes of state per sequence (S, n and m in f32), independent of the context length.
@@ -164,9 +174,11 @@ pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &Gpu
     let dummy = rec.gpu().scratch(1)?;
     let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, state, out, &dummy)?;
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, d.dk as u32, d.dv as u32, scale.to_bits()];
-    let bufs = [q, k, v, g, beta, igate, &state.s, &state.n, &state.m, out];
+    // mLSTM's ĩ takes β's binding (no mLSTM has a delta rule): eight storage buffers.
+    let beta_or_igate = if r.normalizer == Normalizer::Mlstm { igate } else { beta };
+    let bufs = [(1, q), (2, k), (3, v), (4, g), (5, beta_or_igate), (7, &state.s), (8, &state.nm), (10, out)];
     let groups = [(d.dv / 64) as u32, d.heads as u32, d.batch as u32];
-    rec.dispatch(&r.kernel(d.dk), &params, &bufs, groups)
+    rec.dispatch_bindings(&r.kernel(d.dk), &params, &bufs, groups)
 }
 
 /// Up to this many tokens per call, mixer layers run the token-by-token kernel.
@@ -181,11 +193,6 @@ impl Recurrence {
         d.dk == d.dv && (d.dk == 64 || d.dk == 128)
     }
 }
-
-/// Storage buffers the chunked kernels bind in one stage (chunk_state); adapters that allow
-/// fewer per stage (WebGPU's default is 8; SwiftShader and most desktop GPUs 10) take the
-/// recurrent kernel.
-pub const CHUNKED_STORAGE_BUFFERS: u32 = 10;
 
 /// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
 /// (shaders/mixers/common/chunk.wgsl). Scratch buffers go to `temps`, to be released after
@@ -206,9 +213,8 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     let b_cum = gpu.scratch(rows * d.dk)?;
     let u = gpu.scratch(rows * d.dv)?;
     let w = gpu.scratch(rows * d.dk)?;
-    let h = gpu.scratch(d.batch * d.heads * chunks * d.dk * d.dv)?;
-    // n_0 and m_0 of each chunk in one record of dk + 4 words (one binding fewer).
-    let nm0 = gpu.scratch(d.batch * d.heads * chunks * (d.dk + 4))?;
+    // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding).
+    let h = gpu.scratch(d.batch * d.heads * chunks * (d.dk * d.dv + d.dk + 4))?;
     let norm = r.normalizer.code() as f64;
     let gate = r.gate.code() as f64;
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
@@ -216,11 +222,12 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
-    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.n), (18, &state.m), (19, &nm0)];
+    // Eight storage buffers at most per stage: WebGPU's default.
+    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
     rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [1, d.heads as u32, d.batch as u32])?;
-    let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate), (21, &nm0)];
+    let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate)];
     rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)?;
-    temps.extend([dummy, b_cum, u, w, h, nm0]);
+    temps.extend([dummy, b_cum, u, w, h]);
     Ok(())
 }
 
@@ -270,7 +277,7 @@ pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuB
     };
     let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, &zero, &grads.v, &dummy)?;
     need("recurrence d_out", d_out, rows * d.dv)?;
-    temps.extend([zero.s, zero.n, zero.m]);
+    temps.extend([zero.s, zero.nm]);
     if d.seq == 0 {
         temps.push(dummy);
         return Ok(grads);

@@ -24,6 +24,9 @@ const C: u32 = 64u;
 const D: u32 = 128u;
 const D4: u32 = 32u;
 const NB: u32 = 2u;
+// Per (batch, head, chunk) a record of S_0, n_0, m_0 and 3 words of padding.
+const R: u32 = 16516u;
+const R4: u32 = 4129u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_row: array<vec4<f32>>;   // [B, T, H, D/4]
@@ -35,19 +38,18 @@ const NB: u32 = 2u;
 @group(0) @binding(7) var<storage, read_write> u_buf: array<f32>;   // [B, T, H, D]: Uc, then u
 @group(0) @binding(8) var<storage, read_write> w_buf: array<f32>;   // [B, T, H, D]: W
 @group(0) @binding(9) var<storage, read_write> state_s: array<f32>; // [B, H, D, D] carried S
-@group(0) @binding(10) var<storage, read_write> h_out: array<f32>;  // [B, H, chunks, D, D]: S_0
+// The state entering each chunk, S_0 [D, D] then n_0 [D] and m_0, in records of R words (one
+// binding: chunk_state's eight storage buffers are WebGPU's default per stage).
+@group(0) @binding(10) var<storage, read_write> h_out: array<f32>;  // [B, H, chunks, R]
 @group(0) @binding(11) var<storage, read> h_in: array<vec4<f32>>;   // the same, as vec4
 @group(0) @binding(12) var<storage, read> u_row: array<vec4<f32>>;  // u as vec4
 @group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;  // W as vec4
 @group(0) @binding(14) var<storage, read_write> out_row: array<vec4<f32>>; // [B, T, H, D/4]
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;  // b_cum as vec4
 @group(0) @binding(16) var<storage, read> igate: array<f32>;        // [B, T, H] mLSTM input gate
-@group(0) @binding(17) var<storage, read_write> state_n: array<f32>; // [B, H, D/64, D] carried n
-@group(0) @binding(18) var<storage, read_write> state_m: array<f32>; // [B, H, D/64] carried m
-// n_0 and m_0 of every chunk share one buffer (fewer bindings: WebGPU adapters allow few per
-// stage): per (batch, head, chunk) a record of D + 4 words, n_0 then m_0 and 3 words of padding.
-@group(0) @binding(19) var<storage, read_write> nm_out: array<f32>;  // [B, H, chunks, D + 4]
-@group(0) @binding(21) var<storage, read> nm_in: array<vec4<f32>>;   // the same, as vec4
+// The carried n and m: per block of 64 value channels a record of D + 4 words, n then m (the
+// recurrent kernel's layout).
+@group(0) @binding(17) var<storage, read_write> state_nm: array<f32>; // [B, H, D/64, D + 4]
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
@@ -222,13 +224,16 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
     var n_j = 0.0;
     var m0 = 0.0;
     if (NORM != 0u) {
-        n_j = state_n[bh * NB * D + j];
+        n_j = state_nm[bh * NB * (D + 4u) + j];
     }
     if (NORM == 2u) {
-        m0 = state_m[bh * NB];
+        m0 = state_nm[bh * NB * (D + 4u) + D];
     }
+    // Thread 0 writes m back at the end: every thread must have read it first (without this,
+    // implementations that run the workgroup's subgroups one after another read the new m).
+    workgroupBarrier();
     for (var n = 0u; n < p.chunks; n++) {
-        let hb = (bh * p.chunks + n) * D * D;
+        let hb = (bh * p.chunks + n) * R;
         h_out[hb + 0u * D + j] = s0.x;
         h_out[hb + 1u * D + j] = s0.y;
         h_out[hb + 2u * D + j] = s0.z;
@@ -358,10 +363,10 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
         h_out[hb + 126u * D + j] = s31.z;
         h_out[hb + 127u * D + j] = s31.w;
         if (NORM != 0u) {
-            nm_out[(bh * p.chunks + n) * (D + 4u) + j] = n_j;
+            h_out[hb + D * D + j] = n_j;
         }
         if (NORM == 2u && j == 0u) {
-            nm_out[(bh * p.chunks + n) * (D + 4u) + D] = m0;
+            h_out[hb + D * D + D] = m0;
         }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
@@ -694,10 +699,10 @@ fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
     // n and m are kept once per block of 64 value channels (the recurrent kernel's layout).
     for (var blk = 0u; blk < NB; blk++) {
         if (NORM != 0u) {
-            state_n[(bh * NB + blk) * D + j] = n_j;
+            state_nm[(bh * NB + blk) * (D + 4u) + j] = n_j;
         }
         if (NORM == 2u && j == 0u) {
-            state_m[bh * NB + blk] = m0;
+            state_nm[(bh * NB + blk) * (D + 4u) + D] = m0;
         }
     }
 }
@@ -816,7 +821,7 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     var m_t = 0.0;
     var inter_scale = 1.0;
     if (NORM == 2u) {
-        let m0 = nm_in[(bh * p.chunks + n) * (D4 + 1u) + D4].x;
+        let m0 = h_in[(bh * p.chunks + n) * R4 + D * D4 + D4].x;
         let b_t = bt0.x;
         m_t = b_t + m0;
         for (var s = 0u; s < last; s++) {
@@ -825,7 +830,7 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         }
         inter_scale = exp(b_t + m0 - m_t);
     }
-    let hb4 = (bh * p.chunks + n) * D * D4;
+    let hb4 = (bh * p.chunks + n) * R4;
     for (var a = 0u; a < D4; a++) {
         var qa = q_row[qb + a] * p.scale;
         if (NORM == 2u) {
@@ -844,8 +849,8 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     }
     var den = 0.0;
     if (NORM != 0u) {
-        let nb4 = (bh * p.chunks + n) * (D4 + 1u);
-        den = inter_scale * (dot(q0, nm_in[nb4 + 0u]) + dot(q1, nm_in[nb4 + 1u]) + dot(q2, nm_in[nb4 + 2u]) + dot(q3, nm_in[nb4 + 3u]) + dot(q4, nm_in[nb4 + 4u]) + dot(q5, nm_in[nb4 + 5u]) + dot(q6, nm_in[nb4 + 6u]) + dot(q7, nm_in[nb4 + 7u]) + dot(q8, nm_in[nb4 + 8u]) + dot(q9, nm_in[nb4 + 9u]) + dot(q10, nm_in[nb4 + 10u]) + dot(q11, nm_in[nb4 + 11u]) + dot(q12, nm_in[nb4 + 12u]) + dot(q13, nm_in[nb4 + 13u]) + dot(q14, nm_in[nb4 + 14u]) + dot(q15, nm_in[nb4 + 15u]) + dot(q16, nm_in[nb4 + 16u]) + dot(q17, nm_in[nb4 + 17u]) + dot(q18, nm_in[nb4 + 18u]) + dot(q19, nm_in[nb4 + 19u]) + dot(q20, nm_in[nb4 + 20u]) + dot(q21, nm_in[nb4 + 21u]) + dot(q22, nm_in[nb4 + 22u]) + dot(q23, nm_in[nb4 + 23u]) + dot(q24, nm_in[nb4 + 24u]) + dot(q25, nm_in[nb4 + 25u]) + dot(q26, nm_in[nb4 + 26u]) + dot(q27, nm_in[nb4 + 27u]) + dot(q28, nm_in[nb4 + 28u]) + dot(q29, nm_in[nb4 + 29u]) + dot(q30, nm_in[nb4 + 30u]) + dot(q31, nm_in[nb4 + 31u]));
+        let nb4 = hb4 + D * D4;
+        den = inter_scale * (dot(q0, h_in[nb4 + 0u]) + dot(q1, h_in[nb4 + 1u]) + dot(q2, h_in[nb4 + 2u]) + dot(q3, h_in[nb4 + 3u]) + dot(q4, h_in[nb4 + 4u]) + dot(q5, h_in[nb4 + 5u]) + dot(q6, h_in[nb4 + 6u]) + dot(q7, h_in[nb4 + 7u]) + dot(q8, h_in[nb4 + 8u]) + dot(q9, h_in[nb4 + 9u]) + dot(q10, h_in[nb4 + 10u]) + dot(q11, h_in[nb4 + 11u]) + dot(q12, h_in[nb4 + 12u]) + dot(q13, h_in[nb4 + 13u]) + dot(q14, h_in[nb4 + 14u]) + dot(q15, h_in[nb4 + 15u]) + dot(q16, h_in[nb4 + 16u]) + dot(q17, h_in[nb4 + 17u]) + dot(q18, h_in[nb4 + 18u]) + dot(q19, h_in[nb4 + 19u]) + dot(q20, h_in[nb4 + 20u]) + dot(q21, h_in[nb4 + 21u]) + dot(q22, h_in[nb4 + 22u]) + dot(q23, h_in[nb4 + 23u]) + dot(q24, h_in[nb4 + 24u]) + dot(q25, h_in[nb4 + 25u]) + dot(q26, h_in[nb4 + 26u]) + dot(q27, h_in[nb4 + 27u]) + dot(q28, h_in[nb4 + 28u]) + dot(q29, h_in[nb4 + 29u]) + dot(q30, h_in[nb4 + 30u]) + dot(q31, h_in[nb4 + 31u]));
     }
     for (var s = 0u; s < last; s++) {
         let srow = row_of(b, c0 + s, h);

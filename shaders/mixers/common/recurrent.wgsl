@@ -9,7 +9,8 @@
 //
 // One workgroup per (64 value channels, head, batch): thread (x, y) owns value channel x and
 // a quarter of the key rows, in registers. The state is read from and written back to
-// state_s/state_n/state_m, so sequences continue across calls.
+// state_s and state_nm, so sequences continue across calls. Eight storage buffers: WebGPU's
+// default per shader stage.
 
 override GATE: u32 = 0u;
 override DELTA: bool = false;
@@ -29,11 +30,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k: array<f32>;      // [B, T, H, K]
 @group(0) @binding(3) var<storage, read> v: array<f32>;      // [B, T, H, V]
 @group(0) @binding(4) var<storage, read> g: array<f32>;      // [B, T, H, K] or [B, T, H]
-@group(0) @binding(5) var<storage, read> beta: array<f32>;   // [B, T, H]
-@group(0) @binding(6) var<storage, read> igate: array<f32>;  // [B, T, H]
+@group(0) @binding(5) var<storage, read> beta: array<f32>;   // [B, T, H]: β, or mLSTM's ĩ
 @group(0) @binding(7) var<storage, read_write> state_s: array<f32>; // [B, H, K, V]
-@group(0) @binding(8) var<storage, read_write> state_n: array<f32>; // [B, H, V/64, K]
-@group(0) @binding(9) var<storage, read_write> state_m: array<f32>; // [B, H, V/64]
+// Per (batch, head, block of 64 value channels) a record of K + 4 words: n, then m and padding.
+@group(0) @binding(8) var<storage, read_write> state_nm: array<f32>; // [B, H, V/64, K + 4]
 @group(0) @binding(10) var<storage, read_write> out: array<f32>;    // [B, T, H, V]
 
 var<workgroup> q_sh: array<f32, 128>;
@@ -56,7 +56,7 @@ fn recurrent_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     // n and m are kept per block of 64 value channels: each workgroup owns its copy, so no
     // workgroup reads a state another one has already advanced.
     let blk = bh * (p.dv / 64u) + wid.x;
-    let nb = blk * p.dk;
+    let nb = blk * (p.dk + 4u);
     let flat = lid.y * 64u + lid.x;
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
@@ -70,11 +70,11 @@ fn recurrent_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     s1 = vec4<f32>(state_s[sb + (r0 + 4u) * p.dv + col], state_s[sb + (r0 + 5u) * p.dv + col], state_s[sb + (r0 + 6u) * p.dv + col], state_s[sb + (r0 + 7u) * p.dv + col]);
     s2 = vec4<f32>(state_s[sb + (r0 + 8u) * p.dv + col], state_s[sb + (r0 + 9u) * p.dv + col], state_s[sb + (r0 + 10u) * p.dv + col], state_s[sb + (r0 + 11u) * p.dv + col]);
     s3 = vec4<f32>(state_s[sb + (r0 + 12u) * p.dv + col], state_s[sb + (r0 + 13u) * p.dv + col], state_s[sb + (r0 + 14u) * p.dv + col], state_s[sb + (r0 + 15u) * p.dv + col]);
-    n0 = vec4<f32>(state_n[nb + r0 + 0u], state_n[nb + r0 + 1u], state_n[nb + r0 + 2u], state_n[nb + r0 + 3u]);
-    n1 = vec4<f32>(state_n[nb + r0 + 4u], state_n[nb + r0 + 5u], state_n[nb + r0 + 6u], state_n[nb + r0 + 7u]);
-    n2 = vec4<f32>(state_n[nb + r0 + 8u], state_n[nb + r0 + 9u], state_n[nb + r0 + 10u], state_n[nb + r0 + 11u]);
-    n3 = vec4<f32>(state_n[nb + r0 + 12u], state_n[nb + r0 + 13u], state_n[nb + r0 + 14u], state_n[nb + r0 + 15u]);
-    var m = state_m[blk];
+    n0 = vec4<f32>(state_nm[nb + r0 + 0u], state_nm[nb + r0 + 1u], state_nm[nb + r0 + 2u], state_nm[nb + r0 + 3u]);
+    n1 = vec4<f32>(state_nm[nb + r0 + 4u], state_nm[nb + r0 + 5u], state_nm[nb + r0 + 6u], state_nm[nb + r0 + 7u]);
+    n2 = vec4<f32>(state_nm[nb + r0 + 8u], state_nm[nb + r0 + 9u], state_nm[nb + r0 + 10u], state_nm[nb + r0 + 11u]);
+    n3 = vec4<f32>(state_nm[nb + r0 + 12u], state_nm[nb + r0 + 13u], state_nm[nb + r0 + 14u], state_nm[nb + r0 + 15u]);
+    var m = state_nm[nb + p.dk];
     for (var t = 0u; t < p.seq; t++) {
         let row = (b * p.seq + t) * p.heads + h;
         if (flat < p.dk) {
@@ -96,9 +96,11 @@ fn recurrent_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         }
         if (NORM == 2u) {
             let log_f = g[row];
-            let m_new = max(log_f + m, igate[row]);
+            // ĩ travels in β's binding (no mLSTM has a delta rule).
+            let igate = beta[row];
+            let m_new = max(log_f + m, igate);
             a = exp(log_f + m - m_new);
-            w = exp(igate[row] - m_new);
+            w = exp(igate - m_new);
             m = m_new;
         }
         if (GATE == 2u) {
@@ -174,25 +176,25 @@ fn recurrent_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     state_s[sb + (r0 + 14u) * p.dv + col] = s3.z;
     state_s[sb + (r0 + 15u) * p.dv + col] = s3.w;
     if (lid.x == 0u) {
-        state_n[nb + r0 + 0u] = n0.x;
-        state_n[nb + r0 + 1u] = n0.y;
-        state_n[nb + r0 + 2u] = n0.z;
-        state_n[nb + r0 + 3u] = n0.w;
-        state_n[nb + r0 + 4u] = n1.x;
-        state_n[nb + r0 + 5u] = n1.y;
-        state_n[nb + r0 + 6u] = n1.z;
-        state_n[nb + r0 + 7u] = n1.w;
-        state_n[nb + r0 + 8u] = n2.x;
-        state_n[nb + r0 + 9u] = n2.y;
-        state_n[nb + r0 + 10u] = n2.z;
-        state_n[nb + r0 + 11u] = n2.w;
-        state_n[nb + r0 + 12u] = n3.x;
-        state_n[nb + r0 + 13u] = n3.y;
-        state_n[nb + r0 + 14u] = n3.z;
-        state_n[nb + r0 + 15u] = n3.w;
+        state_nm[nb + r0 + 0u] = n0.x;
+        state_nm[nb + r0 + 1u] = n0.y;
+        state_nm[nb + r0 + 2u] = n0.z;
+        state_nm[nb + r0 + 3u] = n0.w;
+        state_nm[nb + r0 + 4u] = n1.x;
+        state_nm[nb + r0 + 5u] = n1.y;
+        state_nm[nb + r0 + 6u] = n1.z;
+        state_nm[nb + r0 + 7u] = n1.w;
+        state_nm[nb + r0 + 8u] = n2.x;
+        state_nm[nb + r0 + 9u] = n2.y;
+        state_nm[nb + r0 + 10u] = n2.z;
+        state_nm[nb + r0 + 11u] = n2.w;
+        state_nm[nb + r0 + 12u] = n3.x;
+        state_nm[nb + r0 + 13u] = n3.y;
+        state_nm[nb + r0 + 14u] = n3.z;
+        state_nm[nb + r0 + 15u] = n3.w;
     }
     if (flat == 0u) {
-        state_m[blk] = m;
+        state_nm[nb + p.dk] = m;
     }
 }
 
@@ -210,7 +212,7 @@ fn recurrent_k128(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     // n and m are kept per block of 64 value channels: each workgroup owns its copy, so no
     // workgroup reads a state another one has already advanced.
     let blk = bh * (p.dv / 64u) + wid.x;
-    let nb = blk * p.dk;
+    let nb = blk * (p.dk + 4u);
     let flat = lid.y * 64u + lid.x;
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);
@@ -236,15 +238,15 @@ fn recurrent_k128(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     s5 = vec4<f32>(state_s[sb + (r0 + 20u) * p.dv + col], state_s[sb + (r0 + 21u) * p.dv + col], state_s[sb + (r0 + 22u) * p.dv + col], state_s[sb + (r0 + 23u) * p.dv + col]);
     s6 = vec4<f32>(state_s[sb + (r0 + 24u) * p.dv + col], state_s[sb + (r0 + 25u) * p.dv + col], state_s[sb + (r0 + 26u) * p.dv + col], state_s[sb + (r0 + 27u) * p.dv + col]);
     s7 = vec4<f32>(state_s[sb + (r0 + 28u) * p.dv + col], state_s[sb + (r0 + 29u) * p.dv + col], state_s[sb + (r0 + 30u) * p.dv + col], state_s[sb + (r0 + 31u) * p.dv + col]);
-    n0 = vec4<f32>(state_n[nb + r0 + 0u], state_n[nb + r0 + 1u], state_n[nb + r0 + 2u], state_n[nb + r0 + 3u]);
-    n1 = vec4<f32>(state_n[nb + r0 + 4u], state_n[nb + r0 + 5u], state_n[nb + r0 + 6u], state_n[nb + r0 + 7u]);
-    n2 = vec4<f32>(state_n[nb + r0 + 8u], state_n[nb + r0 + 9u], state_n[nb + r0 + 10u], state_n[nb + r0 + 11u]);
-    n3 = vec4<f32>(state_n[nb + r0 + 12u], state_n[nb + r0 + 13u], state_n[nb + r0 + 14u], state_n[nb + r0 + 15u]);
-    n4 = vec4<f32>(state_n[nb + r0 + 16u], state_n[nb + r0 + 17u], state_n[nb + r0 + 18u], state_n[nb + r0 + 19u]);
-    n5 = vec4<f32>(state_n[nb + r0 + 20u], state_n[nb + r0 + 21u], state_n[nb + r0 + 22u], state_n[nb + r0 + 23u]);
-    n6 = vec4<f32>(state_n[nb + r0 + 24u], state_n[nb + r0 + 25u], state_n[nb + r0 + 26u], state_n[nb + r0 + 27u]);
-    n7 = vec4<f32>(state_n[nb + r0 + 28u], state_n[nb + r0 + 29u], state_n[nb + r0 + 30u], state_n[nb + r0 + 31u]);
-    var m = state_m[blk];
+    n0 = vec4<f32>(state_nm[nb + r0 + 0u], state_nm[nb + r0 + 1u], state_nm[nb + r0 + 2u], state_nm[nb + r0 + 3u]);
+    n1 = vec4<f32>(state_nm[nb + r0 + 4u], state_nm[nb + r0 + 5u], state_nm[nb + r0 + 6u], state_nm[nb + r0 + 7u]);
+    n2 = vec4<f32>(state_nm[nb + r0 + 8u], state_nm[nb + r0 + 9u], state_nm[nb + r0 + 10u], state_nm[nb + r0 + 11u]);
+    n3 = vec4<f32>(state_nm[nb + r0 + 12u], state_nm[nb + r0 + 13u], state_nm[nb + r0 + 14u], state_nm[nb + r0 + 15u]);
+    n4 = vec4<f32>(state_nm[nb + r0 + 16u], state_nm[nb + r0 + 17u], state_nm[nb + r0 + 18u], state_nm[nb + r0 + 19u]);
+    n5 = vec4<f32>(state_nm[nb + r0 + 20u], state_nm[nb + r0 + 21u], state_nm[nb + r0 + 22u], state_nm[nb + r0 + 23u]);
+    n6 = vec4<f32>(state_nm[nb + r0 + 24u], state_nm[nb + r0 + 25u], state_nm[nb + r0 + 26u], state_nm[nb + r0 + 27u]);
+    n7 = vec4<f32>(state_nm[nb + r0 + 28u], state_nm[nb + r0 + 29u], state_nm[nb + r0 + 30u], state_nm[nb + r0 + 31u]);
+    var m = state_nm[nb + p.dk];
     for (var t = 0u; t < p.seq; t++) {
         let row = (b * p.seq + t) * p.heads + h;
         if (flat < p.dk) {
@@ -266,9 +268,11 @@ fn recurrent_k128(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         }
         if (NORM == 2u) {
             let log_f = g[row];
-            let m_new = max(log_f + m, igate[row]);
+            // ĩ travels in β's binding (no mLSTM has a delta rule).
+            let igate = beta[row];
+            let m_new = max(log_f + m, igate);
             a = exp(log_f + m - m_new);
-            w = exp(igate[row] - m_new);
+            w = exp(igate - m_new);
             m = m_new;
         }
         if (GATE == 2u) {
@@ -388,40 +392,40 @@ fn recurrent_k128(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
     state_s[sb + (r0 + 30u) * p.dv + col] = s7.z;
     state_s[sb + (r0 + 31u) * p.dv + col] = s7.w;
     if (lid.x == 0u) {
-        state_n[nb + r0 + 0u] = n0.x;
-        state_n[nb + r0 + 1u] = n0.y;
-        state_n[nb + r0 + 2u] = n0.z;
-        state_n[nb + r0 + 3u] = n0.w;
-        state_n[nb + r0 + 4u] = n1.x;
-        state_n[nb + r0 + 5u] = n1.y;
-        state_n[nb + r0 + 6u] = n1.z;
-        state_n[nb + r0 + 7u] = n1.w;
-        state_n[nb + r0 + 8u] = n2.x;
-        state_n[nb + r0 + 9u] = n2.y;
-        state_n[nb + r0 + 10u] = n2.z;
-        state_n[nb + r0 + 11u] = n2.w;
-        state_n[nb + r0 + 12u] = n3.x;
-        state_n[nb + r0 + 13u] = n3.y;
-        state_n[nb + r0 + 14u] = n3.z;
-        state_n[nb + r0 + 15u] = n3.w;
-        state_n[nb + r0 + 16u] = n4.x;
-        state_n[nb + r0 + 17u] = n4.y;
-        state_n[nb + r0 + 18u] = n4.z;
-        state_n[nb + r0 + 19u] = n4.w;
-        state_n[nb + r0 + 20u] = n5.x;
-        state_n[nb + r0 + 21u] = n5.y;
-        state_n[nb + r0 + 22u] = n5.z;
-        state_n[nb + r0 + 23u] = n5.w;
-        state_n[nb + r0 + 24u] = n6.x;
-        state_n[nb + r0 + 25u] = n6.y;
-        state_n[nb + r0 + 26u] = n6.z;
-        state_n[nb + r0 + 27u] = n6.w;
-        state_n[nb + r0 + 28u] = n7.x;
-        state_n[nb + r0 + 29u] = n7.y;
-        state_n[nb + r0 + 30u] = n7.z;
-        state_n[nb + r0 + 31u] = n7.w;
+        state_nm[nb + r0 + 0u] = n0.x;
+        state_nm[nb + r0 + 1u] = n0.y;
+        state_nm[nb + r0 + 2u] = n0.z;
+        state_nm[nb + r0 + 3u] = n0.w;
+        state_nm[nb + r0 + 4u] = n1.x;
+        state_nm[nb + r0 + 5u] = n1.y;
+        state_nm[nb + r0 + 6u] = n1.z;
+        state_nm[nb + r0 + 7u] = n1.w;
+        state_nm[nb + r0 + 8u] = n2.x;
+        state_nm[nb + r0 + 9u] = n2.y;
+        state_nm[nb + r0 + 10u] = n2.z;
+        state_nm[nb + r0 + 11u] = n2.w;
+        state_nm[nb + r0 + 12u] = n3.x;
+        state_nm[nb + r0 + 13u] = n3.y;
+        state_nm[nb + r0 + 14u] = n3.z;
+        state_nm[nb + r0 + 15u] = n3.w;
+        state_nm[nb + r0 + 16u] = n4.x;
+        state_nm[nb + r0 + 17u] = n4.y;
+        state_nm[nb + r0 + 18u] = n4.z;
+        state_nm[nb + r0 + 19u] = n4.w;
+        state_nm[nb + r0 + 20u] = n5.x;
+        state_nm[nb + r0 + 21u] = n5.y;
+        state_nm[nb + r0 + 22u] = n5.z;
+        state_nm[nb + r0 + 23u] = n5.w;
+        state_nm[nb + r0 + 24u] = n6.x;
+        state_nm[nb + r0 + 25u] = n6.y;
+        state_nm[nb + r0 + 26u] = n6.z;
+        state_nm[nb + r0 + 27u] = n6.w;
+        state_nm[nb + r0 + 28u] = n7.x;
+        state_nm[nb + r0 + 29u] = n7.y;
+        state_nm[nb + r0 + 30u] = n7.z;
+        state_nm[nb + r0 + 31u] = n7.w;
     }
     if (flat == 0u) {
-        state_m[blk] = m;
+        state_nm[nb + p.dk] = m;
     }
 }
