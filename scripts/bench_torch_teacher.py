@@ -4,7 +4,7 @@ Loads the HF directory that `linearize convert` wrote from the GGUF teacher (so 
 the same dequantised f32 weights) into transformers, checks the greedy continuation, and times
 the same work as the Rust benchmark: a forward of B x T tokens with logits for every position,
 and batch-1 greedy decode with a KV cache after a context. One JSON line per figure.
-Usage: python3 scripts/bench_torch_teacher.py HF_DIR [--prefill 8x512,4x2048] [--decode 512]
+Usage: python3 scripts/bench_torch_teacher.py HF_DIR [--prefill 8x512,4x2048] [--decode 512] [--dtypes fp32,bf16,fp16]
 """
 import argparse, json, statistics, time
 import torch
@@ -38,8 +38,9 @@ def main():
     a = ap.parse_args()
     log(what="env", torch=torch.__version__, gpu=torch.cuda.get_device_name())
     for name in a.dtypes.split(","):
-        dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+        dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[name]
         m = AutoModelForCausalLM.from_pretrained(a.hf_dir, torch_dtype=dt).to("cuda").eval()
+        log(what="torch_weights", dtype=name, bytes=sum(p.numel() * p.element_size() for p in m.parameters()))
         ids = torch.tensor([[504, 3575, 282, 4649, 314]], device="cuda")
         with torch.no_grad():
             out = m.generate(ids, max_new_tokens=6, do_sample=False)

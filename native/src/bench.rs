@@ -21,7 +21,7 @@ fn random_ids(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
 pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: &[(usize, usize)], decode: &[usize], decode_tokens: usize, iters: usize) -> Result<Vec<Value>> {
     let vocab = model.weights.config.vocab_size;
     let mut rng = Rng::new(0);
-    let mut out = Vec::new();
+    let mut out = vec![json!({"what": "teacher_weights", "matrix_bytes": teacher.matrix_bytes()})];
     for &(b, t) in shapes {
         let ids = random_ids(&mut rng, b * t, vocab);
         let mut cache = teacher.new_cache(gpu, b, t)?;
