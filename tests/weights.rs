@@ -83,7 +83,8 @@ fn the_teacher_in_f16_keeps_its_answers_at_half_the_memory() {
     let t = teacher();
     let ids = t.tokenizer.encode("The capital of France is").unwrap();
     let f32_lm = LanguageModel::upload(gpu(), &t.weights).unwrap();
-    let f16_lm = LanguageModel::upload_as(gpu(), &t.weights, None, Dtype::F16).unwrap();
+    // The browser's way in: the device is asked (asynchronously) whether every buffer was made.
+    let f16_lm = pollster::block_on(LanguageModel::upload_checked(gpu(), &t.weights, None, Dtype::F16)).unwrap();
     let (a, b) = (logits(gpu(), &f32_lm, &ids), logits(gpu(), &f16_lm, &ids));
     let vocab = t.weights.config.vocab_size;
     let argmax = |v: &[f32]| v.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;

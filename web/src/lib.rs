@@ -74,7 +74,9 @@ impl WebGpu {
         let source = CoreFiles::Memory { origin: files.origin.into(), files: files.files };
         let model = Model::from_files(&source).map_err(js_err)?;
         let mut info = model_info(&model);
-        let lm = LanguageModel::upload_as(&self.gpu, &model.weights, model.mixers.as_ref(), dtype).map_err(|e| js_err(format!("{}: {e}", source.origin().display())))?;
+        let lm = LanguageModel::upload_checked(&self.gpu, &model.weights, model.mixers.as_ref(), dtype)
+            .await
+            .map_err(|e| js_err(format!("{}: {e}", source.origin().display())))?;
         info["weights"] = weights.into();
         info["weight_bytes"] = lm.matrix_bytes().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })

@@ -70,11 +70,11 @@ const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 
 impl Gpu {
     fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
-        let max = self.limits.max_storage_buffer_binding_size as u64;
+        let max = (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size);
         if bytes > max {
             return Err(Error::Gpu(format!(
                 "{what} needs {bytes} bytes in one binding, more than this adapter's \
-                 max_storage_buffer_binding_size of {max} bytes ('{}')",
+                 max_storage_buffer_binding_size (or max_buffer_size) of {max} bytes ('{}')",
                 self.adapter.name
             )));
         }

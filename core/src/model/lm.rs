@@ -142,6 +142,22 @@ impl LanguageModel {
         })
     }
 
+    /// `upload_as`, with the device asked afterwards whether every buffer was created: a model
+    /// larger than the device's memory is refused here, by size, instead of failing at its first
+    /// forward (in the browser the answer comes asynchronously).
+    pub async fn upload_checked(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>, dtype: Dtype) -> Result<Self> {
+        let memory = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let valid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let lm = Self::upload_as(gpu, w, mixers, dtype);
+        let (invalid, out_of_memory) = (valid.pop().await, memory.pop().await);
+        let lm = lm?;
+        if let Some(e) = out_of_memory.or(invalid) {
+            let mib = lm.matrix_bytes() as f64 / (1u64 << 20) as f64;
+            return Err(Error::Gpu(format!("the model's {mib:.0} MiB of weights do not fit on this device ('{}'): {e}", gpu.adapter.name)));
+        }
+        Ok(lm)
+    }
+
     /// Device memory of the projection and embedding matrices (what f16 halves).
     pub fn matrix_bytes(&self) -> u64 {
         let blocks: u64 = self
