@@ -29,6 +29,10 @@ pub struct EvalArgs {
     /// interrupted evaluation run again with the same DIR skips the documents already scored
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// The weight matrices as f32 or packed f16 (half the memory); with --out, f16 records go
+    /// to DIR/f16/ so the two never mix
+    #[arg(long, value_enum, default_value_t = crate::Weights::F32)]
+    pub weights: crate::Weights,
     #[arg(long)]
     pub json: bool,
 }
@@ -57,8 +61,8 @@ fn scored_docs(path: &std::path::Path) -> Result<std::collections::HashMap<u64, 
 /// Documents scored together (their requests share batched forwards).
 const DOCS_PER_GROUP: usize = 64;
 
-pub(crate) fn evaluate(gpu: &Gpu, model: &Model, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
-    let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
+pub(crate) fn evaluate(gpu: &Gpu, model: &Model, weights: crate::Weights, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
+    let lm = crate::upload(gpu, model, weights)?;
     evaluate_on(gpu, model, &lm, tasks, limit, json_out, record_dir)
 }
 
@@ -162,7 +166,7 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         if seq == 0 {
             bail!("--ppl {}: fewer than two tokens", file.display());
         }
-        let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
+        let lm = crate::upload(&gpu, &model, a.weights)?;
         let rows = (tokens.len() - 1) / seq;
         let (ppl, n) = linearize_core::train::distill::heldout_perplexity(&gpu, &lm, &tokens, seq, 1, rows)?;
         if a.json {
@@ -172,15 +176,19 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         }
         return Ok(());
     }
-    let results = evaluate(&gpu, &model, &tasks, a.limit, a.json, a.out.as_deref())?;
+    let out = match a.weights {
+        crate::Weights::F32 => a.out.clone(),
+        crate::Weights::F16 => a.out.as_ref().map(|d| d.join("f16")),
+    };
+    let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref())?;
     let avg = average(&results);
     let teacher = match &a.teacher {
-        Some(t) => Some(evaluate(&gpu, &load(t)?, &tasks, a.limit, a.json, a.out.as_ref().map(|d| d.join("teacher")).as_deref())?),
+        Some(t) => Some(evaluate(&gpu, &load(t)?, a.weights, &tasks, a.limit, a.json, out.as_ref().map(|d| d.join("teacher")).as_deref())?),
         None => None,
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
     if a.json {
-        println!("{}", json!({ "model": a.model, "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
+        println!("{}", json!({ "model": a.model, "weights": format!("{:?}", a.weights).to_lowercase(), "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
     } else {
         println!("average {avg:.4}");
         if let Some(r) = recovery {
