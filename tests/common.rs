@@ -63,6 +63,21 @@ pub fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
     got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
 }
 
+/// Logits [ids.len(), vocab] of one sequence: a prefill of the first `prefill` tokens, then
+/// the rest decoded one token at a time (the KV cache or fixed state carried between calls).
+pub fn prefill_then_decode(gpu: &Gpu, lm: &linearize_core::model::LanguageModel, ids: &[u32], prefill: usize) -> Vec<f32> {
+    use linearize_core::model::Logits;
+    let vocab = lm.config.vocab_size;
+    let mut cache = lm.new_cache(gpu, 1, ids.len()).unwrap();
+    let logits = lm.forward(gpu, &mut cache, &ids[..prefill], Logits::All).unwrap();
+    let mut out = gpu.read_f32_blocking(&logits, prefill * vocab).unwrap();
+    for &id in &ids[prefill..] {
+        let l = lm.forward(gpu, &mut cache, &[id], Logits::Last).unwrap();
+        out.extend(gpu.read_f32_blocking(&l, vocab).unwrap());
+    }
+    out
+}
+
 /// The `linearize` binary, built (release) into the nested target directory on first use.
 pub fn linearize_bin() -> std::path::PathBuf {
     static BIN: OnceLock<std::path::PathBuf> = OnceLock::new();

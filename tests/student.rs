@@ -4,9 +4,9 @@
 use linearize_core::generate::{generate, generate_traced, Sampling};
 use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
 use linearize_core::model::student::{expand_kv_heads, from_teacher, save_dir};
-use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model};
+use linearize_core::model::{Diagnostics, LanguageModel, Model};
 use linearize_core::reference::teacher as reference;
-use linearize_tests::{assert_close, gpu, teacher, tempdir};
+use linearize_tests::{assert_close, gpu, prefill_then_decode, teacher, tempdir};
 
 #[test]
 fn gqa_expansion_repeats_whole_heads() {
@@ -48,7 +48,6 @@ fn every_mixer_student_matches_reference_and_generates() {
     let mut small = t.weights.clone();
     small.truncate_layers(3);
     let ids = t.tokenizer.encode("The capital of France is Paris, and the capital").unwrap();
-    let vocab = small.config.vocab_size;
     for kind in MixerKind::ALL {
         // A hybrid for one mixer (attention kept in block 1), full replacement for the rest.
         let layers = if kind == MixerKind::GatedDeltanet { Some(vec![0, 2]) } else { None };
@@ -56,15 +55,8 @@ fn every_mixer_student_matches_reference_and_generates() {
         let want = reference::forward_with_mixers(&w, Some(&m), &ids);
         let lm = LanguageModel::upload_with_mixers(gpu(), &w, Some(&m)).unwrap();
         // Prefill all but the last 3 tokens, then decode them one at a time.
-        let split = ids.len() - 3;
-        let mut cache = lm.new_cache(gpu(), 1, ids.len()).unwrap();
-        let logits = lm.forward(gpu(), &mut cache, &ids[..split], Logits::All).unwrap();
-        let mut got = gpu().read_f32_blocking(&logits, split * vocab).unwrap();
-        for &id in &ids[split..] {
-            let l = lm.forward(gpu(), &mut cache, &[id], Logits::Last).unwrap();
-            got.extend(gpu().read_f32_blocking(&l, vocab).unwrap());
-        }
         // Prefill rows then decoded rows: the logits at every position of the sequence.
+        let got = prefill_then_decode(gpu(), &lm, &ids, ids.len() - 3);
         let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
         assert_close(&format!("{} student logits", kind.name()), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
     }
@@ -89,7 +81,6 @@ fn every_mixer_runs_within_webgpus_default_storage_buffers() {
     let mut small = t.weights.clone();
     small.truncate_layers(1);
     let ids = t.tokenizer.encode("The capital of France is Paris, and the capital of Italy").unwrap();
-    let vocab = small.config.vocab_size;
     let limited = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap();
     for kind in MixerKind::ALL {
         let opts = MixerOptions { la_denominator: kind == MixerKind::LinearAttn, ..Default::default() };
@@ -98,13 +89,7 @@ fn every_mixer_runs_within_webgpus_default_storage_buffers() {
         let lm = LanguageModel::upload_with_mixers(&limited, &w, Some(&m)).unwrap();
         let split = ids.len() - 2;
         assert!(split > linearize_core::mixers::recurrence::DECODE_MAX_SEQ, "the prefill takes the chunked kernels");
-        let mut cache = lm.new_cache(&limited, 1, ids.len()).unwrap();
-        let logits = lm.forward(&limited, &mut cache, &ids[..split], Logits::All).unwrap();
-        let mut got = limited.read_f32_blocking(&logits, split * vocab).unwrap();
-        for &id in &ids[split..] {
-            let l = lm.forward(&limited, &mut cache, &[id], Logits::Last).unwrap();
-            got.extend(limited.read_f32_blocking(&l, vocab).unwrap());
-        }
+        let got = prefill_then_decode(&limited, &lm, &ids, split);
         let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
         assert_close(&format!("{} with 8 storage buffers", kind.name()), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
     }

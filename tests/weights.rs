@@ -6,9 +6,9 @@ use linearize_core::mixers::{MixerKind, MixerOptions};
 use linearize_core::model::lm::training::Scope;
 use linearize_core::model::student::from_teacher;
 use linearize_core::model::weights::{ModelWeights, StudentMixers};
-use linearize_core::model::{LanguageModel, Logits};
+use linearize_core::model::LanguageModel;
 use linearize_core::reference::teacher as reference;
-use linearize_tests::{assert_close, gpu, max_abs_diff, teacher};
+use linearize_tests::{assert_close, gpu, max_abs_diff, prefill_then_decode, teacher};
 
 fn halves(v: &mut [f32]) {
     v.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
@@ -42,16 +42,7 @@ fn rounded(w: &ModelWeights, m: Option<&StudentMixers>) -> (ModelWeights, Option
 
 /// Logits at every position of `ids`: prefill of all but the last two, then decode.
 fn logits(gpu: &Gpu, lm: &LanguageModel, ids: &[u32]) -> Vec<f32> {
-    let vocab = lm.config.vocab_size;
-    let split = ids.len() - 2;
-    let mut cache = lm.new_cache(gpu, 1, ids.len()).unwrap();
-    let l = lm.forward(gpu, &mut cache, &ids[..split], Logits::All).unwrap();
-    let mut out = gpu.read_f32_blocking(&l, split * vocab).unwrap();
-    for &id in &ids[split..] {
-        let l = lm.forward(gpu, &mut cache, &[id], Logits::Last).unwrap();
-        out.extend(gpu.read_f32_blocking(&l, vocab).unwrap());
-    }
-    out
+    prefill_then_decode(gpu, lm, ids, ids.len() - 2)
 }
 
 #[test]
