@@ -17,40 +17,32 @@ struct Params {
 // gather_rows_f16: the table as half floats packed two per word (cols even).
 @group(0) @binding(9) var<storage, read> table_f16: array<u32>;
 
-// The row of the part this thread copies from, or none (ids are checked on the host; a bad
-// one only finds no part).
-fn part_row(r: u32) -> i32 {
-    let id = ids[r];
+// Where in this part the value of thread (column x, row y) is, or -1 when its id lies in
+// another part (ids are checked on the host; a bad one only finds no part).
+fn source(gid: vec3<u32>) -> i32 {
+    if (gid.x >= p.cols || gid.y >= p.rows) {
+        return -1;
+    }
+    let id = ids[gid.y];
     if (id < p.row0 || id - p.row0 >= p.table_rows) {
         return -1;
     }
-    return i32(id - p.row0);
+    return i32((id - p.row0) * p.cols + gid.x);
 }
 
 @compute @workgroup_size(64)
 fn gather_rows(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let c = gid.x;
-    let r = gid.y;
-    if (c >= p.cols || r >= p.rows) {
-        return;
-    }
-    let row = part_row(r);
-    if (row >= 0) {
-        out[r * p.cols + c] = table[u32(row) * p.cols + c];
+    let at = source(gid);
+    if (at >= 0) {
+        out[gid.y * p.cols + gid.x] = table[u32(at)];
     }
 }
 
 @compute @workgroup_size(64)
 fn gather_rows_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let c = gid.x;
-    let r = gid.y;
-    if (c >= p.cols || r >= p.rows) {
-        return;
-    }
-    let row = part_row(r);
-    if (row >= 0) {
-        let at = u32(row) * p.cols + c;
-        out[r * p.cols + c] = unpack2x16float(table_f16[at / 2u])[at % 2u];
+    let at = source(gid);
+    if (at >= 0) {
+        out[gid.y * p.cols + gid.x] = unpack2x16float(table_f16[u32(at) / 2u])[u32(at) % 2u];
     }
 }
 
