@@ -1,0 +1,17 @@
+// Shared by the pages the browser tests drive (kernel-test.html, model-test.html): run the
+// page's work once and POST what it returns, or the error it threw, to the test's /result.
+const log = (s) => { document.getElementById('log').textContent = s; };
+
+async function report(obj) {
+  log(JSON.stringify(obj).slice(0, 400));
+  await fetch('/result', { method: 'POST', body: JSON.stringify(obj) });
+}
+
+export async function runTest(work) {
+  try {
+    if (!navigator.gpu) throw new Error('WebGPU is not available in this browser');
+    await report({ ok: true, ...(await work(log)) });
+  } catch (e) {
+    await report({ ok: false, error: String((e && e.message) || e) });
+  }
+}
