@@ -99,17 +99,20 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         models.push((kind.name().into(), d, files));
         weights.push("f32");
     }
-    // The teacher and the delta-rule student again, holding their matrices as f16 pairs.
+    // The teacher and the delta-rule student again, holding their matrices as f16 pairs; the
+    // teacher on a device whose storage bindings hold 16 MiB, so its 54 MiB f16 embedding (the
+    // tied head) is split into 4 parts in the browser.
     for i in [0, 3] {
         models.push(models[i].clone());
         weights.push("f16");
     }
+    let max_binding = |i: usize| if i == 4 { Some(16u32 << 20) } else { None };
     let prompt = "The capital of France is";
     let ids = t.tokenizer.encode(prompt).unwrap();
     let new_tokens = 3;
     let input = serde_json::json!({
         "ids": ids, "prompt": prompt, "new_tokens": new_tokens,
-        "models": models.iter().zip(&weights).map(|((n, _, f), w)| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f, "weights": w})).collect::<Vec<_>>(),
+        "models": models.iter().zip(&weights).enumerate().map(|(i, ((n, _, f), w))| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f, "weights": w, "max_binding": max_binding(i)})).collect::<Vec<_>>(),
     });
     let mut routes: Vec<(String, std::path::PathBuf)> = models[..4].iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
     routes.push(("/pkg/".into(), pkg));
@@ -128,6 +131,17 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         let lm = LanguageModel::upload_as(gpu(), &model.weights, model.mixers.as_ref(), dtype).unwrap();
         let name = &format!("{name} ({weights})");
         assert_eq!(r["info"]["weight_bytes"].as_u64(), Some(lm.matrix_bytes()), "{name}");
+        // As many buffers as a native device with the same binding limit uses.
+        let buffers = match max_binding(i) {
+            Some(bytes) => {
+                let limited = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffer_binding_size = bytes.into())).unwrap();
+                let split = LanguageModel::upload_as(&limited, &model.weights, model.mixers.as_ref(), dtype).unwrap().matrix_buffers();
+                assert!(split > lm.matrix_buffers(), "{name}: the limit splits the embedding");
+                split
+            }
+            None => lm.matrix_buffers(),
+        };
+        assert_eq!(r["info"]["weight_buffers"].as_u64(), Some(buffers as u64), "{name}");
         let mut cache = lm.new_cache(gpu(), 1, ids.len()).unwrap();
         let out = lm.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
         let native = gpu().read_f32_blocking(&out, ids.len() * vocab).unwrap();

@@ -36,6 +36,16 @@ impl WebGpu {
         Ok(WebGpu { gpu: Rc::new(gpu) })
     }
 
+    /// As `create`, with each storage binding limited to `max_binding_bytes` (at most the
+    /// adapter's): what a smaller device does with the same model — its larger matrices split
+    /// across more bindings.
+    pub async fn create_limited(max_binding_bytes: u32) -> Result<WebGpu, JsValue> {
+        let gpu = Gpu::with_limits(|l| l.max_storage_buffer_binding_size = l.max_storage_buffer_binding_size.min(max_binding_bytes.into()))
+            .await
+            .map_err(js_err)?;
+        Ok(WebGpu { gpu: Rc::new(gpu) })
+    }
+
     /// The adapter as JSON (name, backend, limits).
     pub fn adapter_json(&self) -> String {
         serde_json_string(&self.gpu.adapter)
@@ -79,6 +89,7 @@ impl WebGpu {
             .map_err(|e| js_err(format!("{}: {e}", source.origin().display())))?;
         info["weights"] = weights.into();
         info["weight_bytes"] = lm.matrix_bytes().into();
+        info["weight_buffers"] = lm.matrix_buffers().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })
     }
 }

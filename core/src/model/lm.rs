@@ -158,6 +158,23 @@ impl LanguageModel {
         Ok(lm)
     }
 
+    /// Buffers holding the projection and embedding matrices (more than one per matrix where a
+    /// matrix is split across bindings).
+    pub fn matrix_buffers(&self) -> usize {
+        let blocks: usize = self
+            .blocks
+            .iter()
+            .map(|b| {
+                let attention = match &b.mixer {
+                    TokenMixer::Attention { wqkv, wo } => wqkv.parts() + wo.parts(),
+                    TokenMixer::Mixer(_) => 0,
+                };
+                attention + b.w_gate_up.parts() + b.w_down.parts()
+            })
+            .sum();
+        blocks + self.embed.parts() + self.head.as_ref().map_or(0, |h| h.parts())
+    }
+
     /// Device memory of the projection and embedding matrices (what f16 halves).
     pub fn matrix_bytes(&self) -> u64 {
         let blocks: u64 = self
