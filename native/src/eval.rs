@@ -188,7 +188,7 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
     if a.json {
-        println!("{}", json!({ "model": a.model, "weights": format!("{:?}", a.weights).to_lowercase(), "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
+        println!("{}", json!({ "model": a.model, "weights": a.weights.dtype().name(), "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
     } else {
         println!("average {avg:.4}");
         if let Some(r) = recovery {

@@ -211,13 +211,18 @@ pub(crate) enum Weights {
     F16,
 }
 
+impl Weights {
+    pub(crate) fn dtype(self) -> Dtype {
+        match self {
+            Weights::F32 => Dtype::F32,
+            Weights::F16 => Dtype::F16,
+        }
+    }
+}
+
 /// `model` on the GPU with its matrices held as `weights`.
 pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
-    let dtype = match weights {
-        Weights::F32 => Dtype::F32,
-        Weights::F16 => Dtype::F16,
-    };
-    Ok(LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), dtype)?)
+    Ok(LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.dtype())?)
 }
 
 fn cmd_info(spec: &str, json: bool) -> Result<()> {
@@ -404,7 +409,7 @@ fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens:
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": format!("{weights:?}").to_lowercase(), "results": results}))?);
+        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "results": results}))?);
     } else {
         for r in &results {
             println!("{r}");

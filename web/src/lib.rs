@@ -66,8 +66,9 @@ impl WebGpu {
         g.read_f32(&yb, m * n).await.map_err(js_err)
     }
 
-    /// Builds a model from its files and uploads its weights (the host copy is dropped). A
-    /// model whose tensors exceed this adapter's limits is refused with the tensor named.
+    /// Builds a model from its files and uploads its weights (the host copy is dropped);
+    /// matrices larger than a binding are split. A model whose buffers the device cannot make
+    /// (out of memory, or a row wider than a binding) is refused with the reason.
     pub async fn load_model(&self, files: ModelFiles) -> Result<WebModel, JsValue> {
         self.load_model_as(files, "f32".into()).await
     }
@@ -76,18 +77,14 @@ impl WebGpu {
     /// "f16" (packed pairs: half the memory). Matrices beyond the adapter's binding limit are
     /// split either way.
     pub async fn load_model_as(&self, files: ModelFiles, weights: String) -> Result<WebModel, JsValue> {
-        let dtype = match weights.as_str() {
-            "f32" => Dtype::F32,
-            "f16" => Dtype::F16,
-            other => return Err(js_err(format!("weights: '{other}' is neither 'f32' nor 'f16'"))),
-        };
+        let dtype: Dtype = weights.parse().map_err(js_err)?;
         let source = CoreFiles::Memory { origin: files.origin.into(), files: files.files };
         let model = Model::from_files(&source).map_err(js_err)?;
         let mut info = model_info(&model);
         let lm = LanguageModel::upload_checked(&self.gpu, &model.weights, model.mixers.as_ref(), dtype)
             .await
             .map_err(|e| js_err(format!("{}: {e}", source.origin().display())))?;
-        info["weights"] = weights.into();
+        info["weights"] = dtype.name().into();
         info["weight_bytes"] = lm.matrix_bytes().into();
         info["weight_buffers"] = lm.matrix_buffers().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })

@@ -14,6 +14,23 @@ pub enum Dtype {
     F16,
 }
 
+impl Dtype {
+    /// "f32" or "f16": how the command line and the web API name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "f16",
+        }
+    }
+}
+
+impl std::str::FromStr for Dtype {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [Dtype::F32, Dtype::F16].into_iter().find(|d| d.name() == s).ok_or_else(|| Error::argument("weights", format!("'{s}' is neither 'f32' nor 'f16'")))
+    }
+}
+
 /// A storage buffer of `len` values.
 #[derive(Debug)]
 pub struct GpuBuf {
@@ -185,7 +202,7 @@ impl Gpu {
 
 /// Half floats (round to nearest even) two per word, the first in the low 16 bits; an odd
 /// count is padded with a zero.
-pub fn pack_f16(data: &[f32]) -> Vec<u32> {
+fn pack_f16(data: &[f32]) -> Vec<u32> {
     data.chunks(2)
         .map(|p| {
             let lo = half::f16::from_f32(p[0]).to_bits() as u32;

@@ -4,6 +4,6 @@ mod buffers;
 mod device;
 mod dispatch;
 
-pub use buffers::{need, need_values, pack_f16, BufferPool, Dtype, GpuBuf};
+pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf};
 pub use device::{AdapterReport, Gpu};
 pub use dispatch::{profile, Kernel, Recorder};

@@ -58,10 +58,13 @@ impl MixerLayer {
         let mut bufs = BTreeMap::new();
         for (name, t) in params {
             // Projections are read only by nn::linear, whose vec4 kernels take packed f16.
-            let projection = is_projection(name) && t.shape.len() == 2 && t.shape[1] % 4 == 0;
-            let buf = match dtype {
-                Dtype::F16 if projection => gpu.upload_f16(name, &t.data)?,
-                _ => gpu.upload_f32(name, &t.data)?,
+            let held = match t.shape.as_slice() {
+                [_, cols] if is_projection(name) => nn::matrix_dtype(dtype, *cols),
+                _ => Dtype::F32,
+            };
+            let buf = match held {
+                Dtype::F16 => gpu.upload_f16(name, &t.data)?,
+                Dtype::F32 => gpu.upload_f32(name, &t.data)?,
             };
             bufs.insert(name.clone(), buf);
         }

@@ -158,37 +158,31 @@ impl LanguageModel {
         Ok(lm)
     }
 
-    /// Buffers holding the projection and embedding matrices (more than one per matrix where a
-    /// matrix is split across bindings).
+    /// The matrices held as `Weight`s: attention and MLP projections, embedding, untied head.
+    fn weights(&self) -> impl Iterator<Item = &Weight> {
+        let blocks = self.blocks.iter().flat_map(|b| {
+            let attention = match &b.mixer {
+                TokenMixer::Attention { wqkv, wo } => vec![wqkv, wo],
+                TokenMixer::Mixer(_) => Vec::new(),
+            };
+            attention.into_iter().chain([&b.w_gate_up, &b.w_down])
+        });
+        blocks.chain([&self.embed]).chain(self.head.as_ref())
+    }
+
+    /// Buffers holding the `Weight` matrices (more than one per matrix where a matrix is split
+    /// across bindings; mixer projections, one buffer each, are not counted).
     pub fn matrix_buffers(&self) -> usize {
-        let blocks: usize = self
-            .blocks
-            .iter()
-            .map(|b| {
-                let attention = match &b.mixer {
-                    TokenMixer::Attention { wqkv, wo } => wqkv.parts() + wo.parts(),
-                    TokenMixer::Mixer(_) => 0,
-                };
-                attention + b.w_gate_up.parts() + b.w_down.parts()
-            })
-            .sum();
-        blocks + self.embed.parts() + self.head.as_ref().map_or(0, |h| h.parts())
+        self.weights().map(Weight::parts).sum()
     }
 
     /// Device memory of the projection and embedding matrices (what f16 halves).
     pub fn matrix_bytes(&self) -> u64 {
-        let blocks: u64 = self
-            .blocks
-            .iter()
-            .map(|b| {
-                let mixer = match &b.mixer {
-                    TokenMixer::Attention { wqkv, wo } => wqkv.bytes() + wo.bytes(),
-                    TokenMixer::Mixer(m) => m.projection_bytes(),
-                };
-                mixer + b.w_gate_up.bytes() + b.w_down.bytes()
-            })
-            .sum();
-        blocks + self.embed.bytes() + self.head.as_ref().map_or(0, |h| h.bytes())
+        let mixers: u64 = self.blocks.iter().filter_map(|b| match &b.mixer {
+            TokenMixer::Mixer(m) => Some(m.projection_bytes()),
+            TokenMixer::Attention { .. } => None,
+        }).sum();
+        self.weights().map(Weight::bytes).sum::<u64>() + mixers
     }
 
     /// Whether every block is a linear-time mixer (memory per sequence does not grow).

@@ -4,7 +4,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Recorder};
 
 mod weight;
-pub use weight::{embed, project, Weight};
+pub use weight::{embed, matrix_dtype, project, Weight};
 
 
 /// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
@@ -92,12 +92,24 @@ pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usi
 
 /// out[r, :] = table[ids[r], :] for `rows` ids; the table has `table_rows` rows of `cols`.
 pub fn gather_rows(rec: &mut Recorder, ids: &GpuBuf, table: &GpuBuf, out: &GpuBuf, rows: usize, cols: usize, table_rows: usize) -> Result<()> {
+    gather_part(rec, ids, table, out, rows, cols, (0, table_rows))
+}
+
+/// `gather_rows` from one part of a table split by rows (weight.rs): `part` holds rows
+/// row0 .. row0 + part_rows, as f32 or packed f16; ids outside them are left to other parts.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gather_part(rec: &mut Recorder, ids: &GpuBuf, part: &GpuBuf, out: &GpuBuf, rows: usize, cols: usize, (row0, part_rows): (usize, usize)) -> Result<()> {
     need("gather ids", ids, rows)?;
-    need("gather table", table, table_rows * cols)?;
+    need_values("gather table", part, part_rows * cols)?;
     need("gather out", out, rows * cols)?;
-    let params = [rows as u32, cols as u32, table_rows as u32, 0];
+    let (entry, binding) = match part.dtype {
+        Dtype::F32 => ("gather_rows", 2),
+        Dtype::F16 if cols % 2 == 0 => ("gather_rows_f16", 9),
+        Dtype::F16 => return Err(Error::argument("gather", format!("packed f16 rows need an even width, got {cols}"))),
+    };
+    let params = [rows as u32, cols as u32, part_rows as u32, row0 as u32];
     let groups = [cols.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch(&Kernel::new("nn/embedding", "gather_rows"), &params, &[&ids, &table, &out], groups)
+    rec.dispatch_bindings(&Kernel::new("nn/embedding", entry), &params, &[(1, ids), (binding, part), (3, out)], groups)
 }
 
 /// Shapes shared by the attention-side kernels.

@@ -4,9 +4,19 @@
 //! WebGPU and lavapipe bind by default. The two ops that read such a matrix sit beside it:
 //! `project` (y = x·Wᵀ, each part filling its block of columns) and `embed` (row lookup, each
 //! part serving the ids in its rows).
-use super::{linear_block, LinearKernel};
+use super::{gather_part, linear_block, LinearKernel};
 use crate::error::{Error, Result};
-use crate::gpu::{Dtype, Gpu, GpuBuf, Kernel, Recorder};
+use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
+
+/// How a matrix of rows of `cols` values is held when `want` is asked for: packed f16 only
+/// where cols is divisible by 4 (the linear kernels read four halves at a time), f32 otherwise.
+pub fn matrix_dtype(want: Dtype, cols: usize) -> Dtype {
+    if cols % 4 == 0 {
+        want
+    } else {
+        Dtype::F32
+    }
+}
 
 /// A row-major [rows, cols] matrix in parts of whole rows.
 #[derive(Debug)]
@@ -19,14 +29,13 @@ pub struct Weight {
 }
 
 impl Weight {
-    /// Uploads `data` ([rows, cols]) as `dtype`, split so that no part exceeds what one binding
-    /// (and one buffer) of this device holds. f16 needs cols divisible by 4 (the kernels read
-    /// four halves at a time); other shapes stay f32.
+    /// Uploads `data` ([rows, cols]) as `matrix_dtype(dtype, cols)`, split so that no part
+    /// exceeds what one binding (and one buffer) of this device holds.
     pub fn upload(gpu: &Gpu, label: &str, data: &[f32], rows: usize, cols: usize, dtype: Dtype) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(Error::Gpu(format!("{label}: {} values for a [{rows}, {cols}] matrix", data.len())));
         }
-        let dtype = if cols % 4 == 0 { dtype } else { Dtype::F32 };
+        let dtype = matrix_dtype(dtype, cols);
         let row_bytes = match dtype {
             Dtype::F32 => cols * 4,
             Dtype::F16 => cols * 2,
@@ -89,19 +98,8 @@ pub fn project(rec: &mut Recorder, x: &GpuBuf, w: &Weight, y: &GpuBuf, m: usize,
 
 /// out[r, :] = W[ids[r], :] for `rows` ids (checked against W's rows by the caller).
 pub fn embed(rec: &mut Recorder, ids: &GpuBuf, w: &Weight, out: &GpuBuf, rows: usize) -> Result<()> {
-    crate::gpu::need("embed ids", ids, rows)?;
-    crate::gpu::need("embed out", out, rows * w.cols)?;
-    if w.dtype == Dtype::F16 && w.cols % 2 != 0 {
-        return Err(Error::argument("embed", format!("packed f16 rows need an even width, got {}", w.cols)));
-    }
-    let (entry, binding) = match w.dtype {
-        Dtype::F32 => ("gather_rows", 2),
-        Dtype::F16 => ("gather_rows_f16", 9),
-    };
     for (i, (row0, part)) in w.parts.iter().enumerate() {
-        let params = [rows as u32, w.cols as u32, w.rows_of(i) as u32, *row0 as u32];
-        let groups = [w.cols.div_ceil(64) as u32, rows as u32, 1];
-        rec.dispatch_bindings(&Kernel::new("nn/embedding", entry), &params, &[(1, ids), (binding, part), (3, out)], groups)?;
+        gather_part(rec, ids, part, out, rows, w.cols, (*row0, w.rows_of(i)))?;
     }
     Ok(())
 }
