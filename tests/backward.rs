@@ -1,7 +1,7 @@
 //! Backward kernels and training ops against finite differences of the f64 reference: linear
 //! (input and weight), RMSNorm, SwiGLU, cross entropy and KL; AdamW and the squared-norm sum
 //! against their f64 twins. Shapes are awkward (not multiples of the tiles).
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
 use linearize_core::nn;
 use linearize_core::reference::{nn as rnn, train as rtrain};
@@ -220,8 +220,8 @@ fn short_conv_backward_matches_finite_differences() {
         let want_dw = numeric_grad(&wd, |ww| loss(&xd, ww));
         let (dx, dw) = (gpu().scratch(x.len()).unwrap(), up(&vec![0.0; channels * 4]));
         let mut rec = gpu().recorder();
-        let zero = up(&vec![0.0; batch * 3 * channels]);
-        ops::short_conv_backward(&mut rec, &up(&x), &up(&w), &zero, &up(&dy), &dx, &dw, batch, seq, channels, silu).unwrap();
+        let wb = up(&w);
+        ops::short_conv_backward(&mut rec, &ops::ShortConv { w: &wb, batch, seq, channels, silu }, &up(&x), &up(&dy), &dx, &dw).unwrap();
         rec.submit().unwrap();
         assert_close(&format!("conv dx silu={silu}"), &read(&dx, x.len()), &want_dx, 1e-4, 1e-3);
         assert_close(&format!("conv dw silu={silu}"), &read(&dw, channels * 4), &want_dw, 1e-4, 1e-3);
@@ -244,7 +244,10 @@ fn head_norm_backward_matches_finite_differences() {
             let want_dx = numeric_grad(&xd, |xx| f(xx, &wd, &gd));
             let (dx, dg, dw) = (gpu().scratch(n).unwrap(), up(&vec![0.0; n]), up(&vec![0.0; dim]));
             let mut rec = gpu().recorder();
-            ops::head_norm_backward(&mut rec, norm, gate, &up(&x), &up(&w), &up(&g), &up(&dy), &dx, &dg, &dw, rows, heads, dim, 1e-5).unwrap();
+            let (xb, wb, gb) = (up(&x), up(&w), up(&g));
+            let gated = (gate != OutputGate::None).then_some((gate, &gb));
+            let args = ops::HeadNormArgs { norm, x: &xb, weight: Some(&wb), gate: gated, rows, heads, dim, eps: 1e-5 };
+            ops::head_norm_backward(&mut rec, &args, &up(&dy), &dx, Some(&dg), Some(&dw)).unwrap();
             rec.submit().unwrap();
             let tag = format!("{norm:?} {gate:?}");
             assert_close(&format!("{tag} dx"), &read(&dx, n), &want_dx, 1e-4, 1e-3);
@@ -262,45 +265,36 @@ fn head_norm_backward_matches_finite_differences() {
 
 #[test]
 fn gate_backward_matches_finite_differences() {
-    use linearize_core::mixers::ops::{self, GateFn};
+    use linearize_core::mixers::ops::{self, GateArgs, GateFn, GateGrads};
     use linearize_core::reference::mixer_ops as rops;
     let mut rng = Rng::new(59);
     let (rows, cols, per_head) = (5, 128, 64);
     let n = rows * cols;
     let (x, x2, dy) = (random(&mut rng, n, 4.0), random(&mut rng, n, 2.0), random(&mut rng, n, 1.0));
     let (param_cols, bias) = (random(&mut rng, cols, 1.0), random(&mut rng, cols, 1.0));
-    let (xd, x2d, dyd, bd) = (f64s(&x), f64s(&x2), f64s(&dy), f64s(&bias));
-    for f in [GateFn::Sigmoid, GateFn::LogSigmoidOver16, GateFn::NegExpSoftplus, GateFn::MlstmForget, GateFn::MlstmInput, GateFn::Constant, GateFn::Hadamard, GateFn::AddBias, GateFn::Add] {
-        // NegExpSoftplus takes one A_log per head; the others a value per column.
-        let param: Vec<f32> = if f == GateFn::NegExpSoftplus { param_cols[..cols / per_head].to_vec() } else { param_cols.clone() };
-        let pd = f64s(&param);
+    let (xd, dyd, bd) = (f64s(&x), f64s(&dy), f64s(&bias));
+    for f in GateFn::ALL {
+        // Per-head operands hold one value per head (x2 of ScaleHeads: per row and head).
+        let param: Vec<f32> = if matches!(f, GateFn::NegExpSoftplus | GateFn::SkipPerHead) { param_cols[..cols / per_head].to_vec() } else { param_cols.clone() };
+        let x2: Vec<f32> = if f == GateFn::ScaleHeads { x2[..rows * cols / per_head].to_vec() } else { x2.clone() };
+        let (pd, x2d) = (f64s(&param), f64s(&x2));
         let loss = |xx: &[f64], xx2: &[f64], pp: &[f64], bb: &[f64]| dot(&dyd, &rops::gate(f, xx, xx2, pp, bb, rows, cols, per_head));
-        let zeros = vec![0.0f32; cols];
-        let (dx, dx2, db, dp) = (gpu().scratch(n).unwrap(), up(&vec![0.0; n]), up(&zeros), up(&zeros));
+        let (dx, dx2, db, dp) = (gpu().scratch(n).unwrap(), up(&vec![0.0; x2.len()]), up(&vec![0.0; cols]), up(&vec![0.0; param.len()]));
+        let (xb, x2b, pb, bb, dyb) = (up(&x), up(&x2), up(&param), up(&bias), up(&dy));
         let mut rec = gpu().recorder();
-        // The parameter buffer is padded to a column's length for the kernel's bounds.
-        let mut padded = param.clone();
-        padded.resize(cols, 0.0);
-        ops::gate_backward(&mut rec, f, &up(&x), &up(&x2), &up(&padded), &up(&bias), &up(&dy), &dx, &dx2, &db, &dp, rows, cols, per_head).unwrap();
+        let args = GateArgs::new(f, &xb, rows, cols).x2(&x2b).param(&pb).bias(&bb).per_head(per_head);
+        ops::gate_backward(&mut rec, &args, &dyb, GateGrads { dx: &dx, dx2: Some(&dx2), d_bias: Some(&db), d_param: Some(&dp) }).unwrap();
         rec.submit().unwrap();
         let tag = format!("{f:?}");
         assert_close(&format!("{tag} dx"), &read(&dx, n), &numeric_grad(&xd, |v| loss(v, &x2d, &pd, &bd)), 1e-4, 1e-3);
-        if matches!(f, GateFn::Hadamard | GateFn::Add) {
-            assert_close(&format!("{tag} dx2"), &read(&dx2, n), &numeric_grad(&x2d, |v| loss(&xd, v, &pd, &bd)), 1e-4, 1e-3);
+        if f.has_x2() {
+            assert_close(&format!("{tag} dx2"), &read(&dx2, x2.len()), &numeric_grad(&x2d, |v| loss(&xd, v, &pd, &bd)), 1e-4, 1e-3);
         }
-        if !matches!(f, GateFn::Sigmoid | GateFn::Constant | GateFn::Add) {
+        if f.has_bias() {
             assert_close(&format!("{tag} d_bias"), &read(&db, cols), &numeric_grad(&bd, |v| loss(&xd, &x2d, &pd, v)), 1e-4, 1e-3);
         }
-        let want_dp = numeric_grad(&pd, |v| loss(&xd, &x2d, v, &bd));
-        let got_dp = read(&dp, cols);
-        match f {
-            // Per head: the host sums the per-column values of each head.
-            GateFn::NegExpSoftplus => {
-                let per: Vec<f32> = got_dp.chunks(per_head).map(|c| c.iter().sum()).collect();
-                assert_close(&format!("{tag} d_A_log"), &per, &want_dp, 1e-3, 1e-3);
-            }
-            GateFn::Constant | GateFn::Hadamard => assert_close(&format!("{tag} d_param"), &got_dp, &want_dp, 1e-4, 1e-3),
-            _ => {}
+        if f.has_param() {
+            assert_close(&format!("{tag} d_param"), &read(&dp, param.len()), &numeric_grad(&pd, |v| loss(&xd, &x2d, v, &bd)), 1e-3, 1e-3);
         }
     }
 }

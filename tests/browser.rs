@@ -1,9 +1,9 @@
 //! The web crate in headless Chromium (Debian's chromium, SwiftShader WebGPU): the same WGSL
 //! kernel runs in the browser and natively, and both agree with the f64 reference.
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_core::nn;
 use linearize_core::reference::nn as reference;
-use linearize_tests::{assert_close, build_web_package, chromium, f64s, gpu, random, repo_root, serve, teacher, tempdir, TestServer};
+use linearize_tests::{mixer, assert_close, build_web_package, chromium, f64s, gpu, random, repo_root, serve, teacher, tempdir, TestServer};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -78,7 +78,7 @@ fn linear_kernel_in_browser_matches_native() {
 /// come back.
 #[test]
 fn teacher_and_students_in_the_browser_give_the_native_logits() {
-    use linearize_core::mixers::{MixerKind, MixerOptions};
+    use linearize_core::mixers::MixerOptions;
     use linearize_core::model::student::{from_teacher, save_dir};
     use linearize_core::model::{LanguageModel, Logits, Model};
     let pkg = build_web_package();
@@ -90,7 +90,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     let mut models: Vec<(String, std::path::PathBuf, Vec<String>)> =
         vec![("teacher".into(), teacher_file.parent().unwrap().into(), vec![teacher_file.file_name().unwrap().to_string_lossy().into()])];
     let mut weights = vec!["f32"];
-    for kind in [MixerKind::LinearAttn, MixerKind::Gla, MixerKind::GatedDeltanet] {
+    for kind in [mixer("linear_attn"), mixer("gla"), mixer("gated_deltanet")] {
         let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "browser test").unwrap();
         let d = dir.join(kind.name());
         save_dir(&d, &w, &m, &t.tokenizer).unwrap();

@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: one GPU and one teacher per test binary, random
 //! data, and closeness checks against the f64 reference.
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_core::gpu::Gpu;
 use linearize_core::model::weights::teacher_path;
 use linearize_core::model::Model;
@@ -204,4 +204,9 @@ pub fn chromium() -> String {
         }
     }
     panic!("the browser test needs Debian's chromium: apt-get install chromium chromium-driver (scripts/setup.sh does)");
+}
+
+/// A registered mixer by name.
+pub fn mixer(name: &str) -> linearize_core::mixers::MixerKind {
+    linearize_core::mixers::MixerKind::from_name(name).expect("a registered mixer")
 }

@@ -3,9 +3,9 @@
 //! $LINEARIZE_HOME holding the real teacher and a 2-layer gated DeltaNet student; the page loads
 //! both, streams tokens, draws the state-norm heatmap and the memory chart (checked in the DOM
 //! and in a screenshot), and a browser without WebGPU is told so.
-use linearize_core::mixers::{MixerKind, MixerOptions};
+use linearize_core::mixers::MixerOptions;
 use linearize_core::model::student::{from_teacher, save_dir};
-use linearize_tests::{build_web_package, chromium, linearize_bin, nested_target_dir, repo_root, teacher, tempdir};
+use linearize_tests::{mixer, build_web_package, chromium, linearize_bin, nested_target_dir, repo_root, teacher, tempdir};
 use serde_json::{json, Value};
 use std::io::BufRead;
 use std::process::{Child, Command, Stdio};
@@ -133,7 +133,7 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     std::os::unix::fs::symlink(&teacher_file, home.join("teacher").join(teacher_file.file_name().unwrap())).unwrap();
     let mut small = t.weights.clone();
     small.truncate_layers(2);
-    let (w, m) = from_teacher(&small, MixerKind::GatedDeltanet, None, &MixerOptions::default(), "demo test").unwrap();
+    let (w, m) = from_teacher(&small, mixer("gated_deltanet"), None, &MixerOptions::default(), "demo test").unwrap();
     save_dir(&home.join("students/gated_deltanet"), &w, &m, &t.tokenizer).unwrap();
     // And a student whose weights file is broken.
     let broken = home.join("students/zz_broken");

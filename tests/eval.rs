@@ -5,7 +5,7 @@
 use linearize_core::eval::{target_logprob, encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::LanguageModel;
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_tests::{f64s, gpu, random, teacher, tempdir};
 
 fn doc(gold: usize, items: &[(&str, &str)]) -> Doc {

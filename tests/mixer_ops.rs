@@ -1,7 +1,7 @@
 //! The mixers' input and output paths on the GPU against their f64 references: the short
 //! causal conv (one token, several pieces with the carried state), per-head norms with output
 //! gates, the gate activations at extreme pre-activations, and RetNet's in-place rotary.
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
 use linearize_core::mixers::ops::{self, GateFn, HeadNorm, OutputGate};
 use linearize_core::reference::{mixer_ops as reference, nn as reference_nn};
@@ -33,7 +33,7 @@ fn short_conv_matches_reference_across_pieces() {
             let piece: Vec<f32> = (0..batch).flat_map(|b| x[(b * total + t0) * channels..(b * total + t0 + len) * channels].to_vec()).collect();
             let y = gpu().scratch(batch * len * channels).unwrap();
             let mut rec = gpu().recorder();
-            ops::short_conv(&mut rec, &up(&piece), &wb, &state, &y, batch, len, channels, silu).unwrap();
+            ops::short_conv(&mut rec, &ops::ShortConv { w: &wb, batch, seq: len, channels, silu }, &up(&piece), &state, &y).unwrap();
             rec.submit().unwrap();
             let out = read(&y, batch * len * channels);
             for b in 0..batch {
@@ -55,7 +55,7 @@ fn identity_conv_passes_inputs_through() {
     let w: Vec<f32> = (0..channels).flat_map(|_| [0.0, 0.0, 0.0, 1.0]).collect();
     let y = gpu().scratch(x.len()).unwrap();
     let mut rec = gpu().recorder();
-    ops::short_conv(&mut rec, &up(&x), &up(&w), &up(&vec![0.5; batch * 3 * channels]), &y, batch, seq, channels, false).unwrap();
+    ops::short_conv(&mut rec, &ops::ShortConv { w: &up(&w), batch, seq, channels, silu: false }, &up(&x), &up(&vec![0.5; batch * 3 * channels]), &y).unwrap();
     rec.submit().unwrap();
     assert_eq!(read(&y, x.len()), x);
 }
@@ -71,7 +71,10 @@ fn head_norms_match_reference() {
         for gate in [OutputGate::None, OutputGate::Silu, OutputGate::Sigmoid] {
             let y = gpu().scratch(x.len()).unwrap();
             let mut rec = gpu().recorder();
-            ops::head_norm(&mut rec, norm, gate, &up(&x), &up(&w), &up(&g), &y, rows, heads, dim, 1e-5).unwrap();
+            let (xb, wb, gb) = (up(&x), up(&w), up(&g));
+            let gated = (gate != OutputGate::None).then_some((gate, &gb));
+            let args = ops::HeadNormArgs { norm, x: &xb, weight: Some(&wb), gate: gated, rows, heads, dim, eps: 1e-5 };
+            ops::head_norm(&mut rec, &args, &y).unwrap();
             rec.submit().unwrap();
             let want = reference::head_norm(norm, gate, &f64s(&x), &f64s(&w), &f64s(&g), rows, heads, dim, 1e-5);
             assert_close(&format!("{norm:?} {gate:?}"), &read(&y, x.len()), &want, 1e-6, 1e-4);
@@ -91,10 +94,11 @@ fn gate_activations_match_reference_at_extremes() {
     let x2 = random(&mut rng, rows * cols, 2.0);
     let param = random(&mut rng, cols, 2.0);
     let bias = random(&mut rng, cols, 1.0);
-    for f in [GateFn::Sigmoid, GateFn::LogSigmoidOver16, GateFn::NegExpSoftplus, GateFn::MlstmForget, GateFn::MlstmInput, GateFn::Constant, GateFn::Hadamard, GateFn::AddBias, GateFn::Add] {
+    let (xb, x2b, pb, bb) = (up(&x), up(&x2), up(&param), up(&bias));
+    for f in GateFn::ALL {
         let y = gpu().scratch(x.len()).unwrap();
         let mut rec = gpu().recorder();
-        ops::gate(&mut rec, f, &up(&x), &up(&x2), &up(&param), &up(&bias), &y, rows, cols, per_head).unwrap();
+        ops::gate(&mut rec, &ops::GateArgs::new(f, &xb, rows, cols).x2(&x2b).param(&pb).bias(&bb).per_head(per_head), &y).unwrap();
         rec.submit().unwrap();
         let want = reference::gate(f, &f64s(&x), &f64s(&x2), &f64s(&param), &f64s(&bias), rows, cols, per_head);
         assert_close(&format!("{f:?}"), &read(&y, x.len()), &want, 1e-5, 1e-4);

@@ -1,10 +1,10 @@
 //! Each mixer layer on the GPU (input path → recurrence → output path → o_proj) against its f64
 //! reference, with the state carried across a prefill, a continuation and single-token decode.
-use linearize_core::generate::Rng;
-use linearize_core::mixers::layer::{MixerLayer, Rope};
+use linearize_core::util::Rng;
+use linearize_core::mixers::layer::{BackwardArgs, LayerGrads, MixerLayer, Rope};
 use linearize_core::mixers::{new_parameters, ConvInit, MixerKind, MixerOptions, MixerParams, MixerShape, Tensor};
 use linearize_core::reference::mixers::{self as reference, LayerState};
-use linearize_tests::{assert_close, f64s, gpu, random};
+use linearize_tests::{mixer, assert_close, f64s, gpu, random};
 
 fn params(kind: MixerKind, s: MixerShape, opts: &MixerOptions, rng: &mut Rng) -> MixerParams {
     let mut p = new_parameters(kind, s, opts, 3);
@@ -30,13 +30,13 @@ fn every_mixer_layer_matches_reference_across_calls() {
     let (cos, sin) = linearize_core::model::lm::rope_tables(256, s.dk, theta);
     let (cos, sin) = (gpu().upload_f32("cos", &cos).unwrap(), gpu().upload_f32("sin", &sin).unwrap());
     let rope = Rope { cos: &cos, sin: &sin };
-    for kind in MixerKind::ALL {
+    for kind in MixerKind::all() {
         for opts in [
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
             MixerOptions { la_denominator: true, la_output_norm: true, ..Default::default() },
             MixerOptions { kda_gate_mixup: true, ..Default::default() },
         ] {
-            if (opts.la_denominator && kind != MixerKind::LinearAttn) || (opts.kda_gate_mixup && kind != MixerKind::Kda) {
+            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) {
                 continue;
             }
             let p = params(kind, s, &opts, &mut rng);
@@ -47,18 +47,16 @@ fn every_mixer_layer_matches_reference_across_calls() {
             // Prefill 37 tokens, continue with 5, then decode 1.
             for (step, seq) in [37usize, 5, 1].into_iter().enumerate() {
                 let mut x = random(&mut rng, batch * seq * s.hidden, 1.0);
-                if kind == MixerKind::LinearAttn && opts.la_denominator {
+                if kind == mixer("linear_attn") && opts.la_denominator {
                     x.iter_mut().for_each(|v| *v = v.abs());
                 }
                 let want = reference::forward(kind, &opts, s, &p, &f64s(&x), batch, seq, theta, &mut want_state);
                 let xb = gpu().upload_f32("x", &x).unwrap();
                 let out = gpu().scratch(batch * seq * s.hidden).unwrap();
-                let mut temps = Vec::new();
                 let mut rec = gpu().recorder();
-                layer.forward(&mut rec, &xb, seq, &mut state, &rope, &out, false, &mut temps).unwrap();
+                layer.forward(&mut rec, &xb, seq, &mut state, &rope, &out, false, None).unwrap();
                 rec.submit().unwrap();
                 let got = gpu().read_f32_blocking(&out, batch * seq * s.hidden).unwrap();
-                temps.into_iter().for_each(|t| gpu().release(t));
                 let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-3);
                 let tag = format!("{} {:?} call {step} ({seq} tokens)", kind.name(), opts);
                 assert_close(&tag, &got, &want, 1e-4 * scale, 1e-3);
@@ -76,7 +74,7 @@ fn every_mixer_layer_matches_reference_across_calls() {
 
 #[test]
 fn mixer_names_round_trip_and_unknown_names_are_rejected() {
-    for k in MixerKind::ALL {
+    for k in MixerKind::all() {
         assert_eq!(MixerKind::from_name(k.name()).unwrap(), k);
     }
     let e = MixerKind::from_name("mamba").unwrap_err().to_string();
@@ -96,19 +94,19 @@ fn every_mixer_layer_backward_matches_finite_differences() {
     let (rope, rope_back) = (Rope { cos: &cos, sin: &sin }, Rope { cos: &cos, sin: &neg_sin });
     let (batch, seq) = (2, 70);
     let rows = batch * seq;
-    for kind in MixerKind::ALL {
+    for kind in MixerKind::all() {
         for opts in [
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
             MixerOptions { la_denominator: true, la_output_norm: true, ..Default::default() },
             MixerOptions { kda_gate_mixup: true, ..Default::default() },
         ] {
-            if (opts.la_denominator && kind != MixerKind::LinearAttn) || (opts.kda_gate_mixup && kind != MixerKind::Kda) {
+            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) {
                 continue;
             }
             let p = params(kind, s, &opts, &mut rng);
             let layer = MixerLayer::upload(gpu(), kind, &opts, s, &p).unwrap();
             let mut x = random(&mut rng, rows * s.hidden, 1.0);
-            if kind == MixerKind::LinearAttn && opts.la_denominator {
+            if kind == mixer("linear_attn") && opts.la_denominator {
                 x.iter_mut().for_each(|v| *v = v.abs());
             }
             let w = f64s(&random(&mut rng, rows * s.hidden, 1.0));
@@ -124,12 +122,11 @@ fn every_mixer_layer_backward_matches_finite_differences() {
             let dx = gpu().scratch(rows * s.hidden).unwrap();
             let names = layer.parameter_names();
             let grads: std::collections::BTreeMap<String, _> = names.iter().map(|n| (n.clone(), gpu().upload_f32(n, &vec![0.0; p[n].data.len()]).unwrap())).collect();
-            let mut temps = Vec::new();
             let mut rec = gpu().recorder();
-            let acts = layer.forward_train(&mut rec, &xb, batch, seq, &rope, &out, &mut temps).unwrap();
-            layer.backward(&mut rec, &xb, &acts, &rope_back, &dout, &dx, false, &grads, "", &mut temps).unwrap();
+            let acts = layer.forward_train(&mut rec, &xb, batch, seq, &rope, &out).unwrap();
+            let args = BackwardArgs { x: &xb, acts: &acts, rope_back: &rope_back, d_out: &dout };
+            layer.backward(&mut rec, &args, &dx, false, &LayerGrads { grads: &grads, prefix: "" }).unwrap();
             rec.submit().unwrap();
-            temps.into_iter().for_each(|t| gpu().release(t));
             acts.release(gpu());
 
             let tag = format!("{} {:?}", kind.name(), opts);

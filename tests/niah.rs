@@ -1,7 +1,8 @@
 //! Needle in a haystack: prompts are exactly the asked length with the needle at the asked
 //! depth, for filler and for prose haystacks; bad grids are named; scoring is exact match; and
 //! the real teacher retrieves a needle from a short haystack.
-use linearize_core::generate::{generate, Rng, Sampling};
+use linearize_core::generate::{generate, Sampling};
+use linearize_core::util::Rng;
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::LanguageModel;
 use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};

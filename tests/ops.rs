@@ -1,6 +1,6 @@
 //! Each WGSL op against its f64 reference at awkward shapes: one row, sizes that are not
 //! multiples of the tiles, several heads, grouped kv heads, and extreme values.
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
 use linearize_core::nn::{self, AttnShape, LinearKernel};
 use linearize_core::reference::nn as reference;

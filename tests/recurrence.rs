@@ -1,8 +1,8 @@
 //! The state recurrence on the GPU against its f64 reference, for the variant of every mixer,
 //! at awkward shapes (one token, T around the chunk size, several heads, batch > 1), with gates
 //! near 0 and near 1, and with the state carried across two calls.
-use linearize_core::generate::Rng;
-use linearize_core::mixers::recurrence::{self as recurrence, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence};
+use linearize_core::util::Rng;
+use linearize_core::mixers::recurrence::{self as recurrence, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence, RecurrenceArgs};
 use linearize_core::reference::recurrence::{self as reference, Inputs, State};
 use linearize_tests::{assert_close, f64s, gpu, random};
 
@@ -88,14 +88,13 @@ fn gpu_run_with(chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState,
     let out = gpu().scratch(d.batch * dd.seq * d.heads * d.dv).unwrap();
     let mut rec = gpu().recorder();
     let gates = Gates { g: Some(&g), beta: Some(&beta), igate: Some(&igate) };
-    let mut temps = Vec::new();
+    let args = RecurrenceArgs { r, dims: dd, scale: 1.0 / (d.dk as f32).sqrt(), q: &q, k: &k, v: &v, gates };
     if chunk {
-        chunked(&mut rec, r, dd, 1.0 / (d.dk as f32).sqrt(), &q, &k, &v, &gates, state, &out, &mut temps).unwrap();
+        chunked(&mut rec, &args, state, &out).unwrap();
     } else {
-        recurrent(&mut rec, r, dd, 1.0 / (d.dk as f32).sqrt(), &q, &k, &v, &gates, state, &out).unwrap();
+        recurrent(&mut rec, &args, state, &out).unwrap();
     }
     rec.submit().unwrap();
-    temps.into_iter().for_each(|t| gpu().release(t));
     gpu().read_f32_blocking(&out, d.batch * dd.seq * d.heads * d.dv).unwrap()
 }
 
@@ -173,10 +172,10 @@ fn bad_shapes_are_rejected() {
     let state = GpuState::zeros(gpu(), Dims { dk: 64, ..d }).unwrap();
     let mut rec = gpu().recorder();
     let gates = Gates { g: Some(&buf), beta: None, igate: None };
-    let e = recurrent(&mut rec, r, d, 1.0, &buf, &buf, &buf, &gates, &state, &buf).unwrap_err().to_string();
+    let args = |dims| RecurrenceArgs { r, dims, scale: 1.0, q: &buf, k: &buf, v: &buf, gates };
+    let e = recurrent(&mut rec, &args(d), &state, &buf).unwrap_err().to_string();
     assert!(e.contains("key size 64 or 128"), "{e}");
-    let d = Dims { dk: 64, ..d };
-    let e = recurrent(&mut rec, r, d, 1.0, &buf, &buf, &buf, &gates, &state, &buf).unwrap_err().to_string();
+    let e = recurrent(&mut rec, &args(Dims { dk: 64, ..d }), &state, &buf).unwrap_err().to_string();
     assert!(e.contains("needs β"), "{e}");
 }
 
@@ -275,10 +274,9 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
             let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
             let mut rec = gpu().recorder();
-            let mut temps = Vec::new();
-            let grads = recurrence::backward(&mut rec, r, d, scale as f32, &gq, &gk, &gv, &gates, &gd, &mut temps).unwrap();
+            let args = RecurrenceArgs { r, dims: d, scale: scale as f32, q: &gq, k: &gk, v: &gv, gates };
+            let grads = recurrence::backward(&mut rec, &args, &gd).unwrap();
             rec.submit().unwrap();
-            temps.into_iter().for_each(|t| gpu().release(t));
             let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
             let tag = format!("backward {name} B={batch} T={seq} H={heads} gates regime {regime}");
             let check = |what: &str, got: Vec<f32>, want: &[f64]| {

@@ -6,7 +6,7 @@ use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
 use linearize_core::model::student::{expand_kv_heads, from_teacher, save_dir};
 use linearize_core::model::{Diagnostics, LanguageModel, Model};
 use linearize_core::reference::teacher as reference;
-use linearize_tests::{assert_close, gpu, prefill_then_decode, teacher, tempdir};
+use linearize_tests::{mixer, assert_close, gpu, prefill_then_decode, teacher, tempdir};
 
 #[test]
 fn gqa_expansion_repeats_whole_heads() {
@@ -21,7 +21,7 @@ fn gqa_expansion_repeats_whole_heads() {
 fn student_copies_the_teacher_and_identity_conv_keeps_projections() {
     let t = teacher();
     let c = &t.weights.config;
-    let (w, m) = from_teacher(&t.weights, MixerKind::GatedDeltanet, Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    let (w, m) = from_teacher(&t.weights, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
     assert_eq!(m.config.mixer_layers, [0, 2]);
     assert!(w.layers[1].q == t.weights.layers[1].q && !w.layers[1].k.is_empty(), "layer 1 keeps attention");
     let p = &m.layers[&0];
@@ -38,7 +38,7 @@ fn student_copies_the_teacher_and_identity_conv_keeps_projections() {
     for name in ["conv_q", "conv_k", "conv_v"] {
         assert!(p[name].data.chunks(4).all(|c| c == [0.0, 0.0, 0.0, 1.0]), "{name}");
     }
-    let (_, random) = from_teacher(&t.weights, MixerKind::GatedDeltanet, Some(vec![0]), &MixerOptions { conv_init: ConvInit::Random, ..Default::default() }, "t").unwrap();
+    let (_, random) = from_teacher(&t.weights, mixer("gated_deltanet"), Some(vec![0]), &MixerOptions { conv_init: ConvInit::Random, ..Default::default() }, "t").unwrap();
     assert!(random.layers[&0]["conv_q"].data.chunks(4).any(|c| c != [0.0, 0.0, 0.0, 1.0]));
 }
 
@@ -48,9 +48,9 @@ fn every_mixer_student_matches_reference_and_generates() {
     let mut small = t.weights.clone();
     small.truncate_layers(3);
     let ids = t.tokenizer.encode("The capital of France is Paris, and the capital").unwrap();
-    for kind in MixerKind::ALL {
+    for kind in MixerKind::all() {
         // A hybrid for one mixer (attention kept in block 1), full replacement for the rest.
-        let layers = if kind == MixerKind::GatedDeltanet { Some(vec![0, 2]) } else { None };
+        let layers = if kind == mixer("gated_deltanet") { Some(vec![0, 2]) } else { None };
         let (w, m) = from_teacher(&small, kind, layers, &MixerOptions::default(), "test").unwrap();
         let want = reference::forward_with_mixers(&w, Some(&m), &ids);
         let lm = LanguageModel::upload_with_mixers(gpu(), &w, Some(&m)).unwrap();
@@ -61,7 +61,7 @@ fn every_mixer_student_matches_reference_and_generates() {
         assert_close(&format!("{} student logits", kind.name()), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
     }
     // Full 30-block students generate with a state that does not grow.
-    for kind in MixerKind::ALL {
+    for kind in MixerKind::all() {
         let (w, m) = from_teacher(&t.weights, kind, None, &MixerOptions::default(), "test").unwrap();
         let lm = LanguageModel::upload_with_mixers(gpu(), &w, Some(&m)).unwrap();
         assert!(lm.is_linear_time());
@@ -82,8 +82,8 @@ fn every_mixer_runs_within_webgpus_default_storage_buffers() {
     small.truncate_layers(1);
     let ids = t.tokenizer.encode("The capital of France is Paris, and the capital of Italy").unwrap();
     let limited = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap();
-    for kind in MixerKind::ALL {
-        let opts = MixerOptions { la_denominator: kind == MixerKind::LinearAttn, ..Default::default() };
+    for kind in MixerKind::all() {
+        let opts = MixerOptions { la_denominator: kind == mixer("linear_attn"), ..Default::default() };
         let (w, m) = from_teacher(&small, kind, None, &opts, "test").unwrap();
         let want = reference::forward_with_mixers(&w, Some(&m), &ids);
         let lm = LanguageModel::upload_with_mixers(&limited, &w, Some(&m)).unwrap();
@@ -100,7 +100,7 @@ fn student_directory_round_trips_and_bad_ones_fail_clearly() {
     let t = teacher();
     let mut small = t.weights.clone();
     small.truncate_layers(2);
-    let (w, m) = from_teacher(&small, MixerKind::Kda, None, &MixerOptions::default(), "test").unwrap();
+    let (w, m) = from_teacher(&small, mixer("kda"), None, &MixerOptions::default(), "test").unwrap();
     let dir = tempdir("student");
     save_dir(&dir, &w, &m, &t.tokenizer).unwrap();
     let back = Model::load_path(&dir).unwrap();
@@ -127,13 +127,13 @@ fn student_directory_round_trips_and_bad_ones_fail_clearly() {
     assert!(e.contains("config.json") && e.contains("num_attention_heads 7"), "{e}");
     std::fs::write(dir.join("config.json"), &cfg).unwrap();
     // Weights missing a mixer tensor: save a student of another mixer in its place.
-    let (w2, mut m2) = from_teacher(&small, MixerKind::Kda, None, &MixerOptions::default(), "test").unwrap();
+    let (w2, mut m2) = from_teacher(&small, mixer("kda"), None, &MixerOptions::default(), "test").unwrap();
     m2.layers.get_mut(&1).unwrap().remove("dt_bias");
     save_dir(&dir, &w2, &m2, &t.tokenizer).unwrap();
     let e = Model::load_path(&dir).err().unwrap().to_string();
     assert!(e.contains("model.safetensors") && e.contains("model.layers.1.mixer.dt_bias") && e.contains("missing"), "{e}");
     // A tensor of the wrong shape.
-    let (w3, mut m3) = from_teacher(&small, MixerKind::Kda, None, &MixerOptions::default(), "test").unwrap();
+    let (w3, mut m3) = from_teacher(&small, mixer("kda"), None, &MixerOptions::default(), "test").unwrap();
     let t3 = m3.layers.get_mut(&0).unwrap().get_mut("A_log").unwrap();
     t3.shape = vec![3, 3];
     save_dir(&dir, &w3, &m3, &t.tokenizer).unwrap();
@@ -149,7 +149,7 @@ fn diagnostics_follow_the_state_while_a_student_generates() {
     small.truncate_layers(2);
     let prompt = t.tokenizer.encode("The capital of France is").unwrap();
     let s = Sampling { max_new_tokens: 4, ..Default::default() };
-    for kind in [MixerKind::LinearAttn, MixerKind::GatedDeltanet, MixerKind::Kda] {
+    for kind in [mixer("linear_attn"), mixer("gated_deltanet"), mixer("kda")] {
         let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "test").unwrap();
         let lm = LanguageModel::upload_with_mixers(gpu(), &w, Some(&m)).unwrap();
         let mut d = Diagnostics::default();
@@ -165,8 +165,8 @@ fn diagnostics_follow_the_state_while_a_student_generates() {
             assert!(l.effective_rank.iter().flatten().all(|&r| (0.999..=64.001).contains(&r)), "{:?}", l.effective_rank);
             let heads = 9;
             assert!(l.decay.iter().all(|r| r.len() == heads));
-            match kind {
-                MixerKind::LinearAttn => {
+            match kind.name() {
+                "linear_attn" => {
                     assert!(l.decay.iter().flatten().all(|&a| a == 1.0));
                     assert!(l.beta_k2.iter().flatten().all(|&b| b == 0.0));
                     // An additive state only grows.
@@ -186,7 +186,7 @@ fn diagnostics_follow_the_state_while_a_student_generates() {
 /// A small random Llama (2 blocks, 2 heads of 64, GQA 2:1, vocabulary 300) for gradient checks.
 fn tiny_teacher(seed: u64) -> linearize_core::model::ModelWeights {
     use linearize_core::model::{LayerWeights, LlamaConfig, ModelWeights};
-    let mut rng = linearize_core::generate::Rng::new(seed);
+    let mut rng = linearize_core::util::Rng::new(seed);
     let config: LlamaConfig = serde_json::from_value(serde_json::json!({
         "hidden_size": 128, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 2,
         "num_key_value_heads": 1, "vocab_size": 300, "max_position_embeddings": 256, "tie_word_embeddings": true
@@ -219,8 +219,8 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
     use linearize_core::model::StudentMixers;
     let (batch, seq) = (2, 70);
     let rows = batch * seq;
-    for (n, kind) in MixerKind::ALL.into_iter().enumerate() {
-        let mut rng = linearize_core::generate::Rng::new(90 + n as u64);
+    for (n, kind) in MixerKind::all().enumerate() {
+        let mut rng = linearize_core::util::Rng::new(90 + n as u64);
         let teacher_w = tiny_teacher(80 + n as u64);
         let opts = MixerOptions { conv_init: ConvInit::Random, ..Default::default() };
         let (sw, mut mixers) = from_teacher(&teacher_w, kind, None, &opts, "tiny").unwrap();
@@ -248,12 +248,10 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
         let grads: std::collections::BTreeMap<String, _> = params.iter().map(|p| (p.name.clone(), gpu().upload_f32(&p.name, &vec![0.0; p.buf.len]).unwrap())).collect();
         let ids_buf = gpu().upload_u32("ids", &ids).unwrap();
         let d_logits = gpu().upload_f32("w", &w.iter().map(|&v| v as f32).collect::<Vec<_>>()).unwrap();
-        let mut temps = Vec::new();
         let mut rec = gpu().recorder();
-        let acts = lm.forward_train(&mut rec, &ids_buf, batch, seq, true, &mut temps).unwrap();
-        lm.backward(&mut rec, &ids, &acts, &d_logits, batch, seq, &grads, &mut temps).unwrap();
+        let acts = lm.forward_train(&mut rec, &ids_buf, batch, seq, true).unwrap();
+        lm.backward(&mut rec, &ids, &acts, &d_logits, batch, seq, &grads).unwrap();
         rec.submit().unwrap();
-        temps.into_iter().for_each(|t| gpu().release(t));
         acts.release(gpu());
 
         // Steps of eps·dir with dir on a grid of 1/64 and eps = 2⁻¹⁴ are exact in f32 for

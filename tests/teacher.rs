@@ -1,7 +1,8 @@
 //! The whole teacher on the GPU against the f64 reference: a random tiny Llama (untied head,
 //! grouped kv heads, batch > 1) and the real SmolLM2-135M (known token ids and continuation,
 //! logits of a 32-token prompt by prefill and by token-by-token decode).
-use linearize_core::generate::{argmax, generate, sample, Rng, Sampling};
+use linearize_core::generate::{argmax, generate, sample, Sampling};
+use linearize_core::util::Rng;
 use linearize_core::model::Logits;
 use linearize_core::model::{LanguageModel as Teacher, LayerWeights, LlamaConfig, ModelWeights};
 use linearize_core::reference::teacher as reference;

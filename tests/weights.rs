@@ -2,13 +2,13 @@
 //! f64 model of its rounded weights, the real teacher keeps its answers at half the memory, and
 //! an embedding split over many bindings gives the logits of a whole one.
 use linearize_core::gpu::{Dtype, Gpu};
-use linearize_core::mixers::{MixerKind, MixerOptions};
+use linearize_core::mixers::MixerOptions;
 use linearize_core::model::lm::training::Scope;
 use linearize_core::model::student::from_teacher;
 use linearize_core::model::weights::{ModelWeights, StudentMixers};
 use linearize_core::model::LanguageModel;
 use linearize_core::reference::teacher as reference;
-use linearize_tests::{assert_close, gpu, max_abs_diff, prefill_then_decode, teacher};
+use linearize_tests::{mixer, assert_close, gpu, max_abs_diff, prefill_then_decode, teacher};
 
 fn halves(v: &mut [f32]) {
     v.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
@@ -52,7 +52,7 @@ fn f16_models_compute_the_f64_model_of_their_halves() {
     small.truncate_layers(3);
     let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
     // The teacher (attention blocks) and a hybrid gated DeltaNet student (mixers in 0 and 2).
-    let (sw, sm) = from_teacher(&small, MixerKind::GatedDeltanet, Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
     for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
         let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
         let f16_lm = LanguageModel::upload_as(gpu(), w, m, Dtype::F16).unwrap();

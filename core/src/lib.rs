@@ -15,5 +15,6 @@ pub mod nn;
 pub mod reference;
 pub mod shaders;
 pub mod train;
+pub mod util;
 
 pub use error::{Error, Result};

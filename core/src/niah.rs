@@ -6,7 +6,7 @@
 //! starts at round(depth × haystack tokens) within the haystack. Scored by greedy decoding and
 //! exact match of the number in the answer.
 use crate::error::{Error, Result};
-use crate::generate::Rng;
+use crate::util::Rng;
 use crate::model::Tokenizer;
 use serde::Serialize;
 

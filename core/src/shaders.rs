@@ -10,6 +10,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
     ("nn/transpose", include_str!("../../shaders/nn/transpose.wgsl")),
+    ("nn/elementwise", include_str!("../../shaders/nn/elementwise.wgsl")),
     ("eval/logprob", include_str!("../../shaders/eval/logprob.wgsl")),
     ("train/losses", include_str!("../../shaders/train/losses.wgsl")),
     ("train/adamw", include_str!("../../shaders/train/adamw.wgsl")),

@@ -2,7 +2,7 @@
 //! framework's forward computes them) and batch-1 decode after a context, timed on the host
 //! after the device has finished. Warm-up runs first, then the median of timed runs.
 use anyhow::Result;
-use linearize_core::generate::Rng;
+use linearize_core::util::Rng;
 use linearize_core::gpu::Gpu;
 use linearize_core::model::Logits;
 use linearize_core::model::{LanguageModel, Model};
@@ -117,7 +117,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
 /// kernel where a variant has no chunked form) and one decode step, on random inputs shaped as
 /// the mixers produce them. `shapes`: (batch, seq, heads, head_dim).
 pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: usize) -> Result<Vec<Value>> {
-    use linearize_core::mixers::recurrence::{chunked, recurrent, Dims, Gate, Gates, GpuState};
+    use linearize_core::mixers::recurrence::{chunked, recurrent, Dims, Gate, Gates, GpuState, RecurrenceArgs};
     use linearize_core::mixers::{MixerKind, MixerOptions};
     let mut rng = Rng::new(3);
     let mut out = Vec::new();
@@ -138,7 +138,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
         let beta = gpu.upload_f32("beta", &rand(rows, 0.5).iter().map(|x| x + 0.5).collect::<Vec<_>>())?;
         let igate = gpu.upload_f32("i", &rand(rows, 3.0))?;
         let o = gpu.scratch(rows * dh)?;
-        for kind in MixerKind::ALL {
+        for kind in MixerKind::all() {
             let r = kind.recurrence(&MixerOptions::default());
             let d = Dims { batch: b, seq: t, heads: h, dk: dh, dv: dh };
             let g = match r.gate {
@@ -153,11 +153,11 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
                 let mut times = Vec::new();
                 for i in 0..iters + 2 {
                     let mut rec = gpu.recorder();
-                    let mut temps = Vec::new();
+                    let args = RecurrenceArgs { r, dims: d, scale: 0.125, q: &q, k: &k, v: &v, gates };
                     if chunk && d.seq > 1 {
-                        chunked(&mut rec, r, d, 0.125, &q, &k, &v, &gates, &state, &o, &mut temps)?;
+                        chunked(&mut rec, &args, &state, &o)?;
                     } else {
-                        recurrent(&mut rec, r, d, 0.125, &q, &k, &v, &gates, &state, &o)?;
+                        recurrent(&mut rec, &args, &state, &o)?;
                     }
                     let start = Instant::now();
                     rec.submit()?;
@@ -165,7 +165,6 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
                     if i >= 2 {
                         times.push(start.elapsed().as_secs_f64());
                     }
-                    temps.into_iter().for_each(|t| gpu.release(t));
                 }
                 Ok(median(times))
             };

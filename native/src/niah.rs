@@ -2,7 +2,8 @@
 //! (core::niah), greedy decoding, exact match.
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::generate::{generate, Rng, Sampling};
+use linearize_core::generate::{generate, Sampling};
+use linearize_core::util::Rng;
 use linearize_core::gpu::Gpu;
 use linearize_core::model::weights::linearize_home;
 use linearize_core::model::{LanguageModel, Model};

@@ -65,14 +65,3 @@ fn sum_squares(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_
         partial[wid.x] = red[0];
     }
 }
-
-// Zeroes a gradient buffer before a step accumulates into it.
-@group(0) @binding(6) var<storage, read_write> target_buf: array<f32>;
-
-@compute @workgroup_size(64)
-fn zero(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.y * 65535u * 64u + gid.x;
-    if (i < p.n) {
-        target_buf[i] = 0.0;
-    }
-}

@@ -218,7 +218,7 @@ impl WebModel {
             return Err(js_err(format!("niah: depth {depth_percent} is outside 0–100 %")));
         }
         self.lm.check_fits(&self.gpu, length, 1, "niah length").map_err(js_err)?;
-        let mut rng = linearize_core::generate::Rng::new(seed as u64);
+        let mut rng = linearize_core::util::Rng::new(seed as u64);
         let sample = make_sample(NiahTask::SNiah1, &self.tokenizer, &[], length, depth_percent / 100.0, &mut rng).map_err(js_err)?;
         let greedy = Sampling { max_new_tokens: ANSWER_TOKENS, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
         let out = linearize_core::generate::generate(&self.gpu, &self.lm, &sample.prompt, &greedy, |_| {}).await.map_err(js_err)?;

@@ -45,6 +45,12 @@ impl GpuBuf {
         GpuBuf { buffer, len, dtype: Dtype::F32 }
     }
 
+    /// A second handle on the same buffer, for the recorder's temporaries (which it alone
+    /// returns to the pool).
+    pub(crate) fn handle(&self) -> GpuBuf {
+        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype }
+    }
+
     pub fn bytes(&self) -> u64 {
         match self.dtype {
             Dtype::F32 => (self.len * 4) as u64,

@@ -124,6 +124,16 @@ impl<'g> Recorder<'g> {
         self.retired.push(buf);
     }
 
+    /// A scratch buffer of at least `len` words that lives until the recorded work is
+    /// submitted, then goes back to the pool: the recorder owns it, the caller only reads and
+    /// writes it through the dispatches it records (and must not release it).
+    pub fn temp(&mut self, len: usize) -> Result<GpuBuf> {
+        let buf = self.gpu.scratch(len)?;
+        let handle = buf.handle();
+        self.retired.push(buf);
+        Ok(handle)
+    }
+
     /// Dispatches `kernel`. Binding 0 is a uniform holding `params` (32-bit words: shapes as
     /// u32, scalars as f32 bits); bindings 1.. are `buffers` in order.
     pub fn dispatch(&mut self, kernel: &Kernel, params: &[u32], buffers: &[&GpuBuf], groups: [u32; 3]) -> Result<()> {

@@ -1,29 +1,35 @@
-//! A mixer layer on the GPU: input path → recurrence → output path → o_proj, the same steps as
-//! crate::reference::mixers::forward (its f64 twin), each a kernel of `ops`, `recurrence` or
-//! `crate::nn`.
-use super::ops::{self, GateFn, HeadNorm, OutputGate};
-use super::recurrence::{self, Dims, Gates, GpuState, RecurrenceGrads};
-use super::{retnet_log_gamma, MixerKind, MixerOptions, MixerParams, MixerShape, GLA_GATE_RANK};
+//! Any declared mixer as a layer on the GPU: input path → recurrence → output path → o_proj,
+//! the steps of its `spec::Layout` in order, each a kernel of `ops`, `recurrence` or
+//! `crate::nn`. The forward and its backward sit side by side; crate::reference::mixers is the
+//! f64 twin of the forward, and the tests check the backward against its finite differences.
+use super::ops::{self, GateArgs, GateFn, GateGrads, HeadNormArgs, ShortConv};
+use super::recurrence::{self, Dims, Gates, GpuState, RecurrenceArgs};
+use super::spec::{GateDef, GateInput, GatePlace, Layout};
+use super::{MixerKind, MixerOptions, MixerParams, MixerShape};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
 use crate::nn;
-use crate::train;
 use std::collections::BTreeMap;
 
 pub struct MixerLayer {
     pub kind: MixerKind,
     pub opts: MixerOptions,
     pub shape: MixerShape,
+    layout: Layout,
     params: BTreeMap<String, GpuBuf>,
+    /// Names of the declared parameters that are trained (the rest are fixed constants).
+    trainable: Vec<String>,
+    /// Projection matrices (may be packed f16).
+    matrices: Vec<String>,
 }
 
 /// What a mixer layer carries between calls; its size does not depend on the context length.
 pub struct MixerState {
     pub batch: usize,
     pub rec: GpuState,
-    /// Short-conv states [B, 3, C] of q, k, v (delta rules).
+    /// Short-conv states [B, 3, C] of q, k, v (layouts with a conv).
     pub conv: Option<[GpuBuf; 3]>,
-    /// Tokens seen (RetNet's rotary positions).
+    /// Tokens seen (rotary positions).
     pub pos: usize,
 }
 
@@ -35,16 +41,173 @@ pub struct LayerTrace {
     pub token_stats: Option<GpuBuf>,
 }
 
-/// Rotary tables [positions, head_dim / 2] (RetNet).
+/// Rotary tables [positions, head_dim / 2].
 pub struct Rope<'a> {
     pub cos: &'a GpuBuf,
     pub sin: &'a GpuBuf,
 }
 
-/// Whether a parameter is a projection matrix, read only by nn::linear (whose vec4 kernels
-/// take packed f16).
-fn is_projection(name: &str) -> bool {
-    ["_proj", "_w1", "_w2"].iter().any(|s| name.ends_with(s))
+/// q, k and v at one step of the input path.
+pub struct Qkv {
+    pub q: GpuBuf,
+    pub k: GpuBuf,
+    pub v: GpuBuf,
+}
+
+/// One half of the Hadamard feature map, φ = a ⊙ b with a = W1 t + b1, b = W2 t + b2 (the
+/// biases are added inside the product).
+pub struct FeatureActs {
+    pub a: GpuBuf,
+    pub b: GpuBuf,
+    pub phi: GpuBuf,
+}
+
+/// A gate: its low-rank bottleneck and pre-activation (absent for fixed gates), and its value.
+pub struct GateActs {
+    pub low: Option<GpuBuf>,
+    pub pre: Option<GpuBuf>,
+    pub value: GpuBuf,
+}
+
+/// The output gate's projection, and with its bias added (where declared).
+pub struct OutputGateActs {
+    pub lin: GpuBuf,
+    pub biased: Option<GpuBuf>,
+}
+
+/// What a layer's forward keeps for its backward: each step's result, typed by the step.
+pub struct Activations {
+    pub batch: usize,
+    pub seq: usize,
+    pub lin: Qkv,
+    /// After the short conv + SiLU.
+    pub conv: Option<Qkv>,
+    /// q and k after their L2 norm.
+    pub l2: Option<[GpuBuf; 2]>,
+    /// φ(q), φ(k).
+    pub features: Option<[FeatureActs; 2]>,
+    /// Δ and Δ ⊙ k.
+    pub key_step: Option<(GateActs, GpuBuf)>,
+    pub decay: Option<GateActs>,
+    pub beta: Option<GateActs>,
+    pub input_gate: Option<GateActs>,
+    /// The recurrence's output.
+    pub o: GpuBuf,
+    /// o + D ⊙ v.
+    pub skipped: Option<GpuBuf>,
+    pub gate: Option<OutputGateActs>,
+    /// The gate combined with o before the norm (o ⊙ SiLU(z), or o + gate).
+    pub combined: Option<GpuBuf>,
+    pub normed: Option<GpuBuf>,
+}
+
+impl Activations {
+    /// q as the recurrence reads it.
+    pub fn q(&self) -> &GpuBuf {
+        match (&self.features, &self.l2, &self.conv) {
+            (Some([f, _]), _, _) => &f.phi,
+            (None, Some([q, _]), _) => q,
+            (None, None, Some(c)) => &c.q,
+            _ => &self.lin.q,
+        }
+    }
+
+    /// k before the step Δ.
+    fn k_unstepped(&self) -> &GpuBuf {
+        match (&self.features, &self.l2, &self.conv) {
+            (Some([_, f]), _, _) => &f.phi,
+            (None, Some([_, k]), _) => k,
+            (None, None, Some(c)) => &c.k,
+            _ => &self.lin.k,
+        }
+    }
+
+    /// k as the recurrence reads it.
+    pub fn k(&self) -> &GpuBuf {
+        self.key_step.as_ref().map_or_else(|| self.k_unstepped(), |(_, k)| k)
+    }
+
+    pub fn v(&self) -> &GpuBuf {
+        self.conv.as_ref().map_or(&self.lin.v, |c| &c.v)
+    }
+
+    fn after_skip(&self) -> &GpuBuf {
+        self.skipped.as_ref().unwrap_or(&self.o)
+    }
+
+    fn norm_input(&self) -> &GpuBuf {
+        self.combined.as_ref().unwrap_or_else(|| self.after_skip())
+    }
+
+    /// What o_proj reads.
+    fn final_o(&self) -> &GpuBuf {
+        self.normed.as_ref().unwrap_or_else(|| self.norm_input())
+    }
+
+    fn gate_value(&self) -> Option<&GpuBuf> {
+        self.gate.as_ref().map(|g| g.biased.as_ref().unwrap_or(&g.lin))
+    }
+
+    fn buffers(self) -> Vec<GpuBuf> {
+        let mut out = vec![self.lin.q, self.lin.k, self.lin.v, self.o];
+        if let Some(c) = self.conv {
+            out.extend([c.q, c.k, c.v]);
+        }
+        out.extend(self.l2.into_iter().flatten());
+        for f in self.features.into_iter().flatten() {
+            out.extend([f.a, f.b, f.phi]);
+        }
+        let gate = |g: GateActs| g.low.into_iter().chain(g.pre).chain([g.value]);
+        if let Some((g, k)) = self.key_step {
+            out.extend(gate(g));
+            out.push(k);
+        }
+        for g in [self.decay, self.beta, self.input_gate].into_iter().flatten() {
+            out.extend(gate(g));
+        }
+        if let Some(g) = self.gate {
+            out.push(g.lin);
+            out.extend(g.biased);
+        }
+        out.extend(self.skipped.into_iter().chain(self.combined).chain(self.normed));
+        out
+    }
+
+    pub fn release(self, gpu: &Gpu) {
+        for b in self.buffers() {
+            gpu.release(b);
+        }
+    }
+
+    /// Hands every buffer to the recorder, to go back to the pool once submitted.
+    pub fn retire(self, rec: &mut Recorder) {
+        for b in self.buffers() {
+            rec.retire(b);
+        }
+    }
+}
+
+/// Gradients of a training step by parameter name; `prefix` + a layer's parameter name finds its
+/// buffer.
+pub struct LayerGrads<'a> {
+    pub grads: &'a BTreeMap<String, GpuBuf>,
+    pub prefix: &'a str,
+}
+
+impl LayerGrads<'_> {
+    fn get(&self, name: &str) -> Result<&GpuBuf> {
+        let key = format!("{}{name}", self.prefix);
+        self.grads.get(&key).ok_or_else(|| Error::argument("gradients", format!("no gradient buffer for '{key}'")))
+    }
+}
+
+/// The inputs of the backward: the layer's input x, what its forward kept, the rotary tables
+/// with sin negated (to rotate gradients back) and ∂L/∂out.
+pub struct BackwardArgs<'a> {
+    pub x: &'a GpuBuf,
+    pub acts: &'a Activations,
+    pub rope_back: &'a Rope<'a>,
+    pub d_out: &'a GpuBuf,
 }
 
 impl MixerLayer {
@@ -55,11 +218,19 @@ impl MixerLayer {
     /// As `upload`, with the projection matrices held as `dtype` (packed f16 for inference);
     /// gates, biases, norms and convolutions stay f32.
     pub fn upload_as(gpu: &Gpu, kind: MixerKind, opts: &MixerOptions, shape: MixerShape, params: &MixerParams, dtype: Dtype) -> Result<Self> {
+        let layout = kind.layout(opts);
+        if let Some(g) = &layout.output.gate {
+            if matches!(g.place, GatePlace::AfterNorm(_)) && layout.output.norm.is_none() {
+                return Err(Error::argument("mixer layout", format!("{}: a gate after the norm needs a norm", kind.name())));
+            }
+        }
+        let defs = kind.parameter_defs(shape, opts);
+        let mut matrices: Vec<String> = ["q_proj", "k_proj", "v_proj", "o_proj"].map(String::from).to_vec();
+        matrices.extend(defs.iter().filter(|d| d.matrix).map(|d| d.name.to_string()));
         let mut bufs = BTreeMap::new();
         for (name, t) in params {
-            // Projections are read only by nn::linear, whose vec4 kernels take packed f16.
             let held = match t.shape.as_slice() {
-                [_, cols] if is_projection(name) => nn::matrix_dtype(dtype, *cols),
+                [_, cols] if matrices.contains(name) => nn::matrix_dtype(dtype, *cols),
                 _ => Dtype::F32,
             };
             let buf = match held {
@@ -68,25 +239,50 @@ impl MixerLayer {
             };
             bufs.insert(name.clone(), buf);
         }
-        if kind == MixerKind::Retnet {
-            bufs.insert("log_gamma".into(), gpu.upload_f32("log_gamma", &retnet_log_gamma(shape.heads))?);
+        let trainable = bufs.keys().cloned().collect();
+        for (name, values) in (kind.def().constants)(shape) {
+            bufs.insert(name.to_string(), gpu.upload_f32(name, &values)?);
         }
-        Ok(MixerLayer { kind, opts: opts.clone(), shape, params: bufs })
+        Ok(MixerLayer { kind, opts: opts.clone(), shape, layout, params: bufs, trainable, matrices })
     }
 
     /// Device memory of the projection matrices.
     pub fn projection_bytes(&self) -> u64 {
-        self.params.iter().filter(|(n, _)| is_projection(n)).map(|(_, b)| b.bytes()).sum()
+        self.params.iter().filter(|(n, _)| self.matrices.contains(n)).map(|(_, b)| b.bytes()).sum()
     }
 
     fn p(&self, name: &str) -> Result<&GpuBuf> {
         self.params.get(name).ok_or_else(|| Error::argument("mixer parameters", format!("{} layer has no '{name}'", self.kind.name())))
     }
 
+    fn opt(&self, name: Option<&str>) -> Result<Option<&GpuBuf>> {
+        name.map(|n| self.p(n)).transpose()
+    }
+
+    /// Whether the layer reads token positions (rotary), so contexts end at the rotary tables.
+    pub fn uses_positions(&self) -> bool {
+        self.layout.rotary
+    }
+
+    /// Whether AdamW's weight decay applies to a parameter: as declared, and to the copied
+    /// q/k/v/o projections.
+    pub fn decays(&self, name: &str) -> bool {
+        self.kind.parameter_defs(self.shape, &self.opts).iter().find(|d| d.name == name).is_none_or(|d| d.decay)
+    }
+
+    /// Names of the trainable parameters (fixed constants such as RetNet's decays are not).
+    pub fn parameter_names(&self) -> Vec<String> {
+        self.trainable.clone()
+    }
+
+    pub fn parameter(&self, name: &str) -> Result<&GpuBuf> {
+        self.p(name)
+    }
+
     pub fn new_state(&self, gpu: &Gpu, batch: usize) -> Result<MixerState> {
         let s = self.shape;
         let dims = Dims { batch, seq: 0, heads: s.heads, dk: s.dk, dv: s.dv };
-        let conv = if self.kind.uses_conv() {
+        let conv = if self.layout.conv {
             let z = |c: usize| gpu.upload_f32("conv state", &vec![0.0; batch * 3 * c]);
             Some([z(s.heads * s.dk)?, z(s.heads * s.dk)?, z(s.heads * s.dv)?])
         } else {
@@ -95,432 +291,470 @@ impl MixerLayer {
         Ok(MixerState { batch, rec: GpuState::zeros(gpu, dims)?, conv, pos: 0 })
     }
 
-    /// Records the layer for x [batch·seq, hidden] into `out` (added to it with `accumulate`).
-    /// Temporaries go to `temps`, to be released after the recorder is submitted.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>) -> Result<()> {
-        self.forward_traced(rec, x, seq, state, rope, out, accumulate, temps, None)
+    fn scale(&self) -> f32 {
+        if self.layout.scale_q {
+            1.0 / (self.shape.dk as f32).sqrt()
+        } else {
+            1.0
+        }
     }
 
-    /// `forward`, also recording the diagnostics of `trace` when given.
+    /// Columns of a gate and how many make a head.
+    fn gate_cols(&self, g: &GateDef) -> (usize, usize) {
+        if g.per_channel {
+            (self.shape.heads * self.shape.dk, self.shape.dk)
+        } else {
+            (self.shape.heads, 1)
+        }
+    }
+
+    /// The heads and width the output norm works on: each head, or all heads as one group.
+    fn norm_groups(&self, per_head: bool) -> (usize, usize) {
+        if per_head {
+            (self.shape.heads, self.shape.dv)
+        } else {
+            (1, self.shape.heads * self.shape.dv)
+        }
+    }
+
+    /// Records the layer for x [batch·seq, hidden] into `out` (added to it with `accumulate`),
+    /// advancing `state`; its intermediates go back to the pool once the recorder is submitted.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward_traced(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>, trace: Option<&mut LayerTrace>) -> Result<()> {
-        let acts = self.record_forward(rec, x, seq, state, rope, out, accumulate, temps, trace)?;
-        temps.extend(acts.bufs.into_values());
+    pub fn forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>) -> Result<()> {
+        let acts = self.record_forward(rec, x, seq, state, rope, out, accumulate, trace)?;
+        acts.retire(rec);
         Ok(())
     }
 
     /// The training forward: from a zero state, keeping what `backward` needs.
-    #[allow(clippy::too_many_arguments)]
-    pub fn forward_train(&self, rec: &mut Recorder, x: &GpuBuf, batch: usize, seq: usize, rope: &Rope, out: &GpuBuf, temps: &mut Vec<GpuBuf>) -> Result<Activations> {
+    pub fn forward_train(&self, rec: &mut Recorder, x: &GpuBuf, batch: usize, seq: usize, rope: &Rope, out: &GpuBuf) -> Result<Activations> {
         let mut state = self.new_state(rec.gpu(), batch)?;
-        let acts = self.record_forward(rec, x, seq, &mut state, rope, out, false, temps, None)?;
-        temps.extend([state.rec.s, state.rec.nm]);
-        temps.extend(state.conv.into_iter().flatten());
-        Ok(acts)
+        self.record_forward(rec, x, seq, &mut state, rope, out, false, None)
+    }
+
+    /// A gate's pre-activation and value from x.
+    fn gate_forward(&self, rec: &mut Recorder, x: &GpuBuf, g: &GateDef, rows: usize) -> Result<GateActs> {
+        let gpu = rec.gpu();
+        let d = self.shape.hidden;
+        let (cols, per_head) = self.gate_cols(g);
+        let (low, pre) = match g.input {
+            GateInput::Linear(w) => {
+                let pre = gpu.scratch(rows * cols)?;
+                nn::linear(rec, x, self.p(w)?, &pre, rows, cols, d, false)?;
+                (None, Some(pre))
+            }
+            GateInput::LowRank { down, up } => {
+                let rank = self.p(down)?.len / d;
+                let (low, pre) = (gpu.scratch(rows * rank)?, gpu.scratch(rows * cols)?);
+                nn::linear(rec, x, self.p(down)?, &low, rows, rank, d, false)?;
+                nn::linear(rec, &low, self.p(up)?, &pre, rows, cols, rank, false)?;
+                (Some(low), Some(pre))
+            }
+            GateInput::Fixed => (None, None),
+        };
+        let value = gpu.scratch(rows * cols)?;
+        // A fixed gate reads no input; the kernel still binds one.
+        let placeholder;
+        let input = match &pre {
+            Some(p) => p,
+            None => {
+                placeholder = rec.temp(rows * cols)?;
+                &placeholder
+            }
+        };
+        let mut args = GateArgs::new(g.f, input, rows, cols).per_head(per_head);
+        args.param = self.opt(g.param)?;
+        args.bias = self.opt(g.bias)?;
+        ops::gate(rec, &args, &value)?;
+        Ok(GateActs { low, pre, value })
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record_forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>, trace: Option<&mut LayerTrace>) -> Result<Activations> {
+    fn record_forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>) -> Result<Activations> {
         let gpu = rec.gpu();
+        let l = &self.layout;
         let batch = state.batch;
         let rows = batch * seq;
         let MixerShape { hidden: d, heads: h, dk, dv } = self.shape;
         let (hk, hv) = (h * dk, h * dv);
-        let eps = self.opts.norm_eps as f32;
-        let tmp = |n: usize| -> Result<GpuBuf> { gpu.scratch(n) };
-        // Every intermediate is named and kept until the end: `backward` reads them in training,
-        // otherwise they are released after the submission.
-        let mut a = Activations { batch, seq, bufs: BTreeMap::new(), q: "q_lin", k: "k_lin", v: "v_lin", norm_in: "o", final_o: "o" };
-        let (ql, kl, vl) = (tmp(rows * hk)?, tmp(rows * hk)?, tmp(rows * hv)?);
-        nn::linear(rec, x, self.p("q_proj")?, &ql, rows, hk, d, false)?;
-        nn::linear(rec, x, self.p("k_proj")?, &kl, rows, hk, d, false)?;
-        nn::linear(rec, x, self.p("v_proj")?, &vl, rows, hv, d, false)?;
-        a.put("q_lin", ql);
-        a.put("k_lin", kl);
-        a.put("v_lin", vl);
-        // (q, k, v) as the recurrence takes them.
-        let (mut q, mut k, mut v) = ("q_lin", "k_lin", "v_lin");
-        if let Some(conv) = &state.conv {
-            let (qc, kc, vc) = (tmp(rows * hk)?, tmp(rows * hk)?, tmp(rows * hv)?);
-            ops::short_conv(rec, a.get("q_lin")?, self.p("conv_q")?, &conv[0], &qc, batch, seq, hk, true)?;
-            ops::short_conv(rec, a.get("k_lin")?, self.p("conv_k")?, &conv[1], &kc, batch, seq, hk, true)?;
-            ops::short_conv(rec, a.get("v_lin")?, self.p("conv_v")?, &conv[2], &vc, batch, seq, hv, true)?;
-            // L2 norm of q and k per head.
-            let (qn, kn) = (tmp(rows * hk)?, tmp(rows * hk)?);
-            ops::head_norm(rec, HeadNorm::L2, OutputGate::None, &qc, &qc, &qc, &qn, rows, h, dk, 0.0)?;
-            ops::head_norm(rec, HeadNorm::L2, OutputGate::None, &kc, &kc, &kc, &kn, rows, h, dk, 0.0)?;
-            a.put("q_conv", qc);
-            a.put("k_conv", kc);
-            a.put("v_conv", vc);
-            a.put("q_l2", qn);
-            a.put("k_l2", kn);
-            (q, k, v) = ("q_l2", "k_l2", "v_conv");
-        }
-        let mut g = None;
-        let mut igate = None;
-        match self.kind {
-            MixerKind::LinearAttn => {
-                // φ(t) = (W1 t + b1) ⊙ (W2 t + b2), per head.
-                for (t, [an, bn, fname]) in [(&mut q, ["q_fm_a", "q_fm_b", "q_fm"]), (&mut k, ["k_fm_a", "k_fm_b", "k_fm"])] {
-                    let (fa, fb, f) = (tmp(rows * hk)?, tmp(rows * hk)?, tmp(rows * hk)?);
-                    nn::linear(rec, a.get(t)?, self.p("fm_w1")?, &fa, rows * h, dk, dk, false)?;
-                    nn::linear(rec, a.get(t)?, self.p("fm_w2")?, &fb, rows * h, dk, dk, false)?;
-                    ops::gate(rec, GateFn::Hadamard, &fa, &fb, self.p("fm_b2")?, self.p("fm_b1")?, &f, rows * h, dk, 1)?;
-                    a.put(an, fa);
-                    a.put(bn, fb);
-                    a.put(fname, f);
-                    *t = fname;
+        let keep = |n: usize| gpu.scratch(n);
+
+        // Input path: projections, conv, L2 norm, feature map, rotary, step.
+        let lin = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };
+        nn::linear(rec, x, self.p("q_proj")?, &lin.q, rows, hk, d, false)?;
+        nn::linear(rec, x, self.p("k_proj")?, &lin.k, rows, hk, d, false)?;
+        nn::linear(rec, x, self.p("v_proj")?, &lin.v, rows, hv, d, false)?;
+        let conv = match (&state.conv, l.conv) {
+            (Some(st), true) => {
+                let c = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };
+                for (input, taps, st, y, ch) in [(&lin.q, "conv_q", &st[0], &c.q, hk), (&lin.k, "conv_k", &st[1], &c.k, hk), (&lin.v, "conv_v", &st[2], &c.v, hv)] {
+                    ops::short_conv(rec, &ShortConv { w: self.p(taps)?, batch, seq, channels: ch, silu: true }, input, st, y)?;
                 }
+                Some(c)
             }
-            MixerKind::Retnet => {
-                // Rotated in place: the projections are not needed again (their weight gradient
-                // takes x and the rotated-back gradient).
-                ops::rope_inplace(rec, a.get(q)?, rope.cos, rope.sin, batch, seq, state.pos, h, dk)?;
-                ops::rope_inplace(rec, a.get(k)?, rope.cos, rope.sin, batch, seq, state.pos, h, dk)?;
-                let gb = tmp(rows * h)?;
-                let qb = a.get(q)?;
-                ops::gate(rec, GateFn::Constant, qb, qb, self.p("log_gamma")?, qb, &gb, rows, h, 1)?;
-                g = Some(gb);
-            }
-            MixerKind::Gla => {
-                let (low, pre, gb) = (tmp(rows * GLA_GATE_RANK)?, tmp(rows * hk)?, tmp(rows * hk)?);
-                nn::linear(rec, x, self.p("gk_w1")?, &low, rows, GLA_GATE_RANK, d, false)?;
-                nn::linear(rec, &low, self.p("gk_w2")?, &pre, rows, hk, GLA_GATE_RANK, false)?;
-                ops::gate(rec, GateFn::LogSigmoidOver16, &pre, &pre, &pre, self.p("gk_b")?, &gb, rows, hk, dk)?;
-                a.put("gate_low", low);
-                a.put("gate_pre", pre);
-                g = Some(gb);
-            }
-            MixerKind::Deltanet => {}
-            MixerKind::GatedDeltanet => {
-                let (pre, gb) = (tmp(rows * h)?, tmp(rows * h)?);
-                nn::linear(rec, x, self.p("a_proj")?, &pre, rows, h, d, false)?;
-                ops::gate(rec, GateFn::NegExpSoftplus, &pre, &pre, self.p("A_log")?, self.p("dt_bias")?, &gb, rows, h, 1)?;
-                a.put("gate_pre", pre);
-                g = Some(gb);
-            }
-            MixerKind::Kda => {
-                let (low, pre, gb) = (tmp(rows * dv)?, tmp(rows * hk)?, tmp(rows * hk)?);
-                nn::linear(rec, x, self.p("f_w1")?, &low, rows, dv, d, false)?;
-                nn::linear(rec, &low, self.p("f_w2")?, &pre, rows, hk, dv, false)?;
-                ops::gate(rec, GateFn::NegExpSoftplus, &pre, &pre, self.p("A_log")?, self.p("dt_bias")?, &gb, rows, hk, dk)?;
-                a.put("gate_low", low);
-                a.put("gate_pre", pre);
-                g = Some(gb);
-            }
-            MixerKind::Mlstm => {
-                let (pi, pf, ib, gb) = (tmp(rows * h)?, tmp(rows * h)?, tmp(rows * h)?, tmp(rows * h)?);
-                nn::linear(rec, x, self.p("i_proj")?, &pi, rows, h, d, false)?;
-                nn::linear(rec, x, self.p("f_proj")?, &pf, rows, h, d, false)?;
-                ops::gate(rec, GateFn::MlstmInput, &pi, &pi, &pi, self.p("i_bias")?, &ib, rows, h, 1)?;
-                ops::gate(rec, GateFn::MlstmForget, &pf, &pf, &pf, self.p("f_bias")?, &gb, rows, h, 1)?;
-                a.put("igate_pre", pi);
-                a.put("gate_pre", pf);
-                igate = Some(ib);
-                g = Some(gb);
-            }
+            (None, false) => None,
+            _ => return Err(Error::argument("state", "the layer's conv state does not match its layout")),
+        };
+        let mut a = Activations {
+            batch,
+            seq,
+            lin,
+            conv,
+            l2: None,
+            features: None,
+            key_step: None,
+            decay: None,
+            beta: None,
+            input_gate: None,
+            o: keep(rows * hv)?,
+            skipped: None,
+            gate: None,
+            combined: None,
+            normed: None,
+        };
+        if l.qk_l2 {
+            let (qn, kn) = (keep(rows * hk)?, keep(rows * hk)?);
+            ops::head_norm(rec, &HeadNormArgs::l2(a.q(), rows, h, dk), &qn)?;
+            ops::head_norm(rec, &HeadNormArgs::l2(a.k(), rows, h, dk), &kn)?;
+            a.l2 = Some([qn, kn]);
         }
-        let r = self.kind.recurrence(&self.opts);
-        if r.delta {
-            let (pb, bb) = (tmp(rows * h)?, tmp(rows * h)?);
-            nn::linear(rec, x, self.p("b_proj")?, &pb, rows, h, d, false)?;
-            ops::gate(rec, GateFn::Sigmoid, &pb, &pb, &pb, &pb, &bb, rows, h, 1)?;
-            a.put("beta_pre", pb);
-            a.put("beta", bb);
+        if let Some(fm) = &l.feature_map {
+            // φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's vector: rows·h rows of d_k.
+            let phi = |rec: &mut Recorder, t: &GpuBuf| -> Result<FeatureActs> {
+                let f = FeatureActs { a: keep(rows * hk)?, b: keep(rows * hk)?, phi: keep(rows * hk)? };
+                nn::linear(rec, t, self.p(fm.w1)?, &f.a, rows * h, dk, dk, false)?;
+                nn::linear(rec, t, self.p(fm.w2)?, &f.b, rows * h, dk, dk, false)?;
+                ops::gate(rec, &GateArgs::new(GateFn::Hadamard, &f.a, rows * h, dk).x2(&f.b).bias(self.p(fm.b1)?).param(self.p(fm.b2)?), &f.phi)?;
+                Ok(f)
+            };
+            a.features = Some([phi(rec, a.q())?, phi(rec, a.k())?]);
         }
-        if let Some(g) = g {
-            a.put("g", g);
+        if l.rotary {
+            // In place: what was rotated is not needed again (gradients are rotated back).
+            ops::rope_inplace(rec, a.q(), rope.cos, rope.sin, batch, seq, state.pos, h, dk)?;
+            ops::rope_inplace(rec, a.k(), rope.cos, rope.sin, batch, seq, state.pos, h, dk)?;
         }
-        if let Some(i) = igate {
-            a.put("igate", i);
+        if let Some(g) = &l.key_step {
+            let step = self.gate_forward(rec, x, g, rows)?;
+            let k = keep(rows * hk)?;
+            ops::gate(rec, &GateArgs::new(GateFn::ScaleHeads, a.k(), rows, hk).x2(&step.value).per_head(dk), &k)?;
+            a.key_step = Some((step, k));
         }
-        let o = tmp(rows * hv)?;
+
+        // Gates, then the recurrence: chunked for prefill, token by token for decode.
+        a.decay = l.decay.as_ref().map(|g| self.gate_forward(rec, x, g, rows)).transpose()?;
+        a.beta = l.beta.as_ref().map(|g| self.gate_forward(rec, x, g, rows)).transpose()?;
+        a.input_gate = l.input_gate.as_ref().map(|g| self.gate_forward(rec, x, g, rows)).transpose()?;
+        let r = l.recurrence();
         let dims = Dims { batch, seq, heads: h, dk, dv };
-        {
-            let gates = Gates { g: a.bufs.get("g"), beta: a.bufs.get("beta"), igate: a.bufs.get("igate") };
-            let (qb, kb, vb) = (a.get(q)?, a.get(k)?, a.get(v)?);
-            // Prefill takes the chunked kernels where the variant has them; decode (and the rest)
-            // the token-by-token recurrence. Both bind at most WebGPU's default 8 storage buffers.
-            if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
-                recurrence::chunked(rec, r, dims, self.scale(), qb, kb, vb, &gates, &state.rec, &o, temps)?;
-            } else {
-                recurrence::recurrent(rec, r, dims, self.scale(), qb, kb, vb, &gates, &state.rec, &o)?;
-            }
+        let args = RecurrenceArgs {
+            r,
+            dims,
+            scale: self.scale(),
+            q: a.q(),
+            k: a.k(),
+            v: a.v(),
+            gates: Gates { g: gate_value(&a.decay), beta: gate_value(&a.beta), igate: gate_value(&a.input_gate) },
+        };
+        // Both forms bind at most WebGPU's default 8 storage buffers.
+        if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
+            recurrence::chunked(rec, &args, &state.rec, &a.o)?;
+        } else {
+            recurrence::recurrent(rec, &args, &state.rec, &a.o)?;
         }
         state.pos += seq;
         if let Some(trace) = trace {
-            let norm = tmp(batch * h)?;
+            let norm = gpu.scratch(batch * h)?;
             ops::state_norm(rec, &state.rec.s, &norm, batch, h, dk, dv)?;
-            let stats = tmp(rows * h * 2)?;
-            let kb = a.get(k)?;
-            ops::token_stats(rec, r.gate.code(), r.delta, a.bufs.get("g").unwrap_or(kb), a.bufs.get("beta").unwrap_or(kb), kb, &stats, rows, h, dk)?;
+            let stats = gpu.scratch(rows * h * 2)?;
+            let k = a.k();
+            ops::token_stats(rec, r.gate.code(), r.delta, gate_value(&a.decay).unwrap_or(k), gate_value(&a.beta).unwrap_or(k), k, &stats, rows, h, dk)?;
             trace.state_norm = Some(norm);
             trace.token_stats = Some(stats);
         }
-        a.put("o", o);
-        a.q = q;
-        a.k = k;
-        a.v = v;
 
-        // Output path: per-head norm (and gate), then o_proj.
-        let (norm, gate) = self.output_path();
-        let mut norm_in = "o";
-        match self.kind {
-            MixerKind::Retnet | MixerKind::Gla | MixerKind::GatedDeltanet | MixerKind::Mlstm => {
-                let gi = tmp(rows * hv)?;
-                let wname = if self.kind == MixerKind::Mlstm { "og_proj" } else { "g_proj" };
-                nn::linear(rec, x, self.p(wname)?, &gi, rows, hv, d, false)?;
-                a.put("gate_in", gi);
-            }
-            MixerKind::Kda => {
-                let (gl, gi) = (tmp(rows * hv)?, tmp(rows * hv)?);
-                nn::linear(rec, x, self.p("g_proj")?, &gl, rows, hv, d, false)?;
-                ops::gate(rec, GateFn::AddBias, &gl, &gl, &gl, self.p("g_bias")?, &gi, rows, hv, 1)?;
-                a.put("gate_lin", gl);
-                if self.opts.kda_gate_mixup {
-                    // The paper student's mix-up: the gate is added to o before the norm.
-                    let mixed = tmp(rows * hv)?;
-                    ops::gate(rec, GateFn::Add, a.get("o")?, &gi, &gi, &gi, &mixed, rows, hv, 1)?;
-                    a.put("o_mixed", mixed);
-                    norm_in = "o_mixed";
-                }
-                a.put("gate_in", gi);
-            }
-            MixerKind::LinearAttn | MixerKind::Deltanet => {}
+        // Output path: skip, gate and norm as declared, then o_proj.
+        let out_def = &l.output;
+        if let Some(dname) = out_def.skip {
+            let y = keep(rows * hv)?;
+            ops::gate(rec, &GateArgs::new(GateFn::SkipPerHead, &a.o, rows, hv).x2(a.v()).param(self.p(dname)?).per_head(dv), &y)?;
+            a.skipped = Some(y);
         }
-        let final_o = match norm {
-            Some(n) => {
-                let normed = tmp(rows * hv)?;
-                let gi = a.bufs.get("gate_in").unwrap_or(a.get(norm_in)?);
-                ops::head_norm(rec, n, gate, a.get(norm_in)?, self.p("o_norm")?, gi, &normed, rows, h, dv, eps)?;
-                a.put("normed", normed);
-                "normed"
+        if let Some(g) = &out_def.gate {
+            let lin = keep(rows * hv)?;
+            nn::linear(rec, x, self.p(g.proj)?, &lin, rows, hv, d, false)?;
+            let biased = match g.bias {
+                Some(b) => {
+                    let y = keep(rows * hv)?;
+                    ops::gate(rec, &GateArgs::new(GateFn::AddBias, &lin, rows, hv).bias(self.p(b)?), &y)?;
+                    Some(y)
+                }
+                None => None,
+            };
+            a.gate = Some(OutputGateActs { lin, biased });
+            let combine = match g.place {
+                GatePlace::BeforeNorm => Some(GateFn::SiluGated),
+                GatePlace::Added => Some(GateFn::Add),
+                GatePlace::AfterNorm(_) => None,
+            };
+            if let Some(f) = combine {
+                let y = keep(rows * hv)?;
+                ops::gate(rec, &GateArgs::new(f, a.after_skip(), rows, hv).x2(a.gate_value().expect("set above")), &y)?;
+                a.combined = Some(y);
             }
-            None => norm_in,
-        };
-        nn::linear(rec, a.get(final_o)?, self.p("o_proj")?, out, rows, d, hv, accumulate)?;
-        a.norm_in = norm_in;
-        a.final_o = final_o;
+        }
+        if let Some(n) = &out_def.norm {
+            let (heads, dim) = self.norm_groups(n.per_head);
+            let gate = match &out_def.gate {
+                Some(g) => match g.place {
+                    GatePlace::AfterNorm(act) => Some((act, a.gate_value().expect("set above"))),
+                    _ => None,
+                },
+                None => None,
+            };
+            let y = keep(rows * hv)?;
+            let args = HeadNormArgs { norm: n.kind, x: a.norm_input(), weight: Some(self.p(n.weight)?), gate, rows, heads, dim, eps: self.opts.norm_eps as f32 };
+            ops::head_norm(rec, &args, &y)?;
+            a.normed = Some(y);
+        }
+        nn::linear(rec, a.final_o(), self.p("o_proj")?, out, rows, d, hv, accumulate)?;
         Ok(a)
     }
 
-    fn scale(&self) -> f32 {
-        1.0 / (self.shape.dk as f32).sqrt()
-    }
-
-    /// The per-head output norm and the gate it applies.
-    fn output_path(&self) -> (Option<HeadNorm>, OutputGate) {
-        match self.kind {
-            MixerKind::LinearAttn if !self.opts.la_output_norm => (None, OutputGate::None),
-            MixerKind::LinearAttn | MixerKind::Deltanet => (Some(HeadNorm::Rms), OutputGate::None),
-            MixerKind::Retnet | MixerKind::Gla | MixerKind::GatedDeltanet => (Some(HeadNorm::Rms), OutputGate::Silu),
-            MixerKind::Kda if self.opts.kda_gate_mixup => (Some(HeadNorm::Rms), OutputGate::None),
-            MixerKind::Kda => (Some(HeadNorm::Rms), OutputGate::Sigmoid),
-            MixerKind::Mlstm => (Some(HeadNorm::Layer), OutputGate::Sigmoid),
+    /// Backward of a gate: its parameters' gradients, and ∂L/∂x through its projections into `dx`.
+    fn gate_backward(&self, rec: &mut Recorder, dx: &mut DxSink, g: &GateDef, acts: &GateActs, d_value: &GpuBuf, grads: &LayerGrads) -> Result<()> {
+        let Some(pre) = &acts.pre else {
+            return Ok(()); // a fixed gate has nothing to train
+        };
+        let rows = dx.rows;
+        let (cols, per_head) = self.gate_cols(g);
+        let d_pre = rec.temp(rows * cols)?;
+        let mut args = GateArgs::new(g.f, pre, rows, cols).per_head(per_head);
+        args.param = self.opt(g.param)?;
+        args.bias = self.opt(g.bias)?;
+        let d_bias = g.bias.map(|b| grads.get(b)).transpose()?;
+        let d_param = g.param.map(|p| grads.get(p)).transpose()?;
+        ops::gate_backward(rec, &args, d_value, GateGrads { dx: &d_pre, dx2: None, d_bias, d_param })?;
+        match g.input {
+            GateInput::Linear(w) => dx.add(rec, self, &d_pre, w, cols, grads),
+            GateInput::LowRank { down, up } => {
+                let low = acts.low.as_ref().expect("a low-rank gate keeps its bottleneck");
+                let rank = low.len / rows;
+                let d_low = rec.temp(rows * rank)?;
+                nn::linear_backward_input(rec, &d_pre, self.p(up)?, &d_low, rows, cols, rank, false)?;
+                nn::linear_backward_weight(rec, &d_pre, low, grads.get(up)?, rows, cols, rank, true)?;
+                dx.add(rec, self, &d_low, down, rank, grads)
+            }
+            GateInput::Fixed => Ok(()),
         }
     }
 
-    /// Names of the trainable parameters (RetNet's fixed decays are not).
-    pub fn parameter_names(&self) -> Vec<String> {
-        self.params.keys().filter(|n| n.as_str() != "log_gamma").cloned().collect()
-    }
-
-    pub fn parameter(&self, name: &str) -> Result<&GpuBuf> {
-        self.p(name)
-    }
-
-    /// Backward of `forward_train`: dx [rows, hidden] (+)= ∂L/∂x for d_out = ∂L/∂out, and each
-    /// parameter's gradient added to `grads[prefix + name]`. `rope_back` holds the rotary tables with sin
-    /// negated (RetNet rotates its gradients back).
-    #[allow(clippy::too_many_arguments)]
-    pub fn backward(&self, rec: &mut Recorder, x: &GpuBuf, a: &Activations, rope_back: &Rope, d_out: &GpuBuf, dx: &GpuBuf, accumulate: bool, grads: &BTreeMap<String, GpuBuf>, prefix: &str, temps: &mut Vec<GpuBuf>) -> Result<()> {
-        let gpu = rec.gpu();
+    /// Backward of `forward_train`: dx [rows, hidden] (+)= ∂L/∂x (added with `accumulate`), and
+    /// each parameter's gradient added to its buffer in `grads`.
+    pub fn backward(&self, rec: &mut Recorder, b: &BackwardArgs, dx: &GpuBuf, accumulate: bool, grads: &LayerGrads) -> Result<()> {
+        let (l, a) = (&self.layout, b.acts);
         let (batch, seq) = (a.batch, a.seq);
         let rows = batch * seq;
         let MixerShape { hidden: d, heads: h, dk, dv } = self.shape;
         let (hk, hv) = (h * dk, h * dv);
-        let eps = self.opts.norm_eps as f32;
-        let tmp = |n: usize| -> Result<GpuBuf> { gpu.scratch(n) };
-        let grad = |name: &str| grads.get(&format!("{prefix}{name}")).ok_or_else(|| Error::argument("gradients", format!("no gradient buffer for '{prefix}{name}'")));
-        // dx (+)= dy W, dW += dyᵀ x for y = x Wᵀ; the first write to dx honours `accumulate`.
-        let mut dx_written = accumulate;
-        let linear_back = |rec: &mut Recorder, dy: &GpuBuf, input: &GpuBuf, w: &str, d_input: &GpuBuf, m: usize, n: usize, k: usize, acc: bool| -> Result<()> {
-            nn::linear_backward_input(rec, dy, self.p(w)?, d_input, m, n, k, acc)?;
-            nn::linear_backward_weight(rec, dy, input, grad(w)?, m, n, k, true)
-        };
-        let mut into_dx = |rec: &mut Recorder, dy: &GpuBuf, w: &str, n: usize| -> Result<()> {
-            let acc = dx_written;
-            dx_written = true;
-            linear_back(rec, dy, x, w, dx, rows, n, d, acc)
-        };
+        let mut sink = DxSink { x: b.x, dx, written: accumulate, rows, hidden: d };
 
-        // o_proj, then the output norm and its gate.
-        let d_final = tmp(rows * hv)?;
-        {
-            nn::linear_backward_input(rec, d_out, self.p("o_proj")?, &d_final, rows, d, hv, false)?;
-            nn::linear_backward_weight(rec, d_out, a.get(a.final_o)?, grad("o_proj")?, rows, d, hv, true)?;
-        }
-        let (norm, gate) = self.output_path();
-        let d_o = match norm {
+        // o_proj, then the output path in reverse: norm, gate, skip.
+        let d_final = rec.temp(rows * hv)?;
+        nn::linear_backward_input(rec, b.d_out, self.p("o_proj")?, &d_final, rows, d, hv, false)?;
+        nn::linear_backward_weight(rec, b.d_out, a.final_o(), grads.get("o_proj")?, rows, d, hv, true)?;
+        let out_def = &l.output;
+        let mut d_gate_value: Option<GpuBuf> = None;
+        let d_norm_in = match &out_def.norm {
             Some(n) => {
-                let (d_in, d_gate) = (tmp(rows * hv)?, tmp(rows * hv)?);
-                let gi = a.bufs.get("gate_in").unwrap_or(a.get(a.norm_in)?);
-                ops::head_norm_backward(rec, n, gate, a.get(a.norm_in)?, self.p("o_norm")?, gi, &d_final, &d_in, &d_gate, grad("o_norm")?, rows, h, dv, eps)?;
-                // The gate's input: g_proj (RetNet, GLA, GDN, mLSTM's og_proj), W_g x + b (KDA).
-                let d_gate_in = if self.kind == MixerKind::Kda && self.opts.kda_gate_mixup { Some(&d_in) } else if gate != OutputGate::None { Some(&d_gate) } else { None };
-                if let Some(dg) = d_gate_in {
-                    if self.kind == MixerKind::Kda {
-                        let gl = a.get("gate_lin")?;
-                        let d_gl = tmp(rows * hv)?;
-                        let dummy = tmp(hv)?;
-                        ops::gate_backward(rec, GateFn::AddBias, gl, gl, gl, self.p("g_bias")?, dg, &d_gl, &d_gl, grad("g_bias")?, &dummy, rows, hv, 1)?;
-                        into_dx(rec, &d_gl, "g_proj", hv)?;
-                        temps.extend([d_gl, dummy]);
-                    } else {
-                        into_dx(rec, dg, if self.kind == MixerKind::Mlstm { "og_proj" } else { "g_proj" }, hv)?;
-                    }
-                }
-                temps.push(d_gate);
-                temps.push(d_final);
+                let (heads, dim) = self.norm_groups(n.per_head);
+                let gate = match &out_def.gate {
+                    Some(g) => match g.place {
+                        GatePlace::AfterNorm(act) => Some((act, a.gate_value().expect("kept"))),
+                        _ => None,
+                    },
+                    None => None,
+                };
+                let args = HeadNormArgs { norm: n.kind, x: a.norm_input(), weight: Some(self.p(n.weight)?), gate, rows, heads, dim, eps: self.opts.norm_eps as f32 };
+                let d_in = rec.temp(rows * hv)?;
+                let d_gate = gate.map(|_| rec.temp(rows * hv)).transpose()?;
+                ops::head_norm_backward(rec, &args, &d_final, &d_in, d_gate.as_ref(), Some(grads.get(n.weight)?))?;
+                d_gate_value = d_gate;
                 d_in
             }
             None => d_final,
         };
-
-        // The recurrence.
-        let r = self.kind.recurrence(&self.opts);
-        let dims = Dims { batch, seq, heads: h, dk, dv };
-        let gates = Gates { g: a.bufs.get("g"), beta: a.bufs.get("beta"), igate: a.bufs.get("igate") };
-        let rg = recurrence::backward(rec, r, dims, self.scale(), a.get(a.q)?, a.get(a.k)?, a.get(a.v)?, &gates, &d_o, temps)?;
-        temps.push(d_o);
-        let (d_beta, d_igate) = (&rg.beta, &rg.igate);
-        if r.delta {
-            let pb = a.get("beta_pre")?;
-            let d_pb = tmp(rows * h)?;
-            let dummy = tmp(h)?;
-            ops::gate_backward(rec, GateFn::Sigmoid, pb, pb, pb, pb, d_beta, &d_pb, &d_pb, &dummy, &dummy, rows, h, 1)?;
-            into_dx(rec, &d_pb, "b_proj", h)?;
-            temps.extend([d_pb, dummy]);
-        }
-
-        // Gates.
-        match self.kind {
-            MixerKind::LinearAttn | MixerKind::Deltanet | MixerKind::Retnet => {}
-            MixerKind::Gla | MixerKind::Kda => {
-                let (rank, bias) = if self.kind == MixerKind::Gla { (GLA_GATE_RANK, "gk_b") } else { (dv, "dt_bias") };
-                let (w1, w2) = if self.kind == MixerKind::Gla { ("gk_w1", "gk_w2") } else { ("f_w1", "f_w2") };
-                let pre = a.get("gate_pre")?;
-                let d_pre = tmp(rows * hk)?;
-                if self.kind == MixerKind::Gla {
-                    let dummy = tmp(hk)?;
-                    ops::gate_backward(rec, GateFn::LogSigmoidOver16, pre, pre, pre, self.p(bias)?, &rg.g, &d_pre, &d_pre, grad(bias)?, &dummy, rows, hk, dk)?;
-                    temps.push(dummy);
-                } else {
-                    // ∂/∂A_log comes per column: summed over each head's dk columns below.
-                    let d_a = tmp(hk)?;
-                    train::zero(rec, &d_a, hk)?;
-                    ops::gate_backward(rec, GateFn::NegExpSoftplus, pre, pre, self.p("A_log")?, self.p(bias)?, &rg.g, &d_pre, &d_pre, grad(bias)?, &d_a, rows, hk, dk)?;
-                    let ones = gpu.upload_f32("ones", &vec![1.0; dk])?;
-                    nn::linear(rec, &d_a, &ones, grad("A_log")?, h, 1, dk, true)?;
-                    temps.extend([d_a, ones]);
+        let d_after_skip = match out_def.gate.as_ref().map(|g| g.place) {
+            Some(GatePlace::BeforeNorm) => {
+                let (d_o, d_z) = (rec.temp(rows * hv)?, rec.temp(rows * hv)?);
+                let args = GateArgs::new(GateFn::SiluGated, a.after_skip(), rows, hv).x2(a.gate_value().expect("kept"));
+                ops::gate_backward(rec, &args, &d_norm_in, GateGrads { dx: &d_o, dx2: Some(&d_z), d_bias: None, d_param: None })?;
+                d_gate_value = Some(d_z);
+                d_o
+            }
+            Some(GatePlace::Added) => {
+                d_gate_value = Some(d_norm_in.handle());
+                d_norm_in
+            }
+            _ => d_norm_in,
+        };
+        if let (Some(g), Some(acts), Some(d_val)) = (&out_def.gate, &a.gate, &d_gate_value) {
+            match g.bias {
+                Some(bias) => {
+                    let d_lin = rec.temp(rows * hv)?;
+                    let args = GateArgs::new(GateFn::AddBias, &acts.lin, rows, hv).bias(self.p(bias)?);
+                    ops::gate_backward(rec, &args, d_val, GateGrads { dx: &d_lin, dx2: None, d_bias: Some(grads.get(bias)?), d_param: None })?;
+                    sink.add(rec, self, &d_lin, g.proj, hv, grads)?;
                 }
-                let low = a.get("gate_low")?;
-                let d_low = tmp(rows * rank)?;
-                linear_back(rec, &d_pre, low, w2, &d_low, rows, hk, rank, false)?;
-                into_dx(rec, &d_low, w1, rank)?;
-                temps.extend([d_pre, d_low]);
+                None => sink.add(rec, self, d_val, g.proj, hv, grads)?,
             }
-            MixerKind::GatedDeltanet => {
-                let pre = a.get("gate_pre")?;
-                let d_pre = tmp(rows * h)?;
-                ops::gate_backward(rec, GateFn::NegExpSoftplus, pre, pre, self.p("A_log")?, self.p("dt_bias")?, &rg.g, &d_pre, &d_pre, grad("dt_bias")?, grad("A_log")?, rows, h, 1)?;
-                into_dx(rec, &d_pre, "a_proj", h)?;
-                temps.push(d_pre);
+        }
+        // o + D ⊙ v: ∂/∂o passes through; ∂/∂v joins the recurrence's below.
+        let d_v_skip = match out_def.skip {
+            Some(dname) => {
+                let (d_o, d_v) = (rec.temp(rows * hv)?, rec.temp(rows * hv)?);
+                let args = GateArgs::new(GateFn::SkipPerHead, &a.o, rows, hv).x2(a.v()).param(self.p(dname)?).per_head(dv);
+                ops::gate_backward(rec, &args, &d_after_skip, GateGrads { dx: &d_o, dx2: Some(&d_v), d_bias: None, d_param: Some(grads.get(dname)?) })?;
+                Some(d_v)
             }
-            MixerKind::Mlstm => {
-                let (pi, pf) = (a.get("igate_pre")?, a.get("gate_pre")?);
-                let (d_pi, d_pf, dummy) = (tmp(rows * h)?, tmp(rows * h)?, tmp(h)?);
-                ops::gate_backward(rec, GateFn::MlstmInput, pi, pi, pi, self.p("i_bias")?, d_igate, &d_pi, &d_pi, grad("i_bias")?, &dummy, rows, h, 1)?;
-                ops::gate_backward(rec, GateFn::MlstmForget, pf, pf, pf, self.p("f_bias")?, &rg.g, &d_pf, &d_pf, grad("f_bias")?, &dummy, rows, h, 1)?;
-                into_dx(rec, &d_pi, "i_proj", h)?;
-                into_dx(rec, &d_pf, "f_proj", h)?;
-                temps.extend([d_pi, d_pf, dummy]);
+            None => None,
+        };
+
+        // The recurrence, then its gates.
+        let args = RecurrenceArgs {
+            r: l.recurrence(),
+            dims: Dims { batch, seq, heads: h, dk, dv },
+            scale: self.scale(),
+            q: a.q(),
+            k: a.k(),
+            v: a.v(),
+            gates: Gates { g: gate_value(&a.decay), beta: gate_value(&a.beta), igate: gate_value(&a.input_gate) },
+        };
+        let rg = recurrence::backward(rec, &args, &d_after_skip)?;
+        for (def, acts, d_value) in [(&l.decay, &a.decay, &rg.g), (&l.beta, &a.beta, &rg.beta), (&l.input_gate, &a.input_gate, &rg.igate)] {
+            if let (Some(def), Some(acts)) = (def, acts) {
+                self.gate_backward(rec, &mut sink, def, acts, d_value, grads)?;
             }
+        }
+        let recurrence::RecurrenceGrads { q: rq, k: rk, v: rv, g, beta, igate } = rg;
+        for buf in [g, beta, igate] {
+            rec.retire(buf);
+        }
+        let (mut dq, mut dk_, mut dv_) = (Grad::Owned(rq), Grad::Owned(rk), Grad::Owned(rv));
+        if let Some(d_v) = d_v_skip {
+            let sum = rec.temp(rows * hv)?;
+            nn::add(rec, dv_.get(), &d_v, &sum, rows * hv)?;
+            dv_.replace(rec, sum);
         }
 
-        // Input path, back to the projections.
-        let RecurrenceGrads { q: mut dq, k: mut dk_, v: mut dv_, g: dg, beta: db, igate: di } = rg;
-        temps.extend([dg, db, di]);
-        match self.kind {
-            MixerKind::LinearAttn => {
-                for (d_t, t, [an, bn]) in [(&mut dq, "q_lin", ["q_fm_a", "q_fm_b"]), (&mut dk_, "k_lin", ["k_fm_a", "k_fm_b"])] {
-                    let (fa, fb) = (a.get(an)?, a.get(bn)?);
-                    let (d_fa, d_fb, d_in) = (tmp(rows * hk)?, tmp(rows * hk)?, tmp(rows * hk)?);
-                    ops::gate_backward(rec, GateFn::Hadamard, fa, fb, self.p("fm_b2")?, self.p("fm_b1")?, d_t, &d_fa, &d_fb, grad("fm_b1")?, grad("fm_b2")?, rows * h, dk, 1)?;
-                    linear_back(rec, &d_fa, a.get(t)?, "fm_w1", &d_in, rows * h, dk, dk, false)?;
-                    linear_back(rec, &d_fb, a.get(t)?, "fm_w2", &d_in, rows * h, dk, dk, true)?;
-                    temps.extend([d_fa, d_fb, std::mem::replace(d_t, d_in)]);
-                }
-            }
-            MixerKind::Retnet => {
-                ops::rope_inplace(rec, &dq, rope_back.cos, rope_back.sin, batch, seq, 0, h, dk)?;
-                ops::rope_inplace(rec, &dk_, rope_back.cos, rope_back.sin, batch, seq, 0, h, dk)?;
-            }
-            _ => {}
+        // The input path in reverse: step, rotary, feature map, L2 norm, conv, projections.
+        if let (Some(def), Some((step, _))) = (&l.key_step, &a.key_step) {
+            let (d_k, d_step) = (rec.temp(rows * hk)?, rec.temp(rows * h)?);
+            let args = GateArgs::new(GateFn::ScaleHeads, a.k_unstepped(), rows, hk).x2(&step.value).per_head(dk);
+            ops::gate_backward(rec, &args, dk_.get(), GateGrads { dx: &d_k, dx2: Some(&d_step), d_bias: None, d_param: None })?;
+            dk_.replace(rec, d_k);
+            self.gate_backward(rec, &mut sink, def, step, &d_step, grads)?;
         }
-        if self.kind.uses_conv() {
-            let zero_state = |c: usize| gpu.upload_f32("conv state", &vec![0.0; batch * 3 * c]);
-            for (d_t, lin, conv, l2, w, c) in [(&mut dq, "q_lin", "q_conv", true, "conv_q", hk), (&mut dk_, "k_lin", "k_conv", true, "conv_k", hk), (&mut dv_, "v_lin", "v_conv", false, "conv_v", hv)] {
-                let d_conv = if l2 {
-                    let (dc, dummy) = (tmp(rows * c)?, tmp(rows * c)?);
-                    let cb = a.get(conv)?;
-                    let dw_dummy = tmp(dk)?;
-                    ops::head_norm_backward(rec, HeadNorm::L2, OutputGate::None, cb, cb, cb, d_t, &dc, &dummy, &dw_dummy, rows, h, dk, 0.0)?;
-                    temps.extend([dummy, dw_dummy]);
-                    dc
-                } else {
-                    std::mem::replace(d_t, tmp(rows * c)?)
-                };
-                let d_lin = tmp(rows * c)?;
-                let st = zero_state(c)?;
-                ops::short_conv_backward(rec, a.get(lin)?, self.p(w)?, &st, &d_conv, &d_lin, grad(w)?, batch, seq, c, true)?;
-                temps.extend([d_conv, st, std::mem::replace(d_t, d_lin)]);
+        if l.rotary {
+            ops::rope_inplace(rec, dq.get(), b.rope_back.cos, b.rope_back.sin, batch, seq, 0, h, dk)?;
+            ops::rope_inplace(rec, dk_.get(), b.rope_back.cos, b.rope_back.sin, batch, seq, 0, h, dk)?;
+        }
+        if let (Some(fm), Some(features)) = (&l.feature_map, &a.features) {
+            // Each φ read the step before it: the L2-normed, conv or projected q and k.
+            let inputs = [self.before_features(a, 0), self.before_features(a, 1)];
+            for ((d_t, f), input) in [&mut dq, &mut dk_].into_iter().zip(features).zip(inputs) {
+                let (d_fa, d_fb, d_in) = (rec.temp(rows * hk)?, rec.temp(rows * hk)?, rec.temp(rows * hk)?);
+                let args = GateArgs::new(GateFn::Hadamard, &f.a, rows * h, dk).x2(&f.b).bias(self.p(fm.b1)?).param(self.p(fm.b2)?);
+                ops::gate_backward(rec, &args, d_t.get(), GateGrads { dx: &d_fa, dx2: Some(&d_fb), d_bias: Some(grads.get(fm.b1)?), d_param: Some(grads.get(fm.b2)?) })?;
+                nn::linear_backward_input(rec, &d_fa, self.p(fm.w1)?, &d_in, rows * h, dk, dk, false)?;
+                nn::linear_backward_weight(rec, &d_fa, input, grads.get(fm.w1)?, rows * h, dk, dk, true)?;
+                nn::linear_backward_input(rec, &d_fb, self.p(fm.w2)?, &d_in, rows * h, dk, dk, true)?;
+                nn::linear_backward_weight(rec, &d_fb, input, grads.get(fm.w2)?, rows * h, dk, dk, true)?;
+                d_t.replace(rec, d_in);
             }
         }
-        into_dx(rec, &dq, "q_proj", hk)?;
-        into_dx(rec, &dk_, "k_proj", hk)?;
-        into_dx(rec, &dv_, "v_proj", hv)?;
-        temps.extend([dq, dk_, dv_]);
+        if let Some([_, _]) = &a.l2 {
+            let before = [a.conv.as_ref().map_or(&a.lin.q, |c| &c.q), a.conv.as_ref().map_or(&a.lin.k, |c| &c.k)];
+            for (d_t, input) in [&mut dq, &mut dk_].into_iter().zip(before) {
+                let d_in = rec.temp(rows * hk)?;
+                ops::head_norm_backward(rec, &HeadNormArgs::l2(input, rows, h, dk), d_t.get(), &d_in, None, None)?;
+                d_t.replace(rec, d_in);
+            }
+        }
+        if a.conv.is_some() {
+            for (d_t, input, taps, ch) in [(&mut dq, &a.lin.q, "conv_q", hk), (&mut dk_, &a.lin.k, "conv_k", hk), (&mut dv_, &a.lin.v, "conv_v", hv)] {
+                let d_in = rec.temp(rows * ch)?;
+                ops::short_conv_backward(rec, &ShortConv { w: self.p(taps)?, batch, seq, channels: ch, silu: true }, input, d_t.get(), &d_in, grads.get(taps)?)?;
+                d_t.replace(rec, d_in);
+            }
+        }
+        sink.add(rec, self, dq.get(), "q_proj", hk, grads)?;
+        sink.add(rec, self, dk_.get(), "k_proj", hk, grads)?;
+        sink.add(rec, self, dv_.get(), "v_proj", hv, grads)?;
+        for o in [dq, dk_, dv_] {
+            o.retire(rec);
+        }
+        Ok(())
+    }
+
+    /// The q (0) or k (1) the feature map read.
+    fn before_features<'a>(&self, a: &'a Activations, which: usize) -> &'a GpuBuf {
+        match (&a.l2, &a.conv) {
+            (Some(l2), _) => &l2[which],
+            (None, Some(c)) => [&c.q, &c.k][which],
+            _ => [&a.lin.q, &a.lin.k][which],
+        }
+    }
+}
+
+fn gate_value(g: &Option<GateActs>) -> Option<&GpuBuf> {
+    g.as_ref().map(|g| &g.value)
+}
+
+/// ∂L/∂x of a layer, summed over every projection of x: the first write honours `accumulate`,
+/// the rest add.
+struct DxSink<'a> {
+    x: &'a GpuBuf,
+    dx: &'a GpuBuf,
+    written: bool,
+    rows: usize,
+    hidden: usize,
+}
+
+impl DxSink<'_> {
+    /// For y = x Wᵀ with W = `w` [n, hidden]: dx (+)= dy W and dW += dyᵀ x.
+    fn add(&mut self, rec: &mut Recorder, layer: &MixerLayer, dy: &GpuBuf, w: &str, n: usize, grads: &LayerGrads) -> Result<()> {
+        nn::linear_backward_input(rec, dy, layer.p(w)?, self.dx, self.rows, n, self.hidden, self.written)?;
+        nn::linear_backward_weight(rec, dy, self.x, grads.get(w)?, self.rows, n, self.hidden, true)?;
+        self.written = true;
         Ok(())
     }
 }
 
-/// What a training forward keeps for the backward: every intermediate by name, and which of them
-/// fed the recurrence and the output projection.
-pub struct Activations {
-    pub batch: usize,
-    pub seq: usize,
-    bufs: BTreeMap<&'static str, GpuBuf>,
-    q: &'static str,
-    k: &'static str,
-    v: &'static str,
-    norm_in: &'static str,
-    final_o: &'static str,
+/// A gradient on its way back through the input path: first the recurrence's own buffer, then
+/// recorder temporaries (which the recorder returns to the pool itself).
+enum Grad {
+    Owned(GpuBuf),
+    Temp(GpuBuf),
 }
 
-impl Activations {
-    fn put(&mut self, name: &'static str, b: GpuBuf) {
-        self.bufs.insert(name, b);
+impl Grad {
+    fn get(&self) -> &GpuBuf {
+        match self {
+            Grad::Owned(b) | Grad::Temp(b) => b,
+        }
     }
 
-    fn get(&self, name: &str) -> Result<&GpuBuf> {
-        self.bufs.get(name).ok_or_else(|| Error::argument("activations", format!("no saved '{name}'")))
+    /// Moves on to `next` (a recorder temporary).
+    fn replace(&mut self, rec: &mut Recorder, next: GpuBuf) {
+        if let Grad::Owned(old) = std::mem::replace(self, Grad::Temp(next)) {
+            rec.retire(old);
+        }
     }
 
-    pub fn release(self, gpu: &Gpu) {
-        for b in self.bufs.into_values() {
-            gpu.release(b);
+    fn retire(self, rec: &mut Recorder) {
+        if let Grad::Owned(b) = self {
+            rec.retire(b);
         }
     }
 }

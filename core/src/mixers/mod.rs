@@ -1,71 +1,94 @@
 //! Token mixers: the linear-time replacements for softmax attention (MIXERS.md §3).
 //!
-//! Every mixer is the shared state recurrence (`recurrence`) with its own input path (feature
-//! map, short conv, q/k L2 norm, gates, β) and output path (per-head norm, output gate), built
-//! from the ops in `ops`. `layer` runs a mixer layer on the GPU; `crate::reference::mixers` is
-//! its f64 twin. This module names the mixers and declares their parameters and initialisation.
+//! Each mixer is one file that declares what makes it itself (`spec::MixerDef`: parameters
+//! with their initialisation and decay rule, feature map, conv, gates, β, normaliser and
+//! output path); `REGISTRY` lists them. Everything else is shared: `layer` runs any declared
+//! mixer on the GPU from the ops of `ops` and the state recurrence of `recurrence`, and
+//! `crate::reference::mixers` is its f64 twin. Adding a mixer is one file and one name in the
+//! `registry!` line below.
 pub mod layer;
 pub mod ops;
 pub mod recurrence;
+pub mod spec;
 
 use crate::error::{Error, Result};
-use crate::generate::Rng;
-use recurrence::{Gate, Normalizer, Recurrence};
-use serde::{Deserialize, Serialize};
+use crate::util::Rng;
+use recurrence::{Normalizer, Recurrence};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use spec::{Layout, MixerDef, ParamDef};
 use std::collections::BTreeMap;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum MixerKind {
-    LinearAttn,
-    Retnet,
-    Gla,
-    Deltanet,
-    GatedDeltanet,
-    Kda,
-    Mlstm,
+macro_rules! registry {
+    ($($mixer:ident),* $(,)?) => {
+        $(pub mod $mixer;)*
+        /// Every mixer. A mixer's position salts its layers' random streams, so new ones go at
+        /// the end.
+        pub const REGISTRY: &[&MixerDef] = &[$(&$mixer::DEF),*];
+    };
 }
 
+registry!(linear_attn, retnet, gla, deltanet, gated_deltanet, kda, mlstm);
+
+/// A mixer of the registry, named by its `MixerDef::name` in files and on the command line.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MixerKind(usize);
+
 impl MixerKind {
-    pub const ALL: [MixerKind; 7] =
-        [MixerKind::LinearAttn, MixerKind::Retnet, MixerKind::Gla, MixerKind::Deltanet, MixerKind::GatedDeltanet, MixerKind::Kda, MixerKind::Mlstm];
+    /// Every mixer, in registry order.
+    pub fn all() -> impl Iterator<Item = MixerKind> {
+        (0..REGISTRY.len()).map(MixerKind)
+    }
+
+    pub fn def(self) -> &'static MixerDef {
+        REGISTRY[self.0]
+    }
 
     pub fn name(self) -> &'static str {
-        match self {
-            MixerKind::LinearAttn => "linear_attn",
-            MixerKind::Retnet => "retnet",
-            MixerKind::Gla => "gla",
-            MixerKind::Deltanet => "deltanet",
-            MixerKind::GatedDeltanet => "gated_deltanet",
-            MixerKind::Kda => "kda",
-            MixerKind::Mlstm => "mlstm",
-        }
+        self.def().name
+    }
+
+    /// The names of every mixer, for help texts and errors.
+    pub fn names() -> Vec<&'static str> {
+        REGISTRY.iter().map(|d| d.name).collect()
     }
 
     pub fn from_name(name: &str) -> Result<Self> {
-        Self::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| {
-            let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
-            Error::argument("--mixer", format!("unknown mixer '{name}'; expected one of {}", names.join(", ")))
-        })
+        Self::all()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| Error::argument("--mixer", format!("unknown mixer '{name}'; expected one of {}", Self::names().join(", "))))
+    }
+
+    pub fn layout(self, opts: &MixerOptions) -> Layout {
+        (self.def().layout)(opts)
+    }
+
+    /// The parameters this mixer adds for these shapes and options.
+    pub fn parameter_defs(self, s: MixerShape, opts: &MixerOptions) -> Vec<ParamDef> {
+        (self.def().parameters)(s, opts)
     }
 
     /// The recurrence this mixer runs (LA's denominator is an option).
     pub fn recurrence(self, opts: &MixerOptions) -> Recurrence {
-        let r = |gate, delta, normalizer| Recurrence { gate, delta, normalizer };
-        match self {
-            MixerKind::LinearAttn => r(Gate::None, false, if opts.la_denominator { Normalizer::Sum } else { Normalizer::None }),
-            MixerKind::Retnet => r(Gate::Scalar, false, Normalizer::None),
-            MixerKind::Gla => r(Gate::Vector, false, Normalizer::None),
-            MixerKind::Deltanet => r(Gate::None, true, Normalizer::None),
-            MixerKind::GatedDeltanet => r(Gate::Scalar, true, Normalizer::None),
-            MixerKind::Kda => r(Gate::Vector, true, Normalizer::None),
-            MixerKind::Mlstm => r(Gate::Scalar, false, Normalizer::Mlstm),
-        }
+        self.layout(opts).recurrence()
     }
+}
 
-    /// The delta rules run q, k, v through the short causal conv (fla's default).
-    pub fn uses_conv(self) -> bool {
-        matches!(self, MixerKind::Deltanet | MixerKind::GatedDeltanet | MixerKind::Kda)
+impl std::fmt::Debug for MixerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Serialize for MixerKind {
+    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for MixerKind {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        MixerKind::from_name(&name).map_err(serde::de::Error::custom)
     }
 }
 
@@ -130,129 +153,30 @@ impl Tensor {
 /// `o_proj`, and the mixer's own (see `new_parameters`).
 pub type MixerParams = BTreeMap<String, Tensor>;
 
-/// Rank of GLA's low-rank gate projection.
-pub const GLA_GATE_RANK: usize = 16;
-
-fn normal(rng: &mut Rng, n: usize, std: f64) -> Vec<f32> {
-    // Box–Muller.
-    (0..n)
-        .map(|_| {
-            let (u1, u2) = (rng.next_f64().max(1e-300), rng.next_f64());
-            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
-        })
-        .collect()
-}
-
-fn uniform(rng: &mut Rng, n: usize, lo: f64, hi: f64) -> Vec<f32> {
-    (0..n).map(|_| (lo + (hi - lo) * rng.next_f64()) as f32).collect()
-}
-
-/// dt ~ logU(1e-3, 0.1) clamped ≥ 1e-4, returned as the inverse softplus (dt + ln(−expm1(−dt))).
-fn dt_bias(rng: &mut Rng, n: usize) -> Vec<f32> {
-    (0..n)
-        .map(|_| {
-            let dt = ((1e-3f64).ln() + rng.next_f64() * ((0.1f64).ln() - (1e-3f64).ln())).exp().max(1e-4);
-            (dt + (-(-dt).exp_m1()).ln()) as f32
-        })
-        .collect()
-}
-
-/// The parameters a mixer adds to the copied q/k/v/o projections, initialised as the paper's
-/// students are (MIXERS.md §3): new projections N(0, 0.02), norms 1, gates as listed.
+/// The parameters a mixer adds to the copied q/k/v/o projections, initialised as its
+/// declaration says (the paper's students: new projections N(0, 0.02), norms 1, gates as
+/// listed), from a stream salted by the seed, the layer and the mixer.
 pub fn new_parameters(kind: MixerKind, s: MixerShape, opts: &MixerOptions, layer: usize) -> MixerParams {
-    let mut rng = Rng::new(opts.seed ^ ((layer as u64 + 1) * 0x9E37_79B9) ^ ((kind as u64 + 1) << 40));
-    let (d, h, dk, dv) = (s.hidden, s.heads, s.dk, s.dv);
-    let (hk, hv) = (h * dk, h * dv);
-    let mut p = MixerParams::new();
-    let mut put = |name: &str, shape: Vec<usize>, data: Vec<f32>| {
-        p.insert(name.to_string(), Tensor::new(shape, data));
-    };
-    let conv = |rng: &mut Rng, c: usize| -> Vec<f32> {
-        match opts.conv_init {
-            ConvInit::Identity => (0..c).flat_map(|_| [0.0, 0.0, 0.0, 1.0]).collect(),
-            ConvInit::Random => uniform(rng, c * 4, -0.5, 0.5),
-        }
-    };
-    if kind.uses_conv() {
-        put("conv_q", vec![hk, 4], conv(&mut rng, hk));
-        put("conv_k", vec![hk, 4], conv(&mut rng, hk));
-        put("conv_v", vec![hv, 4], conv(&mut rng, hv));
-    }
-    let ones = |n: usize| vec![1.0f32; n];
-    match kind {
-        MixerKind::LinearAttn => {
-            let b = 1.0 / (dk as f64).sqrt();
-            put("fm_w1", vec![dk, dk], uniform(&mut rng, dk * dk, -b, b));
-            put("fm_b1", vec![dk], uniform(&mut rng, dk, -b, b));
-            put("fm_w2", vec![dk, dk], uniform(&mut rng, dk * dk, -b, b));
-            put("fm_b2", vec![dk], uniform(&mut rng, dk, -b, b));
-            if opts.la_output_norm {
-                put("o_norm", vec![dv], ones(dv));
-            }
-        }
-        MixerKind::Retnet => {
-            put("g_proj", vec![hv, d], normal(&mut rng, hv * d, 0.02));
-            put("o_norm", vec![dv], ones(dv));
-        }
-        MixerKind::Gla => {
-            put("gk_w1", vec![GLA_GATE_RANK, d], normal(&mut rng, GLA_GATE_RANK * d, 0.02));
-            put("gk_w2", vec![hk, GLA_GATE_RANK], normal(&mut rng, hk * GLA_GATE_RANK, 0.02));
-            put("gk_b", vec![hk], vec![0.0; hk]);
-            put("g_proj", vec![hv, d], normal(&mut rng, hv * d, 0.02));
-            put("o_norm", vec![dv], ones(dv));
-        }
-        MixerKind::Deltanet => {
-            put("b_proj", vec![h, d], normal(&mut rng, h * d, 0.02));
-            put("o_norm", vec![dv], ones(dv));
-        }
-        MixerKind::GatedDeltanet => {
-            put("b_proj", vec![h, d], normal(&mut rng, h * d, 0.02));
-            put("a_proj", vec![h, d], normal(&mut rng, h * d, 0.02));
-            let a_log: Vec<f32> = uniform(&mut rng, h, 0.0, 16.0).iter().map(|a| a.max(1e-4).ln()).collect();
-            put("A_log", vec![h], a_log);
-            put("dt_bias", vec![h], dt_bias(&mut rng, h));
-            put("g_proj", vec![hv, d], normal(&mut rng, hv * d, 0.02));
-            put("o_norm", vec![dv], ones(dv));
-        }
-        MixerKind::Kda => {
-            put("b_proj", vec![h, d], normal(&mut rng, h * d, 0.02));
-            put("f_w1", vec![dv, d], normal(&mut rng, dv * d, 0.02));
-            put("f_w2", vec![hk, dv], normal(&mut rng, hk * dv, 0.02));
-            let a_log: Vec<f32> = uniform(&mut rng, h, 1.0, 16.0).iter().map(|a| a.ln()).collect();
-            put("A_log", vec![h], a_log);
-            put("dt_bias", vec![hk], dt_bias(&mut rng, hk));
-            put("g_proj", vec![hv, d], normal(&mut rng, hv * d, 0.02));
-            put("g_bias", vec![hv], vec![0.0; hv]);
-            put("o_norm", vec![dv], ones(dv));
-        }
-        MixerKind::Mlstm => {
-            // Gate weights: xavier uniform × 0.1; input-gate bias −ln 2; forget-gate bias
-            // linspace(3, 6) over heads (xLSTM's), so the state starts long-lived.
-            let xavier = 0.1 * (6.0 / (d + h) as f64).sqrt();
-            put("i_proj", vec![h, d], uniform(&mut rng, h * d, -xavier, xavier));
-            put("i_bias", vec![h], vec![-(2.0f32).ln(); h]);
-            put("f_proj", vec![h, d], uniform(&mut rng, h * d, -xavier, xavier));
-            put("f_bias", vec![h], (0..h).map(|i| 3.0 + 3.0 * i as f32 / (h.max(2) - 1) as f32).collect());
-            put("og_proj", vec![hv, d], normal(&mut rng, hv * d, 0.02));
-            put("o_norm", vec![dv], ones(dv));
-        }
-    }
-    p
-}
-
-/// RetNet's fixed per-head log decay: ln(1 − 2^(−5−h)).
-pub fn retnet_log_gamma(heads: usize) -> Vec<f32> {
-    (0..heads).map(|h| (1.0 - 2f64.powi(-5 - h as i32)).ln() as f32).collect()
+    let mut rng = Rng::new(opts.seed ^ ((layer as u64 + 1) * 0x9E37_79B9) ^ ((kind.0 as u64 + 1) << 40));
+    kind.parameter_defs(s, opts)
+        .into_iter()
+        .map(|p| {
+            let n = p.shape.iter().product();
+            let data = p.init.values(&mut rng, n, opts);
+            (p.name.to_string(), Tensor::new(p.shape, data))
+        })
+        .collect()
 }
 
 /// Bytes of state a mixer layer keeps per sequence (f32), whatever the context length: the
 /// K×V state of every head, mLSTM's / LA's normaliser, and the short-conv inputs.
 pub fn state_bytes(kind: MixerKind, s: MixerShape, opts: &MixerOptions) -> usize {
+    let layout = kind.layout(opts);
     let mut floats = s.heads * s.dk * s.dv;
-    if matches!(kind.recurrence(opts).normalizer, Normalizer::Mlstm | Normalizer::Sum) {
+    if matches!(layout.normalizer, Normalizer::Mlstm | Normalizer::Sum) {
         floats += s.heads * (s.dk + 1);
     }
-    if kind.uses_conv() {
+    if layout.conv {
         floats += 3 * s.heads * (2 * s.dk + s.dv);
     }
     floats * 4

@@ -1,23 +1,61 @@
 //! Launchers for the mixers' input and output paths (shaders/mixers/common/{conv, headnorm,
 //! gates}.wgsl and nn/rope.wgsl's in-place rotation); f64 twins in crate::reference::mixer_ops.
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::{need, GpuBuf, Kernel, Recorder};
 
 
-/// Depthwise causal conv (kernel 4) over x [B, T, C] with weights [C, 4], continuing from
-/// `state` [B, 3, C] and advancing it; SiLU after when `silu`.
-#[allow(clippy::too_many_arguments)]
-pub fn short_conv(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, state: &GpuBuf, y: &GpuBuf, batch: usize, seq: usize, channels: usize, silu: bool) -> Result<()> {
-    need("conv x", x, batch * seq * channels)?;
-    need("conv w", w, channels * 4)?;
-    need("conv state", state, batch * 3 * channels)?;
-    need("conv y", y, batch * seq * channels)?;
-    let params = [batch as u32, seq as u32, channels as u32];
-    let k = |entry| Kernel::new("mixers/common/conv", entry).with("SILU", silu as u8 as f64);
-    let bufs = [x, w, state, y];
-    rec.dispatch(&k("conv"), &params, &bufs, [channels.div_ceil(64) as u32, seq as u32, batch as u32])?;
-    let state_bufs = [(1, x), (3, state)];
-    rec.dispatch_bindings(&k("conv_state_update"), &params, &state_bufs, [channels.div_ceil(64) as u32, batch as u32, 1])
+/// The depthwise causal conv (kernel 4) of x [B, T, C] with taps `w` [C, 4], SiLU after when
+/// `silu`.
+#[derive(Clone, Copy)]
+pub struct ShortConv<'a> {
+    pub w: &'a GpuBuf,
+    pub batch: usize,
+    pub seq: usize,
+    pub channels: usize,
+    pub silu: bool,
+}
+
+impl ShortConv<'_> {
+    fn kernel(&self, entry: &'static str) -> Kernel {
+        Kernel::new("mixers/common/conv", entry).with("SILU", self.silu as u8 as f64)
+    }
+    fn params(&self) -> [u32; 3] {
+        [self.batch as u32, self.seq as u32, self.channels as u32]
+    }
+    fn values(&self) -> usize {
+        self.batch * self.seq * self.channels
+    }
+}
+
+/// y = conv(x), continuing from `state` [B, 3, C] (the last three inputs) and advancing it.
+pub fn short_conv(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &GpuBuf, y: &GpuBuf) -> Result<()> {
+    need("conv x", x, c.values())?;
+    need("conv w", c.w, c.channels * 4)?;
+    need("conv state", state, c.batch * 3 * c.channels)?;
+    need("conv y", y, c.values())?;
+    let groups = [c.channels.div_ceil(64) as u32, c.seq as u32, c.batch as u32];
+    rec.dispatch(&c.kernel("conv"), &c.params(), &[x, c.w, state, y], groups)?;
+    rec.dispatch_bindings(&c.kernel("conv_state_update"), &c.params(), &[(1, x), (3, state)], [c.channels.div_ceil(64) as u32, c.batch as u32, 1])
+}
+
+/// Backward of `short_conv` from a zero state (training): dx = ∂L/∂x and dw (+)= ∂L/∂w for
+/// dy = ∂L/∂y.
+pub fn short_conv_backward(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf) -> Result<()> {
+    for (what, b, n) in [("x", x, c.values()), ("dy", dy, c.values()), ("dx", dx, c.values()), ("w", c.w, c.channels * 4), ("dw", dw, c.channels * 4)] {
+        need(&format!("conv backward {what}"), b, n)?;
+    }
+    let zero_state = rec.temp(c.batch * 3 * c.channels)?;
+    crate::nn::zero(rec, &zero_state, c.batch * 3 * c.channels)?;
+    let common = [(1, x), (2, c.w), (3, &zero_state), (5, dy)];
+    let mut bx = common.to_vec();
+    bx.push((6, dx));
+    rec.dispatch_bindings(&c.kernel("conv_backward_x"), &c.params(), &bx, [c.channels.div_ceil(64) as u32, c.seq as u32, c.batch as u32])?;
+    let splits = (c.batch * c.seq).div_ceil(64);
+    let partial = rec.temp(splits * c.channels * 4)?;
+    let mut bw = common.to_vec();
+    bw.push((7, &partial));
+    rec.dispatch_bindings(&c.kernel("conv_backward_w"), &c.params(), &bw, [c.channels.div_ceil(64) as u32, splits as u32, 1])?;
+    crate::nn::column_sum(rec, &partial, dw, splits, c.channels * 4, true)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,24 +94,91 @@ impl OutputGate {
     }
 }
 
-/// Normalises each head of x [rows, heads, dim]; `w` [dim] for RMS/Layer; times the gate.
-#[allow(clippy::too_many_arguments)]
-pub fn head_norm(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, x: &GpuBuf, w: &GpuBuf, g: &GpuBuf, y: &GpuBuf, rows: usize, heads: usize, dim: usize, eps: f32) -> Result<()> {
-    need("headnorm x", x, rows * heads * dim)?;
-    need("headnorm y", y, rows * heads * dim)?;
-    if norm != HeadNorm::L2 {
-        need("headnorm w", w, dim)?;
+/// A per-head norm of x [rows, heads, dim]: `weight` [dim] for RMS and Layer, optionally times
+/// an output gate act(gate) with gate [rows, heads, dim].
+#[derive(Clone, Copy)]
+pub struct HeadNormArgs<'a> {
+    pub norm: HeadNorm,
+    pub x: &'a GpuBuf,
+    pub weight: Option<&'a GpuBuf>,
+    pub gate: Option<(OutputGate, &'a GpuBuf)>,
+    pub rows: usize,
+    pub heads: usize,
+    pub dim: usize,
+    pub eps: f32,
+}
+
+impl<'a> HeadNormArgs<'a> {
+    /// x / ‖x‖ per head (the delta rules' q and k).
+    pub fn l2(x: &'a GpuBuf, rows: usize, heads: usize, dim: usize) -> Self {
+        HeadNormArgs { norm: HeadNorm::L2, x, weight: None, gate: None, rows, heads, dim, eps: 0.0 }
     }
-    if gate != OutputGate::None {
-        need("headnorm gate", g, rows * heads * dim)?;
+
+    fn check(&self) -> Result<()> {
+        need("headnorm x", self.x, self.rows * self.heads * self.dim)?;
+        match (self.norm, self.weight) {
+            (HeadNorm::L2, _) => {}
+            (_, Some(w)) => need("headnorm w", w, self.dim)?,
+            (_, None) => return Err(Error::argument("headnorm", format!("{:?} needs its weight", self.norm))),
+        }
+        if let Some((_, g)) = self.gate {
+            need("headnorm gate", g, self.rows * self.heads * self.dim)?;
+        }
+        Ok(())
     }
-    let n = norm.code() as f64;
-    let gt = gate.code() as f64;
-    let kernel = Kernel::new("mixers/common/headnorm", "headnorm").with("NORM", n).with("GATE", gt);
-    let threads = rows * heads;
-    let per_y = 65535 * 64;
-    let groups = [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1];
-    rec.dispatch(&kernel, &[rows as u32, heads as u32, dim as u32, eps.to_bits()], &[x, w, g, y], groups)
+
+    fn kernel(&self, entry: &'static str) -> Kernel {
+        let gate = self.gate.map_or(OutputGate::None, |(g, _)| g);
+        Kernel::new("mixers/common/headnorm", entry).with("NORM", self.norm.code() as f64).with("GATE", gate.code() as f64)
+    }
+
+    fn params(&self) -> [u32; 4] {
+        [self.rows as u32, self.heads as u32, self.dim as u32, self.eps.to_bits()]
+    }
+
+    fn groups(&self) -> [u32; 3] {
+        let threads = self.rows * self.heads;
+        let per_y = 65535 * 64;
+        [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1]
+    }
+}
+
+/// y = norm(x)·w (⊙ act(gate)) per head.
+pub fn head_norm(rec: &mut Recorder, a: &HeadNormArgs, y: &GpuBuf) -> Result<()> {
+    a.check()?;
+    need("headnorm y", y, a.rows * a.heads * a.dim)?;
+    let placeholder = rec.temp(1)?;
+    let w = a.weight.unwrap_or(&placeholder);
+    let g = a.gate.map_or(&placeholder, |(_, g)| g);
+    rec.dispatch(&a.kernel("headnorm"), &a.params(), &[a.x, w, g, y], a.groups())
+}
+
+/// Backward of `head_norm`: dx, the gate's gradient `d_gate` (when gated) and dw (+)= (RMS and
+/// Layer); either may be None when not wanted.
+pub fn head_norm_backward(rec: &mut Recorder, a: &HeadNormArgs, dy: &GpuBuf, dx: &GpuBuf, d_gate: Option<&GpuBuf>, dw: Option<&GpuBuf>) -> Result<()> {
+    a.check()?;
+    let n = a.rows * a.heads * a.dim;
+    need("headnorm backward dy", dy, n)?;
+    need("headnorm backward dx", dx, n)?;
+    let placeholder = rec.temp(1)?;
+    let d_gate = match (a.gate, d_gate) {
+        (Some(_), Some(d)) => {
+            need("headnorm backward d_gate", d, n)?;
+            d.handle()
+        }
+        (Some(_), None) => rec.temp(n)?,
+        // Written, so not the read-only placeholder.
+        (None, _) => rec.temp(1)?,
+    };
+    let w = a.weight.unwrap_or(&placeholder);
+    let g = a.gate.map_or(&placeholder, |(_, g)| g);
+    let dw_rows = rec.temp(if a.norm == HeadNorm::L2 { 1 } else { n })?;
+    rec.dispatch_bindings(&a.kernel("headnorm_backward"), &a.params(), &[(1, a.x), (2, w), (3, g), (5, dy), (6, dx), (7, &d_gate), (8, &dw_rows)], a.groups())?;
+    if let (HeadNorm::Rms | HeadNorm::Layer, Some(dw)) = (a.norm, dw) {
+        need("headnorm backward dw", dw, a.dim)?;
+        crate::nn::column_sum(rec, &dw_rows, dw, a.rows * a.heads, a.dim, true)?;
+    }
+    Ok(())
 }
 
 /// The gate activations of gates.wgsl.
@@ -97,50 +202,205 @@ pub enum GateFn {
     AddBias,
     /// y = x + x2
     Add,
+    /// Δ = softplus(x + bias)
+    Softplus,
+    /// y = x ⊙ x2[row, head]: x2 holds one value per row and head
+    ScaleHeads,
+    /// y = x + param[head] · x2
+    SkipPerHead,
+    /// y = x ⊙ silu(x2)
+    SiluGated,
+}
+
+/// What a gate mode reads beside x.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Operand {
+    None,
+    /// One value per column.
+    Columns,
+    /// One value per head of `per_head` columns.
+    Heads,
+    /// [rows, cols].
+    Full,
+    /// [rows, heads].
+    RowHeads,
 }
 
 impl GateFn {
+    pub const ALL: [GateFn; 13] = [
+        GateFn::Sigmoid,
+        GateFn::LogSigmoidOver16,
+        GateFn::NegExpSoftplus,
+        GateFn::MlstmForget,
+        GateFn::MlstmInput,
+        GateFn::Constant,
+        GateFn::Hadamard,
+        GateFn::AddBias,
+        GateFn::Add,
+        GateFn::Softplus,
+        GateFn::ScaleHeads,
+        GateFn::SkipPerHead,
+        GateFn::SiluGated,
+    ];
+
     /// gates.wgsl's MODE constant.
     fn code(self) -> u32 {
+        Self::ALL.iter().position(|&f| f == self).expect("listed") as u32
+    }
+
+    /// (x2, param, bias) as this mode reads them.
+    fn operands(self) -> (Operand, Operand, bool) {
+        use Operand::*;
         match self {
-            GateFn::Sigmoid => 0,
-            GateFn::LogSigmoidOver16 => 1,
-            GateFn::NegExpSoftplus => 2,
-            GateFn::MlstmForget => 3,
-            GateFn::MlstmInput => 4,
-            GateFn::Constant => 5,
-            GateFn::Hadamard => 6,
-            GateFn::AddBias => 7,
-            GateFn::Add => 8,
+            GateFn::Sigmoid => (None, None, false),
+            GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput | GateFn::AddBias | GateFn::Softplus => (None, None, true),
+            GateFn::NegExpSoftplus => (None, Heads, true),
+            GateFn::Constant => (None, Columns, false),
+            GateFn::Hadamard => (Full, Columns, true),
+            GateFn::Add | GateFn::SiluGated => (Full, None, false),
+            GateFn::ScaleHeads => (RowHeads, None, false),
+            GateFn::SkipPerHead => (Full, Heads, false),
         }
+    }
+
+    /// Whether the backward yields a gradient for x2, the bias and the parameter.
+    pub fn has_x2(self) -> bool {
+        self.operands().0 != Operand::None
+    }
+    pub fn has_bias(self) -> bool {
+        self.operands().2
+    }
+    pub fn has_param(self) -> bool {
+        self.operands().1 != Operand::None
     }
 }
 
-/// y[r, c] = f(x[r, c]) for rows × cols; `param` and `bias` as the mode needs (per column, or
-/// per head of `per_head` columns for NegExpSoftplus); unused ones may be any buffer.
-#[allow(clippy::too_many_arguments)]
-pub fn gate(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuBuf, bias: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize, per_head: usize) -> Result<()> {
-    need("gate x", x, rows * cols)?;
-    need("gate y", y, rows * cols)?;
-    let mode = f.code() as f64;
-    match f {
-        GateFn::LogSigmoidOver16 | GateFn::MlstmForget | GateFn::MlstmInput | GateFn::AddBias => need("gate bias", bias, cols)?,
-        GateFn::NegExpSoftplus => {
-            need("gate bias", bias, cols)?;
-            need("gate A_log", param, cols / per_head.max(1))?;
-        }
-        GateFn::Constant => need("gate param", param, cols)?,
-        GateFn::Hadamard => {
-            need("gate x2", x2, rows * cols)?;
-            need("gate bias", bias, cols)?;
-            need("gate param", param, cols)?;
-        }
-        GateFn::Add => need("gate x2", x2, rows * cols)?,
-        GateFn::Sigmoid => {}
+/// One gate activation over x [rows, cols] with what its mode reads (`GateFn`); `per_head`
+/// columns make a head.
+#[derive(Clone, Copy)]
+pub struct GateArgs<'a> {
+    pub f: GateFn,
+    pub x: &'a GpuBuf,
+    pub x2: Option<&'a GpuBuf>,
+    pub param: Option<&'a GpuBuf>,
+    pub bias: Option<&'a GpuBuf>,
+    pub rows: usize,
+    pub cols: usize,
+    pub per_head: usize,
+}
+
+impl<'a> GateArgs<'a> {
+    pub fn new(f: GateFn, x: &'a GpuBuf, rows: usize, cols: usize) -> Self {
+        GateArgs { f, x, x2: None, param: None, bias: None, rows, cols, per_head: 1 }
     }
-    let kernel = Kernel::new("mixers/common/gates", "gates").with("MODE", mode);
-    let groups = [cols.div_ceil(64) as u32, rows.div_ceil(65535) as u32, rows.min(65535) as u32];
-    rec.dispatch(&kernel, &[rows as u32, cols as u32, per_head.max(1) as u32], &[x, x2, param, bias, y], groups)
+    pub fn x2(self, b: &'a GpuBuf) -> Self {
+        GateArgs { x2: Some(b), ..self }
+    }
+    pub fn param(self, b: &'a GpuBuf) -> Self {
+        GateArgs { param: Some(b), ..self }
+    }
+    pub fn bias(self, b: &'a GpuBuf) -> Self {
+        GateArgs { bias: Some(b), ..self }
+    }
+    pub fn per_head(self, n: usize) -> Self {
+        GateArgs { per_head: n.max(1), ..self }
+    }
+
+    fn len(&self, o: Operand) -> usize {
+        match o {
+            Operand::None => 0,
+            Operand::Columns => self.cols,
+            Operand::Heads => self.cols / self.per_head,
+            Operand::Full => self.rows * self.cols,
+            Operand::RowHeads => self.rows * (self.cols / self.per_head),
+        }
+    }
+
+    /// Checks the operands and gives the bindings of x, x2, param and bias, with a placeholder
+    /// where the mode reads nothing.
+    fn inputs(&self, placeholder: &'a GpuBuf) -> Result<[&'a GpuBuf; 4]> {
+        if self.cols % self.per_head != 0 {
+            return Err(Error::argument("gate", format!("{} columns are not whole heads of {}", self.cols, self.per_head)));
+        }
+        need("gate x", self.x, self.rows * self.cols)?;
+        let (x2, param, bias) = self.f.operands();
+        let pick = |what: &str, o: Operand, b: Option<&'a GpuBuf>| -> Result<&'a GpuBuf> {
+            match (o, b) {
+                (Operand::None, _) => Ok(placeholder),
+                (_, Some(b)) => {
+                    need(&format!("gate {what}"), b, self.len(o))?;
+                    Ok(b)
+                }
+                (_, None) => Err(Error::argument("gate", format!("{:?} needs its {what}", self.f))),
+            }
+        };
+        Ok([self.x, pick("x2", x2, self.x2)?, pick("param", param, self.param)?, pick("bias", if bias { Operand::Columns } else { Operand::None }, self.bias)?])
+    }
+
+    fn params(&self) -> [u32; 3] {
+        [self.rows as u32, self.cols as u32, self.per_head as u32]
+    }
+}
+
+/// y[r, c] = f(x[r, c], …) for rows × cols.
+pub fn gate(rec: &mut Recorder, a: &GateArgs, y: &GpuBuf) -> Result<()> {
+    let placeholder = rec.temp(1)?;
+    let [x, x2, param, bias] = a.inputs(&placeholder)?;
+    need("gate y", y, a.rows * a.cols)?;
+    let kernel = Kernel::new("mixers/common/gates", "gates").with("MODE", a.f.code() as f64);
+    let groups = [a.cols.div_ceil(64) as u32, a.rows.div_ceil(65535) as u32, a.rows.min(65535) as u32];
+    rec.dispatch(&kernel, &a.params(), &[x, x2, param, bias, y], groups)
+}
+
+/// The gradients `gate_backward` writes: dx, and where the mode has them (and the caller wants
+/// them) dx2 (laid out as x2), and ∂/∂bias, ∂/∂param added to d_bias, d_param (laid out as
+/// bias and param).
+pub struct GateGrads<'a> {
+    pub dx: &'a GpuBuf,
+    pub dx2: Option<&'a GpuBuf>,
+    pub d_bias: Option<&'a GpuBuf>,
+    pub d_param: Option<&'a GpuBuf>,
+}
+
+/// Backward of `gate` for dy = ∂L/∂y.
+pub fn gate_backward(rec: &mut Recorder, a: &GateArgs, dy: &GpuBuf, g: GateGrads) -> Result<()> {
+    let placeholder = rec.temp(1)?;
+    let [x, x2, param, bias] = a.inputs(&placeholder)?;
+    let n = a.rows * a.cols;
+    need("gate backward dy", dy, n)?;
+    need("gate backward dx", g.dx, n)?;
+    let (x2_kind, param_kind, has_bias) = a.f.operands();
+    // Outputs the caller does not want still need a binding of the size the kernel writes.
+    let mut out = |what: &str, o: Option<&GpuBuf>, len: usize| -> Result<GpuBuf> {
+        match o {
+            Some(b) => {
+                need(&format!("gate backward {what}"), b, len)?;
+                Ok(b.handle())
+            }
+            None => rec.temp(len.max(1)),
+        }
+    };
+    let dx2 = out("dx2", g.dx2, a.len(x2_kind))?;
+    let d_bias = out("d_bias", g.d_bias, if has_bias { a.cols } else { 0 })?;
+    let d_param = out("d_param", g.d_param, a.len(param_kind))?;
+    let k = |entry| Kernel::new("mixers/common/gates", entry).with("MODE", a.f.code() as f64);
+    let params = a.params();
+    let ins = [(1, x), (2, x2), (3, param), (4, bias), (6, dy)];
+    let elementwise = [a.cols.div_ceil(64) as u32, a.rows.div_ceil(65535) as u32, a.rows.min(65535) as u32];
+    rec.dispatch_bindings(&k("gates_backward"), &params, &[ins.as_slice(), &[(7, g.dx), (8, &dx2)]].concat(), elementwise)?;
+    if has_bias || param_kind == Operand::Columns {
+        rec.dispatch_bindings(&k("gates_backward_columns"), &params, &[ins.as_slice(), &[(9, &d_bias), (10, &d_param)]].concat(), [a.cols.div_ceil(64) as u32, 1, 1])?;
+    }
+    if param_kind == Operand::Heads {
+        rec.dispatch_bindings(&k("gates_backward_param_heads"), &params, &[ins.as_slice(), &[(10, &d_param)]].concat(), [(a.cols / a.per_head) as u32, 1, 1])?;
+    }
+    if x2_kind == Operand::RowHeads {
+        let threads = a.rows * (a.cols / a.per_head);
+        let per_y = 65535 * 64;
+        let groups = [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1];
+        rec.dispatch_bindings(&k("gates_backward_heads"), &params, &[(1, x), (6, dy), (8, &dx2)], groups)?;
+    }
+    Ok(())
 }
 
 /// Rotary embedding in place on x [batch·seq, heads, head_dim] at positions pos0 + t.
@@ -179,70 +439,3 @@ pub fn token_stats(rec: &mut Recorder, gate: u32, delta: bool, g: &GpuBuf, beta:
     rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "token_stats"), &params, &[(2, g), (3, beta), (4, k), (5, out)], groups)
 }
 
-/// Backward of `short_conv` from a zero state (training): dx and dw (+)= for dy [B, T, C];
-/// `state` must hold the zero state the forward started from.
-#[allow(clippy::too_many_arguments)]
-pub fn short_conv_backward(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, state: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf, batch: usize, seq: usize, channels: usize, silu: bool) -> Result<()> {
-    for (what, b, n) in [("x", x, batch * seq * channels), ("dy", dy, batch * seq * channels), ("dx", dx, batch * seq * channels), ("w", w, channels * 4), ("dw", dw, channels * 4), ("state", state, batch * 3 * channels)] {
-        need(&format!("conv backward {what}"), b, n)?;
-    }
-    let params = [batch as u32, seq as u32, channels as u32];
-    let k = |entry| Kernel::new("mixers/common/conv", entry).with("SILU", silu as u8 as f64);
-    let common = [(1, x), (2, w), (3, state), (5, dy)];
-    let mut bx = common.to_vec();
-    bx.push((6, dx));
-    rec.dispatch_bindings(&k("conv_backward_x"), &params, &bx, [channels.div_ceil(64) as u32, seq as u32, batch as u32])?;
-    let splits = (batch * seq).div_ceil(64);
-    let partial = rec.gpu().scratch(splits * channels * 4)?;
-    let mut bw = common.to_vec();
-    bw.push((7, &partial));
-    rec.dispatch_bindings(&k("conv_backward_w"), &params, &bw, [channels.div_ceil(64) as u32, splits as u32, 1])?;
-    crate::nn::column_sum(rec, &partial, dw, splits, channels * 4, true)?;
-    rec.retire(partial);
-    Ok(())
-}
-
-/// Backward of `head_norm`: dx, the output gate's gradient `d_gate` (when gated) and dw (+)=
-/// (RMS and Layer).
-#[allow(clippy::too_many_arguments)]
-pub fn head_norm_backward(rec: &mut Recorder, norm: HeadNorm, gate: OutputGate, x: &GpuBuf, w: &GpuBuf, g: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, d_gate: &GpuBuf, dw: &GpuBuf, rows: usize, heads: usize, dim: usize, eps: f32) -> Result<()> {
-    let n = rows * heads * dim;
-    for (what, b, len) in [("x", x, n), ("dy", dy, n), ("dx", dx, n), ("gate", g, n), ("d_gate", d_gate, n), ("w", w, dim), ("dw", dw, dim)] {
-        need(&format!("headnorm backward {what}"), b, len)?;
-    }
-    let nv = norm.code() as f64;
-    let gv = gate.code() as f64;
-    let k = |entry| Kernel::new("mixers/common/headnorm", entry).with("NORM", nv).with("GATE", gv);
-    let params = [rows as u32, heads as u32, dim as u32, eps.to_bits()];
-    let threads = rows * heads;
-    let per_y = 65535 * 64;
-    let groups = [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1];
-    let dw_rows = rec.gpu().scratch(if norm == HeadNorm::L2 { 1 } else { n })?;
-    rec.dispatch_bindings(&k("headnorm_backward"), &params, &[(1, x), (2, w), (3, g), (5, dy), (6, dx), (7, d_gate), (8, &dw_rows)], groups)?;
-    if norm != HeadNorm::L2 {
-        crate::nn::column_sum(rec, &dw_rows, dw, rows * heads, dim, true)?;
-    }
-    rec.retire(dw_rows);
-    Ok(())
-}
-
-/// Backward of `gate`: dx (and dx2 for Hadamard and Add) from dy, plus per-column gradients
-/// added to `d_bias` and `d_param` [cols] (NegExpSoftplus: the host sums d_param per head to get
-/// ∂/∂A_log). Unused outputs may be any buffer of the right size.
-#[allow(clippy::too_many_arguments)]
-pub fn gate_backward(rec: &mut Recorder, f: GateFn, x: &GpuBuf, x2: &GpuBuf, param: &GpuBuf, bias: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dx2: &GpuBuf, d_bias: &GpuBuf, d_param: &GpuBuf, rows: usize, cols: usize, per_head: usize) -> Result<()> {
-    let n = rows * cols;
-    for (what, b, len) in [("x", x, n), ("dy", dy, n), ("dx", dx, n), ("dx2", dx2, n), ("x2", x2, n), ("d_bias", d_bias, cols), ("d_param", d_param, cols), ("bias", bias, cols), ("param", param, cols / per_head.max(1))] {
-        need(&format!("gate backward {what}"), b, len)?;
-    }
-    let mode = f.code() as f64;
-    let k = |entry| Kernel::new("mixers/common/gates", entry).with("MODE", mode);
-    let params = [rows as u32, cols as u32, per_head.max(1) as u32];
-    let ins = [(1, x), (2, x2), (3, param), (4, bias), (6, dy)];
-    let mut b1 = ins.to_vec();
-    b1.extend([(7, dx), (8, dx2)]);
-    rec.dispatch_bindings(&k("gates_backward"), &params, &b1, [cols.div_ceil(64) as u32, rows.div_ceil(65535) as u32, rows.min(65535) as u32])?;
-    let mut b2 = ins.to_vec();
-    b2.extend([(9, d_bias), (10, d_param)]);
-    rec.dispatch_bindings(&k("gates_backward_columns"), &params, &b2, [cols.div_ceil(64) as u32, 1, 1])
-}

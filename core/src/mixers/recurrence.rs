@@ -113,6 +113,7 @@ impl GpuState {
 
 
 /// Optional per-token inputs of the recurrence.
+#[derive(Clone, Copy)]
 pub struct Gates<'a> {
     /// Log decay: [B, T, H, K] for a vector gate, [B, T, H] for a scalar one (mLSTM: log σ(f̃)).
     pub g: Option<&'a GpuBuf>,
@@ -122,12 +123,24 @@ pub struct Gates<'a> {
     pub igate: Option<&'a GpuBuf>,
 }
 
+/// One call of the recurrence: its variant, shapes, the scale of q, and its inputs, all
+/// [B, T, H, ·].
+pub struct RecurrenceArgs<'a> {
+    pub r: Recurrence,
+    pub dims: Dims,
+    pub scale: f32,
+    pub q: &'a GpuBuf,
+    pub k: &'a GpuBuf,
+    pub v: &'a GpuBuf,
+    pub gates: Gates<'a>,
+}
+
 /// Checks the shapes of a recurrence call and picks its gate, β and input-gate buffers (the
-/// dummy where the variant has none).
-#[allow(clippy::too_many_arguments)]
-fn checked_inputs<'a>(r: Recurrence, d: Dims, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates<'a>, state: &GpuState, out: &GpuBuf, dummy: &'a GpuBuf) -> Result<(&'a GpuBuf, &'a GpuBuf, &'a GpuBuf)> {
-    if state.dims.batch != d.batch || state.dims.heads != d.heads || state.dims.dk != d.dk || state.dims.dv != d.dv {
-        return Err(Error::argument("state", format!("state for {:?} does not fit inputs {:?}", state.dims, d)));
+/// placeholder where the variant has none).
+fn checked_inputs<'a>(a: &RecurrenceArgs<'a>, state: Dims, out: &GpuBuf, dummy: &'a GpuBuf) -> Result<(&'a GpuBuf, &'a GpuBuf, &'a GpuBuf)> {
+    let (r, d, q, k, v, gates) = (a.r, a.dims, a.q, a.k, a.v, &a.gates);
+    if state.batch != d.batch || state.heads != d.heads || state.dk != d.dk || state.dv != d.dv {
+        return Err(Error::argument("state", format!("state for {state:?} does not fit inputs {d:?}")));
     }
     let rows = d.batch * d.seq * d.heads;
     need("recurrence q", q, rows * d.dk)?;
@@ -166,13 +179,13 @@ fn checked_inputs<'a>(r: Recurrence, d: Dims, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf
 }
 
 /// Runs `d.seq` tokens of the recurrence from `state` (updated in place) into `out` [B, T, H, V].
-#[allow(clippy::too_many_arguments)]
-pub fn recurrent(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, state: &GpuState, out: &GpuBuf) -> Result<()> {
+pub fn recurrent(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf) -> Result<()> {
+    let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
     if !(d.dk == 64 || d.dk == 128) || d.dv % 64 != 0 || d.dv == 0 {
         return Err(Error::argument("head size", format!("the recurrent kernel takes key size 64 or 128 and a value size that is a multiple of 64, got {}×{}", d.dk, d.dv)));
     }
-    let dummy = rec.gpu().scratch(1)?;
-    let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, state, out, &dummy)?;
+    let dummy = rec.temp(1)?;
+    let (g, beta, igate) = checked_inputs(a, state.dims, out, &dummy)?;
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, d.dk as u32, d.dv as u32, scale.to_bits()];
     // mLSTM's ĩ takes β's binding (no mLSTM has a delta rule): eight storage buffers.
     let beta_or_igate = if r.normalizer == Normalizer::Mlstm { igate } else { beta };
@@ -195,26 +208,24 @@ impl Recurrence {
 }
 
 /// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
-/// (shaders/mixers/common/chunk.wgsl). Scratch buffers go to `temps`, to be released after
-/// the recorder is submitted.
-#[allow(clippy::too_many_arguments)]
-pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, state: &GpuState, out: &GpuBuf, temps: &mut Vec<GpuBuf>) -> Result<()> {
+/// (shaders/mixers/common/chunk.wgsl).
+pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf) -> Result<()> {
+    let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
     if !r.has_chunked_form(d) {
         return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{}; use the recurrent one", d.dk, d.dv)));
     }
     if d.seq == 0 {
         return Ok(());
     }
-    let gpu = rec.gpu();
-    let dummy = gpu.scratch(4)?;
-    let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, state, out, &dummy)?;
+    let dummy = rec.temp(4)?;
+    let (g, beta, igate) = checked_inputs(a, state.dims, out, &dummy)?;
     let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
-    let b_cum = gpu.scratch(rows * d.dk)?;
-    let u = gpu.scratch(rows * d.dv)?;
-    let w = gpu.scratch(rows * d.dk)?;
+    let b_cum = rec.temp(rows * d.dk)?;
+    let u = rec.temp(rows * d.dv)?;
+    let w = rec.temp(rows * d.dk)?;
     // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding).
-    let h = gpu.scratch(d.batch * d.heads * chunks * (d.dk * d.dv + d.dk + 4))?;
+    let h = rec.temp(d.batch * d.heads * chunks * (d.dk * d.dv + d.dk + 4))?;
     let norm = r.normalizer.code() as f64;
     let gate = r.gate.code() as f64;
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
@@ -226,9 +237,7 @@ pub fn chunked(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBu
     let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
     rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [1, d.heads as u32, d.batch as u32])?;
     let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate)];
-    rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)?;
-    temps.extend([dummy, b_cum, u, w, h]);
-    Ok(())
+    rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)
 }
 
 /// Gradients of the recurrence's inputs on the GPU, laid out like the inputs (`igate`: mLSTM's
@@ -254,14 +263,13 @@ impl RecurrenceGrads {
 /// ∂L/∂(q, k, v, g, β, ĩ) from ∂L/∂o `d_out` [B, T, H, V] (shaders/mixers/common/
 /// recurrent_backward.wgsl; f64 twin: crate::reference::recurrence::backward). States are kept
 /// per chunk of 64 tokens and recomputed within it. Key and value size 64.
-#[allow(clippy::too_many_arguments)]
-pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuBuf, k: &GpuBuf, v: &GpuBuf, gates: &Gates, d_out: &GpuBuf, temps: &mut Vec<GpuBuf>) -> Result<RecurrenceGrads> {
+pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Result<RecurrenceGrads> {
+    let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
     if d.dk != 64 || d.dv != 64 {
         return Err(Error::argument("head size", format!("the recurrence backward takes key and value size 64, got {}×{}", d.dk, d.dv)));
     }
     let gpu = rec.gpu();
-    let dummy = gpu.scratch(4)?;
-    let zero = GpuState::zeros(gpu, d)?;
+    let dummy = rec.temp(4)?;
     let rows = d.batch * d.seq * d.heads;
     let grads = RecurrenceGrads {
         q: gpu.scratch(rows * d.dk)?,
@@ -275,17 +283,15 @@ pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuB
         beta: gpu.scratch(if r.delta { rows } else { 1 })?,
         igate: gpu.scratch(if r.normalizer == Normalizer::Mlstm { rows } else { 1 })?,
     };
-    let (g, beta, igate) = checked_inputs(r, d, q, k, v, gates, &zero, &grads.v, &dummy)?;
+    let (g, beta, igate) = checked_inputs(a, d, &grads.v, &dummy)?;
     need("recurrence d_out", d_out, rows * d.dv)?;
-    temps.extend([zero.s, zero.nm]);
     if d.seq == 0 {
-        temps.push(dummy);
         return Ok(grads);
     }
     let chunks = d.seq.div_ceil(CHUNK);
     let bh = d.batch * d.heads;
-    let saved = gpu.scratch(bh * chunks * (64 * 64 + 65))?;
-    let steps = gpu.scratch(bh * CHUNK * (64 * 64 + 64 + 64 + 3))?;
+    let saved = rec.temp(bh * chunks * (64 * 64 + 65))?;
+    let steps = rec.temp(bh * CHUNK * (64 * 64 + 64 + 64 + 3))?;
     let kernel = Kernel::new("mixers/common/recurrent_backward", "recurrent_backward_k64")
         .with("GATE", r.gate.code() as f64)
         .with("DELTA", r.delta as u8 as f64)
@@ -293,6 +299,5 @@ pub fn backward(rec: &mut Recorder, r: Recurrence, d: Dims, scale: f32, q: &GpuB
     let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
     let bufs = [q, k, v, g, beta, igate, d_out, &saved, &steps, &grads.q, &grads.k, &grads.v, &grads.g, &grads.beta, &grads.igate];
     rec.dispatch(&kernel, &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
-    temps.extend([dummy, saved, steps]);
     Ok(grads)
 }

@@ -213,7 +213,7 @@ impl LanguageModel {
     /// blocks hold a fixed-size state whatever `cap` is).
     pub fn new_cache(&self, gpu: &Gpu, batch: usize, cap: usize) -> Result<Cache> {
         let has_attention = self.blocks.iter().any(|b| matches!(b.mixer, TokenMixer::Attention { .. }));
-        if cap > self.max_positions && (has_attention || self.blocks.iter().any(|b| matches!(&b.mixer, TokenMixer::Mixer(m) if m.kind == crate::mixers::MixerKind::Retnet))) {
+        if cap > self.max_positions && (has_attention || self.blocks.iter().any(|b| matches!(&b.mixer, TokenMixer::Mixer(m) if m.uses_positions()))) {
             return Err(Error::argument("context", format!("{cap} positions exceed the model's {} positions", self.max_positions)));
         }
         let per_layer = batch * self.config.kv_dim() * cap;
@@ -233,18 +233,15 @@ impl LanguageModel {
     /// A softmax-attention block's mixer: xn → fused q/k/v, rotary (k and v into the cache),
     /// attention over the cache, then o_proj into `out` (added to it with `accumulate`).
     #[allow(clippy::too_many_arguments)]
-    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &Weight, wo: &Weight, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf, accumulate: bool, temps: &mut Vec<GpuBuf>) -> Result<()> {
-        let gpu = rec.gpu();
+    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &Weight, wo: &Weight, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf, accumulate: bool) -> Result<()> {
         let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
         let rows = shape.batch * shape.seq;
-        let qkv = gpu.scratch(rows * (qd + 2 * kvd))?;
-        let (q, att) = (gpu.scratch(rows * qd)?, gpu.scratch(rows * qd)?);
+        let qkv = rec.temp(rows * (qd + 2 * kvd))?;
+        let (q, att) = (rec.temp(rows * qd)?, rec.temp(rows * qd)?);
         nn::project(rec, xn, wqkv, &qkv, rows, false)?;
         nn::rope_qkv_to_cache(rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, k_cache, v_cache)?;
         nn::attention(rec, shape, &q, k_cache, v_cache, &att)?;
-        nn::project(rec, &att, wo, out, rows, accumulate)?;
-        temps.extend([qkv, q, att]);
-        Ok(())
+        nn::project(rec, &att, wo, out, rows, accumulate)
     }
 
     /// Runs `ids` (`batch` sequences of equal length, concatenated) after the tokens already in
@@ -285,25 +282,23 @@ impl LanguageModel {
         let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
 
         let ids_buf = gpu.upload_u32("ids", ids)?;
-        let x = gpu.scratch(rows * d)?;
-        let xn = gpu.scratch(rows * d)?;
-        let gate_up = gpu.scratch(rows * 2 * f)?;
-        let act = gpu.scratch(rows * f)?;
-        let mut temps = Vec::new();
         let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
-
         let mut rec = gpu.recorder();
+        let x = rec.temp(rows * d)?;
+        let xn = rec.temp(rows * d)?;
+        let gate_up = rec.temp(rows * 2 * f)?;
+        let act = rec.temp(rows * f)?;
         nn::embed(&mut rec, &ids_buf, &self.embed, &x, rows)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
             match (&block.mixer, layer_cache) {
                 (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
-                    self.attention_step(&mut rec, shape, &xn, wqkv, wo, kc, vc, &x, true, &mut temps)?;
+                    self.attention_step(&mut rec, shape, &xn, wqkv, wo, kc, vc, &x, true)?;
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
                     let mut t = LayerTrace::default();
                     let want = trace.is_some().then_some(&mut t);
-                    layer.forward_traced(&mut rec, &xn, seq, state, &rope, &x, true, &mut temps, want)?;
+                    layer.forward(&mut rec, &xn, seq, state, &rope, &x, true, want)?;
                     if trace.is_some() {
                         traces.push((i, t));
                     }
@@ -326,11 +321,10 @@ impl LanguageModel {
             Logits::Last => {
                 let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
                 let last_buf = gpu.upload_u32("last rows", &last)?;
-                let h = gpu.scratch(batch * d)?;
+                let h = rec.temp(batch * d)?;
                 nn::gather_rows(&mut rec, &last_buf, &xn, &h, batch, d, rows)?;
                 let out = gpu.scratch(batch * cfg.vocab_size)?;
                 nn::project(&mut rec, &h, head, &out, batch, false)?;
-                temps.push(h);
                 out
             }
         };
@@ -354,12 +348,11 @@ impl LanguageModel {
             }
             None => {
                 for (_, t) in traces {
-                    temps.extend(t.state_norm.into_iter().chain(t.token_stats));
+                    for b in t.state_norm.into_iter().chain(t.token_stats) {
+                        gpu.release(b);
+                    }
                 }
             }
-        }
-        for b in [x, xn, gate_up, act].into_iter().chain(temps) {
-            gpu.release(b);
         }
         Ok(out)
     }

@@ -5,7 +5,7 @@
 //! student.json (mixer and layout), model.safetensors, tokenizer.json.
 use super::config::LlamaConfig;
 use super::files::ModelFiles;
-use super::hf::write_atomic;
+use crate::util::write_atomic;
 use super::tokenizer::Tokenizer;
 use super::weights::{hf_tensor_shapes, Model, ModelWeights, StudentMixers};
 use crate::error::{Error, Result};

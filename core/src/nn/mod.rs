@@ -335,3 +335,22 @@ pub fn gather_rows_backward(rec: &mut Recorder, ids: &[u32], d_out: &GpuBuf, tab
     let groups = [cols.div_ceil(64) as u32, uniq.len().div_ceil(65535) as u32, uniq.len().min(65535) as u32];
     rec.dispatch_bindings(&Kernel::new("nn/embedding", "gather_rows_backward"), &params, &[(4, &ob), (5, &sb), (6, &ub), (7, d_out), (8, table_grad)], groups)
 }
+
+fn elementwise_groups(n: usize) -> [u32; 3] {
+    let per_y = 65535 * 64;
+    [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1]
+}
+
+/// y [n] = 0.
+pub fn zero(rec: &mut Recorder, y: &GpuBuf, n: usize) -> Result<()> {
+    need("zero", y, n)?;
+    rec.dispatch_bindings(&Kernel::new("nn/elementwise", "zero"), &[n as u32], &[(3, y)], elementwise_groups(n))
+}
+
+/// y [n] = a + b (y may not alias a or b).
+pub fn add(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, n: usize) -> Result<()> {
+    for (what, buf) in [("a", a), ("b", b), ("y", y)] {
+        need(&format!("add {what}"), buf, n)?;
+    }
+    rec.dispatch(&Kernel::new("nn/elementwise", "add"), &[n as u32], &[a, b, y], elementwise_groups(n))
+}

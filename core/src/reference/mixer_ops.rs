@@ -86,6 +86,10 @@ pub fn gate(f: GateFn, x: &[f64], x2: &[f64], param: &[f64], bias: &[f64], rows:
                 GateFn::Hadamard => (v + bias[c]) * (x2[i] + param[c]),
                 GateFn::AddBias => v + bias[c],
                 GateFn::Add => v + x2[i],
+                GateFn::Softplus => softplus(v + bias[c]),
+                GateFn::ScaleHeads => v * x2[r * (cols / per_head) + c / per_head],
+                GateFn::SkipPerHead => v + param[c / per_head] * x2[i],
+                GateFn::SiluGated => v * silu(x2[i]),
             };
         }
     }

@@ -1,18 +1,20 @@
-//! A whole mixer layer in f64, input path → recurrence → output path, from the definitions of
-//! MIXERS.md §3 (crate::mixers::layer is its GPU twin). x is the normed residual stream
+//! A whole mixer layer in f64, input path → recurrence → output path, read from the mixer's
+//! declaration as crate::mixers::layer (its GPU twin) reads it; the ops are MIXERS.md §3's
+//! definitions in f64. x is the normed residual stream
 //! [B, T, d]; the result is the layer's output after o_proj, [B, T, d].
 use super::mixer_ops::{self as ops, GateFn, HeadNorm, OutputGate};
 use super::nn::{linear, rope};
 use super::recurrence::{self, Inputs, State};
-use crate::mixers::{retnet_log_gamma, MixerKind, MixerOptions, MixerParams, MixerShape};
+use crate::mixers::spec::{GateDef, GateInput, GatePlace};
+use crate::mixers::{MixerKind, MixerOptions, MixerParams, MixerShape};
 
 /// Everything a mixer layer carries between calls.
 #[derive(Clone, Debug)]
 pub struct LayerState {
     pub rec: State,
-    /// Short-conv states [B, 3, C] of q, k, v (delta rules only).
+    /// Short-conv states [B, 3, C] of q, k, v (layouts with a conv).
     pub conv: [Vec<f64>; 3],
-    /// Tokens seen so far (RetNet's rotary positions).
+    /// Tokens seen so far (rotary positions).
     pub pos: usize,
 }
 
@@ -27,99 +29,105 @@ impl LayerState {
     }
 }
 
-fn p<'a>(params: &'a MixerParams, name: &str) -> Vec<f64> {
+fn p(params: &MixerParams, name: &str) -> Vec<f64> {
     params.get(name).unwrap_or_else(|| panic!("mixer parameter '{name}' missing")).data.iter().map(|&v| v as f64).collect()
 }
 
+/// A parameter or one of the mixer's fixed constants.
+fn value(kind: MixerKind, s: MixerShape, params: &MixerParams, name: &str) -> Vec<f64> {
+    match (kind.def().constants)(s).into_iter().find(|(n, _)| *n == name) {
+        Some((_, v)) => v.iter().map(|&x| x as f64).collect(),
+        None => p(params, name),
+    }
+}
+
+/// A gate's value from x, as its declaration says.
+fn gate(kind: MixerKind, s: MixerShape, params: &MixerParams, g: &GateDef, x: &[f64], rows: usize) -> Vec<f64> {
+    let d = s.hidden;
+    let (cols, per_head) = if g.per_channel { (s.heads * s.dk, s.dk) } else { (s.heads, 1) };
+    let pre = match g.input {
+        GateInput::Linear(w) => linear(x, &p(params, w), rows, cols, d),
+        GateInput::LowRank { down, up } => {
+            let rank = params[down].shape[0];
+            linear(&linear(x, &p(params, down), rows, rank, d), &p(params, up), rows, cols, rank)
+        }
+        GateInput::Fixed => vec![0.0; rows * cols],
+    };
+    let opt = |n: Option<&str>| n.map(|n| value(kind, s, params, n)).unwrap_or_default();
+    ops::gate(g.f, &pre, &[], &opt(g.param), &opt(g.bias), rows, cols, per_head)
+}
+
+/// The layer on x [B, T, d] from `state` (advanced): the steps of the mixer's `Layout` in
+/// order, each in f64.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &MixerParams, x: &[f64], batch: usize, seq: usize, rope_theta: f64, state: &mut LayerState) -> Vec<f64> {
+    let l = kind.layout(opts);
     let rows = batch * seq;
     let (d, h, dk, dv) = (s.hidden, s.heads, s.dk, s.dv);
     let (hk, hv) = (h * dk, h * dv);
     let mut q = linear(x, &p(params, "q_proj"), rows, hk, d);
     let mut k = linear(x, &p(params, "k_proj"), rows, hk, d);
     let mut v = linear(x, &p(params, "v_proj"), rows, hv, d);
-    if kind.uses_conv() {
+    if l.conv {
         q = ops::short_conv(&q, &p(params, "conv_q"), &mut state.conv[0], batch, seq, hk, true);
         k = ops::short_conv(&k, &p(params, "conv_k"), &mut state.conv[1], batch, seq, hk, true);
         v = ops::short_conv(&v, &p(params, "conv_v"), &mut state.conv[2], batch, seq, hv, true);
+    }
+    if l.qk_l2 {
         q = ops::head_norm(HeadNorm::L2, OutputGate::None, &q, &[], &[], rows, h, dk, 0.0);
         k = ops::head_norm(HeadNorm::L2, OutputGate::None, &k, &[], &[], rows, h, dk, 0.0);
     }
-    let zeros_h = vec![0.0; hk.max(hv)];
-    let (mut g, mut beta, mut igate) = (Vec::new(), Vec::new(), Vec::new());
-    match kind {
-        MixerKind::LinearAttn => {
-            // φ(x) = (W1 x + b1) ⊙ (W2 x + b2) on each head's K-vector.
-            let fm = |x: &[f64]| {
-                let a = linear(x, &p(params, "fm_w1"), rows * h, dk, dk);
-                let b = linear(x, &p(params, "fm_w2"), rows * h, dk, dk);
-                ops::gate(GateFn::Hadamard, &a, &b, &p(params, "fm_b2"), &p(params, "fm_b1"), rows * h, dk, 1)
-            };
-            q = fm(&q);
-            k = fm(&k);
-        }
-        MixerKind::Retnet => {
-            let positions: Vec<usize> = (0..batch).flat_map(|_| state.pos..state.pos + seq).collect();
-            rope(&mut q, &positions, h, dk, rope_theta);
-            rope(&mut k, &positions, h, dk, rope_theta);
-            let lg: Vec<f64> = retnet_log_gamma(h).iter().map(|&v| v as f64).collect();
-            g = ops::gate(GateFn::Constant, &vec![0.0; rows * h], &[], &lg, &[], rows, h, 1);
-        }
-        MixerKind::Gla => {
-            let low = linear(x, &p(params, "gk_w1"), rows, crate::mixers::GLA_GATE_RANK, d);
-            let pre = linear(&low, &p(params, "gk_w2"), rows, hk, crate::mixers::GLA_GATE_RANK);
-            g = ops::gate(GateFn::LogSigmoidOver16, &pre, &[], &[], &p(params, "gk_b"), rows, hk, dk);
-        }
-        MixerKind::Deltanet => {}
-        MixerKind::GatedDeltanet => {
-            let pre = linear(x, &p(params, "a_proj"), rows, h, d);
-            g = ops::gate(GateFn::NegExpSoftplus, &pre, &[], &p(params, "A_log"), &p(params, "dt_bias"), rows, h, 1);
-        }
-        MixerKind::Kda => {
-            let low = linear(x, &p(params, "f_w1"), rows, dv, d);
-            let pre = linear(&low, &p(params, "f_w2"), rows, hk, dv);
-            g = ops::gate(GateFn::NegExpSoftplus, &pre, &[], &p(params, "A_log"), &p(params, "dt_bias"), rows, hk, dk);
-        }
-        MixerKind::Mlstm => {
-            let pi = linear(x, &p(params, "i_proj"), rows, h, d);
-            let pf = linear(x, &p(params, "f_proj"), rows, h, d);
-            igate = ops::gate(GateFn::MlstmInput, &pi, &[], &[], &p(params, "i_bias"), rows, h, 1);
-            g = ops::gate(GateFn::MlstmForget, &pf, &[], &[], &p(params, "f_bias"), rows, h, 1);
-        }
+    if let Some(fm) = &l.feature_map {
+        // φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's K-vector.
+        let phi = |t: &[f64]| {
+            let a = linear(t, &p(params, fm.w1), rows * h, dk, dk);
+            let b = linear(t, &p(params, fm.w2), rows * h, dk, dk);
+            ops::gate(GateFn::Hadamard, &a, &b, &p(params, fm.b2), &p(params, fm.b1), rows * h, dk, 1)
+        };
+        q = phi(&q);
+        k = phi(&k);
     }
-    if kind.recurrence(opts).delta {
-        let pb = linear(x, &p(params, "b_proj"), rows, h, d);
-        beta = ops::gate(GateFn::Sigmoid, &pb, &[], &[], &zeros_h, rows, h, 1);
+    if l.rotary {
+        let positions: Vec<usize> = (0..batch).flat_map(|_| state.pos..state.pos + seq).collect();
+        rope(&mut q, &positions, h, dk, rope_theta);
+        rope(&mut k, &positions, h, dk, rope_theta);
     }
+    if let Some(g) = &l.key_step {
+        let step = gate(kind, s, params, g, x, rows);
+        k = ops::gate(GateFn::ScaleHeads, &k, &step, &[], &[], rows, hk, dk);
+    }
+    let gate_of = |g: &Option<GateDef>| g.as_ref().map(|g| gate(kind, s, params, g, x, rows)).unwrap_or_default();
+    let (g, beta, igate) = (gate_of(&l.decay), gate_of(&l.beta), gate_of(&l.input_gate));
     let dims = recurrence::Dims { batch, seq, heads: h, dk, dv };
     let inputs = Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &igate };
-    let o = recurrence::run(kind.recurrence(opts), dims, &inputs, 1.0 / (dk as f64).sqrt(), &mut state.rec);
+    let scale = if l.scale_q { 1.0 / (dk as f64).sqrt() } else { 1.0 };
+    let mut o = recurrence::run(l.recurrence(), dims, &inputs, scale, &mut state.rec);
     state.pos += seq;
-    let eps = opts.norm_eps;
-    let o = match kind {
-        MixerKind::LinearAttn if opts.la_output_norm => ops::head_norm(HeadNorm::Rms, OutputGate::None, &o, &p(params, "o_norm"), &[], rows, h, dv, eps),
-        MixerKind::LinearAttn => o,
-        MixerKind::Deltanet => ops::head_norm(HeadNorm::Rms, OutputGate::None, &o, &p(params, "o_norm"), &[], rows, h, dv, eps),
-        MixerKind::Retnet | MixerKind::Gla | MixerKind::GatedDeltanet => {
-            let gate = linear(x, &p(params, "g_proj"), rows, hv, d);
-            ops::head_norm(HeadNorm::Rms, OutputGate::Silu, &o, &p(params, "o_norm"), &gate, rows, h, dv, eps)
+
+    // Output path.
+    let out = &l.output;
+    if let Some(dname) = out.skip {
+        o = ops::gate(GateFn::SkipPerHead, &o, &v, &p(params, dname), &[], rows, hv, dv);
+    }
+    let gate_value = out.gate.as_ref().map(|g| {
+        let lin = linear(x, &p(params, g.proj), rows, hv, d);
+        match g.bias {
+            Some(b) => ops::gate(GateFn::AddBias, &lin, &[], &[], &p(params, b), rows, hv, 1),
+            None => lin,
         }
-        MixerKind::Kda => {
-            let gl = linear(x, &p(params, "g_proj"), rows, hv, d);
-            let bias = p(params, "g_bias");
-            let gate: Vec<f64> = gl.iter().enumerate().map(|(i, v)| v + bias[i % hv]).collect();
-            if opts.kda_gate_mixup {
-                let mixed: Vec<f64> = o.iter().zip(&gate).map(|(a, b)| a + b).collect();
-                ops::head_norm(HeadNorm::Rms, OutputGate::None, &mixed, &p(params, "o_norm"), &[], rows, h, dv, eps)
-            } else {
-                ops::head_norm(HeadNorm::Rms, OutputGate::Sigmoid, &o, &p(params, "o_norm"), &gate, rows, h, dv, eps)
-            }
+    });
+    let mut after_norm_gate = OutputGate::None;
+    if let (Some(g), Some(z)) = (&out.gate, &gate_value) {
+        match g.place {
+            GatePlace::BeforeNorm => o = ops::gate(GateFn::SiluGated, &o, z, &[], &[], rows, hv, 1),
+            GatePlace::Added => o = ops::gate(GateFn::Add, &o, z, &[], &[], rows, hv, 1),
+            GatePlace::AfterNorm(act) => after_norm_gate = act,
         }
-        MixerKind::Mlstm => {
-            let gate = linear(x, &p(params, "og_proj"), rows, hv, d);
-            ops::head_norm(HeadNorm::Layer, OutputGate::Sigmoid, &o, &p(params, "o_norm"), &gate, rows, h, dv, eps)
-        }
-    };
+    }
+    if let Some(n) = &out.norm {
+        let (heads, dim) = if n.per_head { (h, dv) } else { (1, hv) };
+        let z = gate_value.as_deref().unwrap_or(&[]);
+        o = ops::head_norm(n.kind, after_norm_gate, &o, &p(params, n.weight), z, rows, heads, dim, opts.norm_eps);
+    }
     linear(&o, &p(params, "o_proj"), rows, d, hv)
 }

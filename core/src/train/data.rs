@@ -3,7 +3,8 @@
 //! State of the Union addresses and the end of Moby-Dick). Blocks are consecutive slices of the
 //! stream, so a run is a function of its cursor.
 use crate::error::{Error, Result};
-use crate::generate::{sample, Rng, Sampling};
+use crate::generate::{sample, Sampling};
+use crate::util::Rng;
 use crate::gpu::Gpu;
 use crate::model::{LanguageModel, Logits, Tokenizer};
 use std::path::{Path, PathBuf};
@@ -104,8 +105,8 @@ impl Corpus {
             Ok(out)
         };
         let corpus = Corpus { train: encode(&train_docs)?, heldout: encode(&heldout_docs)? };
-        crate::model::hf::write_atomic(&train_cache, &to_bytes(&corpus.train))?;
-        crate::model::hf::write_atomic(&heldout_cache, &to_bytes(&corpus.heldout))?;
+        crate::util::write_atomic(&train_cache, &to_bytes(&corpus.train))?;
+        crate::util::write_atomic(&heldout_cache, &to_bytes(&corpus.heldout))?;
         Ok(corpus)
     }
 }

@@ -9,11 +9,13 @@
 //! few steps; `resume` continues exactly where the last one left off.
 use super::data::{next_rows, Corpus};
 use super::schedule::Schedule;
-use super::{adamw_step, cross_entropy, kl, l2_error, squared_error, sum_squares, zero, AdamW};
+use super::{adamw_step, cross_entropy, kl, l2_error, squared_error, sum_squares, AdamW};
+use crate::mixers::layer::{BackwardArgs, LayerGrads};
+use crate::nn::zero;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuf};
 use crate::mixers::{MixerKind, MixerOptions};
-use crate::model::hf::write_atomic;
+use crate::util::write_atomic;
 use crate::model::lm::training::{Grads, Scope};
 use crate::model::student::{from_teacher, save_dir_sharded};
 use crate::model::{Cache, LanguageModel, Logits, ModelWeights, StudentMixers, Tokenizer};
@@ -78,7 +80,7 @@ pub struct DistillConfig {
 impl Default for DistillConfig {
     fn default() -> Self {
         DistillConfig {
-            mixer: MixerKind::GatedDeltanet,
+            mixer: MixerKind::from_name("gated_deltanet").expect("a registered mixer"),
             mixer_layers: Vec::new(),
             options: MixerOptions::default(),
             tokens: 2_000_000,
@@ -387,55 +389,54 @@ impl<'g> Distiller<'g> {
         let targets: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
         let ids = gpu.upload_u32("ids", &inputs)?;
         let grads: Grads = slots.iter().map(|(n, s)| (n.clone(), GpuBuf::words(s.grad.buffer.clone(), s.len))).collect();
-        let mut temps = Vec::new();
         let mut rec = gpu.recorder();
         for s in slots.values() {
             zero(&mut rec, &s.grad, s.len)?;
         }
-        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == 3, &mut temps)?;
+        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == 3)?;
         rec.submit()?;
         let mut parts = Vec::new();
         match stage {
             1 | 2 => {
                 for i in self.trained_layers() {
-                    let (loss, grad, dx) = (gpu.scratch(rows)?, gpu.scratch(rows * d)?, gpu.scratch(rows * d)?);
+                    let loss = gpu.scratch(rows)?;
                     let mut rec = gpu.recorder();
+                    let (grad, dx) = (rec.temp(rows * d)?, rec.temp(rows * d)?);
                     let t = &teacher.blocks[i];
                     if stage == 1 {
                         // The mixer on the teacher's normed stream, against its attention output.
                         let m = self.student.mixer_layer(i).expect("a mixer block");
                         let (rope, rope_back) = self.student.rope_tables();
-                        let out = gpu.scratch(rows * d)?;
-                        let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out, &mut temps)?;
+                        let out = rec.temp(rows * d)?;
+                        let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out)?;
                         squared_error(&mut rec, &out, &t.mixer_out, &loss, &grad, rows, d, 1.0 / (rows * d) as f32, false)?;
-                        m.backward(&mut rec, &t.xn1, &acts, &rope_back, &grad, &dx, false, &grads, &format!("layers.{i}.mixer."), &mut temps)?;
+                        let prefix = format!("layers.{i}.mixer.");
+                        let args = BackwardArgs { x: &t.xn1, acts: &acts, rope_back: &rope_back, d_out: &grad };
+                        m.backward(&mut rec, &args, &dx, false, &LayerGrads { grads: &grads, prefix: &prefix })?;
                         rec.submit()?;
                         acts.release(gpu);
-                        temps.push(out);
                     } else {
                         // The block on the teacher's input, against the teacher's next state.
                         let x = if i == 0 { &teacher.x0 } else { &teacher.blocks[i - 1].x_out };
-                        let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq, &mut temps)?;
+                        let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq)?;
                         l2_error(&mut rec, &acts.x_out, &t.x_out, &loss, &grad, rows, d, 1.0 / rows as f32, false)?;
-                        self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, &grads, &mut temps)?;
+                        self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, &grads)?;
                         rec.submit()?;
                         acts.release(gpu);
                     }
                     let l = gpu.read_f32_blocking(&loss, rows)?;
                     let sum: f64 = l.iter().map(|&v| v as f64).sum();
                     parts.push(if stage == 1 { sum / (rows * d) as f64 } else { sum / rows as f64 });
-                    temps.extend([loss, grad, dx]);
-                    for t in temps.drain(..) {
-                        gpu.release(t);
-                    }
+                    gpu.release(loss);
                 }
             }
             _ => {
                 let teacher_logits = teacher.logits.as_ref().expect("asked for logits");
                 let target_buf = gpu.upload_u32("targets", &targets)?;
-                let (ce, klb, d_logits) = (gpu.scratch(rows)?, gpu.scratch(rows)?, gpu.scratch(rows * vocab)?);
+                let (ce, klb) = (gpu.scratch(rows)?, gpu.scratch(rows)?);
                 let mut rec = gpu.recorder();
-                let acts = self.student.forward_train(&mut rec, &ids, batch, seq, true, &mut temps)?;
+                let d_logits = rec.temp(rows * vocab)?;
+                let acts = self.student.forward_train(&mut rec, &ids, batch, seq, true)?;
                 let logits = acts.logits.as_ref().expect("asked for logits");
                 let kl_scale = match self.config.kl_scaling {
                     KlScaling::TokenMean => 1.0 / rows as f32,
@@ -443,18 +444,17 @@ impl<'g> Distiller<'g> {
                 };
                 cross_entropy(&mut rec, logits, &target_buf, &ce, &d_logits, rows, vocab, 1.0 / rows as f32, false)?;
                 kl(&mut rec, logits, teacher_logits, &klb, &d_logits, rows, vocab, kl_scale, true)?;
-                self.student.backward(&mut rec, &inputs, &acts, &d_logits, batch, seq, &grads, &mut temps)?;
+                self.student.backward(&mut rec, &inputs, &acts, &d_logits, batch, seq, &grads)?;
+                rec.retire(target_buf);
                 rec.submit()?;
                 acts.release(gpu);
                 let mean = |b: &GpuBuf| -> Result<f64> { Ok(gpu.read_f32_blocking(b, rows)?.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) };
                 parts = vec![mean(&ce)?, mean(&klb)?];
-                temps.extend([target_buf, ce, klb, d_logits]);
+                gpu.release(ce);
+                gpu.release(klb);
             }
         }
         teacher.release(gpu);
-        for t in temps {
-            gpu.release(t);
-        }
         gpu.release(ids);
         // The per-layer (or CE/KL) parts sum to the loss.
         let loss = parts.iter().sum();

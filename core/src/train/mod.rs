@@ -102,14 +102,6 @@ pub fn adamw_step(rec: &mut Recorder, h: &AdamW, step: u32, decay: bool, grad_sc
     rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v)], groups)
 }
 
-/// Sets `buf` [n] to zero (gradients before a step accumulates into them).
-pub fn zero(rec: &mut Recorder, buf: &GpuBuf, n: usize) -> Result<()> {
-    need("zero", buf, n)?;
-    let per_y = 65535 * 64;
-    let groups = [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1];
-    rec.dispatch_bindings(&Kernel::new("train/adamw", "zero"), &[n as u32, 0, 0, 0, 0, 0, 0, 0, 0], &[(6, buf)], groups)
-}
-
 /// Partial sums of squares of `grad` [n], one per 4096 values, into `partial`; their sum is
 /// the squared global norm contribution of this buffer.
 pub fn sum_squares(rec: &mut Recorder, grad: &GpuBuf, partial: &GpuBuf, n: usize) -> Result<usize> {

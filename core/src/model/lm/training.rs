@@ -5,8 +5,7 @@
 use super::{Block, LanguageModel, TokenMixer};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuBuf, Recorder};
-use crate::mixers::layer::{Activations, MixerLayer, Rope};
-use crate::mixers::ops::{self, GateFn};
+use crate::mixers::layer::{Activations, BackwardArgs, LayerGrads, MixerLayer, Rope};
 use crate::nn::{self, AttnShape};
 use std::collections::BTreeMap;
 
@@ -29,10 +28,6 @@ pub struct Param<'a> {
     pub name: String,
     pub buf: &'a GpuBuf,
     pub decay: bool,
-}
-
-fn decays(name: &str) -> bool {
-    !["norm", "bias", "A_log", "fm_b", "gk_b"].iter().any(|s| name.contains(s))
 }
 
 /// What one block's training forward keeps.
@@ -103,28 +98,26 @@ impl LanguageModel {
     /// inference only: packed f16 or split weights).
     pub fn parameters(&self, scope: Scope) -> Result<Vec<Param<'_>>> {
         let mut out = Vec::new();
-        let mut put = |name: String, buf| {
-            let decay = decays(&name);
-            out.push(Param { name, buf, decay });
-        };
+        // Matrices decay; norm weights do not; a mixer's own parameters as it declares.
+        let mut put = |name: String, buf, decay| out.push(Param { name, buf, decay });
         for (i, b) in self.blocks.iter().enumerate() {
             if let TokenMixer::Mixer(m) = &b.mixer {
                 for n in m.parameter_names() {
-                    put(format!("layers.{i}.mixer.{n}"), m.parameter(&n).expect("named parameter exists"));
+                    put(format!("layers.{i}.mixer.{n}"), m.parameter(&n)?, m.decays(&n));
                 }
             }
             if scope == Scope::All {
-                put(format!("layers.{i}.attn_norm"), &b.attn_norm);
-                put(format!("layers.{i}.ffn_norm"), &b.ffn_norm);
-                put(format!("layers.{i}.w_gate_up"), b.w_gate_up.whole()?);
-                put(format!("layers.{i}.w_down"), b.w_down.whole()?);
+                put(format!("layers.{i}.attn_norm"), &b.attn_norm, false);
+                put(format!("layers.{i}.ffn_norm"), &b.ffn_norm, false);
+                put(format!("layers.{i}.w_gate_up"), b.w_gate_up.whole()?, true);
+                put(format!("layers.{i}.w_down"), b.w_down.whole()?, true);
             }
         }
         if scope == Scope::All {
-            put("embed".into(), self.embed.whole()?);
-            put("final_norm".into(), &self.final_norm);
+            put("embed".into(), self.embed.whole()?, true);
+            put("final_norm".into(), &self.final_norm, false);
             if let Some(h) = &self.head {
-                put("head".into(), h.whole()?);
+                put("head".into(), h.whole()?, true);
             }
         }
         Ok(out)
@@ -132,7 +125,7 @@ impl LanguageModel {
 
     /// Block `i` on x [batch·seq, hidden] from a fresh state, keeping what `block_backward`
     /// needs.
-    pub fn block_forward_train(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, batch: usize, seq: usize, temps: &mut Vec<GpuBuf>) -> Result<BlockActs> {
+    pub fn block_forward_train(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, batch: usize, seq: usize) -> Result<BlockActs> {
         let gpu = rec.gpu();
         let cfg = &self.config;
         let block = &self.blocks[i];
@@ -146,39 +139,35 @@ impl LanguageModel {
             TokenMixer::Attention { wqkv, wo } => {
                 // A fresh cache of exactly this block of tokens.
                 let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
-                let (kc, vc) = (gpu.scratch(rows * cfg.kv_dim())?, gpu.scratch(rows * cfg.kv_dim())?);
-                self.attention_step(rec, shape, &xn1, wqkv, wo, &kc, &vc, &mixer_out, false, temps)?;
-                temps.extend([kc, vc]);
+                let (kc, vc) = (rec.temp(rows * cfg.kv_dim())?, rec.temp(rows * cfg.kv_dim())?);
+                self.attention_step(rec, shape, &xn1, wqkv, wo, &kc, &vc, &mixer_out, false)?;
                 None
             }
             TokenMixer::Mixer(m) => {
                 let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
-                Some(m.forward_train(rec, &xn1, batch, seq, &rope, &mixer_out, temps)?)
+                Some(m.forward_train(rec, &xn1, batch, seq, &rope, &mixer_out)?)
             }
         };
         let x_mid = gpu.scratch(rows * d)?;
-        ops::gate(rec, GateFn::Add, x, &mixer_out, x, x, &x_mid, rows, d, 1)?;
-        let (xn2, gate_up, act, mlp_out, x_out) = (gpu.scratch(rows * d)?, gpu.scratch(rows * 2 * f)?, gpu.scratch(rows * f)?, gpu.scratch(rows * d)?, gpu.scratch(rows * d)?);
+        nn::add(rec, x, &mixer_out, &x_mid, rows * d)?;
+        let (xn2, gate_up, act, mlp_out, x_out) = (gpu.scratch(rows * d)?, gpu.scratch(rows * 2 * f)?, gpu.scratch(rows * f)?, rec.temp(rows * d)?, gpu.scratch(rows * d)?);
         nn::rmsnorm(rec, &x_mid, &block.ffn_norm, &xn2, rows, d, eps)?;
         nn::project(rec, &xn2, &block.w_gate_up, &gate_up, rows, false)?;
         nn::swiglu(rec, &gate_up, &act, rows, f)?;
         nn::project(rec, &act, &block.w_down, &mlp_out, rows, false)?;
-        ops::gate(rec, GateFn::Add, &x_mid, &mlp_out, &x_mid, &x_mid, &x_out, rows, d, 1)?;
-        temps.push(mlp_out);
+        nn::add(rec, &x_mid, &mlp_out, &x_out, rows * d)?;
         Ok(BlockActs { xn1, mixer_out, mixer, x_mid, xn2, gate_up, act, x_out })
     }
 
     /// Backward of `block_forward_train`: dx = ∂L/∂x from d_out = ∂L/∂x_out; parameter
     /// gradients added to `grads` (frozen parameters have none).
     #[allow(clippy::too_many_arguments)]
-    pub fn block_backward(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, a: &BlockActs, d_out: &GpuBuf, dx: &GpuBuf, batch: usize, seq: usize, grads: &Grads, temps: &mut Vec<GpuBuf>) -> Result<()> {
-        let gpu = rec.gpu();
+    pub fn block_backward(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, a: &BlockActs, d_out: &GpuBuf, dx: &GpuBuf, batch: usize, seq: usize, grads: &Grads) -> Result<()> {
         let cfg = &self.config;
         let Block { attn_norm, mixer, ffn_norm, w_gate_up, w_down } = &self.blocks[i];
         let rows = batch * seq;
         let (d, f) = (cfg.hidden_size, cfg.intermediate_size);
         let eps = cfg.rms_norm_eps as f32;
-        let tmp = |n: usize| gpu.scratch(n);
         // Frozen weights (no entry in `grads`) get no weight gradient.
         let weight_grad = |rec: &mut Recorder, name: String, dy: &GpuBuf, input: &GpuBuf, m: usize, n: usize, k: usize| -> Result<()> {
             match grads.get(&name) {
@@ -186,47 +175,45 @@ impl LanguageModel {
                 None => Ok(()),
             }
         };
-        let norm_back = |rec: &mut Recorder, name: String, x: &GpuBuf, w: &GpuBuf, dy: &GpuBuf, temps: &mut Vec<GpuBuf>| -> Result<GpuBuf> {
-            let (dxn, scale) = (tmp(rows * d)?, tmp(rows)?);
+        let norm_back = |rec: &mut Recorder, name: String, x: &GpuBuf, w: &GpuBuf, dy: &GpuBuf| -> Result<GpuBuf> {
+            let (dxn, scale) = (rec.temp(rows * d)?, rec.temp(rows)?);
             // A frozen norm's weight gradient goes to a throwaway buffer.
-            let throwaway = tmp(d)?;
+            let throwaway = rec.temp(d)?;
             nn::rmsnorm_backward(rec, x, w, dy, &dxn, grads.get(&name).unwrap_or(&throwaway), &scale, rows, d, eps)?;
-            temps.extend([scale, throwaway]);
             Ok(dxn)
         };
 
         // MLP: x_out = x_mid + down(swiglu(gate_up(ffn_norm(x_mid)))).
-        let (d_act, d_gate_up, d_xn2) = (tmp(rows * f)?, tmp(rows * 2 * f)?, tmp(rows * d)?);
+        let (d_act, d_gate_up, d_xn2) = (rec.temp(rows * f)?, rec.temp(rows * 2 * f)?, rec.temp(rows * d)?);
         nn::linear_backward_input(rec, d_out, w_down.whole()?, &d_act, rows, d, f, false)?;
         weight_grad(rec, format!("layers.{i}.w_down"), d_out, &a.act, rows, d, f)?;
         nn::swiglu_backward(rec, &a.gate_up, &d_act, &d_gate_up, rows, f)?;
         nn::linear_backward_input(rec, &d_gate_up, w_gate_up.whole()?, &d_xn2, rows, 2 * f, d, false)?;
         weight_grad(rec, format!("layers.{i}.w_gate_up"), &d_gate_up, &a.xn2, rows, 2 * f, d)?;
-        let d_mid_norm = norm_back(rec, format!("layers.{i}.ffn_norm"), &a.x_mid, ffn_norm, &d_xn2, temps)?;
-        let d_mid = tmp(rows * d)?;
-        ops::gate(rec, GateFn::Add, d_out, &d_mid_norm, d_out, d_out, &d_mid, rows, d, 1)?;
-        temps.extend([d_act, d_gate_up, d_xn2, d_mid_norm]);
+        let d_mid_norm = norm_back(rec, format!("layers.{i}.ffn_norm"), &a.x_mid, ffn_norm, &d_xn2)?;
+        let d_mid = rec.temp(rows * d)?;
+        nn::add(rec, d_out, &d_mid_norm, &d_mid, rows * d)?;
 
         // Token mixer: x_mid = x + mixer(attn_norm(x)).
-        let d_xn1 = tmp(rows * d)?;
+        let d_xn1 = rec.temp(rows * d)?;
         match (mixer, &a.mixer) {
             (TokenMixer::Mixer(m), Some(acts)) => {
                 let rope_back = Rope { cos: &self.rope_cos, sin: &self.rope_sin_neg };
-                m.backward(rec, &a.xn1, acts, &rope_back, &d_mid, &d_xn1, false, grads, &format!("layers.{i}.mixer."), temps)?;
+                let prefix = format!("layers.{i}.mixer.");
+                let args = BackwardArgs { x: &a.xn1, acts, rope_back: &rope_back, d_out: &d_mid };
+                m.backward(rec, &args, &d_xn1, false, &LayerGrads { grads, prefix: &prefix })?;
             }
             _ => return Err(Error::argument("stage", format!("block {i} is softmax attention; the backward through attention is not implemented, so only mixer blocks can be trained through"))),
         }
-        let d_x_norm = norm_back(rec, format!("layers.{i}.attn_norm"), x, attn_norm, &d_xn1, temps)?;
-        ops::gate(rec, GateFn::Add, &d_mid, &d_x_norm, &d_mid, &d_mid, dx, rows, d, 1)?;
-        temps.extend([d_xn1, d_x_norm, d_mid]);
-        Ok(())
+        let d_x_norm = norm_back(rec, format!("layers.{i}.attn_norm"), x, attn_norm, &d_xn1)?;
+        nn::add(rec, &d_mid, &d_x_norm, dx, rows * d)
     }
 }
 
 impl LanguageModel {
     /// The whole model on `batch` sequences of `seq` tokens (`ids` on the GPU), keeping every
     /// block's activations and, `with_logits`, the logits [rows, vocab].
-    pub fn forward_train(&self, rec: &mut Recorder, ids: &GpuBuf, batch: usize, seq: usize, with_logits: bool, temps: &mut Vec<GpuBuf>) -> Result<ModelActs> {
+    pub fn forward_train(&self, rec: &mut Recorder, ids: &GpuBuf, batch: usize, seq: usize, with_logits: bool) -> Result<ModelActs> {
         let gpu = rec.gpu();
         let cfg = &self.config;
         let rows = batch * seq;
@@ -236,7 +223,7 @@ impl LanguageModel {
         let mut blocks: Vec<BlockActs> = Vec::with_capacity(self.blocks.len());
         for i in 0..self.blocks.len() {
             let x = blocks.last().map(|b| &b.x_out).unwrap_or(&x0);
-            let acts = self.block_forward_train(rec, i, x, batch, seq, temps)?;
+            let acts = self.block_forward_train(rec, i, x, batch, seq)?;
             blocks.push(acts);
         }
         let x_last = blocks.last().map(|b| &b.x_out).unwrap_or(&x0);
@@ -254,33 +241,30 @@ impl LanguageModel {
 
     /// Backward of `forward_train` from d_logits = ∂L/∂logits; gradients added to `grads`.
     #[allow(clippy::too_many_arguments)]
-    pub fn backward(&self, rec: &mut Recorder, ids: &[u32], a: &ModelActs, d_logits: &GpuBuf, batch: usize, seq: usize, grads: &Grads, temps: &mut Vec<GpuBuf>) -> Result<()> {
-        let gpu = rec.gpu();
+    pub fn backward(&self, rec: &mut Recorder, ids: &[u32], a: &ModelActs, d_logits: &GpuBuf, batch: usize, seq: usize, grads: &Grads) -> Result<()> {
         let cfg = &self.config;
         let rows = batch * seq;
         let (d, vocab) = (cfg.hidden_size, cfg.vocab_size);
         // Head (tied: the embedding's gradient collects both uses).
         let head = self.head.as_ref().unwrap_or(&self.embed).whole()?;
         let head_name = if self.head.is_some() { "head" } else { "embed" };
-        let d_xnf = gpu.scratch(rows * d)?;
+        let d_xnf = rec.temp(rows * d)?;
         nn::linear_backward_input(rec, d_logits, head, &d_xnf, rows, vocab, d, false)?;
         if let Some(g) = grads.get(head_name) {
             nn::linear_backward_weight(rec, d_logits, &a.xnf, g, rows, vocab, d, true)?;
         }
         let x_last = a.blocks.last().map(|b| &b.x_out).unwrap_or(&a.x0);
-        let (mut d_x, scale, throwaway) = (gpu.scratch(rows * d)?, gpu.scratch(rows)?, gpu.scratch(d)?);
+        let (mut d_x, scale, throwaway) = (rec.temp(rows * d)?, rec.temp(rows)?, rec.temp(d)?);
         nn::rmsnorm_backward(rec, x_last, &self.final_norm, &d_xnf, &d_x, grads.get("final_norm").unwrap_or(&throwaway), &scale, rows, d, cfg.rms_norm_eps as f32)?;
-        temps.extend([d_xnf, scale, throwaway]);
         for i in (0..self.blocks.len()).rev() {
             let x = if i == 0 { &a.x0 } else { &a.blocks[i - 1].x_out };
-            let d_in = gpu.scratch(rows * d)?;
-            self.block_backward(rec, i, x, &a.blocks[i], &d_x, &d_in, batch, seq, grads, temps)?;
-            temps.push(std::mem::replace(&mut d_x, d_in));
+            let d_in = rec.temp(rows * d)?;
+            self.block_backward(rec, i, x, &a.blocks[i], &d_x, &d_in, batch, seq, grads)?;
+            d_x = d_in;
         }
         if let Some(g) = grads.get("embed") {
             nn::gather_rows_backward(rec, ids, &d_x, g, d, vocab)?;
         }
-        temps.push(d_x);
         Ok(())
     }
 }

@@ -1,0 +1,50 @@
+//! Gated linear attention (MIXERS.md §3.3): a data-dependent decay per key channel from a
+//! rank-16 projection, g = logσ(W2 W1 x + b)/16, and a SiLU output gate after the RMSNorm:
+//!   S_t = diag(exp g_t) S_{t−1} + k_t v_tᵀ.
+use super::ops::{GateFn, HeadNorm, OutputGate};
+use super::recurrence::Normalizer;
+use super::spec::*;
+use super::{MixerOptions, MixerShape};
+
+pub const DEF: MixerDef = MixerDef {
+    name: "gla",
+    summary: "gated linear attention: per-channel decay from a low-rank projection",
+    in_paper: true,
+    parameters,
+    constants: no_constants,
+    layout,
+};
+
+/// Rank of the gate's low-rank projection (fla's gate_low_rank_dim).
+const GATE_RANK: usize = 16;
+
+fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
+    let hk = s.heads * s.dk;
+    vec![
+        projection("gk_w1", GATE_RANK, s.hidden),
+        ParamDef { name: "gk_w2", shape: vec![hk, GATE_RANK], init: Init::Normal(0.02), decay: true, matrix: true },
+        vector("gk_b", hk, Init::Const(0.0)),
+        projection("g_proj", s.heads * s.dv, s.hidden),
+        vector("o_norm", s.dv, Init::Const(1.0)),
+    ]
+}
+
+fn layout(_: &MixerOptions) -> Layout {
+    Layout {
+        conv: false,
+        qk_l2: false,
+        feature_map: None,
+        rotary: false,
+        key_step: None,
+        decay: Some(GateDef { input: GateInput::LowRank { down: "gk_w1", up: "gk_w2" }, f: GateFn::LogSigmoidOver16, param: None, bias: Some("gk_b"), per_channel: true }),
+        beta: None,
+        input_gate: None,
+        normalizer: Normalizer::None,
+        scale_q: true,
+        output: OutputDef {
+            skip: None,
+            gate: Some(OutputGateDef { proj: "g_proj", bias: None, place: GatePlace::AfterNorm(OutputGate::Silu) }),
+            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
+        },
+    }
+}

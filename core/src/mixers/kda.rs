@@ -1,0 +1,60 @@
+//! Kimi Delta Attention (MIXERS.md §3.6): the gated delta rule with a decay per key channel,
+//! g = −exp(A_log_h)·softplus(W2 W1 x + dt_bias) through a rank-d_v bottleneck, and a sigmoid
+//! output gate σ(W_g x + b) after the RMSNorm. `--kda-gate-mixup` reproduces the paper
+//! student's argument mix-up, RMSNorm(o + W_g x + b)·w.
+use super::ops::{GateFn, HeadNorm, OutputGate};
+use super::recurrence::Normalizer;
+use super::spec::*;
+use super::{MixerOptions, MixerShape};
+use crate::util::Rng;
+
+pub const DEF: MixerDef = MixerDef {
+    name: "kda",
+    summary: "Kimi delta attention: the delta rule with a per-channel decay",
+    in_paper: true,
+    parameters,
+    constants: no_constants,
+    layout,
+};
+
+/// A ~ U(1, 16), stored as ln A.
+fn a_log(rng: &mut Rng, n: usize) -> Vec<f32> {
+    uniform(rng, n, 1.0, 16.0).iter().map(|a| a.ln()).collect()
+}
+
+fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
+    let (h, hk, hv) = (s.heads, s.heads * s.dk, s.heads * s.dv);
+    let mut p = convs(s);
+    p.extend([
+        projection("b_proj", h, s.hidden),
+        projection("f_w1", s.dv, s.hidden),
+        ParamDef { name: "f_w2", shape: vec![hk, s.dv], init: Init::Normal(0.02), decay: true, matrix: true },
+        vector("A_log", h, Init::Drawn(a_log)),
+        vector("dt_bias", hk, Init::Drawn(dt_bias)),
+        projection("g_proj", hv, s.hidden),
+        vector("g_bias", hv, Init::Const(0.0)),
+        vector("o_norm", s.dv, Init::Const(1.0)),
+    ]);
+    p
+}
+
+fn layout(o: &MixerOptions) -> Layout {
+    let place = if o.kda_gate_mixup { GatePlace::Added } else { GatePlace::AfterNorm(OutputGate::Sigmoid) };
+    Layout {
+        conv: true,
+        qk_l2: true,
+        feature_map: None,
+        rotary: false,
+        key_step: None,
+        decay: Some(GateDef { input: GateInput::LowRank { down: "f_w1", up: "f_w2" }, f: GateFn::NegExpSoftplus, param: Some("A_log"), bias: Some("dt_bias"), per_channel: true }),
+        beta: Some(GateDef::per_head("b_proj", GateFn::Sigmoid)),
+        input_gate: None,
+        normalizer: Normalizer::None,
+        scale_q: true,
+        output: OutputDef {
+            skip: None,
+            gate: Some(OutputGateDef { proj: "g_proj", bias: Some("g_bias"), place }),
+            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
+        },
+    }
+}

@@ -1,0 +1,45 @@
+//! RetNet's retention (MIXERS.md §3.2): a fixed decay γ_h = 1 − 2^(−5−h) per head, rotary
+//! positions on q and k, and a SiLU output gate after the per-head RMSNorm:
+//!   S_t = γ_h S_{t−1} + k_t v_tᵀ,  o = RMSNorm(S_tᵀ q_t/√d)·w ⊙ SiLU(W_g x).
+use super::ops::{GateFn, HeadNorm, OutputGate};
+use super::recurrence::Normalizer;
+use super::spec::*;
+use super::{MixerOptions, MixerShape};
+
+pub const DEF: MixerDef = MixerDef {
+    name: "retnet",
+    summary: "retention: fixed per-head decay, rotary positions, SiLU output gate",
+    in_paper: true,
+    parameters,
+    constants,
+    layout,
+};
+
+fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
+    vec![projection("g_proj", s.heads * s.dv, s.hidden), vector("o_norm", s.dv, Init::Const(1.0))]
+}
+
+/// ln γ_h = ln(1 − 2^(−5−h)).
+fn constants(s: MixerShape) -> Vec<(&'static str, Vec<f32>)> {
+    vec![("log_gamma", (0..s.heads).map(|h| (1.0 - 2f64.powi(-5 - h as i32)).ln() as f32).collect())]
+}
+
+fn layout(_: &MixerOptions) -> Layout {
+    Layout {
+        conv: false,
+        qk_l2: false,
+        feature_map: None,
+        rotary: true,
+        key_step: None,
+        decay: Some(GateDef { input: GateInput::Fixed, f: GateFn::Constant, param: Some("log_gamma"), bias: None, per_channel: false }),
+        beta: None,
+        input_gate: None,
+        normalizer: Normalizer::None,
+        scale_q: true,
+        output: OutputDef {
+            skip: None,
+            gate: Some(OutputGateDef { proj: "g_proj", bias: None, place: GatePlace::AfterNorm(OutputGate::Silu) }),
+            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
+        },
+    }
+}

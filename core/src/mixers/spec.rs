@@ -1,0 +1,249 @@
+//! What a mixer declares about itself. Every mixer file (`linear_attn.rs`, `gla.rs`, …) fills a
+//! `MixerDef`: its parameters with shapes, initialisation and decay rule, and its `Layout`, the
+//! pieces of the shared layer it uses (MIXERS.md §3):
+//!
+//!   x → q, k, v projections → [short conv + SiLU] → [L2 norm of q, k] → [feature map φ]
+//!     → [rotary] → [k ⊙ Δ] → recurrence (decay g, β, input gate) → [+ D ⊙ v]
+//!     → [output gate, norm] → o_proj
+//!
+//! The GPU layer (`layer.rs`), its f64 reference (`crate::reference::mixers`), the optimizer's
+//! decay rule and the command line's list of names all read these declarations; none of them
+//! names a mixer.
+use super::ops::{GateFn, HeadNorm, OutputGate};
+use super::recurrence::{Gate, Normalizer, Recurrence};
+use super::{ConvInit, MixerOptions, MixerShape};
+use crate::util::Rng;
+
+/// A mixer: its name, what it is, and the functions that give its parameters and layout for a
+/// set of options.
+pub struct MixerDef {
+    /// The name on the command line and in student.json.
+    pub name: &'static str,
+    /// One line for `--help` and reports.
+    pub summary: &'static str,
+    /// Studied in the paper (false: added beyond it).
+    pub in_paper: bool,
+    /// The parameters this mixer adds to the copied q/k/v/o projections, in the order they are
+    /// drawn from the layer's random stream.
+    pub parameters: fn(MixerShape, &MixerOptions) -> Vec<ParamDef>,
+    /// Values that are fixed, not trained or saved (RetNet's decays): computed at upload.
+    pub constants: fn(MixerShape) -> Vec<(&'static str, Vec<f32>)>,
+    pub layout: fn(&MixerOptions) -> Layout,
+}
+
+/// One parameter tensor a mixer adds.
+pub struct ParamDef {
+    pub name: &'static str,
+    pub shape: Vec<usize>,
+    pub init: Init,
+    /// Whether AdamW's weight decay applies (not to norms, biases and decay parameters).
+    pub decay: bool,
+    /// A matrix read only by `nn::linear` (may be held as packed f16 for inference).
+    pub matrix: bool,
+}
+
+/// How a parameter is initialised. Random draws come from the layer's own stream.
+pub enum Init {
+    /// N(0, std²).
+    Normal(f64),
+    /// U(lo, hi).
+    Uniform(f64, f64),
+    Const(f32),
+    /// The short conv's taps, as `MixerOptions::conv_init` says.
+    Conv,
+    /// Values drawn by the mixer's own rule (dt bias, A_log, …) from the stream.
+    Drawn(fn(&mut Rng, usize) -> Vec<f32>),
+    /// Values that depend on the shape only.
+    Values(Vec<f32>),
+}
+
+/// How the layer is wired, read by the GPU layer and by the f64 reference alike.
+pub struct Layout {
+    /// Depthwise causal conv (kernel 4) + SiLU on q, k and v.
+    pub conv: bool,
+    /// L2 norm of q and k per head (after the conv).
+    pub qk_l2: bool,
+    /// φ applied to q and k per head.
+    pub feature_map: Option<FeatureMap>,
+    /// Rotary positions on q and k (RetNet's xPos without the scale).
+    pub rotary: bool,
+    /// k ← Δ ⊙ k with Δ one value per head and token (Mamba2's discretisation of B).
+    pub key_step: Option<GateDef>,
+    /// The log decay g ≤ 0 of the state; None is A = I.
+    pub decay: Option<GateDef>,
+    /// The delta rule's β ∈ (0, 1); None is no delta rule.
+    pub beta: Option<GateDef>,
+    /// mLSTM's input gate ĩ.
+    pub input_gate: Option<GateDef>,
+    pub normalizer: Normalizer,
+    /// q is multiplied by 1/√d_k (fla's default) or not (Mamba2).
+    pub scale_q: bool,
+    pub output: OutputDef,
+}
+
+/// φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's key vector (the paper's Hadamard map).
+pub struct FeatureMap {
+    pub w1: &'static str,
+    pub b1: &'static str,
+    pub w2: &'static str,
+    pub b2: &'static str,
+}
+
+/// Where a gate's pre-activation comes from.
+#[derive(Clone, Copy)]
+pub enum GateInput {
+    /// x Wᵀ.
+    Linear(&'static str),
+    /// (x W1ᵀ) W2ᵀ through a low-rank bottleneck (its rank is W1's row count).
+    LowRank { down: &'static str, up: &'static str },
+    /// No input: the activation reads its parameter only (RetNet's fixed decay).
+    Fixed,
+}
+
+/// A gate: pre-activation, then an elementwise activation of `ops::GateFn` with its per-column
+/// parameter and bias.
+pub struct GateDef {
+    pub input: GateInput,
+    pub f: GateFn,
+    pub param: Option<&'static str>,
+    pub bias: Option<&'static str>,
+    /// One value per key channel (H·d_k columns) instead of one per head.
+    pub per_channel: bool,
+}
+
+/// The output path: [o + D ⊙ v] → [gate] and [norm] in the declared order → o_proj.
+pub struct OutputDef {
+    /// Mamba2's skip: o + D_h v with D one value per head.
+    pub skip: Option<&'static str>,
+    pub gate: Option<OutputGateDef>,
+    pub norm: Option<NormDef>,
+}
+
+/// The output gate: a projection of x (plus a bias), used as `place` says.
+pub struct OutputGateDef {
+    pub proj: &'static str,
+    pub bias: Option<&'static str>,
+    pub place: GatePlace,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GatePlace {
+    /// Norm(o)·w ⊙ act(gate): fla's fused gated norm.
+    AfterNorm(OutputGate),
+    /// Norm(o ⊙ SiLU(gate))·w: Mamba2's gated RMSNorm (norm_before_gate=False).
+    BeforeNorm,
+    /// Norm(o + gate)·w: the paper KDA student's argument mix-up (an option).
+    Added,
+}
+
+pub struct NormDef {
+    pub kind: HeadNorm,
+    pub weight: &'static str,
+    /// Over each head's d_v channels, or over all heads together (one group).
+    pub per_head: bool,
+}
+
+impl Layout {
+    /// The recurrence this layout runs.
+    pub fn recurrence(&self) -> Recurrence {
+        let gate = match &self.decay {
+            None => Gate::None,
+            Some(g) if g.per_channel => Gate::Vector,
+            Some(_) => Gate::Scalar,
+        };
+        Recurrence { gate, delta: self.beta.is_some(), normalizer: self.normalizer }
+    }
+
+    /// The gates of the layout, each with the role it plays.
+    pub fn gates(&self) -> impl Iterator<Item = &GateDef> {
+        [&self.key_step, &self.decay, &self.beta, &self.input_gate].into_iter().flatten()
+    }
+
+    /// The projections of x that feed gates (the new, small-initialised matrices).
+    pub fn gate_projections(&self) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        for g in self.gates() {
+            match g.input {
+                GateInput::Linear(w) => out.push(w),
+                GateInput::LowRank { down, up } => out.extend([down, up]),
+                GateInput::Fixed => {}
+            }
+        }
+        out.extend(self.output.gate.as_ref().map(|g| g.proj));
+        out.dedup();
+        out
+    }
+}
+
+impl GateDef {
+    /// A gate on x W_name ᵀ, one value per head.
+    pub const fn per_head(proj: &'static str, f: GateFn) -> Self {
+        GateDef { input: GateInput::Linear(proj), f, param: None, bias: None, per_channel: false }
+    }
+}
+
+/// N(0, 0.02²) projection from the model width: the new matrices of every student.
+pub fn projection(name: &'static str, rows: usize, hidden: usize) -> ParamDef {
+    ParamDef { name, shape: vec![rows, hidden], init: Init::Normal(0.02), decay: true, matrix: true }
+}
+
+/// A vector without weight decay (norm weights, biases, per-head decay parameters).
+pub fn vector(name: &'static str, len: usize, init: Init) -> ParamDef {
+    ParamDef { name, shape: vec![len], init, decay: false, matrix: false }
+}
+
+/// The short conv's taps [channels, 4] for q, k and v.
+pub fn convs(s: MixerShape) -> Vec<ParamDef> {
+    let (hk, hv) = (s.heads * s.dk, s.heads * s.dv);
+    [("conv_q", hk), ("conv_k", hk), ("conv_v", hv)]
+        .into_iter()
+        .map(|(name, c)| ParamDef { name, shape: vec![c, 4], init: Init::Conv, decay: true, matrix: false })
+        .collect()
+}
+
+/// Box–Muller normals.
+pub fn normal(rng: &mut Rng, n: usize, std: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let (u1, u2) = (rng.next_f64().max(1e-300), rng.next_f64());
+            ((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos() * std) as f32
+        })
+        .collect()
+}
+
+pub fn uniform(rng: &mut Rng, n: usize, lo: f64, hi: f64) -> Vec<f32> {
+    (0..n).map(|_| (lo + (hi - lo) * rng.next_f64()) as f32).collect()
+}
+
+/// Mamba's Δ initialisation: dt ~ logU(1e-3, 0.1) clamped ≥ 1e-4, stored as its inverse
+/// softplus (dt + ln(−expm1(−dt))) so that softplus(dt_bias) = dt.
+pub fn dt_bias(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            let dt = ((1e-3f64).ln() + rng.next_f64() * ((0.1f64).ln() - (1e-3f64).ln())).exp().max(1e-4);
+            (dt + (-(-dt).exp_m1()).ln()) as f32
+        })
+        .collect()
+}
+
+impl Init {
+    /// The values of a tensor of `n` elements.
+    pub fn values(&self, rng: &mut Rng, n: usize, opts: &MixerOptions) -> Vec<f32> {
+        match self {
+            Init::Normal(std) => normal(rng, n, *std),
+            Init::Uniform(lo, hi) => uniform(rng, n, *lo, *hi),
+            Init::Const(c) => vec![*c; n],
+            Init::Conv => match opts.conv_init {
+                ConvInit::Identity => (0..n / 4).flat_map(|_| [0.0, 0.0, 0.0, 1.0]).collect(),
+                ConvInit::Random => uniform(rng, n, -0.5, 0.5),
+            },
+            Init::Drawn(f) => f(rng, n),
+            Init::Values(v) => v.clone(),
+        }
+    }
+}
+
+/// No fixed values.
+pub fn no_constants(_: MixerShape) -> Vec<(&'static str, Vec<f32>)> {
+    Vec::new()
+}

@@ -1,0 +1,7 @@
+//! Leaf helpers with no imports from the rest of the crate (but its error type): the random
+//! stream and atomic file writes.
+mod fs;
+mod rng;
+
+pub use fs::write_atomic;
+pub use rng::Rng;
