@@ -14,7 +14,7 @@ fn params(kind: MixerKind, s: MixerShape, opts: &MixerOptions, rng: &mut Rng) ->
     p.insert("v_proj".into(), Tensor::new(vec![hv, d], random(rng, hv * d, 0.15)));
     p.insert("o_proj".into(), Tensor::new(vec![d, hv], random(rng, d * hv, 0.1)));
     // Make the new projections large enough that gates and β move away from their inits.
-    for name in ["g_proj", "b_proj", "a_proj", "i_proj", "f_proj", "og_proj", "gk_w1", "gk_w2", "f_w1", "f_w2"] {
+    for name in kind.layout(opts).gate_projections() {
         if let Some(t) = p.get_mut(name) {
             t.data = random(rng, t.data.len(), 0.3);
         }

@@ -226,7 +226,7 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
         let (sw, mut mixers) = from_teacher(&teacher_w, kind, None, &opts, "tiny").unwrap();
         // Move the new projections away from their small inits so every path carries gradient.
         for p in mixers.layers.values_mut() {
-            for name in ["g_proj", "b_proj", "a_proj", "i_proj", "f_proj", "og_proj", "gk_w1", "gk_w2", "f_w1", "f_w2"] {
+            for name in kind.layout(&opts).gate_projections() {
                 if let Some(t) = p.get_mut(name) {
                     t.data = linearize_tests::random(&mut rng, t.data.len(), 0.3);
                 }

@@ -15,8 +15,8 @@ pub struct DistillArgs {
     /// Teacher: GGUF, HF directory or alias
     #[arg(long, default_value = linearize_core::model::weights::TEACHER_ALIAS)]
     pub teacher: String,
-    /// linear_attn, retnet, gla, deltanet, gated_deltanet, kda or mlstm
-    #[arg(long)]
+    /// The token mixer
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MixerKind::names()))]
     pub mixer: Option<String>,
     /// Output directory: the student, metrics.jsonl and checkpoint/
     #[arg(long)]
@@ -88,7 +88,7 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     if let Some(m) = &a.mixer {
         c.mixer = MixerKind::from_name(m)?;
     } else if a.config.is_none() {
-        bail!("--mixer is required (or a --config that names one): linear_attn, retnet, gla, deltanet, gated_deltanet, kda or mlstm");
+        bail!("--mixer is required (or a --config that names one): {}", MixerKind::names().join(", "));
     }
     if let Some(v) = a.tokens {
         c.tokens = v;

@@ -71,8 +71,8 @@ enum Command {
     Student {
         #[arg(long, default_value = TEACHER_ALIAS)]
         teacher: String,
-        /// linear_attn, retnet, gla, deltanet, gated_deltanet, kda or mlstm
-        #[arg(long)]
+        /// The token mixer
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
         mixer: String,
         #[arg(long)]
         out: PathBuf,
