@@ -27,7 +27,7 @@ macro_rules! registry {
     };
 }
 
-registry!(linear_attn, retnet, gla, deltanet, gated_deltanet, kda, mlstm);
+registry!(linear_attn, retnet, gla, deltanet, gated_deltanet, kda, mlstm, mamba2);
 
 /// A mixer of the registry, named by its `MixerDef::name` in files and on the command line.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
