@@ -4,7 +4,9 @@ Times fla 0.6.0's chunked forward of each mixer it has at the given shapes (bf16
 is used), with inputs shaped as the mixers produce them (L2-normalised q/k for delta rules, log
 gates ≤ 0). One JSON line per figure, written as it goes; stops starting new kernels after
 --budget seconds (Triton compiles and autotunes each new kernel for a minute or more).
-Usage: python3 scripts/bench_fla_mixers.py [--shapes 8x512x9x64] [--budget 400] [--out FILE]
+Mamba2's peer is chunk_simple_gla with the scalar decay ΔA and k scaled by Δ (the same
+recurrence without the D skip, which is elementwise), at scale 1 as Mamba2 has no 1/√d.
+Usage: python3 scripts/bench_fla_mixers.py [--shapes 8x512x9x64] [--mixers a,b] [--budget 400] [--out FILE]
 """
 import argparse, json, time
 import torch
@@ -16,6 +18,7 @@ def main():
     ap.add_argument("--shapes", default="8x512x9x64")
     ap.add_argument("--budget", type=float, default=400)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--mixers", default=None, help="only these (comma-separated)")
     ap.add_argument("--decode", action="store_true", help="time one-token fused_recurrent steps from a carried state instead")
     a = ap.parse_args()
     sink = open(a.out, "a") if a.out else None
@@ -37,14 +40,15 @@ def main():
     log(what="env", torch=torch.__version__, gpu=torch.cuda.get_device_name())
     for shape in a.shapes.split(","):
         B, T, H, D = map(int, shape.split("x"))
-        dt = torch.bfloat16
-        mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt)
+        dt_ = torch.bfloat16
+        mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt_)
         q, k, v = mk(B, T, H, D), mk(B, T, H, D), mk(B, T, H, D)
-        kn = lambda x: F.normalize(x.float(), p=2, dim=-1).to(dt)
+        kn = lambda x: F.normalize(x.float(), p=2, dim=-1).to(dt_)
         qn, knn = kn(q), kn(k)
-        beta = torch.rand(B, T, H, device="cuda", dtype=dt).sigmoid()
+        beta = torch.rand(B, T, H, device="cuda", dtype=dt_).sigmoid()
         g = F.logsigmoid(torch.randn(B, T, H, device="cuda", dtype=torch.float32))
         gk = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", dtype=torch.float32)) / 16
+        dt = F.softplus(torch.randn(B, T, H, device="cuda", dtype=torch.float32) - 4).to(dt_)
         if a.decode:
             from fla.ops.linear_attn import fused_recurrent_linear_attn
             from fla.ops.simple_gla import fused_recurrent_simple_gla
@@ -72,7 +76,10 @@ def main():
             ("deltanet", lambda: chunk_delta_rule(qn, knn, v, beta)),
             ("gla", lambda: chunk_gla(q, k, v, gk)),
             ("kda", lambda: chunk_kda(qn, knn, v, gk, beta)),
+            ("mamba2", lambda: chunk_simple_gla(q, k * dt[..., None], v, g, scale=1.0)),
         ]
+        if a.mixers:
+            cases = [c for c in cases if c[0] in a.mixers.split(",")]
         for name, f in cases:
             if time.time() - start > a.budget:
                 log(what="fla", mixer=name, B=B, T=T, H=H, D=D, skipped="time budget")

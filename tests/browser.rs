@@ -90,7 +90,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     let mut models: Vec<(String, std::path::PathBuf, Vec<String>)> =
         vec![("teacher".into(), teacher_file.parent().unwrap().into(), vec![teacher_file.file_name().unwrap().to_string_lossy().into()])];
     let mut weights = vec!["f32"];
-    for kind in [mixer("linear_attn"), mixer("gla"), mixer("gated_deltanet")] {
+    for kind in [mixer("linear_attn"), mixer("gla"), mixer("gated_deltanet"), mixer("mamba2")] {
         let (w, m) = from_teacher(&small, kind, None, &MixerOptions::default(), "browser test").unwrap();
         let d = dir.join(kind.name());
         save_dir(&d, &w, &m, &t.tokenizer).unwrap();
@@ -102,11 +102,12 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     // The teacher and the delta-rule student again, holding their matrices as f16 pairs; the
     // teacher on a device whose storage bindings hold 16 MiB, so its 54 MiB f16 embedding (the
     // tied head) is split into 4 parts in the browser.
+    let f32_models = models.len();
     for i in [0, 3] {
         models.push(models[i].clone());
         weights.push("f16");
     }
-    let max_binding = |i: usize| if i == 4 { Some(16u32 << 20) } else { None };
+    let max_binding = |i: usize| if i == f32_models { Some(16u32 << 20) } else { None };
     let prompt = "The capital of France is";
     let ids = t.tokenizer.encode(prompt).unwrap();
     let new_tokens = 3;
@@ -114,7 +115,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         "ids": ids, "prompt": prompt, "new_tokens": new_tokens,
         "models": models.iter().zip(&weights).enumerate().map(|(i, ((n, _, f), w))| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f, "weights": w, "max_binding": max_binding(i)})).collect::<Vec<_>>(),
     });
-    let mut routes: Vec<(String, std::path::PathBuf)> = models[..4].iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
+    let mut routes: Vec<(String, std::path::PathBuf)> = models[..f32_models].iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
     routes.push(("/pkg/".into(), pkg));
     routes.push(("/".into(), repo_root().join("www")));
     let server = serve(routes, vec![("/input.json".into(), input.to_string())]);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Mixers on the lent GPU (BENCHMARKS.md, "Mixers after the restructuring"). Usage:
+#   scripts/device-bench-mixers.sh students  # every mixer's full student: prefill 8x512 with the
+#                                            # binary before (.before/linearize) and after
+#                                            # (.bin/linearize) the change, alternating
+#   scripts/device-bench-mixers.sh peers     # `bench mixers` beside fla's chunked kernels
+# Expects the Vulkan loader set up, the binaries, and for `students` the teacher at
+# /root/stage/teacher.gguf (../shared/DEVICE.md: the two-call upload); fla's wheels installed
+# for `peers`. Writes JSON lines to $OUT.
+set -uo pipefail
+T=/root/stage/teacher.gguf
+export LINEARIZE_HOME=/root/lh
+mkdir -p "$LINEARIZE_HOME/teacher" && ln -sf "$T" "$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf"
+case "${1:-students}" in
+students)
+  for m in $(.bin/linearize student --help | sed -n 's/.*possible values: \(.*\)\]/\1/p' | tr -d ','); do
+    .bin/linearize student --mixer "$m" --out "/root/s-$m" > /dev/null 2>> "$OUT/log.txt" || continue
+    for round in 1 2; do
+      for bin in .before/linearize .bin/linearize; do
+        [ -x "$bin" ] || continue
+        r=$("$bin" bench teacher --model "/root/s-$m" --json --iters 5 --prefill 8x512 --decode 512 --decode-tokens 32 2>> "$OUT/log.txt" | tr -d '\n ')
+        echo "{\"mixer\":\"$m\",\"binary\":\"$bin\",\"round\":$round,\"result\":$r}" | tee -a "$OUT/students.jsonl" | cut -c1-300
+      done
+    done
+  done
+  ;;
+peers)
+  .bin/linearize bench mixers --json --iters 10 > "$OUT/ours.json" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --shapes 8x512x9x64,4x4096x16x128 --mixers retnet,mamba2,gated_deltanet --budget 420 --out "$OUT/fla.jsonl" 2>> "$OUT/log.txt"
+  grep -o '"mixer": *"[a-z_0-9]*"\|"fwd_seconds": *[0-9.e-]*' "$OUT/ours.json" | paste - - | head -20
+  ;;
+esac
+tail -3 "$OUT/log.txt"
