@@ -5,7 +5,8 @@ use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
 use linearize_core::nn;
 use linearize_core::reference::{nn as rnn, train as rtrain};
-use linearize_core::train::{self, AdamW};
+use linearize_core::train::losses::LossOut;
+use linearize_core::train::{self, AdamW, AdamWStep};
 use linearize_tests::{assert_close, f64s, gpu, random};
 
 fn up(v: &[f32]) -> GpuBuf {
@@ -107,7 +108,7 @@ fn losses_and_their_gradients_match_reference() {
     let (zb, tb, ib) = (up(&z), up(&t), gpu().upload_u32("targets", &targets).unwrap());
 
     let mut rec = gpu().recorder();
-    train::cross_entropy(&mut rec, &zb, &ib, &loss, &grad, rows, vocab, scale as f32, false).unwrap();
+    train::cross_entropy(&mut rec, &zb, &ib, rows, vocab, &LossOut { loss: &loss, grad: &grad, scale: scale as f32, accumulate: false }).unwrap();
     rec.submit().unwrap();
     assert_close("cross entropy", &read(&loss, rows), &rtrain::cross_entropy(&zd, &targets, vocab), 1e-5, 1e-5);
     let want = numeric_grad(&zd, |zz| rtrain::cross_entropy(zz, &targets, vocab).iter().sum::<f64>() * scale);
@@ -115,7 +116,7 @@ fn losses_and_their_gradients_match_reference() {
 
     // KL added onto the CE gradient: the stage-3 loss CE + KL with weights 1:1.
     let mut rec = gpu().recorder();
-    train::kl(&mut rec, &zb, &tb, &loss, &grad, rows, vocab, scale as f32, true).unwrap();
+    train::kl(&mut rec, &zb, &tb, rows, vocab, &LossOut { loss: &loss, grad: &grad, scale: scale as f32, accumulate: true }).unwrap();
     rec.submit().unwrap();
     assert_close("kl", &read(&loss, rows), &rtrain::kl(&zd, &td, vocab), 1e-5, 1e-4);
     let want_total = numeric_grad(&zd, |zz| {
@@ -136,7 +137,7 @@ fn adamw_and_global_norm_match_reference() {
         let g = random(&mut rng, n, 0.1);
         let grad = up(&g);
         let mut rec = gpu().recorder();
-        train::adamw_step(&mut rec, &h, step, step != 2, 0.7, &param, &grad, &m, &v, n).unwrap();
+        train::adamw_step(&mut rec, &h, &AdamWStep { step, decay: step != 2, grad_scale: 0.7, param: &param, grad: &grad, m: &m, v: &v, n }).unwrap();
         rec.submit().unwrap();
         let decay = if step != 2 { h.weight_decay as f64 } else { 0.0 };
         rtrain::adamw(&mut pd, &f64s(&g), &mut md, &mut vd, step, h.lr as f64, h.beta1 as f64, h.beta2 as f64, h.eps as f64, decay, 0.7);
@@ -151,7 +152,7 @@ fn adamw_and_global_norm_match_reference() {
     let want: f64 = g.iter().map(|&v| (v as f64) * (v as f64)).sum();
     assert!((got - want).abs() < 1e-4 * want, "sum of squares {got} vs {want}");
     let mut rec = gpu().recorder();
-    let e = train::adamw_step(&mut rec, &h, 0, true, 1.0, &param, &param, &m, &v, n).unwrap_err().to_string();
+    let e = train::adamw_step(&mut rec, &h, &AdamWStep { step: 0, decay: true, grad_scale: 1.0, param: &param, grad: &param, m: &m, v: &v, n }).unwrap_err().to_string();
     assert!(e.contains("count from 1"), "{e}");
 }
 
@@ -367,14 +368,14 @@ fn squared_and_l2_errors_match_finite_differences() {
         let (yb, tb) = (up(&y), up(&t));
         let (loss, grad) = (gpu().scratch(rows).unwrap(), gpu().scratch(rows * width).unwrap());
         let mut rec = gpu().recorder();
-        train::squared_error(&mut rec, &yb, &tb, &loss, &grad, rows, width, scale as f32, false).unwrap();
+        train::squared_error(&mut rec, &yb, &tb, rows, width, &LossOut { loss: &loss, grad: &grad, scale: scale as f32, accumulate: false }).unwrap();
         rec.submit().unwrap();
         assert_close("squared error", &read(&loss, rows), &rtrain::squared_error(&yd, &td, width), 1e-5, 1e-5);
         let want = numeric_grad(&yd, |yy| rtrain::squared_error(yy, &td, width).iter().sum::<f64>() * scale);
         assert_close("squared error grad", &read(&grad, rows * width), &want, 1e-6, 1e-3);
 
         let mut rec = gpu().recorder();
-        train::l2_error(&mut rec, &yb, &tb, &loss, &grad, rows, width, 0.5, false).unwrap();
+        train::l2_error(&mut rec, &yb, &tb, rows, width, &LossOut { loss: &loss, grad: &grad, scale: 0.5, accumulate: false }).unwrap();
         rec.submit().unwrap();
         assert_close("l2 error", &read(&loss, rows), &rtrain::l2_error(&yd, &td, width), 1e-5, 1e-5);
         let want = numeric_grad(&yd, |yy| rtrain::l2_error(yy, &td, width).iter().sum::<f64>() * 0.5);

@@ -25,7 +25,7 @@ fn small(mixer: MixerKind, stages: &[u8], steps: [usize; 3]) -> DistillConfig {
         layers: Some(2),
         seq: 32,
         batch: 2,
-        stages: stages.to_vec(),
+        stages: stages.iter().map(|&s| linearize_core::train::Stage::from_number(s).unwrap()).collect(),
         tokens: (total * 64) as u64,
         split: steps.map(|s| s as f64),
         heldout_tokens: 64,
@@ -49,7 +49,7 @@ fn stage_losses(events: &[Event], stage: u8) -> (f64, f64) {
         events
             .iter()
             .find_map(|e| match e {
-                Event::StageLoss { stage: s, after: a, loss, .. } if *s == stage && *a == after => Some(*loss),
+                Event::StageLoss { stage: s, after: a, loss, .. } if s.number() == stage && *a == after => Some(*loss),
                 _ => None,
             })
             .unwrap_or_else(|| panic!("no stage {stage} loss (after: {after})"))

@@ -97,7 +97,7 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
         c.layers = a.layers;
     }
     if let Some(s) = &a.stages {
-        c.stages = crate::parse_list("--stages", s)?;
+        c.stages = s.split(',').filter(|s| !s.is_empty()).map(str::parse).collect::<Result<_, _>>()?;
     }
     if let Some(v) = a.seq {
         c.seq = v;

@@ -7,22 +7,26 @@
 //!   3. end to end: CE(next token) + KL(p_teacher ‖ p_student) (everything trains).
 //! Checkpoints (weights, optimizer state, stage, step, data cursor) are written atomically every
 //! few steps; `resume` continues exactly where the last one left off.
+use super::checkpoint::RunState;
 use super::data::{next_rows, Corpus};
+use super::losses::{cross_entropy, kl, l2_error, squared_error, LossOut};
+use super::metrics::Metrics;
+use super::optimizer::{AdamW, Optimizer};
 use super::schedule::Schedule;
-use super::{adamw_step, cross_entropy, kl, l2_error, squared_error, sum_squares, AdamW};
-use crate::mixers::layer::{BackwardArgs, LayerGrads};
-use crate::nn::zero;
+use super::stage::Stage;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuf};
+use crate::mixers::layer::{BackwardArgs, LayerGrads};
 use crate::mixers::{MixerKind, MixerOptions};
-use crate::util::write_atomic;
-use crate::model::lm::training::{Grads, Scope};
+use crate::model::lm::training::{Grads, ModelActs, Scope};
 use crate::model::student::{from_teacher, save_dir_sharded};
 use crate::model::{Cache, LanguageModel, Logits, ModelWeights, StudentMixers, Tokenizer};
+use crate::util::write_atomic;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+
+pub use super::checkpoint::CHECKPOINT_DIR;
 
 /// How the KL term is reduced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,7 +54,7 @@ pub struct DistillConfig {
     pub batch: usize,
     /// Keep only the first N blocks of teacher and student.
     pub layers: Option<usize>,
-    pub stages: Vec<u8>,
+    pub stages: Vec<Stage>,
     /// Peak learning rate of stages 1, 2, 3.
     pub lr: [f32; 3],
     /// Share of the budget of stages 1, 2, 3 (normalised over the stages that run).
@@ -87,7 +91,7 @@ impl Default for DistillConfig {
             seq: 512,
             batch: 8,
             layers: None,
-            stages: vec![1, 2, 3],
+            stages: Stage::ALL.to_vec(),
             lr: [2e-4, 2e-3, 3e-4],
             split: [0.026, 0.053, 0.921],
             schedules: [Schedule::paper_wsd(), Schedule::paper_wsd(), Schedule::paper_linear()],
@@ -109,8 +113,8 @@ impl Default for DistillConfig {
 
 impl DistillConfig {
     pub fn validate(&self) -> Result<()> {
-        if self.stages.is_empty() || self.stages.iter().any(|s| !(1..=3).contains(s)) {
-            return Err(Error::argument("--stages", format!("{:?}: expected a list of 1, 2, 3", self.stages)));
+        if self.stages.is_empty() {
+            return Err(Error::argument("--stages", "expected a list of 1, 2, 3"));
         }
         if self.seq == 0 || self.batch == 0 {
             return Err(Error::argument("--seq/--batch", "must be at least 1"));
@@ -128,9 +132,9 @@ impl DistillConfig {
     }
 
     /// Optimizer steps of `stage`: its share of the budget in blocks of batch × seq tokens.
-    pub fn stage_steps(&self, stage: u8) -> usize {
-        let total: f64 = self.stages.iter().map(|&s| self.split[s as usize - 1]).sum();
-        let share = if total > 0.0 { self.split[stage as usize - 1] / total } else { 0.0 };
+    pub fn stage_steps(&self, stage: Stage) -> usize {
+        let total: f64 = self.stages.iter().map(|s| self.split[s.index()]).sum();
+        let share = if total > 0.0 { self.split[stage.index()] / total } else { 0.0 };
         let tokens = (self.tokens as f64 * share).round() as usize;
         tokens.div_ceil(self.batch * self.seq).max(1)
     }
@@ -142,18 +146,19 @@ impl DistillConfig {
 pub enum Event {
     /// Text sampled from the teacher so far.
     Sampling { tokens: usize, of: usize },
-    StageStart { stage: u8, steps: usize, from_step: usize },
+    StageStart { stage: Stage, steps: usize, from_step: usize },
     Step(StepReport),
+    /// `stage`: after which (0: before the first; none for the teacher).
     Perplexity { model: String, stage: Option<u8>, perplexity: f64, tokens: usize },
     /// The stage's loss on the first held-out block, before and after the stage.
-    StageLoss { stage: u8, after: bool, loss: f64, parts: Vec<f64> },
-    Checkpoint { stage: u8, step: usize },
+    StageLoss { stage: Stage, after: bool, loss: f64, parts: Vec<f64> },
+    Checkpoint { stage: Stage, step: usize },
     Saved { dir: PathBuf },
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct StepReport {
-    pub stage: u8,
+    pub stage: Stage,
     /// 1-based step within the stage.
     pub step: usize,
     pub steps: usize,
@@ -167,25 +172,6 @@ pub struct StepReport {
     pub tokens: u64,
 }
 
-/// The resumable part of a run (checkpoint/state.json).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-struct RunState {
-    config: DistillConfig,
-    /// Stages finished.
-    done: Vec<u8>,
-    /// The stage in progress and its completed steps.
-    stage: u8,
-    step: usize,
-    /// Data cursor: tokens of the stream consumed.
-    cursor: u64,
-    tokens: u64,
-    /// The tensors file of this state.
-    weights: String,
-    /// Lines of the metrics file written up to this state.
-    metrics_lines: usize,
-}
-
-pub const CHECKPOINT_DIR: &str = "checkpoint";
 pub const METRICS_FILE: &str = "metrics.jsonl";
 /// The teacher-sampled tokens of a run (u32 little-endian), reused by `--resume`.
 pub const SAMPLES_FILE: &str = "teacher-samples.bin";
@@ -202,17 +188,7 @@ pub struct Distiller<'g> {
     corpus: Corpus,
     out: PathBuf,
     state: RunState,
-    /// Lines in the metrics file.
-    metrics_lines: usize,
-}
-
-/// Optimizer buffers of one parameter.
-struct Slot {
-    grad: GpuBuf,
-    m: GpuBuf,
-    v: GpuBuf,
-    len: usize,
-    decay: bool,
+    metrics: Metrics,
 }
 
 impl<'g> Distiller<'g> {
@@ -232,39 +208,36 @@ impl<'g> Distiller<'g> {
         }
         let layers = (!config.mixer_layers.is_empty()).then(|| config.mixer_layers.clone());
         let (sw, mixers) = from_teacher(&tw, config.mixer, layers, &config.options, source)?;
-        let state_path = out.join(CHECKPOINT_DIR).join("state.json");
-        let state = if resume && state_path.exists() {
-            let text = std::fs::read_to_string(&state_path).map_err(|e| Error::io(&state_path, e))?;
-            let st: RunState = serde_json::from_str(&text).map_err(|e| Error::format(&state_path, format!("not a checkpoint state: {e}")))?;
-            if st.config != config {
-                return Err(Error::argument("--resume", format!("{} was written with other settings; run with the same flags (it has {:?})", state_path.display(), st.config)));
+        let state = match (RunState::read(out)?, resume) {
+            (Some(st), true) if st.config != config => {
+                return Err(Error::argument("--resume", format!("{} was written with other settings; run with the same flags (it has {:?})", RunState::path(out).display(), st.config)));
             }
-            st
-        } else {
-            if state_path.exists() && !resume {
+            (Some(st), true) => st,
+            (Some(_), false) => {
                 return Err(Error::argument("--out", format!("{} holds a checkpoint; pass --resume to continue it or choose another directory", out.display())));
             }
-            RunState { config: config.clone(), done: Vec::new(), stage: 0, step: 0, cursor: 0, tokens: 0, weights: String::new(), metrics_lines: 0 }
+            (None, _) => RunState::new(config.clone()),
         };
         std::fs::create_dir_all(out.join(CHECKPOINT_DIR)).map_err(|e| Error::io(out, e))?;
         let teacher_lm = LanguageModel::upload(gpu, &tw)?;
         let student = LanguageModel::upload_with_mixers(gpu, &sw, Some(&mixers))?;
-        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, out: out.to_path_buf(), state, metrics_lines: 0 })
+        let metrics = Metrics::new(out.join(METRICS_FILE));
+        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, out: out.to_path_buf(), state, metrics })
     }
 
     /// Runs the remaining stages, reporting through `report`.
     pub fn run(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
         self.add_teacher_samples(report)?;
-        let fresh = self.state.done.is_empty() && self.state.stage == 0;
+        let fresh = self.state.done.is_empty() && self.state.stage.is_none();
         if fresh {
-            self.truncate_metrics(0)?;
+            self.metrics.truncate(0)?;
             let ppl = self.perplexity(true)?;
             self.emit(report, Event::Perplexity { model: "teacher".into(), stage: None, perplexity: ppl.0, tokens: ppl.1 })?;
             let ppl = self.perplexity(false)?;
             self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(0), perplexity: ppl.0, tokens: ppl.1 })?;
         } else {
             self.load_checkpoint()?;
-            self.truncate_metrics(self.state.metrics_lines)?;
+            self.metrics.truncate(self.state.metrics_lines)?;
         }
         for stage in self.config.stages.clone() {
             if self.state.done.contains(&stage) {
@@ -297,79 +270,68 @@ impl<'g> Distiller<'g> {
         Ok(())
     }
 
-    fn run_stage(&mut self, stage: u8, report: &mut dyn FnMut(&Event)) -> Result<()> {
+    fn run_stage(&mut self, stage: Stage, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let gpu = self.gpu;
         let steps = self.config.stage_steps(stage);
-        let scope = if stage == 3 { Scope::All } else { Scope::Mixers };
-        let resuming = self.state.stage == stage && self.state.step > 0;
+        let scope = if stage.trains_everything() { Scope::All } else { Scope::Mixers };
+        let resuming = self.state.stage == Some(stage) && self.state.step > 0;
         let from = if resuming { self.state.step } else { 0 };
-        let mut slots: BTreeMap<String, Slot> = BTreeMap::new();
-        for p in self.student.parameters(scope)? {
-            let z = || gpu.upload_f32(&p.name, &vec![0.0; p.buf.len]);
-            slots.insert(p.name.clone(), Slot { grad: z()?, m: z()?, v: z()?, len: p.buf.len, decay: p.decay });
-        }
+        let optimizer = Optimizer::new(gpu, &self.student.parameters(scope)?)?;
         if resuming {
-            self.load_optimizer(&slots)?;
+            let (path, bytes) = self.state.read_weights(&self.out)?;
+            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
+            optimizer.load_moments(gpu, &path, &st)?;
         }
-        self.state.stage = stage;
+        self.state.stage = Some(stage);
         self.state.step = from;
         self.emit(report, Event::StageStart { stage, steps, from_step: from })?;
         if !resuming {
-            let (loss, parts) = self.heldout_stage_loss(stage, &slots)?;
+            let (loss, parts) = self.heldout_stage_loss(stage, &optimizer)?;
             self.emit(report, Event::StageLoss { stage, after: false, loss, parts })?;
         }
-        let hyper = AdamW { lr: self.config.lr[stage as usize - 1], beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
+        let hyper = AdamW { lr: self.config.lr[stage.index()], beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
+        let tokens_per_step = self.config.batch * self.config.seq;
         for step in from..steps {
             let started = Instant::now();
             let (rows_ids, cursor) = next_rows(&self.corpus.train, self.state.cursor, self.config.batch, self.config.seq + 1);
-            let (loss, parts) = self.step_gradients(stage, &rows_ids, &slots)?;
+            let (loss, parts) = self.step_gradients(stage, &rows_ids, &optimizer)?;
             if let Some(bad) = parts.iter().position(|v| !v.is_finite()).or((!loss.is_finite()).then_some(0)) {
-                let what = if stage == 3 { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
+                let what = if stage.trains_everything() { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
                 return Err(self.diverged(stage, step + 1, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
             }
-            let norm = self.grad_norm(&slots, stage, step + 1)?;
-            let lr = hyper.lr as f64 * self.config.schedules[stage as usize - 1].factor(step, steps);
-            let scale = if norm > self.config.clip { (self.config.clip / norm) as f32 } else { 1.0 };
-            let mut rec = gpu.recorder();
-            let h = AdamW { lr: lr as f32, ..hyper };
-            for p in self.student.parameters(scope)? {
-                let s = &slots[&p.name];
-                adamw_step(&mut rec, &h, (step + 1) as u32, s.decay, scale, p.buf, &s.grad, &s.m, &s.v, s.len)?;
-            }
-            rec.submit()?;
+            let norm = optimizer.global_norm(gpu)?.map_err(|name| self.diverged(stage, step + 1, &format!("the gradient of {name} is not finite")))?;
+            let lr = hyper.lr as f64 * self.config.schedules[stage.index()].factor(step, steps);
+            let clip = if norm > self.config.clip { (self.config.clip / norm) as f32 } else { 1.0 };
+            optimizer.step(gpu, &self.student.parameters(scope)?, &AdamW { lr: lr as f32, ..hyper }, (step + 1) as u32, clip)?;
             self.state.cursor = cursor;
             self.state.step = step + 1;
-            self.state.tokens += (self.config.batch * self.config.seq) as u64;
+            self.state.tokens += tokens_per_step as u64;
             gpu.sync()?;
             let secs = started.elapsed().as_secs_f64();
-            let r = StepReport { stage, step: step + 1, steps, loss, parts, lr, grad_norm: norm, tokens_per_s: (self.config.batch * self.config.seq) as f64 / secs, tokens: self.state.tokens };
+            let r = StepReport { stage, step: step + 1, steps, loss, parts, lr, grad_norm: norm, tokens_per_s: tokens_per_step as f64 / secs, tokens: self.state.tokens };
             self.emit(report, Event::Step(r))?;
             if (step + 1) % self.config.checkpoint_every == 0 && step + 1 < steps {
-                self.checkpoint(&slots, report)?;
+                self.checkpoint(&optimizer, report)?;
             }
         }
-        let (loss, parts) = self.heldout_stage_loss(stage, &slots)?;
+        let (loss, parts) = self.heldout_stage_loss(stage, &optimizer)?;
         self.emit(report, Event::StageLoss { stage, after: true, loss, parts })?;
         let ppl = self.perplexity(false)?;
-        self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(stage), perplexity: ppl.0, tokens: ppl.1 })?;
+        self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(stage.number()), perplexity: ppl.0, tokens: ppl.1 })?;
         self.save_student()?;
         self.emit(report, Event::Saved { dir: self.out.clone() })?;
         self.state.done.push(stage);
         self.state.step = 0;
-        self.checkpoint(&BTreeMap::new(), report)?;
-        for s in slots.into_values() {
-            for b in [s.grad, s.m, s.v] {
-                gpu.release(b);
-            }
-        }
+        self.checkpoint(&Optimizer::empty(), report)?;
+        optimizer.release(gpu);
         Ok(())
     }
 
     /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
     /// zeroed by the next step).
-    fn heldout_stage_loss(&self, stage: u8, slots: &BTreeMap<String, Slot>) -> Result<(f64, Vec<f64>)> {
+    fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
         let (rows_ids, _) = next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1);
-        self.step_gradients(stage, &rows_ids, slots)
+        self.step_gradients(stage, &rows_ids, optimizer)
     }
 
     /// The student blocks stages 1 and 2 train (its mixer blocks).
@@ -379,81 +341,21 @@ impl<'g> Distiller<'g> {
 
     /// Zeroes the gradients and accumulates one step's into them; returns the loss and its
     /// parts (per layer, or CE and KL).
-    fn step_gradients(&self, stage: u8, rows_ids: &[u32], slots: &BTreeMap<String, Slot>) -> Result<(f64, Vec<f64>)> {
+    fn step_gradients(&self, stage: Stage, rows_ids: &[u32], optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
-        let rows = batch * seq;
-        let d = self.student.config.hidden_size;
-        let vocab = self.student.config.vocab_size;
         let inputs: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
         let targets: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
         let ids = gpu.upload_u32("ids", &inputs)?;
-        let grads: Grads = slots.iter().map(|(n, s)| (n.clone(), GpuBuf::words(s.grad.buffer.clone(), s.len))).collect();
+        let grads = optimizer.grads();
         let mut rec = gpu.recorder();
-        for s in slots.values() {
-            zero(&mut rec, &s.grad, s.len)?;
-        }
-        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == 3)?;
+        optimizer.zero_grads(&mut rec)?;
+        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == Stage::EndToEnd)?;
         rec.submit()?;
-        let mut parts = Vec::new();
-        match stage {
-            1 | 2 => {
-                for i in self.trained_layers() {
-                    let loss = gpu.scratch(rows)?;
-                    let mut rec = gpu.recorder();
-                    let (grad, dx) = (rec.temp(rows * d)?, rec.temp(rows * d)?);
-                    let t = &teacher.blocks[i];
-                    if stage == 1 {
-                        // The mixer on the teacher's normed stream, against its attention output.
-                        let m = self.student.mixer_layer(i).expect("a mixer block");
-                        let (rope, rope_back) = self.student.rope_tables();
-                        let out = rec.temp(rows * d)?;
-                        let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out)?;
-                        squared_error(&mut rec, &out, &t.mixer_out, &loss, &grad, rows, d, 1.0 / (rows * d) as f32, false)?;
-                        let prefix = format!("layers.{i}.mixer.");
-                        let args = BackwardArgs { x: &t.xn1, acts: &acts, rope_back: &rope_back, d_out: &grad };
-                        m.backward(&mut rec, &args, &dx, false, &LayerGrads { grads: &grads, prefix: &prefix })?;
-                        rec.submit()?;
-                        acts.release(gpu);
-                    } else {
-                        // The block on the teacher's input, against the teacher's next state.
-                        let x = if i == 0 { &teacher.x0 } else { &teacher.blocks[i - 1].x_out };
-                        let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq)?;
-                        l2_error(&mut rec, &acts.x_out, &t.x_out, &loss, &grad, rows, d, 1.0 / rows as f32, false)?;
-                        self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, &grads)?;
-                        rec.submit()?;
-                        acts.release(gpu);
-                    }
-                    let l = gpu.read_f32_blocking(&loss, rows)?;
-                    let sum: f64 = l.iter().map(|&v| v as f64).sum();
-                    parts.push(if stage == 1 { sum / (rows * d) as f64 } else { sum / rows as f64 });
-                    gpu.release(loss);
-                }
-            }
-            _ => {
-                let teacher_logits = teacher.logits.as_ref().expect("asked for logits");
-                let target_buf = gpu.upload_u32("targets", &targets)?;
-                let (ce, klb) = (gpu.scratch(rows)?, gpu.scratch(rows)?);
-                let mut rec = gpu.recorder();
-                let d_logits = rec.temp(rows * vocab)?;
-                let acts = self.student.forward_train(&mut rec, &ids, batch, seq, true)?;
-                let logits = acts.logits.as_ref().expect("asked for logits");
-                let kl_scale = match self.config.kl_scaling {
-                    KlScaling::TokenMean => 1.0 / rows as f32,
-                    KlScaling::PaperBatch => 1.0 / batch as f32,
-                };
-                cross_entropy(&mut rec, logits, &target_buf, &ce, &d_logits, rows, vocab, 1.0 / rows as f32, false)?;
-                kl(&mut rec, logits, teacher_logits, &klb, &d_logits, rows, vocab, kl_scale, true)?;
-                self.student.backward(&mut rec, &inputs, &acts, &d_logits, batch, seq, &grads)?;
-                rec.retire(target_buf);
-                rec.submit()?;
-                acts.release(gpu);
-                let mean = |b: &GpuBuf| -> Result<f64> { Ok(gpu.read_f32_blocking(b, rows)?.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) };
-                parts = vec![mean(&ce)?, mean(&klb)?];
-                gpu.release(ce);
-                gpu.release(klb);
-            }
-        }
+        let parts = match stage {
+            Stage::MixerOutputs | Stage::HiddenStates => self.layer_losses(stage, &teacher, &grads)?,
+            Stage::EndToEnd => self.end_to_end_loss(&teacher, &ids, &inputs, &targets, &grads)?,
+        };
         teacher.release(gpu);
         gpu.release(ids);
         // The per-layer (or CE/KL) parts sum to the loss.
@@ -461,30 +363,77 @@ impl<'g> Distiller<'g> {
         Ok((loss, parts))
     }
 
-    /// The global gradient norm; a non-finite one stops the run naming the parameter.
-    fn grad_norm(&self, slots: &BTreeMap<String, Slot>, stage: u8, step: usize) -> Result<f64> {
+    /// Stages 1 and 2, layer by layer against the teacher's activations: the loss of each.
+    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads) -> Result<Vec<f64>> {
         let gpu = self.gpu;
-        let mut rec = gpu.recorder();
-        let mut partials = Vec::new();
-        for (name, s) in slots {
-            let p = gpu.scratch(s.len.div_ceil(4096))?;
-            let n = sum_squares(&mut rec, &s.grad, &p, s.len)?;
-            partials.push((name, p, n));
-        }
-        rec.submit()?;
-        let mut total = 0.0f64;
-        for (name, p, n) in partials {
-            let sq: f64 = gpu.read_f32_blocking(&p, n)?.iter().map(|&v| v as f64).sum();
-            gpu.release(p);
-            if !sq.is_finite() {
-                return Err(self.diverged(stage, step, &format!("the gradient of {name} is not finite")));
+        let (batch, seq) = (self.config.batch, self.config.seq);
+        let rows = batch * seq;
+        let d = self.student.config.hidden_size;
+        let mut parts = Vec::new();
+        for i in self.trained_layers() {
+            let loss = gpu.scratch(rows)?;
+            let mut rec = gpu.recorder();
+            let (grad, dx) = (rec.temp(rows * d)?, rec.temp(rows * d)?);
+            let t = &teacher.blocks[i];
+            if stage == Stage::MixerOutputs {
+                // The mixer on the teacher's normed stream, against its attention output.
+                let m = self.student.mixer_layer(i).expect("a mixer block");
+                let (rope, rope_back) = self.student.rope_tables();
+                let out = rec.temp(rows * d)?;
+                let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out)?;
+                squared_error(&mut rec, &out, &t.mixer_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: 1.0 / (rows * d) as f32, accumulate: false })?;
+                let prefix = format!("layers.{i}.mixer.");
+                let args = BackwardArgs { x: &t.xn1, acts: &acts, rope_back: &rope_back, d_out: &grad };
+                m.backward(&mut rec, &args, &dx, false, &LayerGrads { grads, prefix: &prefix })?;
+                rec.submit()?;
+                acts.release(gpu);
+            } else {
+                // The block on the teacher's input, against the teacher's next state.
+                let x = if i == 0 { &teacher.x0 } else { &teacher.blocks[i - 1].x_out };
+                let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq)?;
+                l2_error(&mut rec, &acts.x_out, &t.x_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: 1.0 / rows as f32, accumulate: false })?;
+                self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, grads)?;
+                rec.submit()?;
+                acts.release(gpu);
             }
-            total += sq;
+            let sum: f64 = gpu.read_f32_blocking(&loss, rows)?.iter().map(|&v| v as f64).sum();
+            gpu.release(loss);
+            parts.push(if stage == Stage::MixerOutputs { sum / (rows * d) as f64 } else { sum / rows as f64 });
         }
-        Ok(total.sqrt())
+        Ok(parts)
     }
 
-    fn diverged(&self, stage: u8, step: usize, what: &str) -> Error {
+    /// Stage 3: the whole student against the teacher's logits; [CE, KL].
+    fn end_to_end_loss(&self, teacher: &ModelActs, ids: &GpuBuf, inputs: &[u32], targets: &[u32], grads: &Grads) -> Result<Vec<f64>> {
+        let gpu = self.gpu;
+        let (batch, seq) = (self.config.batch, self.config.seq);
+        let rows = batch * seq;
+        let vocab = self.student.config.vocab_size;
+        let teacher_logits = teacher.logits.as_ref().expect("asked for logits");
+        let target_buf = gpu.upload_u32("targets", targets)?;
+        let (ce, klb) = (gpu.scratch(rows)?, gpu.scratch(rows)?);
+        let mut rec = gpu.recorder();
+        let d_logits = rec.temp(rows * vocab)?;
+        let acts = self.student.forward_train(&mut rec, ids, batch, seq, true)?;
+        let logits = acts.logits.as_ref().expect("asked for logits");
+        let kl_scale = match self.config.kl_scaling {
+            KlScaling::TokenMean => 1.0 / rows as f32,
+            KlScaling::PaperBatch => 1.0 / batch as f32,
+        };
+        cross_entropy(&mut rec, logits, &target_buf, rows, vocab, &LossOut { loss: &ce, grad: &d_logits, scale: 1.0 / rows as f32, accumulate: false })?;
+        kl(&mut rec, logits, teacher_logits, rows, vocab, &LossOut { loss: &klb, grad: &d_logits, scale: kl_scale, accumulate: true })?;
+        self.student.backward(&mut rec, inputs, &acts, &d_logits, batch, seq, grads)?;
+        rec.retire(target_buf);
+        rec.submit()?;
+        acts.release(gpu);
+        let mean = |b: &GpuBuf| -> Result<f64> { Ok(gpu.read_f32_blocking(b, rows)?.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) };
+        let parts = vec![mean(&ce)?, mean(&klb)?];
+        gpu.release(ce);
+        gpu.release(klb);
+        Ok(parts)
+    }
+
+    fn diverged(&self, stage: Stage, step: usize, what: &str) -> Error {
         let kept = self.out.join(CHECKPOINT_DIR);
         let last = if self.state.weights.is_empty() { "none was written yet".to_string() } else { format!("the last good one is kept in {}", kept.display()) };
         Error::Training(format!("stage {stage}, step {step}: {what}; checkpoint: {last}"))
@@ -500,65 +449,26 @@ impl<'g> Distiller<'g> {
     }
 
     fn emit(&mut self, report: &mut dyn FnMut(&Event), e: Event) -> Result<()> {
-        let path = self.out.join(METRICS_FILE);
-        let mut line = serde_json::to_string(&e).expect("events serialise");
-        line.push('\n');
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| Error::io(&path, e))?;
-        f.write_all(line.as_bytes()).map_err(|e| Error::io(&path, e))?;
-        self.metrics_lines += 1;
+        self.metrics.append(&e)?;
         report(&e);
         Ok(())
     }
 
-    /// Keeps the first `lines` lines of the metrics file (a resumed run repeats what came after
-    /// its checkpoint).
-    fn truncate_metrics(&mut self, lines: usize) -> Result<()> {
-        let path = self.out.join(METRICS_FILE);
-        let text = if path.exists() { std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))? } else { String::new() };
-        let keep: String = text.lines().take(lines).map(|l| format!("{l}\n")).collect();
-        self.metrics_lines = keep.lines().count();
-        write_atomic(&path, keep.as_bytes())
-    }
-
-    /// Writes the weights (all of them) and the optimizer state of `slots`, then the state that
-    /// points at them: a run killed at any moment leaves the previous checkpoint intact.
-    fn checkpoint(&mut self, slots: &BTreeMap<String, Slot>, report: &mut dyn FnMut(&Event)) -> Result<()> {
-        let gpu = self.gpu;
-        self.emit(report, Event::Checkpoint { stage: self.state.stage, step: self.state.step })?;
-        self.state.metrics_lines = self.metrics_lines;
-        let dir = self.out.join(CHECKPOINT_DIR);
+    /// Every parameter, and the moments of `optimizer`, then the state that names them.
+    fn checkpoint(&mut self, optimizer: &Optimizer, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let stage = self.state.stage.expect("checkpoints are written within a stage");
+        self.emit(report, Event::Checkpoint { stage, step: self.state.step })?;
+        self.state.metrics_lines = self.metrics.lines;
         let mut tensors: Vec<(String, Vec<f32>)> = Vec::new();
         for p in self.student.parameters(Scope::All)? {
-            tensors.push((format!("param.{}", p.name), gpu.read_f32_blocking(p.buf, p.buf.len)?));
+            tensors.push((format!("param.{}", p.name), self.gpu.read_f32_blocking(p.buf, p.buf.len)?));
         }
-        for (name, s) in slots {
-            tensors.push((format!("m.{name}"), gpu.read_f32_blocking(&s.m, s.len)?));
-            tensors.push((format!("v.{name}"), gpu.read_f32_blocking(&s.v, s.len)?));
-        }
-        let views = tensors
-            .iter()
-            .map(|(n, d)| safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![d.len()], bytemuck::cast_slice(d)).map(|v| (n.clone(), v)).map_err(|e| Error::format(&dir, format!("{n}: {e}"))))
-            .collect::<Result<Vec<_>>>()?;
-        let bytes = safetensors::serialize(views, None).map_err(|e| Error::format(&dir, format!("serialising the checkpoint: {e}")))?;
-        let name = format!("weights-stage{}-step{}.safetensors", self.state.stage, self.state.step);
-        let previous = std::mem::replace(&mut self.state.weights, name.clone());
-        write_atomic(&dir.join(&name), &bytes)?;
-        write_atomic(&dir.join("state.json"), serde_json::to_string_pretty(&self.state).expect("state serialises").as_bytes())?;
-        if !previous.is_empty() && previous != name {
-            let _ = std::fs::remove_file(dir.join(previous));
-        }
-        Ok(())
-    }
-
-    fn read_checkpoint(&self) -> Result<(PathBuf, Vec<u8>)> {
-        let path = self.out.join(CHECKPOINT_DIR).join(&self.state.weights);
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-        Ok((path, bytes))
+        tensors.extend(optimizer.read_moments(self.gpu)?);
+        self.state.save(&self.out, &tensors)
     }
 
     fn load_checkpoint(&mut self) -> Result<()> {
-        let (path, bytes) = self.read_checkpoint()?;
+        let (path, bytes) = self.state.read_weights(&self.out)?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
         for p in self.student.parameters(Scope::All)? {
             let view = st.tensor(&format!("param.{}", p.name)).map_err(|_| Error::format(&path, format!("missing parameter '{}'", p.name)))?;
@@ -567,18 +477,6 @@ impl<'g> Distiller<'g> {
                 return Err(Error::format(&path, format!("parameter '{}' has {} values, expected {}", p.name, data.len(), p.buf.len)));
             }
             self.gpu.write_f32(p.buf, data);
-        }
-        Ok(())
-    }
-
-    fn load_optimizer(&self, slots: &BTreeMap<String, Slot>) -> Result<()> {
-        let (path, bytes) = self.read_checkpoint()?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
-        for (name, s) in slots {
-            for (what, buf) in [("m", &s.m), ("v", &s.v)] {
-                let view = st.tensor(&format!("{what}.{name}")).map_err(|_| Error::format(&path, format!("missing optimizer state {what}.{name}")))?;
-                self.gpu.write_f32(buf, bytemuck::cast_slice(view.data()));
-            }
         }
         Ok(())
     }
@@ -637,7 +535,7 @@ pub fn heldout_perplexity(gpu: &Gpu, model: &LanguageModel, tokens: &[u32], seq:
         let n = b * seq;
         let (t, loss, grad) = (gpu.upload_u32("targets", &targets)?, gpu.scratch(n)?, gpu.scratch(n * vocab)?);
         let mut rec = gpu.recorder();
-        cross_entropy(&mut rec, &logits, &t, &loss, &grad, n, vocab, 0.0, false)?;
+        cross_entropy(&mut rec, &logits, &t, n, vocab, &LossOut { loss: &loss, grad: &grad, scale: 0.0, accumulate: false })?;
         rec.submit()?;
         sum += gpu.read_f32_blocking(&loss, n)?.iter().map(|&v| v as f64).sum::<f64>();
         count += n;
