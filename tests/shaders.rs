@@ -35,3 +35,59 @@ fn every_shader_file_is_registered() {
         assert!(ALL.iter().any(|(n, _)| *n == f), "shaders/{f}.wgsl is not in linearize_core::shaders::ALL");
     }
 }
+
+/// The generated shaders are what their generators write: each shaders/gen/*.py runs on a copy
+/// of shaders/ and every file it writes must equal the committed one.
+#[test]
+fn generated_shaders_match_their_generators() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
+    let copy = linearize_tests::tempdir("shaders-gen").join("shaders");
+    fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let p = e.unwrap().path();
+            let target = to.join(p.file_name().unwrap());
+            if p.is_dir() {
+                copy_dir(&p, &target);
+            } else {
+                std::fs::copy(&p, &target).unwrap();
+            }
+        }
+    }
+    copy_dir(&root, &copy);
+    let mut generators: Vec<_> = std::fs::read_dir(copy.join("gen")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|x| x == "py")).collect();
+    generators.sort();
+    assert!(!generators.is_empty());
+    let wgsl = |dir: &std::path::Path| -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        let mut out = Vec::new();
+        fn walk(d: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if p.extension().is_some_and(|x| x == "wgsl") {
+                    out.push(p);
+                }
+            }
+        }
+        let mut files = Vec::new();
+        walk(dir, &mut files);
+        for f in files {
+            out.push((f.strip_prefix(dir).unwrap().to_path_buf(), std::fs::read(&f).unwrap()));
+        }
+        out.sort();
+        out
+    };
+    // The committed files, then the same files after every generator has written over its own.
+    let before = wgsl(&copy);
+    for g in &generators {
+        let o = std::process::Command::new("python3").arg(g).output().expect("python3 runs the shader generators");
+        assert!(o.status.success(), "{}: {}", g.display(), String::from_utf8_lossy(&o.stderr));
+    }
+    let after = wgsl(&copy);
+    assert_eq!(before.len(), after.len());
+    for ((path, committed), (_, generated)) in before.iter().zip(&after) {
+        assert!(committed == generated, "shaders/{} differs from what shaders/gen writes; run the generator and commit its output", path.display());
+    }
+    std::fs::remove_dir_all(copy.parent().unwrap()).unwrap();
+}
