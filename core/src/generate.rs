@@ -1,4 +1,5 @@
-//! Text generation: prefill the prompt, then decode one token at a time against the KV cache.
+//! Text generation: prefill the prompt, then decode one token at a time, against the KV cache of
+//! attention blocks and the fixed-size state of mixer blocks.
 //! Greedy by default; temperature and nucleus (top-p) sampling on request.
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;

@@ -1,4 +1,5 @@
-//! linearize-core: the teacher, its kernels and their references, on wgpu. Platform-neutral:
+//! linearize-core: teacher and student language models, the mixers, training and evaluation,
+//! their WGSL kernels and f64 references, on wgpu. Platform-neutral:
 //! builds for native targets and for wasm32 (WebGPU).
 //!
 //! Data flows tokens → `model::LanguageModel::forward` (embedding → blocks → head) → logits, each op

@@ -1,4 +1,4 @@
-//! `linearize bench teacher`: prefill throughput (B×T tokens, logits for every position, as a
+//! `linearize bench`: teacher (or student) prefill throughput (B×T tokens, logits for every position, as a
 //! framework's forward computes them) and batch-1 decode after a context, timed on the host
 //! after the device has finished. Warm-up runs first, then the median of timed runs.
 use anyhow::Result;

@@ -1,6 +1,6 @@
 //! The state recurrence shared by the mixers, on the GPU (shaders/mixers/common/recurrent.wgsl;
-//! f64 twin: crate::reference::recurrence). Token by token: the decode path, and the form the
-//! chunked kernels are checked against.
+//! chunk.wgsl, recurrent_backward.wgsl; f64 twin: crate::reference::recurrence): token by token
+//! for decode, chunked for prefill, and the backward from a zero state for training.
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
 

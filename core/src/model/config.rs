@@ -1,4 +1,4 @@
-//! The teacher's shape, read from an HF config.json (or built from GGUF metadata).
+//! A Llama model's shape (teacher or student), read from an HF config.json (or built from GGUF metadata).
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;

@@ -1,5 +1,6 @@
-//! Models: configuration, weights and their loaders (GGUF, HF directories), the tokenizer, and
-//! the GPU teacher.
+//! Models: configuration, weights and their loaders (GGUF, HF directories, student
+//! directories), the tokenizer, students built from a teacher, and the GPU language model that
+//! runs either.
 pub mod config;
 pub mod files;
 pub mod gguf;

@@ -1,4 +1,4 @@
-//! The teacher's weights in HF layout (f32, row-major [out, in]), and a loaded model: config,
+//! A model's weights in HF layout (f32, row-major [out, in]), and a loaded model: config,
 //! weights and tokenizer from a GGUF file, an HF directory, or the fetched-teacher alias.
 use super::config::LlamaConfig;
 use super::tokenizer::Tokenizer;
