@@ -86,7 +86,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     let dir = tempdir("browser-models");
     let mut small = t.weights.clone();
     small.truncate_layers(2);
-    let teacher_file = linearize_core::model::weights::teacher_path();
+    let teacher_file = linearize_core::model::load::teacher_path();
     let mut models: Vec<(String, std::path::PathBuf, Vec<String>)> =
         vec![("teacher".into(), teacher_file.parent().unwrap().into(), vec![teacher_file.file_name().unwrap().to_string_lossy().into()])];
     let mut weights = vec!["f32"];

@@ -2,7 +2,7 @@
 //! data, and closeness checks against the f64 reference.
 use linearize_core::util::Rng;
 use linearize_core::gpu::Gpu;
-use linearize_core::model::weights::teacher_path;
+use linearize_core::model::load::teacher_path;
 use linearize_core::model::Model;
 use std::sync::OnceLock;
 

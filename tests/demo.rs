@@ -128,7 +128,7 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     // $LINEARIZE_HOME: the real teacher and a 2-layer gated DeltaNet student.
     let home = tempdir("demo-home");
     let t = teacher();
-    let teacher_file = linearize_core::model::weights::teacher_path();
+    let teacher_file = linearize_core::model::load::teacher_path();
     std::fs::create_dir_all(home.join("teacher")).unwrap();
     std::os::unix::fs::symlink(&teacher_file, home.join("teacher").join(teacher_file.file_name().unwrap())).unwrap();
     let mut small = t.weights.clone();

@@ -3,7 +3,7 @@
 //! with SIGKILL and resumed repeats the uninterrupted run's losses step for step, divergence
 //! stops the run naming where, and bad arguments get clear errors.
 use linearize_core::mixers::MixerKind;
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::model::Model;
 use linearize_core::train::data::{sample_from_teacher, Corpus, SEPARATOR};
 use linearize_core::train::schedule::Schedule;

@@ -3,7 +3,7 @@
 //! ones are named); the GPU log-likelihood equals the f64 teacher's; a few documents of the
 //! short-context tasks on the real teacher.
 use linearize_core::eval::{target_logprob, encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::model::LanguageModel;
 use linearize_core::util::Rng;
 use linearize_tests::{f64s, gpu, random, teacher, tempdir};

@@ -3,7 +3,7 @@
 //! errors on bad files.
 use linearize_core::model::gguf::{unpermute_rope_rows, GgufFile};
 use linearize_core::model::hf;
-use linearize_core::model::weights::{linearize_home, teacher_path};
+use linearize_core::model::load::{linearize_home, teacher_path};
 use linearize_core::model::Model;
 use linearize_tests::{teacher, tempdir};
 use std::path::{Path, PathBuf};

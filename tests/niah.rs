@@ -3,7 +3,7 @@
 //! the real teacher retrieves a needle from a short haystack.
 use linearize_core::generate::{generate, Sampling};
 use linearize_core::util::Rng;
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::model::LanguageModel;
 use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};
 use linearize_core::train::data::Corpus;

@@ -204,7 +204,7 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
             specs.insert(0, t.clone());
         }
     }
-    if let Some(s) = specs.iter().find(|s| s.as_str() != linearize_core::model::weights::TEACHER_ALIAS && !Path::new(s).exists()) {
+    if let Some(s) = specs.iter().find(|s| s.as_str() != linearize_core::model::load::TEACHER_ALIAS && !Path::new(s).exists()) {
         bail!("--models: {s}: no such file or directory");
     }
     let labels = labels(&specs);

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::gpu::Gpu;
 use linearize_core::mixers::{ConvInit, MixerKind};
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::train::data::Corpus;
 use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling};
 use std::path::PathBuf;
@@ -13,7 +13,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct DistillArgs {
     /// Teacher: GGUF, HF directory or alias
-    #[arg(long, default_value = linearize_core::model::weights::TEACHER_ALIAS)]
+    #[arg(long, default_value = linearize_core::model::load::TEACHER_ALIAS)]
     pub teacher: String,
     /// The token mixer
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(MixerKind::names()))]

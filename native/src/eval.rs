@@ -4,14 +4,14 @@ use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::eval::{load_docs, loglikelihoods, request_file, score_task, Scored, TaskResult, TASKS};
 use linearize_core::gpu::Gpu;
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::model::{LanguageModel, Model};
 use serde_json::json;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
-    #[arg(long, default_value = linearize_core::model::weights::TEACHER_ALIAS)]
+    #[arg(long, default_value = linearize_core::model::load::TEACHER_ALIAS)]
     pub model: String,
     /// Comma-separated: lambada, winogrande, arc_easy, arc_challenge, piqa, hellaswag
     #[arg(long, default_value = "lambada,winogrande,arc_easy,arc_challenge,piqa,hellaswag")]

@@ -13,7 +13,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use linearize_core::generate::Sampling;
 use linearize_core::gpu::{Dtype, Gpu};
-use linearize_core::model::weights::{linearize_home, TEACHER_ALIAS};
+use linearize_core::model::load::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{hf, LanguageModel, Model};
 use serde_json::json;
 use std::io::Write;

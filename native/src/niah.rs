@@ -5,7 +5,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::generate::{generate, Sampling};
 use linearize_core::util::Rng;
 use linearize_core::gpu::Gpu;
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::model::{LanguageModel, Model};
 use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct NiahArgs {
-    #[arg(long, default_value = linearize_core::model::weights::TEACHER_ALIAS)]
+    #[arg(long, default_value = linearize_core::model::load::TEACHER_ALIAS)]
     pub model: String,
     #[command(flatten)]
     pub grid: GridArgs,

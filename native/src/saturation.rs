@@ -5,7 +5,7 @@
 //! `linearize niah`.
 use anyhow::{bail, Result};
 use linearize_core::gpu::Gpu;
-use linearize_core::model::weights::linearize_home;
+use linearize_core::model::load::linearize_home;
 use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model};
 use linearize_core::train::data::Corpus;
 use std::path::PathBuf;

@@ -3,7 +3,7 @@
 //! teacher and every student or HF directory in $LINEARIZE_HOME/students/. Nothing else is
 //! served: paths outside these folders, and files a model does not list, are 404.
 use anyhow::{anyhow, bail, Result};
-use linearize_core::model::weights::{linearize_home, teacher_path, TEACHER_ALIAS};
+use linearize_core::model::load::{linearize_home, teacher_path, TEACHER_ALIAS};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 

@@ -7,7 +7,7 @@ use super::config::LlamaConfig;
 use super::files::ModelFiles;
 use crate::util::write_atomic;
 use super::tokenizer::Tokenizer;
-use super::weights::{hf_tensor_shapes, Model, ModelWeights, StudentMixers};
+use super::weights::{hf_tensor_shapes, ModelWeights, StudentMixers};
 use crate::error::{Error, Result};
 use crate::mixers::{new_parameters, MixerKind, MixerOptions, MixerParams, MixerShape, Tensor};
 use serde::{Deserialize, Serialize};
@@ -148,13 +148,9 @@ pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokeniz
     Ok(())
 }
 
-pub fn load_dir(dir: &Path) -> Result<Model> {
-    load_files(&ModelFiles::dir(dir))
-}
-
 /// A student from its directory's files (config.json, student.json, tokenizer.json, f32
 /// safetensors, one file or shards).
-pub fn load_files(files: &ModelFiles) -> Result<Model> {
+pub fn load_files(files: &ModelFiles) -> Result<(ModelWeights, Tokenizer, StudentMixers)> {
     let config = LlamaConfig::from_json(&files.read_string("config.json")?, &files.path("config.json"))?;
     let sp = files.path(STUDENT_FILE);
     let text = files.read_string(STUDENT_FILE)?;
@@ -215,5 +211,5 @@ pub fn load_files(files: &ModelFiles) -> Result<Model> {
         }
         layers.insert(i, params);
     }
-    Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: Some(StudentMixers { config: scfg, layers }) })
+    Ok((weights, tokenizer, StudentMixers { config: scfg, layers }))
 }

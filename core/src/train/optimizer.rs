@@ -118,6 +118,7 @@ impl Optimizer {
 
     /// The global gradient norm ‖g‖₂ over every parameter, or the name of the first parameter
     /// whose gradient is not finite.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn global_norm(&self, gpu: &Gpu) -> Result<std::result::Result<f64, String>> {
         let mut rec = gpu.recorder();
         let mut partials = Vec::new();
@@ -151,6 +152,7 @@ impl Optimizer {
     }
 
     /// The moments as named tensors (`m.NAME`, `v.NAME`) for a checkpoint.
+    #[cfg(not(target_arch = "wasm32"))]
     pub fn read_moments(&self, gpu: &Gpu) -> Result<Vec<(String, Vec<f32>)>> {
         let mut out = Vec::new();
         for (name, s) in &self.states {
