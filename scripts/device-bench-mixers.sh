@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mixers on the lent GPU (BENCHMARKS.md, "Mixers after the restructuring"). Usage:
 #   scripts/device-bench-mixers.sh students  # every mixer's full student: prefill 8x512 with the
-#                                            # binary before (.before/linearize) and after
-#                                            # (.bin/linearize) the change, alternating
+#                                            # binary before ($BEFORE, default .before/linearize)
+#                                            # and after (.bin/linearize) the change, alternating
 #   scripts/device-bench-mixers.sh peers     # `bench mixers` beside fla's chunked kernels
 # Expects the Vulkan loader set up, the binaries, and for `students` the teacher at
 # /root/stage/teacher.gguf (../shared/DEVICE.md: the two-call upload); fla's wheels installed
@@ -16,9 +16,10 @@ students)
   for m in $(.bin/linearize student --help | sed -n 's/.*possible values: \(.*\)\]/\1/p' | tr -d ','); do
     .bin/linearize student --mixer "$m" --out "/root/s-$m" > /dev/null 2>> "$OUT/log.txt" || continue
     for round in 1 2; do
-      for bin in .before/linearize .bin/linearize; do
+      for bin in "${BEFORE:-.before/linearize}" .bin/linearize; do
         [ -x "$bin" ] || continue
         r=$("$bin" bench teacher --model "/root/s-$m" --json --iters 5 --prefill 8x512 --decode 512 --decode-tokens 32 2>> "$OUT/log.txt" | tr -d '\n ')
+        [ -n "$r" ] || continue  # a mixer the binary before does not know
         echo "{\"mixer\":\"$m\",\"binary\":\"$bin\",\"round\":$round,\"result\":$r}" | tee -a "$OUT/students.jsonl" | cut -c1-300
       done
     done
