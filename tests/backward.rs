@@ -3,7 +3,7 @@
 //! against their f64 twins. Shapes are awkward (not multiples of the tiles).
 use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
-use linearize_core::nn;
+use linearize_core::nn::{self, Gemm};
 use linearize_core::reference::{nn as rnn, train as rtrain};
 use linearize_core::train::losses::LossOut;
 use linearize_core::train::{self, AdamW, AdamWStep};
@@ -49,8 +49,8 @@ fn linear_backward_matches_finite_differences() {
         let want_dw = numeric_grad(&wd, |ww| dot(&dyd, &rnn::linear(&xd, ww, m, n, k)));
         let (dx, dw) = (gpu().scratch(m * k).unwrap(), up(&vec![0.5; n * k]));
         let mut rec = gpu().recorder();
-        nn::linear_backward_input(&mut rec, &up(&dy), &up(&w), &dx, m, n, k, false).unwrap();
-        nn::linear_backward_weight(&mut rec, &up(&dy), &up(&x), &dw, m, n, k, true).unwrap();
+        nn::linear_backward_input(&mut rec, &up(&dy), &up(&w), &dx, Gemm { m, n, k }, false).unwrap();
+        nn::linear_backward_weight(&mut rec, &up(&dy), &up(&x), &dw, Gemm { m, n, k }, true).unwrap();
         rec.submit().unwrap();
         assert_close(&format!("linear dx {m}x{n}x{k}"), &read(&dx, m * k), &want_dx, 1e-4, 1e-4);
         // dw was accumulated onto 0.5.
@@ -68,9 +68,10 @@ fn rmsnorm_backward_matches_finite_differences() {
         let eps = 1e-5f32 as f64;
         let want_dx = numeric_grad(&xd, |xx| dot(&dyd, &rnn::rmsnorm(xx, &wd, rows, cols, eps)));
         let want_dw = numeric_grad(&wd, |ww| dot(&dyd, &rnn::rmsnorm(&xd, ww, rows, cols, eps)));
-        let (dx, dw, scale) = (gpu().scratch(rows * cols).unwrap(), up(&vec![0.0; cols]), gpu().scratch(rows).unwrap());
+        let (dx, dw) = (gpu().scratch(rows * cols).unwrap(), up(&vec![0.0; cols]));
         let mut rec = gpu().recorder();
-        nn::rmsnorm_backward(&mut rec, &up(&x), &up(&w), &up(&dy), &dx, &dw, &scale, rows, cols, 1e-5).unwrap();
+        let (xb, wb) = (up(&x), up(&w));
+        nn::rmsnorm_backward(&mut rec, &nn::RmsNormInput { x: &xb, w: &wb, rows, cols, eps: 1e-5 }, &up(&dy), &dx, &dw).unwrap();
         rec.submit().unwrap();
         assert_close(&format!("rmsnorm dx {rows}x{cols}"), &read(&dx, rows * cols), &want_dx, 1e-4, 1e-3);
         assert_close(&format!("rmsnorm dw {rows}x{cols}"), &read(&dw, cols), &want_dw, 1e-4, 1e-3);

@@ -1,7 +1,7 @@
 //! The web crate in headless Chromium (Debian's chromium, SwiftShader WebGPU): the same WGSL
 //! kernel runs in the browser and natively, and both agree with the f64 reference.
 use linearize_core::util::Rng;
-use linearize_core::nn;
+use linearize_core::nn::{self, Gemm};
 use linearize_core::reference::nn as reference;
 use linearize_tests::{mixer, assert_close, build_web_package, chromium, f64s, gpu, random, repo_root, serve, teacher, tempdir, TestServer};
 use std::process::{Command, Stdio};
@@ -60,7 +60,7 @@ fn linear_kernel_in_browser_matches_native() {
         let wb = gpu().upload_f32("w", w).unwrap();
         let yb = gpu().scratch(m * n).unwrap();
         let mut rec = gpu().recorder();
-        nn::linear(&mut rec, &xb, &wb, &yb, *m, *n, *k, false).unwrap();
+        nn::linear(&mut rec, &xb, &wb, &yb, Gemm { m: *m, n: *n, k: *k }, false).unwrap();
         rec.submit().unwrap();
         let native = gpu().read_f32_blocking(&yb, m * n).unwrap();
         let want = reference::linear(&f64s(x), &f64s(w), *m, *n, *k);

@@ -2,7 +2,7 @@
 //! scoring and LAMBADA against hand-computed cases; the fetched request files load (and broken
 //! ones are named); the GPU log-likelihood equals the f64 teacher's; a few documents of the
 //! short-context tasks on the real teacher.
-use linearize_core::eval::{target_logprob, encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
+use linearize_core::eval::{target_logprob, LogitRows, encode_pair, load_docs, loglikelihood, loglikelihoods, multiple_choice, request_file, score_task, Doc, Request, Scored};
 use linearize_core::model::load::linearize_home;
 use linearize_core::model::LanguageModel;
 use linearize_core::util::Rng;
@@ -82,7 +82,7 @@ fn target_logprob_kernel_equals_f64_at_awkward_shapes() {
     let g = gpu();
     let (zb, rb, tb, out) = (g.upload_f32("z", &z).unwrap(), g.upload_u32("rows", &row_of).unwrap(), g.upload_u32("targets", &targets).unwrap(), g.scratch(2 * row_of.len()).unwrap());
     let mut rec = g.recorder();
-    target_logprob(&mut rec, &zb, &rb, &tb, &out, row_of.len(), vocab, logits_rows).unwrap();
+    target_logprob(&mut rec, &LogitRows { logits: &zb, rows: logits_rows, vocab }, &rb, &tb, &out, row_of.len()).unwrap();
     rec.submit().unwrap();
     let got = g.read_f32_blocking(&out, 2 * row_of.len()).unwrap();
     let want = linearize_core::reference::train::target_logprob(&f64s(&z), vocab, &row_of, &targets);
@@ -92,7 +92,7 @@ fn target_logprob_kernel_equals_f64_at_awkward_shapes() {
     }
     assert!(want[0].1 && want[1].1 && want[5].1 && !want[6].1);
     // Too short a logits buffer is named, not read past.
-    let e = target_logprob(&mut g.recorder(), &zb, &rb, &tb, &out, row_of.len(), vocab, logits_rows + 1).unwrap_err().to_string();
+    let e = target_logprob(&mut g.recorder(), &LogitRows { logits: &zb, rows: logits_rows + 1, vocab }, &rb, &tb, &out, row_of.len()).unwrap_err().to_string();
     assert!(e.contains("logprob logits"), "{e}");
 }
 

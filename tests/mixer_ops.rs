@@ -113,7 +113,8 @@ fn rope_in_place_matches_reference() {
     let (cos, sin) = linearize_core::model::lm::rope_tables(pos0 + seq, d, 10000.0);
     let xb = up(&x);
     let mut rec = gpu().recorder();
-    ops::rope_inplace(&mut rec, &xb, &up(&cos), &up(&sin), batch, seq, pos0, heads, d).unwrap();
+    let (cb, sb) = (up(&cos), up(&sin));
+    ops::rope_inplace(&mut rec, &xb, &ops::Rope { cos: &cb, sin: &sb }, ops::Positions { batch, seq, pos0 }, heads, d).unwrap();
     rec.submit().unwrap();
     let mut want = f64s(&x);
     let positions: Vec<usize> = (0..batch).flat_map(|_| pos0..pos0 + seq).collect();

@@ -2,7 +2,7 @@
 //! multiples of the tiles, several heads, grouped kv heads, and extreme values.
 use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
-use linearize_core::nn::{self, AttnShape, LinearKernel};
+use linearize_core::nn::{self, AttnShape, Gemm, LinearKernel};
 use linearize_core::reference::nn as reference;
 use linearize_tests::{assert_close, f64s, gpu, random};
 
@@ -39,7 +39,7 @@ fn linear_matches_reference() {
                 };
                 gpu().write_f32(&yb, &y0);
                 let mut rec = gpu().recorder();
-                let r = nn::linear_with(&mut rec, kernel, &xb, &wb, &yb, m, n, k, accumulate);
+                let r = nn::linear_with(&mut rec, kernel, &xb, &wb, &yb, Gemm { m, n, k }, accumulate);
                 assert_eq!(r.is_ok(), fits, "{kernel:?} m={m} k={k}: {r:?}");
                 rec.submit().unwrap();
                 if fits {
@@ -80,7 +80,7 @@ fn linear_reads_packed_f16_weights() {
                 };
                 gpu().write_f32(&yb, &y0);
                 let mut rec = gpu().recorder();
-                let r = nn::linear_with(&mut rec, kernel, &xb, &wb, &yb, m, n, k, accumulate);
+                let r = nn::linear_with(&mut rec, kernel, &xb, &wb, &yb, Gemm { m, n, k }, accumulate);
                 assert_eq!(r.is_ok(), fits, "{kernel:?} f16 m={m} k={k}: {r:?}");
                 rec.submit().unwrap();
                 if fits {
@@ -212,7 +212,8 @@ fn rope_writes_rotated_q_and_cache() {
         let kc = up("k", &vec![0.0; batch * n_kv * cap * d]);
         let vc = up("v", &vec![0.0; batch * n_kv * cap * d]);
         let mut rec = gpu().recorder();
-        nn::rope_qkv_to_cache(&mut rec, s, &up("qkv", &qkv), &up("cos", &cos), &up("sin", &sin), &q, &kc, &vc).unwrap();
+        let (cb, sb) = (up("cos", &cos), up("sin", &sin));
+        nn::rope_qkv_to_cache(&mut rec, s, &up("qkv", &qkv), &nn::Rope { cos: &cb, sin: &sb }, &q, &kc, &vc).unwrap();
         rec.submit().unwrap();
         let got_q = read(&q, rows * n_q * d);
         let got_k = read(&kc, batch * n_kv * cap * d);
@@ -286,7 +287,7 @@ fn attention_matches_reference() {
 fn shape_errors_are_reported_not_dispatched() {
     let small = gpu().scratch(4).unwrap();
     let mut rec = gpu().recorder();
-    let err = nn::linear(&mut rec, &small, &small, &small, 4, 4, 4, false).unwrap_err().to_string();
+    let err = nn::linear(&mut rec, &small, &small, &small, Gemm { m: 4, n: 4, k: 4 }, false).unwrap_err().to_string();
     assert!(err.contains("linear x") && err.contains("needs 16"), "{err}");
     let s = AttnShape { batch: 1, seq: 4, pos0: 2, n_q: 2, n_kv: 1, head_dim: 64, cap: 5 };
     let err = nn::attention(&mut rec, s, &small, &small, &small, &small).unwrap_err().to_string();

@@ -212,7 +212,7 @@ pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, r
         let logits = model.forward(gpu, &mut cache, &ids, Logits::All)?;
         let (row_buf, target_buf, scores) = (gpu.upload_u32("rows", &rows)?, gpu.upload_u32("targets", &targets)?, gpu.scratch(2 * rows.len())?);
         let mut rec = gpu.recorder();
-        target_logprob(&mut rec, &logits, &row_buf, &target_buf, &scores, rows.len(), vocab, ids.len())?;
+        target_logprob(&mut rec, &LogitRows { logits: &logits, rows: ids.len(), vocab }, &row_buf, &target_buf, &scores, rows.len())?;
         rec.submit()?;
         let host = gpu.read_f32_blocking(&scores, 2 * rows.len())?;
         for b in [logits, row_buf, target_buf, scores] {
@@ -230,10 +230,18 @@ pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, r
     Ok(out)
 }
 
+/// Logits [rows, vocab] on the GPU.
+#[derive(Clone, Copy)]
+pub struct LogitRows<'a> {
+    pub logits: &'a GpuBuf,
+    pub rows: usize,
+    pub vocab: usize,
+}
+
 /// out[r] = (log softmax(logits[row_of[r]])[targets[r]], 1 if that token is the row's argmax
-/// else 0) for `rows` scored rows of logits [logits_rows, vocab].
-#[allow(clippy::too_many_arguments)]
-pub fn target_logprob(rec: &mut Recorder, logits: &GpuBuf, row_of: &GpuBuf, targets: &GpuBuf, out: &GpuBuf, rows: usize, vocab: usize, logits_rows: usize) -> Result<()> {
+/// else 0) for `rows` scored rows of `l`.
+pub fn target_logprob(rec: &mut Recorder, l: &LogitRows, row_of: &GpuBuf, targets: &GpuBuf, out: &GpuBuf, rows: usize) -> Result<()> {
+    let LogitRows { logits, rows: logits_rows, vocab } = *l;
     need("logprob logits", logits, logits_rows * vocab)?;
     need("logprob rows", row_of, rows)?;
     need("logprob targets", targets, rows)?;

@@ -67,7 +67,7 @@ pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: 
 
 /// Times single kernels at the teacher's shapes, to see where a forward pass spends its time.
 pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
-    use linearize_core::nn::{self, AttnShape};
+    use linearize_core::nn::{self, AttnShape, Gemm};
     let mut rng = Rng::new(1);
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
     let mut out = Vec::new();
@@ -91,7 +91,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     };
     for &(m, n, k) in &[(4096, 960, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] {
         let (x, w, y) = (gpu.upload_f32("x", &rand(m * k))?, gpu.upload_f32("w", &rand(n * k))?, gpu.scratch(m * n)?);
-        time(format!("linear {m}x{n}x{k}"), 2.0 * (m * n * k) as f64, &mut |rec| nn::linear(rec, &x, &w, &y, m, n, k, false))?;
+        time(format!("linear {m}x{n}x{k}"), 2.0 * (m * n * k) as f64, &mut |rec| nn::linear(rec, &x, &w, &y, Gemm { m, n, k }, false))?;
     }
     for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] {
         let s = AttnShape { batch: b, seq: t, pos0, n_q: 9, n_kv: 3, head_dim: 64, cap: (pos0 + t).max(512) };

@@ -13,7 +13,7 @@ use linearize_core::generate::{generate_traced, Sampling};
 use linearize_core::gpu::{Dtype, Gpu};
 use linearize_core::model::files::ModelFiles as CoreFiles;
 use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model, Tokenizer};
-use linearize_core::nn;
+use linearize_core::nn::{self, Gemm};
 use std::collections::HashMap;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -61,7 +61,7 @@ impl WebGpu {
         let wb = g.upload_f32("w", &w).map_err(js_err)?;
         let yb = g.scratch(m * n).map_err(js_err)?;
         let mut rec = g.recorder();
-        nn::linear(&mut rec, &xb, &wb, &yb, m, n, k, false).map_err(js_err)?;
+        nn::linear(&mut rec, &xb, &wb, &yb, Gemm { m, n, k }, false).map_err(js_err)?;
         rec.submit().map_err(js_err)?;
         g.read_f32(&yb, m * n).await.map_err(js_err)
     }

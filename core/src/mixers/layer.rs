@@ -8,7 +8,7 @@ use super::spec::{GateDef, GateInput, GatePlace, Layout};
 use super::{MixerKind, MixerOptions, MixerParams, MixerShape};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
-use crate::nn;
+use crate::nn::{self, Gemm};
 use std::collections::BTreeMap;
 
 pub struct MixerLayer {
@@ -41,11 +41,7 @@ pub struct LayerTrace {
     pub token_stats: Option<GpuBuf>,
 }
 
-/// Rotary tables [positions, head_dim / 2].
-pub struct Rope<'a> {
-    pub cos: &'a GpuBuf,
-    pub sin: &'a GpuBuf,
-}
+pub use crate::nn::Rope;
 
 /// q, k and v at one step of the input path.
 pub struct Qkv {
@@ -340,14 +336,14 @@ impl MixerLayer {
         let (low, pre) = match g.input {
             GateInput::Linear(w) => {
                 let pre = gpu.scratch(rows * cols)?;
-                nn::linear(rec, x, self.p(w)?, &pre, rows, cols, d, false)?;
+                nn::linear(rec, x, self.p(w)?, &pre, Gemm { m: rows, n: cols, k: d }, false)?;
                 (None, Some(pre))
             }
             GateInput::LowRank { down, up } => {
                 let rank = self.p(down)?.len / d;
                 let (low, pre) = (gpu.scratch(rows * rank)?, gpu.scratch(rows * cols)?);
-                nn::linear(rec, x, self.p(down)?, &low, rows, rank, d, false)?;
-                nn::linear(rec, &low, self.p(up)?, &pre, rows, cols, rank, false)?;
+                nn::linear(rec, x, self.p(down)?, &low, Gemm { m: rows, n: rank, k: d }, false)?;
+                nn::linear(rec, &low, self.p(up)?, &pre, Gemm { m: rows, n: cols, k: rank }, false)?;
                 (Some(low), Some(pre))
             }
             GateInput::Fixed => (None, None),
@@ -381,9 +377,9 @@ impl MixerLayer {
 
         // Input path: projections, conv, L2 norm, feature map, rotary, step.
         let lin = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };
-        nn::linear(rec, x, self.p("q_proj")?, &lin.q, rows, hk, d, false)?;
-        nn::linear(rec, x, self.p("k_proj")?, &lin.k, rows, hk, d, false)?;
-        nn::linear(rec, x, self.p("v_proj")?, &lin.v, rows, hv, d, false)?;
+        nn::linear(rec, x, self.p("q_proj")?, &lin.q, Gemm { m: rows, n: hk, k: d }, false)?;
+        nn::linear(rec, x, self.p("k_proj")?, &lin.k, Gemm { m: rows, n: hk, k: d }, false)?;
+        nn::linear(rec, x, self.p("v_proj")?, &lin.v, Gemm { m: rows, n: hv, k: d }, false)?;
         let conv = match (&state.conv, l.conv) {
             (Some(st), true) => {
                 let c = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };
@@ -422,8 +418,8 @@ impl MixerLayer {
             // φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's vector: rows·h rows of d_k.
             let phi = |rec: &mut Recorder, t: &GpuBuf| -> Result<FeatureActs> {
                 let f = FeatureActs { a: keep(rows * hk)?, b: keep(rows * hk)?, phi: keep(rows * hk)? };
-                nn::linear(rec, t, self.p(fm.w1)?, &f.a, rows * h, dk, dk, false)?;
-                nn::linear(rec, t, self.p(fm.w2)?, &f.b, rows * h, dk, dk, false)?;
+                nn::linear(rec, t, self.p(fm.w1)?, &f.a, Gemm { m: rows * h, n: dk, k: dk }, false)?;
+                nn::linear(rec, t, self.p(fm.w2)?, &f.b, Gemm { m: rows * h, n: dk, k: dk }, false)?;
                 ops::gate(rec, &GateArgs::new(GateFn::Hadamard, &f.a, rows * h, dk).x2(&f.b).bias(self.p(fm.b1)?).param(self.p(fm.b2)?), &f.phi)?;
                 Ok(f)
             };
@@ -431,8 +427,9 @@ impl MixerLayer {
         }
         if l.rotary {
             // In place: what was rotated is not needed again (gradients are rotated back).
-            ops::rope_inplace(rec, a.q(), rope.cos, rope.sin, batch, seq, state.pos, h, dk)?;
-            ops::rope_inplace(rec, a.k(), rope.cos, rope.sin, batch, seq, state.pos, h, dk)?;
+            let at = ops::Positions { batch, seq, pos0: state.pos };
+            ops::rope_inplace(rec, a.q(), rope, at, h, dk)?;
+            ops::rope_inplace(rec, a.k(), rope, at, h, dk)?;
         }
         if let Some(g) = &l.key_step {
             let step = self.gate_forward(rec, x, g, rows)?;
@@ -468,7 +465,7 @@ impl MixerLayer {
             ops::state_norm(rec, &state.rec.s, &norm, batch, h, dk, dv)?;
             let stats = gpu.scratch(rows * h * 2)?;
             let k = a.k();
-            ops::token_stats(rec, r.gate.code(), r.delta, gate_value(&a.decay).unwrap_or(k), gate_value(&a.beta).unwrap_or(k), k, &stats, rows, h, dk)?;
+            ops::token_stats(rec, r, dims, &Gates { g: gate_value(&a.decay), beta: gate_value(&a.beta), igate: None }, k, &stats)?;
             trace.state_norm = Some(norm);
             trace.token_stats = Some(stats);
         }
@@ -482,7 +479,7 @@ impl MixerLayer {
         }
         if let Some(g) = &out_def.gate {
             let lin = keep(rows * hv)?;
-            nn::linear(rec, x, self.p(g.proj)?, &lin, rows, hv, d, false)?;
+            nn::linear(rec, x, self.p(g.proj)?, &lin, Gemm { m: rows, n: hv, k: d }, false)?;
             let biased = match g.bias {
                 Some(b) => {
                     let y = keep(rows * hv)?;
@@ -517,7 +514,7 @@ impl MixerLayer {
             ops::head_norm(rec, &args, &y)?;
             a.normed = Some(y);
         }
-        nn::linear(rec, a.final_o(), self.p("o_proj")?, out, rows, d, hv, accumulate)?;
+        nn::linear(rec, a.final_o(), self.p("o_proj")?, out, Gemm { m: rows, n: d, k: hv }, accumulate)?;
         Ok(a)
     }
 
@@ -541,8 +538,8 @@ impl MixerLayer {
                 let low = acts.low.as_ref().expect("a low-rank gate keeps its bottleneck");
                 let rank = low.len / rows;
                 let d_low = rec.temp(rows * rank)?;
-                nn::linear_backward_input(rec, &d_pre, self.p(up)?, &d_low, rows, cols, rank, false)?;
-                nn::linear_backward_weight(rec, &d_pre, low, grads.get(up)?, rows, cols, rank, true)?;
+                nn::linear_backward_input(rec, &d_pre, self.p(up)?, &d_low, Gemm { m: rows, n: cols, k: rank }, false)?;
+                nn::linear_backward_weight(rec, &d_pre, low, grads.get(up)?, Gemm { m: rows, n: cols, k: rank }, true)?;
                 dx.add(rec, self, &d_low, down, rank, grads)
             }
             GateInput::Fixed => Ok(()),
@@ -561,8 +558,8 @@ impl MixerLayer {
 
         // o_proj, then the output path in reverse: norm, gate, skip.
         let d_final = rec.temp(rows * hv)?;
-        nn::linear_backward_input(rec, b.d_out, self.p("o_proj")?, &d_final, rows, d, hv, false)?;
-        nn::linear_backward_weight(rec, b.d_out, a.final_o(), grads.get("o_proj")?, rows, d, hv, true)?;
+        nn::linear_backward_input(rec, b.d_out, self.p("o_proj")?, &d_final, Gemm { m: rows, n: d, k: hv }, false)?;
+        nn::linear_backward_weight(rec, b.d_out, a.final_o(), grads.get("o_proj")?, Gemm { m: rows, n: d, k: hv }, true)?;
         let out_def = &l.output;
         let mut d_gate_value: Option<GpuBuf> = None;
         let d_norm_in = match &out_def.norm {
@@ -656,8 +653,9 @@ impl MixerLayer {
             self.gate_backward(rec, &mut sink, def, step, &d_step, grads)?;
         }
         if l.rotary {
-            ops::rope_inplace(rec, dq.get(), b.rope_back.cos, b.rope_back.sin, batch, seq, 0, h, dk)?;
-            ops::rope_inplace(rec, dk_.get(), b.rope_back.cos, b.rope_back.sin, batch, seq, 0, h, dk)?;
+            let at = ops::Positions { batch, seq, pos0: 0 };
+            ops::rope_inplace(rec, dq.get(), b.rope_back, at, h, dk)?;
+            ops::rope_inplace(rec, dk_.get(), b.rope_back, at, h, dk)?;
         }
         if let (Some(fm), Some(features)) = (&l.feature_map, &a.features) {
             // Each φ read the step before it: the L2-normed, conv or projected q and k.
@@ -666,10 +664,10 @@ impl MixerLayer {
                 let (d_fa, d_fb, d_in) = (rec.temp(rows * hk)?, rec.temp(rows * hk)?, rec.temp(rows * hk)?);
                 let args = GateArgs::new(GateFn::Hadamard, &f.a, rows * h, dk).x2(&f.b).bias(self.p(fm.b1)?).param(self.p(fm.b2)?);
                 ops::gate_backward(rec, &args, d_t.get(), GateGrads { dx: &d_fa, dx2: Some(&d_fb), d_bias: Some(grads.get(fm.b1)?), d_param: Some(grads.get(fm.b2)?) })?;
-                nn::linear_backward_input(rec, &d_fa, self.p(fm.w1)?, &d_in, rows * h, dk, dk, false)?;
-                nn::linear_backward_weight(rec, &d_fa, input, grads.get(fm.w1)?, rows * h, dk, dk, true)?;
-                nn::linear_backward_input(rec, &d_fb, self.p(fm.w2)?, &d_in, rows * h, dk, dk, true)?;
-                nn::linear_backward_weight(rec, &d_fb, input, grads.get(fm.w2)?, rows * h, dk, dk, true)?;
+                nn::linear_backward_input(rec, &d_fa, self.p(fm.w1)?, &d_in, Gemm { m: rows * h, n: dk, k: dk }, false)?;
+                nn::linear_backward_weight(rec, &d_fa, input, grads.get(fm.w1)?, Gemm { m: rows * h, n: dk, k: dk }, true)?;
+                nn::linear_backward_input(rec, &d_fb, self.p(fm.w2)?, &d_in, Gemm { m: rows * h, n: dk, k: dk }, true)?;
+                nn::linear_backward_weight(rec, &d_fb, input, grads.get(fm.w2)?, Gemm { m: rows * h, n: dk, k: dk }, true)?;
                 d_t.replace(rec, d_in);
             }
         }
@@ -724,8 +722,8 @@ struct DxSink<'a> {
 impl DxSink<'_> {
     /// For y = x Wᵀ with W = `w` [n, hidden]: dx (+)= dy W and dW += dyᵀ x.
     fn add(&mut self, rec: &mut Recorder, layer: &MixerLayer, dy: &GpuBuf, w: &str, n: usize, grads: &LayerGrads) -> Result<()> {
-        nn::linear_backward_input(rec, dy, layer.p(w)?, self.dx, self.rows, n, self.hidden, self.written)?;
-        nn::linear_backward_weight(rec, dy, self.x, grads.get(w)?, self.rows, n, self.hidden, true)?;
+        nn::linear_backward_input(rec, dy, layer.p(w)?, self.dx, Gemm { m: self.rows, n, k: self.hidden }, self.written)?;
+        nn::linear_backward_weight(rec, dy, self.x, grads.get(w)?, Gemm { m: self.rows, n, k: self.hidden }, true)?;
         self.written = true;
         Ok(())
     }

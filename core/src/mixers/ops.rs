@@ -1,7 +1,9 @@
 //! Launchers for the mixers' input and output paths (shaders/mixers/common/{conv, headnorm,
 //! gates}.wgsl and nn/rope.wgsl's in-place rotation); f64 twins in crate::reference::mixer_ops.
 use crate::error::{Error, Result};
+use super::recurrence::{Dims, Gates, Recurrence};
 use crate::gpu::{need, GpuBuf, Kernel, Recorder};
+pub use crate::nn::Rope;
 
 
 /// The depthwise causal conv (kernel 4) of x [B, T, C] with taps `w` [C, 4], SiLU after when
@@ -403,9 +405,17 @@ pub fn gate_backward(rec: &mut Recorder, a: &GateArgs, dy: &GpuBuf, g: GateGrads
     Ok(())
 }
 
+/// `batch` sequences of `seq` tokens at positions pos0, pos0 + 1, …
+#[derive(Clone, Copy, Debug)]
+pub struct Positions {
+    pub batch: usize,
+    pub seq: usize,
+    pub pos0: usize,
+}
+
 /// Rotary embedding in place on x [batch·seq, heads, head_dim] at positions pos0 + t.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_inplace(rec: &mut Recorder, x: &GpuBuf, cos: &GpuBuf, sin: &GpuBuf, batch: usize, seq: usize, pos0: usize, heads: usize, head_dim: usize) -> Result<()> {
+pub fn rope_inplace(rec: &mut Recorder, x: &GpuBuf, rope: &Rope, at: Positions, heads: usize, head_dim: usize) -> Result<()> {
+    let (Rope { cos, sin }, Positions { batch, seq, pos0 }) = (*rope, at);
     need("rope x", x, batch * seq * heads * head_dim)?;
     need("rope cos", cos, (pos0 + seq) * head_dim / 2)?;
     need("rope sin", sin, (pos0 + seq) * head_dim / 2)?;
@@ -422,10 +432,13 @@ pub fn state_norm(rec: &mut Recorder, s: &GpuBuf, out: &GpuBuf, batch: usize, he
     rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "state_norm"), &params, &[(1, s), (5, out)], [heads as u32, batch as u32, 1])
 }
 
-/// Per token and head: mean decay exp(g) and β‖k‖², into out [rows, heads, 2]. `gate`: 0 none,
-/// 1 scalar g [rows, heads], 2 per channel g [rows, heads, dk]; `delta` uses beta and k.
-#[allow(clippy::too_many_arguments)]
-pub fn token_stats(rec: &mut Recorder, gate: u32, delta: bool, g: &GpuBuf, beta: &GpuBuf, k: &GpuBuf, out: &GpuBuf, rows: usize, heads: usize, dk: usize) -> Result<()> {
+/// Per token and head of a recurrence call: mean decay exp(g) and β‖k‖², into out
+/// [rows, heads, 2] (g and β from `gates` as the variant has them).
+pub fn token_stats(rec: &mut Recorder, r: Recurrence, d: Dims, gates: &Gates, k: &GpuBuf, out: &GpuBuf) -> Result<()> {
+    let (gate, delta) = (r.gate.code(), r.delta);
+    let (rows, heads, dk) = (d.batch * d.seq, d.heads, d.dk);
+    let g = gates.g.unwrap_or(k);
+    let beta = gates.beta.unwrap_or(k);
     need("token stats out", out, rows * heads * 2)?;
     if gate > 0 {
         need("token stats g", g, rows * heads * if gate == 2 { dk } else { 1 })?;

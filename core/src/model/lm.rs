@@ -239,7 +239,7 @@ impl LanguageModel {
         let qkv = rec.temp(rows * (qd + 2 * kvd))?;
         let (q, att) = (rec.temp(rows * qd)?, rec.temp(rows * qd)?);
         nn::project(rec, xn, wqkv, &qkv, rows, false)?;
-        nn::rope_qkv_to_cache(rec, shape, &qkv, &self.rope_cos, &self.rope_sin, &q, k_cache, v_cache)?;
+        nn::rope_qkv_to_cache(rec, shape, &qkv, &Rope { cos: &self.rope_cos, sin: &self.rope_sin }, &q, k_cache, v_cache)?;
         nn::attention(rec, shape, &q, k_cache, v_cache, &att)?;
         nn::project(rec, &att, wo, out, rows, accumulate)
     }

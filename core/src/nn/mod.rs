@@ -28,14 +28,20 @@ pub enum LinearKernel {
     TiledVec4,
 }
 
-/// y[m, n] = x[m, k] · w[n, k]ᵀ, or y += that with `accumulate` (residual adds).
-#[allow(clippy::too_many_arguments)]
-pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
-    linear_with(rec, LinearKernel::Auto, x, w, y, m, n, k, accumulate)
+/// The shape of a product y[m, n] = x[m, k] · w[n, k]ᵀ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gemm {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn linear_with(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+/// y[m, n] = x[m, k] · w[n, k]ᵀ, or y += that with `accumulate` (residual adds).
+pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, g: Gemm, accumulate: bool) -> Result<()> {
+    linear_with(rec, LinearKernel::Auto, x, w, y, g, accumulate)
+}
+
+pub fn linear_with(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
     linear_block(rec, kernel, x, w, y, (m, n, k), (n, 0), accumulate)
 }
 
@@ -144,9 +150,17 @@ impl AttnShape {
     }
 }
 
+/// Rotary tables [positions, head_dim / 2]: cos and sin of pos · θ^(−2i/d) (sin negated to
+/// rotate back).
+#[derive(Clone, Copy)]
+pub struct Rope<'a> {
+    pub cos: &'a GpuBuf,
+    pub sin: &'a GpuBuf,
+}
+
 /// Rotary embedding of q and k from the fused qkv projection; k and v go into the cache.
-#[allow(clippy::too_many_arguments)]
-pub fn rope_qkv_to_cache(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, cos: &GpuBuf, sin: &GpuBuf, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf) -> Result<()> {
+pub fn rope_qkv_to_cache(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &Rope, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf) -> Result<()> {
+    let Rope { cos, sin } = *rope;
     s.check()?;
     let rows = s.batch * s.seq;
     let half = s.head_dim / 2;
@@ -227,8 +241,7 @@ pub fn transpose(rec: &mut Recorder, x: &GpuBuf, y: &GpuBuf, rows: usize, cols: 
 
 /// Backward of `linear` for the input: dx[m, k] (+)= Σ_n dy[m, n] · w[n, k], as the forward
 /// product of dy and wᵀ (the fast kernels need the reduction along rows of both operands).
-#[allow(clippy::too_many_arguments)]
-pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &GpuBuf, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
     need("linear backward dy", dy, m * n)?;
     need("linear backward w", w, n * k)?;
     need("linear backward dx", dx, m * k)?;
@@ -238,15 +251,14 @@ pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &G
     }
     let wt = rec.gpu().scratch(n * k)?;
     transpose(rec, w, &wt, n, k)?;
-    linear(rec, dy, &wt, dx, m, k, n, accumulate)?;
+    linear(rec, dy, &wt, dx, Gemm { m, n: k, k: n }, accumulate)?;
     rec.retire(wt);
     Ok(())
 }
 
 /// Backward of `linear` for the weight: dw[n, k] (+)= Σ_m dy[m, n] · x[m, k], as the forward
 /// product of dyᵀ and xᵀ.
-#[allow(clippy::too_many_arguments)]
-pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &GpuBuf, m: usize, n: usize, k: usize, accumulate: bool) -> Result<()> {
+pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &GpuBuf, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
     need("linear backward dy", dy, m * n)?;
     need("linear backward x", x, m * k)?;
     need("linear backward dw", dw, n * k)?;
@@ -257,7 +269,7 @@ pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &
     let (dyt, xt) = (gpu.scratch(n * m)?, gpu.scratch(k * m)?);
     transpose(rec, dy, &dyt, m, n)?;
     transpose(rec, x, &xt, m, k)?;
-    linear(rec, &dyt, &xt, dw, n, k, m, accumulate)?;
+    linear(rec, &dyt, &xt, dw, Gemm { m: n, n: k, k: m }, accumulate)?;
     rec.retire(dyt);
     rec.retire(xt);
     Ok(())
@@ -272,7 +284,7 @@ pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, c
     let t = gpu.scratch(rows * cols)?;
     transpose(rec, src, &t, rows, cols)?;
     // [1, rows] · [cols, rows]ᵀ
-    linear(rec, &ones, &t, dst, 1, cols, rows, accumulate)?;
+    linear(rec, &ones, &t, dst, Gemm { m: 1, n: cols, k: rows }, accumulate)?;
     rec.retire(ones);
     rec.retire(t);
     Ok(())
@@ -286,9 +298,21 @@ fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, 
     rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
 }
 
-/// Backward of `rmsnorm`: dx, and dw (+)= Σ_rows dy · x · r; `row_scale` is scratch [rows].
-#[allow(clippy::too_many_arguments)]
-pub fn rmsnorm_backward(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf, row_scale: &GpuBuf, rows: usize, cols: usize, eps: f32) -> Result<()> {
+/// What `rmsnorm` read: x [rows, cols] and its weight w [cols].
+#[derive(Clone, Copy)]
+pub struct RmsNormInput<'a> {
+    pub x: &'a GpuBuf,
+    pub w: &'a GpuBuf,
+    pub rows: usize,
+    pub cols: usize,
+    pub eps: f32,
+}
+
+/// Backward of `rmsnorm`: dx, and dw (+)= Σ_rows dy · x · r.
+pub fn rmsnorm_backward(rec: &mut Recorder, n: &RmsNormInput, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf) -> Result<()> {
+    let RmsNormInput { x, w, rows, cols, eps } = *n;
+    let row_scale = rec.temp(rows)?;
+    let row_scale = &row_scale;
     need("rmsnorm backward x", x, rows * cols)?;
     need("rmsnorm backward dy", dy, rows * cols)?;
     need("rmsnorm backward dx", dx, rows * cols)?;

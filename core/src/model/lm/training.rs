@@ -6,7 +6,7 @@ use super::{Block, LanguageModel, TokenMixer};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuBuf, Recorder};
 use crate::mixers::layer::{Activations, BackwardArgs, LayerGrads, MixerLayer, Rope};
-use crate::nn::{self, AttnShape};
+use crate::nn::{self, AttnShape, Gemm, RmsNormInput};
 use std::collections::BTreeMap;
 
 /// Gradients by parameter name (the names of `LanguageModel::parameters`); a parameter without
@@ -171,24 +171,24 @@ impl LanguageModel {
         // Frozen weights (no entry in `grads`) get no weight gradient.
         let weight_grad = |rec: &mut Recorder, name: String, dy: &GpuBuf, input: &GpuBuf, m: usize, n: usize, k: usize| -> Result<()> {
             match grads.get(&name) {
-                Some(g) => nn::linear_backward_weight(rec, dy, input, g, m, n, k, true),
+                Some(g) => nn::linear_backward_weight(rec, dy, input, g, Gemm { m, n, k }, true),
                 None => Ok(()),
             }
         };
         let norm_back = |rec: &mut Recorder, name: String, x: &GpuBuf, w: &GpuBuf, dy: &GpuBuf| -> Result<GpuBuf> {
-            let (dxn, scale) = (rec.temp(rows * d)?, rec.temp(rows)?);
+            let dxn = rec.temp(rows * d)?;
             // A frozen norm's weight gradient goes to a throwaway buffer.
             let throwaway = rec.temp(d)?;
-            nn::rmsnorm_backward(rec, x, w, dy, &dxn, grads.get(&name).unwrap_or(&throwaway), &scale, rows, d, eps)?;
+            nn::rmsnorm_backward(rec, &RmsNormInput { x, w, rows, cols: d, eps }, dy, &dxn, grads.get(&name).unwrap_or(&throwaway))?;
             Ok(dxn)
         };
 
         // MLP: x_out = x_mid + down(swiglu(gate_up(ffn_norm(x_mid)))).
         let (d_act, d_gate_up, d_xn2) = (rec.temp(rows * f)?, rec.temp(rows * 2 * f)?, rec.temp(rows * d)?);
-        nn::linear_backward_input(rec, d_out, w_down.whole()?, &d_act, rows, d, f, false)?;
+        nn::linear_backward_input(rec, d_out, w_down.whole()?, &d_act, Gemm { m: rows, n: d, k: f }, false)?;
         weight_grad(rec, format!("layers.{i}.w_down"), d_out, &a.act, rows, d, f)?;
         nn::swiglu_backward(rec, &a.gate_up, &d_act, &d_gate_up, rows, f)?;
-        nn::linear_backward_input(rec, &d_gate_up, w_gate_up.whole()?, &d_xn2, rows, 2 * f, d, false)?;
+        nn::linear_backward_input(rec, &d_gate_up, w_gate_up.whole()?, &d_xn2, Gemm { m: rows, n: 2 * f, k: d }, false)?;
         weight_grad(rec, format!("layers.{i}.w_gate_up"), &d_gate_up, &a.xn2, rows, 2 * f, d)?;
         let d_mid_norm = norm_back(rec, format!("layers.{i}.ffn_norm"), &a.x_mid, ffn_norm, &d_xn2)?;
         let d_mid = rec.temp(rows * d)?;
@@ -249,13 +249,14 @@ impl LanguageModel {
         let head = self.head.as_ref().unwrap_or(&self.embed).whole()?;
         let head_name = if self.head.is_some() { "head" } else { "embed" };
         let d_xnf = rec.temp(rows * d)?;
-        nn::linear_backward_input(rec, d_logits, head, &d_xnf, rows, vocab, d, false)?;
+        nn::linear_backward_input(rec, d_logits, head, &d_xnf, Gemm { m: rows, n: vocab, k: d }, false)?;
         if let Some(g) = grads.get(head_name) {
-            nn::linear_backward_weight(rec, d_logits, &a.xnf, g, rows, vocab, d, true)?;
+            nn::linear_backward_weight(rec, d_logits, &a.xnf, g, Gemm { m: rows, n: vocab, k: d }, true)?;
         }
         let x_last = a.blocks.last().map(|b| &b.x_out).unwrap_or(&a.x0);
-        let (mut d_x, scale, throwaway) = (rec.temp(rows * d)?, rec.temp(rows)?, rec.temp(d)?);
-        nn::rmsnorm_backward(rec, x_last, &self.final_norm, &d_xnf, &d_x, grads.get("final_norm").unwrap_or(&throwaway), &scale, rows, d, cfg.rms_norm_eps as f32)?;
+        let (mut d_x, throwaway) = (rec.temp(rows * d)?, rec.temp(d)?);
+        let input = RmsNormInput { x: x_last, w: &self.final_norm, rows, cols: d, eps: cfg.rms_norm_eps as f32 };
+        nn::rmsnorm_backward(rec, &input, &d_xnf, &d_x, grads.get("final_norm").unwrap_or(&throwaway))?;
         for i in (0..self.blocks.len()).rev() {
             let x = if i == 0 { &a.x0 } else { &a.blocks[i - 1].x_out };
             let d_in = rec.temp(rows * d)?;
