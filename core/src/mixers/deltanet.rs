@@ -2,7 +2,6 @@
 //! short conv + SiLU, q and k L2-normalised, and a per-head RMSNorm on the output:
 //!   S_t = S_{t−1} + k_t β_t (v_t − S_{t−1}ᵀ k_t)ᵀ.
 use super::ops::{GateFn, HeadNorm};
-use super::recurrence::Normalizer;
 use super::spec::*;
 use super::{MixerOptions, MixerShape};
 
@@ -25,14 +24,8 @@ fn layout(_: &MixerOptions) -> Layout {
     Layout {
         conv: true,
         qk_l2: true,
-        feature_map: None,
-        rotary: false,
-        key_step: None,
-        decay: None,
         beta: Some(GateDef::per_head("b_proj", GateFn::Sigmoid)),
-        input_gate: None,
-        normalizer: Normalizer::None,
-        scale_q: true,
-        output: OutputDef { skip: None, gate: None, norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }) },
+        output: OutputDef::norm(HeadNorm::Rms),
+        ..Layout::plain()
     }
 }

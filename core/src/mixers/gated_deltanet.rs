@@ -2,7 +2,6 @@
 //! g = −exp(A_log)·softplus(W_a x + dt_bias), and a SiLU output gate after the RMSNorm:
 //!   S_t = exp(g_t) S_{t−1} + k_t β_t (v_t − exp(g_t) S_{t−1}ᵀ k_t)ᵀ.
 use super::ops::{GateFn, HeadNorm, OutputGate};
-use super::recurrence::Normalizer;
 use super::spec::*;
 use super::{MixerOptions, MixerShape};
 use crate::util::Rng;
@@ -39,18 +38,9 @@ fn layout(_: &MixerOptions) -> Layout {
     Layout {
         conv: true,
         qk_l2: true,
-        feature_map: None,
-        rotary: false,
-        key_step: None,
         decay: Some(GateDef { input: GateInput::Linear("a_proj"), f: GateFn::NegExpSoftplus, param: Some("A_log"), bias: Some("dt_bias"), per_channel: false }),
         beta: Some(GateDef::per_head("b_proj", GateFn::Sigmoid)),
-        input_gate: None,
-        normalizer: Normalizer::None,
-        scale_q: true,
-        output: OutputDef {
-            skip: None,
-            gate: Some(OutputGateDef { proj: "g_proj", bias: None, place: GatePlace::AfterNorm(OutputGate::Silu) }),
-            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
-        },
+        output: OutputDef::gated_norm(HeadNorm::Rms, "g_proj", OutputGate::Silu),
+        ..Layout::plain()
     }
 }

@@ -2,7 +2,6 @@
 //! rank-16 projection, g = logσ(W2 W1 x + b)/16, and a SiLU output gate after the RMSNorm:
 //!   S_t = diag(exp g_t) S_{t−1} + k_t v_tᵀ.
 use super::ops::{GateFn, HeadNorm, OutputGate};
-use super::recurrence::Normalizer;
 use super::spec::*;
 use super::{MixerOptions, MixerShape};
 
@@ -31,20 +30,8 @@ fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
 
 fn layout(_: &MixerOptions) -> Layout {
     Layout {
-        conv: false,
-        qk_l2: false,
-        feature_map: None,
-        rotary: false,
-        key_step: None,
         decay: Some(GateDef { input: GateInput::LowRank { down: "gk_w1", up: "gk_w2" }, f: GateFn::LogSigmoidOver16, param: None, bias: Some("gk_b"), per_channel: true }),
-        beta: None,
-        input_gate: None,
-        normalizer: Normalizer::None,
-        scale_q: true,
-        output: OutputDef {
-            skip: None,
-            gate: Some(OutputGateDef { proj: "g_proj", bias: None, place: GatePlace::AfterNorm(OutputGate::Silu) }),
-            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
-        },
+        output: OutputDef::gated_norm(HeadNorm::Rms, "g_proj", OutputGate::Silu),
+        ..Layout::plain()
     }
 }

@@ -3,10 +3,8 @@
 //! output gate σ(W_g x + b) after the RMSNorm. `--kda-gate-mixup` reproduces the paper
 //! student's argument mix-up, RMSNorm(o + W_g x + b)·w.
 use super::ops::{GateFn, HeadNorm, OutputGate};
-use super::recurrence::Normalizer;
 use super::spec::*;
 use super::{MixerOptions, MixerShape};
-use crate::util::Rng;
 
 pub const DEF: MixerDef = MixerDef {
     name: "kda",
@@ -16,11 +14,6 @@ pub const DEF: MixerDef = MixerDef {
     constants: no_constants,
     layout,
 };
-
-/// A ~ U(1, 16), stored as ln A.
-fn a_log(rng: &mut Rng, n: usize) -> Vec<f32> {
-    uniform(rng, n, 1.0, 16.0).iter().map(|a| a.ln()).collect()
-}
 
 fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
     let (h, hk, hv) = (s.heads, s.heads * s.dk, s.heads * s.dv);
@@ -43,18 +36,9 @@ fn layout(o: &MixerOptions) -> Layout {
     Layout {
         conv: true,
         qk_l2: true,
-        feature_map: None,
-        rotary: false,
-        key_step: None,
         decay: Some(GateDef { input: GateInput::LowRank { down: "f_w1", up: "f_w2" }, f: GateFn::NegExpSoftplus, param: Some("A_log"), bias: Some("dt_bias"), per_channel: true }),
         beta: Some(GateDef::per_head("b_proj", GateFn::Sigmoid)),
-        input_gate: None,
-        normalizer: Normalizer::None,
-        scale_q: true,
-        output: OutputDef {
-            skip: None,
-            gate: Some(OutputGateDef { proj: "g_proj", bias: Some("g_bias"), place }),
-            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
-        },
+        output: OutputDef { gate: Some(OutputGateDef { proj: "g_proj", bias: Some("g_bias"), place }), ..OutputDef::norm(HeadNorm::Rms) },
+        ..Layout::plain()
     }
 }

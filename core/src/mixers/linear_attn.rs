@@ -30,16 +30,9 @@ fn parameters(s: MixerShape, o: &MixerOptions) -> Vec<ParamDef> {
 
 fn layout(o: &MixerOptions) -> Layout {
     Layout {
-        conv: false,
-        qk_l2: false,
         feature_map: Some(FeatureMap { w1: "fm_w1", b1: "fm_b1", w2: "fm_w2", b2: "fm_b2" }),
-        rotary: false,
-        key_step: None,
-        decay: None,
-        beta: None,
-        input_gate: None,
         normalizer: if o.la_denominator { Normalizer::Sum } else { Normalizer::None },
-        scale_q: true,
-        output: OutputDef { skip: None, gate: None, norm: o.la_output_norm.then_some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }) },
+        output: if o.la_output_norm { OutputDef::norm(HeadNorm::Rms) } else { OutputDef::none() },
+        ..Layout::plain()
     }
 }

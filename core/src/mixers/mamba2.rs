@@ -7,10 +7,8 @@
 //! RMSNormGated with one group (mamba_ssm's default, and the layout of the Mamba2 classes in
 //! transformers and fla, so an exported student loads there unchanged).
 use super::ops::{GateFn, HeadNorm};
-use super::recurrence::Normalizer;
 use super::spec::*;
 use super::{MixerOptions, MixerShape};
-use crate::util::Rng;
 
 pub const DEF: MixerDef = MixerDef {
     name: "mamba2",
@@ -20,11 +18,6 @@ pub const DEF: MixerDef = MixerDef {
     constants: no_constants,
     layout,
 };
-
-/// A ~ U(1, 16) (Mamba2's A_init_range), stored as ln A.
-fn a_log(rng: &mut Rng, n: usize) -> Vec<f32> {
-    uniform(rng, n, 1.0, 16.0).iter().map(|a| a.ln()).collect()
-}
 
 fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
     let (h, hv) = (s.heads, s.heads * s.dv);
@@ -45,19 +38,14 @@ fn layout(_: &MixerOptions) -> Layout {
     let step = |f, param| GateDef { input: GateInput::Linear("dt_proj"), f, param, bias: Some("dt_bias"), per_channel: false };
     Layout {
         conv: true,
-        qk_l2: false,
-        feature_map: None,
-        rotary: false,
         key_step: Some(step(GateFn::Softplus, None)),
         decay: Some(step(GateFn::NegExpSoftplus, Some("A_log"))),
-        beta: None,
-        input_gate: None,
-        normalizer: Normalizer::None,
         scale_q: false,
         output: OutputDef {
             skip: Some("D"),
             gate: Some(OutputGateDef { proj: "z_proj", bias: None, place: GatePlace::BeforeNorm }),
             norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: false }),
         },
+        ..Layout::plain()
     }
 }

@@ -37,20 +37,10 @@ fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
 fn layout(_: &MixerOptions) -> Layout {
     let capped = |proj, f, bias| GateDef { input: GateInput::Linear(proj), f, param: None, bias: Some(bias), per_channel: false };
     Layout {
-        conv: false,
-        qk_l2: false,
-        feature_map: None,
-        rotary: false,
-        key_step: None,
         decay: Some(capped("f_proj", GateFn::MlstmForget, "f_bias")),
-        beta: None,
         input_gate: Some(capped("i_proj", GateFn::MlstmInput, "i_bias")),
         normalizer: Normalizer::Mlstm,
-        scale_q: true,
-        output: OutputDef {
-            skip: None,
-            gate: Some(OutputGateDef { proj: "og_proj", bias: None, place: GatePlace::AfterNorm(OutputGate::Sigmoid) }),
-            norm: Some(NormDef { kind: HeadNorm::Layer, weight: "o_norm", per_head: true }),
-        },
+        output: OutputDef::gated_norm(HeadNorm::Layer, "og_proj", OutputGate::Sigmoid),
+        ..Layout::plain()
     }
 }

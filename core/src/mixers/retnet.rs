@@ -2,7 +2,6 @@
 //! positions on q and k, and a SiLU output gate after the per-head RMSNorm:
 //!   S_t = γ_h S_{t−1} + k_t v_tᵀ,  o = RMSNorm(S_tᵀ q_t/√d)·w ⊙ SiLU(W_g x).
 use super::ops::{GateFn, HeadNorm, OutputGate};
-use super::recurrence::Normalizer;
 use super::spec::*;
 use super::{MixerOptions, MixerShape};
 
@@ -26,20 +25,9 @@ fn constants(s: MixerShape) -> Vec<(&'static str, Vec<f32>)> {
 
 fn layout(_: &MixerOptions) -> Layout {
     Layout {
-        conv: false,
-        qk_l2: false,
-        feature_map: None,
         rotary: true,
-        key_step: None,
         decay: Some(GateDef { input: GateInput::Fixed, f: GateFn::Constant, param: Some("log_gamma"), bias: None, per_channel: false }),
-        beta: None,
-        input_gate: None,
-        normalizer: Normalizer::None,
-        scale_q: true,
-        output: OutputDef {
-            skip: None,
-            gate: Some(OutputGateDef { proj: "g_proj", bias: None, place: GatePlace::AfterNorm(OutputGate::Silu) }),
-            norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: true }),
-        },
+        output: OutputDef::gated_norm(HeadNorm::Rms, "g_proj", OutputGate::Silu),
+        ..Layout::plain()
     }
 }

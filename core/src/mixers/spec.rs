@@ -136,6 +136,23 @@ pub enum GatePlace {
     Added,
 }
 
+impl OutputDef {
+    /// o straight into o_proj.
+    pub fn none() -> Self {
+        OutputDef { skip: None, gate: None, norm: None }
+    }
+
+    /// A per-head norm with weight `o_norm`, no gate.
+    pub fn norm(kind: HeadNorm) -> Self {
+        OutputDef { skip: None, gate: None, norm: Some(NormDef { kind, weight: "o_norm", per_head: true }) }
+    }
+
+    /// fla's gated norm: Norm(o)·w ⊙ act(x W_projᵀ), per head, weight `o_norm`.
+    pub fn gated_norm(kind: HeadNorm, proj: &'static str, act: OutputGate) -> Self {
+        OutputDef { gate: Some(OutputGateDef { proj, bias: None, place: GatePlace::AfterNorm(act) }), ..Self::norm(kind) }
+    }
+}
+
 pub struct NormDef {
     pub kind: HeadNorm,
     pub weight: &'static str,
@@ -144,6 +161,24 @@ pub struct NormDef {
 }
 
 impl Layout {
+    /// The recurrence alone: no conv, no gates (A = I), q scaled by 1/√d_k, no output path;
+    /// a mixer's layout names what it adds to this.
+    pub fn plain() -> Self {
+        Layout {
+            conv: false,
+            qk_l2: false,
+            feature_map: None,
+            rotary: false,
+            key_step: None,
+            decay: None,
+            beta: None,
+            input_gate: None,
+            normalizer: Normalizer::None,
+            scale_q: true,
+            output: OutputDef::none(),
+        }
+    }
+
     /// The recurrence this layout runs.
     pub fn recurrence(&self) -> Recurrence {
         let gate = match &self.decay {
@@ -224,6 +259,11 @@ pub fn dt_bias(rng: &mut Rng, n: usize) -> Vec<f32> {
             (dt + (-(-dt).exp_m1()).ln()) as f32
         })
         .collect()
+}
+
+/// Mamba2's A ~ U(1, 16) (A_init_range), stored as ln A.
+pub fn a_log(rng: &mut Rng, n: usize) -> Vec<f32> {
+    uniform(rng, n, 1.0, 16.0).iter().map(|a| a.ln()).collect()
 }
 
 impl Init {
