@@ -21,6 +21,8 @@ pub struct MixerLayer {
     trainable: Vec<String>,
     /// Projection matrices (may be packed f16).
     matrices: Vec<String>,
+    /// Declared parameters without weight decay.
+    no_decay: Vec<String>,
 }
 
 /// What a mixer layer carries between calls; its size does not depend on the context length.
@@ -223,6 +225,7 @@ impl MixerLayer {
         let defs = kind.parameter_defs(shape, opts);
         let mut matrices: Vec<String> = ["q_proj", "k_proj", "v_proj", "o_proj"].map(String::from).to_vec();
         matrices.extend(defs.iter().filter(|d| d.matrix).map(|d| d.name.to_string()));
+        let no_decay = defs.iter().filter(|d| !d.decay).map(|d| d.name.to_string()).collect();
         let mut bufs = BTreeMap::new();
         for (name, t) in params {
             let held = match t.shape.as_slice() {
@@ -239,7 +242,7 @@ impl MixerLayer {
         for (name, values) in (kind.def().constants)(shape) {
             bufs.insert(name.to_string(), gpu.upload_f32(name, &values)?);
         }
-        Ok(MixerLayer { kind, opts: opts.clone(), shape, layout, params: bufs, trainable, matrices })
+        Ok(MixerLayer { kind, opts: opts.clone(), shape, layout, params: bufs, trainable, matrices, no_decay })
     }
 
     /// Device memory of the projection matrices.
@@ -263,7 +266,7 @@ impl MixerLayer {
     /// Whether AdamW's weight decay applies to a parameter: as declared, and to the copied
     /// q/k/v/o projections.
     pub fn decays(&self, name: &str) -> bool {
-        self.kind.parameter_defs(self.shape, &self.opts).iter().find(|d| d.name == name).is_none_or(|d| d.decay)
+        !self.no_decay.iter().any(|n| n == name)
     }
 
     /// Names of the trainable parameters (fixed constants such as RetNet's decays are not).
