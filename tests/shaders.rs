@@ -1,6 +1,7 @@
 //! Every shader parses and validates with naga, with no optional capability beyond core WGSL:
 //! what passes here needs nothing a WebGPU browser may lack.
-use linearize_core::shaders::ALL;
+use linearize_core::gpu::Scalar;
+use linearize_core::shaders::{ALL, PARAMS};
 
 #[test]
 fn every_shader_validates_without_native_features() {
@@ -13,6 +14,46 @@ fn every_shader_validates_without_native_features() {
         let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), core_wgsl);
         v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
         assert!(module.entry_points.iter().all(|e| e.stage == naga::ShaderStage::Compute), "{name}: compute only");
+    }
+}
+
+/// Each shader's `struct Params` as naga reads it: field names, scalar kinds and size in bytes.
+fn wgsl_params(name: &str, source: &str) -> Option<(Vec<(String, Scalar)>, usize)> {
+    let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+    let (_, ty) = module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params"))?;
+    let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("{name}: Params is not a struct") };
+    let fields = members
+        .iter()
+        .map(|m| {
+            let scalar = match module.types[m.ty].inner {
+                naga::TypeInner::Scalar(naga::Scalar { kind: naga::ScalarKind::Uint, width: 4 }) => Scalar::U32,
+                naga::TypeInner::Scalar(naga::Scalar { kind: naga::ScalarKind::Float, width: 4 }) => Scalar::F32,
+                ref other => panic!("{name}: Params.{} is {other:?}; parameter blocks hold u32 and f32", m.name.as_deref().unwrap_or("?")),
+            };
+            (m.name.clone().unwrap_or_default(), scalar)
+        })
+        .collect();
+    Some((fields, *span as usize))
+}
+
+/// Every shader's uniform `struct Params` has a Rust twin in linearize_core::shaders with the
+/// same fields in the same order, of the same kinds and size, and every twin names real shaders.
+#[test]
+fn every_params_struct_matches_its_shader() {
+    for (name, source) in ALL {
+        let Some((fields, span)) = wgsl_params(name, source) else { continue };
+        let twins: Vec<_> = PARAMS.iter().filter(|p| p.shaders.contains(name)).collect();
+        assert_eq!(twins.len(), 1, "{name}: struct Params needs exactly one Rust twin in linearize_core::shaders, found {}", twins.len());
+        let twin = twins[0];
+        let rust: Vec<(String, Scalar)> = twin.fields.iter().map(|(n, s)| (n.to_string(), *s)).collect();
+        assert_eq!(rust, fields, "{name}: {} differs from the shader's struct Params", twin.rust_name);
+        assert_eq!(twin.size, span, "{name}: {} is {} bytes, the shader's Params {span}", twin.rust_name, twin.size);
+    }
+    for p in PARAMS {
+        for shader in p.shaders {
+            let source = ALL.iter().find(|(n, _)| n == shader).unwrap_or_else(|| panic!("{} names {shader}, which is not a shader", p.rust_name)).1;
+            assert!(wgsl_params(shader, source).is_some(), "{} names {shader}, which has no struct Params", p.rust_name);
+        }
     }
 }
 

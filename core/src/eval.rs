@@ -246,6 +246,6 @@ pub fn target_logprob(rec: &mut Recorder, l: &LogitRows, row_of: &GpuBuf, target
     need("logprob rows", row_of, rows)?;
     need("logprob targets", targets, rows)?;
     need("logprob out", out, 2 * rows)?;
-    let params = [rows as u32, vocab as u32];
+    let params = crate::shaders::LogprobParams { rows: rows as u32, vocab: vocab as u32 };
     rec.dispatch(&Kernel::new("eval/logprob", "target_logprob"), &params, &[logits, row_of, targets, out], crate::nn::split_groups(rows))
 }

@@ -1,5 +1,7 @@
-//! The WGSL sources, embedded at build time so the same binary (or wasm module) carries them.
-//! One entry per file under shaders/.
+//! The WGSL sources, embedded at build time so the same binary (or wasm module) carries them
+//! (one entry per file under shaders/), and each file's uniform `struct Params` as a Rust type
+//! that launchers fill by name; tests/shaders.rs checks every one against its WGSL.
+use crate::gpu::{shader_params, ParamsLayout};
 
 pub const ALL: &[(&str, &str)] = &[
     ("nn/matmul", include_str!("../../shaders/nn/matmul.wgsl")),
@@ -27,3 +29,88 @@ pub const ALL: &[(&str, &str)] = &[
 pub fn source(name: &str) -> Option<&'static str> {
     ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
 }
+
+shader_params!(
+    /// nn/matmul and nn/matmul_vec4: y = x·wᵀ over [m, k]·[n, k]ᵀ.
+    MatmulParams for ["nn/matmul", "nn/matmul_vec4"] {
+        m: u32, n: u32, k: u32,
+        /// 1: y += x·wᵀ
+        accumulate: u32,
+        /// matmul_strided: x is read at m·sam + k·sak, w at n·sbn + k·sbk.
+        sam: u32, sak: u32, sbn: u32, sbk: u32,
+        /// y[row, col] is stored at row·ldy + y0 + col.
+        ldy: u32, y0: u32,
+    }
+);
+shader_params!(RmsNormParams for ["nn/rmsnorm"] { rows: u32, cols: u32, eps: f32 });
+shader_params!(
+    /// nn/embedding: `table_rows` rows of a table part that starts at row `row0`.
+    EmbeddingParams for ["nn/embedding"] { rows: u32, cols: u32, table_rows: u32, row0: u32 }
+);
+shader_params!(
+    /// nn/rope: `pos0` is the first query's absolute position, `cap` the cache's length.
+    RopeParams for ["nn/rope"] { batch: u32, seq: u32, pos0: u32, n_q: u32, n_kv: u32, head_dim: u32, cap: u32 }
+);
+shader_params!(
+    /// nn/attention: the rope fields, the score scale, and for the split decode the key ranges.
+    AttentionParams for ["nn/attention"] {
+        batch: u32, seq: u32, pos0: u32, n_q: u32, n_kv: u32, head_dim: u32, cap: u32, scale: f32,
+        splits: u32, keys_per_split: u32,
+    }
+);
+shader_params!(SwigluParams for ["nn/swiglu"] { rows: u32, ffn: u32 });
+shader_params!(TransposeParams for ["nn/transpose"] { rows: u32, cols: u32 });
+shader_params!(ElementwiseParams for ["nn/elementwise"] { n: u32 });
+shader_params!(LogprobParams for ["eval/logprob"] { rows: u32, vocab: u32 });
+shader_params!(
+    /// train/losses: `scale` multiplies the gradient; `accumulate` 1 adds the loss to `out`.
+    LossParams for ["train/losses"] { rows: u32, vocab: u32, scale: f32, accumulate: u32 }
+);
+shader_params!(
+    /// train/adamw: `correction1/2` are 1 − β1ᵗ and 1 − β2ᵗ; `grad_scale` multiplies the gradient
+    /// (the clip factor).
+    AdamWParams for ["train/adamw"] {
+        n: u32, lr: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, correction1: f32, correction2: f32, grad_scale: f32,
+    }
+);
+shader_params!(
+    /// The chunked recurrence and its backward: `chunks` chunks of the sequence per head.
+    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "mixers/common/recurrent_backward"] {
+        batch: u32, seq: u32, heads: u32, chunks: u32, scale: f32,
+    }
+);
+shader_params!(
+    RecurrentParams for ["mixers/common/recurrent"] { batch: u32, seq: u32, heads: u32, dk: u32, dv: u32, scale: f32 }
+);
+shader_params!(HeadNormParams for ["mixers/common/headnorm"] { rows: u32, heads: u32, dim: u32, eps: f32 });
+shader_params!(
+    /// mixers/common/gates: `per_head` columns per head index the per-head parameters.
+    GateParams for ["mixers/common/gates"] { rows: u32, cols: u32, per_head: u32 }
+);
+shader_params!(
+    /// mixers/common/readout: `gate` 0 none, 1 scalar, 2 per key channel; `delta` 1 for the
+    /// delta rules.
+    ReadoutParams for ["mixers/common/readout"] { batch: u32, heads: u32, dk: u32, dv: u32, rows: u32, gate: u32, delta: u32 }
+);
+shader_params!(ConvParams for ["mixers/common/conv"] { batch: u32, seq: u32, channels: u32 });
+
+/// Every parameter type above, for the test that checks them against the WGSL.
+pub const PARAMS: &[ParamsLayout] = &[
+    ParamsLayout::of::<MatmulParams>("MatmulParams"),
+    ParamsLayout::of::<RmsNormParams>("RmsNormParams"),
+    ParamsLayout::of::<EmbeddingParams>("EmbeddingParams"),
+    ParamsLayout::of::<RopeParams>("RopeParams"),
+    ParamsLayout::of::<AttentionParams>("AttentionParams"),
+    ParamsLayout::of::<SwigluParams>("SwigluParams"),
+    ParamsLayout::of::<TransposeParams>("TransposeParams"),
+    ParamsLayout::of::<ElementwiseParams>("ElementwiseParams"),
+    ParamsLayout::of::<LogprobParams>("LogprobParams"),
+    ParamsLayout::of::<LossParams>("LossParams"),
+    ParamsLayout::of::<AdamWParams>("AdamWParams"),
+    ParamsLayout::of::<ChunkParams>("ChunkParams"),
+    ParamsLayout::of::<RecurrentParams>("RecurrentParams"),
+    ParamsLayout::of::<HeadNormParams>("HeadNormParams"),
+    ParamsLayout::of::<GateParams>("GateParams"),
+    ParamsLayout::of::<ReadoutParams>("ReadoutParams"),
+    ParamsLayout::of::<ConvParams>("ConvParams"),
+];

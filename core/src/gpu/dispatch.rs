@@ -1,5 +1,5 @@
 //! Pipelines keyed by shader, entry point and specialisation constants; recording dispatches.
-use super::{Gpu, GpuBuf};
+use super::{Gpu, GpuBuf, ShaderParams};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -134,16 +134,24 @@ impl<'g> Recorder<'g> {
         Ok(handle)
     }
 
-    /// Dispatches `kernel`. Binding 0 is a uniform holding `params` (32-bit words: shapes as
-    /// u32, scalars as f32 bits); bindings 1.. are `buffers` in order.
-    pub fn dispatch(&mut self, kernel: &Kernel, params: &[u32], buffers: &[&GpuBuf], groups: [u32; 3]) -> Result<()> {
+    /// Dispatches `kernel`. Binding 0 is a uniform holding `params`, the Rust twin of the
+    /// shader's `struct Params`; bindings 1.. are `buffers` in order.
+    pub fn dispatch<P: ShaderParams>(&mut self, kernel: &Kernel, params: &P, buffers: &[&GpuBuf], groups: [u32; 3]) -> Result<()> {
         let numbered: Vec<(u32, &GpuBuf)> = buffers.iter().enumerate().map(|(i, b)| (i as u32 + 1, *b)).collect();
         self.dispatch_bindings(kernel, params, &numbered, groups)
     }
 
     /// As `dispatch`, with each buffer's binding number given: for entry points that use only
     /// some of their shader file's bindings.
-    pub fn dispatch_bindings(&mut self, kernel: &Kernel, params: &[u32], buffers: &[(u32, &GpuBuf)], groups: [u32; 3]) -> Result<()> {
+    pub fn dispatch_bindings<P: ShaderParams>(&mut self, kernel: &Kernel, params: &P, buffers: &[(u32, &GpuBuf)], groups: [u32; 3]) -> Result<()> {
+        if !P::SHADERS.contains(&kernel.shader) {
+            return Err(Error::Gpu(format!(
+                "{}::{} was given the parameters of {:?}",
+                kernel.shader,
+                kernel.entry,
+                P::SHADERS
+            )));
+        }
         let max = self.gpu.limits.max_compute_workgroups_per_dimension;
         if groups.iter().any(|&g| g > max) {
             return Err(Error::Gpu(format!(
@@ -170,8 +178,8 @@ impl<'g> Recorder<'g> {
         let align = self.gpu.limits.min_uniform_buffer_offset_alignment.max(16) as usize;
         let params_at = self.params.len().div_ceil(align) * align;
         self.params.resize(params_at, 0);
-        self.params.extend_from_slice(bytemuck::cast_slice(params));
-        let params_len = (params.len() * 4).div_ceil(16).max(1) * 16;
+        self.params.extend_from_slice(bytemuck::bytes_of(params));
+        let params_len = std::mem::size_of::<P>().div_ceil(16).max(1) * 16;
         self.params.resize(params_at + params_len, 0);
         self.dispatches.push(Dispatch {
             pipeline,

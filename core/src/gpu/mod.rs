@@ -3,7 +3,10 @@
 mod buffers;
 mod device;
 mod dispatch;
+mod params;
 
 pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf};
 pub use device::{AdapterReport, Gpu};
 pub use dispatch::{profile, Kernel, Recorder};
+pub(crate) use params::shader_params;
+pub use params::{ParamScalar, ParamsLayout, Scalar, ShaderParams};

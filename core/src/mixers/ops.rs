@@ -3,6 +3,7 @@
 use crate::error::{Error, Result};
 use super::recurrence::{Dims, Gates, Recurrence};
 use crate::gpu::{need, GpuBuf, Kernel, Recorder};
+use crate::shaders::{ConvParams, GateParams, HeadNormParams, ReadoutParams, RopeParams};
 pub use crate::nn::Rope;
 
 
@@ -21,8 +22,8 @@ impl ShortConv<'_> {
     fn kernel(&self, entry: &'static str) -> Kernel {
         Kernel::new("mixers/common/conv", entry).with("SILU", self.silu as u8 as f64)
     }
-    fn params(&self) -> [u32; 3] {
-        [self.batch as u32, self.seq as u32, self.channels as u32]
+    fn params(&self) -> ConvParams {
+        ConvParams { batch: self.batch as u32, seq: self.seq as u32, channels: self.channels as u32 }
     }
     fn values(&self) -> usize {
         self.batch * self.seq * self.channels
@@ -134,8 +135,8 @@ impl<'a> HeadNormArgs<'a> {
         Kernel::new("mixers/common/headnorm", entry).with("NORM", self.norm.code() as f64).with("GATE", gate.code() as f64)
     }
 
-    fn params(&self) -> [u32; 4] {
-        [self.rows as u32, self.heads as u32, self.dim as u32, self.eps.to_bits()]
+    fn params(&self) -> HeadNormParams {
+        HeadNormParams { rows: self.rows as u32, heads: self.heads as u32, dim: self.dim as u32, eps: self.eps }
     }
 
     fn groups(&self) -> [u32; 3] {
@@ -339,8 +340,8 @@ impl<'a> GateArgs<'a> {
         Ok([self.x, pick("x2", x2, self.x2)?, pick("param", param, self.param)?, pick("bias", if bias { Operand::Columns } else { Operand::None }, self.bias)?])
     }
 
-    fn params(&self) -> [u32; 3] {
-        [self.rows as u32, self.cols as u32, self.per_head as u32]
+    fn params(&self) -> GateParams {
+        GateParams { rows: self.rows as u32, cols: self.cols as u32, per_head: self.per_head as u32 }
     }
 }
 
@@ -419,8 +420,9 @@ pub fn rope_inplace(rec: &mut Recorder, x: &GpuBuf, rope: &Rope, at: Positions, 
     need("rope x", x, batch * seq * heads * head_dim)?;
     need("rope cos", cos, (pos0 + seq) * head_dim / 2)?;
     need("rope sin", sin, (pos0 + seq) * head_dim / 2)?;
-    let params = [batch, seq, pos0, heads, 0, head_dim, 0].map(|v| v as u32);
     let groups = [(heads * head_dim / 2).div_ceil(64) as u32, (batch * seq) as u32, 1];
+    let [batch, seq, pos0, n_q, head_dim] = [batch, seq, pos0, heads, head_dim].map(|v| v as u32);
+    let params = RopeParams { batch, seq, pos0, n_q, head_dim, ..Default::default() };
     rec.dispatch_bindings(&Kernel::new("nn/rope", "rope_inplace"), &params, &[(2, cos), (3, sin), (7, x)], groups)
 }
 
@@ -428,7 +430,7 @@ pub fn rope_inplace(rec: &mut Recorder, x: &GpuBuf, rope: &Rope, at: Positions, 
 pub fn state_norm(rec: &mut Recorder, s: &GpuBuf, out: &GpuBuf, batch: usize, heads: usize, dk: usize, dv: usize) -> Result<()> {
     need("state norm S", s, batch * heads * dk * dv)?;
     need("state norm out", out, batch * heads)?;
-    let params = [batch, heads, dk, dv, 0, 0, 0].map(|v| v as u32);
+    let params = ReadoutParams { batch: batch as u32, heads: heads as u32, dk: dk as u32, dv: dv as u32, ..Default::default() };
     rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "state_norm"), &params, &[(1, s), (5, out)], [heads as u32, batch as u32, 1])
 }
 
@@ -447,7 +449,7 @@ pub fn token_stats(rec: &mut Recorder, r: Recurrence, d: Dims, gates: &Gates, k:
         need("token stats beta", beta, rows * heads)?;
         need("token stats k", k, rows * heads * dk)?;
     }
-    let params = [0, heads, dk, 0, rows, gate as usize, delta as usize].map(|v| v as u32);
+    let params = ReadoutParams { heads: heads as u32, dk: dk as u32, rows: rows as u32, gate, delta: delta as u32, ..Default::default() };
     let groups = [(rows * heads).div_ceil(64) as u32, 1, 1];
     rec.dispatch_bindings(&Kernel::new("mixers/common/readout", "token_stats"), &params, &[(2, g), (3, beta), (4, k), (5, out)], groups)
 }

@@ -3,6 +3,7 @@
 //! for decode, chunked for prefill, and the backward from a zero state for training.
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
+use crate::shaders::{ChunkParams, RecurrentParams};
 
 /// How the state decays each token (gates live in log space: α = exp(g), g ≤ 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,7 +187,7 @@ pub fn recurrent(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: 
     }
     let dummy = rec.temp(1)?;
     let (g, beta, igate) = checked_inputs(a, state.dims, out, &dummy)?;
-    let params = [d.batch as u32, d.seq as u32, d.heads as u32, d.dk as u32, d.dv as u32, scale.to_bits()];
+    let params = RecurrentParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, dk: d.dk as u32, dv: d.dv as u32, scale };
     // mLSTM's ĩ takes β's binding (no mLSTM has a delta rule): eight storage buffers.
     let beta_or_igate = if r.normalizer == Normalizer::Mlstm { igate } else { beta };
     let bufs = [(1, q), (2, k), (3, v), (4, g), (5, beta_or_igate), (7, &state.s), (8, &state.nm), (10, out)];
@@ -230,7 +231,7 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     let gate = r.gate.code() as f64;
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
     let kernel = |entry| Kernel::new(shader, entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64).with("NORM", norm);
-    let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
+    let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
@@ -296,7 +297,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Resul
         .with("GATE", r.gate.code() as f64)
         .with("DELTA", r.delta as u8 as f64)
         .with("NORM", r.normalizer.code() as f64);
-    let params = [d.batch as u32, d.seq as u32, d.heads as u32, chunks as u32, scale.to_bits()];
+    let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let bufs = [q, k, v, g, beta, igate, d_out, &saved, &steps, &grads.q, &grads.k, &grads.v, &grads.g, &grads.beta, &grads.igate];
     rec.dispatch(&kernel, &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
     Ok(grads)

@@ -2,6 +2,7 @@
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Recorder};
+use crate::shaders::{AttentionParams, ElementwiseParams, EmbeddingParams, MatmulParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
 pub use weight::{embed, matrix_dtype, project, Weight};
@@ -42,13 +43,20 @@ pub fn linear(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, g: Gemm, a
 }
 
 pub fn linear_with(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
-    linear_block(rec, kernel, x, w, y, (m, n, k), (n, 0), accumulate)
+    linear_block(rec, kernel, x, w, Columns { y, ldy: n, y0: 0 }, Gemm { m, n, k }, accumulate)
+}
+
+/// Columns y0 .. y0 + n of y, whose rows hold `ldy` values.
+#[derive(Clone, Copy)]
+pub(crate) struct Columns<'a> {
+    pub y: &'a GpuBuf,
+    pub ldy: usize,
+    pub y0: usize,
 }
 
 /// `linear` into columns y0 .. y0 + n of a y with rows of `ldy` values: one part of a weight
 /// split by rows (weight.rs). `w` may hold f32 or packed f16 values.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, (m, n, k): (usize, usize, usize), (ldy, y0): (usize, usize), accumulate: bool) -> Result<()> {
+pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
     need("linear x", x, m * k)?;
     need_values("linear w", w, n * k)?;
     need("linear y", y, (m.max(1) - 1) * ldy + y0 + n)?;
@@ -71,7 +79,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
         return Err(Error::argument("linear", format!("{kernel:?} reads f32 weights; packed f16 weights take MatvecCoalesced or TiledVec4")));
     }
     // The strides are matmul_strided's; the other kernels read rows contiguously.
-    let params = [m as u32, n as u32, k as u32, accumulate as u32, 0, 0, 0, 0, ldy as u32, y0 as u32];
+    let params = MatmulParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, ..Default::default() };
     let (shader, entry, groups) = match kernel {
         // One thread per column: x spans 32768 columns (512 workgroups of 64) per row of the grid.
         LinearKernel::Matvec => ("nn/matmul", "matvec", [n.min(32768).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1]),
@@ -92,7 +100,7 @@ pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usi
     need("rmsnorm x", x, rows * cols)?;
     need("rmsnorm w", w, cols)?;
     need("rmsnorm y", y, rows * cols)?;
-    let params = [rows as u32, cols as u32, eps.to_bits()];
+    let params = RmsNormParams { rows: rows as u32, cols: cols as u32, eps };
     rec.dispatch(&Kernel::new("nn/rmsnorm", "rmsnorm"), &params, &[&x, &w, &y], split_groups(rows))
 }
 
@@ -103,7 +111,6 @@ pub fn gather_rows(rec: &mut Recorder, ids: &GpuBuf, table: &GpuBuf, out: &GpuBu
 
 /// `gather_rows` from one part of a table split by rows (weight.rs): `part` holds rows
 /// row0 .. row0 + part_rows, as f32 or packed f16; ids outside them are left to other parts.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn gather_part(rec: &mut Recorder, ids: &GpuBuf, part: &GpuBuf, out: &GpuBuf, rows: usize, cols: usize, (row0, part_rows): (usize, usize)) -> Result<()> {
     need("gather ids", ids, rows)?;
     need_values("gather table", part, part_rows * cols)?;
@@ -113,7 +120,7 @@ pub(crate) fn gather_part(rec: &mut Recorder, ids: &GpuBuf, part: &GpuBuf, out: 
         Dtype::F16 if cols % 2 == 0 => ("gather_rows_f16", 9),
         Dtype::F16 => return Err(Error::argument("gather", format!("packed f16 rows need an even width, got {cols}"))),
     };
-    let params = [rows as u32, cols as u32, part_rows as u32, row0 as u32];
+    let params = EmbeddingParams { rows: rows as u32, cols: cols as u32, table_rows: part_rows as u32, row0: row0 as u32 };
     let groups = [cols.div_ceil(64) as u32, rows as u32, 1];
     rec.dispatch_bindings(&Kernel::new("nn/embedding", entry), &params, &[(1, ids), (binding, part), (3, out)], groups)
 }
@@ -133,8 +140,9 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
-    fn params(&self) -> [u32; 7] {
-        [self.batch, self.seq, self.pos0, self.n_q, self.n_kv, self.head_dim, self.cap].map(|v| v as u32)
+    fn params(&self) -> RopeParams {
+        let [batch, seq, pos0, n_q, n_kv, head_dim, cap] = [self.batch, self.seq, self.pos0, self.n_q, self.n_kv, self.head_dim, self.cap].map(|v| v as u32);
+        RopeParams { batch, seq, pos0, n_q, n_kv, head_dim, cap }
     }
     fn check(&self) -> Result<()> {
         if self.pos0 + self.seq > self.cap {
@@ -199,15 +207,14 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     let n_keys = s.pos0 + s.seq;
     let split = s.seq <= ATTENTION_DECODE_MAX_SEQ && n_keys > ATTENTION_SPLIT_MIN_KEYS;
     let splits = if split { n_keys.div_ceil(ATTENTION_KEYS_PER_SPLIT) } else { 1 };
-    let mut params = s.params().to_vec();
-    params.push((1.0 / (s.head_dim as f32).sqrt()).to_bits());
-    params.extend([splits as u32, ATTENTION_KEYS_PER_SPLIT as u32]);
+    let RopeParams { batch, seq, pos0, n_q, n_kv, head_dim, cap } = s.params();
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    let params = AttentionParams { batch, seq, pos0, n_q, n_kv, head_dim, cap, scale, splits: splits as u32, keys_per_split: ATTENTION_KEYS_PER_SPLIT as u32 };
     let bufs = [q, k_cache, v_cache, out];
     if split {
         // Long context, few queries: the keys are split over workgroups, then merged.
         let parts = rows * s.n_q * splits;
-        let gpu = rec.gpu();
-        let (ml, po) = (gpu.scratch(parts * 2)?, gpu.scratch(parts * s.head_dim)?);
+        let (ml, po) = (rec.temp(parts * 2)?, rec.temp(parts * s.head_dim)?);
         let groups = [(s.seq * splits) as u32, s.n_q as u32, s.batch as u32];
         rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &params, &[(1, q), (2, k_cache), (3, v_cache), (5, &ml), (6, &po)], groups)?;
         let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
@@ -227,7 +234,7 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
     need("swiglu gate_up", gate_up, rows * 2 * ffn)?;
     need("swiglu out", out, rows * ffn)?;
     let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &[rows as u32, ffn as u32], &[&gate_up, &out], groups)
+    rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &SwigluParams { rows: rows as u32, ffn: ffn as u32 }, &[&gate_up, &out], groups)
 }
 
 // ---- backward ----
@@ -236,7 +243,7 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
 pub fn transpose(rec: &mut Recorder, x: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize) -> Result<()> {
     need("transpose x", x, rows * cols)?;
     need("transpose y", y, rows * cols)?;
-    rec.dispatch(&Kernel::new("nn/transpose", "transpose"), &[rows as u32, cols as u32], &[x, y], [cols.div_ceil(16) as u32, rows.div_ceil(16) as u32, 1])
+    rec.dispatch(&Kernel::new("nn/transpose", "transpose"), &TransposeParams { rows: rows as u32, cols: cols as u32 }, &[x, y], [cols.div_ceil(16) as u32, rows.div_ceil(16) as u32, 1])
 }
 
 /// Backward of `linear` for the input: dx[m, k] (+)= Σ_n dy[m, n] · w[n, k], as the forward
@@ -249,11 +256,9 @@ pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &G
         // Narrow reductions (β, gate ranks): the strided kernel reads w in place.
         return strided(rec, dy, w, dx, (m, k, n), [n, 1, 1, k], accumulate);
     }
-    let wt = rec.gpu().scratch(n * k)?;
+    let wt = rec.temp(n * k)?;
     transpose(rec, w, &wt, n, k)?;
-    linear(rec, dy, &wt, dx, Gemm { m, n: k, k: n }, accumulate)?;
-    rec.retire(wt);
-    Ok(())
+    linear(rec, dy, &wt, dx, Gemm { m, n: k, k: n }, accumulate)
 }
 
 /// Backward of `linear` for the weight: dw[n, k] (+)= Σ_m dy[m, n] · x[m, k], as the forward
@@ -265,35 +270,29 @@ pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &
     if m % 4 != 0 {
         return strided(rec, dy, x, dw, (n, k, m), [1, n, 1, k], accumulate);
     }
-    let gpu = rec.gpu();
-    let (dyt, xt) = (gpu.scratch(n * m)?, gpu.scratch(k * m)?);
+    let (dyt, xt) = (rec.temp(n * m)?, rec.temp(k * m)?);
     transpose(rec, dy, &dyt, m, n)?;
     transpose(rec, x, &xt, m, k)?;
-    linear(rec, &dyt, &xt, dw, Gemm { m: n, n: k, k: m }, accumulate)?;
-    rec.retire(dyt);
-    rec.retire(xt);
-    Ok(())
+    linear(rec, &dyt, &xt, dw, Gemm { m: n, n: k, k: m }, accumulate)
 }
 
 /// dst[c] (+)= Σ_r src[r, c] over `rows` rows: the per-column parameter gradients.
 pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols: usize, accumulate: bool) -> Result<()> {
     need("column sum src", src, rows * cols)?;
     need("column sum dst", dst, cols)?;
-    let gpu = rec.gpu();
-    let ones = gpu.upload_f32("ones", &vec![1.0; rows])?;
-    let t = gpu.scratch(rows * cols)?;
+    let ones = rec.gpu().upload_f32("ones", &vec![1.0; rows])?;
+    let t = rec.temp(rows * cols)?;
     transpose(rec, src, &t, rows, cols)?;
     // [1, rows] · [cols, rows]ᵀ
     linear(rec, &ones, &t, dst, Gemm { m: 1, n: cols, k: rows }, accumulate)?;
     rec.retire(ones);
-    rec.retire(t);
     Ok(())
 }
 
 /// y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for out shape (rows, cols, reduce).
 fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
     let [sam, sak, sbn, sbk] = strides.map(|v| v as u32);
-    let params = [rows as u32, cols as u32, red as u32, accumulate as u32, sam, sak, sbn, sbk, cols as u32, 0];
+    let params = MatmulParams { m: rows as u32, n: cols as u32, k: red as u32, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: cols as u32, y0: 0 };
     let groups = [cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1];
     rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
 }
@@ -319,7 +318,7 @@ pub fn rmsnorm_backward(rec: &mut Recorder, n: &RmsNormInput, dy: &GpuBuf, dx: &
     need("rmsnorm backward w", w, cols)?;
     need("rmsnorm backward dw", dw, cols)?;
     need("rmsnorm backward row scale", row_scale, rows)?;
-    let params = [rows as u32, cols as u32, eps.to_bits()];
+    let params = RmsNormParams { rows: rows as u32, cols: cols as u32, eps };
     rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_backward_x"), &params, &[(1, x), (2, w), (4, dy), (5, dx)], split_groups(rows))?;
     rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_row_scale"), &params, &[(1, x), (7, row_scale)], split_groups(rows))?;
     rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_backward_w"), &params, &[(1, x), (4, dy), (6, dw), (7, row_scale)], [cols.div_ceil(64) as u32, 1, 1])
@@ -331,7 +330,7 @@ pub fn swiglu_backward(rec: &mut Recorder, gate_up: &GpuBuf, d_out: &GpuBuf, d_g
     need("swiglu backward d_out", d_out, rows * ffn)?;
     need("swiglu backward d_gate_up", d_gate_up, rows * 2 * ffn)?;
     let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch_bindings(&Kernel::new("nn/swiglu", "swiglu_backward"), &[rows as u32, ffn as u32], &[(1, gate_up), (3, d_out), (4, d_gate_up)], groups)
+    rec.dispatch_bindings(&Kernel::new("nn/swiglu", "swiglu_backward"), &SwigluParams { rows: rows as u32, ffn: ffn as u32 }, &[(1, gate_up), (3, d_out), (4, d_gate_up)], groups)
 }
 
 /// Backward of `gather_rows` (the embedding): table_grad[ids[r], :] += d_out[r, :]. The rows
@@ -355,7 +354,7 @@ pub fn gather_rows_backward(rec: &mut Recorder, ids: &[u32], d_out: &GpuBuf, tab
     starts.push(order.len() as u32);
     let gpu = rec.gpu();
     let (ob, sb, ub) = (gpu.upload_u32("order", &order)?, gpu.upload_u32("starts", &starts)?, gpu.upload_u32("uniq", &uniq)?);
-    let params = [uniq.len() as u32, cols as u32, table_rows as u32, 0];
+    let params = EmbeddingParams { rows: uniq.len() as u32, cols: cols as u32, table_rows: table_rows as u32, row0: 0 };
     let groups = [cols.div_ceil(64) as u32, uniq.len().div_ceil(65535) as u32, uniq.len().min(65535) as u32];
     rec.dispatch_bindings(&Kernel::new("nn/embedding", "gather_rows_backward"), &params, &[(4, &ob), (5, &sb), (6, &ub), (7, d_out), (8, table_grad)], groups)
 }
@@ -368,7 +367,7 @@ fn elementwise_groups(n: usize) -> [u32; 3] {
 /// y [n] = 0.
 pub fn zero(rec: &mut Recorder, y: &GpuBuf, n: usize) -> Result<()> {
     need("zero", y, n)?;
-    rec.dispatch_bindings(&Kernel::new("nn/elementwise", "zero"), &[n as u32], &[(3, y)], elementwise_groups(n))
+    rec.dispatch_bindings(&Kernel::new("nn/elementwise", "zero"), &ElementwiseParams { n: n as u32 }, &[(3, y)], elementwise_groups(n))
 }
 
 /// y [n] = a + b (y may not alias a or b).
@@ -376,5 +375,5 @@ pub fn add(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, n: usize) -> 
     for (what, buf) in [("a", a), ("b", b), ("y", y)] {
         need(&format!("add {what}"), buf, n)?;
     }
-    rec.dispatch(&Kernel::new("nn/elementwise", "add"), &[n as u32], &[a, b, y], elementwise_groups(n))
+    rec.dispatch(&Kernel::new("nn/elementwise", "add"), &ElementwiseParams { n: n as u32 }, &[a, b, y], elementwise_groups(n))
 }

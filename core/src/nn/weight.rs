@@ -4,7 +4,7 @@
 //! WebGPU and lavapipe bind by default. The two ops that read such a matrix sit beside it:
 //! `project` (y = x·Wᵀ, each part filling its block of columns) and `embed` (row lookup, each
 //! part serving the ids in its rows).
-use super::{gather_part, linear_block, LinearKernel};
+use super::{gather_part, linear_block, Columns, Gemm, LinearKernel};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
 
@@ -91,7 +91,7 @@ impl Weight {
 /// y[m, rows] (+)= x[m, cols] · Wᵀ.
 pub fn project(rec: &mut Recorder, x: &GpuBuf, w: &Weight, y: &GpuBuf, m: usize, accumulate: bool) -> Result<()> {
     for (i, (row0, part)) in w.parts.iter().enumerate() {
-        linear_block(rec, LinearKernel::Auto, x, part, y, (m, w.rows_of(i), w.cols), (w.rows, *row0), accumulate)?;
+        linear_block(rec, LinearKernel::Auto, x, part, Columns { y, ldy: w.rows, y0: *row0 }, Gemm { m, n: w.rows_of(i), k: w.cols }, accumulate)?;
     }
     Ok(())
 }

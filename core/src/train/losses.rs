@@ -4,6 +4,7 @@
 //! twins in crate::reference::train.
 use crate::error::Result;
 use crate::gpu::{need, GpuBuf, Kernel, Recorder};
+use crate::shaders::LossParams;
 
 /// Where a loss goes: the per-row loss [rows], and its gradient times `scale` into `grad` (added
 /// to it with `accumulate`).
@@ -15,10 +16,10 @@ pub struct LossOut<'a> {
 }
 
 impl LossOut<'_> {
-    fn check(&self, what: &str, rows: usize, width: usize) -> Result<[u32; 4]> {
+    fn check(&self, what: &str, rows: usize, width: usize) -> Result<LossParams> {
         need(&format!("{what} loss"), self.loss, rows)?;
         need(&format!("{what} grad"), self.grad, rows * width)?;
-        Ok([rows as u32, width as u32, self.scale.to_bits(), self.accumulate as u32])
+        Ok(LossParams { rows: rows as u32, vocab: width as u32, scale: self.scale, accumulate: self.accumulate as u32 })
     }
 }
 

@@ -3,6 +3,7 @@
 //! (shaders/train/adamw.wgsl; f64 twins in crate::reference::train).
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
+use crate::shaders::AdamWParams;
 use crate::model::lm::training::{Grads, Param};
 use std::collections::BTreeMap;
 
@@ -46,17 +47,17 @@ pub fn adamw_step(rec: &mut Recorder, h: &AdamW, a: &AdamWStep) -> Result<()> {
     let c1 = 1.0 - (h.beta1 as f64).powi(step as i32);
     let c2 = 1.0 - (h.beta2 as f64).powi(step as i32);
     let wd = if decay { h.weight_decay } else { 0.0 };
-    let params = [
-        n as u32,
-        h.lr.to_bits(),
-        h.beta1.to_bits(),
-        h.beta2.to_bits(),
-        h.eps.to_bits(),
-        wd.to_bits(),
-        (c1 as f32).to_bits(),
-        (c2 as f32).to_bits(),
-        grad_scale.to_bits(),
-    ];
+    let params = AdamWParams {
+        n: n as u32,
+        lr: h.lr,
+        beta1: h.beta1,
+        beta2: h.beta2,
+        eps: h.eps,
+        decay: wd,
+        correction1: c1 as f32,
+        correction2: c2 as f32,
+        grad_scale,
+    };
     let per_y = 65535 * 64;
     let groups = [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1];
     rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v)], groups)
@@ -68,7 +69,7 @@ pub fn sum_squares(rec: &mut Recorder, grad: &GpuBuf, partial: &GpuBuf, n: usize
     need("sum squares grad", grad, n)?;
     let groups = n.div_ceil(64 * 64);
     need("sum squares partial", partial, groups)?;
-    let params = [n as u32, 0, 0, 0, 0, 0, 0, 0, 0];
+    let params = AdamWParams { n: n as u32, ..Default::default() };
     rec.dispatch_bindings(&Kernel::new("train/adamw", "sum_squares"), &params, &[(2, grad), (5, partial)], [groups as u32, 1, 1])?;
     Ok(groups)
 }
