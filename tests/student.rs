@@ -4,7 +4,8 @@
 use linearize_core::generate::{generate, generate_traced, Sampling};
 use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
 use linearize_core::model::student::{expand_kv_heads, from_teacher, save_dir};
-use linearize_core::model::{Diagnostics, LanguageModel, Model};
+use linearize_core::eval::Diagnostics;
+use linearize_core::model::{LanguageModel, Model};
 use linearize_core::reference::teacher as reference;
 use linearize_tests::{mixer, assert_close, gpu, prefill_then_decode, teacher, tempdir};
 
@@ -297,7 +298,7 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
 
 #[test]
 fn effective_rank_of_known_matrices() {
-    use linearize_core::model::lm::effective_rank;
+    use linearize_core::eval::effective_rank;
     // Rank one: u vᵀ.
     let (k, v) = (64, 64);
     let rank_one: Vec<f32> = (0..k * v).map(|i| ((i / v) as f32 * 0.1 + 1.0) * ((i % v) as f32 - 20.0)).collect();

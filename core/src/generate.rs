@@ -3,7 +3,8 @@
 //! Greedy by default; temperature and nucleus (top-p) sampling on request.
 use crate::error::{Error, Result};
 use crate::gpu::Gpu;
-use crate::model::lm::{Diagnostics, LanguageModel, Logits};
+use crate::eval::Diagnostics;
+use crate::model::lm::{LanguageModel, Logits};
 
 #[derive(Clone, Debug)]
 pub struct Sampling {

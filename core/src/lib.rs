@@ -5,7 +5,6 @@
 //! Data flows tokens → `model::LanguageModel::forward` (embedding → blocks → head) → logits, each op
 //! a WGSL kernel launched from `nn` and mirrored in f64 by `reference`.
 pub mod error;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod eval;
 pub mod generate;
 pub mod gpu;

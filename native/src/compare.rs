@@ -9,7 +9,8 @@ use crate::niah::{progress, Grid, GridArgs};
 use anyhow::{anyhow, bail, Result};
 use linearize_core::eval::TaskResult;
 use linearize_core::gpu::Gpu;
-use linearize_core::model::{Diagnostics, LanguageModel, Model};
+use linearize_core::eval::Diagnostics;
+use linearize_core::model::{LanguageModel, Model};
 use linearize_core::train::distill::METRICS_FILE;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -145,7 +146,7 @@ pub fn read_distillation(dir: &Path) -> Result<Option<Distillation>> {
 fn reduce(diag: &Diagnostics, tokens: usize, every: usize) -> Saturation {
     let first = diag.layers.first();
     let position = first.map(|l| l.position.clone()).unwrap_or_default();
-    let per_read = |pick: &dyn Fn(&linearize_core::model::LayerDiagnostics, usize) -> f64| -> Vec<f64> {
+    let per_read = |pick: &dyn Fn(&linearize_core::eval::LayerDiagnostics, usize) -> f64| -> Vec<f64> {
         (0..position.len()).map(|i| diag.layers.iter().map(|l| pick(l, i)).sum::<f64>() / diag.layers.len().max(1) as f64).collect()
     };
     let state_norm = per_read(&|l, i| crate::saturation::mean(&l.state_norm[i]));

@@ -168,7 +168,7 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         }
         let lm = crate::upload(&gpu, &model, a.weights)?;
         let rows = (tokens.len() - 1) / seq;
-        let (ppl, n) = linearize_core::train::distill::heldout_perplexity(&gpu, &lm, &tokens, seq, 1, rows)?;
+        let (ppl, n) = linearize_core::eval::heldout_perplexity(&gpu, &lm, &tokens, seq, 1, rows)?;
         if a.json {
             println!("{}", json!({ "file": file, "perplexity": ppl, "tokens": n }));
         } else {

@@ -316,7 +316,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     if diagnostics.is_some() && model.mixers.is_none() {
         bail!("--diagnostics: {spec} is a teacher; state diagnostics are for students");
     }
-    let mut trace = linearize_core::model::Diagnostics::default();
+    let mut trace = linearize_core::eval::Diagnostics::default();
     let want_trace = diagnostics.is_some().then_some(&mut trace);
     let ids = pollster::block_on(linearize_core::generate::generate_traced(&gpu, &lm, &prompt_ids, &sampling, |id, _| {
         if json {

@@ -6,7 +6,8 @@
 use anyhow::{bail, Result};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::load::linearize_home;
-use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model};
+use linearize_core::eval::Diagnostics;
+use linearize_core::model::{LanguageModel, Logits, Model};
 use linearize_core::train::data::Corpus;
 use std::path::PathBuf;
 

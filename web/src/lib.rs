@@ -12,7 +12,8 @@
 use linearize_core::generate::{generate_traced, Sampling};
 use linearize_core::gpu::{Dtype, Gpu};
 use linearize_core::model::files::ModelFiles as CoreFiles;
-use linearize_core::model::{Diagnostics, LanguageModel, Logits, Model, Tokenizer};
+use linearize_core::eval::Diagnostics;
+use linearize_core::model::{LanguageModel, Logits, Model, Tokenizer};
 use linearize_core::nn::{self, Gemm};
 use std::collections::HashMap;
 use std::rc::Rc;

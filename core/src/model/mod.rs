@@ -13,7 +13,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::LlamaConfig;
-pub use lm::{Cache, Diagnostics, LanguageModel, LayerDiagnostics, Logits};
+pub use lm::{Cache, LanguageModel, Logits};
 pub use tokenizer::Tokenizer;
 pub use load::Model;
 pub use weights::{LayerWeights, ModelWeights, StudentMixers};

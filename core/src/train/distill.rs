@@ -20,7 +20,7 @@ use crate::mixers::layer::{BackwardArgs, LayerGrads};
 use crate::mixers::{MixerKind, MixerOptions};
 use crate::model::lm::training::{Grads, ModelActs, Scope};
 use crate::model::student::{from_teacher, save_dir_sharded};
-use crate::model::{Cache, LanguageModel, Logits, ModelWeights, StudentMixers, Tokenizer};
+use crate::model::{LanguageModel, ModelWeights, StudentMixers, Tokenizer};
 use crate::util::write_atomic;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -445,7 +445,7 @@ impl<'g> Distiller<'g> {
         let seq = self.config.seq;
         let n_rows = (self.config.heldout_tokens / seq).max(1).min((self.corpus.heldout.len() - 1) / seq);
         let batch = self.config.batch.min(n_rows).max(1);
-        heldout_perplexity(self.gpu, model, &self.corpus.heldout, seq, batch, n_rows)
+        crate::eval::heldout_perplexity(self.gpu, model, &self.corpus.heldout, seq, batch, n_rows)
     }
 
     fn emit(&mut self, report: &mut dyn FnMut(&Event), e: Event) -> Result<()> {
@@ -514,35 +514,4 @@ impl<'g> Distiller<'g> {
         }
         save_dir_sharded(&self.out, &self.student_weights, &self.student_mixers, &self.tokenizer, Some(self.config.shard_mb.max(1) * 1_000_000))
     }
-}
-
-/// Perplexity of `model` on `rows` sequences of `seq` + 1 tokens of `tokens` (next-token cross
-/// entropy, averaged over tokens), `batch` sequences at a time.
-pub fn heldout_perplexity(gpu: &Gpu, model: &LanguageModel, tokens: &[u32], seq: usize, batch: usize, rows: usize) -> Result<(f64, usize)> {
-    let vocab = model.config.vocab_size;
-    let (mut sum, mut count) = (0.0f64, 0usize);
-    let mut cursor = 0u64;
-    let mut left = rows;
-    while left > 0 {
-        let b = batch.min(left);
-        let (block, next) = next_rows(tokens, cursor, b, seq + 1);
-        cursor = next;
-        left -= b;
-        let inputs: Vec<u32> = block.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
-        let targets: Vec<u32> = block.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
-        let mut cache: Cache = model.new_cache(gpu, b, seq)?;
-        let logits = model.forward(gpu, &mut cache, &inputs, Logits::All)?;
-        let n = b * seq;
-        let (t, loss, grad) = (gpu.upload_u32("targets", &targets)?, gpu.scratch(n)?, gpu.scratch(n * vocab)?);
-        let mut rec = gpu.recorder();
-        cross_entropy(&mut rec, &logits, &t, n, vocab, &LossOut { loss: &loss, grad: &grad, scale: 0.0, accumulate: false })?;
-        rec.submit()?;
-        sum += gpu.read_f32_blocking(&loss, n)?.iter().map(|&v| v as f64).sum::<f64>();
-        count += n;
-        drop(cache);
-        for x in [logits, t, loss, grad] {
-            gpu.release(x);
-        }
-    }
-    Ok(((sum / count as f64).exp(), count))
 }

@@ -1,0 +1,14 @@
+//! Evaluation: zero-shot tasks scored as lm-evaluation-harness scores them (`tasks`), held-out
+//! perplexity (`perplexity`), and the state diagnostics a student records while it runs
+//! (`diagnostics`, also in the browser).
+pub mod diagnostics;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod perplexity;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod tasks;
+
+pub use diagnostics::{effective_rank, Diagnostics, LayerDiagnostics};
+#[cfg(not(target_arch = "wasm32"))]
+pub use perplexity::heldout_perplexity;
+#[cfg(not(target_arch = "wasm32"))]
+pub use tasks::*;
