@@ -225,8 +225,9 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     let b_cum = rec.temp(rows * d.dk)?;
     let u = rec.temp(rows * d.dv)?;
     let w = rec.temp(rows * d.dk)?;
-    // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding).
-    let h = rec.temp(d.batch * d.heads * chunks * (d.dk * d.dv + d.dk + 4))?;
+    // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding); then the
+    // final n and m per (batch, head), which chunk_carry writes to the carried state.
+    let h = rec.temp(d.batch * d.heads * (chunks * (d.dk * d.dv + d.dk + 4) + d.dk + 4))?;
     let norm = r.normalizer.code() as f64;
     let gate = r.gate.code() as f64;
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
@@ -236,7 +237,10 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
     let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
-    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [1, d.heads as u32, d.batch as u32])?;
+    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
+    if r.normalizer != Normalizer::None {
+        rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
+    }
     let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate)];
     rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)
 }

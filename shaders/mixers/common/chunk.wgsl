@@ -181,304 +181,153 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
 }
 
 // ---- chunk_state ----
+//
+// Workgroup (value block, head, batch) owns the D×BV slice of one state's columns and advances
+// it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
+//   u   = Uc − W S_0                         (delta rules; [C, D]·[D, BV])
+//   S_C = exp(b_C) ⊙ S_0 + K̃ᵀ u              (K̃_s = k_s ⊙ exp(b_C − b_s); [D, C]·[C, BV])
+// so the sequential depth is the number of chunks, not of tokens. Thread (i, c) holds rows
+// i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
+// block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
+// after every workgroup has read the initial m (no workgroup may overwrite what another reads).
 
-@compute @workgroup_size(64)
-fn chunk_state(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+const BV: u32 = 16u;
+const BV4: u32 = 4u;
+var<workgroup> s_sh: array<vec4<f32>, 256>; // S_0[i, block columns] as vec4
+var<workgroup> u_sh: array<vec4<f32>, 256>; // u[t, block columns] as vec4
+
+// The scalar cumulative gate of token row `row` for key channel i (0 without a gate).
+fn gate_at(row: u32, i: u32) -> f32 {
+    if (GATE == 0u) {
+        return 0.0;
+    }
+    return b_row[row * D4 + i / 4u][i % 4u];
+}
+
+@compute @workgroup_size(256)
+fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let vb = wid.x;
     let h = wid.y;
     let b = wid.z;
     let bh = b * p.heads + h;
     let sb = bh * D * D;
-    var s0 = vec4<f32>(state_s[sb + 0u * D + j], state_s[sb + 1u * D + j], state_s[sb + 2u * D + j], state_s[sb + 3u * D + j]);
-    var s1 = vec4<f32>(state_s[sb + 4u * D + j], state_s[sb + 5u * D + j], state_s[sb + 6u * D + j], state_s[sb + 7u * D + j]);
-    var s2 = vec4<f32>(state_s[sb + 8u * D + j], state_s[sb + 9u * D + j], state_s[sb + 10u * D + j], state_s[sb + 11u * D + j]);
-    var s3 = vec4<f32>(state_s[sb + 12u * D + j], state_s[sb + 13u * D + j], state_s[sb + 14u * D + j], state_s[sb + 15u * D + j]);
-    var s4 = vec4<f32>(state_s[sb + 16u * D + j], state_s[sb + 17u * D + j], state_s[sb + 18u * D + j], state_s[sb + 19u * D + j]);
-    var s5 = vec4<f32>(state_s[sb + 20u * D + j], state_s[sb + 21u * D + j], state_s[sb + 22u * D + j], state_s[sb + 23u * D + j]);
-    var s6 = vec4<f32>(state_s[sb + 24u * D + j], state_s[sb + 25u * D + j], state_s[sb + 26u * D + j], state_s[sb + 27u * D + j]);
-    var s7 = vec4<f32>(state_s[sb + 28u * D + j], state_s[sb + 29u * D + j], state_s[sb + 30u * D + j], state_s[sb + 31u * D + j]);
-    var s8 = vec4<f32>(state_s[sb + 32u * D + j], state_s[sb + 33u * D + j], state_s[sb + 34u * D + j], state_s[sb + 35u * D + j]);
-    var s9 = vec4<f32>(state_s[sb + 36u * D + j], state_s[sb + 37u * D + j], state_s[sb + 38u * D + j], state_s[sb + 39u * D + j]);
-    var s10 = vec4<f32>(state_s[sb + 40u * D + j], state_s[sb + 41u * D + j], state_s[sb + 42u * D + j], state_s[sb + 43u * D + j]);
-    var s11 = vec4<f32>(state_s[sb + 44u * D + j], state_s[sb + 45u * D + j], state_s[sb + 46u * D + j], state_s[sb + 47u * D + j]);
-    var s12 = vec4<f32>(state_s[sb + 48u * D + j], state_s[sb + 49u * D + j], state_s[sb + 50u * D + j], state_s[sb + 51u * D + j]);
-    var s13 = vec4<f32>(state_s[sb + 52u * D + j], state_s[sb + 53u * D + j], state_s[sb + 54u * D + j], state_s[sb + 55u * D + j]);
-    var s14 = vec4<f32>(state_s[sb + 56u * D + j], state_s[sb + 57u * D + j], state_s[sb + 58u * D + j], state_s[sb + 59u * D + j]);
-    var s15 = vec4<f32>(state_s[sb + 60u * D + j], state_s[sb + 61u * D + j], state_s[sb + 62u * D + j], state_s[sb + 63u * D + j]);
-    // Thread j also owns entry j of the normaliser n; m is the same in every thread.
-    var n_j = 0.0;
-    var m0 = 0.0;
-    if (NORM != 0u) {
-        n_j = state_nm[bh * NB * (D + 4u) + j];
+    let cv = tid % BV4;
+    let col = vb * BV + cv * 4u;
+    let i0 = tid / BV4;
+    let own_n = vb == 0u && cv == 0u;
+    var s0 = vec4<f32>(state_s[sb + (i0 + 0u) * D + col], state_s[sb + (i0 + 0u) * D + col + 1u], state_s[sb + (i0 + 0u) * D + col + 2u], state_s[sb + (i0 + 0u) * D + col + 3u]);
+    var n0 = 0.0;
+    if (NORM != 0u && own_n) {
+        n0 = state_nm[bh * NB * (D + 4u) + i0 + 0u];
     }
+    var m0 = 0.0;
     if (NORM == 2u) {
         m0 = state_nm[bh * NB * (D + 4u) + D];
     }
-    // Thread 0 writes m back at the end: every thread must have read it first (without this,
-    // implementations that run the workgroup's subgroups one after another read the new m).
+        s_sh[(i0 + 0u) * BV4 + cv] = s0;
     workgroupBarrier();
     for (var n = 0u; n < p.chunks; n++) {
         let hb = (bh * p.chunks + n) * R;
-        h_out[hb + 0u * D + j] = s0.x;
-        h_out[hb + 1u * D + j] = s0.y;
-        h_out[hb + 2u * D + j] = s0.z;
-        h_out[hb + 3u * D + j] = s0.w;
-        h_out[hb + 4u * D + j] = s1.x;
-        h_out[hb + 5u * D + j] = s1.y;
-        h_out[hb + 6u * D + j] = s1.z;
-        h_out[hb + 7u * D + j] = s1.w;
-        h_out[hb + 8u * D + j] = s2.x;
-        h_out[hb + 9u * D + j] = s2.y;
-        h_out[hb + 10u * D + j] = s2.z;
-        h_out[hb + 11u * D + j] = s2.w;
-        h_out[hb + 12u * D + j] = s3.x;
-        h_out[hb + 13u * D + j] = s3.y;
-        h_out[hb + 14u * D + j] = s3.z;
-        h_out[hb + 15u * D + j] = s3.w;
-        h_out[hb + 16u * D + j] = s4.x;
-        h_out[hb + 17u * D + j] = s4.y;
-        h_out[hb + 18u * D + j] = s4.z;
-        h_out[hb + 19u * D + j] = s4.w;
-        h_out[hb + 20u * D + j] = s5.x;
-        h_out[hb + 21u * D + j] = s5.y;
-        h_out[hb + 22u * D + j] = s5.z;
-        h_out[hb + 23u * D + j] = s5.w;
-        h_out[hb + 24u * D + j] = s6.x;
-        h_out[hb + 25u * D + j] = s6.y;
-        h_out[hb + 26u * D + j] = s6.z;
-        h_out[hb + 27u * D + j] = s6.w;
-        h_out[hb + 28u * D + j] = s7.x;
-        h_out[hb + 29u * D + j] = s7.y;
-        h_out[hb + 30u * D + j] = s7.z;
-        h_out[hb + 31u * D + j] = s7.w;
-        h_out[hb + 32u * D + j] = s8.x;
-        h_out[hb + 33u * D + j] = s8.y;
-        h_out[hb + 34u * D + j] = s8.z;
-        h_out[hb + 35u * D + j] = s8.w;
-        h_out[hb + 36u * D + j] = s9.x;
-        h_out[hb + 37u * D + j] = s9.y;
-        h_out[hb + 38u * D + j] = s9.z;
-        h_out[hb + 39u * D + j] = s9.w;
-        h_out[hb + 40u * D + j] = s10.x;
-        h_out[hb + 41u * D + j] = s10.y;
-        h_out[hb + 42u * D + j] = s10.z;
-        h_out[hb + 43u * D + j] = s10.w;
-        h_out[hb + 44u * D + j] = s11.x;
-        h_out[hb + 45u * D + j] = s11.y;
-        h_out[hb + 46u * D + j] = s11.z;
-        h_out[hb + 47u * D + j] = s11.w;
-        h_out[hb + 48u * D + j] = s12.x;
-        h_out[hb + 49u * D + j] = s12.y;
-        h_out[hb + 50u * D + j] = s12.z;
-        h_out[hb + 51u * D + j] = s12.w;
-        h_out[hb + 52u * D + j] = s13.x;
-        h_out[hb + 53u * D + j] = s13.y;
-        h_out[hb + 54u * D + j] = s13.z;
-        h_out[hb + 55u * D + j] = s13.w;
-        h_out[hb + 56u * D + j] = s14.x;
-        h_out[hb + 57u * D + j] = s14.y;
-        h_out[hb + 58u * D + j] = s14.z;
-        h_out[hb + 59u * D + j] = s14.w;
-        h_out[hb + 60u * D + j] = s15.x;
-        h_out[hb + 61u * D + j] = s15.y;
-        h_out[hb + 62u * D + j] = s15.z;
-        h_out[hb + 63u * D + j] = s15.w;
-        if (NORM != 0u) {
-            h_out[hb + D * D + j] = n_j;
+        h_out[hb + (i0 + 0u) * D + col + 0u] = s0.x;
+        h_out[hb + (i0 + 0u) * D + col + 1u] = s0.y;
+        h_out[hb + (i0 + 0u) * D + col + 2u] = s0.z;
+        h_out[hb + (i0 + 0u) * D + col + 3u] = s0.w;
+        if (NORM != 0u && own_n) {
+            h_out[hb + D * D + i0 + 0u] = n0;
         }
-        if (NORM == 2u && j == 0u) {
+        if (NORM == 2u && vb == 0u && tid == 0u) {
             h_out[hb + D * D + D] = m0;
         }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
-        if (DELTA) {
-            for (var t = 0u; t < len; t++) {
-                let row = row_of(b, c0 + t, h);
+        // u for token t = tid / 4 and the thread's four columns.
+        let t = i0;
+        var u = vec4<f32>(0.0);
+        if (t < len) {
+            let row = row_of(b, c0 + t, h);
+            let ub = row * D + col;
+            u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
+            if (DELTA) {
                 let wb = row * D4;
-                u_buf[row * D + j] = u_buf[row * D + j] - (dot(w_row[wb + 0u], s0) + dot(w_row[wb + 1u], s1) + dot(w_row[wb + 2u], s2) + dot(w_row[wb + 3u], s3) + dot(w_row[wb + 4u], s4) + dot(w_row[wb + 5u], s5) + dot(w_row[wb + 6u], s6) + dot(w_row[wb + 7u], s7) + dot(w_row[wb + 8u], s8) + dot(w_row[wb + 9u], s9) + dot(w_row[wb + 10u], s10) + dot(w_row[wb + 11u], s11) + dot(w_row[wb + 12u], s12) + dot(w_row[wb + 13u], s13) + dot(w_row[wb + 14u], s14) + dot(w_row[wb + 15u], s15));
+                for (var a = 0u; a < D4; a++) {
+                    let w = w_row[wb + a];
+                    let r = 4u * a * BV4 + cv;
+                    u -= w.x * s_sh[r] + w.y * s_sh[r + BV4] + w.z * s_sh[r + 2u * BV4] + w.w * s_sh[r + 3u * BV4];
+                }
+                u_buf[ub] = u.x;
+                u_buf[ub + 1u] = u.y;
+                u_buf[ub + 2u] = u.z;
+                u_buf[ub + 3u] = u.w;
             }
         }
+        u_sh[t * BV4 + cv] = u;
+        workgroupBarrier();
         let last_row = row_of(b, c0 + len - 1u, h);
         if (NORM == 2u) {
             // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
             // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
             let b_last = b_cum_at(last_row);
             var m_c = b_last + m0;
-            for (var t = 0u; t < len; t++) {
-                let row = row_of(b, c0 + t, h);
+            for (var s = 0u; s < len; s++) {
+                let row = row_of(b, c0 + s, h);
                 m_c = max(m_c, b_last - b_cum_at(row) + igate[row]);
             }
             let d0 = exp(b_last + m0 - m_c);
             s0 = s0 * d0;
-            s1 = s1 * d0;
-            s2 = s2 * d0;
-            s3 = s3 * d0;
-            s4 = s4 * d0;
-            s5 = s5 * d0;
-            s6 = s6 * d0;
-            s7 = s7 * d0;
-            s8 = s8 * d0;
-            s9 = s9 * d0;
-            s10 = s10 * d0;
-            s11 = s11 * d0;
-            s12 = s12 * d0;
-            s13 = s13 * d0;
-            s14 = s14 * d0;
-            s15 = s15 * d0;
-            n_j = n_j * d0;
-            for (var t = 0u; t < len; t++) {
-                let row = row_of(b, c0 + t, h);
-                let kb = row * D4;
+            n0 = n0 * d0;
+            for (var s = 0u; s < len; s++) {
+                let row = row_of(b, c0 + s, h);
                 let wgt = exp(b_last - b_cum_at(row) + igate[row] - m_c);
-                let u = u_buf[row * D + j] * wgt;
-                s0 = fma(k_row[kb + 0u], vec4<f32>(u), s0);
-                s1 = fma(k_row[kb + 1u], vec4<f32>(u), s1);
-                s2 = fma(k_row[kb + 2u], vec4<f32>(u), s2);
-                s3 = fma(k_row[kb + 3u], vec4<f32>(u), s3);
-                s4 = fma(k_row[kb + 4u], vec4<f32>(u), s4);
-                s5 = fma(k_row[kb + 5u], vec4<f32>(u), s5);
-                s6 = fma(k_row[kb + 6u], vec4<f32>(u), s6);
-                s7 = fma(k_row[kb + 7u], vec4<f32>(u), s7);
-                s8 = fma(k_row[kb + 8u], vec4<f32>(u), s8);
-                s9 = fma(k_row[kb + 9u], vec4<f32>(u), s9);
-                s10 = fma(k_row[kb + 10u], vec4<f32>(u), s10);
-                s11 = fma(k_row[kb + 11u], vec4<f32>(u), s11);
-                s12 = fma(k_row[kb + 12u], vec4<f32>(u), s12);
-                s13 = fma(k_row[kb + 13u], vec4<f32>(u), s13);
-                s14 = fma(k_row[kb + 14u], vec4<f32>(u), s14);
-                s15 = fma(k_row[kb + 15u], vec4<f32>(u), s15);
-                n_j = fma(wgt, k_row[kb + j / 4u][j % 4u], n_j);
+                let us = u_sh[s * BV4 + cv];
+                let k0 = k_row[row * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt;
+                s0 = fma(vec4<f32>(k0), us, s0);
+                n0 += k0;
             }
             m0 = m_c;
         } else {
-            let bl0 = gate_b(last_row, 0u);
-            let bl1 = gate_b(last_row, 1u);
-            let bl2 = gate_b(last_row, 2u);
-            let bl3 = gate_b(last_row, 3u);
-            let bl4 = gate_b(last_row, 4u);
-            let bl5 = gate_b(last_row, 5u);
-            let bl6 = gate_b(last_row, 6u);
-            let bl7 = gate_b(last_row, 7u);
-            let bl8 = gate_b(last_row, 8u);
-            let bl9 = gate_b(last_row, 9u);
-            let bl10 = gate_b(last_row, 10u);
-            let bl11 = gate_b(last_row, 11u);
-            let bl12 = gate_b(last_row, 12u);
-            let bl13 = gate_b(last_row, 13u);
-            let bl14 = gate_b(last_row, 14u);
-            let bl15 = gate_b(last_row, 15u);
+            let bl0 = gate_at(last_row, i0 + 0u);
             s0 = s0 * exp(bl0);
-            s1 = s1 * exp(bl1);
-            s2 = s2 * exp(bl2);
-            s3 = s3 * exp(bl3);
-            s4 = s4 * exp(bl4);
-            s5 = s5 * exp(bl5);
-            s6 = s6 * exp(bl6);
-            s7 = s7 * exp(bl7);
-            s8 = s8 * exp(bl8);
-            s9 = s9 * exp(bl9);
-            s10 = s10 * exp(bl10);
-            s11 = s11 * exp(bl11);
-            s12 = s12 * exp(bl12);
-            s13 = s13 * exp(bl13);
-            s14 = s14 * exp(bl14);
-            s15 = s15 * exp(bl15);
-            for (var t = 0u; t < len; t++) {
-                let row = row_of(b, c0 + t, h);
-                let kb = row * D4;
-                let u = u_buf[row * D + j];
-                s0 = fma(k_row[kb + 0u] * exp(bl0 - gate_b(row, 0u)), vec4<f32>(u), s0);
-                s1 = fma(k_row[kb + 1u] * exp(bl1 - gate_b(row, 1u)), vec4<f32>(u), s1);
-                s2 = fma(k_row[kb + 2u] * exp(bl2 - gate_b(row, 2u)), vec4<f32>(u), s2);
-                s3 = fma(k_row[kb + 3u] * exp(bl3 - gate_b(row, 3u)), vec4<f32>(u), s3);
-                s4 = fma(k_row[kb + 4u] * exp(bl4 - gate_b(row, 4u)), vec4<f32>(u), s4);
-                s5 = fma(k_row[kb + 5u] * exp(bl5 - gate_b(row, 5u)), vec4<f32>(u), s5);
-                s6 = fma(k_row[kb + 6u] * exp(bl6 - gate_b(row, 6u)), vec4<f32>(u), s6);
-                s7 = fma(k_row[kb + 7u] * exp(bl7 - gate_b(row, 7u)), vec4<f32>(u), s7);
-                s8 = fma(k_row[kb + 8u] * exp(bl8 - gate_b(row, 8u)), vec4<f32>(u), s8);
-                s9 = fma(k_row[kb + 9u] * exp(bl9 - gate_b(row, 9u)), vec4<f32>(u), s9);
-                s10 = fma(k_row[kb + 10u] * exp(bl10 - gate_b(row, 10u)), vec4<f32>(u), s10);
-                s11 = fma(k_row[kb + 11u] * exp(bl11 - gate_b(row, 11u)), vec4<f32>(u), s11);
-                s12 = fma(k_row[kb + 12u] * exp(bl12 - gate_b(row, 12u)), vec4<f32>(u), s12);
-                s13 = fma(k_row[kb + 13u] * exp(bl13 - gate_b(row, 13u)), vec4<f32>(u), s13);
-                s14 = fma(k_row[kb + 14u] * exp(bl14 - gate_b(row, 14u)), vec4<f32>(u), s14);
-                s15 = fma(k_row[kb + 15u] * exp(bl15 - gate_b(row, 15u)), vec4<f32>(u), s15);
+            for (var s = 0u; s < len; s++) {
+                let row = row_of(b, c0 + s, h);
+                let us = u_sh[s * BV4 + cv];
+                let kr0 = k_row[row * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                s0 = fma(vec4<f32>(kr0 * exp(bl0 - gate_at(row, i0 + 0u))), us, s0);
                 if (NORM == 1u) {
-                    n_j += k_row[kb + j / 4u][j % 4u];
+                    n0 += kr0;
                 }
             }
         }
+        // Past this barrier every thread has read s_sh (for u) and u_sh (for the update): the
+        // new S_0 may be written, and the next chunk reads it past the second.
+        workgroupBarrier();
+        s_sh[(i0 + 0u) * BV4 + cv] = s0;
+        workgroupBarrier();
     }
-    state_s[sb + 0u * D + j] = s0.x;
-    state_s[sb + 1u * D + j] = s0.y;
-    state_s[sb + 2u * D + j] = s0.z;
-    state_s[sb + 3u * D + j] = s0.w;
-    state_s[sb + 4u * D + j] = s1.x;
-    state_s[sb + 5u * D + j] = s1.y;
-    state_s[sb + 6u * D + j] = s1.z;
-    state_s[sb + 7u * D + j] = s1.w;
-    state_s[sb + 8u * D + j] = s2.x;
-    state_s[sb + 9u * D + j] = s2.y;
-    state_s[sb + 10u * D + j] = s2.z;
-    state_s[sb + 11u * D + j] = s2.w;
-    state_s[sb + 12u * D + j] = s3.x;
-    state_s[sb + 13u * D + j] = s3.y;
-    state_s[sb + 14u * D + j] = s3.z;
-    state_s[sb + 15u * D + j] = s3.w;
-    state_s[sb + 16u * D + j] = s4.x;
-    state_s[sb + 17u * D + j] = s4.y;
-    state_s[sb + 18u * D + j] = s4.z;
-    state_s[sb + 19u * D + j] = s4.w;
-    state_s[sb + 20u * D + j] = s5.x;
-    state_s[sb + 21u * D + j] = s5.y;
-    state_s[sb + 22u * D + j] = s5.z;
-    state_s[sb + 23u * D + j] = s5.w;
-    state_s[sb + 24u * D + j] = s6.x;
-    state_s[sb + 25u * D + j] = s6.y;
-    state_s[sb + 26u * D + j] = s6.z;
-    state_s[sb + 27u * D + j] = s6.w;
-    state_s[sb + 28u * D + j] = s7.x;
-    state_s[sb + 29u * D + j] = s7.y;
-    state_s[sb + 30u * D + j] = s7.z;
-    state_s[sb + 31u * D + j] = s7.w;
-    state_s[sb + 32u * D + j] = s8.x;
-    state_s[sb + 33u * D + j] = s8.y;
-    state_s[sb + 34u * D + j] = s8.z;
-    state_s[sb + 35u * D + j] = s8.w;
-    state_s[sb + 36u * D + j] = s9.x;
-    state_s[sb + 37u * D + j] = s9.y;
-    state_s[sb + 38u * D + j] = s9.z;
-    state_s[sb + 39u * D + j] = s9.w;
-    state_s[sb + 40u * D + j] = s10.x;
-    state_s[sb + 41u * D + j] = s10.y;
-    state_s[sb + 42u * D + j] = s10.z;
-    state_s[sb + 43u * D + j] = s10.w;
-    state_s[sb + 44u * D + j] = s11.x;
-    state_s[sb + 45u * D + j] = s11.y;
-    state_s[sb + 46u * D + j] = s11.z;
-    state_s[sb + 47u * D + j] = s11.w;
-    state_s[sb + 48u * D + j] = s12.x;
-    state_s[sb + 49u * D + j] = s12.y;
-    state_s[sb + 50u * D + j] = s12.z;
-    state_s[sb + 51u * D + j] = s12.w;
-    state_s[sb + 52u * D + j] = s13.x;
-    state_s[sb + 53u * D + j] = s13.y;
-    state_s[sb + 54u * D + j] = s13.z;
-    state_s[sb + 55u * D + j] = s13.w;
-    state_s[sb + 56u * D + j] = s14.x;
-    state_s[sb + 57u * D + j] = s14.y;
-    state_s[sb + 58u * D + j] = s14.z;
-    state_s[sb + 59u * D + j] = s14.w;
-    state_s[sb + 60u * D + j] = s15.x;
-    state_s[sb + 61u * D + j] = s15.y;
-    state_s[sb + 62u * D + j] = s15.z;
-    state_s[sb + 63u * D + j] = s15.w;
-    // n and m are kept once per block of 64 value channels (the recurrent kernel's layout).
+    state_s[sb + (i0 + 0u) * D + col + 0u] = s0.x;
+    state_s[sb + (i0 + 0u) * D + col + 1u] = s0.y;
+    state_s[sb + (i0 + 0u) * D + col + 2u] = s0.z;
+    state_s[sb + (i0 + 0u) * D + col + 3u] = s0.w;
+    // The final n and m, for chunk_carry.
+    let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
+    if (NORM != 0u && own_n) {
+        h_out[tail + i0 + 0u] = n0;
+    }
+    if (NORM == 2u && vb == 0u && tid == 0u) {
+        h_out[tail + D] = m0;
+    }
+}
+
+// The carried n and m from the tail of h into state_nm, once per block of 64 value channels
+// (the recurrent kernel's layout). Workgroup (head, batch).
+@compute @workgroup_size(64)
+fn chunk_carry(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let bh = wid.y * p.heads + wid.x;
+    let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
     for (var blk = 0u; blk < NB; blk++) {
-        if (NORM != 0u) {
-            state_nm[(bh * NB + blk) * (D + 4u) + j] = n_j;
-        }
+        let at = (bh * NB + blk) * (D + 4u);
+        state_nm[at + j] = h_out[tail + j];
         if (NORM == 2u && j == 0u) {
-            state_nm[(bh * NB + blk) * (D + 4u) + D] = m0;
+            state_nm[at + D] = h_out[tail + D];
         }
     }
 }
