@@ -6,7 +6,11 @@ gates ≤ 0). One JSON line per figure, written as it goes; stops starting new k
 --budget seconds (Triton compiles and autotunes each new kernel for a minute or more).
 Mamba2's peer is chunk_simple_gla with the scalar decay ΔA and k scaled by Δ (the same
 recurrence without the D skip, which is elementwise), at scale 1 as Mamba2 has no 1/√d.
-Usage: python3 scripts/bench_fla_mixers.py [--shapes 8x512x9x64] [--mixers a,b] [--budget 400] [--out FILE]
+With --backward each figure is the forward and backward together (inputs that need gradients,
+a random ∂L/∂o), as a training step runs them: fwd_bwd_seconds. fla 0.6.0 refuses the gated
+backward on Hopper with Triton < 3.7.1 unless FLA_TRITON_ABOVE_3_7_1=1 (its correctness check):
+the figures are then timings only.
+Usage: python3 scripts/bench_fla_mixers.py [--shapes 8x512x9x64] [--mixers a,b] [--budget 400] [--backward] [--out FILE]
 """
 import argparse, json, time
 import torch
@@ -20,6 +24,7 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--mixers", default=None, help="only these (comma-separated)")
     ap.add_argument("--decode", action="store_true", help="time one-token fused_recurrent steps from a carried state instead")
+    ap.add_argument("--backward", action="store_true", help="time forward and backward together")
     a = ap.parse_args()
     sink = open(a.out, "a") if a.out else None
 
@@ -49,6 +54,10 @@ def main():
         g = F.logsigmoid(torch.randn(B, T, H, device="cuda", dtype=torch.float32))
         gk = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", dtype=torch.float32)) / 16
         dt = F.softplus(torch.randn(B, T, H, device="cuda", dtype=torch.float32) - 4).to(dt_)
+        leaves = [q, k, v, qn, knn, beta, g, gk, dt]
+        if a.backward:
+            leaves = [x.detach().requires_grad_() for x in leaves]
+            q, k, v, qn, knn, beta, g, gk, dt = leaves
         if a.decode:
             from fla.ops.linear_attn import fused_recurrent_linear_attn
             from fla.ops.simple_gla import fused_recurrent_simple_gla
@@ -85,20 +94,31 @@ def main():
                 log(what="fla", mixer=name, B=B, T=T, H=H, D=D, skipped="time budget")
                 continue
             try:
-                with torch.no_grad():
+                if a.backward:
+                    d_o = torch.randn(B, T, H, D, device="cuda", dtype=dt_)
+
+                    def step():
+                        for x in leaves:
+                            x.grad = None
+                        f()[0].backward(d_o)
+                else:
+                    step = f
+                with torch.set_grad_enabled(a.backward):
                     for _ in range(3):
-                        f()
+                        step()
                     torch.cuda.synchronize()
                     times = []
                     for _ in range(10):
                         t0 = time.perf_counter()
-                        f()
+                        step()
                         torch.cuda.synchronize()
                         times.append(time.perf_counter() - t0)
                 times.sort()
                 s = times[len(times) // 2]
                 if a.decode:
                     log(what="fla_decode", mixer=name, B=B, H=H, D=D, decode_step_seconds=s)
+                elif a.backward:
+                    log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_bwd_seconds=s)
                 else:
                     log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_seconds=s, fwd_mhead_tokens_per_s=B * T * H / s / 1e6)
             except Exception as e:

@@ -4,6 +4,9 @@
 #                                            # binary before ($BEFORE, default .before/linearize)
 #                                            # and after (.bin/linearize) the change, alternating
 #   scripts/device-bench-mixers.sh peers     # `bench mixers` beside fla's chunked kernels
+#   scripts/device-bench-mixers.sh kernels   # `bench mixers` before ($BEFORE) and after (with
+#                                            # --backward), twice, then fla's forward
+#   scripts/device-bench-mixers.sh fla-backward  # fla's forward+backward ($FLA_MIXERS)
 # Expects the Vulkan loader set up, the binaries, and for `students` the teacher at
 # /root/stage/teacher.gguf (../shared/DEVICE.md: the two-call upload); fla's wheels installed
 # for `peers`. Writes JSON lines to $OUT.
@@ -29,6 +32,16 @@ peers)
   .bin/linearize bench mixers --json --iters 10 > "$OUT/ours.json" 2>> "$OUT/log.txt"
   python3 scripts/bench_fla_mixers.py --shapes 8x512x9x64,4x4096x16x128 --mixers retnet,mamba2,gated_deltanet --budget 420 --out "$OUT/fla.jsonl" 2>> "$OUT/log.txt"
   grep -o '"mixer": *"[a-z_0-9]*"\|"fwd_seconds": *[0-9.e-]*' "$OUT/ours.json" | paste - - | head -20
+  ;;
+kernels)
+  for round in 1 2; do
+    "${BEFORE:-.before/linearize}" bench mixers --json --iters 10 > "$OUT/before-$round.json" 2>> "$OUT/log.txt"
+    .bin/linearize bench mixers --backward --json --iters 10 > "$OUT/after-$round.json" 2>> "$OUT/log.txt"
+  done
+  python3 scripts/bench_fla_mixers.py --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-300}" --out "$OUT/fla.jsonl" 2>> "$OUT/log.txt"
+  ;;
+fla-backward)
+  FLA_TRITON_ABOVE_3_7_1=1 python3 scripts/bench_fla_mixers.py --backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   ;;
 esac
 tail -3 "$OUT/log.txt"

@@ -115,9 +115,10 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
 
 /// Times each mixer's recurrence: the chunked forward over B×T tokens (the token-by-token
 /// kernel where a variant has no chunked form) and one decode step, on random inputs shaped as
-/// the mixers produce them. `shapes`: (batch, seq, heads, head_dim).
-pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: usize) -> Result<Vec<Value>> {
-    use linearize_core::mixers::recurrence::{chunked, recurrent, Dims, Gate, Gates, GpuState, RecurrenceArgs};
+/// the mixers produce them; with `backward`, also the forward and backward together from a zero
+/// state, as a training step runs them. `shapes`: (batch, seq, heads, head_dim).
+pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: usize, backward: bool) -> Result<Vec<Value>> {
+    use linearize_core::mixers::recurrence::{self, chunked, recurrent, Dims, Gate, Gates, GpuState, RecurrenceArgs};
     use linearize_core::mixers::{MixerKind, MixerOptions};
     let mut rng = Rng::new(3);
     let mut out = Vec::new();
@@ -138,6 +139,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
         let beta = gpu.upload_f32("beta", &rand(rows, 0.5).iter().map(|x| x + 0.5).collect::<Vec<_>>())?;
         let igate = gpu.upload_f32("i", &rand(rows, 3.0))?;
         let o = gpu.scratch(rows * dh)?;
+        let d_out = gpu.upload_f32("d_out", &rand(rows * dh, 1.0))?;
         for kind in MixerKind::all() {
             let r = kind.recurrence(&MixerOptions::default());
             let d = Dims { batch: b, seq: t, heads: h, dk: dh, dv: dh };
@@ -149,7 +151,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
             let gates = Gates { g, beta: Some(&beta), igate: Some(&igate) };
             let state = GpuState::zeros(gpu, d)?;
             let chunk = r.has_chunked_form(d);
-            let run = |d: Dims| -> Result<f64> {
+            let run = |d: Dims, with_backward: bool| -> Result<f64> {
                 let mut times = Vec::new();
                 for i in 0..iters + 2 {
                     let mut rec = gpu.recorder();
@@ -159,22 +161,29 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
                     } else {
                         recurrent(&mut rec, &args, &state, &o)?;
                     }
+                    let grads = if with_backward { Some(recurrence::backward(&mut rec, &args, &d_out)?) } else { None };
                     let start = Instant::now();
                     rec.submit()?;
                     gpu.sync()?;
                     if i >= 2 {
                         times.push(start.elapsed().as_secs_f64());
                     }
+                    if let Some(g) = grads {
+                        g.release(gpu);
+                    }
                 }
                 Ok(median(times))
             };
-            let fwd = run(d)?;
-            let step = run(Dims { seq: 1, ..d })?;
+            let fwd = run(d, false)?;
+            let step = run(Dims { seq: 1, ..d }, false)?;
+            // The backward kernel takes head size 64 (its error names the limit otherwise).
+            let fwd_bwd = if backward && dh == 64 { Some(run(d, true)?) } else { None };
             let v = json!({
                 "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh,
                 "kernel": if chunk { "chunked" } else { "recurrent" },
                 "fwd_seconds": fwd, "fwd_mhead_tokens_per_s": (b * t * h) as f64 / fwd / 1e6,
                 "decode_step_seconds": step,
+                "fwd_bwd_seconds": fwd_bwd,
             });
             eprintln!("{v}");
             out.push(v);

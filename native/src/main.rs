@@ -110,29 +110,7 @@ enum Command {
     /// A student's state norm, effective rank and gates over position on held-out prose
     Saturation(saturation::SaturationArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
-    Bench {
-        /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
-        /// (each mixer's chunked forward and decode step at fla's comparison shapes)
-        #[arg(default_value = "teacher")]
-        what: String,
-        #[arg(long, default_value = TEACHER_ALIAS)]
-        model: String,
-        /// Prefill shapes as BxT, comma-separated
-        #[arg(long, default_value = "8x512,4x2048")]
-        prefill: String,
-        /// Decode context lengths, comma-separated
-        #[arg(long, default_value = "512")]
-        decode: String,
-        #[arg(long, default_value_t = 64)]
-        decode_tokens: usize,
-        #[arg(long, default_value_t = 5)]
-        iters: usize,
-        /// The teacher's weight matrices as f32 or packed f16 (half the memory)
-        #[arg(long, value_enum, default_value_t = Weights::F32)]
-        weights: Weights,
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(BenchArgs),
     /// Write an HF directory (config.json, model.safetensors, tokenizer.json) from a GGUF file.
     Convert {
         #[arg(long)]
@@ -162,9 +140,7 @@ fn main() {
         Command::Compare(args) => compare::run(&args, load),
         Command::Serve(args) => serve::run(&args),
         Command::Saturation(args) => saturation::run(&args, load),
-        Command::Bench { what, model, prefill, decode, decode_tokens, iters, weights, json } => {
-            cmd_bench(&what, &model, &prefill, &decode, decode_tokens, iters, weights, json)
-        }
+        Command::Bench(args) => cmd_bench(&args),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
@@ -373,7 +349,37 @@ pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<
         .collect()
 }
 
-fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens: usize, iters: usize, weights: Weights, json: bool) -> Result<()> {
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
+    /// (each mixer's chunked forward and decode step at fla's comparison shapes)
+    #[arg(default_value = "teacher")]
+    what: String,
+    #[arg(long, default_value = TEACHER_ALIAS)]
+    model: String,
+    /// Prefill shapes as BxT, comma-separated
+    #[arg(long, default_value = "8x512,4x2048")]
+    prefill: String,
+    /// Decode context lengths, comma-separated
+    #[arg(long, default_value = "512")]
+    decode: String,
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// The teacher's weight matrices as f32 or packed f16 (half the memory)
+    #[arg(long, value_enum, default_value_t = Weights::F32)]
+    weights: Weights,
+    #[arg(long)]
+    json: bool,
+    /// bench mixers: also time the forward and backward together (the training step's recurrence)
+    #[arg(long)]
+    backward: bool,
+}
+
+fn cmd_bench(a: &BenchArgs) -> Result<()> {
+    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward } = a;
+    let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
     if !["teacher", "ops", "mixers"].contains(&what) {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
     }
@@ -384,7 +390,7 @@ fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens:
             bench::bench_ops(&gpu, iters)?
         } else {
             // fla's comparison shapes: (batch, seq, heads, head_dim)
-            bench::bench_mixers(&gpu, &[(8, 512, 9, 64), (4, 4096, 16, 128)], iters)?
+            bench::bench_mixers(&gpu, &[(8, 512, 9, 64), (4, 4096, 16, 128)], iters, *backward)?
         };
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
@@ -418,7 +424,6 @@ fn cmd_bench(what: &str, spec: &str, prefill: &str, decode: &str, decode_tokens:
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 /// The mixer options a `student` call can switch on.
 struct StudentFlags {
     la_denominator: bool,
