@@ -395,6 +395,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
         }
+        if linearize_core::gpu::profile::enabled() {
+            for (entry, secs, n) in linearize_core::gpu::profile::report() {
+                eprintln!("profile {entry:<40} {secs:>9.4} s {n:>7} dispatches");
+            }
+        }
         return Ok(());
     }
     let shapes = prefill
