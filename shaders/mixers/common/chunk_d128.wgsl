@@ -151,17 +151,27 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     }
     storageBarrier();
     workgroupBarrier();
-    // A: thread t < 64 computes row t.
-    if (j < C) {
-        let t = j;
-        for (var s = 0u; s < C; s++) {
+    // A[t][s]: every thread, row t = j % 64, keys s = j / 64 + 4·e. A scalar gate's
+    // decay factors out of the dot product.
+    {
+        let t = j % C;
+        let tr = row_of(b, c0 + min(t, len - 1u), h);
+        for (var s = j / C; s < C; s += 4u) {
             var a = 0.0;
             if (s < t && t < len) {
-                let tr = row_of(b, c0 + t, h);
                 let sr = row_of(b, c0 + s, h);
                 var acc = 0.0;
-                for (var q4 = 0u; q4 < D4; q4++) {
-                    acc += dot(k_row[tr * D4 + q4] * exp(gate_b_rw(tr, q4) - gate_b_rw(sr, q4)), k_row[sr * D4 + q4]);
+                if (GATE == 2u) {
+                    for (var q4 = 0u; q4 < D4; q4++) {
+                        acc += dot(k_row[tr * D4 + q4] * exp(gate_b_rw(tr, q4) - gate_b_rw(sr, q4)), k_row[sr * D4 + q4]);
+                    }
+                } else {
+                    for (var q4 = 0u; q4 < D4; q4++) {
+                        acc += dot(k_row[tr * D4 + q4], k_row[sr * D4 + q4]);
+                    }
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
                 }
                 a = beta[tr] * acc;
             }
@@ -169,14 +179,77 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
         }
     }
     workgroupBarrier();
-    // Forward substitution of (I + A) X = R: thread j solves column j in place in u_buf
-    // (j < 64) or w_buf (j ≥ 64), reading back the rows it has already written.
-    for (var t = 0u; t < len; t++) {
-        var x = rhs(b, h, c0, len, t, j);
-        for (var s = 0u; s < t; s++) {
-            x -= a_sh[t * C + s] * load_x(b, h, c0, s, j);
+    // Forward substitution of (I + A) X = R in blocks of 16 rows: thread j solves column j into
+    // u_buf (j < D) or w_buf (j ≥ D). A block first subtracts the rows solved before it (read
+    // back once each, independent loads), then solves its 16×16 diagonal block in registers.
+    for (var t0 = 0u; t0 < len; t0 += 16u) {
+        var x0 = rhs(b, h, c0, len, t0 + 0u, j);
+        var x1 = rhs(b, h, c0, len, t0 + 1u, j);
+        var x2 = rhs(b, h, c0, len, t0 + 2u, j);
+        var x3 = rhs(b, h, c0, len, t0 + 3u, j);
+        var x4 = rhs(b, h, c0, len, t0 + 4u, j);
+        var x5 = rhs(b, h, c0, len, t0 + 5u, j);
+        var x6 = rhs(b, h, c0, len, t0 + 6u, j);
+        var x7 = rhs(b, h, c0, len, t0 + 7u, j);
+        var x8 = rhs(b, h, c0, len, t0 + 8u, j);
+        var x9 = rhs(b, h, c0, len, t0 + 9u, j);
+        var x10 = rhs(b, h, c0, len, t0 + 10u, j);
+        var x11 = rhs(b, h, c0, len, t0 + 11u, j);
+        var x12 = rhs(b, h, c0, len, t0 + 12u, j);
+        var x13 = rhs(b, h, c0, len, t0 + 13u, j);
+        var x14 = rhs(b, h, c0, len, t0 + 14u, j);
+        var x15 = rhs(b, h, c0, len, t0 + 15u, j);
+        for (var s = 0u; s < t0; s++) {
+            let xs = load_x(b, h, c0, s, j);
+            let ar = t0 * C + s;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 64u] * xs;
+            x2 -= a_sh[ar + 128u] * xs;
+            x3 -= a_sh[ar + 192u] * xs;
+            x4 -= a_sh[ar + 256u] * xs;
+            x5 -= a_sh[ar + 320u] * xs;
+            x6 -= a_sh[ar + 384u] * xs;
+            x7 -= a_sh[ar + 448u] * xs;
+            x8 -= a_sh[ar + 512u] * xs;
+            x9 -= a_sh[ar + 576u] * xs;
+            x10 -= a_sh[ar + 640u] * xs;
+            x11 -= a_sh[ar + 704u] * xs;
+            x12 -= a_sh[ar + 768u] * xs;
+            x13 -= a_sh[ar + 832u] * xs;
+            x14 -= a_sh[ar + 896u] * xs;
+            x15 -= a_sh[ar + 960u] * xs;
         }
-        store_x(b, h, c0, len, t, j, x);
+        x1 -= a_sh[(t0 + 1u) * C + t0 + 0u] * x0;
+        x2 -= a_sh[(t0 + 2u) * C + t0 + 0u] * x0 + a_sh[(t0 + 2u) * C + t0 + 1u] * x1;
+        x3 -= a_sh[(t0 + 3u) * C + t0 + 0u] * x0 + a_sh[(t0 + 3u) * C + t0 + 1u] * x1 + a_sh[(t0 + 3u) * C + t0 + 2u] * x2;
+        x4 -= a_sh[(t0 + 4u) * C + t0 + 0u] * x0 + a_sh[(t0 + 4u) * C + t0 + 1u] * x1 + a_sh[(t0 + 4u) * C + t0 + 2u] * x2 + a_sh[(t0 + 4u) * C + t0 + 3u] * x3;
+        x5 -= a_sh[(t0 + 5u) * C + t0 + 0u] * x0 + a_sh[(t0 + 5u) * C + t0 + 1u] * x1 + a_sh[(t0 + 5u) * C + t0 + 2u] * x2 + a_sh[(t0 + 5u) * C + t0 + 3u] * x3 + a_sh[(t0 + 5u) * C + t0 + 4u] * x4;
+        x6 -= a_sh[(t0 + 6u) * C + t0 + 0u] * x0 + a_sh[(t0 + 6u) * C + t0 + 1u] * x1 + a_sh[(t0 + 6u) * C + t0 + 2u] * x2 + a_sh[(t0 + 6u) * C + t0 + 3u] * x3 + a_sh[(t0 + 6u) * C + t0 + 4u] * x4 + a_sh[(t0 + 6u) * C + t0 + 5u] * x5;
+        x7 -= a_sh[(t0 + 7u) * C + t0 + 0u] * x0 + a_sh[(t0 + 7u) * C + t0 + 1u] * x1 + a_sh[(t0 + 7u) * C + t0 + 2u] * x2 + a_sh[(t0 + 7u) * C + t0 + 3u] * x3 + a_sh[(t0 + 7u) * C + t0 + 4u] * x4 + a_sh[(t0 + 7u) * C + t0 + 5u] * x5 + a_sh[(t0 + 7u) * C + t0 + 6u] * x6;
+        x8 -= a_sh[(t0 + 8u) * C + t0 + 0u] * x0 + a_sh[(t0 + 8u) * C + t0 + 1u] * x1 + a_sh[(t0 + 8u) * C + t0 + 2u] * x2 + a_sh[(t0 + 8u) * C + t0 + 3u] * x3 + a_sh[(t0 + 8u) * C + t0 + 4u] * x4 + a_sh[(t0 + 8u) * C + t0 + 5u] * x5 + a_sh[(t0 + 8u) * C + t0 + 6u] * x6 + a_sh[(t0 + 8u) * C + t0 + 7u] * x7;
+        x9 -= a_sh[(t0 + 9u) * C + t0 + 0u] * x0 + a_sh[(t0 + 9u) * C + t0 + 1u] * x1 + a_sh[(t0 + 9u) * C + t0 + 2u] * x2 + a_sh[(t0 + 9u) * C + t0 + 3u] * x3 + a_sh[(t0 + 9u) * C + t0 + 4u] * x4 + a_sh[(t0 + 9u) * C + t0 + 5u] * x5 + a_sh[(t0 + 9u) * C + t0 + 6u] * x6 + a_sh[(t0 + 9u) * C + t0 + 7u] * x7 + a_sh[(t0 + 9u) * C + t0 + 8u] * x8;
+        x10 -= a_sh[(t0 + 10u) * C + t0 + 0u] * x0 + a_sh[(t0 + 10u) * C + t0 + 1u] * x1 + a_sh[(t0 + 10u) * C + t0 + 2u] * x2 + a_sh[(t0 + 10u) * C + t0 + 3u] * x3 + a_sh[(t0 + 10u) * C + t0 + 4u] * x4 + a_sh[(t0 + 10u) * C + t0 + 5u] * x5 + a_sh[(t0 + 10u) * C + t0 + 6u] * x6 + a_sh[(t0 + 10u) * C + t0 + 7u] * x7 + a_sh[(t0 + 10u) * C + t0 + 8u] * x8 + a_sh[(t0 + 10u) * C + t0 + 9u] * x9;
+        x11 -= a_sh[(t0 + 11u) * C + t0 + 0u] * x0 + a_sh[(t0 + 11u) * C + t0 + 1u] * x1 + a_sh[(t0 + 11u) * C + t0 + 2u] * x2 + a_sh[(t0 + 11u) * C + t0 + 3u] * x3 + a_sh[(t0 + 11u) * C + t0 + 4u] * x4 + a_sh[(t0 + 11u) * C + t0 + 5u] * x5 + a_sh[(t0 + 11u) * C + t0 + 6u] * x6 + a_sh[(t0 + 11u) * C + t0 + 7u] * x7 + a_sh[(t0 + 11u) * C + t0 + 8u] * x8 + a_sh[(t0 + 11u) * C + t0 + 9u] * x9 + a_sh[(t0 + 11u) * C + t0 + 10u] * x10;
+        x12 -= a_sh[(t0 + 12u) * C + t0 + 0u] * x0 + a_sh[(t0 + 12u) * C + t0 + 1u] * x1 + a_sh[(t0 + 12u) * C + t0 + 2u] * x2 + a_sh[(t0 + 12u) * C + t0 + 3u] * x3 + a_sh[(t0 + 12u) * C + t0 + 4u] * x4 + a_sh[(t0 + 12u) * C + t0 + 5u] * x5 + a_sh[(t0 + 12u) * C + t0 + 6u] * x6 + a_sh[(t0 + 12u) * C + t0 + 7u] * x7 + a_sh[(t0 + 12u) * C + t0 + 8u] * x8 + a_sh[(t0 + 12u) * C + t0 + 9u] * x9 + a_sh[(t0 + 12u) * C + t0 + 10u] * x10 + a_sh[(t0 + 12u) * C + t0 + 11u] * x11;
+        x13 -= a_sh[(t0 + 13u) * C + t0 + 0u] * x0 + a_sh[(t0 + 13u) * C + t0 + 1u] * x1 + a_sh[(t0 + 13u) * C + t0 + 2u] * x2 + a_sh[(t0 + 13u) * C + t0 + 3u] * x3 + a_sh[(t0 + 13u) * C + t0 + 4u] * x4 + a_sh[(t0 + 13u) * C + t0 + 5u] * x5 + a_sh[(t0 + 13u) * C + t0 + 6u] * x6 + a_sh[(t0 + 13u) * C + t0 + 7u] * x7 + a_sh[(t0 + 13u) * C + t0 + 8u] * x8 + a_sh[(t0 + 13u) * C + t0 + 9u] * x9 + a_sh[(t0 + 13u) * C + t0 + 10u] * x10 + a_sh[(t0 + 13u) * C + t0 + 11u] * x11 + a_sh[(t0 + 13u) * C + t0 + 12u] * x12;
+        x14 -= a_sh[(t0 + 14u) * C + t0 + 0u] * x0 + a_sh[(t0 + 14u) * C + t0 + 1u] * x1 + a_sh[(t0 + 14u) * C + t0 + 2u] * x2 + a_sh[(t0 + 14u) * C + t0 + 3u] * x3 + a_sh[(t0 + 14u) * C + t0 + 4u] * x4 + a_sh[(t0 + 14u) * C + t0 + 5u] * x5 + a_sh[(t0 + 14u) * C + t0 + 6u] * x6 + a_sh[(t0 + 14u) * C + t0 + 7u] * x7 + a_sh[(t0 + 14u) * C + t0 + 8u] * x8 + a_sh[(t0 + 14u) * C + t0 + 9u] * x9 + a_sh[(t0 + 14u) * C + t0 + 10u] * x10 + a_sh[(t0 + 14u) * C + t0 + 11u] * x11 + a_sh[(t0 + 14u) * C + t0 + 12u] * x12 + a_sh[(t0 + 14u) * C + t0 + 13u] * x13;
+        x15 -= a_sh[(t0 + 15u) * C + t0 + 0u] * x0 + a_sh[(t0 + 15u) * C + t0 + 1u] * x1 + a_sh[(t0 + 15u) * C + t0 + 2u] * x2 + a_sh[(t0 + 15u) * C + t0 + 3u] * x3 + a_sh[(t0 + 15u) * C + t0 + 4u] * x4 + a_sh[(t0 + 15u) * C + t0 + 5u] * x5 + a_sh[(t0 + 15u) * C + t0 + 6u] * x6 + a_sh[(t0 + 15u) * C + t0 + 7u] * x7 + a_sh[(t0 + 15u) * C + t0 + 8u] * x8 + a_sh[(t0 + 15u) * C + t0 + 9u] * x9 + a_sh[(t0 + 15u) * C + t0 + 10u] * x10 + a_sh[(t0 + 15u) * C + t0 + 11u] * x11 + a_sh[(t0 + 15u) * C + t0 + 12u] * x12 + a_sh[(t0 + 15u) * C + t0 + 13u] * x13 + a_sh[(t0 + 15u) * C + t0 + 14u] * x14;
+        store_x(b, h, c0, len, t0 + 0u, j, x0);
+        store_x(b, h, c0, len, t0 + 1u, j, x1);
+        store_x(b, h, c0, len, t0 + 2u, j, x2);
+        store_x(b, h, c0, len, t0 + 3u, j, x3);
+        store_x(b, h, c0, len, t0 + 4u, j, x4);
+        store_x(b, h, c0, len, t0 + 5u, j, x5);
+        store_x(b, h, c0, len, t0 + 6u, j, x6);
+        store_x(b, h, c0, len, t0 + 7u, j, x7);
+        store_x(b, h, c0, len, t0 + 8u, j, x8);
+        store_x(b, h, c0, len, t0 + 9u, j, x9);
+        store_x(b, h, c0, len, t0 + 10u, j, x10);
+        store_x(b, h, c0, len, t0 + 11u, j, x11);
+        store_x(b, h, c0, len, t0 + 12u, j, x12);
+        store_x(b, h, c0, len, t0 + 13u, j, x13);
+        store_x(b, h, c0, len, t0 + 14u, j, x14);
+        store_x(b, h, c0, len, t0 + 15u, j, x15);
     }
 }
 
@@ -360,83 +433,86 @@ fn chunk_carry(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
 }
 
 // ---- chunk_output ----
+//
+// Workgroup (chunk, head, batch), 256 threads. First the chunk's masked score matrix
+// P[t][s] (s ≤ t: the query–key product with its decay, and mLSTM's input gate and stabiliser)
+// into workgroup memory, four threads per query splitting the keys; then thread (t, quarter)
+// accumulates a quarter of query t's value columns: (q̃_t ⊙ decay)ᵀ S_0 + Σ_s P[t][s] u_s.
 
-@compute @workgroup_size(64)
-fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+var<workgroup> p_sh: array<f32, 4096>;
+
+// The stabiliser of query row `row` (token t of the chunk): m_t = max(b_t + m_0,
+// max_(s≤t) b_t − b_s + ĩ_s) (mLSTM; 0 otherwise).
+fn stabiliser(b: u32, h: u32, c0: u32, t: u32, row: u32, m0: f32) -> f32 {
+    if (NORM != 2u) {
+        return 0.0;
+    }
+    let b_t = b_cum_at(row);
+    var m_t = b_t + m0;
+    for (var s = 0u; s <= t; s++) {
+        let srow = row_of(b, c0 + s, h);
+        m_t = max(m_t, b_t - b_cum_at(srow) + igate[srow]);
+    }
+    return m_t;
+}
+
+@compute @workgroup_size(256)
+fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
     let b = wid.z;
     let bh = b * p.heads + h;
     let c0 = n * C;
     let len = min(C, p.seq - c0);
+    let hb4 = (bh * p.chunks + n) * R4;
+    var m0 = 0.0;
+    if (NORM == 2u) {
+        m0 = h_in[hb4 + D * D4 + D4].x;
+    }
+    // Query t of this thread, and which keys (phase 1) or value columns (phase 2) it takes.
+    let t = tid / 4u;
+    let part = tid % 4u;
     let in_range = t < len;
     let row = row_of(b, c0 + min(t, len - 1u), h);
     let qb = row * D4;
-    let last = select(0u, t + 1u, in_range);
-    let q0 = q_row[qb + 0u] * p.scale;
-    let q1 = q_row[qb + 1u] * p.scale;
-    let q2 = q_row[qb + 2u] * p.scale;
-    let q3 = q_row[qb + 3u] * p.scale;
-    let q4 = q_row[qb + 4u] * p.scale;
-    let q5 = q_row[qb + 5u] * p.scale;
-    let q6 = q_row[qb + 6u] * p.scale;
-    let q7 = q_row[qb + 7u] * p.scale;
-    let q8 = q_row[qb + 8u] * p.scale;
-    let q9 = q_row[qb + 9u] * p.scale;
-    let q10 = q_row[qb + 10u] * p.scale;
-    let q11 = q_row[qb + 11u] * p.scale;
-    let q12 = q_row[qb + 12u] * p.scale;
-    let q13 = q_row[qb + 13u] * p.scale;
-    let q14 = q_row[qb + 14u] * p.scale;
-    let q15 = q_row[qb + 15u] * p.scale;
-    let q16 = q_row[qb + 16u] * p.scale;
-    let q17 = q_row[qb + 17u] * p.scale;
-    let q18 = q_row[qb + 18u] * p.scale;
-    let q19 = q_row[qb + 19u] * p.scale;
-    let q20 = q_row[qb + 20u] * p.scale;
-    let q21 = q_row[qb + 21u] * p.scale;
-    let q22 = q_row[qb + 22u] * p.scale;
-    let q23 = q_row[qb + 23u] * p.scale;
-    let q24 = q_row[qb + 24u] * p.scale;
-    let q25 = q_row[qb + 25u] * p.scale;
-    let q26 = q_row[qb + 26u] * p.scale;
-    let q27 = q_row[qb + 27u] * p.scale;
-    let q28 = q_row[qb + 28u] * p.scale;
-    let q29 = q_row[qb + 29u] * p.scale;
-    let q30 = q_row[qb + 30u] * p.scale;
-    let q31 = q_row[qb + 31u] * p.scale;
-    let bt0 = gate_b(row, 0u);
-    let bt1 = gate_b(row, 1u);
-    let bt2 = gate_b(row, 2u);
-    let bt3 = gate_b(row, 3u);
-    let bt4 = gate_b(row, 4u);
-    let bt5 = gate_b(row, 5u);
-    let bt6 = gate_b(row, 6u);
-    let bt7 = gate_b(row, 7u);
-    let bt8 = gate_b(row, 8u);
-    let bt9 = gate_b(row, 9u);
-    let bt10 = gate_b(row, 10u);
-    let bt11 = gate_b(row, 11u);
-    let bt12 = gate_b(row, 12u);
-    let bt13 = gate_b(row, 13u);
-    let bt14 = gate_b(row, 14u);
-    let bt15 = gate_b(row, 15u);
-    let bt16 = gate_b(row, 16u);
-    let bt17 = gate_b(row, 17u);
-    let bt18 = gate_b(row, 18u);
-    let bt19 = gate_b(row, 19u);
-    let bt20 = gate_b(row, 20u);
-    let bt21 = gate_b(row, 21u);
-    let bt22 = gate_b(row, 22u);
-    let bt23 = gate_b(row, 23u);
-    let bt24 = gate_b(row, 24u);
-    let bt25 = gate_b(row, 25u);
-    let bt26 = gate_b(row, 26u);
-    let bt27 = gate_b(row, 27u);
-    let bt28 = gate_b(row, 28u);
-    let bt29 = gate_b(row, 29u);
-    let bt30 = gate_b(row, 30u);
-    let bt31 = gate_b(row, 31u);
+    let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+
+    // 1. P[t][s] for s = part, part + 4, …
+    for (var e = 0u; e < C / 4u; e++) {
+        let s = part + 4u * e;
+        var cf = 0.0;
+        if (in_range && s <= t) {
+            let srow = row_of(b, c0 + s, h);
+            let sk = srow * D4;
+            var dot_qk = 0.0;
+            if (GATE == 2u && NORM != 2u) {
+                for (var a = 0u; a < D4; a++) {
+                    dot_qk += dot(q_row[qb + a] * exp(gate_b(row, a) - gate_b(srow, a)), k_row[sk + a]);
+                }
+                cf = dot_qk;
+            } else {
+                for (var a = 0u; a < D4; a++) {
+                    dot_qk += dot(q_row[qb + a], k_row[sk + a]);
+                }
+                if (NORM == 2u) {
+                    cf = exp(b_cum_at(row) - b_cum_at(srow) + igate[srow] - m_t) * dot_qk;
+                } else if (GATE == 1u) {
+                    cf = exp(b_cum_at(row) - b_cum_at(srow)) * dot_qk;
+                } else {
+                    cf = dot_qk;
+                }
+            }
+        }
+        p_sh[t * C + s] = cf * p.scale;
+    }
+    workgroupBarrier();
+
+    // 2. Columns part·D/4 … of query t.
+    let v4 = part * 8u;
+    var inter_scale = 1.0;
+    if (NORM == 2u) {
+        inter_scale = exp(b_cum_at(row) + m0 - m_t);
+    }
     var o0 = vec4<f32>(0.0);
     var o1 = vec4<f32>(0.0);
     var o2 = vec4<f32>(0.0);
@@ -445,107 +521,34 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     var o5 = vec4<f32>(0.0);
     var o6 = vec4<f32>(0.0);
     var o7 = vec4<f32>(0.0);
-    var o8 = vec4<f32>(0.0);
-    var o9 = vec4<f32>(0.0);
-    var o10 = vec4<f32>(0.0);
-    var o11 = vec4<f32>(0.0);
-    var o12 = vec4<f32>(0.0);
-    var o13 = vec4<f32>(0.0);
-    var o14 = vec4<f32>(0.0);
-    var o15 = vec4<f32>(0.0);
-    var o16 = vec4<f32>(0.0);
-    var o17 = vec4<f32>(0.0);
-    var o18 = vec4<f32>(0.0);
-    var o19 = vec4<f32>(0.0);
-    var o20 = vec4<f32>(0.0);
-    var o21 = vec4<f32>(0.0);
-    var o22 = vec4<f32>(0.0);
-    var o23 = vec4<f32>(0.0);
-    var o24 = vec4<f32>(0.0);
-    var o25 = vec4<f32>(0.0);
-    var o26 = vec4<f32>(0.0);
-    var o27 = vec4<f32>(0.0);
-    var o28 = vec4<f32>(0.0);
-    var o29 = vec4<f32>(0.0);
-    var o30 = vec4<f32>(0.0);
-    var o31 = vec4<f32>(0.0);
-    // mLSTM: this query's stabiliser m_t = max(b_t + m_0, max_(s≤t) b_t − b_s + ĩ_s).
-    var m_t = 0.0;
-    var inter_scale = 1.0;
-    if (NORM == 2u) {
-        let m0 = h_in[(bh * p.chunks + n) * R4 + D * D4 + D4].x;
-        let b_t = bt0.x;
-        m_t = b_t + m0;
-        for (var s = 0u; s < last; s++) {
-            let srow = row_of(b, c0 + s, h);
-            m_t = max(m_t, b_t - b_cum_at(srow) + igate[srow]);
-        }
-        inter_scale = exp(b_t + m0 - m_t);
-    }
-    let hb4 = (bh * p.chunks + n) * R4;
+    var den = 0.0;
     for (var a = 0u; a < D4; a++) {
         var qa = q_row[qb + a] * p.scale;
         if (NORM == 2u) {
             qa = qa * inter_scale;
-        } else {
+        } else if (GATE != 0u) {
             qa = qa * exp(gate_b(row, a));
         }
-        { let c = qa.x;
-          o0 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 0u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 1u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 2u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 3u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 4u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 5u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 6u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 7u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 8u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 9u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 10u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 11u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 12u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 13u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 14u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 15u], o15); o16 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 16u], o16); o17 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 17u], o17); o18 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 18u], o18); o19 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 19u], o19); o20 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 20u], o20); o21 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 21u], o21); o22 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 22u], o22); o23 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 23u], o23); o24 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 24u], o24); o25 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 25u], o25); o26 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 26u], o26); o27 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 27u], o27); o28 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 28u], o28); o29 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 29u], o29); o30 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 30u], o30); o31 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 0u) * D4 + 31u], o31); }
-        { let c = qa.y;
-          o0 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 0u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 1u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 2u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 3u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 4u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 5u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 6u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 7u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 8u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 9u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 10u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 11u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 12u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 13u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 14u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 15u], o15); o16 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 16u], o16); o17 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 17u], o17); o18 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 18u], o18); o19 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 19u], o19); o20 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 20u], o20); o21 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 21u], o21); o22 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 22u], o22); o23 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 23u], o23); o24 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 24u], o24); o25 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 25u], o25); o26 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 26u], o26); o27 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 27u], o27); o28 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 28u], o28); o29 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 29u], o29); o30 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 30u], o30); o31 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 1u) * D4 + 31u], o31); }
-        { let c = qa.z;
-          o0 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 0u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 1u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 2u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 3u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 4u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 5u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 6u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 7u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 8u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 9u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 10u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 11u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 12u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 13u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 14u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 15u], o15); o16 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 16u], o16); o17 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 17u], o17); o18 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 18u], o18); o19 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 19u], o19); o20 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 20u], o20); o21 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 21u], o21); o22 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 22u], o22); o23 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 23u], o23); o24 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 24u], o24); o25 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 25u], o25); o26 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 26u], o26); o27 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 27u], o27); o28 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 28u], o28); o29 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 29u], o29); o30 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 30u], o30); o31 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 2u) * D4 + 31u], o31); }
-        { let c = qa.w;
-          o0 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 0u], o0); o1 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 1u], o1); o2 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 2u], o2); o3 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 3u], o3); o4 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 4u], o4); o5 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 5u], o5); o6 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 6u], o6); o7 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 7u], o7); o8 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 8u], o8); o9 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 9u], o9); o10 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 10u], o10); o11 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 11u], o11); o12 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 12u], o12); o13 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 13u], o13); o14 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 14u], o14); o15 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 15u], o15); o16 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 16u], o16); o17 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 17u], o17); o18 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 18u], o18); o19 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 19u], o19); o20 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 20u], o20); o21 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 21u], o21); o22 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 22u], o22); o23 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 23u], o23); o24 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 24u], o24); o25 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 25u], o25); o26 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 26u], o26); o27 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 27u], o27); o28 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 28u], o28); o29 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 29u], o29); o30 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 30u], o30); o31 = fma(vec4<f32>(c), h_in[hb4 + (4u * a + 3u) * D4 + 31u], o31); }
-    }
-    var den = 0.0;
-    if (NORM != 0u) {
-        let nb4 = hb4 + D * D4;
-        den = inter_scale * (dot(q0, h_in[nb4 + 0u]) + dot(q1, h_in[nb4 + 1u]) + dot(q2, h_in[nb4 + 2u]) + dot(q3, h_in[nb4 + 3u]) + dot(q4, h_in[nb4 + 4u]) + dot(q5, h_in[nb4 + 5u]) + dot(q6, h_in[nb4 + 6u]) + dot(q7, h_in[nb4 + 7u]) + dot(q8, h_in[nb4 + 8u]) + dot(q9, h_in[nb4 + 9u]) + dot(q10, h_in[nb4 + 10u]) + dot(q11, h_in[nb4 + 11u]) + dot(q12, h_in[nb4 + 12u]) + dot(q13, h_in[nb4 + 13u]) + dot(q14, h_in[nb4 + 14u]) + dot(q15, h_in[nb4 + 15u]) + dot(q16, h_in[nb4 + 16u]) + dot(q17, h_in[nb4 + 17u]) + dot(q18, h_in[nb4 + 18u]) + dot(q19, h_in[nb4 + 19u]) + dot(q20, h_in[nb4 + 20u]) + dot(q21, h_in[nb4 + 21u]) + dot(q22, h_in[nb4 + 22u]) + dot(q23, h_in[nb4 + 23u]) + dot(q24, h_in[nb4 + 24u]) + dot(q25, h_in[nb4 + 25u]) + dot(q26, h_in[nb4 + 26u]) + dot(q27, h_in[nb4 + 27u]) + dot(q28, h_in[nb4 + 28u]) + dot(q29, h_in[nb4 + 29u]) + dot(q30, h_in[nb4 + 30u]) + dot(q31, h_in[nb4 + 31u]));
-    }
-    for (var s = 0u; s < last; s++) {
-        let srow = row_of(b, c0 + s, h);
-        let sk = srow * D4;
-        var cf = 0.0;
-        if (NORM == 2u) {
-            cf = exp(bt0.x - b_cum_at(srow) + igate[srow] - m_t) * (dot(q0, k_row[sk + 0u]) + dot(q1, k_row[sk + 1u]) + dot(q2, k_row[sk + 2u]) + dot(q3, k_row[sk + 3u]) + dot(q4, k_row[sk + 4u]) + dot(q5, k_row[sk + 5u]) + dot(q6, k_row[sk + 6u]) + dot(q7, k_row[sk + 7u]) + dot(q8, k_row[sk + 8u]) + dot(q9, k_row[sk + 9u]) + dot(q10, k_row[sk + 10u]) + dot(q11, k_row[sk + 11u]) + dot(q12, k_row[sk + 12u]) + dot(q13, k_row[sk + 13u]) + dot(q14, k_row[sk + 14u]) + dot(q15, k_row[sk + 15u]) + dot(q16, k_row[sk + 16u]) + dot(q17, k_row[sk + 17u]) + dot(q18, k_row[sk + 18u]) + dot(q19, k_row[sk + 19u]) + dot(q20, k_row[sk + 20u]) + dot(q21, k_row[sk + 21u]) + dot(q22, k_row[sk + 22u]) + dot(q23, k_row[sk + 23u]) + dot(q24, k_row[sk + 24u]) + dot(q25, k_row[sk + 25u]) + dot(q26, k_row[sk + 26u]) + dot(q27, k_row[sk + 27u]) + dot(q28, k_row[sk + 28u]) + dot(q29, k_row[sk + 29u]) + dot(q30, k_row[sk + 30u]) + dot(q31, k_row[sk + 31u]));
-        } else {
-            cf = dot(q0 * exp(bt0 - gate_b(srow, 0u)), k_row[sk + 0u]) + dot(q1 * exp(bt1 - gate_b(srow, 1u)), k_row[sk + 1u]) + dot(q2 * exp(bt2 - gate_b(srow, 2u)), k_row[sk + 2u]) + dot(q3 * exp(bt3 - gate_b(srow, 3u)), k_row[sk + 3u]) + dot(q4 * exp(bt4 - gate_b(srow, 4u)), k_row[sk + 4u]) + dot(q5 * exp(bt5 - gate_b(srow, 5u)), k_row[sk + 5u]) + dot(q6 * exp(bt6 - gate_b(srow, 6u)), k_row[sk + 6u]) + dot(q7 * exp(bt7 - gate_b(srow, 7u)), k_row[sk + 7u]) + dot(q8 * exp(bt8 - gate_b(srow, 8u)), k_row[sk + 8u]) + dot(q9 * exp(bt9 - gate_b(srow, 9u)), k_row[sk + 9u]) + dot(q10 * exp(bt10 - gate_b(srow, 10u)), k_row[sk + 10u]) + dot(q11 * exp(bt11 - gate_b(srow, 11u)), k_row[sk + 11u]) + dot(q12 * exp(bt12 - gate_b(srow, 12u)), k_row[sk + 12u]) + dot(q13 * exp(bt13 - gate_b(srow, 13u)), k_row[sk + 13u]) + dot(q14 * exp(bt14 - gate_b(srow, 14u)), k_row[sk + 14u]) + dot(q15 * exp(bt15 - gate_b(srow, 15u)), k_row[sk + 15u]) + dot(q16 * exp(bt16 - gate_b(srow, 16u)), k_row[sk + 16u]) + dot(q17 * exp(bt17 - gate_b(srow, 17u)), k_row[sk + 17u]) + dot(q18 * exp(bt18 - gate_b(srow, 18u)), k_row[sk + 18u]) + dot(q19 * exp(bt19 - gate_b(srow, 19u)), k_row[sk + 19u]) + dot(q20 * exp(bt20 - gate_b(srow, 20u)), k_row[sk + 20u]) + dot(q21 * exp(bt21 - gate_b(srow, 21u)), k_row[sk + 21u]) + dot(q22 * exp(bt22 - gate_b(srow, 22u)), k_row[sk + 22u]) + dot(q23 * exp(bt23 - gate_b(srow, 23u)), k_row[sk + 23u]) + dot(q24 * exp(bt24 - gate_b(srow, 24u)), k_row[sk + 24u]) + dot(q25 * exp(bt25 - gate_b(srow, 25u)), k_row[sk + 25u]) + dot(q26 * exp(bt26 - gate_b(srow, 26u)), k_row[sk + 26u]) + dot(q27 * exp(bt27 - gate_b(srow, 27u)), k_row[sk + 27u]) + dot(q28 * exp(bt28 - gate_b(srow, 28u)), k_row[sk + 28u]) + dot(q29 * exp(bt29 - gate_b(srow, 29u)), k_row[sk + 29u]) + dot(q30 * exp(bt30 - gate_b(srow, 30u)), k_row[sk + 30u]) + dot(q31 * exp(bt31 - gate_b(srow, 31u)), k_row[sk + 31u]);
+        if (NORM != 0u) {
+            den += dot(qa, h_in[hb4 + D * D4 + a]);
         }
+        { let c = qa.x; let r = hb4 + (4u * a + 0u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
+        { let c = qa.y; let r = hb4 + (4u * a + 1u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
+        { let c = qa.z; let r = hb4 + (4u * a + 2u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
+        { let c = qa.w; let r = hb4 + (4u * a + 3u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
+    }
+    for (var s = 0u; s <= min(t, len - 1u); s++) {
+        let cf = p_sh[t * C + s];
         den += cf;
-        o0 = fma(vec4<f32>(cf), u_row[sk + 0u], o0);
-        o1 = fma(vec4<f32>(cf), u_row[sk + 1u], o1);
-        o2 = fma(vec4<f32>(cf), u_row[sk + 2u], o2);
-        o3 = fma(vec4<f32>(cf), u_row[sk + 3u], o3);
-        o4 = fma(vec4<f32>(cf), u_row[sk + 4u], o4);
-        o5 = fma(vec4<f32>(cf), u_row[sk + 5u], o5);
-        o6 = fma(vec4<f32>(cf), u_row[sk + 6u], o6);
-        o7 = fma(vec4<f32>(cf), u_row[sk + 7u], o7);
-        o8 = fma(vec4<f32>(cf), u_row[sk + 8u], o8);
-        o9 = fma(vec4<f32>(cf), u_row[sk + 9u], o9);
-        o10 = fma(vec4<f32>(cf), u_row[sk + 10u], o10);
-        o11 = fma(vec4<f32>(cf), u_row[sk + 11u], o11);
-        o12 = fma(vec4<f32>(cf), u_row[sk + 12u], o12);
-        o13 = fma(vec4<f32>(cf), u_row[sk + 13u], o13);
-        o14 = fma(vec4<f32>(cf), u_row[sk + 14u], o14);
-        o15 = fma(vec4<f32>(cf), u_row[sk + 15u], o15);
-        o16 = fma(vec4<f32>(cf), u_row[sk + 16u], o16);
-        o17 = fma(vec4<f32>(cf), u_row[sk + 17u], o17);
-        o18 = fma(vec4<f32>(cf), u_row[sk + 18u], o18);
-        o19 = fma(vec4<f32>(cf), u_row[sk + 19u], o19);
-        o20 = fma(vec4<f32>(cf), u_row[sk + 20u], o20);
-        o21 = fma(vec4<f32>(cf), u_row[sk + 21u], o21);
-        o22 = fma(vec4<f32>(cf), u_row[sk + 22u], o22);
-        o23 = fma(vec4<f32>(cf), u_row[sk + 23u], o23);
-        o24 = fma(vec4<f32>(cf), u_row[sk + 24u], o24);
-        o25 = fma(vec4<f32>(cf), u_row[sk + 25u], o25);
-        o26 = fma(vec4<f32>(cf), u_row[sk + 26u], o26);
-        o27 = fma(vec4<f32>(cf), u_row[sk + 27u], o27);
-        o28 = fma(vec4<f32>(cf), u_row[sk + 28u], o28);
-        o29 = fma(vec4<f32>(cf), u_row[sk + 29u], o29);
-        o30 = fma(vec4<f32>(cf), u_row[sk + 30u], o30);
-        o31 = fma(vec4<f32>(cf), u_row[sk + 31u], o31);
+        let ub = row_of(b, c0 + s, h) * D4 + v4;
+        o0 = fma(vec4<f32>(cf), u_row[ub + 0u], o0);
+        o1 = fma(vec4<f32>(cf), u_row[ub + 1u], o1);
+        o2 = fma(vec4<f32>(cf), u_row[ub + 2u], o2);
+        o3 = fma(vec4<f32>(cf), u_row[ub + 3u], o3);
+        o4 = fma(vec4<f32>(cf), u_row[ub + 4u], o4);
+        o5 = fma(vec4<f32>(cf), u_row[ub + 5u], o5);
+        o6 = fma(vec4<f32>(cf), u_row[ub + 6u], o6);
+        o7 = fma(vec4<f32>(cf), u_row[ub + 7u], o7);
     }
     var inv = 1.0;
     if (NORM == 1u) {
@@ -554,37 +557,13 @@ fn chunk_output(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         inv = 1.0 / (max(abs(den), exp(-m_t)) + 1e-6);
     }
     if (in_range) {
-        out_row[qb + 0u] = o0 * inv;
-        out_row[qb + 1u] = o1 * inv;
-        out_row[qb + 2u] = o2 * inv;
-        out_row[qb + 3u] = o3 * inv;
-        out_row[qb + 4u] = o4 * inv;
-        out_row[qb + 5u] = o5 * inv;
-        out_row[qb + 6u] = o6 * inv;
-        out_row[qb + 7u] = o7 * inv;
-        out_row[qb + 8u] = o8 * inv;
-        out_row[qb + 9u] = o9 * inv;
-        out_row[qb + 10u] = o10 * inv;
-        out_row[qb + 11u] = o11 * inv;
-        out_row[qb + 12u] = o12 * inv;
-        out_row[qb + 13u] = o13 * inv;
-        out_row[qb + 14u] = o14 * inv;
-        out_row[qb + 15u] = o15 * inv;
-        out_row[qb + 16u] = o16 * inv;
-        out_row[qb + 17u] = o17 * inv;
-        out_row[qb + 18u] = o18 * inv;
-        out_row[qb + 19u] = o19 * inv;
-        out_row[qb + 20u] = o20 * inv;
-        out_row[qb + 21u] = o21 * inv;
-        out_row[qb + 22u] = o22 * inv;
-        out_row[qb + 23u] = o23 * inv;
-        out_row[qb + 24u] = o24 * inv;
-        out_row[qb + 25u] = o25 * inv;
-        out_row[qb + 26u] = o26 * inv;
-        out_row[qb + 27u] = o27 * inv;
-        out_row[qb + 28u] = o28 * inv;
-        out_row[qb + 29u] = o29 * inv;
-        out_row[qb + 30u] = o30 * inv;
-        out_row[qb + 31u] = o31 * inv;
+        out_row[qb + v4 + 0u] = o0 * inv;
+        out_row[qb + v4 + 1u] = o1 * inv;
+        out_row[qb + v4 + 2u] = o2 * inv;
+        out_row[qb + v4 + 3u] = o3 * inv;
+        out_row[qb + v4 + 4u] = o4 * inv;
+        out_row[qb + v4 + 5u] = o5 * inv;
+        out_row[qb + v4 + 6u] = o6 * inv;
+        out_row[qb + v4 + 7u] = o7 * inv;
     }
 }
