@@ -178,12 +178,15 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
             let step = run(Dims { seq: 1, ..d }, false)?;
             // The backward kernel takes head size 64 (its error names the limit otherwise).
             let fwd_bwd = if backward && dh == 64 { Some(run(d, true)?) } else { None };
+            // With LINEARIZE_PROFILE=1: this mixer's seconds per kernel over all its runs.
+            let profile: serde_json::Map<String, Value> = linearize_core::gpu::profile::take().into_iter().map(|(e, s, _)| (e.to_string(), json!(s))).collect();
             let v = json!({
                 "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh,
                 "kernel": if chunk { "chunked" } else { "recurrent" },
                 "fwd_seconds": fwd, "fwd_mhead_tokens_per_s": (b * t * h) as f64 / fwd / 1e6,
                 "decode_step_seconds": step,
                 "fwd_bwd_seconds": fwd_bwd,
+                "profile": profile,
             });
             eprintln!("{v}");
             out.push(v);

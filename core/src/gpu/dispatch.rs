@@ -305,4 +305,11 @@ pub mod profile {
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v
     }
+
+    /// `report`, then starts the totals afresh.
+    pub fn take() -> Vec<(&'static str, f64, usize)> {
+        let v = report();
+        TOTALS.lock().expect("profile lock").clear();
+        v
+    }
 }
