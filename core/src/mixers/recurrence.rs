@@ -211,7 +211,7 @@ impl Recurrence {
 /// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
 /// (shaders/mixers/common/chunk.wgsl).
 pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf) -> Result<()> {
-    let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
+    let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
     if !r.has_chunked_form(d) {
         return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{}; use the recurrent one", d.dk, d.dv)));
     }
@@ -219,7 +219,33 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
         return Ok(());
     }
     let dummy = rec.temp(4)?;
-    let (g, beta, igate) = checked_inputs(a, state.dims, out, &dummy)?;
+    let (_, _, igate) = checked_inputs(a, state.dims, out, &dummy)?;
+    let sweep = chunk_sweep(rec, a, state, &dummy)?;
+    let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
+    rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
+}
+
+/// What the chunked forward's state sweep leaves for the output kernel (recorder temporaries).
+struct ChunkSweep {
+    params: ChunkParams,
+    /// The state entering every chunk (S_0, n_0, m_0 per record), then the final n and m.
+    h: GpuBuf,
+    u: GpuBuf,
+    b_cum: GpuBuf,
+}
+
+fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
+    let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
+    Kernel::new(shader, entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64).with("NORM", r.normalizer.code() as f64)
+}
+
+/// The chunked forward's first kernels: cumulative gates and the delta rules' WY/UT transform
+/// per chunk, then the state sweep that stores every chunk's starting state and advances `state`.
+fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, dummy: &GpuBuf) -> Result<ChunkSweep> {
+    let (r, d, scale, k, v) = (a.r, a.dims, a.scale, a.k, a.v);
+    let g = a.gates.g.unwrap_or(dummy);
+    let beta = a.gates.beta.unwrap_or(dummy);
+    let igate = a.gates.igate.unwrap_or(dummy);
     let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
     let b_cum = rec.temp(rows * d.dk)?;
@@ -228,10 +254,7 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding); then the
     // final n and m per (batch, head), which chunk_carry writes to the carried state.
     let h = rec.temp(d.batch * d.heads * (chunks * (d.dk * d.dv + d.dk + 4) + d.dk + 4))?;
-    let norm = r.normalizer.code() as f64;
-    let gate = r.gate.code() as f64;
-    let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
-    let kernel = |entry| Kernel::new(shader, entry).with("GATE", gate).with("DELTA", r.delta as u8 as f64).with("NORM", norm);
+    let kernel = |entry| chunk_kernel(r, d, entry);
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
@@ -241,8 +264,7 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     if r.normalizer != Normalizer::None {
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
-    let output_bindings = [(1, q), (2, k), (11, &h), (12, &u), (14, out), (15, &b_cum), (16, igate)];
-    rec.dispatch_bindings(&kernel("chunk_output"), &params, &output_bindings, grid)
+    Ok(ChunkSweep { params, h, u, b_cum })
 }
 
 /// Gradients of the recurrence's inputs on the GPU, laid out like the inputs (`igate`: mLSTM's
@@ -295,14 +317,35 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Resul
     }
     let chunks = d.seq.div_ceil(CHUNK);
     let bh = d.batch * d.heads;
-    let saved = rec.temp(bh * chunks * (64 * 64 + 65))?;
-    let steps = rec.temp(bh * CHUNK * (64 * 64 + 64 + 64 + 3))?;
-    let kernel = Kernel::new("mixers/common/recurrent_backward", "recurrent_backward_k64")
-        .with("GATE", r.gate.code() as f64)
-        .with("DELTA", r.delta as u8 as f64)
-        .with("NORM", r.normalizer.code() as f64);
+    let kernel = |entry| {
+        Kernel::new("mixers/common/recurrent_backward", entry)
+            .with("GATE", r.gate.code() as f64)
+            .with("DELTA", r.delta as u8 as f64)
+            .with("NORM", r.normalizer.code() as f64)
+    };
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
-    let bufs = [q, k, v, g, beta, igate, d_out, &saved, &steps, &grads.q, &grads.k, &grads.v, &grads.g, &grads.beta, &grads.igate];
-    rec.dispatch(&kernel, &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
+    // Per token of a chunk: S_(t-1), n_(t-1), the delta rule's error and three scalars.
+    const STEP: usize = 64 * 64 + 64 + 64 + 3;
+    let grad_bufs = [(10, &grads.q), (11, &grads.k), (12, &grads.v), (13, &grads.g), (14, &grads.beta), (15, &grads.igate)];
+    let inputs = [(1, q), (2, k), (3, v), (4, g), (5, beta), (6, igate), (7, d_out)];
+    if r.normalizer == Normalizer::None && chunks > 1 {
+        // Chunk-parallel: the chunk starts from the chunked forward's sweep (from a zero state),
+        // ∂L/∂S at every chunk's end from the sweep backwards, then every chunk at once.
+        let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(bh * (d.dk + 4))? };
+        crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
+        crate::nn::zero(rec, &zero.nm, bh * (d.dk + 4))?;
+        let sweep = chunk_sweep(rec, a, &zero, &dummy)?;
+        let ds_end = rec.temp(bh * chunks * 64 * 64)?;
+        let steps = rec.temp(bh * chunks * CHUNK * STEP)?;
+        let sweep_bindings = [(1, q), (2, k), (4, g), (5, beta), (7, d_out), (16, &ds_end)];
+        rec.dispatch_bindings(&kernel("backward_ds_sweep"), &params, &sweep_bindings, [d.heads as u32, d.batch as u32, 1])?;
+        let bufs = [inputs.as_slice(), &[(8, &sweep.h), (9, &steps), (16, &ds_end)], grad_bufs.as_slice()].concat();
+        rec.dispatch_bindings(&kernel("backward_chunks"), &params, &bufs, [chunks as u32, d.heads as u32, d.batch as u32])?;
+    } else {
+        let saved = rec.temp(bh * chunks * (64 * 64 + 68))?;
+        let steps = rec.temp(bh * CHUNK * STEP)?;
+        let bufs = [inputs.as_slice(), &[(8, &saved), (9, &steps)], grad_bufs.as_slice()].concat();
+        rec.dispatch_bindings(&kernel("recurrent_backward_k64"), &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
+    }
     Ok(grads)
 }

@@ -41,10 +41,13 @@ struct Params {
 @group(0) @binding(13) var<storage, read_write> dg: array<f32>;    // like g
 @group(0) @binding(14) var<storage, read_write> dbeta: array<f32>;  // [B, T, H]
 @group(0) @binding(15) var<storage, read_write> digate: array<f32>; // [B, T, H]
+// The chunk-parallel form: ∂L/∂S at the end of every chunk, [B, H, chunks, 64 x 64].
+@group(0) @binding(16) var<storage, read_write> ds_end: array<f32>;
 
 const C: u32 = 64u;
-// saved, per chunk: S [64 x 64], n [64], m.
-const SAVED: u32 = 4161u;
+// saved, per chunk: S [64 x 64], n [64], m, 3 words of padding (chunk.wgsl's record of the state
+// entering a chunk, so its `h` can stand in).
+const SAVED: u32 = 4164u;
 // steps, per token of the chunk: S_(t-1) [64 x 64], n_(t-1) [64], e [64], then a, w, m.
 const STEP: u32 = 4227u;
 const AT_N: u32 = 4096u;
@@ -176,6 +179,205 @@ fn forward_step(row: u32, col: u32, r0: u32, flat: u32, s: ptr<function, array<v
     return vec3<f32>(a, w, e);
 }
 
+// Steps 2 and 3 for one chunk: recompute its steps from the saved start, then walk it backwards
+// from ∂L/∂S and ∂L/∂n at its end (`ds`, `dn`, left at its start).
+fn backward_chunk(chunk: u32, b: u32, h: u32, col: u32, rb: u32, r0: u32, flat: u32, saved_base: u32, steps_base: u32,
+                  ds: ptr<function, array<vec4<f32>, 4>>, dn: ptr<function, array<vec4<f32>, 4>>) {
+    var s: array<vec4<f32>, 4>;
+    var n: array<vec4<f32>, 4>;
+    var m = 0.0;
+    let t0 = chunk * C;
+    let t1 = min(t0 + C, p.seq);
+    storageBarrier();
+
+    // 2. Recompute the chunk from its saved start.
+    let base = saved_base + chunk * SAVED;
+    for (var c = 0u; c < 4u; c++) {
+        for (var e = 0u; e < 4u; e++) {
+            let i = r0 + 4u * c + e;
+            s[c][e] = saved[base + i * 64u + col];
+            n[c][e] = saved[base + AT_N + i];
+        }
+    }
+    m = saved[base + AT_N + 64u];
+    for (var t = t0; t < t1; t++) {
+        let sb = steps_base + (t - t0) * STEP;
+        for (var c = 0u; c < 4u; c++) {
+            for (var e = 0u; e < 4u; e++) {
+                let i = r0 + 4u * c + e;
+                steps[sb + i * 64u + col] = s[c][e];
+                if (col == 0u) {
+                    steps[sb + AT_N + i] = n[c][e];
+                }
+            }
+        }
+        let awe = forward_step((b * p.seq + t) * p.heads + h, col, r0, flat, &s, &n, &m);
+        if (rb == 0u) {
+            steps[sb + AT_E + col] = awe.z;
+        }
+        if (flat == 0u) {
+            steps[sb + AT_SCALARS] = awe.x;
+            steps[sb + AT_SCALARS + 1u] = awe.y;
+            steps[sb + AT_SCALARS + 2u] = m;
+        }
+    }
+    storageBarrier();
+
+    // 3. Backwards through the chunk.
+    for (var tt = t1 - t0; tt > 0u; tt--) {
+        let t = t0 + tt - 1u;
+        let row = (b * p.seq + t) * p.heads + h;
+        let sb = steps_base + (t - t0) * STEP;
+        if (flat < 64u) {
+            q_sh[flat] = q[row * 64u + flat] * p.scale;
+            k_sh[flat] = k[row * 64u + flat];
+            v_sh[flat] = v[row * 64u + flat];
+            do_sh[flat] = dout[row * 64u + flat];
+            if (GATE == 2u) {
+                a_sh[flat] = exp(g[row * 64u + flat]);
+            }
+        }
+        workgroupBarrier();
+        let a = steps[sb + AT_SCALARS];
+        let w = steps[sb + AT_SCALARS + 1u];
+        let m_t = steps[sb + AT_SCALARS + 2u];
+        let e = steps[sb + AT_E + col];
+        var bt = 1.0;
+        var u = w * v_sh[col];
+        if (DELTA) {
+            bt = beta[row];
+            u = bt * e;
+        }
+        // S_(t-1), S' and S_t of this thread's rows; n_(t-1) and n_t.
+        var sp: array<vec4<f32>, 4>;
+        var sd: array<vec4<f32>, 4>;
+        var st: array<vec4<f32>, 4>;
+        var np: array<vec4<f32>, 4>;
+        var nt: array<vec4<f32>, 4>;
+        var o_part = 0.0;
+        var nq_part = 0.0;
+        for (var c = 0u; c < 4u; c++) {
+            let r = r0 + 4u * c;
+            for (var e4 = 0u; e4 < 4u; e4++) {
+                sp[c][e4] = steps[sb + (r + e4) * 64u + col];
+                np[c][e4] = steps[sb + AT_N + r + e4];
+            }
+            let d = decay4(r, a);
+            sd[c] = sp[c] * d;
+            st[c] = fma(k4(r), vec4<f32>(u), sd[c]);
+            nt[c] = fma(k4(r), vec4<f32>(w), np[c] * d);
+            o_part += dot(q4(r), st[c]);
+            nq_part += dot(q4(r), nt[c]);
+        }
+
+        // Output: o = S_t^T q~ / den.
+        let o_raw = sum_row_blocks(o_part, flat, col);
+        var d_raw = do_sh[col];
+        var dnq = 0.0;
+        if (NORM != 0u) {
+            let nq = sum_row_blocks(nq_part, flat, col);
+            var den = nq + 1e-10;
+            var slope = 1.0;
+            if (NORM == 2u) {
+                if (abs(nq) > exp(-m_t)) {
+                    den = abs(nq) + 1e-6;
+                    slope = sign(nq);
+                } else {
+                    den = exp(-m_t) + 1e-6;
+                    slope = 0.0;
+                }
+            }
+            let d_den = -sum_columns(do_sh[col] * o_raw, rb, col) / (den * den);
+            d_raw = do_sh[col] / den;
+            dnq = d_den * slope;
+        }
+        // The row-vector terms (dn, n) are the same in every column: column 0 adds them.
+        let once = select(0.0, 1.0, col == 0u);
+        for (var c = 0u; c < 4u; c++) {
+            (*ds)[c] = fma(q4(r0 + 4u * c), vec4<f32>(d_raw), (*ds)[c]);
+        }
+        let dq_i = sum_rows_over_columns(
+            st[0] * d_raw + nt[0] * (dnq * once), st[1] * d_raw + nt[1] * (dnq * once),
+            st[2] * d_raw + nt[2] * (dnq * once), st[3] * d_raw + nt[3] * (dnq * once), r0, col, flat);
+        if (flat < 64u) {
+            dq[row * 64u + flat] = dq_i * p.scale;
+        }
+        for (var c = 0u; c < 4u; c++) {
+            (*dn)[c] = fma(q4(r0 + 4u * c), vec4<f32>(dnq), (*dn)[c]);
+        }
+
+        // Write: du_j = sum_i dS_ij k_i.
+        var du_part = 0.0;
+        var dnk_part = 0.0;
+        for (var c = 0u; c < 4u; c++) {
+            du_part += dot((*ds)[c], k4(r0 + 4u * c));
+            dnk_part += dot((*dn)[c], k4(r0 + 4u * c));
+        }
+        let du = sum_row_blocks(du_part, flat, col);
+        var dk_v: array<vec4<f32>, 4>;
+        if (DELTA) {
+            let d_beta = sum_columns(du * e, rb, col);
+            if (flat == 0u) {
+                dbeta[row] = d_beta;
+            }
+            if (rb == 0u) {
+                dv[row * 64u + col] = bt * du;
+            }
+            for (var c = 0u; c < 4u; c++) {
+                dk_v[c] = (*ds)[c] * u - sd[c] * (bt * du);
+                (*ds)[c] = (*ds)[c] - k4(r0 + 4u * c) * (bt * du);
+            }
+        } else {
+            if (rb == 0u) {
+                dv[row * 64u + col] = w * du;
+            }
+            for (var c = 0u; c < 4u; c++) {
+                dk_v[c] = (*ds)[c] * u + (*dn)[c] * (w * once);
+            }
+            if (NORM == 2u) {
+                let dw = sum_columns(du * v_sh[col], rb, col) + sum_row_blocks(dnk_part, flat, col);
+                if (flat == 0u) {
+                    digate[row] = dw * w;
+                }
+            }
+        }
+        let dk_i = sum_rows_over_columns(dk_v[0], dk_v[1], dk_v[2], dk_v[3], r0, col, flat);
+        if (flat < 64u) {
+            dk[row * 64u + flat] = dk_i;
+        }
+
+        // Decay: dA_i = sum_j dS'_ij S_(t-1),ij + dn_i n_(t-1),i.
+        if (GATE != 0u) {
+            let da_i = sum_rows_over_columns(
+                (*ds)[0] * sp[0] + (*dn)[0] * np[0] * once, (*ds)[1] * sp[1] + (*dn)[1] * np[1] * once,
+                (*ds)[2] * sp[2] + (*dn)[2] * np[2] * once, (*ds)[3] * sp[3] + (*dn)[3] * np[3] * once, r0, col, flat);
+            if (GATE == 2u) {
+                if (flat < 64u) {
+                    dg[row * 64u + flat] = da_i * a_sh[flat];
+                }
+            } else {
+                if (flat < 64u) {
+                    red_c[flat] = da_i;
+                }
+                workgroupBarrier();
+                if (flat == 0u) {
+                    var total = 0.0;
+                    for (var i = 0u; i < 64u; i++) {
+                        total += red_c[i];
+                    }
+                    dg[row] = total * a;
+                }
+            }
+            for (var c = 0u; c < 4u; c++) {
+                let d = decay4(r0 + 4u * c, a);
+                (*ds)[c] = (*ds)[c] * d;
+                (*dn)[c] = (*dn)[c] * d;
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
 @compute @workgroup_size(64, 4)
 fn recurrent_backward_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let col = lid.x;
@@ -214,196 +416,88 @@ fn recurrent_backward_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin
     var ds: array<vec4<f32>, 4>;
     var dn: array<vec4<f32>, 4>;
     for (var ci = 0u; ci < p.chunks; ci++) {
-        let chunk = p.chunks - 1u - ci;
-        let t0 = chunk * C;
-        let t1 = min(t0 + C, p.seq);
-        storageBarrier();
+        backward_chunk(p.chunks - 1u - ci, b, h, col, rb, r0, flat, saved_base, steps_base, &ds, &dn);
+    }
+}
 
-        // 2. Recompute the chunk from its saved start.
-        let base = saved_base + chunk * SAVED;
-        for (var c = 0u; c < 4u; c++) {
-            for (var e = 0u; e < 4u; e++) {
-                let i = r0 + 4u * c + e;
-                s[c][e] = saved[base + i * 64u + col];
-                n[c][e] = saved[base + AT_N + i];
-            }
-        }
-        m = saved[base + AT_N + 64u];
-        for (var t = t0; t < t1; t++) {
-            let sb = steps_base + (t - t0) * STEP;
+// The chunk-parallel backward of the additive and delta rules without a normaliser (NORM 0):
+// backward_ds_sweep carries ∂L/∂S alone backwards through the sequence (it needs no state) and
+// keeps its value at every chunk's end; then backward_chunks walks each chunk from there, one
+// workgroup per (chunk, head, batch), from the chunk starts the chunked forward stored in
+// `saved`. Per token the sweep adds q̃ doᵀ, removes the delta rule's write
+// (dS ← dS − β k (dSᵀk)ᵀ) and decays.
+@compute @workgroup_size(64, 4)
+fn backward_ds_sweep(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let col = lid.x;
+    let rb = lid.y;
+    let r0 = rb * 16u;
+    let flat = rb * 64u + col;
+    let h = wid.x;
+    let b = wid.y;
+    let bh = b * p.heads + h;
+    var ds: array<vec4<f32>, 4>;
+    for (var tt = p.seq; tt > 0u; tt--) {
+        let t = tt - 1u;
+        if (t % C == C - 1u || t == p.seq - 1u) {
+            let base = (bh * p.chunks + t / C) * 4096u;
             for (var c = 0u; c < 4u; c++) {
                 for (var e = 0u; e < 4u; e++) {
-                    let i = r0 + 4u * c + e;
-                    steps[sb + i * 64u + col] = s[c][e];
-                    if (col == 0u) {
-                        steps[sb + AT_N + i] = n[c][e];
-                    }
+                    ds_end[base + (r0 + 4u * c + e) * 64u + col] = ds[c][e];
                 }
-            }
-            let awe = forward_step((b * p.seq + t) * p.heads + h, col, r0, flat, &s, &n, &m);
-            if (rb == 0u) {
-                steps[sb + AT_E + col] = awe.z;
-            }
-            if (flat == 0u) {
-                steps[sb + AT_SCALARS] = awe.x;
-                steps[sb + AT_SCALARS + 1u] = awe.y;
-                steps[sb + AT_SCALARS + 2u] = m;
             }
         }
-        storageBarrier();
-
-        // 3. Backwards through the chunk.
-        for (var tt = t1 - t0; tt > 0u; tt--) {
-            let t = t0 + tt - 1u;
-            let row = (b * p.seq + t) * p.heads + h;
-            let sb = steps_base + (t - t0) * STEP;
-            if (flat < 64u) {
-                q_sh[flat] = q[row * 64u + flat] * p.scale;
-                k_sh[flat] = k[row * 64u + flat];
-                v_sh[flat] = v[row * 64u + flat];
-                do_sh[flat] = dout[row * 64u + flat];
-                if (GATE == 2u) {
-                    a_sh[flat] = exp(g[row * 64u + flat]);
-                }
+        let row = (b * p.seq + t) * p.heads + h;
+        if (flat < 64u) {
+            q_sh[flat] = q[row * 64u + flat] * p.scale;
+            k_sh[flat] = k[row * 64u + flat];
+            do_sh[flat] = dout[row * 64u + flat];
+            if (GATE == 2u) {
+                a_sh[flat] = exp(g[row * 64u + flat]);
             }
-            workgroupBarrier();
-            let a = steps[sb + AT_SCALARS];
-            let w = steps[sb + AT_SCALARS + 1u];
-            let m_t = steps[sb + AT_SCALARS + 2u];
-            let e = steps[sb + AT_E + col];
-            var bt = 1.0;
-            var u = w * v_sh[col];
-            if (DELTA) {
-                bt = beta[row];
-                u = bt * e;
-            }
-            // S_(t-1), S' and S_t of this thread's rows; n_(t-1) and n_t.
-            var sp: array<vec4<f32>, 4>;
-            var sd: array<vec4<f32>, 4>;
-            var st: array<vec4<f32>, 4>;
-            var np: array<vec4<f32>, 4>;
-            var nt: array<vec4<f32>, 4>;
-            var o_part = 0.0;
-            var nq_part = 0.0;
-            for (var c = 0u; c < 4u; c++) {
-                let r = r0 + 4u * c;
-                for (var e4 = 0u; e4 < 4u; e4++) {
-                    sp[c][e4] = steps[sb + (r + e4) * 64u + col];
-                    np[c][e4] = steps[sb + AT_N + r + e4];
-                }
-                let d = decay4(r, a);
-                sd[c] = sp[c] * d;
-                st[c] = fma(k4(r), vec4<f32>(u), sd[c]);
-                nt[c] = fma(k4(r), vec4<f32>(w), np[c] * d);
-                o_part += dot(q4(r), st[c]);
-                nq_part += dot(q4(r), nt[c]);
-            }
-
-            // Output: o = S_t^T q~ / den.
-            let o_raw = sum_row_blocks(o_part, flat, col);
-            var d_raw = do_sh[col];
-            var dnq = 0.0;
-            if (NORM != 0u) {
-                let nq = sum_row_blocks(nq_part, flat, col);
-                var den = nq + 1e-10;
-                var slope = 1.0;
-                if (NORM == 2u) {
-                    if (abs(nq) > exp(-m_t)) {
-                        den = abs(nq) + 1e-6;
-                        slope = sign(nq);
-                    } else {
-                        den = exp(-m_t) + 1e-6;
-                        slope = 0.0;
-                    }
-                }
-                let d_den = -sum_columns(do_sh[col] * o_raw, rb, col) / (den * den);
-                d_raw = do_sh[col] / den;
-                dnq = d_den * slope;
-            }
-            // The row-vector terms (dn, n) are the same in every column: column 0 adds them.
-            let once = select(0.0, 1.0, col == 0u);
-            for (var c = 0u; c < 4u; c++) {
-                ds[c] = fma(q4(r0 + 4u * c), vec4<f32>(d_raw), ds[c]);
-            }
-            let dq_i = sum_rows_over_columns(
-                st[0] * d_raw + nt[0] * (dnq * once), st[1] * d_raw + nt[1] * (dnq * once),
-                st[2] * d_raw + nt[2] * (dnq * once), st[3] * d_raw + nt[3] * (dnq * once), r0, col, flat);
-            if (flat < 64u) {
-                dq[row * 64u + flat] = dq_i * p.scale;
-            }
-            for (var c = 0u; c < 4u; c++) {
-                dn[c] = fma(q4(r0 + 4u * c), vec4<f32>(dnq), dn[c]);
-            }
-
-            // Write: du_j = sum_i dS_ij k_i.
-            var du_part = 0.0;
-            var dnk_part = 0.0;
-            for (var c = 0u; c < 4u; c++) {
-                du_part += dot(ds[c], k4(r0 + 4u * c));
-                dnk_part += dot(dn[c], k4(r0 + 4u * c));
-            }
+        }
+        workgroupBarrier();
+        var du_part = 0.0;
+        for (var c = 0u; c < 4u; c++) {
+            ds[c] = fma(q4(r0 + 4u * c), vec4<f32>(do_sh[col]), ds[c]);
+            du_part += dot(ds[c], k4(r0 + 4u * c));
+        }
+        if (DELTA) {
             let du = sum_row_blocks(du_part, flat, col);
-            var dk_v: array<vec4<f32>, 4>;
-            if (DELTA) {
-                let d_beta = sum_columns(du * e, rb, col);
-                if (flat == 0u) {
-                    dbeta[row] = d_beta;
-                }
-                if (rb == 0u) {
-                    dv[row * 64u + col] = bt * du;
-                }
-                for (var c = 0u; c < 4u; c++) {
-                    dk_v[c] = ds[c] * u - sd[c] * (bt * du);
-                    ds[c] = ds[c] - k4(r0 + 4u * c) * (bt * du);
-                }
-            } else {
-                if (rb == 0u) {
-                    dv[row * 64u + col] = w * du;
-                }
-                for (var c = 0u; c < 4u; c++) {
-                    dk_v[c] = ds[c] * u + dn[c] * (w * once);
-                }
-                if (NORM == 2u) {
-                    let dw = sum_columns(du * v_sh[col], rb, col) + sum_row_blocks(dnk_part, flat, col);
-                    if (flat == 0u) {
-                        digate[row] = dw * w;
-                    }
-                }
+            let bdu = beta[row] * du;
+            for (var c = 0u; c < 4u; c++) {
+                ds[c] = ds[c] - k4(r0 + 4u * c) * bdu;
             }
-            let dk_i = sum_rows_over_columns(dk_v[0], dk_v[1], dk_v[2], dk_v[3], r0, col, flat);
-            if (flat < 64u) {
-                dk[row * 64u + flat] = dk_i;
+        }
+        if (GATE != 0u) {
+            var a = 1.0;
+            if (GATE == 1u) {
+                a = exp(g[row]);
             }
+            for (var c = 0u; c < 4u; c++) {
+                ds[c] = ds[c] * decay4(r0 + 4u * c, a);
+            }
+        }
+        workgroupBarrier();
+    }
+}
 
-            // Decay: dA_i = sum_j dS'_ij S_(t-1),ij + dn_i n_(t-1),i.
-            if (GATE != 0u) {
-                let da_i = sum_rows_over_columns(
-                    ds[0] * sp[0] + dn[0] * np[0] * once, ds[1] * sp[1] + dn[1] * np[1] * once,
-                    ds[2] * sp[2] + dn[2] * np[2] * once, ds[3] * sp[3] + dn[3] * np[3] * once, r0, col, flat);
-                if (GATE == 2u) {
-                    if (flat < 64u) {
-                        dg[row * 64u + flat] = da_i * a_sh[flat];
-                    }
-                } else {
-                    if (flat < 64u) {
-                        red_c[flat] = da_i;
-                    }
-                    workgroupBarrier();
-                    if (flat == 0u) {
-                        var total = 0.0;
-                        for (var i = 0u; i < 64u; i++) {
-                            total += red_c[i];
-                        }
-                        dg[row] = total * a;
-                    }
-                }
-                for (var c = 0u; c < 4u; c++) {
-                    let d = decay4(r0 + 4u * c, a);
-                    ds[c] = ds[c] * d;
-                    dn[c] = dn[c] * d;
-                }
-            }
-            workgroupBarrier();
+@compute @workgroup_size(64, 4)
+fn backward_chunks(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let col = lid.x;
+    let rb = lid.y;
+    let r0 = rb * 16u;
+    let flat = rb * 64u + col;
+    let chunk = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    var ds: array<vec4<f32>, 4>;
+    var dn: array<vec4<f32>, 4>;
+    let base = (bh * p.chunks + chunk) * 4096u;
+    for (var c = 0u; c < 4u; c++) {
+        for (var e = 0u; e < 4u; e++) {
+            ds[c][e] = ds_end[base + (r0 + 4u * c + e) * 64u + col];
         }
     }
+    backward_chunk(chunk, b, h, col, rb, r0, flat, bh * p.chunks * SAVED, (bh * p.chunks + chunk) * C * STEP, &ds, &dn);
 }
