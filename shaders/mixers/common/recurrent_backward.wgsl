@@ -54,9 +54,10 @@ const AT_N: u32 = 4096u;
 const AT_E: u32 = 4160u;
 const AT_SCALARS: u32 = 4224u;
 
-var<workgroup> q_sh: array<f32, 64>;
-var<workgroup> k_sh: array<f32, 64>;
-var<workgroup> a_sh: array<f32, 64>;
+// q, k and the per-channel decay of the current token as vec4s: rows r..r+3 in one read.
+var<workgroup> q_sh: array<vec4<f32>, 16>;
+var<workgroup> k_sh: array<vec4<f32>, 16>;
+var<workgroup> a_sh: array<vec4<f32>, 16>;
 var<workgroup> v_sh: array<f32, 64>;
 var<workgroup> do_sh: array<f32, 64>;
 var<workgroup> red_a: array<f32, 256>;
@@ -65,13 +66,13 @@ var<workgroup> red_c: array<f32, 64>;
 var<workgroup> red_k: array<f32, 4160>; // [64 rows][65]: padded against bank conflicts
 
 fn q4(r: u32) -> vec4<f32> {
-    return vec4<f32>(q_sh[r], q_sh[r + 1u], q_sh[r + 2u], q_sh[r + 3u]);
+    return q_sh[r / 4u];
 }
 fn k4(r: u32) -> vec4<f32> {
-    return vec4<f32>(k_sh[r], k_sh[r + 1u], k_sh[r + 2u], k_sh[r + 3u]);
+    return k_sh[r / 4u];
 }
 fn a4(r: u32) -> vec4<f32> {
-    return vec4<f32>(a_sh[r], a_sh[r + 1u], a_sh[r + 2u], a_sh[r + 3u]);
+    return a_sh[r / 4u];
 }
 
 // The decay of rows r..r+3: per channel, or the step's scalar.
@@ -135,10 +136,10 @@ fn sum_rows_over_columns(x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f
 // the scalar decay, the write scale and this column's delta-rule error.
 fn forward_step(row: u32, col: u32, r0: u32, flat: u32, s: ptr<function, array<vec4<f32>, 4>>, n: ptr<function, array<vec4<f32>, 4>>, m: ptr<function, f32>) -> vec3<f32> {
     if (flat < 64u) {
-        k_sh[flat] = k[row * 64u + flat];
+        k_sh[flat / 4u][flat % 4u] = k[row * 64u + flat];
         v_sh[flat] = v[row * 64u + flat];
         if (GATE == 2u) {
-            a_sh[flat] = exp(g[row * 64u + flat]);
+            a_sh[flat / 4u][flat % 4u] = exp(g[row * 64u + flat]);
         }
     }
     workgroupBarrier();
@@ -229,12 +230,12 @@ fn backward_chunk(chunk: u32, b: u32, h: u32, col: u32, rb: u32, r0: u32, flat: 
         let row = (b * p.seq + t) * p.heads + h;
         let sb = steps_base + (t - t0) * STEP;
         if (flat < 64u) {
-            q_sh[flat] = q[row * 64u + flat] * p.scale;
-            k_sh[flat] = k[row * 64u + flat];
+            q_sh[flat / 4u][flat % 4u] = q[row * 64u + flat] * p.scale;
+            k_sh[flat / 4u][flat % 4u] = k[row * 64u + flat];
             v_sh[flat] = v[row * 64u + flat];
             do_sh[flat] = dout[row * 64u + flat];
             if (GATE == 2u) {
-                a_sh[flat] = exp(g[row * 64u + flat]);
+                a_sh[flat / 4u][flat % 4u] = exp(g[row * 64u + flat]);
             }
         }
         workgroupBarrier();
@@ -260,7 +261,9 @@ fn backward_chunk(chunk: u32, b: u32, h: u32, col: u32, rb: u32, r0: u32, flat: 
             let r = r0 + 4u * c;
             for (var e4 = 0u; e4 < 4u; e4++) {
                 sp[c][e4] = steps[sb + (r + e4) * 64u + col];
-                np[c][e4] = steps[sb + AT_N + r + e4];
+                if (NORM != 0u) {
+                    np[c][e4] = steps[sb + AT_N + r + e4];
+                }
             }
             let d = decay4(r, a);
             sd[c] = sp[c] * d;
@@ -353,7 +356,7 @@ fn backward_chunk(chunk: u32, b: u32, h: u32, col: u32, rb: u32, r0: u32, flat: 
                 (*ds)[2] * sp[2] + (*dn)[2] * np[2] * once, (*ds)[3] * sp[3] + (*dn)[3] * np[3] * once, r0, col, flat);
             if (GATE == 2u) {
                 if (flat < 64u) {
-                    dg[row * 64u + flat] = da_i * a_sh[flat];
+                    dg[row * 64u + flat] = da_i * a_sh[flat / 4u][flat % 4u];
                 }
             } else {
                 if (flat < 64u) {
@@ -448,11 +451,11 @@ fn backward_ds_sweep(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(work
         }
         let row = (b * p.seq + t) * p.heads + h;
         if (flat < 64u) {
-            q_sh[flat] = q[row * 64u + flat] * p.scale;
-            k_sh[flat] = k[row * 64u + flat];
+            q_sh[flat / 4u][flat % 4u] = q[row * 64u + flat] * p.scale;
+            k_sh[flat / 4u][flat % 4u] = k[row * 64u + flat];
             do_sh[flat] = dout[row * 64u + flat];
             if (GATE == 2u) {
-                a_sh[flat] = exp(g[row * 64u + flat]);
+                a_sh[flat / 4u][flat % 4u] = exp(g[row * 64u + flat]);
             }
         }
         workgroupBarrier();
