@@ -41,7 +41,7 @@ kernels)
   python3 scripts/bench_fla_mixers.py --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-300}" --out "$OUT/fla.jsonl" 2>> "$OUT/log.txt"
   ;;
 fla-backward)
-  FLA_TRITON_ABOVE_3_7_1=1 python3 scripts/bench_fla_mixers.py --backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   ;;
 esac
 tail -3 "$OUT/log.txt"
