@@ -19,7 +19,7 @@ fn compare_writes_tables_figures_and_json_and_a_rerun_reuses_them() {
     let dir = tempdir("compare");
     let student = dir.join("gdn");
     let s = student.to_str().unwrap();
-    ok(&run(&["distill", "--mixer", "gated_deltanet", "--out", s, "--layers", "2", "--tokens", "1024", "--seq", "32", "--batch", "2", "--heldout-tokens", "64", "--json"]));
+    ok(&run(&["distill", "--mixer", "gated_deltanet", "--out", s, "--layers", "2", "--tokens", "128", "--seq", "32", "--batch", "2", "--heldout-tokens", "64", "--json"]));
     let out = dir.join("report");
     let o = out.to_str().unwrap();
     let args = ["compare", "--models", &format!("smollm2-135m,{s}"), "--out", o, "--tasks", "winogrande,lambada", "--limit", "2", "--lengths", "128", "--depths", "0,100", "--saturation-tokens", "128", "--every", "64", "--json"];
