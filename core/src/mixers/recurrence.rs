@@ -219,8 +219,9 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
         return Ok(());
     }
     let dummy = rec.temp(4)?;
-    let (_, _, igate) = checked_inputs(a, state.dims, out, &dummy)?;
-    let sweep = chunk_sweep(rec, a, state, &dummy)?;
+    let inputs = checked_inputs(a, state.dims, out, &dummy)?;
+    let igate = inputs.2;
+    let sweep = chunk_sweep(rec, a, state, inputs)?;
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
 }
@@ -241,11 +242,9 @@ fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
 
 /// The chunked forward's first kernels: cumulative gates and the delta rules' WY/UT transform
 /// per chunk, then the state sweep that stores every chunk's starting state and advances `state`.
-fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, dummy: &GpuBuf) -> Result<ChunkSweep> {
+/// `(g, beta, igate)`: the gates as `checked_inputs` resolves them.
+fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, beta, igate): (&GpuBuf, &GpuBuf, &GpuBuf)) -> Result<ChunkSweep> {
     let (r, d, scale, k, v) = (a.r, a.dims, a.scale, a.k, a.v);
-    let g = a.gates.g.unwrap_or(dummy);
-    let beta = a.gates.beta.unwrap_or(dummy);
-    let igate = a.gates.igate.unwrap_or(dummy);
     let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
     let b_cum = rec.temp(rows * d.dk)?;
@@ -334,7 +333,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Resul
         let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(bh * (d.dk + 4))? };
         crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
         crate::nn::zero(rec, &zero.nm, bh * (d.dk + 4))?;
-        let sweep = chunk_sweep(rec, a, &zero, &dummy)?;
+        let sweep = chunk_sweep(rec, a, &zero, (g, beta, igate))?;
         let ds_end = rec.temp(bh * chunks * 64 * 64)?;
         let steps = rec.temp(bh * chunks * CHUNK * STEP)?;
         let sweep_bindings = [(1, q), (2, k), (4, g), (5, beta), (7, d_out), (16, &ds_end)];
