@@ -528,3 +528,534 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         out_row[qb + v4 + 3u] = o3 * inv;
     }
 }
+
+// ---- the chunked backward (NORM 0), from a zero initial state ----
+//
+// fla's chunk_bwd order over the forward's stored chunk starts S_0 (h), u, W and cumulative
+// gates (chunk_prepare and chunk_state rerun from zero). With dS_L the gradient of the chunk's
+// end state, P the forward's scores and dP_ts = scale exp(b_t − b_s) dO_t·u_s (s ≤ t):
+//   chunk_bwd_local  (chunk, head, batch): du_s = Σ_(t≥s) P_ts dO_t
+//   chunk_bwd_state  (value block, head, batch), last chunk first: stores dS_L per chunk, then
+//                    du_s += (k_s ⊙ exp(b_L − b_s))ᵀ dS_L and
+//                    dS_0 = exp(b_L) ⊙ dS_L + Σ_t q̃_t dO_tᵀ − Wᵀ du (the previous chunk's dS_L)
+//   chunk_bwd_grads  (chunk, head, batch):
+//     dq_t = scale exp(b_t) ⊙ S_0 dO_t + Σ_(s≤t) dP_ts k_s ⊙ exp(b_t − b_s)
+//     dk_s = Σ_(t≥s) dP_ts q_t ⊙ exp(b_t − b_s) + exp(b_L − b_s) ⊙ dS_L u_s
+//     delta rules: (I + A)ᵀ [dR_v | dR_k] = [du | −du S_0ᵀ] (back substitution); dv = β dR_v;
+//       R_k = β exp(b) ⊙ k gives dk, dβ, db; dA_ts = −(dR_v,t·Uc_s + dR_k,t·W_s) with
+//       Uc_s = u_s + S_0ᵀ W_s, through A_ts = β_t Σ_i k_ti k_si exp(b_ti − b_si)
+//     additive rules: dv = du
+//     gates: db_t = q_t ⊙ dq_t − k_t ⊙ dk_t (+ the delta terms' signs), plus Σ_j dS_L,ij S_L,ij at
+//       the chunk's last token; dg is the reverse cumulative sum of db within the chunk.
+// Every exponent is ≤ 0 as in the forward.
+
+@group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;       // [B, H, chunks, D, D]
+@group(0) @binding(19) var<storage, read> ds_in: array<vec4<f32>>;        // the same, as vec4
+@group(0) @binding(20) var<storage, read_write> du_rw: array<vec4<f32>>;  // [B, T, H, D/4] du
+@group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>;     // [B, T, H, D/4] dO
+@group(0) @binding(22) var<storage, read_write> dq_out: array<vec4<f32>>;
+@group(0) @binding(23) var<storage, read_write> dk_out: array<vec4<f32>>;
+@group(0) @binding(24) var<storage, read_write> dv_out: array<f32>;       // dR_v, then dv
+@group(0) @binding(25) var<storage, read_write> dg_out: array<f32>;
+@group(0) @binding(26) var<storage, read_write> dbeta_out: array<f32>;
+@group(0) @binding(27) var<storage, read_write> dr_k: array<f32>;         // dR_k, then y
+
+// Per thread (token, quarter): key or value vec4s quarter + 4e, e < NV.
+const NV: u32 = D4 / 4u;
+var<workgroup> do_sh: array<vec4<f32>, 256>; // dO[t, block columns] (chunk_bwd_state)
+
+// exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
+fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
+    if (GATE == 2u) {
+        return exp(gate_b(row_t, a) - gate_b(row_s, a));
+    }
+    return vec4<f32>(1.0);
+}
+
+// exp(b_t − b_s) of a scalar gate (1 otherwise).
+fn pair_scalar(row_t: u32, row_s: u32) -> f32 {
+    if (GATE == 1u) {
+        return exp(b_cum_at(row_t) - b_cum_at(row_s));
+    }
+    return 1.0;
+}
+
+// exp(b_t − b_s) of key channels 4a..4a+3 under any gate.
+fn decay_between(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
+    if (GATE == 0u) {
+        return vec4<f32>(1.0);
+    }
+    return exp(gate_b(row_t, a) - gate_b(row_s, a));
+}
+
+fn decay_from_start(row: u32, a: u32) -> vec4<f32> {
+    if (GATE == 0u) {
+        return vec4<f32>(1.0);
+    }
+    return exp(gate_b(row, a));
+}
+
+fn v_at(row: u32, a: u32) -> vec4<f32> {
+    let i = row * D + 4u * a;
+    return vec4<f32>(v_in[i], v_in[i + 1u], v_in[i + 2u], v_in[i + 3u]);
+}
+
+fn dv_at(row: u32, a: u32) -> vec4<f32> {
+    let i = row * D + 4u * a;
+    return vec4<f32>(dv_out[i], dv_out[i + 1u], dv_out[i + 2u], dv_out[i + 3u]);
+}
+
+fn drk_at(row: u32, a: u32) -> vec4<f32> {
+    let i = row * D + 4u * a;
+    return vec4<f32>(dr_k[i], dr_k[i + 1u], dr_k[i + 2u], dr_k[i + 3u]);
+}
+
+// The forward's score P_ts = scale Σ_i q_ti k_si exp(b_ti − b_si) (s ≤ t).
+fn score(row: u32, srow: u32) -> f32 {
+    var acc = 0.0;
+    if (GATE == 2u) {
+        for (var a = 0u; a < D4; a++) {
+            acc += dot(q_row[row * D4 + a] * pair_decay(row, srow, a), k_row[srow * D4 + a]);
+        }
+    } else {
+        for (var a = 0u; a < D4; a++) {
+            acc += dot(q_row[row * D4 + a], k_row[srow * D4 + a]);
+        }
+        acc *= pair_scalar(row, srow);
+    }
+    return acc * p.scale;
+}
+
+// (S x) rows 4a..4a+3 for S [D, D] stored as vec4 rows from `base` in h_in, x a vec4 row.
+fn h_rows_dot(base: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    for (var j4 = 0u; j4 < D4; j4++) {
+        var x: vec4<f32>;
+        if (which == 0u) {
+            x = dout_row[x_row + j4];
+        } else {
+            x = dv_at(x_row / D4, j4);
+        }
+        let r = base + 4u * a * D4 + j4;
+        acc += vec4<f32>(dot(h_in[r], x), dot(h_in[r + D4], x), dot(h_in[r + 2u * D4], x), dot(h_in[r + 3u * D4], x));
+    }
+    return acc;
+}
+
+@compute @workgroup_size(256)
+fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let c0 = n * C;
+    let len = min(C, p.seq - c0);
+    let t = tid / 4u;
+    let part = tid % 4u;
+    let row = row_of(b, c0 + min(t, len - 1u), h);
+    for (var e = 0u; e < C / 4u; e++) {
+        let s = part + 4u * e;
+        var cf = 0.0;
+        if (t < len && s <= t) {
+            cf = score(row, row_of(b, c0 + s, h));
+        }
+        p_sh[t * C + s] = cf;
+    }
+    workgroupBarrier();
+    // Thread (s = t, part): du_s = Σ_(t'≥s) P_t's dO_t'.
+    var acc: array<vec4<f32>, NV>;
+    for (var tt = t; tt < len; tt++) {
+        let cf = p_sh[tt * C + t];
+        let ob = row_of(b, c0 + tt, h) * D4 + part;
+        for (var e = 0u; e < NV; e++) {
+            acc[e] = fma(vec4<f32>(cf), dout_row[ob + 4u * e], acc[e]);
+        }
+    }
+    if (t < len) {
+        for (var e = 0u; e < NV; e++) {
+            du_rw[row * D4 + part + 4u * e] = acc[e];
+        }
+    }
+}
+
+// Thread (i0, cv) holds rows i0 + 64 r of the value block's slice of dS, as chunk_state.
+@compute @workgroup_size(256)
+fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let vb = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    let cv = tid % BV4;
+    let col = vb * BV + cv * 4u;
+    let i0 = tid / BV4;
+    var ds: array<vec4<f32>, NB>;
+    for (var nn = 0u; nn < p.chunks; nn++) {
+        let n = p.chunks - 1u - nn;
+        let eb = (bh * p.chunks + n) * D * D;
+        for (var r = 0u; r < NB; r++) {
+            let i = i0 + 64u * r;
+            ds_end[eb + i * D + col] = ds[r].x;
+            ds_end[eb + i * D + col + 1u] = ds[r].y;
+            ds_end[eb + i * D + col + 2u] = ds[r].z;
+            ds_end[eb + i * D + col + 3u] = ds[r].w;
+            s_sh[i * BV4 + cv] = ds[r];
+        }
+        let c0 = n * C;
+        let len = min(C, p.seq - c0);
+        let last_row = row_of(b, c0 + len - 1u, h);
+        workgroupBarrier();
+        // du_t += Σ_i k_ti exp(b_L,i − b_ti) dS_i (t = i0).
+        let t = i0;
+        var du = vec4<f32>(0.0);
+        var dob = vec4<f32>(0.0);
+        if (t < len) {
+            let row = row_of(b, c0 + t, h);
+            let ub = row * D4 + vb * BV4 + cv;
+            du = du_rw[ub];
+            dob = dout_row[ub];
+            for (var a = 0u; a < D4; a++) {
+                let kk = k_row[row * D4 + a] * decay_between(last_row, row, a);
+                let r = 4u * a * BV4 + cv;
+                du += kk.x * s_sh[r] + kk.y * s_sh[r + BV4] + kk.z * s_sh[r + 2u * BV4] + kk.w * s_sh[r + 3u * BV4];
+            }
+            du_rw[ub] = du;
+        }
+        u_sh[t * BV4 + cv] = du;
+        do_sh[t * BV4 + cv] = dob;
+        workgroupBarrier();
+        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ.
+        for (var r = 0u; r < NB; r++) {
+            let i = i0 + 64u * r;
+            var acc = ds[r] * exp(gate_at(last_row, i));
+            for (var s = 0u; s < len; s++) {
+                let row = row_of(b, c0 + s, h);
+                let qs = q_row[row * D4 + i / 4u][i % 4u] * exp(gate_at(row, i)) * p.scale;
+                acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
+                if (DELTA) {
+                    acc = fma(vec4<f32>(-w_row[row * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
+                }
+            }
+            ds[r] = acc;
+        }
+        workgroupBarrier();
+    }
+}
+
+// dX of column j at chunk token t: du_t,j (j < D) or −(S_0 du_t)_(j−D).
+fn bwd_rhs(b: u32, h: u32, c0: u32, len: u32, t: u32, j: u32, hb4: u32) -> f32 {
+    if (t >= len) {
+        return 0.0;
+    }
+    let row = row_of(b, c0 + t, h);
+    if (j < D) {
+        return du_rw[row * D4 + j / 4u][j % 4u];
+    }
+    let i = j - D;
+    var acc = 0.0;
+    for (var j4 = 0u; j4 < D4; j4++) {
+        acc += dot(h_in[hb4 + i * D4 + j4], du_rw[row * D4 + j4]);
+    }
+    return -acc;
+}
+
+fn load_dr(row: u32, j: u32) -> f32 {
+    if (j < D) {
+        return dv_out[row * D + j];
+    }
+    return dr_k[row * D + j - D];
+}
+
+fn store_dr(row: u32, j: u32, x: f32) {
+    if (j < D) {
+        dv_out[row * D + j] = x;
+    } else {
+        dr_k[row * D + j - D] = x;
+    }
+}
+
+// (I + A)ᵀ dR = dX for column j, last 16-row block first: a block subtracts the rows solved
+// after it (read back once each), then solves its diagonal block in registers.
+// A_ts = β_t a_sh[t][s].
+fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32, hb4: u32) {
+    for (var bi = (len + 15u) / 16u; bi > 0u; bi--) {
+        let t0 = (bi - 1u) * 16u;
+        var x: array<f32, 16>;
+        for (var e = 0u; e < 16u; e++) {
+            x[e] = bwd_rhs(b, h, c0, len, t0 + e, j, hb4);
+        }
+        for (var s = t0 + 16u; s < len; s++) {
+            let srow = row_of(b, c0 + s, h);
+            let xs = load_dr(srow, j) * beta[srow];
+            for (var e = 0u; e < 16u; e++) {
+                x[e] -= a_sh[s * C + t0 + e] * xs;
+            }
+        }
+        for (var ee = 0u; ee < 16u; ee++) {
+            let e = 15u - ee;
+            if (t0 + e < len) {
+                let xs = x[e] * beta[row_of(b, c0 + t0 + e, h)];
+                for (var f = 0u; f < e; f++) {
+                    x[f] -= a_sh[(t0 + e) * C + t0 + f] * xs;
+                }
+            }
+        }
+        for (var e = 0u; e < 16u; e++) {
+            if (t0 + e < len) {
+                store_dr(row_of(b, c0 + t0 + e, h), j, x[e]);
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    let c0 = n * C;
+    let len = min(C, p.seq - c0);
+    let t = tid / 4u;
+    let part = tid % 4u;
+    let in_range = t < len;
+    let row = row_of(b, c0 + min(t, len - 1u), h);
+    let last_row = row_of(b, c0 + len - 1u, h);
+    let hb4 = (bh * p.chunks + n) * R4;
+    let eb4 = (bh * p.chunks + n) * D * D4;
+    var bt = 0.0;
+    if (DELTA) {
+        bt = beta[row];
+    }
+
+    // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
+    //    A_ts / β_t.
+    for (var e = 0u; e < C / 4u; e++) {
+        let s = part + 4u * e;
+        var cf = 0.0;
+        var akk = 0.0;
+        if (in_range && s <= t) {
+            let srow = row_of(b, c0 + s, h);
+            let ps = pair_scalar(row, srow);
+            var acc = 0.0;
+            for (var a = 0u; a < D4; a++) {
+                acc += dot(dout_row[row * D4 + a], u_row[srow * D4 + a]);
+            }
+            cf = acc * p.scale * ps;
+            if (DELTA && s < t) {
+                var kk = 0.0;
+                for (var a = 0u; a < D4; a++) {
+                    kk += dot(k_row[row * D4 + a] * pair_decay(row, srow, a), k_row[srow * D4 + a]);
+                }
+                akk = kk * ps;
+            }
+        }
+        p_sh[t * C + s] = cf;
+        if (DELTA) {
+            a_sh[t * C + s] = akk;
+        }
+    }
+    workgroupBarrier();
+
+    // 2. dq_t; thread (t, part) owns key vec4s part + 4e.
+    var dq: array<vec4<f32>, NV>;
+    var dk: array<vec4<f32>, NV>;
+    var db: array<vec4<f32>, NV>;
+    for (var e = 0u; e < NV; e++) {
+        let a = part + 4u * e;
+        dq[e] = h_rows_dot(hb4, a, row * D4, 0u) * decay_from_start(row, a) * p.scale;
+    }
+    for (var s = 0u; s <= min(t, len - 1u); s++) {
+        let cf = p_sh[t * C + s];
+        let srow = row_of(b, c0 + s, h);
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            dq[e] = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq[e]);
+        }
+    }
+    // 3. dk_t from the later queries' scores and from the chunk's end state.
+    for (var tt = t; tt < len; tt++) {
+        let cf = p_sh[tt * C + t];
+        let trow = row_of(b, c0 + tt, h);
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            dk[e] = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk[e]);
+        }
+    }
+    for (var e = 0u; e < NV; e++) {
+        let a = part + 4u * e;
+        var x = vec4<f32>(0.0);
+        for (var j4 = 0u; j4 < D4; j4++) {
+            let uu = u_row[row * D4 + j4];
+            let r = eb4 + 4u * a * D4 + j4;
+            x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+        }
+        dk[e] += x * decay_between(last_row, row, a);
+        db[e] = q_row[row * D4 + a] * dq[e] - k_row[row * D4 + a] * dk[e];
+    }
+
+    if (DELTA) {
+        // 4. [dR_v | dR_k]: thread j < 2D solves column j.
+        if (tid < 2u * D) {
+            back_substitute(tid, b, h, c0, len, hb4);
+        }
+        storageBarrier();
+        workgroupBarrier();
+        // 5. Per token: R_k = β exp(b) ⊙ k gives dk, dβ and the gates; R_v = β v gives dβ;
+        //    dR_k becomes y_t = dR_k,t + S_0 dR_v,t, so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
+        var dbeta_part = 0.0;
+        var y: array<vec4<f32>, NV>;
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            let drk = drk_at(row, a);
+            let eb = decay_from_start(row, a);
+            let ek = k_row[row * D4 + a] * eb;
+            dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
+            dk[e] += bt * eb * drk;
+            db[e] += bt * ek * drk;
+            y[e] = drk + h_rows_dot(hb4, a, row * D4, 1u);
+        }
+        workgroupBarrier();
+        storageBarrier();
+        if (in_range) {
+            for (var e = 0u; e < NV; e++) {
+                let i = row * D + 4u * (part + 4u * e);
+                dr_k[i] = y[e].x;
+                dr_k[i + 1u] = y[e].y;
+                dr_k[i + 2u] = y[e].z;
+                dr_k[i + 3u] = y[e].w;
+            }
+        }
+        storageBarrier();
+        workgroupBarrier();
+        // 6. dA_ts (s < t) into p_sh; dβ_t += Σ_s dA_ts A_ts / β_t.
+        for (var e = 0u; e < C / 4u; e++) {
+            let s = part + 4u * e;
+            var ga = 0.0;
+            if (in_range && s < t) {
+                let srow = row_of(b, c0 + s, h);
+                var acc = 0.0;
+                for (var a = 0u; a < D4; a++) {
+                    acc += dot(dv_at(row, a), u_row[srow * D4 + a]) + dot(drk_at(row, a), w_row[srow * D4 + a]);
+                }
+                ga = -acc;
+                dbeta_part += ga * a_sh[t * C + s];
+            }
+            p_sh[t * C + s] = ga;
+        }
+        workgroupBarrier();
+        // 7. dk through A, as the query of row t and the key of the rows after it.
+        var dk_row: array<vec4<f32>, NV>;
+        var dk_col: array<vec4<f32>, NV>;
+        for (var s = 0u; s < min(t, len); s++) {
+            let srow = row_of(b, c0 + s, h);
+            let cf = p_sh[t * C + s] * pair_scalar(row, srow);
+            for (var e = 0u; e < NV; e++) {
+                let a = part + 4u * e;
+                dk_row[e] = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dk_row[e]);
+            }
+        }
+        for (var tt = t + 1u; tt < len; tt++) {
+            let trow = row_of(b, c0 + tt, h);
+            let cf = p_sh[tt * C + t] * beta[trow] * pair_scalar(trow, row);
+            for (var e = 0u; e < NV; e++) {
+                let a = part + 4u * e;
+                dk_col[e] = fma(vec4<f32>(cf), k_row[trow * D4 + a] * pair_decay(trow, row, a), dk_col[e]);
+            }
+        }
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            dk[e] += bt * dk_row[e] + dk_col[e];
+            db[e] += k_row[row * D4 + a] * (bt * dk_row[e] - dk_col[e]);
+        }
+        // dβ: the four partial sums of token t (a_sh is free past the barrier above).
+        a_sh[tid] = dbeta_part;
+        workgroupBarrier();
+        if (part == 0u && in_range) {
+            dbeta_out[row] = a_sh[tid] + a_sh[tid + 1u] + a_sh[tid + 2u] + a_sh[tid + 3u];
+        }
+        // dv = β dR_v (every read of dR_v was before the barrier above).
+        if (in_range) {
+            for (var e = 0u; e < NV; e++) {
+                let i = row * D + 4u * (part + 4u * e);
+                dv_out[i] *= bt;
+                dv_out[i + 1u] *= bt;
+                dv_out[i + 2u] *= bt;
+                dv_out[i + 3u] *= bt;
+            }
+        }
+    } else if (in_range) {
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            let du = du_rw[row * D4 + a];
+            let i = row * D + 4u * a;
+            dv_out[i] = du.x;
+            dv_out[i + 1u] = du.y;
+            dv_out[i + 2u] = du.z;
+            dv_out[i + 3u] = du.w;
+        }
+    }
+    if (in_range) {
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            dq_out[row * D4 + a] = dq[e];
+            dk_out[row * D4 + a] = dk[e];
+        }
+    }
+
+    // 8. dg: db plus the end state's term, summed from the chunk's end back.
+    if (GATE == 2u) {
+        if (in_range) {
+            for (var e = 0u; e < NV; e++) {
+                let i = row * D + 4u * (part + 4u * e);
+                dg_out[i] = db[e].x;
+                dg_out[i + 1u] = db[e].y;
+                dg_out[i + 2u] = db[e].z;
+                dg_out[i + 3u] = db[e].w;
+            }
+        }
+        storageBarrier();
+        workgroupBarrier();
+        if (tid < D) {
+            var acc = 0.0;
+            if (n + 1u < p.chunks) {
+                let nb4 = (bh * p.chunks + n + 1u) * R4;
+                for (var j4 = 0u; j4 < D4; j4++) {
+                    acc += dot(ds_in[eb4 + tid * D4 + j4], h_in[nb4 + tid * D4 + j4]);
+                }
+            }
+            for (var tt = len; tt > 0u; tt--) {
+                let i = row_of(b, c0 + tt - 1u, h) * D + tid;
+                acc += dg_out[i];
+                dg_out[i] = acc;
+            }
+        }
+    } else if (GATE == 1u) {
+        var total = 0.0;
+        if (in_range) {
+            for (var e = 0u; e < NV; e++) {
+                total += dot(db[e], vec4<f32>(1.0));
+            }
+        }
+        var e_part = 0.0;
+        if (n + 1u < p.chunks) {
+            let nb4 = (bh * p.chunks + n + 1u) * R4;
+            for (var x = tid; x < D * D4; x += 256u) {
+                e_part += dot(ds_in[eb4 + x], h_in[nb4 + x]);
+            }
+        }
+        workgroupBarrier();
+        a_sh[tid] = total;
+        p_sh[tid] = e_part;
+        workgroupBarrier();
+        if (tid == 0u) {
+            var acc = 0.0;
+            for (var x = 0u; x < 256u; x++) {
+                acc += p_sh[x];
+            }
+            for (var tt = len; tt > 0u; tt--) {
+                let s = 4u * (tt - 1u);
+                acc += a_sh[s] + a_sh[s + 1u] + a_sh[s + 2u] + a_sh[s + 3u];
+                dg_out[row_of(b, c0 + tt - 1u, h)] = acc;
+            }
+        }
+    }
+}

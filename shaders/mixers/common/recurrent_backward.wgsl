@@ -41,12 +41,9 @@ struct Params {
 @group(0) @binding(13) var<storage, read_write> dg: array<f32>;    // like g
 @group(0) @binding(14) var<storage, read_write> dbeta: array<f32>;  // [B, T, H]
 @group(0) @binding(15) var<storage, read_write> digate: array<f32>; // [B, T, H]
-// The chunk-parallel form: ∂L/∂S at the end of every chunk, [B, H, chunks, 64 x 64].
-@group(0) @binding(16) var<storage, read_write> ds_end: array<f32>;
 
 const C: u32 = 64u;
-// saved, per chunk: S [64 x 64], n [64], m, 3 words of padding (chunk.wgsl's record of the state
-// entering a chunk, so its `h` can stand in).
+// saved, per chunk: S [64 x 64], n [64], m, 3 words of padding.
 const SAVED: u32 = 4164u;
 // steps, per token of the chunk: S_(t-1) [64 x 64], n_(t-1) [64], e [64], then a, w, m.
 const STEP: u32 = 4227u;
@@ -421,86 +418,4 @@ fn recurrent_backward_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin
     for (var ci = 0u; ci < p.chunks; ci++) {
         backward_chunk(p.chunks - 1u - ci, b, h, col, rb, r0, flat, saved_base, steps_base, &ds, &dn);
     }
-}
-
-// The chunk-parallel backward of the additive and delta rules without a normaliser (NORM 0):
-// backward_ds_sweep carries ∂L/∂S alone backwards through the sequence (it needs no state) and
-// keeps its value at every chunk's end; then backward_chunks walks each chunk from there, one
-// workgroup per (chunk, head, batch), from the chunk starts the chunked forward stored in
-// `saved`. Per token the sweep adds q̃ doᵀ, removes the delta rule's write
-// (dS ← dS − β k (dSᵀk)ᵀ) and decays.
-@compute @workgroup_size(64, 4)
-fn backward_ds_sweep(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let col = lid.x;
-    let rb = lid.y;
-    let r0 = rb * 16u;
-    let flat = rb * 64u + col;
-    let h = wid.x;
-    let b = wid.y;
-    let bh = b * p.heads + h;
-    var ds: array<vec4<f32>, 4>;
-    for (var tt = p.seq; tt > 0u; tt--) {
-        let t = tt - 1u;
-        if (t % C == C - 1u || t == p.seq - 1u) {
-            let base = (bh * p.chunks + t / C) * 4096u;
-            for (var c = 0u; c < 4u; c++) {
-                for (var e = 0u; e < 4u; e++) {
-                    ds_end[base + (r0 + 4u * c + e) * 64u + col] = ds[c][e];
-                }
-            }
-        }
-        let row = (b * p.seq + t) * p.heads + h;
-        if (flat < 64u) {
-            q_sh[flat / 4u][flat % 4u] = q[row * 64u + flat] * p.scale;
-            k_sh[flat / 4u][flat % 4u] = k[row * 64u + flat];
-            do_sh[flat] = dout[row * 64u + flat];
-            if (GATE == 2u) {
-                a_sh[flat / 4u][flat % 4u] = exp(g[row * 64u + flat]);
-            }
-        }
-        workgroupBarrier();
-        var du_part = 0.0;
-        for (var c = 0u; c < 4u; c++) {
-            ds[c] = fma(q4(r0 + 4u * c), vec4<f32>(do_sh[col]), ds[c]);
-            du_part += dot(ds[c], k4(r0 + 4u * c));
-        }
-        if (DELTA) {
-            let du = sum_row_blocks(du_part, flat, col);
-            let bdu = beta[row] * du;
-            for (var c = 0u; c < 4u; c++) {
-                ds[c] = ds[c] - k4(r0 + 4u * c) * bdu;
-            }
-        }
-        if (GATE != 0u) {
-            var a = 1.0;
-            if (GATE == 1u) {
-                a = exp(g[row]);
-            }
-            for (var c = 0u; c < 4u; c++) {
-                ds[c] = ds[c] * decay4(r0 + 4u * c, a);
-            }
-        }
-        workgroupBarrier();
-    }
-}
-
-@compute @workgroup_size(64, 4)
-fn backward_chunks(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let col = lid.x;
-    let rb = lid.y;
-    let r0 = rb * 16u;
-    let flat = rb * 64u + col;
-    let chunk = wid.x;
-    let h = wid.y;
-    let b = wid.z;
-    let bh = b * p.heads + h;
-    var ds: array<vec4<f32>, 4>;
-    var dn: array<vec4<f32>, 4>;
-    let base = (bh * p.chunks + chunk) * 4096u;
-    for (var c = 0u; c < 4u; c++) {
-        for (var e = 0u; e < 4u; e++) {
-            ds[c][e] = ds_end[base + (r0 + 4u * c + e) * 64u + col];
-        }
-    }
-    backward_chunk(chunk, b, h, col, rb, r0, flat, bh * p.chunks * SAVED, (bh * p.chunks + chunk) * C * STEP, &ds, &dn);
 }
