@@ -7,6 +7,9 @@
 #   scripts/device-bench-mixers.sh kernels   # `bench mixers` before ($BEFORE) and after (with
 #                                            # --backward), twice, then fla's forward
 #   scripts/device-bench-mixers.sh fla-backward  # fla's forward+backward ($FLA_MIXERS)
+#   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
+#                                            # after, twice, a profiled run, then fla's
+#                                            # forward+backward of every mixer it has
 # Expects the Vulkan loader set up, the binaries, and for `students` the teacher at
 # /root/stage/teacher.gguf (../shared/DEVICE.md: the two-call upload); fla's wheels installed
 # for `peers`. Writes JSON lines to $OUT.
@@ -42,6 +45,14 @@ kernels)
   ;;
 fla-backward)
   python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
+  ;;
+backward)
+  for round in 1 2; do
+    "${BEFORE:-.before/linearize}" bench mixers --backward --json --iters 10 > "$OUT/before-$round.json" 2>> "$OUT/log.txt"
+    .bin/linearize bench mixers --backward --json --iters 10 > "$OUT/after-$round.json" 2>> "$OUT/log.txt"
+  done
+  LINEARIZE_PROFILE=1 .bin/linearize bench mixers --backward --json --iters 5 > "$OUT/profile.json" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,linear_attn,retnet,gla,deltanet,kda,mamba2}" --budget "${BUDGET:-330}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   ;;
 esac
 tail -3 "$OUT/log.txt"
