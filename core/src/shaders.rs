@@ -23,7 +23,6 @@ pub const ALL: &[(&str, &str)] = &[
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),
     ("mixers/common/readout", include_str!("../../shaders/mixers/common/readout.wgsl")),
     ("mixers/common/recurrent", include_str!("../../shaders/mixers/common/recurrent.wgsl")),
-    ("mixers/common/recurrent_backward", include_str!("../../shaders/mixers/common/recurrent_backward.wgsl")),
 ];
 
 pub fn source(name: &str) -> Option<&'static str> {
@@ -75,7 +74,7 @@ shader_params!(
 );
 shader_params!(
     /// The chunked recurrence and its backward: `chunks` chunks of the sequence per head.
-    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "mixers/common/recurrent_backward"] {
+    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128"] {
         batch: u32, seq: u32, heads: u32, chunks: u32, scale: f32,
     }
 );

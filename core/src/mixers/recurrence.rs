@@ -1,5 +1,5 @@
 //! The state recurrence shared by the mixers, on the GPU (shaders/mixers/common/recurrent.wgsl;
-//! chunk.wgsl, recurrent_backward.wgsl; f64 twin: crate::reference::recurrence): token by token
+//! chunk.wgsl; f64 twin: crate::reference::recurrence): token by token
 //! for decode, chunked for prefill, and the backward from a zero state for training.
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
@@ -289,17 +289,12 @@ impl RecurrenceGrads {
 
 /// Backward of `recurrent`/`chunked` from a zero initial state (training blocks start fresh):
 /// ∂L/∂(q, k, v, g, β, ĩ) from ∂L/∂o `d_out` [B, T, H, V] (f64 twin:
-/// crate::reference::recurrence::backward). Rules without a normaliser run the chunked backward
-/// (chunk.wgsl's chunk_bwd_*: head size 64 or 128); linear attention's denominator and mLSTM run
-/// the token-by-token one (recurrent_backward.wgsl, head size 64), which keeps states per chunk
-/// of 64 tokens and recomputes within it.
+/// crate::reference::recurrence::backward): the chunked form, chunk.wgsl's chunk_bwd_* kernels,
+/// at head size 64 or 128.
 pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Result<RecurrenceGrads> {
     let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
-    let chunked = r.normalizer == Normalizer::None && r.has_chunked_form(d);
-    if !chunked && (d.dk != 64 || d.dv != 64) {
-        let what = if r.normalizer == Normalizer::None { "the recurrence backward" } else { "the backward of a normalised recurrence" };
-        let sizes = if r.normalizer == Normalizer::None { "64 or 128 (equal)" } else { "64" };
-        return Err(Error::argument("head size", format!("{what} takes key and value size {sizes}, got {}×{}", d.dk, d.dv)));
+    if !r.has_chunked_form(d) {
+        return Err(Error::argument("head size", format!("the recurrence backward takes equal key and value sizes of 64 or 128, got {}×{}", d.dk, d.dv)));
     }
     let gpu = rec.gpu();
     let dummy = rec.temp(4)?;
@@ -324,42 +319,30 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Resul
     let chunks = d.seq.div_ceil(CHUNK);
     let bh = d.batch * d.heads;
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
-    if chunked {
-        // The chunk starts, u and W from the chunked forward's sweep (from a zero state); du
-        // within chunks; ∂L/∂S at every chunk's end by a sweep over chunks, last first; then
-        // every chunk's gradients at once.
-        let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(bh * (d.dk + 4))? };
-        crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
-        crate::nn::zero(rec, &zero.nm, bh * (d.dk + 4))?;
-        let sweep = chunk_sweep(rec, a, &zero, (g, beta, igate))?;
-        let ds_end = rec.temp(bh * chunks * d.dk * d.dv)?;
-        let du = rec.temp(rows * d.dv)?;
-        let dr_k = if r.delta { rec.temp(rows * d.dk)? } else { rec.temp(4)? };
-        let kernel = |entry| chunk_kernel(r, d, entry);
-        let grid = [chunks as u32, d.heads as u32, d.batch as u32];
-        rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &[(1, q), (2, k), (15, &sweep.b_cum), (20, &du), (21, d_out)], grid)?;
-        let state_bindings = [(1, q), (2, k), (13, &sweep.w), (15, &sweep.b_cum), (18, &ds_end), (20, &du), (21, d_out)];
-        rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
-        let grads_bindings = [
-            (1, q), (2, k), (3, v), (5, beta), (11, &sweep.h), (12, &sweep.u), (13, &sweep.w), (15, &sweep.b_cum), (19, &ds_end), (20, &du), (21, d_out),
-            (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k),
-        ];
-        rec.dispatch_bindings(&kernel("chunk_bwd_grads"), &params, &grads_bindings, grid)?;
-        return Ok(grads);
-    }
-    let kernel = |entry| {
-        Kernel::new("mixers/common/recurrent_backward", entry)
-            .with("GATE", r.gate.code() as f64)
-            .with("DELTA", r.delta as u8 as f64)
-            .with("NORM", r.normalizer.code() as f64)
-    };
-    // Per token of a chunk: S_(t-1), n_(t-1), the delta rule's error and three scalars.
-    const STEP: usize = 64 * 64 + 64 + 64 + 3;
-    let grad_bufs = [(10, &grads.q), (11, &grads.k), (12, &grads.v), (13, &grads.g), (14, &grads.beta), (15, &grads.igate)];
-    let inputs = [(1, q), (2, k), (3, v), (4, g), (5, beta), (6, igate), (7, d_out)];
-    let saved = rec.temp(bh * chunks * (64 * 64 + 68))?;
-    let steps = rec.temp(bh * CHUNK * STEP)?;
-    let bufs = [inputs.as_slice(), &[(8, &saved), (9, &steps)], grad_bufs.as_slice()].concat();
-    rec.dispatch_bindings(&kernel("recurrent_backward_k64"), &params, &bufs, [d.heads as u32, d.batch as u32, 1])?;
+    // The chunk starts, u and W from the chunked forward's sweep (from a zero state); du (and a
+    // normaliser's per-token terms) within chunks; ∂L/∂S at every chunk's end by a sweep over
+    // chunks, last first; then every chunk's gradients at once.
+    let nm_len = bh * d.dv.div_ceil(64) * (d.dk + 4);
+    let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(nm_len)? };
+    crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
+    crate::nn::zero(rec, &zero.nm, nm_len)?;
+    let sweep = chunk_sweep(rec, a, &zero, (g, beta, igate))?;
+    // ∂L/∂S [K, V] then ∂L/∂n [K] at every chunk's end.
+    let ds_end = rec.temp(bh * chunks * (d.dk * d.dv + d.dk))?;
+    let du = rec.temp(rows * d.dv)?;
+    let dr_k = rec.temp(if r.delta { rows * d.dk } else { 1 })?;
+    // Per token with a normaliser: 1/den, ∂L/∂(nᵀq̃) and du of n's column of ones.
+    let nrm = rec.temp(if r.normalizer == Normalizer::None { 1 } else { rows * 4 })?;
+    let kernel = |entry| chunk_kernel(r, d, entry);
+    let grid = [chunks as u32, d.heads as u32, d.batch as u32];
+    let local_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
+    rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
+    let state_bindings = [(1, q), (2, k), (11, &sweep.h), (13, &sweep.w), (15, &sweep.b_cum), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
+    rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
+    let grads_bindings = [
+        (1, q), (2, k), (3, v), (5, beta), (11, &sweep.h), (12, &sweep.u), (13, &sweep.w), (15, &sweep.b_cum), (16, igate), (19, &ds_end), (20, &du),
+        (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
+    ];
+    rec.dispatch_bindings(&kernel("chunk_bwd_grads"), &params, &grads_bindings, grid)?;
     Ok(grads)
 }

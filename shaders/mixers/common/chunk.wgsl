@@ -529,7 +529,7 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }
 }
 
-// ---- the chunked backward (NORM 0), from a zero initial state ----
+// ---- the chunked backward, from a zero initial state ----
 //
 // fla's chunk_bwd order over the forward's stored chunk starts S_0 (h), u, W and cumulative
 // gates (chunk_prepare and chunk_state rerun from zero). With dS_L the gradient of the chunk's
@@ -547,9 +547,14 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 //     additive rules: dv = du
 //     gates: db_t = q_t ⊙ dq_t − k_t ⊙ dk_t (+ the delta terms' signs), plus Σ_j dS_L,ij S_L,ij at
 //       the chunk's last token; dg is the reverse cumulative sum of db within the chunk.
-// Every exponent is ≤ 0 as in the forward.
+// A normaliser (NORM 1, 2) is one more value column: n is S's column of ones, and with
+// o = h̃ / den, h̃ = Sᵀq̃, nq = nᵀq̃, its gradient enters as dO/den for the values and
+// dnq = −slope (dO·h̃)/den² for the ones (chunk_bwd_local computes both per token). mLSTM's
+// stabiliser is a constant of the gradient (as in the reference): its exponents
+// exp(b_t − b_s + ĩ_s − m_t), exp(b_t + m_0 − m_t), exp(b_L − b_s + ĩ_s − m_L), exp(b_L + m_0 − m_L)
+// replace the decays above, and dĩ_s = k_s·dk_s. Every exponent is ≤ 0 as in the forward.
 
-@group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;       // [B, H, chunks, D, D]
+@group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;       // [B, H, chunks, DS]
 @group(0) @binding(19) var<storage, read> ds_in: array<vec4<f32>>;        // the same, as vec4
 @group(0) @binding(20) var<storage, read_write> du_rw: array<vec4<f32>>;  // [B, T, H, D/4] du
 @group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>;     // [B, T, H, D/4] dO
@@ -559,10 +564,18 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 @group(0) @binding(25) var<storage, read_write> dg_out: array<f32>;
 @group(0) @binding(26) var<storage, read_write> dbeta_out: array<f32>;
 @group(0) @binding(27) var<storage, read_write> dr_k: array<f32>;         // dR_k, then y
+// Per token with a normaliser: 1/den, dnq, and du of the ones column (dun), 1 word of padding.
+@group(0) @binding(28) var<storage, read_write> nrm: array<f32>;          // [B, T, H, 4]
+@group(0) @binding(29) var<storage, read_write> digate_out: array<f32>;   // [B, T, H]
 
+// ∂L/∂S at a chunk's end: dS [D, D], then dn [D].
+const DS: u32 = D * D + D;
+const DS4: u32 = DS / 4u;
 // Per thread (token, quarter): key or value vec4s quarter + 4e, e < NV.
 const NV: u32 = D4 / 4u;
 var<workgroup> do_sh: array<vec4<f32>, 256>; // dO[t, block columns] (chunk_bwd_state)
+var<workgroup> tok_sh: array<f32, 256>;      // per-token scalars (chunk_bwd_state)
+var<workgroup> red_sh: array<f32, 256>;      // the chunk's stabilisers (chunk_bwd_state)
 
 // exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
 fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
@@ -572,27 +585,47 @@ fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
     return vec4<f32>(1.0);
 }
 
-// exp(b_t − b_s) of a scalar gate (1 otherwise).
-fn pair_scalar(row_t: u32, row_s: u32) -> f32 {
+// The scalar factor of the pair (t, s ≤ t): exp(b_t − b_s) of a scalar gate, and mLSTM's
+// exp(b_t − b_s + ĩ_s − m_t); 1 otherwise.
+fn pair_weight(row_t: u32, row_s: u32, m_t: f32) -> f32 {
+    if (NORM == 2u) {
+        return exp(b_cum_at(row_t) - b_cum_at(row_s) + igate[row_s] - m_t);
+    }
     if (GATE == 1u) {
         return exp(b_cum_at(row_t) - b_cum_at(row_s));
     }
     return 1.0;
 }
 
-// exp(b_t − b_s) of key channels 4a..4a+3 under any gate.
-fn decay_between(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
+// What a key of row s carries to the chunk's end (last row L): exp(b_L − b_s), or mLSTM's
+// exp(b_L − b_s + ĩ_s − m_L); channels 4a..4a+3.
+fn end_decay(last_row: u32, row: u32, a: u32, m_end: f32) -> vec4<f32> {
+    if (NORM == 2u) {
+        return vec4<f32>(exp(b_cum_at(last_row) - b_cum_at(row) + igate[row] - m_end));
+    }
     if (GATE == 0u) {
         return vec4<f32>(1.0);
     }
-    return exp(gate_b(row_t, a) - gate_b(row_s, a));
+    return exp(gate_b(last_row, a) - gate_b(row, a));
 }
 
-fn decay_from_start(row: u32, a: u32) -> vec4<f32> {
+// What S_0 contributes at row t: exp(b_t), or mLSTM's exp(b_t + m_0 − m_t); channels 4a..4a+3.
+fn start_decay(row: u32, a: u32, m0: f32, m_t: f32) -> vec4<f32> {
+    if (NORM == 2u) {
+        return vec4<f32>(exp(b_cum_at(row) + m0 - m_t));
+    }
     if (GATE == 0u) {
         return vec4<f32>(1.0);
     }
     return exp(gate_b(row, a));
+}
+
+// The stabiliser entering chunk n of (batch, head) bh (mLSTM; 0 otherwise).
+fn m_start(bh: u32, n: u32) -> f32 {
+    if (NORM != 2u) {
+        return 0.0;
+    }
+    return h_in[(bh * p.chunks + n) * R4 + D * D4 + D4].x;
 }
 
 fn v_at(row: u32, a: u32) -> vec4<f32> {
@@ -610,8 +643,8 @@ fn drk_at(row: u32, a: u32) -> vec4<f32> {
     return vec4<f32>(dr_k[i], dr_k[i + 1u], dr_k[i + 2u], dr_k[i + 3u]);
 }
 
-// The forward's score P_ts = scale Σ_i q_ti k_si exp(b_ti − b_si) (s ≤ t).
-fn score(row: u32, srow: u32) -> f32 {
+// The forward's score P_ts = scale Σ_i q_ti k_si exp(b_ti − b_si) (s ≤ t; mLSTM's weight).
+fn score(row: u32, srow: u32, m_t: f32) -> f32 {
     var acc = 0.0;
     if (GATE == 2u) {
         for (var a = 0u; a < D4; a++) {
@@ -621,25 +654,36 @@ fn score(row: u32, srow: u32) -> f32 {
         for (var a = 0u; a < D4; a++) {
             acc += dot(q_row[row * D4 + a], k_row[srow * D4 + a]);
         }
-        acc *= pair_scalar(row, srow);
+        acc *= pair_weight(row, srow, m_t);
     }
     return acc * p.scale;
 }
 
-// (S x) rows 4a..4a+3 for S [D, D] stored as vec4 rows from `base` in h_in, x a vec4 row.
-fn h_rows_dot(base: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
+// Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the vec4 row dO_row (which 0) or
+// dR_v of row x_row (which 1).
+fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     for (var j4 = 0u; j4 < D4; j4++) {
         var x: vec4<f32>;
         if (which == 0u) {
-            x = dout_row[x_row + j4];
+            x = dout_row[x_row * D4 + j4];
         } else {
-            x = dv_at(x_row / D4, j4);
+            x = dv_at(x_row, j4);
         }
-        let r = base + 4u * a * D4 + j4;
+        let r = hb4 + 4u * a * D4 + j4;
         acc += vec4<f32>(dot(h_in[r], x), dot(h_in[r + D4], x), dot(h_in[r + 2u * D4], x), dot(h_in[r + 3u * D4], x));
     }
     return acc;
+}
+
+// The sum over the four threads of each token of `x` (every thread gets its token's), through
+// a_sh's first 256 words (chunk_bwd_local and chunk_bwd_grads stay within 32 KiB: p_sh, a_sh).
+fn token_sum(tid: u32, x: f32) -> f32 {
+    workgroupBarrier();
+    a_sh[tid] = x;
+    workgroupBarrier();
+    let t4 = tid & ~3u;
+    return a_sh[t4] + a_sh[t4 + 1u] + a_sh[t4 + 2u] + a_sh[t4 + 3u];
 }
 
 @compute @workgroup_size(256)
@@ -647,24 +691,80 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let n = wid.x;
     let h = wid.y;
     let b = wid.z;
+    let bh = b * p.heads + h;
     let c0 = n * C;
     let len = min(C, p.seq - c0);
     let t = tid / 4u;
     let part = tid % 4u;
     let row = row_of(b, c0 + min(t, len - 1u), h);
+    let m0 = m_start(bh, n);
+    let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
     for (var e = 0u; e < C / 4u; e++) {
         let s = part + 4u * e;
         var cf = 0.0;
         if (t < len && s <= t) {
-            cf = score(row, row_of(b, c0 + s, h));
+            cf = score(row, row_of(b, c0 + s, h), m_t);
         }
         p_sh[t * C + s] = cf;
     }
     workgroupBarrier();
-    // Thread (s = t, part): du_s = Σ_(t'≥s) P_t's dO_t'.
+    var inv_den = 1.0;
+    var dnq = 0.0;
+    if (NORM != 0u) {
+        // h̃_t·dO_t and nq_t, a quarter of the columns (keys for n) per thread (the normalised
+        // rules have scalar gates: the inter-chunk factor is one number).
+        let hb4 = (bh * p.chunks + n) * R4;
+        let inter = start_decay(row, 0u, m0, m_t).x * p.scale;
+        var h_do = 0.0;
+        var nq = 0.0;
+        for (var e = 0u; e < NV; e++) {
+            let a = part + 4u * e;
+            var hv = vec4<f32>(0.0);
+            for (var i = 0u; i < D; i++) {
+                hv = fma(vec4<f32>(q_row[row * D4 + i / 4u][i % 4u]), h_in[hb4 + i * D4 + a], hv);
+            }
+            hv *= inter;
+            for (var s = 0u; s <= min(t, len - 1u); s++) {
+                hv = fma(vec4<f32>(p_sh[t * C + s]), u_row[row_of(b, c0 + s, h) * D4 + a], hv);
+            }
+            h_do += dot(hv, dout_row[row * D4 + a]);
+            nq += dot(q_row[row * D4 + a], h_in[hb4 + D * D4 + a]) * inter;
+        }
+        if (part == 0u) {
+            for (var s = 0u; s <= min(t, len - 1u); s++) {
+                nq += p_sh[t * C + s];
+            }
+        }
+        h_do = token_sum(tid, h_do);
+        nq = token_sum(tid, nq);
+        var den = nq + 1e-10;
+        var slope = 1.0;
+        if (NORM == 2u) {
+            if (abs(nq) > exp(-m_t)) {
+                den = abs(nq) + 1e-6;
+                slope = sign(nq);
+            } else {
+                den = exp(-m_t) + 1e-6;
+                slope = 0.0;
+            }
+        }
+        inv_den = 1.0 / den;
+        dnq = -slope * h_do / (den * den);
+        if (part == 0u) {
+            a_sh[256u + t] = inv_den;
+            a_sh[256u + C + t] = dnq;
+        }
+        workgroupBarrier();
+    }
+    // Thread (s = t, part): du_s = Σ_(t'≥s) P_t's dO_t' / den_t' (and dun_s = Σ P_t's dnq_t').
     var acc: array<vec4<f32>, NV>;
+    var dun = 0.0;
     for (var tt = t; tt < len; tt++) {
-        let cf = p_sh[tt * C + t];
+        var cf = p_sh[tt * C + t];
+        if (NORM != 0u) {
+            dun += cf * a_sh[256u + C + tt];
+            cf *= a_sh[256u + tt];
+        }
         let ob = row_of(b, c0 + tt, h) * D4 + part;
         for (var e = 0u; e < NV; e++) {
             acc[e] = fma(vec4<f32>(cf), dout_row[ob + 4u * e], acc[e]);
@@ -674,10 +774,16 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         for (var e = 0u; e < NV; e++) {
             du_rw[row * D4 + part + 4u * e] = acc[e];
         }
+        if (NORM != 0u && part == 0u) {
+            nrm[row * 4u] = inv_den;
+            nrm[row * 4u + 1u] = dnq;
+            nrm[row * 4u + 2u] = dun;
+        }
     }
 }
 
-// Thread (i0, cv) holds rows i0 + 64 r of the value block's slice of dS, as chunk_state.
+// Thread (i0, cv) holds rows i0 + 64 r of the value block's slice of dS, as chunk_state; with a
+// normaliser the first four threads' of value block 0 also hold dn.
 @compute @workgroup_size(256)
 fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let vb = wid.x;
@@ -687,10 +793,12 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let cv = tid % BV4;
     let col = vb * BV + cv * 4u;
     let i0 = tid / BV4;
+    let own_n = NORM != 0u && vb == 0u && cv == 0u;
     var ds: array<vec4<f32>, NB>;
+    var dn: array<f32, NB>;
     for (var nn = 0u; nn < p.chunks; nn++) {
         let n = p.chunks - 1u - nn;
-        let eb = (bh * p.chunks + n) * D * D;
+        let eb = (bh * p.chunks + n) * DS;
         for (var r = 0u; r < NB; r++) {
             let i = i0 + 64u * r;
             ds_end[eb + i * D + col] = ds[r].x;
@@ -698,43 +806,83 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             ds_end[eb + i * D + col + 2u] = ds[r].z;
             ds_end[eb + i * D + col + 3u] = ds[r].w;
             s_sh[i * BV4 + cv] = ds[r];
+            if (own_n) {
+                ds_end[eb + D * D + i] = dn[r];
+                tok_sh[i] = dn[r];
+            }
         }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
         let last_row = row_of(b, c0 + len - 1u, h);
-        workgroupBarrier();
-        // du_t += Σ_i k_ti exp(b_L,i − b_ti) dS_i (t = i0).
+        let m0 = m_start(bh, n);
         let t = i0;
+        let row = row_of(b, c0 + min(t, len - 1u), h);
+        var dnq = 0.0;
+        if (NORM == 2u && cv == 0u) {
+            // The stabiliser of every token of the chunk, for the sweep below.
+            red_sh[t] = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+        }
+        workgroupBarrier();
+        let m_end = red_sh[len - 1u];
+        // du_t += Σ_i k_ti exp(b_L,i − b_ti) dS_i (t = i0), and dun_t with dn.
         var du = vec4<f32>(0.0);
         var dob = vec4<f32>(0.0);
         if (t < len) {
-            let row = row_of(b, c0 + t, h);
             let ub = row * D4 + vb * BV4 + cv;
             du = du_rw[ub];
             dob = dout_row[ub];
+            var dun = 0.0;
             for (var a = 0u; a < D4; a++) {
-                let kk = k_row[row * D4 + a] * decay_between(last_row, row, a);
+                let kk = k_row[row * D4 + a] * end_decay(last_row, row, a, m_end);
                 let r = 4u * a * BV4 + cv;
                 du += kk.x * s_sh[r] + kk.y * s_sh[r + BV4] + kk.z * s_sh[r + 2u * BV4] + kk.w * s_sh[r + 3u * BV4];
+                if (NORM != 0u) {
+                    dun += dot(kk, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+                }
             }
             du_rw[ub] = du;
+            if (NORM != 0u) {
+                dob *= nrm[row * 4u];
+                dnq = nrm[row * 4u + 1u];
+                if (vb == 0u && cv == 0u) {
+                    nrm[row * 4u + 2u] += dun;
+                }
+            }
         }
         u_sh[t * BV4 + cv] = du;
         do_sh[t * BV4 + cv] = dob;
         workgroupBarrier();
-        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ.
+        if (NORM != 0u && cv == 0u) {
+            tok_sh[t] = dnq;
+        }
+        workgroupBarrier();
+        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t).
         for (var r = 0u; r < NB; r++) {
             let i = i0 + 64u * r;
-            var acc = ds[r] * exp(gate_at(last_row, i));
+            var carry = exp(gate_at(last_row, i));
+            if (NORM == 2u) {
+                carry = exp(b_cum_at(last_row) + m0 - m_end);
+            }
+            var acc = ds[r] * carry;
+            var acc_n = dn[r] * carry;
             for (var s = 0u; s < len; s++) {
-                let row = row_of(b, c0 + s, h);
-                let qs = q_row[row * D4 + i / 4u][i % 4u] * exp(gate_at(row, i)) * p.scale;
+                let srow = row_of(b, c0 + s, h);
+                var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
+                if (NORM == 2u) {
+                    qs *= exp(b_cum_at(srow) + m0 - red_sh[s]);
+                } else if (GATE != 0u) {
+                    qs *= exp(gate_at(srow, i));
+                }
                 acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
                 if (DELTA) {
-                    acc = fma(vec4<f32>(-w_row[row * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
+                    acc = fma(vec4<f32>(-w_row[srow * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
+                }
+                if (own_n) {
+                    acc_n += qs * tok_sh[s];
                 }
             }
             ds[r] = acc;
+            dn[r] = acc_n;
         }
         workgroupBarrier();
     }
@@ -820,10 +968,19 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let row = row_of(b, c0 + min(t, len - 1u), h);
     let last_row = row_of(b, c0 + len - 1u, h);
     let hb4 = (bh * p.chunks + n) * R4;
-    let eb4 = (bh * p.chunks + n) * D * D4;
+    let eb4 = (bh * p.chunks + n) * DS4;
     var bt = 0.0;
     if (DELTA) {
         bt = beta[row];
+    }
+    let m0 = m_start(bh, n);
+    let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+    let m_end = stabiliser(b, h, c0, len - 1u, last_row, m0);
+    var inv_den = 1.0;
+    var dnq = 0.0;
+    if (NORM != 0u) {
+        inv_den = nrm[row * 4u];
+        dnq = nrm[row * 4u + 1u];
     }
 
     // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
@@ -834,10 +991,13 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var akk = 0.0;
         if (in_range && s <= t) {
             let srow = row_of(b, c0 + s, h);
-            let ps = pair_scalar(row, srow);
+            let ps = pair_weight(row, srow, m_t);
             var acc = 0.0;
             for (var a = 0u; a < D4; a++) {
                 acc += dot(dout_row[row * D4 + a], u_row[srow * D4 + a]);
+            }
+            if (NORM != 0u) {
+                acc = acc * inv_den + dnq;
             }
             cf = acc * p.scale * ps;
             if (DELTA && s < t) {
@@ -861,7 +1021,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var db: array<vec4<f32>, NV>;
     for (var e = 0u; e < NV; e++) {
         let a = part + 4u * e;
-        dq[e] = h_rows_dot(hb4, a, row * D4, 0u) * decay_from_start(row, a) * p.scale;
+        var x = h_rows_dot(hb4, a, row, 0u);
+        if (NORM != 0u) {
+            x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
+        }
+        dq[e] = x * start_decay(row, a, m0, m_t) * p.scale;
     }
     for (var s = 0u; s <= min(t, len - 1u); s++) {
         let cf = p_sh[t * C + s];
@@ -888,8 +1052,22 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let r = eb4 + 4u * a * D4 + j4;
             x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
         }
-        dk[e] += x * decay_between(last_row, row, a);
+        if (NORM != 0u) {
+            x += ds_in[eb4 + D * D4 + a];
+        }
+        dk[e] += x * end_decay(last_row, row, a, m_end);
         db[e] = q_row[row * D4 + a] * dq[e] - k_row[row * D4 + a] * dk[e];
+    }
+    if (NORM == 2u) {
+        // The input gate scales k_s wherever it appears: dĩ_s = k_s·dk_s.
+        var di = 0.0;
+        for (var e = 0u; e < NV; e++) {
+            di += dot(k_row[row * D4 + part + 4u * e], dk[e]);
+        }
+        di = token_sum(tid, di);
+        if (part == 0u && in_range) {
+            digate_out[row] = di;
+        }
     }
 
     if (DELTA) {
@@ -906,12 +1084,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         for (var e = 0u; e < NV; e++) {
             let a = part + 4u * e;
             let drk = drk_at(row, a);
-            let eb = decay_from_start(row, a);
+            let eb = start_decay(row, a, 0.0, 0.0);
             let ek = k_row[row * D4 + a] * eb;
             dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
             dk[e] += bt * eb * drk;
             db[e] += bt * ek * drk;
-            y[e] = drk + h_rows_dot(hb4, a, row * D4, 1u);
+            y[e] = drk + h_rows_dot(hb4, a, row, 1u);
         }
         workgroupBarrier();
         storageBarrier();
@@ -947,7 +1125,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var dk_col: array<vec4<f32>, NV>;
         for (var s = 0u; s < min(t, len); s++) {
             let srow = row_of(b, c0 + s, h);
-            let cf = p_sh[t * C + s] * pair_scalar(row, srow);
+            let cf = p_sh[t * C + s] * pair_weight(row, srow, 0.0);
             for (var e = 0u; e < NV; e++) {
                 let a = part + 4u * e;
                 dk_row[e] = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dk_row[e]);
@@ -955,7 +1133,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
         for (var tt = t + 1u; tt < len; tt++) {
             let trow = row_of(b, c0 + tt, h);
-            let cf = p_sh[tt * C + t] * beta[trow] * pair_scalar(trow, row);
+            let cf = p_sh[tt * C + t] * beta[trow] * pair_weight(trow, row, 0.0);
             for (var e = 0u; e < NV; e++) {
                 let a = part + 4u * e;
                 dk_col[e] = fma(vec4<f32>(cf), k_row[trow * D4 + a] * pair_decay(trow, row, a), dk_col[e]);
@@ -966,13 +1144,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             dk[e] += bt * dk_row[e] + dk_col[e];
             db[e] += k_row[row * D4 + a] * (bt * dk_row[e] - dk_col[e]);
         }
-        // dβ: the four partial sums of token t (a_sh is free past the barrier above).
-        a_sh[tid] = dbeta_part;
-        workgroupBarrier();
+        let dbeta = token_sum(tid, dbeta_part);
         if (part == 0u && in_range) {
-            dbeta_out[row] = a_sh[tid] + a_sh[tid + 1u] + a_sh[tid + 2u] + a_sh[tid + 3u];
+            dbeta_out[row] = dbeta;
         }
-        // dv = β dR_v (every read of dR_v was before the barrier above).
+        // dv = β dR_v (every read of dR_v was before token_sum's barriers).
         if (in_range) {
             for (var e = 0u; e < NV; e++) {
                 let i = row * D + 4u * (part + 4u * e);
@@ -1001,7 +1177,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
     }
 
-    // 8. dg: db plus the end state's term, summed from the chunk's end back.
+    // 8. dg: db plus the end state's term Σ dS_L ⊙ S_L (dn ⊙ n too), summed from the chunk's end
+    //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
         if (in_range) {
             for (var e = 0u; e < NV; e++) {
@@ -1038,18 +1215,22 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var e_part = 0.0;
         if (n + 1u < p.chunks) {
             let nb4 = (bh * p.chunks + n + 1u) * R4;
-            for (var x = tid; x < D * D4; x += 256u) {
+            var words = D * D4;
+            if (NORM != 0u) {
+                words = DS4;
+            }
+            for (var x = tid; x < words; x += 256u) {
                 e_part += dot(ds_in[eb4 + x], h_in[nb4 + x]);
             }
         }
         workgroupBarrier();
         a_sh[tid] = total;
-        p_sh[tid] = e_part;
+        a_sh[256u + tid] = e_part;
         workgroupBarrier();
         if (tid == 0u) {
             var acc = 0.0;
             for (var x = 0u; x < 256u; x++) {
-                acc += p_sh[x];
+                acc += a_sh[256u + x];
             }
             for (var tt = len; tt > 0u; tt--) {
                 let s = 4u * (tt - 1u);
