@@ -157,16 +157,18 @@ fn score(row: u32, srow: u32, m_t: f32) -> f32 {
     return acc * p.scale;
 }
 
-// Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the vec4 row dO_row (which 0) or
-// dR_v of row x_row (which 1).
+// Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the row x_row of dO (which 0), dR_v
+// (which 1) or du (which 2).
 fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
     for (var j4 = 0u; j4 < D4; j4++) {
         var x: vec4<f32>;
         if (which == 0u) {
             x = dout_row[x_row * D4 + j4];
-        } else {
+        } else if (which == 1u) {
             x = dv_at(x_row, j4);
+        } else {
+            x = du_rw[x_row * D4 + j4];
         }
         let r = hb4 + 4u * a * D4 + j4;
         acc += vec4<f32>(dot(h_in[r], x), dot(h_in[r + D4], x), dot(h_in[r + 2u * D4], x), dot(h_in[r + 3u * D4], x));
@@ -386,23 +388,6 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 }
 
-// dX of column j at chunk token t: du_t,j (j < D) or −(S_0 du_t)_(j−D).
-fn bwd_rhs(b: u32, h: u32, c0: u32, len: u32, t: u32, j: u32, hb4: u32) -> f32 {
-    if (t >= len) {
-        return 0.0;
-    }
-    let row = row_of(b, c0 + t, h);
-    if (j < D) {
-        return du_rw[row * D4 + j / 4u][j % 4u];
-    }
-    let i = j - D;
-    var acc = 0.0;
-    for (var j4 = 0u; j4 < D4; j4++) {
-        acc += dot(h_in[hb4 + i * D4 + j4], du_rw[row * D4 + j4]);
-    }
-    return -acc;
-}
-
 fn load_dr(row: u32, j: u32) -> f32 {
     if (j < D) {
         return dv_out[row * D + j];
@@ -418,15 +403,17 @@ fn store_dr(row: u32, j: u32, x: f32) {
     }
 }
 
-// (I + A)ᵀ dR = dX for column j, last 16-row block first: a block subtracts the rows solved
-// after it (read back once each), then solves its diagonal block in registers.
+// (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
+// the rows solved after it (read back once each), then solves its diagonal block in registers.
 // A_ts = β_t a_sh[t][s].
-fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32, hb4: u32) {
+fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {
     for (var bi = (len + 15u) / 16u; bi > 0u; bi--) {
         let t0 = (bi - 1u) * 16u;
         var x: array<f32, 16>;
         for (var e = 0u; e < 16u; e++) {
-            x[e] = bwd_rhs(b, h, c0, len, t0 + e, j, hb4);
+            if (t0 + e < len) {
+                x[e] = load_dr(row_of(b, c0 + t0 + e, h), j);
+            }
         }
         for (var s = t0 + 16u; s < len; s++) {
             let srow = row_of(b, c0 + s, h);
@@ -569,16 +556,35 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 
     if (DELTA) {
-        // 4. [dR_v | dR_k]: thread j < 2D solves column j.
+        // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k by every thread, then
+        //    [dR_v | dR_k] in place: thread j < 2D solves column j.
+        if (in_range) {
+            for (var e = 0u; e < NV; e++) {
+                let a = part + 4u * e;
+                let du = du_rw[row * D4 + a];
+                let dw = -h_rows_dot(hb4, a, row, 2u);
+                let i = row * D + 4u * a;
+                dv_out[i] = du.x;
+                dv_out[i + 1u] = du.y;
+                dv_out[i + 2u] = du.z;
+                dv_out[i + 3u] = du.w;
+                dr_k[i] = dw.x;
+                dr_k[i + 1u] = dw.y;
+                dr_k[i + 2u] = dw.z;
+                dr_k[i + 3u] = dw.w;
+            }
+        }
+        storageBarrier();
+        workgroupBarrier();
         if (tid < 2u * D) {
-            back_substitute(tid, b, h, c0, len, hb4);
+            back_substitute(tid, b, h, c0, len);
         }
         storageBarrier();
         workgroupBarrier();
         // 5. Per token: R_k = β exp(b) ⊙ k gives dk, dβ and the gates; R_v = β v gives dβ;
         //    dR_k becomes y_t = dR_k,t + S_0 dR_v,t, so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
+        //    Only this thread reads its own words of dR_k here, so y overwrites them at once.
         var dbeta_part = 0.0;
-        var y: array<vec4<f32>, NV>;
         for (var e = 0u; e < NV; e++) {
             let a = part + 4u * e;
             let drk = drk_at(row, a);
@@ -587,17 +593,13 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
             dk[e] += bt * eb * drk;
             db[e] += bt * ek * drk;
-            y[e] = drk + h_rows_dot(hb4, a, row, 1u);
-        }
-        workgroupBarrier();
-        storageBarrier();
-        if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                let i = row * D + 4u * (part + 4u * e);
-                dr_k[i] = y[e].x;
-                dr_k[i + 1u] = y[e].y;
-                dr_k[i + 2u] = y[e].z;
-                dr_k[i + 3u] = y[e].w;
+            let y = drk + h_rows_dot(hb4, a, row, 1u);
+            if (in_range) {
+                let i = row * D + 4u * a;
+                dr_k[i] = y.x;
+                dr_k[i + 1u] = y.y;
+                dr_k[i + 2u] = y.z;
+                dr_k[i + 3u] = y.w;
             }
         }
         storageBarrier();
@@ -618,15 +620,16 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             p_sh[t * C + s] = ga;
         }
         workgroupBarrier();
-        // 7. dk through A, as the query of row t and the key of the rows after it.
-        var dk_row: array<vec4<f32>, NV>;
-        var dk_col: array<vec4<f32>, NV>;
+        // 7. dk through A, as the query of row t (β_t Σ_s dA_ts k̃_s; the gate: + k_t ⊙ it) and
+        //    as the key of the rows after it (Σ_t' β_t' dA_t't k̃_t'; the gate: − k_t ⊙ it).
         for (var s = 0u; s < min(t, len); s++) {
             let srow = row_of(b, c0 + s, h);
-            let cf = p_sh[t * C + s] * pair_weight(row, srow, 0.0);
+            let cf = p_sh[t * C + s] * pair_weight(row, srow, 0.0) * bt;
             for (var e = 0u; e < NV; e++) {
                 let a = part + 4u * e;
-                dk_row[e] = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dk_row[e]);
+                let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
+                dk[e] += x;
+                db[e] = fma(k_row[row * D4 + a], x, db[e]);
             }
         }
         for (var tt = t + 1u; tt < len; tt++) {
@@ -634,13 +637,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let cf = p_sh[tt * C + t] * beta[trow] * pair_weight(trow, row, 0.0);
             for (var e = 0u; e < NV; e++) {
                 let a = part + 4u * e;
-                dk_col[e] = fma(vec4<f32>(cf), k_row[trow * D4 + a] * pair_decay(trow, row, a), dk_col[e]);
+                let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
+                dk[e] += x;
+                db[e] = fma(-k_row[row * D4 + a], x, db[e]);
             }
-        }
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dk[e] += bt * dk_row[e] + dk_col[e];
-            db[e] += k_row[row * D4 + a] * (bt * dk_row[e] - dk_col[e]);
         }
         let dbeta = token_sum(tid, dbeta_part);
         if (part == 0u && in_range) {
