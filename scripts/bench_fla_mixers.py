@@ -4,7 +4,9 @@ Times fla 0.6.0's chunked forward of each mixer it has at the given shapes (bf16
 is used), with inputs shaped as the mixers produce them (L2-normalised q/k for delta rules, log
 gates ≤ 0). One JSON line per figure, written as it goes; stops starting new kernels after
 --budget seconds (Triton compiles and autotunes each new kernel for a minute or more).
-Mamba2's peer is chunk_simple_gla with the scalar decay ΔA and k scaled by Δ (the same
+mLSTM's peer is mlstm-kernels 2.0.6 (triton_xl_chunk, chunk size 64 as ours; its inputs are
+laid out [B, H, T, D], so the figure includes the transposes; logged with peer "mlstm-kernels")
+where it is installed. Mamba2's peer is chunk_simple_gla with the scalar decay ΔA and k scaled by Δ (the same
 recurrence without the D skip, which is elementwise), at scale 1 as Mamba2 has no 1/√d.
 With --backward each figure is the forward and backward together (inputs that need gradients,
 a random ∂L/∂o), as a training step runs them: fwd_bwd_seconds. fla 0.6.0 refuses the gated
@@ -16,6 +18,10 @@ Usage: python3 scripts/bench_fla_mixers.py [--shapes 8x512x9x64] [--mixers a,b] 
 import argparse, json, time
 import torch
 import torch.nn.functional as F
+
+
+def peer(name):
+    return "mlstm-kernels 2.0.6" if name == "mlstm" else "fla 0.6.0"
 
 
 def main():
@@ -44,6 +50,11 @@ def main():
     from fla.ops.linear_attn import chunk_linear_attn
     from fla.ops.gla import chunk_gla
     from fla.ops.kda import chunk_kda
+    try:
+        from mlstm_kernels.torch.chunkwise import mlstm_chunkwise__xl_chunk
+    except Exception as e:
+        mlstm_chunkwise__xl_chunk = None
+        log(what="note", text=f"mlstm-kernels unavailable: {e}"[:300])
     log(what="env", torch=torch.__version__, gpu=torch.cuda.get_device_name())
     if a.timing_only_gated_backward:
         import fla.ops.common.chunk_o as chunk_o
@@ -60,10 +71,13 @@ def main():
         g = F.logsigmoid(torch.randn(B, T, H, device="cuda", dtype=torch.float32))
         gk = F.logsigmoid(torch.randn(B, T, H, D, device="cuda", dtype=torch.float32)) / 16
         dt = F.softplus(torch.randn(B, T, H, device="cuda", dtype=torch.float32) - 4).to(dt_)
-        leaves = [q, k, v, qn, knn, beta, g, gk, dt]
+        # mLSTM's input and forget gate pre-activations.
+        ig = torch.randn(B, T, H, device="cuda", dtype=torch.float32)
+        fg = torch.randn(B, T, H, device="cuda", dtype=torch.float32) + 3
+        leaves = [q, k, v, qn, knn, beta, g, gk, dt, ig, fg]
         if a.backward:
             leaves = [x.detach().requires_grad_() for x in leaves]
-            q, k, v, qn, knn, beta, g, gk, dt = leaves
+            q, k, v, qn, knn, beta, g, gk, dt, ig, fg = leaves
         if a.decode:
             from fla.ops.linear_attn import fused_recurrent_linear_attn
             from fla.ops.simple_gla import fused_recurrent_simple_gla
@@ -93,6 +107,9 @@ def main():
             ("kda", lambda: chunk_kda(qn, knn, v, gk, beta)),
             ("mamba2", lambda: chunk_simple_gla(q, k * dt[..., None], v, g, scale=1.0)),
         ]
+        if mlstm_chunkwise__xl_chunk and not a.decode:
+            bh = lambda x: x.transpose(1, 2).contiguous()
+            cases.append(("mlstm", lambda: (mlstm_chunkwise__xl_chunk(bh(q), bh(k), bh(v), bh(ig), bh(fg), chunk_size=64).transpose(1, 2),)))
         if a.mixers:
             cases = [c for c in cases if c[0] in a.mixers.split(",")]
         for name, f in cases:
@@ -124,9 +141,9 @@ def main():
                 if a.decode:
                     log(what="fla_decode", mixer=name, B=B, H=H, D=D, decode_step_seconds=s)
                 elif a.backward:
-                    log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_bwd_seconds=s)
+                    log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_bwd_seconds=s, peer=peer(name))
                 else:
-                    log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_seconds=s, fwd_mhead_tokens_per_s=B * T * H / s / 1e6)
+                    log(what="fla", mixer=name, B=B, T=T, H=H, D=D, fwd_seconds=s, fwd_mhead_tokens_per_s=B * T * H / s / 1e6, peer=peer(name))
             except Exception as e:
                 log(what="fla", mixer=name, B=B, T=T, H=H, D=D, error=str(e)[:300])
 

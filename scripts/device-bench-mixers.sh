@@ -48,11 +48,12 @@ fla-backward)
   ;;
 backward)
   for round in 1 2; do
-    "${BEFORE:-.before/linearize}" bench mixers --backward --json --iters 10 > "$OUT/before-$round.json" 2>> "$OUT/log.txt"
+    b="${BEFORE:-.before/linearize}"
+    [ -x "$b" ] && "$b" bench mixers --backward --json --iters 10 > "$OUT/before-$round.json" 2>> "$OUT/log.txt"
     .bin/linearize bench mixers --backward --json --iters 10 > "$OUT/after-$round.json" 2>> "$OUT/log.txt"
   done
   LINEARIZE_PROFILE=1 .bin/linearize bench mixers --backward --json --iters 5 > "$OUT/profile.json" 2>> "$OUT/log.txt"
-  python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,linear_attn,retnet,gla,deltanet,kda,mamba2}" --budget "${BUDGET:-330}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes "${SHAPES:-8x512x9x64,4x4096x16x128}" --mixers "${FLA_MIXERS:-gated_deltanet,linear_attn,retnet,gla,deltanet,kda,mamba2,mlstm}" --budget "${BUDGET:-330}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   ;;
 esac
 tail -3 "$OUT/log.txt"
