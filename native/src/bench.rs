@@ -118,7 +118,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
 /// the mixers produce them; with `backward`, also the forward and backward together from a zero
 /// state, as a training step runs them. `shapes`: (batch, seq, heads, head_dim).
 pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: usize, backward: bool) -> Result<Vec<Value>> {
-    use linearize_core::mixers::recurrence::{self, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, RecurrenceArgs};
+    use linearize_core::mixers::recurrence::{self, chunked, recurrent, Dims, Gate, Gates, GpuState, RecurrenceArgs};
     use linearize_core::mixers::{MixerKind, MixerOptions};
     let mut rng = Rng::new(3);
     let mut out = Vec::new();
@@ -176,8 +176,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
             };
             let fwd = run(d, false)?;
             let step = run(Dims { seq: 1, ..d }, false)?;
-            // The normalised rules' backward takes head size 64 (its error names the limit).
-            let fwd_bwd = if backward && (dh == 64 || r.normalizer == Normalizer::None) { Some(run(d, true)?) } else { None };
+            let fwd_bwd = if backward { Some(run(d, true)?) } else { None };
             // With LINEARIZE_PROFILE=1: this mixer's seconds per kernel over all its runs.
             let profile: serde_json::Map<String, Value> = linearize_core::gpu::profile::take().into_iter().map(|(e, s, _)| (e.to_string(), json!(s))).collect();
             let v = json!({

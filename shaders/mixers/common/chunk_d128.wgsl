@@ -613,8 +613,8 @@ const DS4: u32 = DS / 4u;
 // Per thread (token, quarter): key or value vec4s quarter + 4e, e < NV.
 const NV: u32 = D4 / 4u;
 var<workgroup> do_sh: array<vec4<f32>, 256>; // dO[t, block columns] (chunk_bwd_state)
-var<workgroup> tok_sh: array<f32, 256>;      // per-token scalars (chunk_bwd_state)
-var<workgroup> red_sh: array<f32, 256>;      // the chunk's stabilisers (chunk_bwd_state)
+var<workgroup> tok_sh: array<f32, 256>;      // per-token scalars
+var<workgroup> red_sh: array<f32, 256>;      // partial sums; chunk_bwd_state: the stabilisers
 
 // exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
 fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
@@ -717,14 +717,14 @@ fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
     return acc;
 }
 
-// The sum over the four threads of each token of `x` (every thread gets its token's), through
-// a_sh's first 256 words (chunk_bwd_local and chunk_bwd_grads stay within 32 KiB: p_sh, a_sh).
+// The sum over the four threads of each token of `x` (every thread gets its token's), for
+// chunk_bwd_local (chunk_bwd_grads, at 32 KiB with p_sh and a_sh, sums through a_sh itself).
 fn token_sum(tid: u32, x: f32) -> f32 {
     workgroupBarrier();
-    a_sh[tid] = x;
+    red_sh[tid] = x;
     workgroupBarrier();
     let t4 = tid & ~3u;
-    return a_sh[t4] + a_sh[t4 + 1u] + a_sh[t4 + 2u] + a_sh[t4 + 3u];
+    return red_sh[t4] + red_sh[t4 + 1u] + red_sh[t4 + 2u] + red_sh[t4 + 3u];
 }
 
 @compute @workgroup_size(256)
@@ -792,8 +792,8 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         inv_den = 1.0 / den;
         dnq = -slope * h_do / (den * den);
         if (part == 0u) {
-            a_sh[256u + t] = inv_den;
-            a_sh[256u + C + t] = dnq;
+            tok_sh[t] = inv_den;
+            tok_sh[C + t] = dnq;
         }
         workgroupBarrier();
     }
@@ -803,8 +803,8 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     for (var tt = t; tt < len; tt++) {
         var cf = p_sh[tt * C + t];
         if (NORM != 0u) {
-            dun += cf * a_sh[256u + C + tt];
-            cf *= a_sh[256u + tt];
+            dun += cf * tok_sh[C + tt];
+            cf *= tok_sh[tt];
         }
         let ob = row_of(b, c0 + tt, h) * D4 + part;
         for (var e = 0u; e < NV; e++) {
@@ -1090,9 +1090,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         for (var e = 0u; e < NV; e++) {
             di += dot(k_row[row * D4 + part + 4u * e], dk[e]);
         }
-        di = token_sum(tid, di);
+        a_sh[tid] = di;
+        workgroupBarrier();
         if (part == 0u && in_range) {
-            digate_out[row] = di;
+            digate_out[row] = a_sh[tid] + a_sh[tid + 1u] + a_sh[tid + 2u] + a_sh[tid + 3u];
         }
     }
 
@@ -1183,11 +1184,13 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 db[e] = fma(-k_row[row * D4 + a], x, db[e]);
             }
         }
-        let dbeta = token_sum(tid, dbeta_part);
+        // dβ: the four partial sums of token t (a_sh is free past the barrier above).
+        a_sh[tid] = dbeta_part;
+        workgroupBarrier();
         if (part == 0u && in_range) {
-            dbeta_out[row] = dbeta;
+            dbeta_out[row] = a_sh[tid] + a_sh[tid + 1u] + a_sh[tid + 2u] + a_sh[tid + 3u];
         }
-        // dv = β dR_v (every read of dR_v was before token_sum's barriers).
+        // dv = β dR_v (every read of dR_v was before the barrier above).
         if (in_range) {
             for (var e = 0u; e < NV; e++) {
                 let i = row * D + 4u * (part + 4u * e);
