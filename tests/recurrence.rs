@@ -275,7 +275,7 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
             let mut rec = gpu().recorder();
             let args = RecurrenceArgs { r, dims: d, scale: scale as f32, q: &gq, k: &gk, v: &gv, gates };
-            let grads = recurrence::backward(&mut rec, &args, &gd).unwrap();
+            let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
             rec.submit().unwrap();
             let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
             let tag = format!("backward {name} B={batch} T={seq} H={heads} D={dk} gates regime {regime}");
@@ -295,7 +295,26 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             if r.normalizer == Normalizer::Mlstm {
                 check("igate", read(&grads.igate, rows), &want.igate);
             }
+
+            // The training forward keeps its sweep for the backward: the same output as `chunked`
+            // from a zero state, and the same gradients, bit for bit.
+            let (o_train, o_chunked) = (gpu().scratch(rows * dk).unwrap(), gpu().scratch(rows * dk).unwrap());
+            let mut rec = gpu().recorder();
+            let saved = recurrence::chunked_train(&mut rec, &args, &o_train).unwrap();
+            chunked(&mut rec, &args, &GpuState::zeros(gpu(), d).unwrap(), &o_chunked).unwrap();
+            let kept = recurrence::backward(&mut rec, &args, &gd, Some(&saved)).unwrap();
+            rec.submit().unwrap();
+            assert_eq!(read(&o_train, rows * dk), read(&o_chunked, rows * dk), "{tag}: chunked_train's output");
+            for (what, a, b, n) in [("q", &kept.q, &grads.q, rows * dk), ("k", &kept.k, &grads.k, rows * dk), ("v", &kept.v, &grads.v, rows * dk), ("g", &kept.g, &grads.g, want.g.len()), ("beta", &kept.beta, &grads.beta, if r.delta { rows } else { 0 })] {
+                if n > 0 {
+                    assert_eq!(read(a, n), read(b, n), "{tag}: d{what} from the kept sweep");
+                }
+            }
             grads.release(gpu());
+            kept.release(gpu());
+            for b in saved.buffers().into_iter().chain([o_train, o_chunked]) {
+                gpu().release(b);
+            }
         }
     }
 }

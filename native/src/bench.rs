@@ -161,7 +161,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
                     } else {
                         recurrent(&mut rec, &args, &state, &o)?;
                     }
-                    let grads = if with_backward { Some(recurrence::backward(&mut rec, &args, &d_out)?) } else { None };
+                    let grads = if with_backward { Some(recurrence::backward(&mut rec, &args, &d_out, None)?) } else { None };
                     let start = Instant::now();
                     rec.submit()?;
                     gpu.sync()?;

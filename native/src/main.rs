@@ -375,10 +375,26 @@ struct BenchArgs {
     /// bench mixers: also time the forward and backward together (the training step's recurrence)
     #[arg(long)]
     backward: bool,
+    /// bench mixers: shapes as BxTxHxD (batch, tokens, heads, head size), comma-separated
+    #[arg(long, default_value = "8x512x9x64,4x4096x16x128")]
+    mixer_shapes: String,
+}
+
+/// `--mixer-shapes`: BxTxHxD items (head size 64 or 128), comma-separated.
+fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
+    text.split(',')
+        .map(|item| {
+            let n: Vec<usize> = item.trim().split('x').map(|x| x.parse::<usize>()).collect::<std::result::Result<_, _>>().unwrap_or_default();
+            match n[..] {
+                [b, t, h, d] if b > 0 && t > 0 && h > 0 && (d == 64 || d == 128) => Ok((b, t, h, d)),
+                _ => bail!("invalid argument --mixer-shapes: '{item}' is not BxTxHxD with positive sizes and head size 64 or 128 (e.g. 8x512x9x64)"),
+            }
+        })
+        .collect()
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
-    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward } = a;
+    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes } = a;
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
     if !["teacher", "ops", "mixers"].contains(&what) {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
@@ -389,8 +405,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let results = if what == "ops" {
             bench::bench_ops(&gpu, iters)?
         } else {
-            // fla's comparison shapes: (batch, seq, heads, head_dim)
-            bench::bench_mixers(&gpu, &[(8, 512, 9, 64), (4, 4096, 16, 128)], iters, *backward)?
+            bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, iters, *backward)?
         };
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);

@@ -91,6 +91,8 @@ pub struct Activations {
     pub input_gate: Option<GateActs>,
     /// The recurrence's output.
     pub o: GpuBuf,
+    /// The training forward's chunked sweep, which the backward reads instead of running it again.
+    pub sweep: Option<recurrence::SavedSweep>,
     /// o + D ⊙ v.
     pub skipped: Option<GpuBuf>,
     pub gate: Option<OutputGateActs>,
@@ -168,6 +170,7 @@ impl Activations {
             out.extend(g.biased);
         }
         out.extend(self.skipped.into_iter().chain(self.combined).chain(self.normed));
+        out.extend(self.sweep.into_iter().flat_map(|s| s.buffers()));
         out
     }
 
@@ -320,15 +323,16 @@ impl MixerLayer {
     /// advancing `state`; its intermediates go back to the pool once the recorder is submitted.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>) -> Result<()> {
-        let acts = self.record_forward(rec, x, seq, state, rope, out, accumulate, trace)?;
+        let acts = self.record_forward(rec, x, seq, state, rope, out, accumulate, trace, false)?;
         acts.retire(rec);
         Ok(())
     }
 
-    /// The training forward: from a zero state, keeping what `backward` needs.
+    /// The training forward: from a zero state, keeping what `backward` needs (the chunked
+    /// recurrence's sweep too).
     pub fn forward_train(&self, rec: &mut Recorder, x: &GpuBuf, batch: usize, seq: usize, rope: &Rope, out: &GpuBuf) -> Result<Activations> {
         let mut state = self.new_state(rec.gpu(), batch)?;
-        self.record_forward(rec, x, seq, &mut state, rope, out, false, None)
+        self.record_forward(rec, x, seq, &mut state, rope, out, false, None, true)
     }
 
     /// A gate's pre-activation and value from x.
@@ -369,7 +373,7 @@ impl MixerLayer {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record_forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>) -> Result<Activations> {
+    fn record_forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>, train: bool) -> Result<Activations> {
         let gpu = rec.gpu();
         let l = &self.layout;
         let batch = state.batch;
@@ -406,6 +410,7 @@ impl MixerLayer {
             beta: None,
             input_gate: None,
             o: keep(rows * hv)?,
+            sweep: None,
             skipped: None,
             gate: None,
             combined: None,
@@ -458,7 +463,12 @@ impl MixerLayer {
         };
         // Both forms bind at most WebGPU's default 8 storage buffers.
         if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
-            recurrence::chunked(rec, &args, &state.rec, &a.o)?;
+            if train {
+                // From forward_train's fresh state; its final state is not needed.
+                a.sweep = Some(recurrence::chunked_train(rec, &args, &a.o)?);
+            } else {
+                recurrence::chunked(rec, &args, &state.rec, &a.o)?;
+            }
         } else {
             recurrence::recurrent(rec, &args, &state.rec, &a.o)?;
         }
@@ -630,7 +640,7 @@ impl MixerLayer {
             v: a.v(),
             gates: Gates { g: gate_value(&a.decay), beta: gate_value(&a.beta), igate: gate_value(&a.input_gate) },
         };
-        let rg = recurrence::backward(rec, &args, &d_after_skip)?;
+        let rg = recurrence::backward(rec, &args, &d_after_skip, a.sweep.as_ref())?;
         for (def, acts, d_value) in [(&l.decay, &a.decay, &rg.g), (&l.beta, &a.beta, &rg.beta), (&l.input_gate, &a.input_gate, &rg.igate)] {
             if let (Some(def), Some(acts)) = (def, acts) {
                 self.gate_backward(rec, &mut sink, def, acts, d_value, grads)?;

@@ -220,10 +220,68 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     }
     let dummy = rec.temp(4)?;
     let inputs = checked_inputs(a, state.dims, out, &dummy)?;
-    let igate = inputs.2;
-    let sweep = chunk_sweep(rec, a, state, inputs)?;
+    let sweep = chunk_sweep(rec, a, state, inputs, Keep::Recorder)?;
+    chunk_output(rec, a, &sweep, inputs.2, out)
+}
+
+/// The training forward: `chunked` from a zero state, keeping what the backward reads (the chunk
+/// starts, u, W and the cumulative gates), so `backward` need not run the sweep again.
+pub fn chunked_train(rec: &mut Recorder, a: &RecurrenceArgs, out: &GpuBuf) -> Result<SavedSweep> {
+    let (r, d) = (a.r, a.dims);
+    if !r.has_chunked_form(d) || d.seq == 0 {
+        return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{} and {} tokens", d.dk, d.dv, d.seq)));
+    }
+    let dummy = rec.temp(4)?;
+    let inputs = checked_inputs(a, d, out, &dummy)?;
+    let zero = zero_state(rec, d)?;
+    let sweep = chunk_sweep(rec, a, &zero, inputs, Keep::Caller)?;
+    chunk_output(rec, a, &sweep, inputs.2, out)?;
+    Ok(SavedSweep { h: sweep.h, u: sweep.u, w: sweep.w, b_cum: sweep.b_cum })
+}
+
+fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igate: &GpuBuf, out: &GpuBuf) -> Result<()> {
+    let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
+}
+
+/// A zero state in recorder temporaries (training blocks start fresh).
+fn zero_state(rec: &mut Recorder, d: Dims) -> Result<GpuState> {
+    let bh = d.batch * d.heads;
+    let nm_len = bh * d.dv.div_ceil(64) * (d.dk + 4);
+    let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(nm_len)? };
+    crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
+    crate::nn::zero(rec, &zero.nm, nm_len)?;
+    Ok(zero)
+}
+
+/// What a training forward keeps of its chunked sweep for the backward (from a zero state, it is
+/// what the backward would compute again). The caller releases it.
+pub struct SavedSweep {
+    pub h: GpuBuf,
+    pub u: GpuBuf,
+    pub w: GpuBuf,
+    pub b_cum: GpuBuf,
+}
+
+impl SavedSweep {
+    pub fn buffers(self) -> [GpuBuf; 4] {
+        [self.h, self.u, self.w, self.b_cum]
+    }
+}
+
+/// Where the sweep's buffers live: recorder temporaries, or the caller's to keep.
+#[derive(Clone, Copy, PartialEq)]
+enum Keep {
+    Recorder,
+    Caller,
+}
+
+fn sweep_buf(rec: &mut Recorder, n: usize, keep: Keep) -> Result<GpuBuf> {
+    match keep {
+        Keep::Recorder => rec.temp(n),
+        Keep::Caller => rec.gpu().scratch(n),
+    }
 }
 
 /// What the chunked forward's state sweep leaves for the output kernel (recorder temporaries).
@@ -245,16 +303,16 @@ fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
 /// The chunked forward's first kernels: cumulative gates and the delta rules' WY/UT transform
 /// per chunk, then the state sweep that stores every chunk's starting state and advances `state`.
 /// `(g, beta, igate)`: the gates as `checked_inputs` resolves them.
-fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, beta, igate): (&GpuBuf, &GpuBuf, &GpuBuf)) -> Result<ChunkSweep> {
+fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, beta, igate): (&GpuBuf, &GpuBuf, &GpuBuf), keep: Keep) -> Result<ChunkSweep> {
     let (r, d, scale, k, v) = (a.r, a.dims, a.scale, a.k, a.v);
     let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
-    let b_cum = rec.temp(rows * d.dk)?;
-    let u = rec.temp(rows * d.dv)?;
-    let w = rec.temp(rows * d.dk)?;
+    let b_cum = sweep_buf(rec, rows * d.dk, keep)?;
+    let u = sweep_buf(rec, rows * d.dv, keep)?;
+    let w = sweep_buf(rec, if r.delta { rows * d.dk } else { 4 }, keep)?;
     // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding); then the
     // final n and m per (batch, head), which chunk_carry writes to the carried state.
-    let h = rec.temp(d.batch * d.heads * (chunks * (d.dk * d.dv + d.dk + 4) + d.dk + 4))?;
+    let h = sweep_buf(rec, sweep_h_len(d), keep)?;
     let kernel = |entry| chunk_kernel(r, d, entry);
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
@@ -266,6 +324,11 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
     Ok(ChunkSweep { params, h, u, w, b_cum })
+}
+
+/// Words of the sweep's `h`: a record per (batch, head, chunk), then the final n and m.
+fn sweep_h_len(d: Dims) -> usize {
+    d.batch * d.heads * (d.seq.div_ceil(CHUNK) * (d.dk * d.dv + d.dk + 4) + d.dk + 4)
 }
 
 /// Gradients of the recurrence's inputs on the GPU, laid out like the inputs (`igate`: mLSTM's
@@ -290,8 +353,9 @@ impl RecurrenceGrads {
 /// Backward of `recurrent`/`chunked` from a zero initial state (training blocks start fresh):
 /// ∂L/∂(q, k, v, g, β, ĩ) from ∂L/∂o `d_out` [B, T, H, V] (f64 twin:
 /// crate::reference::recurrence::backward): the chunked form, chunk.wgsl's chunk_bwd_* kernels,
-/// at head size 64 or 128.
-pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Result<RecurrenceGrads> {
+/// at head size 64 or 128. `saved`: what `chunked_train` kept of the same call's forward (else
+/// the forward's sweep runs again here).
+pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: Option<&SavedSweep>) -> Result<RecurrenceGrads> {
     let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
     if !r.has_chunked_form(d) {
         return Err(Error::argument("head size", format!("the recurrence backward takes equal key and value sizes of 64 or 128, got {}×{}", d.dk, d.dv)));
@@ -319,28 +383,39 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf) -> Resul
     let chunks = d.seq.div_ceil(CHUNK);
     let bh = d.batch * d.heads;
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
-    // The chunk starts, u and W from the chunked forward's sweep (from a zero state); du (and a
-    // normaliser's per-token terms) within chunks; ∂L/∂S at every chunk's end by a sweep over
-    // chunks, last first; then every chunk's gradients at once.
-    let nm_len = bh * d.dv.div_ceil(64) * (d.dk + 4);
-    let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(nm_len)? };
-    crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
-    crate::nn::zero(rec, &zero.nm, nm_len)?;
-    let sweep = chunk_sweep(rec, a, &zero, (g, beta, igate))?;
+    // The chunk starts, u and W of the chunked forward's sweep from a zero state (kept by the
+    // forward, or run again); du (and a normaliser's per-token terms) within chunks; ∂L/∂S at
+    // every chunk's end by a sweep over chunks, last first; then every chunk's gradients at once.
+    let recomputed;
+    let sweep = match saved {
+        Some(s) => {
+            need("saved sweep h", &s.h, sweep_h_len(d))?;
+            need("saved sweep u", &s.u, rows * d.dv)?;
+            need("saved sweep b_cum", &s.b_cum, rows * d.dk)?;
+            need("saved sweep W", &s.w, if r.delta { rows * d.dk } else { 4 })?;
+            (&s.h, &s.u, &s.w, &s.b_cum)
+        }
+        None => {
+            let zero = zero_state(rec, d)?;
+            recomputed = chunk_sweep(rec, a, &zero, (g, beta, igate), Keep::Recorder)?;
+            (&recomputed.h, &recomputed.u, &recomputed.w, &recomputed.b_cum)
+        }
+    };
+    let (sweep_h, sweep_u, sweep_w, sweep_b) = sweep;
     // ∂L/∂S [K, V] then ∂L/∂n [K] at every chunk's end.
     let ds_end = rec.temp(bh * chunks * (d.dk * d.dv + d.dk))?;
     let du = rec.temp(rows * d.dv)?;
-    let dr_k = rec.temp(if r.delta { rows * d.dk } else { 1 })?;
+    let dr_k = rec.temp(if r.delta { rows * d.dk } else { 4 })?;
     // Per token with a normaliser: 1/den, ∂L/∂(nᵀq̃) and du of n's column of ones.
     let nrm = rec.temp(if r.normalizer == Normalizer::None { 1 } else { rows * 4 })?;
     let kernel = |entry| chunk_kernel(r, d, entry);
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
-    let local_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
+    let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
     rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
-    let state_bindings = [(1, q), (2, k), (11, &sweep.h), (13, &sweep.w), (15, &sweep.b_cum), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
+    let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
     rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
     let grads_bindings = [
-        (1, q), (2, k), (3, v), (5, beta), (11, &sweep.h), (12, &sweep.u), (13, &sweep.w), (15, &sweep.b_cum), (16, igate), (19, &ds_end), (20, &du),
+        (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
         (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
     ];
     rec.dispatch_bindings(&kernel("chunk_bwd_grads"), &params, &grads_bindings, grid)?;

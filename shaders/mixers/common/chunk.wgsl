@@ -560,10 +560,10 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 @group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>;     // [B, T, H, D/4] dO
 @group(0) @binding(22) var<storage, read_write> dq_out: array<vec4<f32>>;
 @group(0) @binding(23) var<storage, read_write> dk_out: array<vec4<f32>>;
-@group(0) @binding(24) var<storage, read_write> dv_out: array<f32>;       // dR_v, then dv
+@group(0) @binding(24) var<storage, read_write> dv_out: array<vec4<f32>>; // dR_v, then dv
 @group(0) @binding(25) var<storage, read_write> dg_out: array<f32>;
 @group(0) @binding(26) var<storage, read_write> dbeta_out: array<f32>;
-@group(0) @binding(27) var<storage, read_write> dr_k: array<f32>;         // dR_k, then y
+@group(0) @binding(27) var<storage, read_write> dr_k: array<vec4<f32>>;   // dR_k, then y
 // Per token with a normaliser: 1/den, dnq, and du of the ones column (dun), 1 word of padding.
 @group(0) @binding(28) var<storage, read_write> nrm: array<f32>;          // [B, T, H, 4]
 @group(0) @binding(29) var<storage, read_write> digate_out: array<f32>;   // [B, T, H]
@@ -634,13 +634,11 @@ fn v_at(row: u32, a: u32) -> vec4<f32> {
 }
 
 fn dv_at(row: u32, a: u32) -> vec4<f32> {
-    let i = row * D + 4u * a;
-    return vec4<f32>(dv_out[i], dv_out[i + 1u], dv_out[i + 2u], dv_out[i + 3u]);
+    return dv_out[row * D4 + a];
 }
 
 fn drk_at(row: u32, a: u32) -> vec4<f32> {
-    let i = row * D + 4u * a;
-    return vec4<f32>(dr_k[i], dr_k[i + 1u], dr_k[i + 2u], dr_k[i + 3u]);
+    return dr_k[row * D4 + a];
 }
 
 // The forward's score P_ts = scale Σ_i q_ti k_si exp(b_ti − b_si) (s ≤ t; mLSTM's weight).
@@ -890,18 +888,22 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 }
 
+// Column j of [dR_v | dR_k] at a row: one component of a vec4 (neighbouring threads write the
+// other components of the same vec4; a component store writes only its own word).
 fn load_dr(row: u32, j: u32) -> f32 {
     if (j < D) {
-        return dv_out[row * D + j];
+        return dv_out[row * D4 + j / 4u][j % 4u];
     }
-    return dr_k[row * D + j - D];
+    let i = j - D;
+    return dr_k[row * D4 + i / 4u][i % 4u];
 }
 
 fn store_dr(row: u32, j: u32, x: f32) {
     if (j < D) {
-        dv_out[row * D + j] = x;
+        dv_out[row * D4 + j / 4u][j % 4u] = x;
     } else {
-        dr_k[row * D + j - D] = x;
+        let i = j - D;
+        dr_k[row * D4 + i / 4u][i % 4u] = x;
     }
 }
 
@@ -1064,17 +1066,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (in_range) {
             for (var e = 0u; e < NV; e++) {
                 let a = part + 4u * e;
-                let du = du_rw[row * D4 + a];
-                let dw = -h_rows_dot(hb4, a, row, 2u);
-                let i = row * D + 4u * a;
-                dv_out[i] = du.x;
-                dv_out[i + 1u] = du.y;
-                dv_out[i + 2u] = du.z;
-                dv_out[i + 3u] = du.w;
-                dr_k[i] = dw.x;
-                dr_k[i + 1u] = dw.y;
-                dr_k[i + 2u] = dw.z;
-                dr_k[i + 3u] = dw.w;
+                dv_out[row * D4 + a] = du_rw[row * D4 + a];
+                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             }
         }
         storageBarrier();
@@ -1098,11 +1091,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             db[e] += bt * ek * drk;
             let y = drk + h_rows_dot(hb4, a, row, 1u);
             if (in_range) {
-                let i = row * D + 4u * a;
-                dr_k[i] = y.x;
-                dr_k[i + 1u] = y.y;
-                dr_k[i + 2u] = y.z;
-                dr_k[i + 3u] = y.w;
+                dr_k[row * D4 + a] = y;
             }
         }
         storageBarrier();
@@ -1154,22 +1143,14 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         // dv = β dR_v (every read of dR_v was before the barrier above).
         if (in_range) {
             for (var e = 0u; e < NV; e++) {
-                let i = row * D + 4u * (part + 4u * e);
-                dv_out[i] *= bt;
-                dv_out[i + 1u] *= bt;
-                dv_out[i + 2u] *= bt;
-                dv_out[i + 3u] *= bt;
+                let i = row * D4 + part + 4u * e;
+                dv_out[i] = dv_out[i] * bt;
             }
         }
     } else if (in_range) {
         for (var e = 0u; e < NV; e++) {
             let a = part + 4u * e;
-            let du = du_rw[row * D4 + a];
-            let i = row * D + 4u * a;
-            dv_out[i] = du.x;
-            dv_out[i + 1u] = du.y;
-            dv_out[i + 2u] = du.z;
-            dv_out[i + 3u] = du.w;
+            dv_out[row * D4 + a] = du_rw[row * D4 + a];
         }
     }
     if (in_range) {
