@@ -156,12 +156,16 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
                 for i in 0..iters + 2 {
                     let mut rec = gpu.recorder();
                     let args = RecurrenceArgs { r, dims: d, scale: 0.125, q: &q, k: &k, v: &v, gates };
-                    if chunk && d.seq > 1 {
+                    // With the backward, as a training step runs them: the forward keeps its sweep.
+                    let mut saved = None;
+                    if chunk && with_backward {
+                        saved = Some(recurrence::chunked_train(&mut rec, &args, &o)?);
+                    } else if chunk && d.seq > 1 {
                         chunked(&mut rec, &args, &state, &o)?;
                     } else {
                         recurrent(&mut rec, &args, &state, &o)?;
                     }
-                    let grads = if with_backward { Some(recurrence::backward(&mut rec, &args, &d_out, None)?) } else { None };
+                    let grads = if with_backward { Some(recurrence::backward(&mut rec, &args, &d_out, saved.as_ref())?) } else { None };
                     let start = Instant::now();
                     rec.submit()?;
                     gpu.sync()?;
@@ -170,6 +174,9 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
                     }
                     if let Some(g) = grads {
                         g.release(gpu);
+                    }
+                    for b in saved.into_iter().flat_map(|s| s.buffers()) {
+                        gpu.release(b);
                     }
                 }
                 Ok(median(times))

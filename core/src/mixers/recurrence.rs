@@ -211,7 +211,7 @@ impl Recurrence {
 /// The chunked (parallel) form of `recurrent`: same inputs, state and outputs
 /// (shaders/mixers/common/chunk.wgsl).
 pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf) -> Result<()> {
-    let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
+    let (r, d) = (a.r, a.dims);
     if !r.has_chunked_form(d) {
         return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{}; use the recurrent one", d.dk, d.dv)));
     }
