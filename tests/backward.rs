@@ -145,11 +145,14 @@ fn adamw_and_global_norm_match_reference() {
         assert_close(&format!("adamw step {step}"), &read(&param, n), &pd, 1e-6, 1e-5);
     }
     let g = random(&mut rng, n, 1.0);
-    let partial = gpu().scratch(16).unwrap();
+    // The partial sums from index 3 on, after another buffer's (as the global norm lays them out).
+    let partial = gpu().upload_f32("partial", &vec![0.0; n.div_ceil(4096) + 3]).unwrap();
     let mut rec = gpu().recorder();
-    let parts = train::sum_squares(&mut rec, &up(&g), &partial, n).unwrap();
+    let parts = train::sum_squares(&mut rec, &up(&g), &partial, 3, n).unwrap();
     rec.submit().unwrap();
-    let got: f64 = read(&partial, parts).iter().map(|&v| v as f64).sum();
+    let all = read(&partial, parts + 3);
+    assert_eq!(&all[..3], &[0.0; 3], "sum_squares wrote before its offset");
+    let got: f64 = all[3..].iter().map(|&v| v as f64).sum();
     let want: f64 = g.iter().map(|&v| (v as f64) * (v as f64)).sum();
     assert!((got - want).abs() < 1e-4 * want, "sum of squares {got} vs {want}");
     let mut rec = gpu().recorder();

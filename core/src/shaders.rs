@@ -70,6 +70,7 @@ shader_params!(
     /// (the clip factor).
     AdamWParams for ["train/adamw"] {
         n: u32, lr: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, correction1: f32, correction2: f32, grad_scale: f32,
+        offset: u32,
     }
 );
 shader_params!(

@@ -14,6 +14,8 @@ struct Params {
     correction1: f32,
     correction2: f32,
     grad_scale: f32,
+    // sum_squares: where this buffer's partial sums start in `partial`.
+    offset: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -37,7 +39,8 @@ fn adamw(@builtin(global_invocation_id) gid: vec3<u32>) {
     param[i] = w - p.lr * (mi / p.correction1) / (sqrt(vi / p.correction2) + p.eps) - p.lr * p.decay * w;
 }
 
-// Σ g² over a buffer, one partial sum per workgroup (the host adds them): global-norm clipping.
+// Σ g² over a buffer, one partial sum per workgroup from `offset` on (every parameter's into one
+// buffer, read back once; the host adds them): global-norm clipping.
 @group(0) @binding(5) var<storage, read_write> partial: array<f32>;
 var<workgroup> red: array<f32, 64>;
 
@@ -62,6 +65,6 @@ fn sum_squares(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_
         workgroupBarrier();
     }
     if (t == 0u) {
-        partial[wid.x] = red[0];
+        partial[p.offset + wid.x] = red[0];
     }
 }

@@ -57,19 +57,20 @@ pub fn adamw_step(rec: &mut Recorder, h: &AdamW, a: &AdamWStep) -> Result<()> {
         correction1: c1 as f32,
         correction2: c2 as f32,
         grad_scale,
+        offset: 0,
     };
     let per_y = 65535 * 64;
     let groups = [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1];
     rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v)], groups)
 }
 
-/// Partial sums of squares of `grad` [n], one per 4096 values, into `partial`; their sum is
-/// the squared global norm contribution of this buffer.
-pub fn sum_squares(rec: &mut Recorder, grad: &GpuBuf, partial: &GpuBuf, n: usize) -> Result<usize> {
+/// Partial sums of squares of `grad` [n], one per 4096 values, into `partial` from index `at` on;
+/// their sum is the squared global norm contribution of this buffer. Returns how many.
+pub fn sum_squares(rec: &mut Recorder, grad: &GpuBuf, partial: &GpuBuf, at: usize, n: usize) -> Result<usize> {
     need("sum squares grad", grad, n)?;
     let groups = n.div_ceil(64 * 64);
-    need("sum squares partial", partial, groups)?;
-    let params = AdamWParams { n: n as u32, ..Default::default() };
+    need("sum squares partial", partial, at + groups)?;
+    let params = AdamWParams { n: n as u32, offset: at as u32, ..Default::default() };
     rec.dispatch_bindings(&Kernel::new("train/adamw", "sum_squares"), &params, &[(2, grad), (5, partial)], [groups as u32, 1, 1])?;
     Ok(groups)
 }
@@ -118,22 +119,27 @@ impl Optimizer {
     }
 
     /// The global gradient norm ‖g‖₂ over every parameter, or the name of the first parameter
-    /// whose gradient is not finite.
+    /// whose gradient is not finite. Every parameter's partial sums go into one buffer, read back
+    /// once.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn global_norm(&self, gpu: &Gpu) -> Result<std::result::Result<f64, String>> {
+        let total_parts: usize = self.states.values().map(|s| s.len.div_ceil(4096)).sum();
+        let partial = gpu.scratch(total_parts.max(1))?;
         let mut rec = gpu.recorder();
-        let mut partials = Vec::new();
+        let mut ranges = Vec::new();
+        let mut at = 0;
         for (name, s) in &self.states {
-            let p = gpu.scratch(s.len.div_ceil(4096))?;
-            let n = sum_squares(&mut rec, &s.grad, &p, s.len)?;
-            partials.push((name, p, n));
+            let n = sum_squares(&mut rec, &s.grad, &partial, at, s.len)?;
+            ranges.push((name, at..at + n));
+            at += n;
         }
         rec.submit()?;
+        let sums = gpu.read_f32_blocking(&partial, total_parts)?;
+        gpu.release(partial);
         let mut total = 0.0f64;
         let mut bad = None;
-        for (name, p, n) in partials {
-            let sq: f64 = gpu.read_f32_blocking(&p, n)?.iter().map(|&v| v as f64).sum();
-            gpu.release(p);
+        for (name, range) in ranges {
+            let sq: f64 = sums[range].iter().map(|&v| v as f64).sum();
             if !sq.is_finite() && bad.is_none() {
                 bad = Some(name.clone());
             }
