@@ -134,29 +134,43 @@ fn adamw_and_global_norm_match_reference() {
     let h = AdamW::default();
     let (param, m, v) = (up(&p0), up(&vec![0.0; n]), up(&vec![0.0; n]));
     let (mut pd, mut md, mut vd) = (f64s(&p0), vec![0.0; n], vec![0.0; n]);
-    for step in 1..=3u32 {
+    // The clip factor comes from the total Σg² the GPU left at partial[2]: ‖g‖ = 2 above the
+    // maximum 1.4 scales by 0.7; ‖g‖ = 0.5 leaves the gradient as it is; an infinite total skips
+    // the update.
+    for (step, total, scale) in [(1u32, 4.0f32, Some(0.7)), (2, 0.25, Some(1.0)), (3, f32::INFINITY, None), (4, 4.0, Some(0.7))] {
         let g = random(&mut rng, n, 0.1);
         let grad = up(&g);
+        let partial = up(&[0.0, 0.0, total]);
         let mut rec = gpu().recorder();
-        train::adamw_step(&mut rec, &h, &AdamWStep { step, decay: step != 2, grad_scale: 0.7, param: &param, grad: &grad, m: &m, v: &v, n }).unwrap();
+        let a = AdamWStep { step, decay: step != 2, max_norm: 1.4, param: &param, grad: &grad, m: &m, v: &v, partial: &partial, total_at: 2, n };
+        train::adamw_step(&mut rec, &h, &a).unwrap();
         rec.submit().unwrap();
         let decay = if step != 2 { h.weight_decay as f64 } else { 0.0 };
-        rtrain::adamw(&mut pd, &f64s(&g), &mut md, &mut vd, step, h.lr as f64, h.beta1 as f64, h.beta2 as f64, h.eps as f64, decay, 0.7);
+        if let Some(scale) = scale {
+            rtrain::adamw(&mut pd, &f64s(&g), &mut md, &mut vd, step, h.lr as f64, h.beta1 as f64, h.beta2 as f64, h.eps as f64, decay, scale);
+        }
         assert_close(&format!("adamw step {step}"), &read(&param, n), &pd, 1e-6, 1e-5);
+        assert_close(&format!("adamw step {step} m"), &read(&m, n), &md, 1e-7, 1e-5);
     }
     let g = random(&mut rng, n, 1.0);
-    // The partial sums from index 3 on, after another buffer's (as the global norm lays them out).
-    let partial = gpu().upload_f32("partial", &vec![0.0; n.div_ceil(4096) + 3]).unwrap();
+    // The partial sums from index 3 on, after another buffer's (as the optimizer lays them out),
+    // then their total on the GPU one past them.
+    let parts = n.div_ceil(4096);
+    let partial = gpu().upload_f32("partial", &vec![0.5; parts + 4]).unwrap();
+    gpu().write_f32(&partial, &[0.0; 3]);
     let mut rec = gpu().recorder();
-    let parts = train::sum_squares(&mut rec, &up(&g), &partial, 3, n).unwrap();
+    assert_eq!(train::sum_squares(&mut rec, &up(&g), &partial, 3, n).unwrap(), parts);
+    train::norm_total(&mut rec, &partial, parts + 3).unwrap();
     rec.submit().unwrap();
-    let all = read(&partial, parts + 3);
+    let all = read(&partial, parts + 4);
     assert_eq!(&all[..3], &[0.0; 3], "sum_squares wrote before its offset");
-    let got: f64 = all[3..].iter().map(|&v| v as f64).sum();
+    let got: f64 = all[3..parts + 3].iter().map(|&v| v as f64).sum();
     let want: f64 = g.iter().map(|&v| (v as f64) * (v as f64)).sum();
     assert!((got - want).abs() < 1e-4 * want, "sum of squares {got} vs {want}");
+    assert!((all[parts + 3] as f64 - got).abs() < 1e-6 * got, "total {} vs {got}", all[parts + 3]);
     let mut rec = gpu().recorder();
-    let e = train::adamw_step(&mut rec, &h, &AdamWStep { step: 0, decay: true, grad_scale: 1.0, param: &param, grad: &param, m: &m, v: &v, n }).unwrap_err().to_string();
+    let a = AdamWStep { step: 0, decay: true, max_norm: 1.0, param: &param, grad: &param, m: &m, v: &v, partial: &partial, total_at: 0, n };
+    let e = train::adamw_step(&mut rec, &h, &a).unwrap_err().to_string();
     assert!(e.contains("count from 1"), "{e}");
 }
 

@@ -66,10 +66,10 @@ shader_params!(
     LossParams for ["train/losses"] { rows: u32, vocab: u32, scale: f32, accumulate: u32 }
 );
 shader_params!(
-    /// train/adamw: `correction1/2` are 1 − β1ᵗ and 1 − β2ᵗ; `grad_scale` multiplies the gradient
-    /// (the clip factor).
+    /// train/adamw: `correction1/2` are 1 − β1ᵗ and 1 − β2ᵗ; gradients are scaled by
+    /// `max_norm` / ‖g‖ where the global norm exceeds `max_norm` (clipping on the GPU).
     AdamWParams for ["train/adamw"] {
-        n: u32, lr: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, correction1: f32, correction2: f32, grad_scale: f32,
+        n: u32, lr: f32, beta1: f32, beta2: f32, eps: f32, decay: f32, correction1: f32, correction2: f32, max_norm: f32,
         offset: u32,
     }
 );

@@ -31,24 +31,48 @@ impl std::str::FromStr for Dtype {
     }
 }
 
-/// A storage buffer of `len` values.
+/// A storage buffer of `len` values: a whole buffer, or a view of `len` values from a byte
+/// offset into a shared one (the optimizer's flat parameter and gradient segments).
 #[derive(Debug)]
 pub struct GpuBuf {
     pub buffer: wgpu::Buffer,
     pub len: usize,
     pub dtype: Dtype,
+    /// Where the values start in `buffer`, in bytes (0 for a whole buffer).
+    offset: u64,
+    /// A view: the buffer belongs to another handle, and never goes back to the pool.
+    shared: bool,
 }
 
 impl GpuBuf {
     /// A buffer of `len` 32-bit words.
     pub fn words(buffer: wgpu::Buffer, len: usize) -> Self {
-        GpuBuf { buffer, len, dtype: Dtype::F32 }
+        GpuBuf { buffer, len, dtype: Dtype::F32, offset: 0, shared: false }
+    }
+
+    /// `len` words of this buffer from word `at` on. The start must sit on the device's storage
+    /// offset alignment (checked where it is bound); views are never returned to the pool.
+    pub fn view(&self, at: usize, len: usize) -> Result<GpuBuf> {
+        if self.dtype != Dtype::F32 || at + len > self.len {
+            return Err(Error::Gpu(format!("a view of words {at}..{} of a buffer of {} {} values", at + len, self.len, self.dtype.name())));
+        }
+        Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F32, offset: self.offset + (at * 4) as u64, shared: true })
+    }
+
+    /// Byte offset of the first value in `buffer`.
+    pub fn offset(&self) -> u64 {
+        self.offset
+    }
+
+    /// Whether this is a view into a shared buffer rather than a buffer of its own.
+    pub fn is_view(&self) -> bool {
+        self.shared
     }
 
     /// A second handle on the same buffer, for the recorder's temporaries (which it alone
     /// returns to the pool).
     pub(crate) fn handle(&self) -> GpuBuf {
-        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype }
+        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype, offset: self.offset, shared: self.shared }
     }
 
     pub fn bytes(&self) -> u64 {
@@ -123,8 +147,11 @@ impl Gpu {
         Ok(GpuBuf::words(buffer, len))
     }
 
-    /// Returns a scratch buffer to the pool.
+    /// Returns a scratch buffer to the pool (a view just drops its handle).
     pub fn release(&self, buf: GpuBuf) {
+        if buf.shared {
+            return;
+        }
         let bytes = buf.buffer.size();
         self.pool.lock().unwrap().free.entry(bytes).or_default().push(buf.buffer);
     }
@@ -138,7 +165,7 @@ impl Gpu {
             contents: data,
             usage: STORAGE,
         });
-        Ok(GpuBuf { buffer, len, dtype })
+        Ok(GpuBuf { buffer, len, dtype, offset: 0, shared: false })
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> Result<GpuBuf> {
@@ -156,12 +183,23 @@ impl Gpu {
 
     /// Overwrites the start of `buf` with `data`.
     pub fn write_f32(&self, buf: &GpuBuf, data: &[f32]) {
-        self.queue.write_buffer(&buf.buffer, 0, bytemuck::cast_slice(data));
+        self.queue.write_buffer(&buf.buffer, buf.offset, bytemuck::cast_slice(data));
     }
 
     /// Overwrites the start of `buf` with `data`.
     pub fn write_u32(&self, buf: &GpuBuf, data: &[u32]) {
-        self.queue.write_buffer(&buf.buffer, 0, bytemuck::cast_slice(data));
+        self.queue.write_buffer(&buf.buffer, buf.offset, bytemuck::cast_slice(data));
+    }
+
+    /// Copies the first `len` words of `src` to the start of `dst` (on the queue, after the work
+    /// submitted before).
+    pub fn copy_words(&self, src: &GpuBuf, dst: &GpuBuf, len: usize) -> Result<()> {
+        need("copy source", src, len)?;
+        need("copy destination", dst, len)?;
+        let mut encoder = self.device.create_command_encoder(&Default::default());
+        encoder.copy_buffer_to_buffer(&src.buffer, src.offset, &dst.buffer, dst.offset, (len * 4) as u64);
+        self.queue.submit([encoder.finish()]);
+        self.take_error()
     }
 
     /// Copies the first `len` words of `buf` back to the host. Never blocks on the web: the map
@@ -176,7 +214,7 @@ impl Gpu {
             mapped_at_creation: false,
         });
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&buf.buffer, 0, &staging, 0, bytes.max(4));
+        encoder.copy_buffer_to_buffer(&buf.buffer, buf.offset, &staging, 0, bytes.max(4));
         self.queue.submit([encoder.finish()]);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {

@@ -100,7 +100,8 @@ struct Dispatch {
     /// Byte offset of this dispatch's parameters in the shared uniform buffer.
     params_at: u64,
     params_len: u64,
-    buffers: Vec<(u32, wgpu::Buffer, u64)>,
+    /// (binding, buffer, byte offset, bytes)
+    buffers: Vec<(u32, wgpu::Buffer, u64, u64)>,
     groups: [u32; 3],
 }
 
@@ -169,6 +170,10 @@ impl<'g> Recorder<'g> {
                 self.gpu.adapter.name
             )));
         }
+        let align = self.gpu.limits.min_storage_buffer_offset_alignment as u64;
+        if let Some((i, b)) = buffers.iter().find(|(_, b)| b.offset() % align != 0) {
+            return Err(Error::Gpu(format!("{}::{} binding {i}: a view at byte {} is not on this adapter's storage offset alignment of {align}", kernel.shader, kernel.entry, b.offset())));
+        }
         if groups.contains(&0) {
             return Ok(());
         }
@@ -187,7 +192,7 @@ impl<'g> Recorder<'g> {
             params_at: params_at as u64,
             params_len: params_len as u64,
             // Bind the words in use, not the pooled capacity (which may exceed the binding limit).
-            buffers: buffers.iter().map(|(i, b)| (*i, b.buffer.clone(), b.bytes().max(4))).collect(),
+            buffers: buffers.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset(), b.bytes().max(4))).collect(),
             groups,
         });
         Ok(())
@@ -224,12 +229,12 @@ impl<'g> Recorder<'g> {
                         size: std::num::NonZeroU64::new(d.params_len),
                     }),
                 }];
-                for (binding, buffer, bytes) in &d.buffers {
+                for (binding, buffer, offset, bytes) in &d.buffers {
                     entries.push(wgpu::BindGroupEntry {
                         binding: *binding,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer,
-                            offset: 0,
+                            offset: *offset,
                             size: std::num::NonZeroU64::new(*bytes),
                         }),
                     });

@@ -281,6 +281,11 @@ impl MixerLayer {
         self.p(name)
     }
 
+    pub fn parameter_mut(&mut self, name: &str) -> Result<&mut GpuBuf> {
+        let kind = self.kind.name();
+        self.params.get_mut(name).ok_or_else(|| Error::argument("mixer parameters", format!("{kind} layer has no '{name}'")))
+    }
+
     pub fn new_state(&self, gpu: &Gpu, batch: usize) -> Result<MixerState> {
         let s = self.shape;
         let dims = Dims { batch, seq: 0, heads: s.heads, dk: s.dk, dv: s.dv };

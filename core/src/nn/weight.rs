@@ -73,6 +73,12 @@ impl Weight {
         }
     }
 
+    /// `whole`, mutable: the optimizer moves the buffer into its flat segments.
+    pub fn whole_mut(&mut self) -> Result<&mut GpuBuf> {
+        self.whole()?;
+        Ok(&mut self.parts[0].1)
+    }
+
     /// How many buffers hold the matrix.
     pub fn parts(&self) -> usize {
         self.parts.len()

@@ -276,7 +276,7 @@ impl<'g> Distiller<'g> {
         let scope = if stage.trains_everything() { Scope::All } else { Scope::Mixers };
         let resuming = self.state.stage == Some(stage) && self.state.step > 0;
         let from = if resuming { self.state.step } else { 0 };
-        let optimizer = Optimizer::new(gpu, &self.student.parameters(scope)?)?;
+        let optimizer = Optimizer::new(gpu, &mut self.student, scope)?;
         if resuming {
             let (path, bytes) = self.state.read_weights(&self.out)?;
             let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
@@ -299,10 +299,10 @@ impl<'g> Distiller<'g> {
                 let what = if stage.trains_everything() { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
                 return Err(self.diverged(stage, step + 1, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
             }
-            let norm = optimizer.global_norm(gpu)?.map_err(|name| self.diverged(stage, step + 1, &format!("the gradient of {name} is not finite")))?;
             let lr = hyper.lr as f64 * self.config.schedules[stage.index()].factor(step, steps);
-            let clip = if norm > self.config.clip { (self.config.clip / norm) as f32 } else { 1.0 };
-            optimizer.step(gpu, &self.student.parameters(scope)?, &AdamW { lr: lr as f32, ..hyper }, (step + 1) as u32, clip)?;
+            // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
+            optimizer.step(gpu, &AdamW { lr: lr as f32, ..hyper }, (step + 1) as u32, self.config.clip as f32)?;
+            let norm = optimizer.read_norm(gpu)?.map_err(|name| self.diverged(stage, step + 1, &format!("the gradient of {name} is not finite")))?;
             self.state.cursor = cursor;
             self.state.step = step + 1;
             self.state.tokens += tokens_per_step as u64;
@@ -347,7 +347,7 @@ impl<'g> Distiller<'g> {
         let inputs: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
         let targets: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
         let ids = gpu.upload_u32("ids", &inputs)?;
-        let grads = optimizer.grads();
+        let grads = optimizer.grads()?;
         let mut rec = gpu.recorder();
         optimizer.zero_grads(&mut rec)?;
         let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == Stage::EndToEnd)?;

@@ -17,5 +17,5 @@ pub mod distill;
 pub mod metrics;
 
 pub use losses::{cross_entropy, kl, l2_error, squared_error, LossOut};
-pub use optimizer::{adamw_step, sum_squares, AdamW, AdamWStep, Optimizer};
+pub use optimizer::{adamw_step, norm_total, sum_squares, AdamW, AdamWStep, Optimizer};
 pub use stage::Stage;

@@ -1,10 +1,20 @@
-//! The optimizer: AdamW (decoupled weight decay) with global-norm clipping, one state per
-//! trained parameter (gradient, first and second moments), as llm.c's adamw and global_norm
-//! (shaders/train/adamw.wgsl; f64 twins in crate::reference::train).
+//! The optimizer: AdamW (decoupled weight decay) with global-norm clipping, as llm.c's adamw and
+//! global_norm, over flat segments (shaders/train/adamw.wgsl; f64 twins in
+//! crate::reference::train).
+//!
+//! The trained parameters move into a few flat buffers, segments, beside their gradients and
+//! moments: one segment for the parameters that decay and one for those that do not (more where
+//! one binding cannot hold them), every parameter starting on a block of `BLOCK` values. The
+//! model keeps views into the segments, so a step is a handful of dispatches whatever the number
+//! of parameters: zero the gradients, then per segment its partial sums of squares, the total,
+//! and AdamW reading the clip factor from that total on the GPU. Nothing is read back before the
+//! update; the partial sums are read after it, for the reported norm and for the name of a
+//! parameter whose gradient is not finite (the update skips such a step).
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
+use crate::model::lm::training::{Grads, Scope};
+use crate::model::LanguageModel;
 use crate::shaders::AdamWParams;
-use crate::model::lm::training::{Grads, Param};
 use std::collections::BTreeMap;
 
 /// AdamW hyperparameters (the paper's: β (0.9, 0.95), eps 1e-8, weight decay 0.1).
@@ -23,24 +33,31 @@ impl Default for AdamW {
     }
 }
 
-/// One AdamW update of a parameter [n]: its gradient (scaled by `grad_scale`, the clipping) and
-/// moments, at 1-based `step`; `decay` false for norms and biases.
+/// Values per partial sum of squares; every parameter starts on a multiple of it in its segment.
+pub const BLOCK: usize = 4096;
+
+/// One AdamW update of [n] values at 1-based `step`: gradients scaled by `max_norm` / ‖g‖ where
+/// ‖g‖ = sqrt(partial[total_at]) exceeds `max_norm` (no update where that total is not finite);
+/// `decay` false for norms and biases.
 pub struct AdamWStep<'a> {
     pub step: u32,
     pub decay: bool,
-    pub grad_scale: f32,
+    pub max_norm: f32,
     pub param: &'a GpuBuf,
     pub grad: &'a GpuBuf,
     pub m: &'a GpuBuf,
     pub v: &'a GpuBuf,
+    pub partial: &'a GpuBuf,
+    pub total_at: usize,
     pub n: usize,
 }
 
 pub fn adamw_step(rec: &mut Recorder, h: &AdamW, a: &AdamWStep) -> Result<()> {
-    let AdamWStep { step, decay, grad_scale, param, grad, m, v, n } = *a;
+    let AdamWStep { step, decay, max_norm, param, grad, m, v, partial, total_at, n } = *a;
     for (what, b) in [("param", param), ("grad", grad), ("m", m), ("v", v)] {
         need(&format!("adamw {what}"), b, n)?;
     }
+    need("adamw norm total", partial, total_at + 1)?;
     if step == 0 {
         return Err(Error::argument("step", "AdamW steps count from 1"));
     }
@@ -56,90 +73,177 @@ pub fn adamw_step(rec: &mut Recorder, h: &AdamW, a: &AdamWStep) -> Result<()> {
         decay: wd,
         correction1: c1 as f32,
         correction2: c2 as f32,
-        grad_scale,
-        offset: 0,
+        max_norm,
+        offset: total_at as u32,
     };
     let per_y = 65535 * 64;
     let groups = [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1];
-    rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v)], groups)
+    rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v), (5, partial)], groups)
 }
 
-/// Partial sums of squares of `grad` [n], one per 4096 values, into `partial` from index `at` on;
-/// their sum is the squared global norm contribution of this buffer. Returns how many.
+/// Partial sums of squares of `grad` [n], one per `BLOCK` values, into `partial` from index `at`
+/// on; their sum is the squared global norm contribution of this buffer. Returns how many.
 pub fn sum_squares(rec: &mut Recorder, grad: &GpuBuf, partial: &GpuBuf, at: usize, n: usize) -> Result<usize> {
     need("sum squares grad", grad, n)?;
-    let groups = n.div_ceil(64 * 64);
+    let groups = n.div_ceil(BLOCK);
     need("sum squares partial", partial, at + groups)?;
     let params = AdamWParams { n: n as u32, offset: at as u32, ..Default::default() };
     rec.dispatch_bindings(&Kernel::new("train/adamw", "sum_squares"), &params, &[(2, grad), (5, partial)], [groups as u32, 1, 1])?;
     Ok(groups)
 }
 
-/// Gradient and AdamW moments of one parameter.
-pub struct ParamState {
-    pub grad: GpuBuf,
-    pub m: GpuBuf,
-    pub v: GpuBuf,
-    pub len: usize,
-    /// Whether weight decay applies.
-    pub decay: bool,
+/// The sum of `partial[..n]` into `partial[n]`, on the GPU (one workgroup).
+pub fn norm_total(rec: &mut Recorder, partial: &GpuBuf, n: usize) -> Result<()> {
+    need("norm total partial", partial, n + 1)?;
+    let params = AdamWParams { n: n as u32, offset: n as u32, ..Default::default() };
+    rec.dispatch_bindings(&Kernel::new("train/adamw", "norm_total"), &params, &[(5, partial)], [1, 1, 1])
 }
 
-/// The state of every trained parameter, by name.
+/// A flat buffer of parameters (decaying or not) with their gradients and moments.
+struct Segment {
+    decay: bool,
+    /// Values, a multiple of `BLOCK`.
+    len: usize,
+    param: GpuBuf,
+    grad: GpuBuf,
+    m: GpuBuf,
+    v: GpuBuf,
+    /// Where this segment's partial sums start.
+    partial_at: usize,
+}
+
+/// Where a parameter lives: its segment and first value there.
+#[derive(Clone, Copy)]
+struct Slot {
+    segment: usize,
+    at: usize,
+    len: usize,
+}
+
+/// The optimizer state of every trained parameter.
 pub struct Optimizer {
-    pub states: BTreeMap<String, ParamState>,
+    segments: Vec<Segment>,
+    slots: BTreeMap<String, Slot>,
+    /// Σg² per block of every segment in order, then the total.
+    partial: Option<GpuBuf>,
+    blocks: usize,
 }
 
 impl Optimizer {
-    /// Zeroed gradients and moments for `params`.
-    pub fn new(gpu: &Gpu, params: &[Param]) -> Result<Self> {
-        let mut states = BTreeMap::new();
-        for p in params {
-            let z = || gpu.upload_f32(&p.name, &vec![0.0; p.buf.len]);
-            states.insert(p.name.clone(), ParamState { grad: z()?, m: z()?, v: z()?, len: p.buf.len, decay: p.decay });
+    /// Moves the parameters of `scope` into flat segments (the model keeps views of them), with
+    /// zeroed gradients and moments.
+    pub fn new(gpu: &Gpu, model: &mut LanguageModel, scope: Scope) -> Result<Self> {
+        // Largest segment: one binding (and one buffer), in whole blocks.
+        let limit = (gpu.limits.max_storage_buffer_binding_size as u64).min(gpu.limits.max_buffer_size) / 4;
+        let max_len = (limit as usize / BLOCK) * BLOCK;
+        let mut sizes: Vec<(bool, usize)> = Vec::new();
+        let mut slots = BTreeMap::new();
+        let mut open: [Option<usize>; 2] = [None, None];
+        model.for_each_parameter_mut(scope, &mut |name, buf, decay| {
+            if buf.dtype != crate::gpu::Dtype::F32 {
+                return Err(Error::argument("optimizer", format!("'{name}' is not held as f32; training needs f32 weights")));
+            }
+            let len = buf.len.div_ceil(BLOCK) * BLOCK;
+            if len > max_len {
+                return Err(Error::Gpu(format!("'{name}' ({} values) exceeds one binding of this adapter ({max_len} values)", buf.len)));
+            }
+            let class = decay as usize;
+            let segment = match open[class] {
+                Some(s) if sizes[s].1 + len <= max_len => s,
+                _ => {
+                    sizes.push((decay, 0));
+                    open[class] = Some(sizes.len() - 1);
+                    sizes.len() - 1
+                }
+            };
+            slots.insert(name.to_string(), Slot { segment, at: sizes[segment].1, len: buf.len });
+            sizes[segment].1 += len;
+            Ok(())
+        })?;
+        let mut segments = Vec::new();
+        let mut blocks = 0;
+        for (decay, len) in sizes {
+            // New buffers start zeroed: the padding between parameters stays zero.
+            let z = |what: &str| -> Result<GpuBuf> {
+                let buffer = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(what),
+                    size: (len * 4) as u64,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                Ok(GpuBuf::words(buffer, len))
+            };
+            segments.push(Segment { decay, len, param: z("parameters")?, grad: z("gradients")?, m: z("first moments")?, v: z("second moments")?, partial_at: blocks });
+            blocks += len / BLOCK;
         }
-        Ok(Optimizer { states })
+        // The parameters' values into their segments; the model keeps views.
+        model.for_each_parameter_mut(scope, &mut |name, buf, _| {
+            let slot = slots[name];
+            let view = segments[slot.segment].param.view(slot.at, slot.len)?;
+            gpu.copy_words(buf, &view, slot.len)?;
+            // The old buffer (or view of an earlier stage's segment) is freed with its last handle.
+            drop(std::mem::replace(buf, view));
+            Ok(())
+        })?;
+        let partial = if segments.is_empty() { None } else { Some(gpu.scratch(blocks + 1)?) };
+        Ok(Optimizer { segments, slots, partial, blocks })
     }
 
     /// No parameters (between stages).
     pub fn empty() -> Self {
-        Optimizer { states: BTreeMap::new() }
+        Optimizer { segments: Vec::new(), slots: BTreeMap::new(), partial: None, blocks: 0 }
     }
 
-    /// The gradient buffers by parameter name, for a backward to add into.
-    pub fn grads(&self) -> Grads {
-        self.states.iter().map(|(n, s)| (n.clone(), GpuBuf::words(s.grad.buffer.clone(), s.len))).collect()
+    fn view(&self, name: &str, which: impl Fn(&Segment) -> &GpuBuf) -> Result<GpuBuf> {
+        let s = self.slots.get(name).ok_or_else(|| Error::argument("optimizer", format!("no state for '{name}'")))?;
+        which(&self.segments[s.segment]).view(s.at, s.len)
+    }
+
+    /// The gradient of every parameter by name (views of the segments), for a backward to add
+    /// into.
+    pub fn grads(&self) -> Result<Grads> {
+        self.slots.keys().map(|n| Ok((n.clone(), self.view(n, |s| &s.grad)?))).collect()
+    }
+
+    /// How many buffers hold the parameters (each step dispatches per segment, not per parameter).
+    pub fn segments(&self) -> usize {
+        self.segments.len()
     }
 
     pub fn zero_grads(&self, rec: &mut Recorder) -> Result<()> {
-        for s in self.states.values() {
+        for s in &self.segments {
             crate::nn::zero(rec, &s.grad, s.len)?;
         }
         Ok(())
     }
 
-    /// The global gradient norm ‖g‖₂ over every parameter, or the name of the first parameter
-    /// whose gradient is not finite. Every parameter's partial sums go into one buffer, read back
-    /// once.
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn global_norm(&self, gpu: &Gpu) -> Result<std::result::Result<f64, String>> {
-        let total_parts: usize = self.states.values().map(|s| s.len.div_ceil(4096)).sum();
-        let partial = gpu.scratch(total_parts.max(1))?;
+    /// One AdamW step (1-based `step`) on every parameter, the gradients clipped to a global norm
+    /// of `max_norm` on the GPU; submitted, not waited for.
+    pub fn step(&self, gpu: &Gpu, h: &AdamW, step: u32, max_norm: f32) -> Result<()> {
+        let Some(partial) = &self.partial else { return Ok(()) };
         let mut rec = gpu.recorder();
-        let mut ranges = Vec::new();
-        let mut at = 0;
-        for (name, s) in &self.states {
-            let n = sum_squares(&mut rec, &s.grad, &partial, at, s.len)?;
-            ranges.push((name, at..at + n));
-            at += n;
+        for s in &self.segments {
+            sum_squares(&mut rec, &s.grad, partial, s.partial_at, s.len)?;
         }
-        rec.submit()?;
-        let sums = gpu.read_f32_blocking(&partial, total_parts)?;
-        gpu.release(partial);
+        norm_total(&mut rec, partial, self.blocks)?;
+        for s in &self.segments {
+            let a = AdamWStep { step, decay: s.decay, max_norm, param: &s.param, grad: &s.grad, m: &s.m, v: &s.v, partial, total_at: self.blocks, n: s.len };
+            adamw_step(&mut rec, h, &a)?;
+        }
+        rec.submit()
+    }
+
+    /// The global gradient norm ‖g‖₂ of the last `step` (summed in f64 from its partial sums), or
+    /// the name of the first parameter whose gradient is not finite (that step changed nothing).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_norm(&self, gpu: &Gpu) -> Result<std::result::Result<f64, String>> {
+        let Some(partial) = &self.partial else { return Ok(Ok(0.0)) };
+        let sums = gpu.read_f32_blocking(partial, self.blocks)?;
         let mut total = 0.0f64;
         let mut bad = None;
-        for (name, range) in ranges {
-            let sq: f64 = sums[range].iter().map(|&v| v as f64).sum();
+        for (name, s) in &self.slots {
+            let first = self.segments[s.segment].partial_at + s.at / BLOCK;
+            let sq: f64 = sums[first..first + s.len.div_ceil(BLOCK)].iter().map(|&v| v as f64).sum();
             if !sq.is_finite() && bad.is_none() {
                 bad = Some(name.clone());
             }
@@ -148,47 +252,39 @@ impl Optimizer {
         Ok(bad.map_or(Ok(total.sqrt()), Err))
     }
 
-    /// One AdamW step (1-based `step`) on every parameter, gradients scaled by `grad_scale`.
-    pub fn step(&self, gpu: &Gpu, params: &[Param], h: &AdamW, step: u32, grad_scale: f32) -> Result<()> {
-        let mut rec = gpu.recorder();
-        for p in params {
-            let s = self.states.get(&p.name).ok_or_else(|| Error::argument("optimizer", format!("no state for '{}'", p.name)))?;
-            adamw_step(&mut rec, h, &AdamWStep { step, decay: s.decay, grad_scale, param: p.buf, grad: &s.grad, m: &s.m, v: &s.v, n: s.len })?;
-        }
-        rec.submit()
-    }
-
     /// The moments as named tensors (`m.NAME`, `v.NAME`) for a checkpoint.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn read_moments(&self, gpu: &Gpu) -> Result<Vec<(String, Vec<f32>)>> {
         let mut out = Vec::new();
-        for (name, s) in &self.states {
-            out.push((format!("m.{name}"), gpu.read_f32_blocking(&s.m, s.len)?));
-            out.push((format!("v.{name}"), gpu.read_f32_blocking(&s.v, s.len)?));
+        for (name, s) in &self.slots {
+            out.push((format!("m.{name}"), gpu.read_f32_blocking(&self.view(name, |g| &g.m)?, s.len)?));
+            out.push((format!("v.{name}"), gpu.read_f32_blocking(&self.view(name, |g| &g.v)?, s.len)?));
         }
         Ok(out)
     }
 
     /// Restores the moments from a checkpoint's tensors.
     pub fn load_moments(&self, gpu: &Gpu, path: &std::path::Path, st: &safetensors::SafeTensors) -> Result<()> {
-        for (name, s) in &self.states {
-            for (what, buf) in [("m", &s.m), ("v", &s.v)] {
+        for (name, s) in &self.slots {
+            for what in ["m", "v"] {
                 let view = st.tensor(&format!("{what}.{name}")).map_err(|_| Error::format(path, format!("missing optimizer state {what}.{name}")))?;
                 let data: &[f32] = bytemuck::cast_slice(view.data());
                 if data.len() != s.len {
                     return Err(Error::format(path, format!("optimizer state {what}.{name} has {} values, expected {}", data.len(), s.len)));
                 }
-                gpu.write_f32(buf, data);
+                let buf = self.view(name, |g| if what == "m" { &g.m } else { &g.v })?;
+                gpu.write_f32(&buf, data);
             }
         }
         Ok(())
     }
 
+    /// Frees the gradients and moments; the parameters stay in their segments, which live as
+    /// long as the model's views of them.
     pub fn release(self, gpu: &Gpu) {
-        for s in self.states.into_values() {
-            for b in [s.grad, s.m, s.v] {
-                gpu.release(b);
-            }
+        drop(self.segments);
+        if let Some(p) = self.partial {
+            gpu.release(p);
         }
     }
 }

@@ -123,6 +123,33 @@ impl LanguageModel {
         Ok(out)
     }
 
+    /// Visits the trainable parameters of `scope` as `parameters` lists them, each with a
+    /// mutable handle on its buffer (the optimizer moves them into its flat segments).
+    pub fn for_each_parameter_mut(&mut self, scope: Scope, f: &mut dyn FnMut(&str, &mut GpuBuf, bool) -> Result<()>) -> Result<()> {
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            if let TokenMixer::Mixer(m) = &mut b.mixer {
+                for n in m.parameter_names() {
+                    let decay = m.decays(&n);
+                    f(&format!("layers.{i}.mixer.{n}"), m.parameter_mut(&n)?, decay)?;
+                }
+            }
+            if scope == Scope::All {
+                f(&format!("layers.{i}.attn_norm"), &mut b.attn_norm, false)?;
+                f(&format!("layers.{i}.ffn_norm"), &mut b.ffn_norm, false)?;
+                f(&format!("layers.{i}.w_gate_up"), b.w_gate_up.whole_mut()?, true)?;
+                f(&format!("layers.{i}.w_down"), b.w_down.whole_mut()?, true)?;
+            }
+        }
+        if scope == Scope::All {
+            f("embed", self.embed.whole_mut()?, true)?;
+            f("final_norm", &mut self.final_norm, false)?;
+            if let Some(h) = &mut self.head {
+                f("head", h.whole_mut()?, true)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Block `i` on x [batch·seq, hidden] from a fresh state, keeping what `block_backward`
     /// needs.
     pub fn block_forward_train(&self, rec: &mut Recorder, i: usize, x: &GpuBuf, batch: usize, seq: usize) -> Result<BlockActs> {
