@@ -147,8 +147,12 @@ fn a_run_killed_and_resumed_repeats_the_uninterrupted_losses() {
     let want = step_losses(&whole);
     assert_eq!(want.len(), 12, "{want:?}");
 
+    // The killed run reports every step as it ends (the whole one read its steps back three at a
+    // time, at its checkpoints: the same losses either way).
     let killed = tempdir("distill-killed");
-    let mut child = std::process::Command::new(linearize_bin()).args(args(&killed)).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut every_step = args(&killed);
+    every_step.extend(["--log-every".to_string(), "1".to_string()]);
+    let mut child = std::process::Command::new(linearize_bin()).args(&every_step).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::null()).spawn().unwrap();
     let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
     for line in stdout.lines() {
         let v: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
@@ -162,7 +166,7 @@ fn a_run_killed_and_resumed_repeats_the_uninterrupted_losses() {
     // What the kill left is a whole checkpoint.
     let state: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(killed.join(CHECKPOINT_DIR).join("state.json")).unwrap()).unwrap();
     assert_eq!((state["stage"].as_u64(), state["step"].as_u64()), (Some(1), Some(3)), "{state}");
-    let mut resumed = args(&killed);
+    let mut resumed = every_step.clone();
     resumed.push("--resume".into());
     let status = std::process::Command::new(linearize_bin()).args(&resumed).stdout(std::process::Stdio::null()).status().unwrap();
     assert!(status.success());

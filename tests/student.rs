@@ -319,3 +319,63 @@ fn effective_rank_of_known_matrices() {
     assert!((effective_rank(&m, 2, 2) - want).abs() < 1e-6, "{}", effective_rank(&m, 2, 2));
     assert_eq!(effective_rank(&[0.0; 4], 2, 2), 0.0);
 }
+
+/// The optimizer moves every parameter of a student into two flat segments (decaying or not)
+/// that the model then reads through views: the logits stay bit for bit, and one step over all
+/// parameters (clipped on the GPU) matches the f64 AdamW with the global norm's clip factor.
+#[test]
+fn optimizer_segments_hold_every_parameter_and_step_like_the_reference() {
+    use linearize_core::model::lm::training::Scope;
+    use linearize_core::model::Logits;
+    use linearize_core::reference::train as rtrain;
+    use linearize_core::train::{AdamW, Optimizer};
+    let (sw, m) = from_teacher(&tiny_teacher(7), mixer("gated_deltanet"), Some(vec![1]), &MixerOptions::default(), "tiny").unwrap();
+    let mut lm = LanguageModel::upload_with_mixers(gpu(), &sw, Some(&m)).unwrap();
+    let ids = [5u32, 17, 42, 99, 3];
+    let logits = |lm: &LanguageModel| {
+        let mut cache = lm.new_cache(gpu(), 1, 8).unwrap();
+        let out = lm.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
+        gpu().read_f32_blocking(&out, ids.len() * 300).unwrap()
+    };
+    let before = logits(&lm);
+    let read_all = |lm: &LanguageModel| -> Vec<(String, bool, Vec<f64>)> {
+        lm.parameters(Scope::All).unwrap().iter().map(|p| (p.name.clone(), p.decay, gpu().read_f32_blocking(p.buf, p.buf.len).unwrap().iter().map(|&v| v as f64).collect())).collect()
+    };
+    let params0 = read_all(&lm);
+    let opt = Optimizer::new(gpu(), &mut lm, Scope::All).unwrap();
+    assert_eq!(opt.segments(), 2, "one segment per decay class for a model this small");
+    assert!(lm.parameters(Scope::All).unwrap().iter().all(|p| p.buf.is_view()));
+    assert_eq!(read_all(&lm), params0, "the parameters moved unchanged");
+    assert_eq!(logits(&lm), before, "the model reads its parameters through the views");
+
+    let mut rng = linearize_core::util::Rng::new(8);
+    let grads = opt.grads().unwrap();
+    let g: Vec<Vec<f32>> = params0.iter().map(|(name, _, p)| {
+        let g = linearize_tests::random(&mut rng, p.len(), 0.01);
+        gpu().write_f32(&grads[name], &g);
+        g
+    }).collect();
+    let h = AdamW::default();
+    let partial = opt.new_partial(gpu()).unwrap();
+    opt.step(gpu(), &h, 1, 0.5, &partial).unwrap();
+    let sums = gpu().read_f32_blocking(&partial, opt.partial_len()).unwrap();
+    let norm = opt.norm_of(&sums).unwrap();
+    let want_norm = g.iter().flatten().map(|&v| (v as f64).powi(2)).sum::<f64>().sqrt();
+    assert!((norm - want_norm).abs() < 1e-5 * want_norm, "norm {norm} vs {want_norm}");
+    assert!(norm > 0.5, "the step clips ({norm})");
+    for ((name, decay, p0), g) in params0.iter().zip(&g) {
+        let (mut p, mut mm, mut vv) = (p0.clone(), vec![0.0; p0.len()], vec![0.0; p0.len()]);
+        let wd = if *decay { h.weight_decay as f64 } else { 0.0 };
+        rtrain::adamw(&mut p, &linearize_tests::f64s(g), &mut mm, &mut vv, 1, h.lr as f64, h.beta1 as f64, h.beta2 as f64, h.eps as f64, wd, 0.5 / want_norm);
+        let got = lm.parameters(Scope::All).unwrap().into_iter().find(|q| &q.name == name).unwrap();
+        assert_close(name, &gpu().read_f32_blocking(got.buf, got.buf.len).unwrap(), &p, 1e-6, 1e-5);
+    }
+    // A gradient that is not finite changes nothing, and the norm names its parameter.
+    let (name0, _, _) = &params0[0];
+    let after = read_all(&lm);
+    gpu().write_f32(&grads[name0], &[f32::NAN]);
+    opt.step(gpu(), &h, 2, 0.5, &partial).unwrap();
+    let sums = gpu().read_f32_blocking(&partial, opt.partial_len()).unwrap();
+    assert_eq!(opt.norm_of(&sums), Err(name0.clone()));
+    assert_eq!(read_all(&lm), after, "a step with a NaN gradient left the parameters as they were");
+}

@@ -56,8 +56,13 @@ pub struct DistillArgs {
     /// KL reduction: token-mean (default) or paper-batch (summed over positions / batch)
     #[arg(long)]
     pub kl_scaling: Option<String>,
+    /// Steps between checkpoints (default 50)
     #[arg(long)]
     pub checkpoint_every: Option<usize>,
+    /// Steps whose losses and norms are read back together: the GPU runs them without a round
+    /// trip (default 10; 1 reports every step as it ends)
+    #[arg(long)]
+    pub log_every: Option<usize>,
     #[arg(long)]
     pub heldout_tokens: Option<usize>,
     /// Largest student shard, MB
@@ -136,6 +141,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     }
     if let Some(v) = a.checkpoint_every {
         c.checkpoint_every = v;
+    }
+    if let Some(v) = a.log_every {
+        c.log_every = v;
     }
     if let Some(v) = a.heldout_tokens {
         c.heldout_tokens = v;

@@ -205,16 +205,30 @@ impl Gpu {
     /// Copies the first `len` words of `buf` back to the host. Never blocks on the web: the map
     /// callback completes a future; natively the device is polled until it has.
     pub async fn read_f32(&self, buf: &GpuBuf, len: usize) -> Result<Vec<f32>> {
-        need("readback", buf, len)?;
-        let bytes = (len * 4) as u64;
+        Ok(self.read_many(&[(buf, len)]).await?.remove(0))
+    }
+
+    /// The first words of several buffers in one round trip: one copy each into one staging
+    /// buffer, one submission, one map.
+    pub async fn read_many(&self, bufs: &[(&GpuBuf, usize)]) -> Result<Vec<Vec<f32>>> {
+        for &(buf, len) in bufs {
+            need("readback", buf, len)?;
+        }
+        let total: usize = bufs.iter().map(|&(_, len)| len).sum();
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
-            size: bytes.max(4),
+            size: ((total * 4) as u64).max(4),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
         let mut encoder = self.device.create_command_encoder(&Default::default());
-        encoder.copy_buffer_to_buffer(&buf.buffer, buf.offset, &staging, 0, bytes.max(4));
+        let mut at = 0u64;
+        for &(buf, len) in bufs {
+            if len > 0 {
+                encoder.copy_buffer_to_buffer(&buf.buffer, buf.offset, &staging, at, (len * 4) as u64);
+            }
+            at += (len * 4) as u64;
+        }
         self.queue.submit([encoder.finish()]);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
@@ -232,10 +246,21 @@ impl Gpu {
             .slice(..)
             .get_mapped_range()
             .map_err(|e| Error::Gpu(format!("readback map failed: {e}")))?;
-        let out = bytemuck::cast_slice::<u8, f32>(&view)[..len].to_vec();
+        let words = bytemuck::cast_slice::<u8, f32>(&view);
+        let mut out = Vec::with_capacity(bufs.len());
+        let mut at = 0;
+        for &(_, len) in bufs {
+            out.push(words[at..at + len].to_vec());
+            at += len;
+        }
         drop(view);
         staging.unmap();
         Ok(out)
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn read_many_blocking(&self, bufs: &[(&GpuBuf, usize)]) -> Result<Vec<Vec<f32>>> {
+        pollster::block_on(self.read_many(bufs))
     }
 
     #[cfg(not(target_arch = "wasm32"))]

@@ -69,6 +69,9 @@ pub struct DistillConfig {
     pub kl_scaling: KlScaling,
     /// Steps between checkpoints (and at the end of every stage).
     pub checkpoint_every: usize,
+    /// Steps whose losses and gradient norms are read back together: the GPU runs that many
+    /// steps without a round trip to the host (reports, NaN checks and checkpoints wait for it).
+    pub log_every: usize,
     /// Held-out tokens for the perplexities.
     pub heldout_tokens: usize,
     /// Largest student shard in MB.
@@ -102,6 +105,7 @@ impl Default for DistillConfig {
             clip: 1.0,
             kl_scaling: KlScaling::TokenMean,
             checkpoint_every: 50,
+            log_every: 10,
             heldout_tokens: 16_384,
             shard_mb: 16,
             teacher_tokens: 0,
@@ -127,6 +131,9 @@ impl DistillConfig {
         }
         if self.checkpoint_every == 0 {
             return Err(Error::argument("--checkpoint-every", "must be at least 1"));
+        }
+        if self.log_every == 0 {
+            return Err(Error::argument("--log-every", "must be at least 1"));
         }
         Ok(())
     }
@@ -173,6 +180,32 @@ pub struct StepReport {
 }
 
 pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// One part of a step's loss on the GPU: per-row values whose sum over `divisor` it is.
+struct LossRows {
+    buf: GpuBuf,
+    rows: usize,
+    divisor: f64,
+}
+
+/// A step recorded and submitted whose numbers are not read yet.
+struct PendingStep {
+    step: usize,
+    lr: f64,
+    tokens: u64,
+    losses: Vec<LossRows>,
+    /// The optimizer's partial sums of squares of this step's gradients.
+    partial: GpuBuf,
+}
+
+impl PendingStep {
+    fn release(self, gpu: &Gpu) {
+        for l in self.losses {
+            gpu.release(l.buf);
+        }
+        gpu.release(self.partial);
+    }
+}
 /// The teacher-sampled tokens of a run (u32 little-endian), reused by `--resume`.
 pub const SAMPLES_FILE: &str = "teacher-samples.bin";
 
@@ -291,26 +324,28 @@ impl<'g> Distiller<'g> {
         }
         let hyper = AdamW { lr: self.config.lr[stage.index()], beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
         let tokens_per_step = self.config.batch * self.config.seq;
+        // Steps run back to back on the GPU; their numbers are read every `log_every` steps, before
+        // a checkpoint and at the stage's end.
+        let mut pending = Vec::new();
+        let mut window = Instant::now();
         for step in from..steps {
-            let started = Instant::now();
             let (rows_ids, cursor) = next_rows(&self.corpus.train, self.state.cursor, self.config.batch, self.config.seq + 1);
-            let (loss, parts) = self.step_gradients(stage, &rows_ids, &optimizer)?;
-            if let Some(bad) = parts.iter().position(|v| !v.is_finite()).or((!loss.is_finite()).then_some(0)) {
-                let what = if stage.trains_everything() { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
-                return Err(self.diverged(stage, step + 1, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
-            }
+            let losses = self.step_gradients(stage, &rows_ids, &optimizer)?;
             let lr = hyper.lr as f64 * self.config.schedules[stage.index()].factor(step, steps);
             // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
-            optimizer.step(gpu, &AdamW { lr: lr as f32, ..hyper }, (step + 1) as u32, self.config.clip as f32)?;
-            let norm = optimizer.read_norm(gpu)?.map_err(|name| self.diverged(stage, step + 1, &format!("the gradient of {name} is not finite")))?;
+            let partial = optimizer.new_partial(gpu)?;
+            optimizer.step(gpu, &AdamW { lr: lr as f32, ..hyper }, (step + 1) as u32, self.config.clip as f32, &partial)?;
             self.state.cursor = cursor;
             self.state.step = step + 1;
             self.state.tokens += tokens_per_step as u64;
-            gpu.sync()?;
-            let secs = started.elapsed().as_secs_f64();
-            let r = StepReport { stage, step: step + 1, steps, loss, parts, lr, grad_norm: norm, tokens_per_s: tokens_per_step as f64 / secs, tokens: self.state.tokens };
-            self.emit(report, Event::Step(r))?;
-            if (step + 1) % self.config.checkpoint_every == 0 && step + 1 < steps {
+            pending.push(PendingStep { step: step + 1, lr, tokens: self.state.tokens, losses, partial });
+            let checkpoint = (step + 1) % self.config.checkpoint_every == 0 && step + 1 < steps;
+            if pending.len() >= self.config.log_every || checkpoint || step + 1 == steps {
+                let secs = window.elapsed().as_secs_f64() / pending.len() as f64;
+                self.report_steps(stage, steps, std::mem::take(&mut pending), &optimizer, tokens_per_step as f64 / secs, report)?;
+                window = Instant::now();
+            }
+            if checkpoint {
                 self.checkpoint(&optimizer, report)?;
             }
         }
@@ -323,15 +358,61 @@ impl<'g> Distiller<'g> {
         self.state.done.push(stage);
         self.state.step = 0;
         self.checkpoint(&Optimizer::empty(), report)?;
-        optimizer.release(gpu);
+        optimizer.release();
         Ok(())
+    }
+
+    /// Reads the losses and gradient norms of `pending` steps back in one round trip and reports
+    /// them in order; the first that is not finite stops the run (naming its step; the update of
+    /// a step with a gradient that is not finite was skipped, and no checkpoint was written since).
+    fn report_steps(&mut self, stage: Stage, steps: usize, pending: Vec<PendingStep>, optimizer: &Optimizer, tokens_per_s: f64, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let gpu = self.gpu;
+        let mut bufs = Vec::new();
+        for p in &pending {
+            bufs.extend(p.losses.iter().map(|l| (&l.buf, l.rows)));
+            bufs.push((&p.partial, optimizer.partial_len()));
+        }
+        let values = gpu.read_many_blocking(&bufs)?;
+        let mut values = values.into_iter();
+        let mut result = Ok(());
+        for p in &pending {
+            let parts: Vec<f64> = p.losses.iter().map(|l| values.next().expect("one readback per loss").iter().map(|&v| v as f64).sum::<f64>() / l.divisor).collect();
+            let sums = values.next().expect("one readback per step's partial sums");
+            if result.is_err() {
+                continue;
+            }
+            // The per-layer (or CE/KL) parts sum to the loss.
+            let loss: f64 = parts.iter().sum();
+            if let Some(bad) = parts.iter().position(|v| !v.is_finite()).or((!loss.is_finite()).then_some(0)) {
+                let what = if stage.trains_everything() { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
+                result = Err(self.diverged(stage, p.step, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
+                continue;
+            }
+            match optimizer.norm_of(&sums) {
+                Ok(norm) => {
+                    let r = StepReport { stage, step: p.step, steps, loss, parts, lr: p.lr, grad_norm: norm, tokens_per_s, tokens: p.tokens };
+                    self.emit(report, Event::Step(r))?;
+                }
+                Err(name) => result = Err(self.diverged(stage, p.step, &format!("the gradient of {name} is not finite"))),
+            }
+        }
+        for p in pending {
+            p.release(gpu);
+        }
+        result
     }
 
     /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
     /// zeroed by the next step).
     fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
         let (rows_ids, _) = next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1);
-        self.step_gradients(stage, &rows_ids, optimizer)
+        let losses = self.step_gradients(stage, &rows_ids, optimizer)?;
+        let values = self.gpu.read_many_blocking(&losses.iter().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
+        let parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| v.iter().map(|&x| x as f64).sum::<f64>() / l.divisor).collect();
+        for l in losses {
+            self.gpu.release(l.buf);
+        }
+        Ok((parts.iter().sum(), parts))
     }
 
     /// The student blocks stages 1 and 2 train (its mixer blocks).
@@ -339,9 +420,9 @@ impl<'g> Distiller<'g> {
         (0..self.student.num_blocks()).filter(|&i| self.student.mixer_layer(i).is_some()).collect()
     }
 
-    /// Zeroes the gradients and accumulates one step's into them; returns the loss and its
-    /// parts (per layer, or CE and KL).
-    fn step_gradients(&self, stage: Stage, rows_ids: &[u32], optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
+    /// Zeroes the gradients and accumulates one step's into them; returns the loss's parts (per
+    /// layer, or CE and KL) as they sit on the GPU.
+    fn step_gradients(&self, stage: Stage, rows_ids: &[u32], optimizer: &Optimizer) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
         let inputs: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
@@ -358,13 +439,11 @@ impl<'g> Distiller<'g> {
         };
         teacher.release(gpu);
         gpu.release(ids);
-        // The per-layer (or CE/KL) parts sum to the loss.
-        let loss = parts.iter().sum();
-        Ok((loss, parts))
+        Ok(parts)
     }
 
     /// Stages 1 and 2, layer by layer against the teacher's activations: the loss of each.
-    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads) -> Result<Vec<f64>> {
+    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
         let rows = batch * seq;
@@ -396,15 +475,14 @@ impl<'g> Distiller<'g> {
                 rec.submit()?;
                 acts.release(gpu);
             }
-            let sum: f64 = gpu.read_f32_blocking(&loss, rows)?.iter().map(|&v| v as f64).sum();
-            gpu.release(loss);
-            parts.push(if stage == Stage::MixerOutputs { sum / (rows * d) as f64 } else { sum / rows as f64 });
+            let divisor = if stage == Stage::MixerOutputs { (rows * d) as f64 } else { rows as f64 };
+            parts.push(LossRows { buf: loss, rows, divisor });
         }
         Ok(parts)
     }
 
     /// Stage 3: the whole student against the teacher's logits; [CE, KL].
-    fn end_to_end_loss(&self, teacher: &ModelActs, ids: &GpuBuf, inputs: &[u32], targets: &[u32], grads: &Grads) -> Result<Vec<f64>> {
+    fn end_to_end_loss(&self, teacher: &ModelActs, ids: &GpuBuf, inputs: &[u32], targets: &[u32], grads: &Grads) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
         let rows = batch * seq;
@@ -426,11 +504,7 @@ impl<'g> Distiller<'g> {
         rec.retire(target_buf);
         rec.submit()?;
         acts.release(gpu);
-        let mean = |b: &GpuBuf| -> Result<f64> { Ok(gpu.read_f32_blocking(b, rows)?.iter().map(|&v| v as f64).sum::<f64>() / rows as f64) };
-        let parts = vec![mean(&ce)?, mean(&klb)?];
-        gpu.release(ce);
-        gpu.release(klb);
-        Ok(parts)
+        Ok(vec![LossRows { buf: ce, rows, divisor: rows as f64 }, LossRows { buf: klb, rows, divisor: rows as f64 }])
     }
 
     fn diverged(&self, stage: Stage, step: usize, what: &str) -> Error {

@@ -8,8 +8,8 @@
 //! model keeps views into the segments, so a step is a handful of dispatches whatever the number
 //! of parameters: zero the gradients, then per segment its partial sums of squares, the total,
 //! and AdamW reading the clip factor from that total on the GPU. Nothing is read back before the
-//! update; the partial sums are read after it, for the reported norm and for the name of a
-//! parameter whose gradient is not finite (the update skips such a step).
+//! update; the partial sums are read whenever the caller reads its losses, for the reported norm
+//! and for the name of a parameter whose gradient is not finite (the update skips such a step).
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
 use crate::model::lm::training::{Grads, Scope};
@@ -124,8 +124,7 @@ struct Slot {
 pub struct Optimizer {
     segments: Vec<Segment>,
     slots: BTreeMap<String, Slot>,
-    /// Σg² per block of every segment in order, then the total.
-    partial: Option<GpuBuf>,
+    /// Blocks of every segment: the partial sums of squares of a step (then their total).
     blocks: usize,
 }
 
@@ -185,13 +184,12 @@ impl Optimizer {
             drop(std::mem::replace(buf, view));
             Ok(())
         })?;
-        let partial = if segments.is_empty() { None } else { Some(gpu.scratch(blocks + 1)?) };
-        Ok(Optimizer { segments, slots, partial, blocks })
+        Ok(Optimizer { segments, slots, blocks })
     }
 
     /// No parameters (between stages).
     pub fn empty() -> Self {
-        Optimizer { segments: Vec::new(), slots: BTreeMap::new(), partial: None, blocks: 0 }
+        Optimizer { segments: Vec::new(), slots: BTreeMap::new(), blocks: 0 }
     }
 
     fn view(&self, name: &str, which: impl Fn(&Segment) -> &GpuBuf) -> Result<GpuBuf> {
@@ -217,10 +215,23 @@ impl Optimizer {
         Ok(())
     }
 
+    /// A buffer for one step's partial sums of squares and their total (`step` fills it; it
+    /// is the caller's to read back, whenever it likes, and to release).
+    pub fn new_partial(&self, gpu: &Gpu) -> Result<GpuBuf> {
+        gpu.scratch(self.blocks + 1)
+    }
+
+    /// Words of `new_partial` that `norm_of` reads.
+    pub fn partial_len(&self) -> usize {
+        self.blocks
+    }
+
     /// One AdamW step (1-based `step`) on every parameter, the gradients clipped to a global norm
-    /// of `max_norm` on the GPU; submitted, not waited for.
-    pub fn step(&self, gpu: &Gpu, h: &AdamW, step: u32, max_norm: f32) -> Result<()> {
-        let Some(partial) = &self.partial else { return Ok(()) };
+    /// of `max_norm` on the GPU, its partial sums left in `partial`; submitted, not waited for.
+    pub fn step(&self, gpu: &Gpu, h: &AdamW, step: u32, max_norm: f32, partial: &GpuBuf) -> Result<()> {
+        if self.segments.is_empty() {
+            return Ok(());
+        }
         let mut rec = gpu.recorder();
         for s in &self.segments {
             sum_squares(&mut rec, &s.grad, partial, s.partial_at, s.len)?;
@@ -233,12 +244,10 @@ impl Optimizer {
         rec.submit()
     }
 
-    /// The global gradient norm ‖g‖₂ of the last `step` (summed in f64 from its partial sums), or
-    /// the name of the first parameter whose gradient is not finite (that step changed nothing).
-    #[cfg(not(target_arch = "wasm32"))]
-    pub fn read_norm(&self, gpu: &Gpu) -> Result<std::result::Result<f64, String>> {
-        let Some(partial) = &self.partial else { return Ok(Ok(0.0)) };
-        let sums = gpu.read_f32_blocking(partial, self.blocks)?;
+    /// The global gradient norm ‖g‖₂ of a step from its partial sums read back (`partial_len`
+    /// words, summed per parameter in f64), or the name of the first parameter whose gradient is
+    /// not finite (that step changed nothing).
+    pub fn norm_of(&self, sums: &[f32]) -> std::result::Result<f64, String> {
         let mut total = 0.0f64;
         let mut bad = None;
         for (name, s) in &self.slots {
@@ -249,7 +258,7 @@ impl Optimizer {
             }
             total += sq;
         }
-        Ok(bad.map_or(Ok(total.sqrt()), Err))
+        bad.map_or(Ok(total.sqrt()), Err)
     }
 
     /// The moments as named tensors (`m.NAME`, `v.NAME`) for a checkpoint.
@@ -281,10 +290,7 @@ impl Optimizer {
 
     /// Frees the gradients and moments; the parameters stay in their segments, which live as
     /// long as the model's views of them.
-    pub fn release(self, gpu: &Gpu) {
+    pub fn release(self) {
         drop(self.segments);
-        if let Some(p) = self.partial {
-            gpu.release(p);
-        }
     }
 }
