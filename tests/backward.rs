@@ -400,3 +400,44 @@ fn squared_and_l2_errors_match_finite_differences() {
         assert_close("l2 error grad", &read(&grad, rows * width), &want, 1e-6, 1e-3);
     }
 }
+
+/// Stage 3's head and losses in blocks of rows (64, 64, 22 of 150) give what the whole batch's
+/// logits give: per-row cross entropy and KL, ∂L/∂x, and the head's gradient added to.
+#[test]
+fn blocked_head_losses_match_the_whole_logits() {
+    use linearize_core::gpu::Dtype;
+    use linearize_core::train::losses::{cross_entropy, head_losses, kl, HeadLosses};
+    let mut rng = Rng::new(62);
+    let (rows, vocab, d) = (150, 300, 64);
+    let (ws, wt) = (random(&mut rng, vocab * d, 0.3), random(&mut rng, vocab * d, 0.3));
+    let (xs, xt) = (up(&random(&mut rng, rows * d, 1.0)), up(&random(&mut rng, rows * d, 1.0)));
+    let targets = gpu().upload_u32("targets", &(0..rows).map(|i| (i * 37 % vocab) as u32).collect::<Vec<_>>()).unwrap();
+    let (head_s, head_t) = (nn::Weight::upload(gpu(), "ws", &ws, vocab, d, Dtype::F32).unwrap(), nn::Weight::upload(gpu(), "wt", &wt, vocab, d, Dtype::F32).unwrap());
+    let g0 = random(&mut rng, vocab * d, 0.1);
+    let (ce_scale, kl_scale) = (1.0 / rows as f32, 0.5);
+    // The whole batch's logits.
+    let (ls, lt, dl) = (up(&vec![0.0; rows * vocab]), up(&vec![0.0; rows * vocab]), up(&vec![0.0; rows * vocab]));
+    let (ce, klv, dx, g) = (up(&vec![0.0; rows]), up(&vec![0.0; rows]), up(&vec![0.0; rows * d]), up(&g0));
+    let mut rec = gpu().recorder();
+    nn::project(&mut rec, &xs, &head_s, &ls, rows, false).unwrap();
+    nn::project(&mut rec, &xt, &head_t, &lt, rows, false).unwrap();
+    cross_entropy(&mut rec, &ls, &targets, rows, vocab, &LossOut { loss: &ce, grad: &dl, scale: ce_scale, accumulate: false }).unwrap();
+    kl(&mut rec, &ls, &lt, rows, vocab, &LossOut { loss: &klv, grad: &dl, scale: kl_scale, accumulate: true }).unwrap();
+    nn::linear_backward_input(&mut rec, &dl, head_s.whole().unwrap(), &dx, Gemm { m: rows, n: vocab, k: d }, false).unwrap();
+    nn::linear_backward_weight(&mut rec, &dl, &xs, &g, Gemm { m: rows, n: vocab, k: d }, true).unwrap();
+    rec.submit().unwrap();
+    // In blocks of 64 rows.
+    let (ce_b, kl_b, dx_b, g_b) = (up(&vec![0.0; rows]), up(&vec![0.0; rows]), up(&vec![0.0; rows * d]), up(&g0));
+    let mut rec = gpu().recorder();
+    let a = HeadLosses {
+        student_head: &head_s, teacher_head: &head_t, student_x: &xs, teacher_x: &xt, targets: &targets, rows, block_rows: 50,
+        ce: &ce_b, kl: &kl_b, ce_scale, kl_scale, d_x: &dx_b, head_grad: Some(&g_b),
+    };
+    head_losses(&mut rec, &a).unwrap();
+    rec.submit().unwrap();
+    let want = |b: &GpuBuf, n: usize| f64s(&read(b, n));
+    assert_close("blocked cross entropy", &read(&ce_b, rows), &want(&ce, rows), 1e-6, 1e-6);
+    assert_close("blocked kl", &read(&kl_b, rows), &want(&klv, rows), 1e-6, 1e-5);
+    assert_close("blocked d_x", &read(&dx_b, rows * d), &want(&dx, rows * d), 1e-7, 1e-5);
+    assert_close("blocked head gradient", &read(&g_b, vocab * d), &want(&g, vocab * d), 1e-7, 1e-5);
+}

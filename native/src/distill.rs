@@ -68,6 +68,10 @@ pub struct DistillArgs {
     /// Largest student shard, MB
     #[arg(long)]
     pub shard_mb: Option<usize>,
+    /// Rows per block of stage 3's head and losses (default 512): the logits of this many rows
+    /// are held at a time, not of the whole batch
+    #[arg(long)]
+    pub loss_rows: Option<usize>,
     /// Add this many tokens of text sampled from the teacher to the training stream
     #[arg(long)]
     pub teacher_tokens: Option<usize>,
@@ -150,6 +154,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     }
     if let Some(v) = a.shard_mb {
         c.shard_mb = v;
+    }
+    if let Some(v) = a.loss_rows {
+        c.loss_rows = v;
     }
     if let Some(v) = a.teacher_tokens {
         c.teacher_tokens = v;

@@ -9,7 +9,7 @@
 //! few steps; `resume` continues exactly where the last one left off.
 use super::checkpoint::RunState;
 use super::data::{next_rows, Corpus};
-use super::losses::{cross_entropy, kl, l2_error, squared_error, LossOut};
+use super::losses::{head_losses, l2_error, squared_error, HeadLosses, LossOut};
 use super::metrics::Metrics;
 use super::optimizer::{AdamW, Optimizer};
 use super::schedule::Schedule;
@@ -76,6 +76,9 @@ pub struct DistillConfig {
     pub heldout_tokens: usize,
     /// Largest student shard in MB.
     pub shard_mb: usize,
+    /// Rows per block of stage 3's head and losses: a step holds the logits of this many rows
+    /// at a time, not of the whole batch.
+    pub loss_rows: usize,
     /// Tokens of text sampled from the teacher, added to the training stream.
     pub teacher_tokens: usize,
     /// New tokens per sampled sequence.
@@ -108,6 +111,7 @@ impl Default for DistillConfig {
             log_every: 10,
             heldout_tokens: 16_384,
             shard_mb: 16,
+            loss_rows: 512,
             teacher_tokens: 0,
             sample_len: 256,
             sample_batch: 32,
@@ -131,6 +135,9 @@ impl DistillConfig {
         }
         if self.checkpoint_every == 0 {
             return Err(Error::argument("--checkpoint-every", "must be at least 1"));
+        }
+        if self.loss_rows == 0 {
+            return Err(Error::argument("--loss-rows", "must be at least 1"));
         }
         if self.log_every == 0 {
             return Err(Error::argument("--log-every", "must be at least 1"));
@@ -431,7 +438,8 @@ impl<'g> Distiller<'g> {
         let grads = optimizer.grads()?;
         let mut rec = gpu.recorder();
         optimizer.zero_grads(&mut rec)?;
-        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, stage == Stage::EndToEnd)?;
+        // Stage 3 needs the teacher's final hidden states; its logits are made block by block.
+        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, false)?;
         rec.submit()?;
         let parts = match stage {
             Stage::MixerOutputs | Stage::HiddenStates => self.layer_losses(stage, &teacher, &grads)?,
@@ -481,26 +489,39 @@ impl<'g> Distiller<'g> {
         Ok(parts)
     }
 
-    /// Stage 3: the whole student against the teacher's logits; [CE, KL].
+    /// Stage 3: the whole student against the teacher's logits, made block by block from both
+    /// final hidden states; [CE, KL].
     fn end_to_end_loss(&self, teacher: &ModelActs, ids: &GpuBuf, inputs: &[u32], targets: &[u32], grads: &Grads) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
         let rows = batch * seq;
-        let vocab = self.student.config.vocab_size;
-        let teacher_logits = teacher.logits.as_ref().expect("asked for logits");
         let target_buf = gpu.upload_u32("targets", targets)?;
         let (ce, klb) = (gpu.scratch(rows)?, gpu.scratch(rows)?);
         let mut rec = gpu.recorder();
-        let d_logits = rec.temp(rows * vocab)?;
-        let acts = self.student.forward_train(&mut rec, ids, batch, seq, true)?;
-        let logits = acts.logits.as_ref().expect("asked for logits");
+        let acts = self.student.forward_train(&mut rec, ids, batch, seq, false)?;
         let kl_scale = match self.config.kl_scaling {
             KlScaling::TokenMean => 1.0 / rows as f32,
             KlScaling::PaperBatch => 1.0 / batch as f32,
         };
-        cross_entropy(&mut rec, logits, &target_buf, rows, vocab, &LossOut { loss: &ce, grad: &d_logits, scale: 1.0 / rows as f32, accumulate: false })?;
-        kl(&mut rec, logits, teacher_logits, rows, vocab, &LossOut { loss: &klb, grad: &d_logits, scale: kl_scale, accumulate: true })?;
-        self.student.backward(&mut rec, inputs, &acts, &d_logits, batch, seq, grads)?;
+        let d_x = rec.temp(rows * self.student.config.hidden_size)?;
+        let (student_head, head_name) = self.student.head();
+        let losses = HeadLosses {
+            student_head,
+            teacher_head: self.teacher.head().0,
+            student_x: &acts.xnf,
+            teacher_x: &teacher.xnf,
+            targets: &target_buf,
+            rows,
+            block_rows: self.config.loss_rows,
+            ce: &ce,
+            kl: &klb,
+            ce_scale: 1.0 / rows as f32,
+            kl_scale,
+            d_x: &d_x,
+            head_grad: grads.get(head_name),
+        };
+        head_losses(&mut rec, &losses)?;
+        self.student.backward_from_hidden(&mut rec, inputs, &acts, &d_x, batch, seq, grads)?;
         rec.retire(target_buf);
         rec.submit()?;
         acts.release(gpu);

@@ -2,8 +2,9 @@
 //! KL on logits (stage 3), squared and L2 errors on hidden states (stages 1 and 2). Each writes a
 //! per-row loss and its gradient times a scale (added to the gradient with `accumulate`); f64
 //! twins in crate::reference::train.
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::{need, GpuBuf, Kernel, Recorder};
+use crate::nn::{linear_backward_input, linear_backward_weight, project, Gemm, Weight};
 use crate::shaders::LossParams;
 
 /// Where a loss goes: the per-row loss [rows], and its gradient times `scale` into `grad` (added
@@ -56,4 +57,54 @@ fn row_loss(rec: &mut Recorder, entry: &'static str, y: &GpuBuf, target: &GpuBuf
     need(&format!("{entry} target"), target, rows * width)?;
     let params = out.check(entry, rows, width)?;
     rec.dispatch_bindings(&Kernel::new("train/losses", entry), &params, &[(1, y), (3, target), (4, out.loss), (5, out.grad)], [rows as u32, 1, 1])
+}
+
+/// Stage 3's head and losses in blocks of rows, so that no step holds the logits of the whole
+/// batch (B·T × vocabulary floats per model): per block the student's and the teacher's logits
+/// from their final hidden states, cross entropy and KL with their gradient, then the head's
+/// backward — ∂L/∂x for the block's rows, and the head's gradient added to.
+pub struct HeadLosses<'a> {
+    pub student_head: &'a Weight,
+    pub teacher_head: &'a Weight,
+    /// The final norms' outputs [rows, hidden], the student's and the teacher's.
+    pub student_x: &'a GpuBuf,
+    pub teacher_x: &'a GpuBuf,
+    pub targets: &'a GpuBuf,
+    pub rows: usize,
+    /// Rows per block (rounded up to a multiple of 64, so that every view starts aligned).
+    pub block_rows: usize,
+    /// Per-row cross entropy and KL [rows], and the scales of their gradients.
+    pub ce: &'a GpuBuf,
+    pub kl: &'a GpuBuf,
+    pub ce_scale: f32,
+    pub kl_scale: f32,
+    /// ∂L/∂student_x [rows, hidden], written.
+    pub d_x: &'a GpuBuf,
+    /// The student head's gradient, added to (None when the head is frozen).
+    pub head_grad: Option<&'a GpuBuf>,
+}
+
+pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
+    let (rows, vocab, d) = (a.rows, a.student_head.rows, a.student_head.cols);
+    if a.teacher_head.rows != vocab || a.teacher_head.cols != d {
+        return Err(Error::argument("teacher head", format!("[{}, {}] does not match the student's [{vocab}, {d}]", a.teacher_head.rows, a.teacher_head.cols)));
+    }
+    let block = a.block_rows.max(1).div_ceil(64) * 64;
+    let r = block.min(rows);
+    let (student, teacher, d_logits) = (rec.temp(r * vocab)?, rec.temp(r * vocab)?, rec.temp(r * vocab)?);
+    let head = a.student_head.whole()?;
+    for r0 in (0..rows).step_by(block) {
+        let n = block.min(rows - r0);
+        let (xs, xt, dx) = (a.student_x.view(r0 * d, n * d)?, a.teacher_x.view(r0 * d, n * d)?, a.d_x.view(r0 * d, n * d)?);
+        project(rec, &xs, a.student_head, &student, n, false)?;
+        project(rec, &xt, a.teacher_head, &teacher, n, false)?;
+        let targets = a.targets.view(r0, n)?;
+        cross_entropy(rec, &student, &targets, n, vocab, &LossOut { loss: &a.ce.view(r0, n)?, grad: &d_logits, scale: a.ce_scale, accumulate: false })?;
+        kl(rec, &student, &teacher, n, vocab, &LossOut { loss: &a.kl.view(r0, n)?, grad: &d_logits, scale: a.kl_scale, accumulate: true })?;
+        linear_backward_input(rec, &d_logits, head, &dx, Gemm { m: n, n: vocab, k: d }, false)?;
+        if let Some(g) = a.head_grad {
+            linear_backward_weight(rec, &d_logits, &xs, g, Gemm { m: n, n: vocab, k: d }, true)?;
+        }
+    }
+    Ok(())
 }

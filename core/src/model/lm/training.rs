@@ -61,7 +61,8 @@ impl BlockActs {
 pub struct ModelActs {
     pub x0: GpuBuf,
     pub blocks: Vec<BlockActs>,
-    xnf: GpuBuf,
+    /// The final norm's output [rows, hidden]: what the head reads.
+    pub xnf: GpuBuf,
     pub logits: Option<GpuBuf>,
 }
 
@@ -266,24 +267,39 @@ impl LanguageModel {
         Ok(ModelActs { x0, blocks, xnf, logits })
     }
 
+    /// The output head (the embedding when tied) and the name its gradient goes by.
+    pub fn head(&self) -> (&nn::Weight, &'static str) {
+        match &self.head {
+            Some(h) => (h, "head"),
+            None => (&self.embed, "embed"),
+        }
+    }
+
     /// Backward of `forward_train` from d_logits = ∂L/∂logits; gradients added to `grads`.
     #[allow(clippy::too_many_arguments)]
     pub fn backward(&self, rec: &mut Recorder, ids: &[u32], a: &ModelActs, d_logits: &GpuBuf, batch: usize, seq: usize, grads: &Grads) -> Result<()> {
-        let cfg = &self.config;
         let rows = batch * seq;
-        let (d, vocab) = (cfg.hidden_size, cfg.vocab_size);
+        let (d, vocab) = (self.config.hidden_size, self.config.vocab_size);
         // Head (tied: the embedding's gradient collects both uses).
-        let head = self.head.as_ref().unwrap_or(&self.embed).whole()?;
-        let head_name = if self.head.is_some() { "head" } else { "embed" };
+        let (head, head_name) = self.head();
         let d_xnf = rec.temp(rows * d)?;
-        nn::linear_backward_input(rec, d_logits, head, &d_xnf, Gemm { m: rows, n: vocab, k: d }, false)?;
+        nn::linear_backward_input(rec, d_logits, head.whole()?, &d_xnf, Gemm { m: rows, n: vocab, k: d }, false)?;
         if let Some(g) = grads.get(head_name) {
             nn::linear_backward_weight(rec, d_logits, &a.xnf, g, Gemm { m: rows, n: vocab, k: d }, true)?;
         }
+        self.backward_from_hidden(rec, ids, a, &d_xnf, batch, seq, grads)
+    }
+
+    /// Backward of `forward_train` below the head, from ∂L/∂xnf (the final norm's output).
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward_from_hidden(&self, rec: &mut Recorder, ids: &[u32], a: &ModelActs, d_xnf: &GpuBuf, batch: usize, seq: usize, grads: &Grads) -> Result<()> {
+        let cfg = &self.config;
+        let rows = batch * seq;
+        let (d, vocab) = (cfg.hidden_size, cfg.vocab_size);
         let x_last = a.blocks.last().map(|b| &b.x_out).unwrap_or(&a.x0);
         let (mut d_x, throwaway) = (rec.temp(rows * d)?, rec.temp(d)?);
         let input = RmsNormInput { x: x_last, w: &self.final_norm, rows, cols: d, eps: cfg.rms_norm_eps as f32 };
-        nn::rmsnorm_backward(rec, &input, &d_xnf, &d_x, grads.get("final_norm").unwrap_or(&throwaway))?;
+        nn::rmsnorm_backward(rec, &input, d_xnf, &d_x, grads.get("final_norm").unwrap_or(&throwaway))?;
         for i in (0..self.blocks.len()).rev() {
             let x = if i == 0 { &a.x0 } else { &a.blocks[i - 1].x_out };
             let d_in = rec.temp(rows * d)?;
