@@ -143,3 +143,29 @@ fn a_few_documents_of_the_short_tasks_on_the_real_teacher() {
         assert!((0.0..=1.0).contains(&r.acc), "{task}: {r:?}");
     }
 }
+
+/// Held-out perplexity runs the head over blocks of 512 rows (a sequence of 513 tokens: a block
+/// of 512 and one of 1) and equals the f64 teacher's, truncated to 2 blocks.
+#[test]
+fn heldout_perplexity_in_row_blocks_equals_the_f64_teacher() {
+    let t = teacher();
+    let mut w = t.weights.clone();
+    w.truncate_layers(2);
+    let lm = LanguageModel::upload(gpu(), &w).unwrap();
+    let mut rng = Rng::new(5);
+    let (seq, vocab) = (513, w.config.vocab_size);
+    let tokens: Vec<u32> = (0..seq + 1).map(|_| (rng.next_f64() * 20000.0) as u32).collect();
+    let (ppl, count) = linearize_core::eval::heldout_perplexity(gpu(), &lm, &tokens, seq, 1, 1).unwrap();
+    assert_eq!(count, seq);
+    let mut nll = 0.0;
+    for row in tokens.chunks(seq + 1) {
+        let logits = linearize_core::reference::teacher::forward(&w, &row[..seq]);
+        for (i, &target) in row[1..].iter().enumerate() {
+            let r = &logits[i * vocab..][..vocab];
+            let max = r.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            nll += r.iter().map(|v| (v - max).exp()).sum::<f64>().ln() + max - r[target as usize];
+        }
+    }
+    let want = (nll / count as f64).exp();
+    assert!((ppl / want - 1.0).abs() < 1e-4, "perplexity {ppl} vs f64 {want}");
+}

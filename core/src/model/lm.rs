@@ -70,6 +70,9 @@ pub enum Logits {
     Last,
     /// Every position: [batch * seq, vocab].
     All,
+    /// No logits: the final norm's output at every position, [batch * seq, hidden] (for a caller
+    /// that runs the head over blocks of rows).
+    Hidden,
 }
 
 fn concat(parts: &[&[f32]]) -> Vec<f32> {
@@ -310,15 +313,18 @@ impl LanguageModel {
             nn::swiglu(&mut rec, &gate_up, &act, rows, f)?;
             nn::project(&mut rec, &act, &block.w_down, &x, rows, true)?;
         }
-        nn::rmsnorm(&mut rec, &x, &self.final_norm, &xn, rows, d, eps)?;
+        // With `Hidden`, the final norm writes straight into the buffer returned.
+        let hidden = if logits == Logits::Hidden { Some(gpu.scratch(rows * d)?) } else { None };
+        nn::rmsnorm(&mut rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
         let head = self.head.as_ref().unwrap_or(&self.embed);
-        let out = match logits {
-            Logits::All => {
+        let out = match (logits, hidden) {
+            (Logits::Hidden, Some(h)) => h,
+            (Logits::All, _) => {
                 let out = gpu.scratch(rows * cfg.vocab_size)?;
                 nn::project(&mut rec, &xn, head, &out, rows, false)?;
                 out
             }
-            Logits::Last => {
+            (_, _) => {
                 let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
                 let last_buf = gpu.upload_u32("last rows", &last)?;
                 let h = rec.temp(batch * d)?;
