@@ -64,7 +64,9 @@ var<workgroup> red: array<f32, 256>;
 @compute @workgroup_size(64)
 fn sum_squares(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
-    let start = wid.x * 64u * 64u;
+    // Blocks past 65535 go on along y (a segment of more than 268M values).
+    let block = wid.y * 65535u + wid.x;
+    let start = block * 64u * 64u;
     var s = 0.0;
     for (var j = 0u; j < 64u; j++) {
         let i = start + j * 64u + t;
@@ -81,8 +83,9 @@ fn sum_squares(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_
         }
         workgroupBarrier();
     }
-    if (t == 0u) {
-        partial[p.offset + wid.x] = red[0];
+    // The grid's last row may hold workgroups past the segment's end: they write nothing.
+    if (t == 0u && start < p.n) {
+        partial[p.offset + block] = red[0];
     }
 }
 

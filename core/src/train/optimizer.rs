@@ -88,7 +88,8 @@ pub fn sum_squares(rec: &mut Recorder, grad: &GpuBuf, partial: &GpuBuf, at: usiz
     let groups = n.div_ceil(BLOCK);
     need("sum squares partial", partial, at + groups)?;
     let params = AdamWParams { n: n as u32, offset: at as u32, ..Default::default() };
-    rec.dispatch_bindings(&Kernel::new("train/adamw", "sum_squares"), &params, &[(2, grad), (5, partial)], [groups as u32, 1, 1])?;
+    let grid = [groups.min(65535) as u32, groups.div_ceil(65535) as u32, 1];
+    rec.dispatch_bindings(&Kernel::new("train/adamw", "sum_squares"), &params, &[(2, grad), (5, partial)], grid)?;
     Ok(groups)
 }
 
