@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Stage 3 (end-to-end CE + KL) of one student on the lent GPU with the binary before the change
-# and after it, alternating, then a profiled run of each (LINEARIZE_PROFILE=1: seconds per kernel).
+# and after it, alternating, then a profiled run of each (LINEARIZE_PROFILE=1: seconds per kernel);
+# the device's peak memory of every run goes to $OUT/memory.jsonl.
 # Two calls, as ../shared/DEVICE.md's upload (what a call may carry is 64 MiB):
 #   1. carry .stage/gguf.part00 .stage/tok .stage/before.gz; command
 #      `mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok .stage/before.gz /root/stage/`
@@ -20,7 +21,12 @@ for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(bas
 gunzip -c /root/stage/before.gz > /root/before && chmod +x /root/before
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 run() { # BINARY TAG [env]
+  # The device's memory in use, sampled twice a second while the run lasts: its peak in MiB.
+  ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > "/root/mem-$2.txt" &
+  local sampler=$!
   env ${3:-} "$1" distill --mixer "$MIXER" --out "/root/run-$2" --tokens "$TOKENS" --split 0,0,1 --checkpoint-every 100000 --heldout-tokens 512 --json > "$OUT/$2.jsonl" 2> "$OUT/$2.err"
+  kill $sampler 2> /dev/null
+  echo "{\"run\":\"$2\",\"peak_mib\":$(sort -n "/root/mem-$2.txt" | tail -1)}" | tee -a "$OUT/memory.jsonl"
   rm -rf "/root/run-$2"
   grep '"step"' "$OUT/$2.jsonl" | tail -1 | cut -c1-300
 }
