@@ -169,3 +169,36 @@ fn heldout_perplexity_in_row_blocks_equals_the_f64_teacher() {
     let want = (nll / count as f64).exp();
     assert!((ppl / want - 1.0).abs() < 1e-4, "perplexity {ppl} vs f64 {want}");
 }
+
+/// Greedy decoding's pick on the GPU is the host's argmax (first index of the maximum) at
+/// vocabularies below, at and past the workgroup, with ties, a maximum in the last column and a
+/// row holding a NaN or an infinity (reported, not picked).
+#[test]
+fn greedy_pick_on_the_gpu_is_the_first_maximum() {
+    use linearize_core::generate::{argmax, greedy_on_gpu};
+    let mut rng = Rng::new(9);
+    for vocab in [1usize, 100, 256, 1000, 49_152] {
+        let mut rows = vec![random(&mut rng, vocab, 3.0)];
+        let mut tie = random(&mut rng, vocab, 1.0);
+        for c in [vocab / 3, vocab - 1, vocab / 2] {
+            tie[c] = 5.0;
+        }
+        rows.push(tie);
+        let mut last = random(&mut rng, vocab, 1.0);
+        last[vocab - 1] = 9.0;
+        rows.push(last);
+        for row in rows {
+            let buf = gpu().upload_f32("row", &row).unwrap();
+            let (id, finite) = pollster::block_on(greedy_on_gpu(gpu(), &buf, vocab)).unwrap();
+            assert!(finite);
+            assert_eq!(id, argmax(&row), "vocab {vocab}");
+        }
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut row = random(&mut rng, vocab, 1.0);
+            row[vocab / 2] = bad;
+            let buf = gpu().upload_f32("row", &row).unwrap();
+            let (_, finite) = pollster::block_on(greedy_on_gpu(gpu(), &buf, vocab)).unwrap();
+            assert!(!finite, "vocab {vocab}: {bad} not reported");
+        }
+    }
+}

@@ -2,7 +2,7 @@
 //! attention blocks and the fixed-size state of mixer blocks.
 //! Greedy by default; temperature and nucleus (top-p) sampling on request.
 use crate::error::{Error, Result};
-use crate::gpu::Gpu;
+use crate::gpu::{need, Gpu, GpuBuf, Kernel};
 use crate::eval::Diagnostics;
 use crate::model::lm::{LanguageModel, Logits};
 
@@ -45,6 +45,21 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// `argmax` of one row of logits [vocab] on the GPU (eval/logprob.wgsl's `greedy`): the id, and
+/// whether every logit was finite.
+pub async fn greedy_on_gpu(gpu: &Gpu, logits: &GpuBuf, vocab: usize) -> Result<(u32, bool)> {
+    need("greedy logits", logits, vocab)?;
+    let out = gpu.scratch(2)?;
+    let mut rec = gpu.recorder();
+    let params = crate::shaders::LogprobParams { rows: 1, vocab: vocab as u32 };
+    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (4, &out)], [1, 1, 1])?;
+    rec.submit()?;
+    let v = gpu.read_f32(&out, 2).await;
+    gpu.release(out);
+    let v = v?;
+    Ok((v[0] as u32, v[1] == 0.0))
 }
 
 /// Picks the next token from one row of logits.
@@ -104,12 +119,23 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
         t.settle(gpu).await?;
     }
     while out.len() < s.max_new_tokens {
-        let row = gpu.read_f32(&logits, vocab).await?;
-        gpu.release(logits);
-        if let Some(bad) = row.iter().find(|v| !v.is_finite()) {
-            return Err(Error::Gpu(format!("non-finite logit {bad} after {} generated tokens", out.len())));
-        }
-        let next = sample(&row, s, &mut rng);
+        let next = if s.temperature == 0.0 {
+            // Greedy: the pick is made on the GPU, and 8 bytes come back instead of the row.
+            let pick = greedy_on_gpu(gpu, &logits, vocab).await;
+            gpu.release(logits);
+            let (id, finite) = pick?;
+            if !finite {
+                return Err(Error::Gpu(format!("non-finite logit after {} generated tokens", out.len())));
+            }
+            id
+        } else {
+            let row = gpu.read_f32(&logits, vocab).await?;
+            gpu.release(logits);
+            if let Some(bad) = row.iter().find(|v| !v.is_finite()) {
+                return Err(Error::Gpu(format!("non-finite logit {bad} after {} generated tokens", out.len())));
+            }
+            sample(&row, s, &mut rng)
+        };
         out.push(next);
         on_token(next, trace.as_deref());
         if s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
