@@ -317,14 +317,14 @@ impl LanguageModel {
         let hidden = if logits == Logits::Hidden { Some(gpu.scratch(rows * d)?) } else { None };
         nn::rmsnorm(&mut rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
         let head = self.head.as_ref().unwrap_or(&self.embed);
-        let out = match (logits, hidden) {
-            (Logits::Hidden, Some(h)) => h,
-            (Logits::All, _) => {
+        let out = match hidden {
+            Some(h) => h,
+            None if logits == Logits::All => {
                 let out = gpu.scratch(rows * cfg.vocab_size)?;
                 nn::project(&mut rec, &xn, head, &out, rows, false)?;
                 out
             }
-            (_, _) => {
+            None => {
                 let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
                 let last_buf = gpu.upload_u32("last rows", &last)?;
                 let h = rec.temp(batch * d)?;

@@ -195,6 +195,13 @@ struct LossRows {
     divisor: f64,
 }
 
+impl LossRows {
+    /// The part's value from its rows read back.
+    fn value(&self, read: &[f32]) -> f64 {
+        read.iter().map(|&v| v as f64).sum::<f64>() / self.divisor
+    }
+}
+
 /// A step recorded and submitted whose numbers are not read yet.
 struct PendingStep {
     step: usize,
@@ -383,7 +390,7 @@ impl<'g> Distiller<'g> {
         let mut values = values.into_iter();
         let mut result = Ok(());
         for p in &pending {
-            let parts: Vec<f64> = p.losses.iter().map(|l| values.next().expect("one readback per loss").iter().map(|&v| v as f64).sum::<f64>() / l.divisor).collect();
+            let parts: Vec<f64> = p.losses.iter().map(|l| l.value(&values.next().expect("one readback per loss"))).collect();
             let sums = values.next().expect("one readback per step's partial sums");
             if result.is_err() {
                 continue;
@@ -415,7 +422,7 @@ impl<'g> Distiller<'g> {
         let (rows_ids, _) = next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1);
         let losses = self.step_gradients(stage, &rows_ids, optimizer)?;
         let values = self.gpu.read_many_blocking(&losses.iter().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
-        let parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| v.iter().map(|&x| x as f64).sum::<f64>() / l.divisor).collect();
+        let parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| l.value(v)).collect();
         for l in losses {
             self.gpu.release(l.buf);
         }
