@@ -355,8 +355,8 @@ impl<'g> Distiller<'g> {
             pending.push(PendingStep { step: step + 1, lr, tokens: self.state.tokens, losses, partial });
             let checkpoint = (step + 1) % self.config.checkpoint_every == 0 && step + 1 < steps;
             if pending.len() >= self.config.log_every || checkpoint || step + 1 == steps {
-                let secs = window.elapsed().as_secs_f64() / pending.len() as f64;
-                self.report_steps(stage, steps, std::mem::take(&mut pending), &optimizer, tokens_per_step as f64 / secs, report)?;
+                // The window ends when the GPU has finished its steps, i.e. after the read-back.
+                self.report_steps(stage, steps, std::mem::take(&mut pending), &optimizer, tokens_per_step, window, report)?;
                 window = Instant::now();
             }
             if checkpoint {
@@ -379,7 +379,10 @@ impl<'g> Distiller<'g> {
     /// Reads the losses and gradient norms of `pending` steps back in one round trip and reports
     /// them in order; the first that is not finite stops the run (naming its step; the update of
     /// a step with a gradient that is not finite was skipped, and no checkpoint was written since).
-    fn report_steps(&mut self, stage: Stage, steps: usize, pending: Vec<PendingStep>, optimizer: &Optimizer, tokens_per_s: f64, report: &mut dyn FnMut(&Event)) -> Result<()> {
+    /// `window`: when the first of them was submitted; their rate is the window's tokens over
+    /// the time until the read-back returns (the GPU has then run them all).
+    #[allow(clippy::too_many_arguments)]
+    fn report_steps(&mut self, stage: Stage, steps: usize, pending: Vec<PendingStep>, optimizer: &Optimizer, tokens_per_step: usize, window: Instant, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let gpu = self.gpu;
         let mut bufs = Vec::new();
         for p in &pending {
@@ -387,6 +390,7 @@ impl<'g> Distiller<'g> {
             bufs.push((&p.partial, optimizer.partial_len()));
         }
         let values = gpu.read_many_blocking(&bufs)?;
+        let tokens_per_s = (tokens_per_step * pending.len()) as f64 / window.elapsed().as_secs_f64();
         let mut values = values.into_iter();
         let mut result = Ok(());
         for p in &pending {
