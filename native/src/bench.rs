@@ -117,9 +117,9 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
 /// kernel where a variant has no chunked form) and one decode step, on random inputs shaped as
 /// the mixers produce them; with `backward`, also the forward and backward together from a zero
 /// state, as a training step runs them. `shapes`: (batch, seq, heads, head_dim).
-pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: usize, backward: bool) -> Result<Vec<Value>> {
+pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &[linearize_core::mixers::MixerKind], iters: usize, backward: bool) -> Result<Vec<Value>> {
     use linearize_core::mixers::recurrence::{self, chunked, recurrent, Dims, Gate, Gates, GpuState, RecurrenceArgs};
-    use linearize_core::mixers::{MixerKind, MixerOptions};
+    use linearize_core::mixers::MixerOptions;
     let mut rng = Rng::new(3);
     let mut out = Vec::new();
     for &(b, t, h, dh) in shapes {
@@ -140,7 +140,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], iters: u
         let igate = gpu.upload_f32("i", &rand(rows, 3.0))?;
         let o = gpu.scratch(rows * dh)?;
         let d_out = gpu.upload_f32("d_out", &rand(rows * dh, 1.0))?;
-        for kind in MixerKind::all() {
+        for &kind in kinds {
             let r = kind.recurrence(&MixerOptions::default());
             let d = Dims { batch: b, seq: t, heads: h, dk: dh, dv: dh };
             let g = match r.gate {

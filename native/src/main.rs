@@ -378,6 +378,9 @@ struct BenchArgs {
     /// bench mixers: shapes as BxTxHxD (batch, tokens, heads, head size), comma-separated
     #[arg(long, default_value = "8x512x9x64,4x4096x16x128")]
     mixer_shapes: String,
+    /// bench mixers: only these mixers, comma-separated (all of them by default)
+    #[arg(long)]
+    mixers: Option<String>,
 }
 
 /// `--mixer-shapes`: BxTxHxD items (head size 64 or 128), comma-separated.
@@ -394,7 +397,7 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
-    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes } = a;
+    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers } = a;
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
     if !["teacher", "ops", "mixers"].contains(&what) {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
@@ -405,7 +408,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let results = if what == "ops" {
             bench::bench_ops(&gpu, iters)?
         } else {
-            bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, iters, *backward)?
+            let kinds = match mixers {
+                Some(list) => list.split(',').map(|m| linearize_core::mixers::MixerKind::from_name(m.trim()).map_err(|e| anyhow::anyhow!("invalid argument --mixers: {e}"))).collect::<Result<Vec<_>>>()?,
+                None => linearize_core::mixers::MixerKind::all().collect(),
+            };
+            bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward)?
         };
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);

@@ -255,7 +255,9 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         workgroupBarrier();
     }
     // Thread (s = t, part): du_s = Σ_(t'≥s) P_t's dO_t' / den_t' (and dun_s = Σ P_t's dnq_t').
-    var acc: array<vec4<f32>, NV>;
+    //@decl e NV
+    var acc{e} = vec4<f32>(0.0);
+    //@end
     var dun = 0.0;
     for (var tt = t; tt < len; tt++) {
         var cf = p_sh[tt * C + t];
@@ -264,14 +266,14 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             cf *= tok_sh[tt];
         }
         let ob = row_of(b, c0 + tt, h) * D4 + part;
-        for (var e = 0u; e < NV; e++) {
-            acc[e] = fma(vec4<f32>(cf), dout_row[ob + 4u * e], acc[e]);
-        }
+        //@decl e NV
+        acc{e} = fma(vec4<f32>(cf), dout_row[ob + {4e}u], acc{e});
+        //@end
     }
     if (t < len) {
-        for (var e = 0u; e < NV; e++) {
-            du_rw[row * D4 + part + 4u * e] = acc[e];
-        }
+        //@decl e NV
+        du_rw[row * D4 + part + {4e}u] = acc{e};
+        //@end
         if (NORM != 0u && part == 0u) {
             nrm[row * 4u] = inv_den;
             nrm[row * 4u + 1u] = dnq;
@@ -292,23 +294,25 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let col = vb * BV + cv * 4u;
     let i0 = tid / BV4;
     let own_n = NORM != 0u && vb == 0u && cv == 0u;
-    var ds: array<vec4<f32>, NB>;
-    var dn: array<f32, NB>;
+    //@decl r NB
+    var ds{r} = vec4<f32>(0.0);
+    var dn{r} = 0.0;
+    //@end
     for (var nn = 0u; nn < p.chunks; nn++) {
         let n = p.chunks - 1u - nn;
         let eb = (bh * p.chunks + n) * DS;
-        for (var r = 0u; r < NB; r++) {
-            let i = i0 + 64u * r;
-            ds_end[eb + i * D + col] = ds[r].x;
-            ds_end[eb + i * D + col + 1u] = ds[r].y;
-            ds_end[eb + i * D + col + 2u] = ds[r].z;
-            ds_end[eb + i * D + col + 3u] = ds[r].w;
-            s_sh[i * BV4 + cv] = ds[r];
-            if (own_n) {
-                ds_end[eb + D * D + i] = dn[r];
-                tok_sh[i] = dn[r];
-            }
+        //@for r NB
+        let i = i0 + {64r}u;
+        ds_end[eb + i * D + col] = ds{r}.x;
+        ds_end[eb + i * D + col + 1u] = ds{r}.y;
+        ds_end[eb + i * D + col + 2u] = ds{r}.z;
+        ds_end[eb + i * D + col + 3u] = ds{r}.w;
+        s_sh[i * BV4 + cv] = ds{r};
+        if (own_n) {
+            ds_end[eb + D * D + i] = dn{r};
+            tok_sh[i] = dn{r};
         }
+        //@end
         let c0 = n * C;
         let len = min(C, p.seq - c0);
         let last_row = row_of(b, c0 + len - 1u, h);
@@ -355,14 +359,15 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
         workgroupBarrier();
         // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t).
-        for (var r = 0u; r < NB; r++) {
-            let i = i0 + 64u * r;
+        //@for r NB
+        {
+            let i = i0 + {64r}u;
             var carry = exp(gate_at(last_row, i));
             if (NORM == 2u) {
                 carry = exp(b_cum_at(last_row) + m0 - m_end);
             }
-            var acc = ds[r] * carry;
-            var acc_n = dn[r] * carry;
+            var acc = ds{r} * carry;
+            var acc_n = dn{r} * carry;
             for (var s = 0u; s < len; s++) {
                 let srow = row_of(b, c0 + s, h);
                 var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
@@ -379,9 +384,10 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     acc_n += qs * tok_sh[s];
                 }
             }
-            ds[r] = acc;
-            dn[r] = acc_n;
+            ds{r} = acc;
+            dn{r} = acc_n;
         }
+        //@end
         workgroupBarrier();
     }
 }
@@ -405,42 +411,7 @@ fn store_dr(row: u32, j: u32, x: f32) {
     }
 }
 
-// (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
-// the rows solved after it (read back once each), then solves its diagonal block in registers.
-// A_ts = β_t a_sh[t][s].
-fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {
-    for (var bi = (len + 15u) / 16u; bi > 0u; bi--) {
-        let t0 = (bi - 1u) * 16u;
-        var x: array<f32, 16>;
-        for (var e = 0u; e < 16u; e++) {
-            if (t0 + e < len) {
-                x[e] = load_dr(row_of(b, c0 + t0 + e, h), j);
-            }
-        }
-        for (var s = t0 + 16u; s < len; s++) {
-            let srow = row_of(b, c0 + s, h);
-            let xs = load_dr(srow, j) * beta[srow];
-            for (var e = 0u; e < 16u; e++) {
-                x[e] -= a_sh[s * C + t0 + e] * xs;
-            }
-        }
-        for (var ee = 0u; ee < 16u; ee++) {
-            let e = 15u - ee;
-            if (t0 + e < len) {
-                let xs = x[e] * beta[row_of(b, c0 + t0 + e, h)];
-                for (var f = 0u; f < e; f++) {
-                    x[f] -= a_sh[(t0 + e) * C + t0 + f] * xs;
-                }
-            }
-        }
-        for (var e = 0u; e < 16u; e++) {
-            if (t0 + e < len) {
-                store_dr(row_of(b, c0 + t0 + e, h), j, x[e]);
-            }
-        }
-    }
-}
-
+@BACK_SUBSTITUTE@
 @compute @workgroup_size(256)
 fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -503,36 +474,39 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     workgroupBarrier();
 
     // 2. dq_t; thread (t, part) owns key vec4s part + 4e.
-    var dq: array<vec4<f32>, NV>;
-    var dk: array<vec4<f32>, NV>;
-    var db: array<vec4<f32>, NV>;
-    for (var e = 0u; e < NV; e++) {
-        let a = part + 4u * e;
-        var x = h_rows_dot(hb4, a, row, 0u);
-        if (NORM != 0u) {
-            x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
-        }
-        dq[e] = x * start_decay(row, a, m0, m_t) * p.scale;
+    //@decl e NV
+    var dq{e} = vec4<f32>(0.0);
+    var dk{e} = vec4<f32>(0.0);
+    var db{e} = vec4<f32>(0.0);
+    //@end
+    //@for e NV
+    let a = part + {4e}u;
+    var x = h_rows_dot(hb4, a, row, 0u);
+    if (NORM != 0u) {
+        x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
     }
+    dq{e} = x * start_decay(row, a, m0, m_t) * p.scale;
+    //@end
     for (var s = 0u; s <= min(t, len - 1u); s++) {
         let cf = p_sh[t * C + s];
         let srow = row_of(b, c0 + s, h);
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dq[e] = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq[e]);
-        }
+        //@for e NV
+        let a = part + {4e}u;
+        dq{e} = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq{e});
+        //@end
     }
     // 3. dk_t from the later queries' scores and from the chunk's end state.
     for (var tt = t; tt < len; tt++) {
         let cf = p_sh[tt * C + t];
         let trow = row_of(b, c0 + tt, h);
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dk[e] = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk[e]);
-        }
+        //@for e NV
+        let a = part + {4e}u;
+        dk{e} = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk{e});
+        //@end
     }
-    for (var e = 0u; e < NV; e++) {
-        let a = part + 4u * e;
+    //@for e NV
+    {
+        let a = part + {4e}u;
         var x = vec4<f32>(0.0);
         for (var j4 = 0u; j4 < D4; j4++) {
             let uu = u_row[row * D4 + j4];
@@ -542,15 +516,16 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x += ds_in[eb4 + D * D4 + a];
         }
-        dk[e] += x * end_decay(last_row, row, a, m_end);
-        db[e] = q_row[row * D4 + a] * dq[e] - k_row[row * D4 + a] * dk[e];
+        dk{e} += x * end_decay(last_row, row, a, m_end);
+        db{e} = q_row[row * D4 + a] * dq{e} - k_row[row * D4 + a] * dk{e};
     }
+    //@end
     if (NORM == 2u) {
         // The input gate scales k_s wherever it appears: dĩ_s = k_s·dk_s.
         var di = 0.0;
-        for (var e = 0u; e < NV; e++) {
-            di += dot(k_row[row * D4 + part + 4u * e], dk[e]);
-        }
+        //@decl e NV
+        di += dot(k_row[row * D4 + part + {4e}u], dk{e});
+        //@end
         a_sh[tid] = di;
         workgroupBarrier();
         if (part == 0u && in_range) {
@@ -562,11 +537,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k by every thread, then
         //    [dR_v | dR_k] in place: thread j < 2D solves column j.
         if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                let a = part + 4u * e;
-                dv_out[row * D4 + a] = du_rw[row * D4 + a];
-                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
-            }
+            //@for e NV
+            let a = part + {4e}u;
+            dv_out[row * D4 + a] = du_rw[row * D4 + a];
+            dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
+            //@end
         }
         storageBarrier();
         workgroupBarrier();
@@ -579,19 +554,21 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         //    dR_k becomes y_t = dR_k,t + S_0 dR_v,t, so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
         //    Only this thread reads its own words of dR_k here, so y overwrites them at once.
         var dbeta_part = 0.0;
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
+        //@for e NV
+        {
+            let a = part + {4e}u;
             let drk = drk_at(row, a);
             let eb = start_decay(row, a, 0.0, 0.0);
             let ek = k_row[row * D4 + a] * eb;
             dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
-            dk[e] += bt * eb * drk;
-            db[e] += bt * ek * drk;
+            dk{e} += bt * eb * drk;
+            db{e} += bt * ek * drk;
             let y = drk + h_rows_dot(hb4, a, row, 1u);
             if (in_range) {
                 dr_k[row * D4 + a] = y;
             }
         }
+        //@end
         storageBarrier();
         workgroupBarrier();
         // 6. dA_ts (s < t) into p_sh; dβ_t += Σ_s dA_ts A_ts / β_t.
@@ -615,22 +592,22 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         for (var s = 0u; s < min(t, len); s++) {
             let srow = row_of(b, c0 + s, h);
             let cf = p_sh[t * C + s] * pair_weight(row, srow, 0.0) * bt;
-            for (var e = 0u; e < NV; e++) {
-                let a = part + 4u * e;
-                let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
-                dk[e] += x;
-                db[e] = fma(k_row[row * D4 + a], x, db[e]);
-            }
+            //@for e NV
+            let a = part + {4e}u;
+            let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
+            dk{e} += x;
+            db{e} = fma(k_row[row * D4 + a], x, db{e});
+            //@end
         }
         for (var tt = t + 1u; tt < len; tt++) {
             let trow = row_of(b, c0 + tt, h);
             let cf = p_sh[tt * C + t] * beta[trow] * pair_weight(trow, row, 0.0);
-            for (var e = 0u; e < NV; e++) {
-                let a = part + 4u * e;
-                let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
-                dk[e] += x;
-                db[e] = fma(-k_row[row * D4 + a], x, db[e]);
-            }
+            //@for e NV
+            let a = part + {4e}u;
+            let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
+            dk{e} += x;
+            db{e} = fma(-k_row[row * D4 + a], x, db{e});
+            //@end
         }
         // dβ: the four partial sums of token t (a_sh is free past the barrier above).
         a_sh[tid] = dbeta_part;
@@ -652,24 +629,24 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
     }
     if (in_range) {
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dq_out[row * D4 + a] = dq[e];
-            dk_out[row * D4 + a] = dk[e];
-        }
+        //@for e NV
+        let a = part + {4e}u;
+        dq_out[row * D4 + a] = dq{e};
+        dk_out[row * D4 + a] = dk{e};
+        //@end
     }
 
     // 8. dg: db plus the end state's term Σ dS_L ⊙ S_L (dn ⊙ n too), summed from the chunk's end
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
         if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                let i = row * D + 4u * (part + 4u * e);
-                dg_out[i] = db[e].x;
-                dg_out[i + 1u] = db[e].y;
-                dg_out[i + 2u] = db[e].z;
-                dg_out[i + 3u] = db[e].w;
-            }
+            //@for e NV
+            let i = row * D + 4u * (part + {4e}u);
+            dg_out[i] = db{e}.x;
+            dg_out[i + 1u] = db{e}.y;
+            dg_out[i + 2u] = db{e}.z;
+            dg_out[i + 3u] = db{e}.w;
+            //@end
         }
         storageBarrier();
         workgroupBarrier();
@@ -690,9 +667,9 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     } else if (GATE == 1u) {
         var total = 0.0;
         if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                total += dot(db[e], vec4<f32>(1.0));
-            }
+            //@decl e NV
+            total += dot(db{e}, vec4<f32>(1.0));
+            //@end
         }
         var e_part = 0.0;
         if (n + 1u < p.chunks) {
@@ -723,6 +700,68 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 }
 '''
+
+
+def back_substitute():
+    """(I + A)ᵀ dR = dX for one column, the 16 rows of a block as named registers x0..x15."""
+    load = "\n".join(f"        var x{e} = 0.0;\n        if (t0 + {e}u < len) {{\n            x{e} = load_dr(row_of(b, c0 + t0 + {e}u, h), j);\n        }}" for e in range(16))
+    sub = "\n".join(f"            x{e} -= a_sh[ar + {e}u] * xs;" for e in range(16))
+    diag = []
+    for e in range(15, 0, -1):
+        terms = "\n".join(f"            x{f} -= a_sh[ar + {f}u] * xs;" for f in range(e))
+        diag.append(f"        {{\n            let xs = x{e} * beta[row_of(b, c0 + min(t0 + {e}u, len - 1u), h)];\n            let ar = (t0 + {e}u) * C + t0;\n{terms}\n        }}")
+    store = "\n".join(f"        if (t0 + {e}u < len) {{\n            store_dr(row_of(b, c0 + t0 + {e}u, h), j, x{e});\n        }}" for e in range(16))
+    return f"""// (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
+// the rows solved after it (read back once each), then solves its diagonal block in registers
+// (rows past the chunk's end hold 0 and change nothing). A_ts = β_t a_sh[t][s].
+fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {{
+    for (var bi = (len + 15u) / 16u; bi > 0u; bi--) {{
+        let t0 = (bi - 1u) * 16u;
+{load}
+        for (var s = t0 + 16u; s < len; s++) {{
+            let srow = row_of(b, c0 + s, h);
+            let xs = load_dr(srow, j) * beta[srow];
+            let ar = s * C + t0;
+{sub}
+        }}
+{chr(10).join(diag)}
+{store}
+    }}
+}}
+"""
+
+
+def expand(text, consts):
+    """Unrolls `//@for v N` … `//@end` (each copy in its own braces) and `//@decl v N` … `//@end`
+    (copies in the enclosing scope): {v} becomes the copy's index and {4v}, {64v} its multiples,
+    so per-thread vectors are named registers, never indexed arrays (see attention.py)."""
+    out, lines, i = [], text.split("\n"), 0
+    while i < len(lines):
+        line = lines[i]
+        head = line.strip()
+        if head.startswith("//@for ") or head.startswith("//@decl "):
+            kind, var, n = head[3:].split()
+            body = []
+            i += 1
+            while lines[i].strip() != "//@end":
+                body.append(lines[i])
+                i += 1
+            indent = line[: len(line) - len(line.lstrip())]
+            for k in range(consts[n]):
+                copy = "\n".join(body)
+                for mult in (64, 4):
+                    copy = copy.replace("{%d%s}" % (mult, var), str(mult * k))
+                copy = copy.replace("{%s}" % var, str(k))
+                if kind == "for":
+                    out.append(indent + "{")
+                    out.extend("    " + l if l else l for l in copy.split("\n"))
+                    out.append(indent + "}")
+                else:
+                    out.extend(copy.split("\n"))
+        else:
+            out.append(line)
+        i += 1
+    return "\n".join(out)
 
 
 def generate(D):
@@ -1199,7 +1238,8 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }}
 }}
 '''
-    return src + BACKWARD
+    backward = expand(BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()), {"NV": D // 16, "NB": D // 64})
+    return src + backward
 
 
 for D, name in [(64, "chunk.wgsl"), (128, "chunk_d128.wgsl")]:

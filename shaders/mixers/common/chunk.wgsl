@@ -757,7 +757,10 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         workgroupBarrier();
     }
     // Thread (s = t, part): du_s = Σ_(t'≥s) P_t's dO_t' / den_t' (and dun_s = Σ P_t's dnq_t').
-    var acc: array<vec4<f32>, NV>;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     var dun = 0.0;
     for (var tt = t; tt < len; tt++) {
         var cf = p_sh[tt * C + t];
@@ -766,14 +769,16 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             cf *= tok_sh[tt];
         }
         let ob = row_of(b, c0 + tt, h) * D4 + part;
-        for (var e = 0u; e < NV; e++) {
-            acc[e] = fma(vec4<f32>(cf), dout_row[ob + 4u * e], acc[e]);
-        }
+        acc0 = fma(vec4<f32>(cf), dout_row[ob + 0u], acc0);
+        acc1 = fma(vec4<f32>(cf), dout_row[ob + 4u], acc1);
+        acc2 = fma(vec4<f32>(cf), dout_row[ob + 8u], acc2);
+        acc3 = fma(vec4<f32>(cf), dout_row[ob + 12u], acc3);
     }
     if (t < len) {
-        for (var e = 0u; e < NV; e++) {
-            du_rw[row * D4 + part + 4u * e] = acc[e];
-        }
+        du_rw[row * D4 + part + 0u] = acc0;
+        du_rw[row * D4 + part + 4u] = acc1;
+        du_rw[row * D4 + part + 8u] = acc2;
+        du_rw[row * D4 + part + 12u] = acc3;
         if (NORM != 0u && part == 0u) {
             nrm[row * 4u] = inv_den;
             nrm[row * 4u + 1u] = dnq;
@@ -794,21 +799,21 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let col = vb * BV + cv * 4u;
     let i0 = tid / BV4;
     let own_n = NORM != 0u && vb == 0u && cv == 0u;
-    var ds: array<vec4<f32>, NB>;
-    var dn: array<f32, NB>;
+    var ds0 = vec4<f32>(0.0);
+    var dn0 = 0.0;
     for (var nn = 0u; nn < p.chunks; nn++) {
         let n = p.chunks - 1u - nn;
         let eb = (bh * p.chunks + n) * DS;
-        for (var r = 0u; r < NB; r++) {
-            let i = i0 + 64u * r;
-            ds_end[eb + i * D + col] = ds[r].x;
-            ds_end[eb + i * D + col + 1u] = ds[r].y;
-            ds_end[eb + i * D + col + 2u] = ds[r].z;
-            ds_end[eb + i * D + col + 3u] = ds[r].w;
-            s_sh[i * BV4 + cv] = ds[r];
+        {
+            let i = i0 + 0u;
+            ds_end[eb + i * D + col] = ds0.x;
+            ds_end[eb + i * D + col + 1u] = ds0.y;
+            ds_end[eb + i * D + col + 2u] = ds0.z;
+            ds_end[eb + i * D + col + 3u] = ds0.w;
+            s_sh[i * BV4 + cv] = ds0;
             if (own_n) {
-                ds_end[eb + D * D + i] = dn[r];
-                tok_sh[i] = dn[r];
+                ds_end[eb + D * D + i] = dn0;
+                tok_sh[i] = dn0;
             }
         }
         let c0 = n * C;
@@ -857,32 +862,34 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
         workgroupBarrier();
         // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t).
-        for (var r = 0u; r < NB; r++) {
-            let i = i0 + 64u * r;
-            var carry = exp(gate_at(last_row, i));
-            if (NORM == 2u) {
-                carry = exp(b_cum_at(last_row) + m0 - m_end);
-            }
-            var acc = ds[r] * carry;
-            var acc_n = dn[r] * carry;
-            for (var s = 0u; s < len; s++) {
-                let srow = row_of(b, c0 + s, h);
-                var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
+        {
+            {
+                let i = i0 + 0u;
+                var carry = exp(gate_at(last_row, i));
                 if (NORM == 2u) {
-                    qs *= exp(b_cum_at(srow) + m0 - red_sh[s]);
-                } else if (GATE != 0u) {
-                    qs *= exp(gate_at(srow, i));
+                    carry = exp(b_cum_at(last_row) + m0 - m_end);
                 }
-                acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
-                if (DELTA) {
-                    acc = fma(vec4<f32>(-w_row[srow * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
+                var acc = ds0 * carry;
+                var acc_n = dn0 * carry;
+                for (var s = 0u; s < len; s++) {
+                    let srow = row_of(b, c0 + s, h);
+                    var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
+                    if (NORM == 2u) {
+                        qs *= exp(b_cum_at(srow) + m0 - red_sh[s]);
+                    } else if (GATE != 0u) {
+                        qs *= exp(gate_at(srow, i));
+                    }
+                    acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
+                    if (DELTA) {
+                        acc = fma(vec4<f32>(-w_row[srow * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
+                    }
+                    if (own_n) {
+                        acc_n += qs * tok_sh[s];
+                    }
                 }
-                if (own_n) {
-                    acc_n += qs * tok_sh[s];
-                }
+                ds0 = acc;
+                dn0 = acc_n;
             }
-            ds[r] = acc;
-            dn[r] = acc_n;
         }
         workgroupBarrier();
     }
@@ -908,41 +915,326 @@ fn store_dr(row: u32, j: u32, x: f32) {
 }
 
 // (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
-// the rows solved after it (read back once each), then solves its diagonal block in registers.
-// A_ts = β_t a_sh[t][s].
+// the rows solved after it (read back once each), then solves its diagonal block in registers
+// (rows past the chunk's end hold 0 and change nothing). A_ts = β_t a_sh[t][s].
 fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {
     for (var bi = (len + 15u) / 16u; bi > 0u; bi--) {
         let t0 = (bi - 1u) * 16u;
-        var x: array<f32, 16>;
-        for (var e = 0u; e < 16u; e++) {
-            if (t0 + e < len) {
-                x[e] = load_dr(row_of(b, c0 + t0 + e, h), j);
-            }
+        var x0 = 0.0;
+        if (t0 + 0u < len) {
+            x0 = load_dr(row_of(b, c0 + t0 + 0u, h), j);
+        }
+        var x1 = 0.0;
+        if (t0 + 1u < len) {
+            x1 = load_dr(row_of(b, c0 + t0 + 1u, h), j);
+        }
+        var x2 = 0.0;
+        if (t0 + 2u < len) {
+            x2 = load_dr(row_of(b, c0 + t0 + 2u, h), j);
+        }
+        var x3 = 0.0;
+        if (t0 + 3u < len) {
+            x3 = load_dr(row_of(b, c0 + t0 + 3u, h), j);
+        }
+        var x4 = 0.0;
+        if (t0 + 4u < len) {
+            x4 = load_dr(row_of(b, c0 + t0 + 4u, h), j);
+        }
+        var x5 = 0.0;
+        if (t0 + 5u < len) {
+            x5 = load_dr(row_of(b, c0 + t0 + 5u, h), j);
+        }
+        var x6 = 0.0;
+        if (t0 + 6u < len) {
+            x6 = load_dr(row_of(b, c0 + t0 + 6u, h), j);
+        }
+        var x7 = 0.0;
+        if (t0 + 7u < len) {
+            x7 = load_dr(row_of(b, c0 + t0 + 7u, h), j);
+        }
+        var x8 = 0.0;
+        if (t0 + 8u < len) {
+            x8 = load_dr(row_of(b, c0 + t0 + 8u, h), j);
+        }
+        var x9 = 0.0;
+        if (t0 + 9u < len) {
+            x9 = load_dr(row_of(b, c0 + t0 + 9u, h), j);
+        }
+        var x10 = 0.0;
+        if (t0 + 10u < len) {
+            x10 = load_dr(row_of(b, c0 + t0 + 10u, h), j);
+        }
+        var x11 = 0.0;
+        if (t0 + 11u < len) {
+            x11 = load_dr(row_of(b, c0 + t0 + 11u, h), j);
+        }
+        var x12 = 0.0;
+        if (t0 + 12u < len) {
+            x12 = load_dr(row_of(b, c0 + t0 + 12u, h), j);
+        }
+        var x13 = 0.0;
+        if (t0 + 13u < len) {
+            x13 = load_dr(row_of(b, c0 + t0 + 13u, h), j);
+        }
+        var x14 = 0.0;
+        if (t0 + 14u < len) {
+            x14 = load_dr(row_of(b, c0 + t0 + 14u, h), j);
+        }
+        var x15 = 0.0;
+        if (t0 + 15u < len) {
+            x15 = load_dr(row_of(b, c0 + t0 + 15u, h), j);
         }
         for (var s = t0 + 16u; s < len; s++) {
             let srow = row_of(b, c0 + s, h);
             let xs = load_dr(srow, j) * beta[srow];
-            for (var e = 0u; e < 16u; e++) {
-                x[e] -= a_sh[s * C + t0 + e] * xs;
-            }
+            let ar = s * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+            x10 -= a_sh[ar + 10u] * xs;
+            x11 -= a_sh[ar + 11u] * xs;
+            x12 -= a_sh[ar + 12u] * xs;
+            x13 -= a_sh[ar + 13u] * xs;
+            x14 -= a_sh[ar + 14u] * xs;
+            x15 -= a_sh[ar + 15u] * xs;
         }
-        for (var ee = 0u; ee < 16u; ee++) {
-            let e = 15u - ee;
-            if (t0 + e < len) {
-                let xs = x[e] * beta[row_of(b, c0 + t0 + e, h)];
-                for (var f = 0u; f < e; f++) {
-                    x[f] -= a_sh[(t0 + e) * C + t0 + f] * xs;
-                }
-            }
+        {
+            let xs = x15 * beta[row_of(b, c0 + min(t0 + 15u, len - 1u), h)];
+            let ar = (t0 + 15u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+            x10 -= a_sh[ar + 10u] * xs;
+            x11 -= a_sh[ar + 11u] * xs;
+            x12 -= a_sh[ar + 12u] * xs;
+            x13 -= a_sh[ar + 13u] * xs;
+            x14 -= a_sh[ar + 14u] * xs;
         }
-        for (var e = 0u; e < 16u; e++) {
-            if (t0 + e < len) {
-                store_dr(row_of(b, c0 + t0 + e, h), j, x[e]);
-            }
+        {
+            let xs = x14 * beta[row_of(b, c0 + min(t0 + 14u, len - 1u), h)];
+            let ar = (t0 + 14u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+            x10 -= a_sh[ar + 10u] * xs;
+            x11 -= a_sh[ar + 11u] * xs;
+            x12 -= a_sh[ar + 12u] * xs;
+            x13 -= a_sh[ar + 13u] * xs;
+        }
+        {
+            let xs = x13 * beta[row_of(b, c0 + min(t0 + 13u, len - 1u), h)];
+            let ar = (t0 + 13u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+            x10 -= a_sh[ar + 10u] * xs;
+            x11 -= a_sh[ar + 11u] * xs;
+            x12 -= a_sh[ar + 12u] * xs;
+        }
+        {
+            let xs = x12 * beta[row_of(b, c0 + min(t0 + 12u, len - 1u), h)];
+            let ar = (t0 + 12u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+            x10 -= a_sh[ar + 10u] * xs;
+            x11 -= a_sh[ar + 11u] * xs;
+        }
+        {
+            let xs = x11 * beta[row_of(b, c0 + min(t0 + 11u, len - 1u), h)];
+            let ar = (t0 + 11u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+            x10 -= a_sh[ar + 10u] * xs;
+        }
+        {
+            let xs = x10 * beta[row_of(b, c0 + min(t0 + 10u, len - 1u), h)];
+            let ar = (t0 + 10u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+            x9 -= a_sh[ar + 9u] * xs;
+        }
+        {
+            let xs = x9 * beta[row_of(b, c0 + min(t0 + 9u, len - 1u), h)];
+            let ar = (t0 + 9u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+            x8 -= a_sh[ar + 8u] * xs;
+        }
+        {
+            let xs = x8 * beta[row_of(b, c0 + min(t0 + 8u, len - 1u), h)];
+            let ar = (t0 + 8u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+            x7 -= a_sh[ar + 7u] * xs;
+        }
+        {
+            let xs = x7 * beta[row_of(b, c0 + min(t0 + 7u, len - 1u), h)];
+            let ar = (t0 + 7u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+            x6 -= a_sh[ar + 6u] * xs;
+        }
+        {
+            let xs = x6 * beta[row_of(b, c0 + min(t0 + 6u, len - 1u), h)];
+            let ar = (t0 + 6u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+            x5 -= a_sh[ar + 5u] * xs;
+        }
+        {
+            let xs = x5 * beta[row_of(b, c0 + min(t0 + 5u, len - 1u), h)];
+            let ar = (t0 + 5u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+            x4 -= a_sh[ar + 4u] * xs;
+        }
+        {
+            let xs = x4 * beta[row_of(b, c0 + min(t0 + 4u, len - 1u), h)];
+            let ar = (t0 + 4u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+            x3 -= a_sh[ar + 3u] * xs;
+        }
+        {
+            let xs = x3 * beta[row_of(b, c0 + min(t0 + 3u, len - 1u), h)];
+            let ar = (t0 + 3u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+            x2 -= a_sh[ar + 2u] * xs;
+        }
+        {
+            let xs = x2 * beta[row_of(b, c0 + min(t0 + 2u, len - 1u), h)];
+            let ar = (t0 + 2u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+            x1 -= a_sh[ar + 1u] * xs;
+        }
+        {
+            let xs = x1 * beta[row_of(b, c0 + min(t0 + 1u, len - 1u), h)];
+            let ar = (t0 + 1u) * C + t0;
+            x0 -= a_sh[ar + 0u] * xs;
+        }
+        if (t0 + 0u < len) {
+            store_dr(row_of(b, c0 + t0 + 0u, h), j, x0);
+        }
+        if (t0 + 1u < len) {
+            store_dr(row_of(b, c0 + t0 + 1u, h), j, x1);
+        }
+        if (t0 + 2u < len) {
+            store_dr(row_of(b, c0 + t0 + 2u, h), j, x2);
+        }
+        if (t0 + 3u < len) {
+            store_dr(row_of(b, c0 + t0 + 3u, h), j, x3);
+        }
+        if (t0 + 4u < len) {
+            store_dr(row_of(b, c0 + t0 + 4u, h), j, x4);
+        }
+        if (t0 + 5u < len) {
+            store_dr(row_of(b, c0 + t0 + 5u, h), j, x5);
+        }
+        if (t0 + 6u < len) {
+            store_dr(row_of(b, c0 + t0 + 6u, h), j, x6);
+        }
+        if (t0 + 7u < len) {
+            store_dr(row_of(b, c0 + t0 + 7u, h), j, x7);
+        }
+        if (t0 + 8u < len) {
+            store_dr(row_of(b, c0 + t0 + 8u, h), j, x8);
+        }
+        if (t0 + 9u < len) {
+            store_dr(row_of(b, c0 + t0 + 9u, h), j, x9);
+        }
+        if (t0 + 10u < len) {
+            store_dr(row_of(b, c0 + t0 + 10u, h), j, x10);
+        }
+        if (t0 + 11u < len) {
+            store_dr(row_of(b, c0 + t0 + 11u, h), j, x11);
+        }
+        if (t0 + 12u < len) {
+            store_dr(row_of(b, c0 + t0 + 12u, h), j, x12);
+        }
+        if (t0 + 13u < len) {
+            store_dr(row_of(b, c0 + t0 + 13u, h), j, x13);
+        }
+        if (t0 + 14u < len) {
+            store_dr(row_of(b, c0 + t0 + 14u, h), j, x14);
+        }
+        if (t0 + 15u < len) {
+            store_dr(row_of(b, c0 + t0 + 15u, h), j, x15);
         }
     }
 }
-
 @compute @workgroup_size(256)
 fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -1005,54 +1297,162 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     workgroupBarrier();
 
     // 2. dq_t; thread (t, part) owns key vec4s part + 4e.
-    var dq: array<vec4<f32>, NV>;
-    var dk: array<vec4<f32>, NV>;
-    var db: array<vec4<f32>, NV>;
-    for (var e = 0u; e < NV; e++) {
-        let a = part + 4u * e;
+    var dq0 = vec4<f32>(0.0);
+    var dk0 = vec4<f32>(0.0);
+    var db0 = vec4<f32>(0.0);
+    var dq1 = vec4<f32>(0.0);
+    var dk1 = vec4<f32>(0.0);
+    var db1 = vec4<f32>(0.0);
+    var dq2 = vec4<f32>(0.0);
+    var dk2 = vec4<f32>(0.0);
+    var db2 = vec4<f32>(0.0);
+    var dq3 = vec4<f32>(0.0);
+    var dk3 = vec4<f32>(0.0);
+    var db3 = vec4<f32>(0.0);
+    {
+        let a = part + 0u;
         var x = h_rows_dot(hb4, a, row, 0u);
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq[e] = x * start_decay(row, a, m0, m_t) * p.scale;
+        dq0 = x * start_decay(row, a, m0, m_t) * p.scale;
+    }
+    {
+        let a = part + 4u;
+        var x = h_rows_dot(hb4, a, row, 0u);
+        if (NORM != 0u) {
+            x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
+        }
+        dq1 = x * start_decay(row, a, m0, m_t) * p.scale;
+    }
+    {
+        let a = part + 8u;
+        var x = h_rows_dot(hb4, a, row, 0u);
+        if (NORM != 0u) {
+            x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
+        }
+        dq2 = x * start_decay(row, a, m0, m_t) * p.scale;
+    }
+    {
+        let a = part + 12u;
+        var x = h_rows_dot(hb4, a, row, 0u);
+        if (NORM != 0u) {
+            x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
+        }
+        dq3 = x * start_decay(row, a, m0, m_t) * p.scale;
     }
     for (var s = 0u; s <= min(t, len - 1u); s++) {
         let cf = p_sh[t * C + s];
         let srow = row_of(b, c0 + s, h);
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dq[e] = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq[e]);
+        {
+            let a = part + 0u;
+            dq0 = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq0);
+        }
+        {
+            let a = part + 4u;
+            dq1 = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq1);
+        }
+        {
+            let a = part + 8u;
+            dq2 = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq2);
+        }
+        {
+            let a = part + 12u;
+            dq3 = fma(vec4<f32>(cf), k_row[srow * D4 + a] * pair_decay(row, srow, a), dq3);
         }
     }
     // 3. dk_t from the later queries' scores and from the chunk's end state.
     for (var tt = t; tt < len; tt++) {
         let cf = p_sh[tt * C + t];
         let trow = row_of(b, c0 + tt, h);
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dk[e] = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk[e]);
+        {
+            let a = part + 0u;
+            dk0 = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk0);
+        }
+        {
+            let a = part + 4u;
+            dk1 = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk1);
+        }
+        {
+            let a = part + 8u;
+            dk2 = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk2);
+        }
+        {
+            let a = part + 12u;
+            dk3 = fma(vec4<f32>(cf), q_row[trow * D4 + a] * pair_decay(trow, row, a), dk3);
         }
     }
-    for (var e = 0u; e < NV; e++) {
-        let a = part + 4u * e;
-        var x = vec4<f32>(0.0);
-        for (var j4 = 0u; j4 < D4; j4++) {
-            let uu = u_row[row * D4 + j4];
-            let r = eb4 + 4u * a * D4 + j4;
-            x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+    {
+        {
+            let a = part + 0u;
+            var x = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < D4; j4++) {
+                let uu = u_row[row * D4 + j4];
+                let r = eb4 + 4u * a * D4 + j4;
+                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            }
+            if (NORM != 0u) {
+                x += ds_in[eb4 + D * D4 + a];
+            }
+            dk0 += x * end_decay(last_row, row, a, m_end);
+            db0 = q_row[row * D4 + a] * dq0 - k_row[row * D4 + a] * dk0;
         }
-        if (NORM != 0u) {
-            x += ds_in[eb4 + D * D4 + a];
+    }
+    {
+        {
+            let a = part + 4u;
+            var x = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < D4; j4++) {
+                let uu = u_row[row * D4 + j4];
+                let r = eb4 + 4u * a * D4 + j4;
+                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            }
+            if (NORM != 0u) {
+                x += ds_in[eb4 + D * D4 + a];
+            }
+            dk1 += x * end_decay(last_row, row, a, m_end);
+            db1 = q_row[row * D4 + a] * dq1 - k_row[row * D4 + a] * dk1;
         }
-        dk[e] += x * end_decay(last_row, row, a, m_end);
-        db[e] = q_row[row * D4 + a] * dq[e] - k_row[row * D4 + a] * dk[e];
+    }
+    {
+        {
+            let a = part + 8u;
+            var x = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < D4; j4++) {
+                let uu = u_row[row * D4 + j4];
+                let r = eb4 + 4u * a * D4 + j4;
+                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            }
+            if (NORM != 0u) {
+                x += ds_in[eb4 + D * D4 + a];
+            }
+            dk2 += x * end_decay(last_row, row, a, m_end);
+            db2 = q_row[row * D4 + a] * dq2 - k_row[row * D4 + a] * dk2;
+        }
+    }
+    {
+        {
+            let a = part + 12u;
+            var x = vec4<f32>(0.0);
+            for (var j4 = 0u; j4 < D4; j4++) {
+                let uu = u_row[row * D4 + j4];
+                let r = eb4 + 4u * a * D4 + j4;
+                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            }
+            if (NORM != 0u) {
+                x += ds_in[eb4 + D * D4 + a];
+            }
+            dk3 += x * end_decay(last_row, row, a, m_end);
+            db3 = q_row[row * D4 + a] * dq3 - k_row[row * D4 + a] * dk3;
+        }
     }
     if (NORM == 2u) {
         // The input gate scales k_s wherever it appears: dĩ_s = k_s·dk_s.
         var di = 0.0;
-        for (var e = 0u; e < NV; e++) {
-            di += dot(k_row[row * D4 + part + 4u * e], dk[e]);
-        }
+        di += dot(k_row[row * D4 + part + 0u], dk0);
+        di += dot(k_row[row * D4 + part + 4u], dk1);
+        di += dot(k_row[row * D4 + part + 8u], dk2);
+        di += dot(k_row[row * D4 + part + 12u], dk3);
         a_sh[tid] = di;
         workgroupBarrier();
         if (part == 0u && in_range) {
@@ -1064,8 +1464,23 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k by every thread, then
         //    [dR_v | dR_k] in place: thread j < 2D solves column j.
         if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                let a = part + 4u * e;
+            {
+                let a = part + 0u;
+                dv_out[row * D4 + a] = du_rw[row * D4 + a];
+                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
+            }
+            {
+                let a = part + 4u;
+                dv_out[row * D4 + a] = du_rw[row * D4 + a];
+                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
+            }
+            {
+                let a = part + 8u;
+                dv_out[row * D4 + a] = du_rw[row * D4 + a];
+                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
+            }
+            {
+                let a = part + 12u;
                 dv_out[row * D4 + a] = du_rw[row * D4 + a];
                 dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             }
@@ -1081,17 +1496,64 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         //    dR_k becomes y_t = dR_k,t + S_0 dR_v,t, so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
         //    Only this thread reads its own words of dR_k here, so y overwrites them at once.
         var dbeta_part = 0.0;
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            let drk = drk_at(row, a);
-            let eb = start_decay(row, a, 0.0, 0.0);
-            let ek = k_row[row * D4 + a] * eb;
-            dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
-            dk[e] += bt * eb * drk;
-            db[e] += bt * ek * drk;
-            let y = drk + h_rows_dot(hb4, a, row, 1u);
-            if (in_range) {
-                dr_k[row * D4 + a] = y;
+        {
+            {
+                let a = part + 0u;
+                let drk = drk_at(row, a);
+                let eb = start_decay(row, a, 0.0, 0.0);
+                let ek = k_row[row * D4 + a] * eb;
+                dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
+                dk0 += bt * eb * drk;
+                db0 += bt * ek * drk;
+                let y = drk + h_rows_dot(hb4, a, row, 1u);
+                if (in_range) {
+                    dr_k[row * D4 + a] = y;
+                }
+            }
+        }
+        {
+            {
+                let a = part + 4u;
+                let drk = drk_at(row, a);
+                let eb = start_decay(row, a, 0.0, 0.0);
+                let ek = k_row[row * D4 + a] * eb;
+                dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
+                dk1 += bt * eb * drk;
+                db1 += bt * ek * drk;
+                let y = drk + h_rows_dot(hb4, a, row, 1u);
+                if (in_range) {
+                    dr_k[row * D4 + a] = y;
+                }
+            }
+        }
+        {
+            {
+                let a = part + 8u;
+                let drk = drk_at(row, a);
+                let eb = start_decay(row, a, 0.0, 0.0);
+                let ek = k_row[row * D4 + a] * eb;
+                dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
+                dk2 += bt * eb * drk;
+                db2 += bt * ek * drk;
+                let y = drk + h_rows_dot(hb4, a, row, 1u);
+                if (in_range) {
+                    dr_k[row * D4 + a] = y;
+                }
+            }
+        }
+        {
+            {
+                let a = part + 12u;
+                let drk = drk_at(row, a);
+                let eb = start_decay(row, a, 0.0, 0.0);
+                let ek = k_row[row * D4 + a] * eb;
+                dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
+                dk3 += bt * eb * drk;
+                db3 += bt * ek * drk;
+                let y = drk + h_rows_dot(hb4, a, row, 1u);
+                if (in_range) {
+                    dr_k[row * D4 + a] = y;
+                }
             }
         }
         storageBarrier();
@@ -1117,21 +1579,57 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         for (var s = 0u; s < min(t, len); s++) {
             let srow = row_of(b, c0 + s, h);
             let cf = p_sh[t * C + s] * pair_weight(row, srow, 0.0) * bt;
-            for (var e = 0u; e < NV; e++) {
-                let a = part + 4u * e;
+            {
+                let a = part + 0u;
                 let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
-                dk[e] += x;
-                db[e] = fma(k_row[row * D4 + a], x, db[e]);
+                dk0 += x;
+                db0 = fma(k_row[row * D4 + a], x, db0);
+            }
+            {
+                let a = part + 4u;
+                let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
+                dk1 += x;
+                db1 = fma(k_row[row * D4 + a], x, db1);
+            }
+            {
+                let a = part + 8u;
+                let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
+                dk2 += x;
+                db2 = fma(k_row[row * D4 + a], x, db2);
+            }
+            {
+                let a = part + 12u;
+                let x = cf * k_row[srow * D4 + a] * pair_decay(row, srow, a);
+                dk3 += x;
+                db3 = fma(k_row[row * D4 + a], x, db3);
             }
         }
         for (var tt = t + 1u; tt < len; tt++) {
             let trow = row_of(b, c0 + tt, h);
             let cf = p_sh[tt * C + t] * beta[trow] * pair_weight(trow, row, 0.0);
-            for (var e = 0u; e < NV; e++) {
-                let a = part + 4u * e;
+            {
+                let a = part + 0u;
                 let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
-                dk[e] += x;
-                db[e] = fma(-k_row[row * D4 + a], x, db[e]);
+                dk0 += x;
+                db0 = fma(-k_row[row * D4 + a], x, db0);
+            }
+            {
+                let a = part + 4u;
+                let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
+                dk1 += x;
+                db1 = fma(-k_row[row * D4 + a], x, db1);
+            }
+            {
+                let a = part + 8u;
+                let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
+                dk2 += x;
+                db2 = fma(-k_row[row * D4 + a], x, db2);
+            }
+            {
+                let a = part + 12u;
+                let x = cf * k_row[trow * D4 + a] * pair_decay(trow, row, a);
+                dk3 += x;
+                db3 = fma(-k_row[row * D4 + a], x, db3);
             }
         }
         // dβ: the four partial sums of token t (a_sh is free past the barrier above).
@@ -1154,10 +1652,25 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
     }
     if (in_range) {
-        for (var e = 0u; e < NV; e++) {
-            let a = part + 4u * e;
-            dq_out[row * D4 + a] = dq[e];
-            dk_out[row * D4 + a] = dk[e];
+        {
+            let a = part + 0u;
+            dq_out[row * D4 + a] = dq0;
+            dk_out[row * D4 + a] = dk0;
+        }
+        {
+            let a = part + 4u;
+            dq_out[row * D4 + a] = dq1;
+            dk_out[row * D4 + a] = dk1;
+        }
+        {
+            let a = part + 8u;
+            dq_out[row * D4 + a] = dq2;
+            dk_out[row * D4 + a] = dk2;
+        }
+        {
+            let a = part + 12u;
+            dq_out[row * D4 + a] = dq3;
+            dk_out[row * D4 + a] = dk3;
         }
     }
 
@@ -1165,12 +1678,33 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
         if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                let i = row * D + 4u * (part + 4u * e);
-                dg_out[i] = db[e].x;
-                dg_out[i + 1u] = db[e].y;
-                dg_out[i + 2u] = db[e].z;
-                dg_out[i + 3u] = db[e].w;
+            {
+                let i = row * D + 4u * (part + 0u);
+                dg_out[i] = db0.x;
+                dg_out[i + 1u] = db0.y;
+                dg_out[i + 2u] = db0.z;
+                dg_out[i + 3u] = db0.w;
+            }
+            {
+                let i = row * D + 4u * (part + 4u);
+                dg_out[i] = db1.x;
+                dg_out[i + 1u] = db1.y;
+                dg_out[i + 2u] = db1.z;
+                dg_out[i + 3u] = db1.w;
+            }
+            {
+                let i = row * D + 4u * (part + 8u);
+                dg_out[i] = db2.x;
+                dg_out[i + 1u] = db2.y;
+                dg_out[i + 2u] = db2.z;
+                dg_out[i + 3u] = db2.w;
+            }
+            {
+                let i = row * D + 4u * (part + 12u);
+                dg_out[i] = db3.x;
+                dg_out[i + 1u] = db3.y;
+                dg_out[i + 2u] = db3.z;
+                dg_out[i + 3u] = db3.w;
             }
         }
         storageBarrier();
@@ -1192,9 +1726,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     } else if (GATE == 1u) {
         var total = 0.0;
         if (in_range) {
-            for (var e = 0u; e < NV; e++) {
-                total += dot(db[e], vec4<f32>(1.0));
-            }
+            total += dot(db0, vec4<f32>(1.0));
+            total += dot(db1, vec4<f32>(1.0));
+            total += dot(db2, vec4<f32>(1.0));
+            total += dot(db3, vec4<f32>(1.0));
         }
         var e_part = 0.0;
         if (n + 1u < p.chunks) {
