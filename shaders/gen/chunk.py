@@ -412,6 +412,7 @@ fn store_dr(row: u32, j: u32, x: f32) {
 }
 
 @BACK_SUBSTITUTE@
+@BLOCK_DOTS@
 @compute @workgroup_size(256)
 fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -442,34 +443,56 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 
     // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
-    //    A_ts / β_t.
-    for (var e = 0u; e < C / 4u; e++) {
-        let s = part + 4u * e;
-        var cf = 0.0;
-        var akk = 0.0;
-        if (in_range && s <= t) {
-            let srow = row_of(b, c0 + s, h);
-            let ps = pair_weight(row, srow, m_t);
-            var acc = 0.0;
-            for (var a = 0u; a < D4; a++) {
-                acc += dot(dout_row[row * D4 + a], u_row[srow * D4 + a]);
+    //    A_ts / β_t. By 4×4 blocks: thread (tq, sq) takes tokens 4tq.. against keys 4sq.. (mLSTM's
+    //    stabilisers of the block's queries pass through a_sh, which it does not use otherwise).
+    if (NORM == 2u) {
+        if (part == 0u) {
+            a_sh[t] = m_t;
+        }
+        workgroupBarrier();
+    }
+    {
+        let tq = tid / 16u;
+        let sq = tid % 16u;
+        var mp = mat4x4<f32>();
+        var ma = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            mp = block_dots(b, h, c0, len, tq, sq, 0u);
+            if (DELTA) {
+                ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
-            if (NORM != 0u) {
-                acc = acc * inv_den + dnq;
-            }
-            cf = acc * p.scale * ps;
-            if (DELTA && s < t) {
-                var kk = 0.0;
-                for (var a = 0u; a < D4; a++) {
-                    kk += dot(k_row[row * D4 + a] * pair_decay(row, srow, a), k_row[srow * D4 + a]);
+        }
+        //@for j 4
+        let s = 4u * sq + {j}u;
+        let srow = row_of(b, c0 + min(s, len - 1u), h);
+        //@decl i 4
+        {
+            let tt = 4u * tq + {i}u;
+            var cf = 0.0;
+            var akk = 0.0;
+            if (tt < len && s <= tt) {
+                let trow = row_of(b, c0 + tt, h);
+                var m_tt = 0.0;
+                if (NORM == 2u) {
+                    m_tt = a_sh[tt];
                 }
-                akk = kk * ps;
+                let ps = pair_weight(trow, srow, m_tt);
+                var acc = mp[{j}][{i}];
+                if (NORM != 0u) {
+                    acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                }
+                cf = acc * p.scale * ps;
+                if (DELTA && s < tt) {
+                    akk = ma[{j}][{i}] * ps;
+                }
+            }
+            p_sh[tt * C + s] = cf;
+            if (DELTA) {
+                a_sh[tt * C + s] = akk;
             }
         }
-        p_sh[t * C + s] = cf;
-        if (DELTA) {
-            a_sh[t * C + s] = akk;
-        }
+        //@end
+        //@end
     }
     workgroupBarrier();
 
@@ -571,22 +594,38 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         //@end
         storageBarrier();
         workgroupBarrier();
-        // 6. dA_ts (s < t) into p_sh; dβ_t += Σ_s dA_ts A_ts / β_t.
-        for (var e = 0u; e < C / 4u; e++) {
-            let s = part + 4u * e;
-            var ga = 0.0;
-            if (in_range && s < t) {
-                let srow = row_of(b, c0 + s, h);
-                var acc = 0.0;
-                for (var a = 0u; a < D4; a++) {
-                    acc += dot(dv_at(row, a), u_row[srow * D4 + a]) + dot(drk_at(row, a), w_row[srow * D4 + a]);
-                }
-                ga = -acc;
-                dbeta_part += ga * a_sh[t * C + s];
+        // 6. dA_ts = −(dR_v,t·u_s + y_t·W_s) (s < t) into p_sh, by 4×4 blocks as in 1; then
+        //    dβ_t += Σ_s dA_ts A_ts / β_t.
+        {
+            let tq = tid / 16u;
+            let sq = tid % 16u;
+            var m = mat4x4<f32>();
+            if (sq <= tq && 4u * tq < len) {
+                m = block_dots(b, h, c0, len, tq, sq, 2u);
             }
-            p_sh[t * C + s] = ga;
+            //@for j 4
+            let s = 4u * sq + {j}u;
+            //@decl i 4
+            {
+                let tt = 4u * tq + {i}u;
+                var ga = 0.0;
+                if (tt < len && s < tt) {
+                    ga = -m[{j}][{i}];
+                }
+                p_sh[tt * C + s] = ga;
+            }
+            //@end
+            //@end
         }
         workgroupBarrier();
+        if (in_range) {
+            for (var e = 0u; e < C / 4u; e++) {
+                let s = part + 4u * e;
+                if (s < t) {
+                    dbeta_part += p_sh[t * C + s] * a_sh[t * C + s];
+                }
+            }
+        }
         // 7. dk through A, as the query of row t (β_t Σ_s dA_ts k̃_s; the gate: + k_t ⊙ it) and
         //    as the key of the rows after it (Σ_t' β_t' dA_t't k̃_t'; the gate: − k_t ⊙ it).
         for (var s = 0u; s < min(t, len); s++) {
@@ -609,7 +648,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             db{e} = fma(-k_row[row * D4 + a], x, db{e});
             //@end
         }
-        // dβ: the four partial sums of token t (a_sh is free past the barrier above).
+        // dβ: the four partial sums of token t (a_sh is free past this barrier).
+        workgroupBarrier();
         a_sh[tid] = dbeta_part;
         workgroupBarrier();
         if (part == 0u && in_range) {
@@ -731,27 +771,75 @@ fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {{
 """
 
 
+def block_dots():
+    """The 4×4 block of chunk products of tokens t_i = 4tq + i against s_j = 4sq + j."""
+    rows = "\n".join(f"    let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n    let rs{i} = row_of(b, c0 + min(4u * sq + {i}u, len - 1u), h);" for i in range(4))
+    zero = "\n".join(f"    var m{j} = vec4<f32>(0.0);" for j in range(4))
+    def load(x, y):
+        return "\n".join(f"            let x{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"            let y{j} = {y}[rs{j} * D4 + a];" for j in range(4))
+    plain = "\n".join(f"            m{j} += vec4<f32>(dot(x0, y{j}), dot(x1, y{j}), dot(x2, y{j}), dot(x3, y{j}));" for j in range(4))
+    decayed = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i} * pair_decay(rt{i}, rs{j}, a), y{j})" for i in range(4)) + ");" for j in range(4))
+    return f"""// The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
+// clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
+// for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
+// 2: dR_v·u + y·W (−dA). Each thread loads 8 rows per channel vec4 for 16 products.
+fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -> mat4x4<f32> {{
+{rows}
+{zero}
+    for (var a = 0u; a < D4; a++) {{
+        if (which == 0u) {{
+{load("dout_row", "u_row")}
+{plain}
+        }} else if (which == 1u) {{
+{load("k_row", "k_row")}
+            if (GATE == 2u) {{
+{decayed}
+            }} else {{
+{plain}
+            }}
+        }} else {{
+{load("dv_out", "u_row")}
+{plain}
+        }}
+        if (which == 2u) {{
+{load("dr_k", "w_row")}
+{plain}
+        }}
+    }}
+    return mat4x4<f32>(m0, m1, m2, m3);
+}}
+"""
+
+
 def expand(text, consts):
     """Unrolls `//@for v N` … `//@end` (each copy in its own braces) and `//@decl v N` … `//@end`
-    (copies in the enclosing scope): {v} becomes the copy's index and {4v}, {64v} its multiples,
-    so per-thread vectors are named registers, never indexed arrays (see attention.py)."""
+    (copies in the enclosing scope), nested or not: {v} becomes the copy's index and {4v}, {64v}
+    its multiples, so per-thread vectors are named registers, never indexed arrays (see
+    attention.py). N is a number or a name in `consts`."""
     out, lines, i = [], text.split("\n"), 0
     while i < len(lines):
         line = lines[i]
         head = line.strip()
         if head.startswith("//@for ") or head.startswith("//@decl "):
             kind, var, n = head[3:].split()
-            body = []
+            body, depth = [], 1
             i += 1
-            while lines[i].strip() != "//@end":
+            while True:
+                inner = lines[i].strip()
+                if inner.startswith("//@for ") or inner.startswith("//@decl "):
+                    depth += 1
+                elif inner == "//@end":
+                    depth -= 1
+                    if depth == 0:
+                        break
                 body.append(lines[i])
                 i += 1
             indent = line[: len(line) - len(line.lstrip())]
-            for k in range(consts[n]):
+            for k in range(int(n) if n.isdigit() else consts[n]):
                 copy = "\n".join(body)
                 for mult in (64, 4):
                     copy = copy.replace("{%d%s}" % (mult, var), str(mult * k))
-                copy = copy.replace("{%s}" % var, str(k))
+                copy = expand(copy.replace("{%s}" % var, str(k)), consts)
                 if kind == "for":
                     out.append(indent + "{")
                     out.extend("    " + l if l else l for l in copy.split("\n"))
@@ -1238,7 +1326,8 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }}
 }}
 '''
-    backward = expand(BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()), {"NV": D // 16, "NB": D // 64})
+    backward = BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()).replace("@BLOCK_DOTS@\n", block_dots())
+    backward = expand(backward, {"NV": D // 16, "NB": D // 64})
     return src + backward
 
 

@@ -1329,6 +1329,88 @@ fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {
         }
     }
 }
+// The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
+// clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
+// for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
+// 2: dR_v·u + y·W (−dA). Each thread loads 8 rows per channel vec4 for 16 products.
+fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -> mat4x4<f32> {
+    let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+    let rs0 = row_of(b, c0 + min(4u * sq + 0u, len - 1u), h);
+    let rt1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+    let rs1 = row_of(b, c0 + min(4u * sq + 1u, len - 1u), h);
+    let rt2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+    let rs2 = row_of(b, c0 + min(4u * sq + 2u, len - 1u), h);
+    let rt3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+    let rs3 = row_of(b, c0 + min(4u * sq + 3u, len - 1u), h);
+    var m0 = vec4<f32>(0.0);
+    var m1 = vec4<f32>(0.0);
+    var m2 = vec4<f32>(0.0);
+    var m3 = vec4<f32>(0.0);
+    for (var a = 0u; a < D4; a++) {
+        if (which == 0u) {
+            let x0 = dout_row[rt0 * D4 + a];
+            let x1 = dout_row[rt1 * D4 + a];
+            let x2 = dout_row[rt2 * D4 + a];
+            let x3 = dout_row[rt3 * D4 + a];
+            let y0 = u_row[rs0 * D4 + a];
+            let y1 = u_row[rs1 * D4 + a];
+            let y2 = u_row[rs2 * D4 + a];
+            let y3 = u_row[rs3 * D4 + a];
+            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
+            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
+            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
+            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+        } else if (which == 1u) {
+            let x0 = k_row[rt0 * D4 + a];
+            let x1 = k_row[rt1 * D4 + a];
+            let x2 = k_row[rt2 * D4 + a];
+            let x3 = k_row[rt3 * D4 + a];
+            let y0 = k_row[rs0 * D4 + a];
+            let y1 = k_row[rs1 * D4 + a];
+            let y2 = k_row[rs2 * D4 + a];
+            let y3 = k_row[rs3 * D4 + a];
+            if (GATE == 2u) {
+            m0 += vec4<f32>(dot(x0 * pair_decay(rt0, rs0, a), y0), dot(x1 * pair_decay(rt1, rs0, a), y0), dot(x2 * pair_decay(rt2, rs0, a), y0), dot(x3 * pair_decay(rt3, rs0, a), y0));
+            m1 += vec4<f32>(dot(x0 * pair_decay(rt0, rs1, a), y1), dot(x1 * pair_decay(rt1, rs1, a), y1), dot(x2 * pair_decay(rt2, rs1, a), y1), dot(x3 * pair_decay(rt3, rs1, a), y1));
+            m2 += vec4<f32>(dot(x0 * pair_decay(rt0, rs2, a), y2), dot(x1 * pair_decay(rt1, rs2, a), y2), dot(x2 * pair_decay(rt2, rs2, a), y2), dot(x3 * pair_decay(rt3, rs2, a), y2));
+            m3 += vec4<f32>(dot(x0 * pair_decay(rt0, rs3, a), y3), dot(x1 * pair_decay(rt1, rs3, a), y3), dot(x2 * pair_decay(rt2, rs3, a), y3), dot(x3 * pair_decay(rt3, rs3, a), y3));
+            } else {
+            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
+            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
+            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
+            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+            }
+        } else {
+            let x0 = dv_out[rt0 * D4 + a];
+            let x1 = dv_out[rt1 * D4 + a];
+            let x2 = dv_out[rt2 * D4 + a];
+            let x3 = dv_out[rt3 * D4 + a];
+            let y0 = u_row[rs0 * D4 + a];
+            let y1 = u_row[rs1 * D4 + a];
+            let y2 = u_row[rs2 * D4 + a];
+            let y3 = u_row[rs3 * D4 + a];
+            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
+            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
+            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
+            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+        }
+        if (which == 2u) {
+            let x0 = dr_k[rt0 * D4 + a];
+            let x1 = dr_k[rt1 * D4 + a];
+            let x2 = dr_k[rt2 * D4 + a];
+            let x3 = dr_k[rt3 * D4 + a];
+            let y0 = w_row[rs0 * D4 + a];
+            let y1 = w_row[rs1 * D4 + a];
+            let y2 = w_row[rs2 * D4 + a];
+            let y3 = w_row[rs3 * D4 + a];
+            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
+            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
+            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
+            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+        }
+    }
+    return mat4x4<f32>(m0, m1, m2, m3);
+}
 @compute @workgroup_size(256)
 fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -1359,33 +1441,440 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 
     // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
-    //    A_ts / β_t.
-    for (var e = 0u; e < C / 4u; e++) {
-        let s = part + 4u * e;
-        var cf = 0.0;
-        var akk = 0.0;
-        if (in_range && s <= t) {
-            let srow = row_of(b, c0 + s, h);
-            let ps = pair_weight(row, srow, m_t);
-            var acc = 0.0;
-            for (var a = 0u; a < D4; a++) {
-                acc += dot(dout_row[row * D4 + a], u_row[srow * D4 + a]);
-            }
-            if (NORM != 0u) {
-                acc = acc * inv_den + dnq;
-            }
-            cf = acc * p.scale * ps;
-            if (DELTA && s < t) {
-                var kk = 0.0;
-                for (var a = 0u; a < D4; a++) {
-                    kk += dot(k_row[row * D4 + a] * pair_decay(row, srow, a), k_row[srow * D4 + a]);
-                }
-                akk = kk * ps;
+    //    A_ts / β_t. By 4×4 blocks: thread (tq, sq) takes tokens 4tq.. against keys 4sq.. (mLSTM's
+    //    stabilisers of the block's queries pass through a_sh, which it does not use otherwise).
+    if (NORM == 2u) {
+        if (part == 0u) {
+            a_sh[t] = m_t;
+        }
+        workgroupBarrier();
+    }
+    {
+        let tq = tid / 16u;
+        let sq = tid % 16u;
+        var mp = mat4x4<f32>();
+        var ma = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            mp = block_dots(b, h, c0, len, tq, sq, 0u);
+            if (DELTA) {
+                ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
-        p_sh[t * C + s] = cf;
-        if (DELTA) {
-            a_sh[t * C + s] = akk;
+        {
+            let s = 4u * sq + 0u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let tt = 4u * tq + 0u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[0][0];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[0][0] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 1u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[0][1];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[0][1] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 2u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[0][2];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[0][2] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 3u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[0][3];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[0][3] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+        }
+        {
+            let s = 4u * sq + 1u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let tt = 4u * tq + 0u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[1][0];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[1][0] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 1u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[1][1];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[1][1] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 2u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[1][2];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[1][2] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 3u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[1][3];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[1][3] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+        }
+        {
+            let s = 4u * sq + 2u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let tt = 4u * tq + 0u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[2][0];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[2][0] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 1u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[2][1];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[2][1] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 2u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[2][2];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[2][2] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 3u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[2][3];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[2][3] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+        }
+        {
+            let s = 4u * sq + 3u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let tt = 4u * tq + 0u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[3][0];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[3][0] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 1u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[3][1];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[3][1] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 2u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[3][2];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[3][2] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
+            {
+                let tt = 4u * tq + 3u;
+                var cf = 0.0;
+                var akk = 0.0;
+                if (tt < len && s <= tt) {
+                    let trow = row_of(b, c0 + tt, h);
+                    var m_tt = 0.0;
+                    if (NORM == 2u) {
+                        m_tt = a_sh[tt];
+                    }
+                    let ps = pair_weight(trow, srow, m_tt);
+                    var acc = mp[3][3];
+                    if (NORM != 0u) {
+                        acc = acc * nrm[trow * 4u] + nrm[trow * 4u + 1u];
+                    }
+                    cf = acc * p.scale * ps;
+                    if (DELTA && s < tt) {
+                        akk = ma[3][3] * ps;
+                    }
+                }
+                p_sh[tt * C + s] = cf;
+                if (DELTA) {
+                    a_sh[tt * C + s] = akk;
+                }
+            }
         }
     }
     workgroupBarrier();
@@ -1876,22 +2365,165 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
         storageBarrier();
         workgroupBarrier();
-        // 6. dA_ts (s < t) into p_sh; dβ_t += Σ_s dA_ts A_ts / β_t.
-        for (var e = 0u; e < C / 4u; e++) {
-            let s = part + 4u * e;
-            var ga = 0.0;
-            if (in_range && s < t) {
-                let srow = row_of(b, c0 + s, h);
-                var acc = 0.0;
-                for (var a = 0u; a < D4; a++) {
-                    acc += dot(dv_at(row, a), u_row[srow * D4 + a]) + dot(drk_at(row, a), w_row[srow * D4 + a]);
-                }
-                ga = -acc;
-                dbeta_part += ga * a_sh[t * C + s];
+        // 6. dA_ts = −(dR_v,t·u_s + y_t·W_s) (s < t) into p_sh, by 4×4 blocks as in 1; then
+        //    dβ_t += Σ_s dA_ts A_ts / β_t.
+        {
+            let tq = tid / 16u;
+            let sq = tid % 16u;
+            var m = mat4x4<f32>();
+            if (sq <= tq && 4u * tq < len) {
+                m = block_dots(b, h, c0, len, tq, sq, 2u);
             }
-            p_sh[t * C + s] = ga;
+            {
+                let s = 4u * sq + 0u;
+                {
+                    let tt = 4u * tq + 0u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[0][0];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 1u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[0][1];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 2u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[0][2];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 3u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[0][3];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+            }
+            {
+                let s = 4u * sq + 1u;
+                {
+                    let tt = 4u * tq + 0u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[1][0];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 1u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[1][1];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 2u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[1][2];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 3u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[1][3];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+            }
+            {
+                let s = 4u * sq + 2u;
+                {
+                    let tt = 4u * tq + 0u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[2][0];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 1u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[2][1];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 2u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[2][2];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 3u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[2][3];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+            }
+            {
+                let s = 4u * sq + 3u;
+                {
+                    let tt = 4u * tq + 0u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[3][0];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 1u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[3][1];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 2u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[3][2];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+                {
+                    let tt = 4u * tq + 3u;
+                    var ga = 0.0;
+                    if (tt < len && s < tt) {
+                        ga = -m[3][3];
+                    }
+                    p_sh[tt * C + s] = ga;
+                }
+            }
         }
         workgroupBarrier();
+        if (in_range) {
+            for (var e = 0u; e < C / 4u; e++) {
+                let s = part + 4u * e;
+                if (s < t) {
+                    dbeta_part += p_sh[t * C + s] * a_sh[t * C + s];
+                }
+            }
+        }
         // 7. dk through A, as the query of row t (β_t Σ_s dA_ts k̃_s; the gate: + k_t ⊙ it) and
         //    as the key of the rows after it (Σ_t' β_t' dA_t't k̃_t'; the gate: − k_t ⊙ it).
         for (var s = 0u; s < min(t, len); s++) {
@@ -1998,7 +2630,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 db7 = fma(-k_row[row * D4 + a], x, db7);
             }
         }
-        // dβ: the four partial sums of token t (a_sh is free past the barrier above).
+        // dβ: the four partial sums of token t (a_sh is free past this barrier).
+        workgroupBarrier();
         a_sh[tid] = dbeta_part;
         workgroupBarrier();
         if (part == 0u && in_range) {
