@@ -6,7 +6,8 @@
 #   1. carry .stage/gguf.part00 .stage/tok .stage/before.gz; command
 #      `mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok .stage/before.gz /root/stage/`
 #   2. carry .stage/gguf.part01 .bin .gl; command `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
-# (.stage/before.gz: the stripped binary before the change, gzipped.) Results go to $OUT.
+# (.stage/before.gz: the stripped binary before the change, gzipped; $AFTER: the binary after,
+# .bin/linearize unless set.) Results go to $OUT (more than the 8 files a call returns: tar them).
 set -uo pipefail
 MIXER=${1:-gated_deltanet}
 TOKENS=${2:-32768}
@@ -32,8 +33,8 @@ run() { # BINARY TAG [env]
 }
 for round in 1 2; do
   run /root/before "before-$round"
-  run .bin/linearize "after-$round"
+  run "${AFTER:-.bin/linearize}" "after-$round"
 done
 run /root/before profile-before LINEARIZE_PROFILE=1
-run .bin/linearize profile-after LINEARIZE_PROFILE=1
+run "${AFTER:-.bin/linearize}" profile-after LINEARIZE_PROFILE=1
 tail -40 "$OUT/profile-after.err"

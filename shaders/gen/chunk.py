@@ -139,22 +139,6 @@ fn drk_at(row: u32, a: u32) -> vec4<f32> {
     return dr_k[row * D4 + a];
 }
 
-// The forward's score P_ts = scale Σ_i q_ti k_si exp(b_ti − b_si) (s ≤ t; mLSTM's weight).
-fn score(row: u32, srow: u32, m_t: f32) -> f32 {
-    var acc = 0.0;
-    if (GATE == 2u) {
-        for (var a = 0u; a < D4; a++) {
-            acc += dot(q_row[row * D4 + a] * pair_decay(row, srow, a), k_row[srow * D4 + a]);
-        }
-    } else {
-        for (var a = 0u; a < D4; a++) {
-            acc += dot(q_row[row * D4 + a], k_row[srow * D4 + a]);
-        }
-        acc *= pair_weight(row, srow, m_t);
-    }
-    return acc * p.scale;
-}
-
 // Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the row x_row of dO (which 0), dR_v
 // (which 1) or du (which 2).
 fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
@@ -197,15 +181,7 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let row = row_of(b, c0 + min(t, len - 1u), h);
     let m0 = m_start(bh, n);
     let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
-    for (var e = 0u; e < C / 4u; e++) {
-        let s = part + 4u * e;
-        var cf = 0.0;
-        if (t < len && s <= t) {
-            cf = score(row, row_of(b, c0 + s, h), m_t);
-        }
-        p_sh[t * C + s] = cf;
-    }
-    workgroupBarrier();
+@SCORES@
     var inv_den = 1.0;
     var dnq = 0.0;
     if (NORM != 0u) {
@@ -811,6 +787,105 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
 """
 
 
+# The chunk's masked scores P_ts = scale q_t·k_s (decays, mLSTM's gate and stabiliser) into p_sh,
+# by 4×4 blocks of (query, key) pairs per thread (chunk_output, chunk_bwd_local: 256 threads).
+SCORES = """    // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
+    // 4tq.. against keys 4sq.. (8 row loads per channel vec4 for 16 products).
+    {
+        let tq = tid / 16u;
+        let sq = tid % 16u;
+        var m = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            m = score_block(b, h, c0, len, tq, sq);
+        }
+        //@decl i 4
+        let tt{i} = 4u * tq + {i}u;
+        let trow{i} = row_of(b, c0 + min(tt{i}, len - 1u), h);
+        var m_t{i} = 0.0;
+        if (NORM == 2u && sq <= tq && tt{i} < len) {
+            m_t{i} = stabiliser(b, h, c0, tt{i}, trow{i}, m0);
+        }
+        //@end
+        //@for c 4
+        let s = 4u * sq + {c}u;
+        let srow = row_of(b, c0 + min(s, len - 1u), h);
+        //@decl i 4
+        {
+            var cf = 0.0;
+            if (tt{i} < len && s <= tt{i}) {
+                cf = m[{c}][{i}] * pair_weight(trow{i}, srow, m_t{i});
+            }
+            p_sh[tt{i} * C + s] = cf * p.scale;
+        }
+        //@end
+        //@end
+    }
+    workgroupBarrier();"""
+
+# chunk_prepare's A_ts = β_t k_t·k_s exp(b_t − b_s) (s < t) into a_sh, by 4×4 blocks (2D threads).
+PREPARE_A = """    // A[t][s] (s < t) by 4×4 blocks of token pairs, thread j taking blocks j, j + 2D, …; a scalar
+    // gate's decay factors out of the dot product.
+    for (var blk = j; blk < 256u; blk += 2u * D) {
+        let tq = blk / 16u;
+        let sq = blk % 16u;
+        var m = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            m = kk_block(b, h, c0, len, tq, sq);
+        }
+        //@for c 4
+        let s = 4u * sq + {c}u;
+        let sr = row_of(b, c0 + min(s, len - 1u), h);
+        //@decl i 4
+        {
+            let t = 4u * tq + {i}u;
+            var a = 0.0;
+            if (s < t && t < len) {
+                let tr = row_of(b, c0 + t, h);
+                var acc = m[{c}][{i}];
+                if (GATE == 1u) {
+                    acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                }
+                a = beta[tr] * acc;
+            }
+            a_sh[t * C + s] = a;
+        }
+        //@end
+        //@end
+    }"""
+
+
+def pair_block(name, doc, x, y, decay):
+    """A WGSL function `name` returning the 4×4 block m[j][i] = Σ_channels x_(t_i) ⊙ decay · y_(s_j)
+    of the chunk's tokens t_i = 4tq + i against s_j = 4sq + j (rows clamped to the chunk; the
+    caller masks); `decay` (in rt{i}, rs{j} and the channel vec4 a) applies under a vector gate."""
+    rows = "\n".join(f"    let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n    let rs{i} = row_of(b, c0 + min(4u * sq + {i}u, len - 1u), h);" for i in range(4))
+    zero = "\n".join(f"    var m{j} = vec4<f32>(0.0);" for j in range(4))
+    load = "\n".join(f"        let x{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"        let y{j} = {y}[rs{j} * D4 + a];" for j in range(4))
+    plain = "\n".join(f"            m{j} += vec4<f32>(dot(x0, y{j}), dot(x1, y{j}), dot(x2, y{j}), dot(x3, y{j}));" for j in range(4))
+    decayed = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i} * " + decay.format(i=i, j=j) + f", y{j})" for i in range(4)) + ");" for j in range(4))
+    return f"""// {doc}
+fn {name}(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32) -> mat4x4<f32> {{
+{rows}
+{zero}
+    for (var a = 0u; a < D4; a++) {{
+{load}
+        if (GATE == 2u) {{
+{decayed}
+        }} else {{
+{plain}
+        }}
+    }}
+    return mat4x4<f32>(m0, m1, m2, m3);
+}}
+"""
+
+
+def forward_blocks():
+    score = pair_block("score_block", "q_t·k_s of a 4×4 block of (query, key) pairs, a vector gate's decay exp(b_t − b_s) per channel.", "q_row", "k_row", "pair_decay(rt{i}, rs{j}, a)")
+    kk = pair_block("kk_block", "k_t·k_s of a 4×4 block of token pairs, a vector gate's decay per channel (through b_cum, which\n// chunk_prepare writes).", "k_row", "k_row", "exp(gate_b_rw(rt{i}, a) - gate_b_rw(rs{j}, a))")
+    return score, kk
+
+
 def expand(text, consts):
     """Unrolls `//@for v N` … `//@end` (each copy in its own braces) and `//@decl v N` … `//@end`
     (copies in the enclosing scope), nested or not: {v} becomes the copy's index and {4v}, {64v}
@@ -964,6 +1039,8 @@ fn gate_b_rw(row: u32, a: u32) -> vec4<f32> {{
 
 // ---- chunk_prepare ----
 
+@KK_BLOCK@
+
 var<workgroup> a_sh: array<f32, {C * C}>; // A[t][s] for s < t
 
 // Right-hand side of column j at chunk token t: j < 64: β v_tj; j ≥ 64: β exp(b_ti) k_ti.
@@ -1036,33 +1113,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     }}
     storageBarrier();
     workgroupBarrier();
-    // A[t][s]: every thread, row t = j % 64, keys s = j / 64 + {2 * D // 64}·e. A scalar gate's
-    // decay factors out of the dot product.
-    {{
-        let t = j % C;
-        let tr = row_of(b, c0 + min(t, len - 1u), h);
-        for (var s = j / C; s < C; s += {2 * D // 64}u) {{
-            var a = 0.0;
-            if (s < t && t < len) {{
-                let sr = row_of(b, c0 + s, h);
-                var acc = 0.0;
-                if (GATE == 2u) {{
-                    for (var q4 = 0u; q4 < D4; q4++) {{
-                        acc += dot(k_row[tr * D4 + q4] * exp(gate_b_rw(tr, q4) - gate_b_rw(sr, q4)), k_row[sr * D4 + q4]);
-                    }}
-                }} else {{
-                    for (var q4 = 0u; q4 < D4; q4++) {{
-                        acc += dot(k_row[tr * D4 + q4], k_row[sr * D4 + q4]);
-                    }}
-                    if (GATE == 1u) {{
-                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
-                    }}
-                }}
-                a = beta[tr] * acc;
-            }}
-            a_sh[t * C + s] = a;
-        }}
-    }}
+@PREPARE_A@
     workgroupBarrier();
     // Forward substitution of (I + A) X = R in blocks of 16 rows: thread j solves column j into
     // u_buf (j < D) or w_buf (j ≥ D). A block first subtracts the rows solved before it (read
@@ -1223,6 +1274,8 @@ fn chunk_carry(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
 
 var<workgroup> p_sh: array<f32, {C * C}>;
 
+@SCORE_BLOCK@
+
 // The stabiliser of query row `row` (token t of the chunk): m_t = max(b_t + m_0,
 // max_(s≤t) b_t − b_s + ĩ_s) (mLSTM; 0 otherwise).
 fn stabiliser(b: u32, h: u32, c0: u32, t: u32, row: u32, m0: f32) -> f32 {{
@@ -1259,35 +1312,7 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     let qb = row * D4;
     let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
 
-    // 1. P[t][s] for s = part, part + 4, …
-    for (var e = 0u; e < C / 4u; e++) {{
-        let s = part + 4u * e;
-        var cf = 0.0;
-        if (in_range && s <= t) {{
-            let srow = row_of(b, c0 + s, h);
-            let sk = srow * D4;
-            var dot_qk = 0.0;
-            if (GATE == 2u && NORM != 2u) {{
-                for (var a = 0u; a < D4; a++) {{
-                    dot_qk += dot(q_row[qb + a] * exp(gate_b(row, a) - gate_b(srow, a)), k_row[sk + a]);
-                }}
-                cf = dot_qk;
-            }} else {{
-                for (var a = 0u; a < D4; a++) {{
-                    dot_qk += dot(q_row[qb + a], k_row[sk + a]);
-                }}
-                if (NORM == 2u) {{
-                    cf = exp(b_cum_at(row) - b_cum_at(srow) + igate[srow] - m_t) * dot_qk;
-                }} else if (GATE == 1u) {{
-                    cf = exp(b_cum_at(row) - b_cum_at(srow)) * dot_qk;
-                }} else {{
-                    cf = dot_qk;
-                }}
-            }}
-        }}
-        p_sh[t * C + s] = cf * p.scale;
-    }}
-    workgroupBarrier();
+@SCORES@
 
     // 2. Columns part·D/4 … of query t.
     let v4 = part * {N4 // 4}u;
@@ -1326,8 +1351,11 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }}
 }}
 '''
+    score, kk = forward_blocks()
+    src = src.replace("@SCORES@", expand(SCORES, {})).replace("@PREPARE_A@", expand(PREPARE_A, {}))
+    src = src.replace("@SCORE_BLOCK@\n", score).replace("@KK_BLOCK@\n", kk)
     backward = BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()).replace("@BLOCK_DOTS@\n", block_dots())
-    backward = expand(backward, {"NV": D // 16, "NB": D // 64})
+    backward = expand(backward.replace("@SCORES@", SCORES), {"NV": D // 16, "NB": D // 64})
     return src + backward
 
 

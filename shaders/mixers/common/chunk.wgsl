@@ -79,6 +79,45 @@ fn gate_b_rw(row: u32, a: u32) -> vec4<f32> {
 
 // ---- chunk_prepare ----
 
+// k_t·k_s of a 4×4 block of token pairs, a vector gate's decay per channel (through b_cum, which
+// chunk_prepare writes).
+fn kk_block(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32) -> mat4x4<f32> {
+    let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+    let rs0 = row_of(b, c0 + min(4u * sq + 0u, len - 1u), h);
+    let rt1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+    let rs1 = row_of(b, c0 + min(4u * sq + 1u, len - 1u), h);
+    let rt2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+    let rs2 = row_of(b, c0 + min(4u * sq + 2u, len - 1u), h);
+    let rt3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+    let rs3 = row_of(b, c0 + min(4u * sq + 3u, len - 1u), h);
+    var m0 = vec4<f32>(0.0);
+    var m1 = vec4<f32>(0.0);
+    var m2 = vec4<f32>(0.0);
+    var m3 = vec4<f32>(0.0);
+    for (var a = 0u; a < D4; a++) {
+        let x0 = k_row[rt0 * D4 + a];
+        let x1 = k_row[rt1 * D4 + a];
+        let x2 = k_row[rt2 * D4 + a];
+        let x3 = k_row[rt3 * D4 + a];
+        let y0 = k_row[rs0 * D4 + a];
+        let y1 = k_row[rs1 * D4 + a];
+        let y2 = k_row[rs2 * D4 + a];
+        let y3 = k_row[rs3 * D4 + a];
+        if (GATE == 2u) {
+            m0 += vec4<f32>(dot(x0 * exp(gate_b_rw(rt0, a) - gate_b_rw(rs0, a)), y0), dot(x1 * exp(gate_b_rw(rt1, a) - gate_b_rw(rs0, a)), y0), dot(x2 * exp(gate_b_rw(rt2, a) - gate_b_rw(rs0, a)), y0), dot(x3 * exp(gate_b_rw(rt3, a) - gate_b_rw(rs0, a)), y0));
+            m1 += vec4<f32>(dot(x0 * exp(gate_b_rw(rt0, a) - gate_b_rw(rs1, a)), y1), dot(x1 * exp(gate_b_rw(rt1, a) - gate_b_rw(rs1, a)), y1), dot(x2 * exp(gate_b_rw(rt2, a) - gate_b_rw(rs1, a)), y1), dot(x3 * exp(gate_b_rw(rt3, a) - gate_b_rw(rs1, a)), y1));
+            m2 += vec4<f32>(dot(x0 * exp(gate_b_rw(rt0, a) - gate_b_rw(rs2, a)), y2), dot(x1 * exp(gate_b_rw(rt1, a) - gate_b_rw(rs2, a)), y2), dot(x2 * exp(gate_b_rw(rt2, a) - gate_b_rw(rs2, a)), y2), dot(x3 * exp(gate_b_rw(rt3, a) - gate_b_rw(rs2, a)), y2));
+            m3 += vec4<f32>(dot(x0 * exp(gate_b_rw(rt0, a) - gate_b_rw(rs3, a)), y3), dot(x1 * exp(gate_b_rw(rt1, a) - gate_b_rw(rs3, a)), y3), dot(x2 * exp(gate_b_rw(rt2, a) - gate_b_rw(rs3, a)), y3), dot(x3 * exp(gate_b_rw(rt3, a) - gate_b_rw(rs3, a)), y3));
+        } else {
+            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
+            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
+            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
+            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+        }
+    }
+    return mat4x4<f32>(m0, m1, m2, m3);
+}
+
 var<workgroup> a_sh: array<f32, 4096>; // A[t][s] for s < t
 
 // Right-hand side of column j at chunk token t: j < 64: β v_tj; j ≥ 64: β exp(b_ti) k_ti.
@@ -151,31 +190,238 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     }
     storageBarrier();
     workgroupBarrier();
-    // A[t][s]: every thread, row t = j % 64, keys s = j / 64 + 2·e. A scalar gate's
-    // decay factors out of the dot product.
-    {
-        let t = j % C;
-        let tr = row_of(b, c0 + min(t, len - 1u), h);
-        for (var s = j / C; s < C; s += 2u) {
-            var a = 0.0;
-            if (s < t && t < len) {
-                let sr = row_of(b, c0 + s, h);
-                var acc = 0.0;
-                if (GATE == 2u) {
-                    for (var q4 = 0u; q4 < D4; q4++) {
-                        acc += dot(k_row[tr * D4 + q4] * exp(gate_b_rw(tr, q4) - gate_b_rw(sr, q4)), k_row[sr * D4 + q4]);
-                    }
-                } else {
-                    for (var q4 = 0u; q4 < D4; q4++) {
-                        acc += dot(k_row[tr * D4 + q4], k_row[sr * D4 + q4]);
-                    }
+    // A[t][s] (s < t) by 4×4 blocks of token pairs, thread j taking blocks j, j + 2D, …; a scalar
+    // gate's decay factors out of the dot product.
+    for (var blk = j; blk < 256u; blk += 2u * D) {
+        let tq = blk / 16u;
+        let sq = blk % 16u;
+        var m = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            m = kk_block(b, h, c0, len, tq, sq);
+        }
+        {
+            let s = 4u * sq + 0u;
+            let sr = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let t = 4u * tq + 0u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[0][0];
                     if (GATE == 1u) {
                         acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
+                    a = beta[tr] * acc;
                 }
-                a = beta[tr] * acc;
+                a_sh[t * C + s] = a;
             }
-            a_sh[t * C + s] = a;
+            {
+                let t = 4u * tq + 1u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[0][1];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 2u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[0][2];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 3u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[0][3];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+        }
+        {
+            let s = 4u * sq + 1u;
+            let sr = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let t = 4u * tq + 0u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[1][0];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 1u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[1][1];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 2u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[1][2];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 3u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[1][3];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+        }
+        {
+            let s = 4u * sq + 2u;
+            let sr = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let t = 4u * tq + 0u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[2][0];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 1u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[2][1];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 2u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[2][2];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 3u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[2][3];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+        }
+        {
+            let s = 4u * sq + 3u;
+            let sr = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                let t = 4u * tq + 0u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[3][0];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 1u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[3][1];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 2u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[3][2];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
+            {
+                let t = 4u * tq + 3u;
+                var a = 0.0;
+                if (s < t && t < len) {
+                    let tr = row_of(b, c0 + t, h);
+                    var acc = m[3][3];
+                    if (GATE == 1u) {
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
+                    }
+                    a = beta[tr] * acc;
+                }
+                a_sh[t * C + s] = a;
+            }
         }
     }
     workgroupBarrier();
@@ -414,6 +660,44 @@ fn chunk_carry(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id) w
 
 var<workgroup> p_sh: array<f32, 4096>;
 
+// q_t·k_s of a 4×4 block of (query, key) pairs, a vector gate's decay exp(b_t − b_s) per channel.
+fn score_block(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32) -> mat4x4<f32> {
+    let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+    let rs0 = row_of(b, c0 + min(4u * sq + 0u, len - 1u), h);
+    let rt1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+    let rs1 = row_of(b, c0 + min(4u * sq + 1u, len - 1u), h);
+    let rt2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+    let rs2 = row_of(b, c0 + min(4u * sq + 2u, len - 1u), h);
+    let rt3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+    let rs3 = row_of(b, c0 + min(4u * sq + 3u, len - 1u), h);
+    var m0 = vec4<f32>(0.0);
+    var m1 = vec4<f32>(0.0);
+    var m2 = vec4<f32>(0.0);
+    var m3 = vec4<f32>(0.0);
+    for (var a = 0u; a < D4; a++) {
+        let x0 = q_row[rt0 * D4 + a];
+        let x1 = q_row[rt1 * D4 + a];
+        let x2 = q_row[rt2 * D4 + a];
+        let x3 = q_row[rt3 * D4 + a];
+        let y0 = k_row[rs0 * D4 + a];
+        let y1 = k_row[rs1 * D4 + a];
+        let y2 = k_row[rs2 * D4 + a];
+        let y3 = k_row[rs3 * D4 + a];
+        if (GATE == 2u) {
+            m0 += vec4<f32>(dot(x0 * pair_decay(rt0, rs0, a), y0), dot(x1 * pair_decay(rt1, rs0, a), y0), dot(x2 * pair_decay(rt2, rs0, a), y0), dot(x3 * pair_decay(rt3, rs0, a), y0));
+            m1 += vec4<f32>(dot(x0 * pair_decay(rt0, rs1, a), y1), dot(x1 * pair_decay(rt1, rs1, a), y1), dot(x2 * pair_decay(rt2, rs1, a), y1), dot(x3 * pair_decay(rt3, rs1, a), y1));
+            m2 += vec4<f32>(dot(x0 * pair_decay(rt0, rs2, a), y2), dot(x1 * pair_decay(rt1, rs2, a), y2), dot(x2 * pair_decay(rt2, rs2, a), y2), dot(x3 * pair_decay(rt3, rs2, a), y2));
+            m3 += vec4<f32>(dot(x0 * pair_decay(rt0, rs3, a), y3), dot(x1 * pair_decay(rt1, rs3, a), y3), dot(x2 * pair_decay(rt2, rs3, a), y3), dot(x3 * pair_decay(rt3, rs3, a), y3));
+        } else {
+            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
+            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
+            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
+            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+        }
+    }
+    return mat4x4<f32>(m0, m1, m2, m3);
+}
+
 // The stabiliser of query row `row` (token t of the chunk): m_t = max(b_t + m_0,
 // max_(s≤t) b_t − b_s + ĩ_s) (mLSTM; 0 otherwise).
 fn stabiliser(b: u32, h: u32, c0: u32, t: u32, row: u32, m0: f32) -> f32 {
@@ -450,33 +734,167 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     let qb = row * D4;
     let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
 
-    // 1. P[t][s] for s = part, part + 4, …
-    for (var e = 0u; e < C / 4u; e++) {
-        let s = part + 4u * e;
-        var cf = 0.0;
-        if (in_range && s <= t) {
-            let srow = row_of(b, c0 + s, h);
-            let sk = srow * D4;
-            var dot_qk = 0.0;
-            if (GATE == 2u && NORM != 2u) {
-                for (var a = 0u; a < D4; a++) {
-                    dot_qk += dot(q_row[qb + a] * exp(gate_b(row, a) - gate_b(srow, a)), k_row[sk + a]);
+    // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
+    // 4tq.. against keys 4sq.. (8 row loads per channel vec4 for 16 products).
+    {
+        let tq = tid / 16u;
+        let sq = tid % 16u;
+        var m = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            m = score_block(b, h, c0, len, tq, sq);
+        }
+        let tt0 = 4u * tq + 0u;
+        let trow0 = row_of(b, c0 + min(tt0, len - 1u), h);
+        var m_t0 = 0.0;
+        if (NORM == 2u && sq <= tq && tt0 < len) {
+            m_t0 = stabiliser(b, h, c0, tt0, trow0, m0);
+        }
+        let tt1 = 4u * tq + 1u;
+        let trow1 = row_of(b, c0 + min(tt1, len - 1u), h);
+        var m_t1 = 0.0;
+        if (NORM == 2u && sq <= tq && tt1 < len) {
+            m_t1 = stabiliser(b, h, c0, tt1, trow1, m0);
+        }
+        let tt2 = 4u * tq + 2u;
+        let trow2 = row_of(b, c0 + min(tt2, len - 1u), h);
+        var m_t2 = 0.0;
+        if (NORM == 2u && sq <= tq && tt2 < len) {
+            m_t2 = stabiliser(b, h, c0, tt2, trow2, m0);
+        }
+        let tt3 = 4u * tq + 3u;
+        let trow3 = row_of(b, c0 + min(tt3, len - 1u), h);
+        var m_t3 = 0.0;
+        if (NORM == 2u && sq <= tq && tt3 < len) {
+            m_t3 = stabiliser(b, h, c0, tt3, trow3, m0);
+        }
+        {
+            let s = 4u * sq + 0u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[0][0] * pair_weight(trow0, srow, m_t0);
                 }
-                cf = dot_qk;
-            } else {
-                for (var a = 0u; a < D4; a++) {
-                    dot_qk += dot(q_row[qb + a], k_row[sk + a]);
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[0][1] * pair_weight(trow1, srow, m_t1);
                 }
-                if (NORM == 2u) {
-                    cf = exp(b_cum_at(row) - b_cum_at(srow) + igate[srow] - m_t) * dot_qk;
-                } else if (GATE == 1u) {
-                    cf = exp(b_cum_at(row) - b_cum_at(srow)) * dot_qk;
-                } else {
-                    cf = dot_qk;
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[0][2] * pair_weight(trow2, srow, m_t2);
                 }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[0][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
             }
         }
-        p_sh[t * C + s] = cf * p.scale;
+        {
+            let s = 4u * sq + 1u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[1][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[1][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[1][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[1][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
+        {
+            let s = 4u * sq + 2u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[2][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[2][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[2][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[2][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
+        {
+            let s = 4u * sq + 3u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[3][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[3][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[3][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[3][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
     }
     workgroupBarrier();
 
@@ -641,22 +1059,6 @@ fn drk_at(row: u32, a: u32) -> vec4<f32> {
     return dr_k[row * D4 + a];
 }
 
-// The forward's score P_ts = scale Σ_i q_ti k_si exp(b_ti − b_si) (s ≤ t; mLSTM's weight).
-fn score(row: u32, srow: u32, m_t: f32) -> f32 {
-    var acc = 0.0;
-    if (GATE == 2u) {
-        for (var a = 0u; a < D4; a++) {
-            acc += dot(q_row[row * D4 + a] * pair_decay(row, srow, a), k_row[srow * D4 + a]);
-        }
-    } else {
-        for (var a = 0u; a < D4; a++) {
-            acc += dot(q_row[row * D4 + a], k_row[srow * D4 + a]);
-        }
-        acc *= pair_weight(row, srow, m_t);
-    }
-    return acc * p.scale;
-}
-
 // Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the row x_row of dO (which 0), dR_v
 // (which 1) or du (which 2).
 fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
@@ -699,13 +1101,167 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let row = row_of(b, c0 + min(t, len - 1u), h);
     let m0 = m_start(bh, n);
     let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
-    for (var e = 0u; e < C / 4u; e++) {
-        let s = part + 4u * e;
-        var cf = 0.0;
-        if (t < len && s <= t) {
-            cf = score(row, row_of(b, c0 + s, h), m_t);
+    // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
+    // 4tq.. against keys 4sq.. (8 row loads per channel vec4 for 16 products).
+    {
+        let tq = tid / 16u;
+        let sq = tid % 16u;
+        var m = mat4x4<f32>();
+        if (sq <= tq && 4u * tq < len) {
+            m = score_block(b, h, c0, len, tq, sq);
         }
-        p_sh[t * C + s] = cf;
+        let tt0 = 4u * tq + 0u;
+        let trow0 = row_of(b, c0 + min(tt0, len - 1u), h);
+        var m_t0 = 0.0;
+        if (NORM == 2u && sq <= tq && tt0 < len) {
+            m_t0 = stabiliser(b, h, c0, tt0, trow0, m0);
+        }
+        let tt1 = 4u * tq + 1u;
+        let trow1 = row_of(b, c0 + min(tt1, len - 1u), h);
+        var m_t1 = 0.0;
+        if (NORM == 2u && sq <= tq && tt1 < len) {
+            m_t1 = stabiliser(b, h, c0, tt1, trow1, m0);
+        }
+        let tt2 = 4u * tq + 2u;
+        let trow2 = row_of(b, c0 + min(tt2, len - 1u), h);
+        var m_t2 = 0.0;
+        if (NORM == 2u && sq <= tq && tt2 < len) {
+            m_t2 = stabiliser(b, h, c0, tt2, trow2, m0);
+        }
+        let tt3 = 4u * tq + 3u;
+        let trow3 = row_of(b, c0 + min(tt3, len - 1u), h);
+        var m_t3 = 0.0;
+        if (NORM == 2u && sq <= tq && tt3 < len) {
+            m_t3 = stabiliser(b, h, c0, tt3, trow3, m0);
+        }
+        {
+            let s = 4u * sq + 0u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[0][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[0][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[0][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[0][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
+        {
+            let s = 4u * sq + 1u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[1][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[1][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[1][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[1][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
+        {
+            let s = 4u * sq + 2u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[2][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[2][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[2][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[2][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
+        {
+            let s = 4u * sq + 3u;
+            let srow = row_of(b, c0 + min(s, len - 1u), h);
+            {
+                var cf = 0.0;
+                if (tt0 < len && s <= tt0) {
+                    cf = m[3][0] * pair_weight(trow0, srow, m_t0);
+                }
+                p_sh[tt0 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt1 < len && s <= tt1) {
+                    cf = m[3][1] * pair_weight(trow1, srow, m_t1);
+                }
+                p_sh[tt1 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt2 < len && s <= tt2) {
+                    cf = m[3][2] * pair_weight(trow2, srow, m_t2);
+                }
+                p_sh[tt2 * C + s] = cf * p.scale;
+            }
+            {
+                var cf = 0.0;
+                if (tt3 < len && s <= tt3) {
+                    cf = m[3][3] * pair_weight(trow3, srow, m_t3);
+                }
+                p_sh[tt3 * C + s] = cf * p.scale;
+            }
+        }
     }
     workgroupBarrier();
     var inv_den = 1.0;
