@@ -334,36 +334,47 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             tok_sh[t] = dnq;
         }
         workgroupBarrier();
-        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t).
-        //@for r NB
-        {
-            let i = i0 + {64r}u;
-            var carry = exp(gate_at(last_row, i));
-            if (NORM == 2u) {
-                carry = exp(b_cum_at(last_row) + m0 - m_end);
-            }
-            var acc = ds{r} * carry;
-            var acc_n = dn{r} * carry;
-            for (var s = 0u; s < len; s++) {
-                let srow = row_of(b, c0 + s, h);
-                var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
-                if (NORM == 2u) {
-                    qs *= exp(b_cum_at(srow) + m0 - red_sh[s]);
-                } else if (GATE != 0u) {
-                    qs *= exp(gate_at(srow, i));
-                }
-                acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
-                if (DELTA) {
-                    acc = fma(vec4<f32>(-w_row[srow * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
-                }
-                if (own_n) {
-                    acc_n += qs * tok_sh[s];
-                }
-            }
-            ds{r} = acc;
-            dn{r} = acc_n;
+        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t), four tokens at
+        // a time with every load first, so that they are in flight together (the rows past the
+        // chunk's end are clamped for the loads; their dO, du and dnq in workgroup memory are 0).
+        //@decl r NB
+        let ri{r} = i0 + {64r}u;
+        var carry{r} = exp(gate_at(last_row, ri{r}));
+        if (NORM == 2u) {
+            carry{r} = exp(b_cum_at(last_row) + m0 - m_end);
         }
+        ds{r} = ds{r} * carry{r};
+        dn{r} = dn{r} * carry{r};
         //@end
+        for (var sb = 0u; sb < len; sb += 4u) {
+            //@decl u 4
+            let st{u} = sb + {u}u;
+            let srow{u} = row_of(b, c0 + min(st{u}, len - 1u), h);
+            //@decl r NB
+            var q{u}_{r} = q_row[srow{u} * D4 + ri{r} / 4u][ri{r} % 4u] * p.scale;
+            if (NORM == 2u) {
+                q{u}_{r} *= exp(b_cum_at(srow{u}) + m0 - red_sh[st{u}]);
+            } else if (GATE != 0u) {
+                q{u}_{r} *= exp(gate_at(srow{u}, ri{r}));
+            }
+            var w{u}_{r} = 0.0;
+            if (DELTA) {
+                w{u}_{r} = w_row[srow{u} * D4 + ri{r} / 4u][ri{r} % 4u];
+            }
+            //@end
+            //@end
+            //@decl u 4
+            //@decl r NB
+            ds{r} = fma(vec4<f32>(q{u}_{r}), do_sh[st{u} * BV4 + cv], ds{r});
+            if (DELTA) {
+                ds{r} = fma(vec4<f32>(-w{u}_{r}), u_sh[st{u} * BV4 + cv], ds{r});
+            }
+            if (own_n) {
+                dn{r} += q{u}_{r} * tok_sh[st{u}];
+            }
+            //@end
+            //@end
+        }
         workgroupBarrier();
     }
 }
@@ -943,9 +954,16 @@ def generate(D):
     rows_store_h = "\n".join("\n".join(f"        h_out[hb + (i0 + {64*r}u) * D + col + {e}u] = s{r}.{comps[e]};" for e in range(4)) for r in rows)
     n_store_h = "\n".join(f"            h_out[hb + D * D + i0 + {64*r}u] = n{r};" for r in rows)
     rows_scale_d0 = "\n".join(f"            s{r} = s{r} * d0;\n            n{r} = n{r} * d0;" for r in rows)
-    rows_update_mlstm = "\n".join(f"                let k{r} = k_row[row * D4 + (i0 + {64*r}u) / 4u][(i0 + {64*r}u) % 4u] * wgt;\n                s{r} = fma(vec4<f32>(k{r}), us, s{r});\n                n{r} += k{r};" for r in rows)
     rows_decay = "\n".join(f"            let bl{r} = gate_at(last_row, i0 + {64*r}u);\n            s{r} = s{r} * exp(bl{r});" for r in rows)
-    rows_update = "\n".join(f"                let kr{r} = k_row[row * D4 + (i0 + {64*r}u) / 4u][(i0 + {64*r}u) % 4u];\n                s{r} = fma(vec4<f32>(kr{r} * exp(bl{r} - gate_at(row, i0 + {64*r}u))), us, s{r});\n                if (NORM == 1u) {{\n                    n{r} += kr{r};\n                }}" for r in rows)
+    tok = "\n".join(f"                let row{u} = row_of(b, c0 + min(sb + {u}u, len - 1u), h);\n                let live{u} = sb + {u}u < len;" for u in range(4))
+    m_loads = tok + "\n" + "\n".join(f"                let mc{u} = b_last - b_cum_at(row{u}) + igate[row{u}];" for u in range(4))
+    m_max = "\n".join(f"                m_c = max(m_c, mc{u});" for u in range(4))
+    kr = lambda u, r: f"k_row[row{u} * D4 + (i0 + {64*r}u) / 4u][(i0 + {64*r}u) % 4u]"
+    us = "\n".join(f"                let us{u} = u_sh[(sb + {u}u) * BV4 + cv];" for u in range(4))
+    mlstm_loads = tok + "\n" + us + "\n" + "\n".join(f"                let wgt{u} = exp(b_last - b_cum_at(row{u}) + igate[row{u}] - m_c);" for u in range(4)) + "\n" + "\n".join(f"                let k{u}_{r} = {kr(u, r)} * wgt{u};" for u in range(4) for r in rows)
+    mlstm_update = "\n".join(f"                s{r} = fma(vec4<f32>(k{u}_{r}), us{u}, s{r});\n                if (live{u}) {{\n                    n{r} += k{u}_{r};\n                }}" for u in range(4) for r in rows)
+    state_loads = tok + "\n" + us + "\n" + "\n".join(f"                let kr{u}_{r} = {kr(u, r)};\n                let kd{u}_{r} = kr{u}_{r} * exp(bl{r} - gate_at(row{u}, i0 + {64*r}u));" for u in range(4) for r in rows)
+    state_update = "\n".join(f"                s{r} = fma(vec4<f32>(kd{u}_{r}), us{u}, s{r});\n                if (NORM == 1u && live{u}) {{\n                    n{r} += kr{u}_{r};\n                }}" for u in range(4) for r in rows)
     rows_store_s = "\n".join("\n".join(f"    state_s[sb + (i0 + {64*r}u) * D + col + {e}u] = s{r}.{comps[e]};" for e in range(4)) for r in rows)
     n_store_tail = "\n".join(f"        h_out[tail + i0 + {64*r}u] = n{r};" for r in rows)
 
@@ -1211,26 +1229,25 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
             // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
             let b_last = b_cum_at(last_row);
+            // Four tokens at a time, every load first (rows past the chunk's end are clamped:
+            // their u is 0, they repeat a maximum, and n skips them).
             var m_c = b_last + m0;
-            for (var s = 0u; s < len; s++) {{
-                let row = row_of(b, c0 + s, h);
-                m_c = max(m_c, b_last - b_cum_at(row) + igate[row]);
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{m_loads}
+{m_max}
             }}
             let d0 = exp(b_last + m0 - m_c);
 {rows_scale_d0}
-            for (var s = 0u; s < len; s++) {{
-                let row = row_of(b, c0 + s, h);
-                let wgt = exp(b_last - b_cum_at(row) + igate[row] - m_c);
-                let us = u_sh[s * BV4 + cv];
-{rows_update_mlstm}
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{mlstm_loads}
+{mlstm_update}
             }}
             m0 = m_c;
         }} else {{
 {rows_decay}
-            for (var s = 0u; s < len; s++) {{
-                let row = row_of(b, c0 + s, h);
-                let us = u_sh[s * BV4 + cv];
-{rows_update}
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{state_loads}
+{state_update}
             }}
         }}
         // Past this barrier every thread has read s_sh (for u) and u_sh (for the update): the

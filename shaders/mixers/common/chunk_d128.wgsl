@@ -595,26 +595,89 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
             // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
             let b_last = b_cum_at(last_row);
+            // Four tokens at a time, every load first (rows past the chunk's end are clamped:
+            // their u is 0, they repeat a maximum, and n skips them).
             var m_c = b_last + m0;
-            for (var s = 0u; s < len; s++) {
-                let row = row_of(b, c0 + s, h);
-                m_c = max(m_c, b_last - b_cum_at(row) + igate[row]);
+            for (var sb = 0u; sb < len; sb += 4u) {
+                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
+                let live0 = sb + 0u < len;
+                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
+                let live1 = sb + 1u < len;
+                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
+                let live2 = sb + 2u < len;
+                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
+                let live3 = sb + 3u < len;
+                let mc0 = b_last - b_cum_at(row0) + igate[row0];
+                let mc1 = b_last - b_cum_at(row1) + igate[row1];
+                let mc2 = b_last - b_cum_at(row2) + igate[row2];
+                let mc3 = b_last - b_cum_at(row3) + igate[row3];
+                m_c = max(m_c, mc0);
+                m_c = max(m_c, mc1);
+                m_c = max(m_c, mc2);
+                m_c = max(m_c, mc3);
             }
             let d0 = exp(b_last + m0 - m_c);
             s0 = s0 * d0;
             n0 = n0 * d0;
             s1 = s1 * d0;
             n1 = n1 * d0;
-            for (var s = 0u; s < len; s++) {
-                let row = row_of(b, c0 + s, h);
-                let wgt = exp(b_last - b_cum_at(row) + igate[row] - m_c);
-                let us = u_sh[s * BV4 + cv];
-                let k0 = k_row[row * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt;
-                s0 = fma(vec4<f32>(k0), us, s0);
-                n0 += k0;
-                let k1 = k_row[row * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt;
-                s1 = fma(vec4<f32>(k1), us, s1);
-                n1 += k1;
+            for (var sb = 0u; sb < len; sb += 4u) {
+                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
+                let live0 = sb + 0u < len;
+                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
+                let live1 = sb + 1u < len;
+                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
+                let live2 = sb + 2u < len;
+                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
+                let live3 = sb + 3u < len;
+                let us0 = u_sh[(sb + 0u) * BV4 + cv];
+                let us1 = u_sh[(sb + 1u) * BV4 + cv];
+                let us2 = u_sh[(sb + 2u) * BV4 + cv];
+                let us3 = u_sh[(sb + 3u) * BV4 + cv];
+                let wgt0 = exp(b_last - b_cum_at(row0) + igate[row0] - m_c);
+                let wgt1 = exp(b_last - b_cum_at(row1) + igate[row1] - m_c);
+                let wgt2 = exp(b_last - b_cum_at(row2) + igate[row2] - m_c);
+                let wgt3 = exp(b_last - b_cum_at(row3) + igate[row3] - m_c);
+                let k0_0 = k_row[row0 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt0;
+                let k0_1 = k_row[row0 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt0;
+                let k1_0 = k_row[row1 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt1;
+                let k1_1 = k_row[row1 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt1;
+                let k2_0 = k_row[row2 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt2;
+                let k2_1 = k_row[row2 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt2;
+                let k3_0 = k_row[row3 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt3;
+                let k3_1 = k_row[row3 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt3;
+                s0 = fma(vec4<f32>(k0_0), us0, s0);
+                if (live0) {
+                    n0 += k0_0;
+                }
+                s1 = fma(vec4<f32>(k0_1), us0, s1);
+                if (live0) {
+                    n1 += k0_1;
+                }
+                s0 = fma(vec4<f32>(k1_0), us1, s0);
+                if (live1) {
+                    n0 += k1_0;
+                }
+                s1 = fma(vec4<f32>(k1_1), us1, s1);
+                if (live1) {
+                    n1 += k1_1;
+                }
+                s0 = fma(vec4<f32>(k2_0), us2, s0);
+                if (live2) {
+                    n0 += k2_0;
+                }
+                s1 = fma(vec4<f32>(k2_1), us2, s1);
+                if (live2) {
+                    n1 += k2_1;
+                }
+                s0 = fma(vec4<f32>(k3_0), us3, s0);
+                if (live3) {
+                    n0 += k3_0;
+                }
+                s1 = fma(vec4<f32>(k3_1), us3, s1);
+                if (live3) {
+                    n1 += k3_1;
+                }
             }
             m0 = m_c;
         } else {
@@ -622,18 +685,66 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             s0 = s0 * exp(bl0);
             let bl1 = gate_at(last_row, i0 + 64u);
             s1 = s1 * exp(bl1);
-            for (var s = 0u; s < len; s++) {
-                let row = row_of(b, c0 + s, h);
-                let us = u_sh[s * BV4 + cv];
-                let kr0 = k_row[row * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
-                s0 = fma(vec4<f32>(kr0 * exp(bl0 - gate_at(row, i0 + 0u))), us, s0);
-                if (NORM == 1u) {
-                    n0 += kr0;
+            for (var sb = 0u; sb < len; sb += 4u) {
+                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
+                let live0 = sb + 0u < len;
+                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
+                let live1 = sb + 1u < len;
+                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
+                let live2 = sb + 2u < len;
+                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
+                let live3 = sb + 3u < len;
+                let us0 = u_sh[(sb + 0u) * BV4 + cv];
+                let us1 = u_sh[(sb + 1u) * BV4 + cv];
+                let us2 = u_sh[(sb + 2u) * BV4 + cv];
+                let us3 = u_sh[(sb + 3u) * BV4 + cv];
+                let kr0_0 = k_row[row0 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd0_0 = kr0_0 * exp(bl0 - gate_at(row0, i0 + 0u));
+                let kr0_1 = k_row[row0 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd0_1 = kr0_1 * exp(bl1 - gate_at(row0, i0 + 64u));
+                let kr1_0 = k_row[row1 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd1_0 = kr1_0 * exp(bl0 - gate_at(row1, i0 + 0u));
+                let kr1_1 = k_row[row1 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd1_1 = kr1_1 * exp(bl1 - gate_at(row1, i0 + 64u));
+                let kr2_0 = k_row[row2 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd2_0 = kr2_0 * exp(bl0 - gate_at(row2, i0 + 0u));
+                let kr2_1 = k_row[row2 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd2_1 = kr2_1 * exp(bl1 - gate_at(row2, i0 + 64u));
+                let kr3_0 = k_row[row3 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd3_0 = kr3_0 * exp(bl0 - gate_at(row3, i0 + 0u));
+                let kr3_1 = k_row[row3 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd3_1 = kr3_1 * exp(bl1 - gate_at(row3, i0 + 64u));
+                s0 = fma(vec4<f32>(kd0_0), us0, s0);
+                if (NORM == 1u && live0) {
+                    n0 += kr0_0;
                 }
-                let kr1 = k_row[row * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
-                s1 = fma(vec4<f32>(kr1 * exp(bl1 - gate_at(row, i0 + 64u))), us, s1);
-                if (NORM == 1u) {
-                    n1 += kr1;
+                s1 = fma(vec4<f32>(kd0_1), us0, s1);
+                if (NORM == 1u && live0) {
+                    n1 += kr0_1;
+                }
+                s0 = fma(vec4<f32>(kd1_0), us1, s0);
+                if (NORM == 1u && live1) {
+                    n0 += kr1_0;
+                }
+                s1 = fma(vec4<f32>(kd1_1), us1, s1);
+                if (NORM == 1u && live1) {
+                    n1 += kr1_1;
+                }
+                s0 = fma(vec4<f32>(kd2_0), us2, s0);
+                if (NORM == 1u && live2) {
+                    n0 += kr2_0;
+                }
+                s1 = fma(vec4<f32>(kd2_1), us2, s1);
+                if (NORM == 1u && live2) {
+                    n1 += kr2_1;
+                }
+                s0 = fma(vec4<f32>(kd3_0), us3, s0);
+                if (NORM == 1u && live3) {
+                    n0 += kr3_0;
+                }
+                s1 = fma(vec4<f32>(kd3_1), us3, s1);
+                if (NORM == 1u && live3) {
+                    n1 += kr3_1;
                 }
             }
         }
@@ -1482,63 +1593,167 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             tok_sh[t] = dnq;
         }
         workgroupBarrier();
-        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t).
-        {
-            {
-                let i = i0 + 0u;
-                var carry = exp(gate_at(last_row, i));
-                if (NORM == 2u) {
-                    carry = exp(b_cum_at(last_row) + m0 - m_end);
-                }
-                var acc = ds0 * carry;
-                var acc_n = dn0 * carry;
-                for (var s = 0u; s < len; s++) {
-                    let srow = row_of(b, c0 + s, h);
-                    var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
-                    if (NORM == 2u) {
-                        qs *= exp(b_cum_at(srow) + m0 - red_sh[s]);
-                    } else if (GATE != 0u) {
-                        qs *= exp(gate_at(srow, i));
-                    }
-                    acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
-                    if (DELTA) {
-                        acc = fma(vec4<f32>(-w_row[srow * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
-                    }
-                    if (own_n) {
-                        acc_n += qs * tok_sh[s];
-                    }
-                }
-                ds0 = acc;
-                dn0 = acc_n;
-            }
+        // dS ← exp(b_L) ⊙ dS + Σ_t q̃_t dO_tᵀ − Σ_t W_t du_tᵀ (dn: + Σ_t q̃_t dnq_t), four tokens at
+        // a time with every load first, so that they are in flight together (the rows past the
+        // chunk's end are clamped for the loads; their dO, du and dnq in workgroup memory are 0).
+        let ri0 = i0 + 0u;
+        var carry0 = exp(gate_at(last_row, ri0));
+        if (NORM == 2u) {
+            carry0 = exp(b_cum_at(last_row) + m0 - m_end);
         }
-        {
-            {
-                let i = i0 + 64u;
-                var carry = exp(gate_at(last_row, i));
-                if (NORM == 2u) {
-                    carry = exp(b_cum_at(last_row) + m0 - m_end);
-                }
-                var acc = ds1 * carry;
-                var acc_n = dn1 * carry;
-                for (var s = 0u; s < len; s++) {
-                    let srow = row_of(b, c0 + s, h);
-                    var qs = q_row[srow * D4 + i / 4u][i % 4u] * p.scale;
-                    if (NORM == 2u) {
-                        qs *= exp(b_cum_at(srow) + m0 - red_sh[s]);
-                    } else if (GATE != 0u) {
-                        qs *= exp(gate_at(srow, i));
-                    }
-                    acc = fma(vec4<f32>(qs), do_sh[s * BV4 + cv], acc);
-                    if (DELTA) {
-                        acc = fma(vec4<f32>(-w_row[srow * D4 + i / 4u][i % 4u]), u_sh[s * BV4 + cv], acc);
-                    }
-                    if (own_n) {
-                        acc_n += qs * tok_sh[s];
-                    }
-                }
-                ds1 = acc;
-                dn1 = acc_n;
+        ds0 = ds0 * carry0;
+        dn0 = dn0 * carry0;
+        let ri1 = i0 + 64u;
+        var carry1 = exp(gate_at(last_row, ri1));
+        if (NORM == 2u) {
+            carry1 = exp(b_cum_at(last_row) + m0 - m_end);
+        }
+        ds1 = ds1 * carry1;
+        dn1 = dn1 * carry1;
+        for (var sb = 0u; sb < len; sb += 4u) {
+            let st0 = sb + 0u;
+            let srow0 = row_of(b, c0 + min(st0, len - 1u), h);
+            var q0_0 = q_row[srow0 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q0_0 *= exp(b_cum_at(srow0) + m0 - red_sh[st0]);
+            } else if (GATE != 0u) {
+                q0_0 *= exp(gate_at(srow0, ri0));
+            }
+            var w0_0 = 0.0;
+            if (DELTA) {
+                w0_0 = w_row[srow0 * D4 + ri0 / 4u][ri0 % 4u];
+            }
+            var q0_1 = q_row[srow0 * D4 + ri1 / 4u][ri1 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q0_1 *= exp(b_cum_at(srow0) + m0 - red_sh[st0]);
+            } else if (GATE != 0u) {
+                q0_1 *= exp(gate_at(srow0, ri1));
+            }
+            var w0_1 = 0.0;
+            if (DELTA) {
+                w0_1 = w_row[srow0 * D4 + ri1 / 4u][ri1 % 4u];
+            }
+            let st1 = sb + 1u;
+            let srow1 = row_of(b, c0 + min(st1, len - 1u), h);
+            var q1_0 = q_row[srow1 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q1_0 *= exp(b_cum_at(srow1) + m0 - red_sh[st1]);
+            } else if (GATE != 0u) {
+                q1_0 *= exp(gate_at(srow1, ri0));
+            }
+            var w1_0 = 0.0;
+            if (DELTA) {
+                w1_0 = w_row[srow1 * D4 + ri0 / 4u][ri0 % 4u];
+            }
+            var q1_1 = q_row[srow1 * D4 + ri1 / 4u][ri1 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q1_1 *= exp(b_cum_at(srow1) + m0 - red_sh[st1]);
+            } else if (GATE != 0u) {
+                q1_1 *= exp(gate_at(srow1, ri1));
+            }
+            var w1_1 = 0.0;
+            if (DELTA) {
+                w1_1 = w_row[srow1 * D4 + ri1 / 4u][ri1 % 4u];
+            }
+            let st2 = sb + 2u;
+            let srow2 = row_of(b, c0 + min(st2, len - 1u), h);
+            var q2_0 = q_row[srow2 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q2_0 *= exp(b_cum_at(srow2) + m0 - red_sh[st2]);
+            } else if (GATE != 0u) {
+                q2_0 *= exp(gate_at(srow2, ri0));
+            }
+            var w2_0 = 0.0;
+            if (DELTA) {
+                w2_0 = w_row[srow2 * D4 + ri0 / 4u][ri0 % 4u];
+            }
+            var q2_1 = q_row[srow2 * D4 + ri1 / 4u][ri1 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q2_1 *= exp(b_cum_at(srow2) + m0 - red_sh[st2]);
+            } else if (GATE != 0u) {
+                q2_1 *= exp(gate_at(srow2, ri1));
+            }
+            var w2_1 = 0.0;
+            if (DELTA) {
+                w2_1 = w_row[srow2 * D4 + ri1 / 4u][ri1 % 4u];
+            }
+            let st3 = sb + 3u;
+            let srow3 = row_of(b, c0 + min(st3, len - 1u), h);
+            var q3_0 = q_row[srow3 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q3_0 *= exp(b_cum_at(srow3) + m0 - red_sh[st3]);
+            } else if (GATE != 0u) {
+                q3_0 *= exp(gate_at(srow3, ri0));
+            }
+            var w3_0 = 0.0;
+            if (DELTA) {
+                w3_0 = w_row[srow3 * D4 + ri0 / 4u][ri0 % 4u];
+            }
+            var q3_1 = q_row[srow3 * D4 + ri1 / 4u][ri1 % 4u] * p.scale;
+            if (NORM == 2u) {
+                q3_1 *= exp(b_cum_at(srow3) + m0 - red_sh[st3]);
+            } else if (GATE != 0u) {
+                q3_1 *= exp(gate_at(srow3, ri1));
+            }
+            var w3_1 = 0.0;
+            if (DELTA) {
+                w3_1 = w_row[srow3 * D4 + ri1 / 4u][ri1 % 4u];
+            }
+            ds0 = fma(vec4<f32>(q0_0), do_sh[st0 * BV4 + cv], ds0);
+            if (DELTA) {
+                ds0 = fma(vec4<f32>(-w0_0), u_sh[st0 * BV4 + cv], ds0);
+            }
+            if (own_n) {
+                dn0 += q0_0 * tok_sh[st0];
+            }
+            ds1 = fma(vec4<f32>(q0_1), do_sh[st0 * BV4 + cv], ds1);
+            if (DELTA) {
+                ds1 = fma(vec4<f32>(-w0_1), u_sh[st0 * BV4 + cv], ds1);
+            }
+            if (own_n) {
+                dn1 += q0_1 * tok_sh[st0];
+            }
+            ds0 = fma(vec4<f32>(q1_0), do_sh[st1 * BV4 + cv], ds0);
+            if (DELTA) {
+                ds0 = fma(vec4<f32>(-w1_0), u_sh[st1 * BV4 + cv], ds0);
+            }
+            if (own_n) {
+                dn0 += q1_0 * tok_sh[st1];
+            }
+            ds1 = fma(vec4<f32>(q1_1), do_sh[st1 * BV4 + cv], ds1);
+            if (DELTA) {
+                ds1 = fma(vec4<f32>(-w1_1), u_sh[st1 * BV4 + cv], ds1);
+            }
+            if (own_n) {
+                dn1 += q1_1 * tok_sh[st1];
+            }
+            ds0 = fma(vec4<f32>(q2_0), do_sh[st2 * BV4 + cv], ds0);
+            if (DELTA) {
+                ds0 = fma(vec4<f32>(-w2_0), u_sh[st2 * BV4 + cv], ds0);
+            }
+            if (own_n) {
+                dn0 += q2_0 * tok_sh[st2];
+            }
+            ds1 = fma(vec4<f32>(q2_1), do_sh[st2 * BV4 + cv], ds1);
+            if (DELTA) {
+                ds1 = fma(vec4<f32>(-w2_1), u_sh[st2 * BV4 + cv], ds1);
+            }
+            if (own_n) {
+                dn1 += q2_1 * tok_sh[st2];
+            }
+            ds0 = fma(vec4<f32>(q3_0), do_sh[st3 * BV4 + cv], ds0);
+            if (DELTA) {
+                ds0 = fma(vec4<f32>(-w3_0), u_sh[st3 * BV4 + cv], ds0);
+            }
+            if (own_n) {
+                dn0 += q3_0 * tok_sh[st3];
+            }
+            ds1 = fma(vec4<f32>(q3_1), do_sh[st3 * BV4 + cv], ds1);
+            if (DELTA) {
+                ds1 = fma(vec4<f32>(-w3_1), u_sh[st3 * BV4 + cv], ds1);
+            }
+            if (own_n) {
+                dn1 += q3_1 * tok_sh[st3];
             }
         }
         workgroupBarrier();
