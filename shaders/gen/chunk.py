@@ -139,24 +139,7 @@ fn drk_at(row: u32, a: u32) -> vec4<f32> {
     return dr_k[row * D4 + a];
 }
 
-// Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the row x_row of dO (which 0), dR_v
-// (which 1) or du (which 2).
-fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
-    var acc = vec4<f32>(0.0);
-    for (var j4 = 0u; j4 < D4; j4++) {
-        var x: vec4<f32>;
-        if (which == 0u) {
-            x = dout_row[x_row * D4 + j4];
-        } else if (which == 1u) {
-            x = dv_at(x_row, j4);
-        } else {
-            x = du_rw[x_row * D4 + j4];
-        }
-        let r = hb4 + 4u * a * D4 + j4;
-        acc += vec4<f32>(dot(h_in[r], x), dot(h_in[r + D4], x), dot(h_in[r + 2u * D4], x), dot(h_in[r + 3u * D4], x));
-    }
-    return acc;
-}
+@STATE_PRODUCTS@
 
 // The sum over the four threads of each token of `x` (every thread gets its token's), for
 // chunk_bwd_local (chunk_bwd_grads, at 32 KiB with p_sh and a_sh, sums through a_sh itself).
@@ -429,6 +412,15 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         dnq = nrm[row * 4u + 1u];
     }
 
+    // 0. The products with the chunk's states, by blocks of 4 tokens × 4 keys per thread into
+    //    the gradients' buffers (read back by each token's threads past the barrier after 1):
+    //    S_0 dO_t into dq, dS_L u_t into dk, and for the delta rules −S_0 du_t into dR_k.
+    state_products(tid, b, h, c0, len, hb4, 0u, 0u, 0u);
+    state_products(tid, b, h, c0, len, eb4, 1u, 3u, 1u);
+    if (DELTA) {
+        state_products(tid, b, h, c0, len, hb4, 0u, 1u, 2u);
+    }
+
     // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
     //    A_ts / β_t. By 4×4 blocks: thread (tq, sq) takes tokens 4tq.. against keys 4sq.. (mLSTM's
     //    stabilisers of the block's queries pass through a_sh, which it does not use otherwise).
@@ -481,9 +473,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         //@end
         //@end
     }
+    storageBarrier();
     workgroupBarrier();
 
-    // 2. dq_t; thread (t, part) owns key vec4s part + 4e.
+    // 2. dq_t; thread (t, part) owns key vec4s part + 4e (rows past the chunk's end start at 0:
+    //    their words of dq and dk belong to the chunk's last token).
     //@decl e NV
     var dq{e} = vec4<f32>(0.0);
     var dk{e} = vec4<f32>(0.0);
@@ -491,7 +485,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     //@end
     //@for e NV
     let a = part + {4e}u;
-    var x = h_rows_dot(hb4, a, row, 0u);
+    var x = vec4<f32>(0.0);
+    if (in_range) {
+        x = dq_out[row * D4 + a];
+    }
     if (NORM != 0u) {
         x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
     }
@@ -518,10 +515,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     {
         let a = part + {4e}u;
         var x = vec4<f32>(0.0);
-        for (var j4 = 0u; j4 < D4; j4++) {
-            let uu = u_row[row * D4 + j4];
-            let r = eb4 + 4u * a * D4 + j4;
-            x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+        if (in_range) {
+            x = dk_out[row * D4 + a];
         }
         if (NORM != 0u) {
             x += ds_in[eb4 + D * D4 + a];
@@ -544,13 +539,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 
     if (DELTA) {
-        // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k by every thread, then
-        //    [dR_v | dR_k] in place: thread j < 2D solves column j.
+        // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k (the second since 0),
+        //    then [dR_v | dR_k] in place: thread j < 2D solves column j.
         if (in_range) {
             //@for e NV
             let a = part + {4e}u;
             dv_out[row * D4 + a] = du_rw[row * D4 + a];
-            dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             //@end
         }
         storageBarrier();
@@ -561,8 +555,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         storageBarrier();
         workgroupBarrier();
         // 5. Per token: R_k = β exp(b) ⊙ k gives dk, dβ and the gates; R_v = β v gives dβ;
-        //    dR_k becomes y_t = dR_k,t + S_0 dR_v,t, so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
-        //    Only this thread reads its own words of dR_k here, so y overwrites them at once.
+        //    then dR_k becomes y_t = dR_k,t + S_0 dR_v,t (by blocks, once every thread has read its
+        //    dR_k), so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
         var dbeta_part = 0.0;
         //@for e NV
         {
@@ -573,12 +567,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
             dk{e} += bt * eb * drk;
             db{e} += bt * ek * drk;
-            let y = drk + h_rows_dot(hb4, a, row, 1u);
-            if (in_range) {
-                dr_k[row * D4 + a] = y;
-            }
         }
         //@end
+        workgroupBarrier();
+        state_products(tid, b, h, c0, len, hb4, 0u, 2u, 3u);
         storageBarrier();
         workgroupBarrier();
         // 6. dA_ts = −(dR_v,t·u_s + y_t·W_s) (s < t) into p_sh, by 4×4 blocks as in 1; then
@@ -895,6 +887,69 @@ def forward_blocks():
     score = pair_block("score_block", "q_t·k_s of a 4×4 block of (query, key) pairs, a vector gate's decay exp(b_t − b_s) per channel.", "q_row", "k_row", "pair_decay(rt{i}, rs{j}, a)")
     kk = pair_block("kk_block", "k_t·k_s of a 4×4 block of token pairs, a vector gate's decay per channel (through b_cum, which\n// chunk_prepare writes).", "k_row", "k_row", "exp(gate_b_rw(rt{i}, a) - gate_b_rw(rs{j}, a))")
     return score, kk
+
+
+def state_products():
+    """chunk_bwd_grads' products with a chunk's state by 4-token × 4-key blocks per thread."""
+    rows = "\n".join(f"    let xr{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);" for i in range(4))
+    zero = "\n".join(f"    var y{i} = vec4<f32>(0.0);" for i in range(4))
+    xs = {0: "dout_row", 1: "du_rw", 2: "dv_out", 3: "u_row"}
+    loads = " else ".join(f"if (xsel == {k}u) {{\n" + "\n".join(f"            x{i} = {v}[xr{i} * D4 + j4];" for i in range(4)) + "\n        }" for k, v in xs.items())
+    ms = "\n".join(f"            h{r} = h_in[mb4 + (4u * a + {r}u) * D4 + j4];" for r in range(4))
+    md = "\n".join(f"            h{r} = ds_in[mb4 + (4u * a + {r}u) * D4 + j4];" for r in range(4))
+    acc = "\n".join(f"        y{i} += vec4<f32>(dot(h0, x{i}), dot(h1, x{i}), dot(h2, x{i}), dot(h3, x{i}));" for i in range(4))
+    store = "\n".join(f"""            if (4u * tq + {i}u < len) {{
+                let o = xr{i} * D4 + a;
+                if (ysel == 0u) {{
+                    dq_out[o] = m[{i}];
+                }} else if (ysel == 1u) {{
+                    dk_out[o] = m[{i}];
+                }} else if (ysel == 2u) {{
+                    dr_k[o] = -m[{i}];
+                }} else {{
+                    dr_k[o] = dr_k[o] + m[{i}];
+                }}
+            }}""" for i in range(4))
+    return f"""// Rows 4a..4a+3 of M x_t for the chunk's tokens t_i = 4tq + i (rows clamped to the chunk):
+// column i of the result. M is the record mb4 of S_0 (msel 0: h_in) or of dS_L (msel 1: ds_in);
+// x is dO (xsel 0), du (1), dR_v (2) or u (3). 8 loads per channel vec4 for 16 products.
+fn state_block(mb4: u32, msel: u32, xsel: u32, tq: u32, a: u32, b: u32, h: u32, c0: u32, len: u32) -> mat4x4<f32> {{
+{rows}
+{zero}
+    for (var j4 = 0u; j4 < D4; j4++) {{
+        var x0: vec4<f32>;
+        var x1: vec4<f32>;
+        var x2: vec4<f32>;
+        var x3: vec4<f32>;
+        {loads}
+        var h0: vec4<f32>;
+        var h1: vec4<f32>;
+        var h2: vec4<f32>;
+        var h3: vec4<f32>;
+        if (msel == 0u) {{
+{ms}
+        }} else {{
+{md}
+        }}
+{acc}
+    }}
+    return mat4x4<f32>(y0, y1, y2, y3);
+}}
+
+// M x_t for every token of the chunk, thread (tq, ak) taking tokens 4tq.. and key vec4s ak,
+// ak + 16, …, stored by `ysel`: 0 into dq, 1 into dk, 2 negated into dR_k, 3 added to dR_k.
+fn state_products(tid: u32, b: u32, h: u32, c0: u32, len: u32, mb4: u32, msel: u32, xsel: u32, ysel: u32) {{
+    let tq = tid / 16u;
+    if (4u * tq >= len) {{
+        return;
+    }}
+    for (var a = tid % 16u; a < D4; a += 16u) {{
+        let m = state_block(mb4, msel, xsel, tq, a, b, h, c0, len);
+{rows.replace("    let", "        let")}
+{store}
+    }}
+}}
+"""
 
 
 def expand(text, consts):
@@ -1371,7 +1426,7 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     score, kk = forward_blocks()
     src = src.replace("@SCORES@", expand(SCORES, {})).replace("@PREPARE_A@", expand(PREPARE_A, {}))
     src = src.replace("@SCORE_BLOCK@\n", score).replace("@KK_BLOCK@\n", kk)
-    backward = BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()).replace("@BLOCK_DOTS@\n", block_dots())
+    backward = BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()).replace("@BLOCK_DOTS@\n", block_dots()).replace("@STATE_PRODUCTS@\n", state_products())
     backward = expand(backward.replace("@SCORES@", SCORES), {"NV": D // 16, "NB": D // 64})
     return src + backward
 

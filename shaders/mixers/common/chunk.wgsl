@@ -1134,23 +1134,129 @@ fn drk_at(row: u32, a: u32) -> vec4<f32> {
     return dr_k[row * D4 + a];
 }
 
-// Rows 4a..4a+3 of S_0 x (S_0 of record hb4 in h_in) for x the row x_row of dO (which 0), dR_v
-// (which 1) or du (which 2).
-fn h_rows_dot(hb4: u32, a: u32, x_row: u32, which: u32) -> vec4<f32> {
-    var acc = vec4<f32>(0.0);
+// Rows 4a..4a+3 of M x_t for the chunk's tokens t_i = 4tq + i (rows clamped to the chunk):
+// column i of the result. M is the record mb4 of S_0 (msel 0: h_in) or of dS_L (msel 1: ds_in);
+// x is dO (xsel 0), du (1), dR_v (2) or u (3). 8 loads per channel vec4 for 16 products.
+fn state_block(mb4: u32, msel: u32, xsel: u32, tq: u32, a: u32, b: u32, h: u32, c0: u32, len: u32) -> mat4x4<f32> {
+    let xr0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+    let xr1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+    let xr2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+    let xr3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+    var y0 = vec4<f32>(0.0);
+    var y1 = vec4<f32>(0.0);
+    var y2 = vec4<f32>(0.0);
+    var y3 = vec4<f32>(0.0);
     for (var j4 = 0u; j4 < D4; j4++) {
-        var x: vec4<f32>;
-        if (which == 0u) {
-            x = dout_row[x_row * D4 + j4];
-        } else if (which == 1u) {
-            x = dv_at(x_row, j4);
-        } else {
-            x = du_rw[x_row * D4 + j4];
+        var x0: vec4<f32>;
+        var x1: vec4<f32>;
+        var x2: vec4<f32>;
+        var x3: vec4<f32>;
+        if (xsel == 0u) {
+            x0 = dout_row[xr0 * D4 + j4];
+            x1 = dout_row[xr1 * D4 + j4];
+            x2 = dout_row[xr2 * D4 + j4];
+            x3 = dout_row[xr3 * D4 + j4];
+        } else if (xsel == 1u) {
+            x0 = du_rw[xr0 * D4 + j4];
+            x1 = du_rw[xr1 * D4 + j4];
+            x2 = du_rw[xr2 * D4 + j4];
+            x3 = du_rw[xr3 * D4 + j4];
+        } else if (xsel == 2u) {
+            x0 = dv_out[xr0 * D4 + j4];
+            x1 = dv_out[xr1 * D4 + j4];
+            x2 = dv_out[xr2 * D4 + j4];
+            x3 = dv_out[xr3 * D4 + j4];
+        } else if (xsel == 3u) {
+            x0 = u_row[xr0 * D4 + j4];
+            x1 = u_row[xr1 * D4 + j4];
+            x2 = u_row[xr2 * D4 + j4];
+            x3 = u_row[xr3 * D4 + j4];
         }
-        let r = hb4 + 4u * a * D4 + j4;
-        acc += vec4<f32>(dot(h_in[r], x), dot(h_in[r + D4], x), dot(h_in[r + 2u * D4], x), dot(h_in[r + 3u * D4], x));
+        var h0: vec4<f32>;
+        var h1: vec4<f32>;
+        var h2: vec4<f32>;
+        var h3: vec4<f32>;
+        if (msel == 0u) {
+            h0 = h_in[mb4 + (4u * a + 0u) * D4 + j4];
+            h1 = h_in[mb4 + (4u * a + 1u) * D4 + j4];
+            h2 = h_in[mb4 + (4u * a + 2u) * D4 + j4];
+            h3 = h_in[mb4 + (4u * a + 3u) * D4 + j4];
+        } else {
+            h0 = ds_in[mb4 + (4u * a + 0u) * D4 + j4];
+            h1 = ds_in[mb4 + (4u * a + 1u) * D4 + j4];
+            h2 = ds_in[mb4 + (4u * a + 2u) * D4 + j4];
+            h3 = ds_in[mb4 + (4u * a + 3u) * D4 + j4];
+        }
+        y0 += vec4<f32>(dot(h0, x0), dot(h1, x0), dot(h2, x0), dot(h3, x0));
+        y1 += vec4<f32>(dot(h0, x1), dot(h1, x1), dot(h2, x1), dot(h3, x1));
+        y2 += vec4<f32>(dot(h0, x2), dot(h1, x2), dot(h2, x2), dot(h3, x2));
+        y3 += vec4<f32>(dot(h0, x3), dot(h1, x3), dot(h2, x3), dot(h3, x3));
     }
-    return acc;
+    return mat4x4<f32>(y0, y1, y2, y3);
+}
+
+// M x_t for every token of the chunk, thread (tq, ak) taking tokens 4tq.. and key vec4s ak,
+// ak + 16, …, stored by `ysel`: 0 into dq, 1 into dk, 2 negated into dR_k, 3 added to dR_k.
+fn state_products(tid: u32, b: u32, h: u32, c0: u32, len: u32, mb4: u32, msel: u32, xsel: u32, ysel: u32) {
+    let tq = tid / 16u;
+    if (4u * tq >= len) {
+        return;
+    }
+    for (var a = tid % 16u; a < D4; a += 16u) {
+        let m = state_block(mb4, msel, xsel, tq, a, b, h, c0, len);
+        let xr0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+        let xr1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+        let xr2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+        let xr3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+            if (4u * tq + 0u < len) {
+                let o = xr0 * D4 + a;
+                if (ysel == 0u) {
+                    dq_out[o] = m[0];
+                } else if (ysel == 1u) {
+                    dk_out[o] = m[0];
+                } else if (ysel == 2u) {
+                    dr_k[o] = -m[0];
+                } else {
+                    dr_k[o] = dr_k[o] + m[0];
+                }
+            }
+            if (4u * tq + 1u < len) {
+                let o = xr1 * D4 + a;
+                if (ysel == 0u) {
+                    dq_out[o] = m[1];
+                } else if (ysel == 1u) {
+                    dk_out[o] = m[1];
+                } else if (ysel == 2u) {
+                    dr_k[o] = -m[1];
+                } else {
+                    dr_k[o] = dr_k[o] + m[1];
+                }
+            }
+            if (4u * tq + 2u < len) {
+                let o = xr2 * D4 + a;
+                if (ysel == 0u) {
+                    dq_out[o] = m[2];
+                } else if (ysel == 1u) {
+                    dk_out[o] = m[2];
+                } else if (ysel == 2u) {
+                    dr_k[o] = -m[2];
+                } else {
+                    dr_k[o] = dr_k[o] + m[2];
+                }
+            }
+            if (4u * tq + 3u < len) {
+                let o = xr3 * D4 + a;
+                if (ysel == 0u) {
+                    dq_out[o] = m[3];
+                } else if (ysel == 1u) {
+                    dk_out[o] = m[3];
+                } else if (ysel == 2u) {
+                    dr_k[o] = -m[3];
+                } else {
+                    dr_k[o] = dr_k[o] + m[3];
+                }
+            }
+    }
 }
 
 // The sum over the four threads of each token of `x` (every thread gets its token's), for
@@ -2035,6 +2141,15 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         dnq = nrm[row * 4u + 1u];
     }
 
+    // 0. The products with the chunk's states, by blocks of 4 tokens × 4 keys per thread into
+    //    the gradients' buffers (read back by each token's threads past the barrier after 1):
+    //    S_0 dO_t into dq, dS_L u_t into dk, and for the delta rules −S_0 du_t into dR_k.
+    state_products(tid, b, h, c0, len, hb4, 0u, 0u, 0u);
+    state_products(tid, b, h, c0, len, eb4, 1u, 3u, 1u);
+    if (DELTA) {
+        state_products(tid, b, h, c0, len, hb4, 0u, 1u, 2u);
+    }
+
     // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
     //    A_ts / β_t. By 4×4 blocks: thread (tq, sq) takes tokens 4tq.. against keys 4sq.. (mLSTM's
     //    stabilisers of the block's queries pass through a_sh, which it does not use otherwise).
@@ -2472,9 +2587,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
         }
     }
+    storageBarrier();
     workgroupBarrier();
 
-    // 2. dq_t; thread (t, part) owns key vec4s part + 4e.
+    // 2. dq_t; thread (t, part) owns key vec4s part + 4e (rows past the chunk's end start at 0:
+    //    their words of dq and dk belong to the chunk's last token).
     var dq0 = vec4<f32>(0.0);
     var dk0 = vec4<f32>(0.0);
     var db0 = vec4<f32>(0.0);
@@ -2489,7 +2606,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var db3 = vec4<f32>(0.0);
     {
         let a = part + 0u;
-        var x = h_rows_dot(hb4, a, row, 0u);
+        var x = vec4<f32>(0.0);
+        if (in_range) {
+            x = dq_out[row * D4 + a];
+        }
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
@@ -2497,7 +2617,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
     {
         let a = part + 4u;
-        var x = h_rows_dot(hb4, a, row, 0u);
+        var x = vec4<f32>(0.0);
+        if (in_range) {
+            x = dq_out[row * D4 + a];
+        }
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
@@ -2505,7 +2628,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
     {
         let a = part + 8u;
-        var x = h_rows_dot(hb4, a, row, 0u);
+        var x = vec4<f32>(0.0);
+        if (in_range) {
+            x = dq_out[row * D4 + a];
+        }
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
@@ -2513,7 +2639,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
     {
         let a = part + 12u;
-        var x = h_rows_dot(hb4, a, row, 0u);
+        var x = vec4<f32>(0.0);
+        if (in_range) {
+            x = dq_out[row * D4 + a];
+        }
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
@@ -2564,10 +2693,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         {
             let a = part + 0u;
             var x = vec4<f32>(0.0);
-            for (var j4 = 0u; j4 < D4; j4++) {
-                let uu = u_row[row * D4 + j4];
-                let r = eb4 + 4u * a * D4 + j4;
-                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            if (in_range) {
+                x = dk_out[row * D4 + a];
             }
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
@@ -2580,10 +2707,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         {
             let a = part + 4u;
             var x = vec4<f32>(0.0);
-            for (var j4 = 0u; j4 < D4; j4++) {
-                let uu = u_row[row * D4 + j4];
-                let r = eb4 + 4u * a * D4 + j4;
-                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            if (in_range) {
+                x = dk_out[row * D4 + a];
             }
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
@@ -2596,10 +2721,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         {
             let a = part + 8u;
             var x = vec4<f32>(0.0);
-            for (var j4 = 0u; j4 < D4; j4++) {
-                let uu = u_row[row * D4 + j4];
-                let r = eb4 + 4u * a * D4 + j4;
-                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            if (in_range) {
+                x = dk_out[row * D4 + a];
             }
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
@@ -2612,10 +2735,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         {
             let a = part + 12u;
             var x = vec4<f32>(0.0);
-            for (var j4 = 0u; j4 < D4; j4++) {
-                let uu = u_row[row * D4 + j4];
-                let r = eb4 + 4u * a * D4 + j4;
-                x += vec4<f32>(dot(ds_in[r], uu), dot(ds_in[r + D4], uu), dot(ds_in[r + 2u * D4], uu), dot(ds_in[r + 3u * D4], uu));
+            if (in_range) {
+                x = dk_out[row * D4 + a];
             }
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
@@ -2639,28 +2760,24 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
 
     if (DELTA) {
-        // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k by every thread, then
-        //    [dR_v | dR_k] in place: thread j < 2D solves column j.
+        // 4. The right-hand sides dX = [du | −du S_0ᵀ] into dv_out and dr_k (the second since 0),
+        //    then [dR_v | dR_k] in place: thread j < 2D solves column j.
         if (in_range) {
             {
                 let a = part + 0u;
                 dv_out[row * D4 + a] = du_rw[row * D4 + a];
-                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             }
             {
                 let a = part + 4u;
                 dv_out[row * D4 + a] = du_rw[row * D4 + a];
-                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             }
             {
                 let a = part + 8u;
                 dv_out[row * D4 + a] = du_rw[row * D4 + a];
-                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             }
             {
                 let a = part + 12u;
                 dv_out[row * D4 + a] = du_rw[row * D4 + a];
-                dr_k[row * D4 + a] = -h_rows_dot(hb4, a, row, 2u);
             }
         }
         storageBarrier();
@@ -2671,8 +2788,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         storageBarrier();
         workgroupBarrier();
         // 5. Per token: R_k = β exp(b) ⊙ k gives dk, dβ and the gates; R_v = β v gives dβ;
-        //    dR_k becomes y_t = dR_k,t + S_0 dR_v,t, so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
-        //    Only this thread reads its own words of dR_k here, so y overwrites them at once.
+        //    then dR_k becomes y_t = dR_k,t + S_0 dR_v,t (by blocks, once every thread has read its
+        //    dR_k), so that dA_ts = −(dR_v,t·u_s + y_t·W_s).
         var dbeta_part = 0.0;
         {
             {
@@ -2683,10 +2800,6 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
                 dk0 += bt * eb * drk;
                 db0 += bt * ek * drk;
-                let y = drk + h_rows_dot(hb4, a, row, 1u);
-                if (in_range) {
-                    dr_k[row * D4 + a] = y;
-                }
             }
         }
         {
@@ -2698,10 +2811,6 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
                 dk1 += bt * eb * drk;
                 db1 += bt * ek * drk;
-                let y = drk + h_rows_dot(hb4, a, row, 1u);
-                if (in_range) {
-                    dr_k[row * D4 + a] = y;
-                }
             }
         }
         {
@@ -2713,10 +2822,6 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
                 dk2 += bt * eb * drk;
                 db2 += bt * ek * drk;
-                let y = drk + h_rows_dot(hb4, a, row, 1u);
-                if (in_range) {
-                    dr_k[row * D4 + a] = y;
-                }
             }
         }
         {
@@ -2728,12 +2833,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 dbeta_part += dot(ek, drk) + dot(v_at(row, a), dv_at(row, a));
                 dk3 += bt * eb * drk;
                 db3 += bt * ek * drk;
-                let y = drk + h_rows_dot(hb4, a, row, 1u);
-                if (in_range) {
-                    dr_k[row * D4 + a] = y;
-                }
             }
         }
+        workgroupBarrier();
+        state_products(tid, b, h, c0, len, hb4, 0u, 2u, 3u);
         storageBarrier();
         workgroupBarrier();
         // 6. dA_ts = −(dR_v,t·u_s + y_t·W_s) (s < t) into p_sh, by 4×4 blocks as in 1; then
