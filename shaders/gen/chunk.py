@@ -724,23 +724,22 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
 def back_substitute():
     """(I + A)ᵀ dR = dX for one column, the 16 rows of a block as named registers x0..x15."""
     load = "\n".join(f"        var x{e} = 0.0;\n        if (t0 + {e}u < len) {{\n            x{e} = load_dr(row_of(b, c0 + t0 + {e}u, h), j);\n        }}" for e in range(16))
-    sub = "\n".join(f"            x{e} -= a_sh[ar + {e}u] * xs;" for e in range(16))
+    xs = "\n".join(f"            let s{u} = s + {u}u;\n            let srow{u} = row_of(b, c0 + min(s{u}, len - 1u), h);\n            let xs{u} = select(0.0, load_dr(srow{u}, j) * beta[srow{u}], s{u} < len);\n            let ar{u} = min(s{u}, C - 1u) * C + t0;" for u in range(4))
+    sub = "\n".join(f"            x{e} -= a_sh[ar{u} + {e}u] * xs{u};" for u in range(4) for e in range(16))
     diag = []
     for e in range(15, 0, -1):
         terms = "\n".join(f"            x{f} -= a_sh[ar + {f}u] * xs;" for f in range(e))
         diag.append(f"        {{\n            let xs = x{e} * beta[row_of(b, c0 + min(t0 + {e}u, len - 1u), h)];\n            let ar = (t0 + {e}u) * C + t0;\n{terms}\n        }}")
     store = "\n".join(f"        if (t0 + {e}u < len) {{\n            store_dr(row_of(b, c0 + t0 + {e}u, h), j, x{e});\n        }}" for e in range(16))
     return f"""// (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
-// the rows solved after it (read back once each), then solves its diagonal block in registers
-// (rows past the chunk's end hold 0 and change nothing). A_ts = β_t a_sh[t][s].
+// the rows solved after it (read back once each, four at a time), then solves its diagonal block
+// in registers (rows past the chunk's end hold 0 and change nothing). A_ts = β_t a_sh[t][s].
 fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {{
     for (var bi = (len + 15u) / 16u; bi > 0u; bi--) {{
         let t0 = (bi - 1u) * 16u;
 {load}
-        for (var s = t0 + 16u; s < len; s++) {{
-            let srow = row_of(b, c0 + s, h);
-            let xs = load_dr(srow, j) * beta[srow];
-            let ar = s * C + t0;
+        for (var s = t0 + 16u; s < len; s += 4u) {{
+{xs}
 {sub}
         }}
 {chr(10).join(diag)}
@@ -1027,7 +1026,8 @@ def generate(D):
 
     # chunk_prepare's blocked forward substitution: x0..x15 are the block's 16 rows.
     subst_load = "\n".join(f"        var x{e} = rhs(b, h, c0, len, t0 + {e}u, j);" for e in range(16))
-    subst_sub = "\n".join(f"            x{e} -= a_sh[ar + {e * C}u] * xs;" for e in range(16))
+    subst_xs = "\n".join(f"            let xs{u} = load_x(b, h, c0, s + {u}u, j);" for u in range(4))
+    subst_sub = "\n".join(f"            x{e} -= a_sh[ar + {e * C + u}u] * xs{u};" for u in range(4) for e in range(16))
     subst_diag = "\n".join(f"        x{e} -= " + " + ".join(f"a_sh[(t0 + {e}u) * C + t0 + {s_}u] * x{s_}" for s_ in range(e)) + ";" for e in range(1, 16))
     subst_store = "\n".join(f"        store_x(b, h, c0, len, t0 + {e}u, j, x{e});" for e in range(16))
 
@@ -1193,8 +1193,8 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     // back once each, independent loads), then solves its 16×16 diagonal block in registers.
     for (var t0 = 0u; t0 < len; t0 += 16u) {{
 {subst_load}
-        for (var s = 0u; s < t0; s++) {{
-            let xs = load_x(b, h, c0, s, j);
+        for (var s = 0u; s < t0; s += 4u) {{
+{subst_xs}
             let ar = t0 * C + s;
 {subst_sub}
         }}
