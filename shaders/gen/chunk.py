@@ -293,13 +293,21 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             du = du_rw[ub];
             dob = dout_row[ub];
             var dun = 0.0;
-            for (var a = 0u; a < D4; a++) {
-                let kk = k_row[row * D4 + a] * end_decay(last_row, row, a, m_end);
-                let r = 4u * a * BV4 + cv;
-                du += kk.x * s_sh[r] + kk.y * s_sh[r + BV4] + kk.z * s_sh[r + 2u * BV4] + kk.w * s_sh[r + 3u * BV4];
-                if (NORM != 0u) {
-                    dun += dot(kk, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+            // Four key vec4s at a time, their loads first.
+            for (var a0 = 0u; a0 < D4; a0 += 4u) {
+                //@decl u 4
+                let kk{u} = k_row[row * D4 + a0 + {u}u] * end_decay(last_row, row, a0 + {u}u, m_end);
+                //@end
+                //@decl u 4
+                {
+                    let a = a0 + {u}u;
+                    let r = 4u * a * BV4 + cv;
+                    du += kk{u}.x * s_sh[r] + kk{u}.y * s_sh[r + BV4] + kk{u}.z * s_sh[r + 2u * BV4] + kk{u}.w * s_sh[r + 3u * BV4];
+                    if (NORM != 0u) {
+                        dun += dot(kk{u}, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+                    }
                 }
+                //@end
             }
             du_rw[ub] = du;
             if (NORM != 0u) {
@@ -1009,6 +1017,8 @@ def generate(D):
     n_store_h = "\n".join(f"            h_out[hb + D * D + i0 + {64*r}u] = n{r};" for r in rows)
     rows_scale_d0 = "\n".join(f"            s{r} = s{r} * d0;\n            n{r} = n{r} * d0;" for r in rows)
     rows_decay = "\n".join(f"            let bl{r} = gate_at(last_row, i0 + {64*r}u);\n            s{r} = s{r} * exp(bl{r});" for r in rows)
+    w_loads = "\n".join(f"                    let w{u} = w_row[wb + a0 + {u}u];" for u in range(4))
+    w_update = "\n".join(f"                    {{\n                        let r = 4u * (a0 + {u}u) * BV4 + cv;\n                        u -= w{u}.x * s_sh[r] + w{u}.y * s_sh[r + BV4] + w{u}.z * s_sh[r + 2u * BV4] + w{u}.w * s_sh[r + 3u * BV4];\n                    }}" for u in range(4))
     tok = "\n".join(f"                let row{u} = row_of(b, c0 + min(sb + {u}u, len - 1u), h);\n                let live{u} = sb + {u}u < len;" for u in range(4))
     m_loads = tok + "\n" + "\n".join(f"                let mc{u} = b_last - b_cum_at(row{u}) + igate[row{u}];" for u in range(4))
     m_max = "\n".join(f"                m_c = max(m_c, mc{u});" for u in range(4))
@@ -1266,10 +1276,10 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
             if (DELTA) {{
                 let wb = row * D4;
-                for (var a = 0u; a < D4; a++) {{
-                    let w = w_row[wb + a];
-                    let r = 4u * a * BV4 + cv;
-                    u -= w.x * s_sh[r] + w.y * s_sh[r + BV4] + w.z * s_sh[r + 2u * BV4] + w.w * s_sh[r + 3u * BV4];
+                // Four W vec4s at a time, their loads first.
+                for (var a0 = 0u; a0 < D4; a0 += 4u) {{
+{w_loads}
+{w_update}
                 }}
                 u_buf[ub] = u.x;
                 u_buf[ub + 1u] = u.y;

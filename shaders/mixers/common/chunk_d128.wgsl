@@ -628,10 +628,28 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
             if (DELTA) {
                 let wb = row * D4;
-                for (var a = 0u; a < D4; a++) {
-                    let w = w_row[wb + a];
-                    let r = 4u * a * BV4 + cv;
-                    u -= w.x * s_sh[r] + w.y * s_sh[r + BV4] + w.z * s_sh[r + 2u * BV4] + w.w * s_sh[r + 3u * BV4];
+                // Four W vec4s at a time, their loads first.
+                for (var a0 = 0u; a0 < D4; a0 += 4u) {
+                    let w0 = w_row[wb + a0 + 0u];
+                    let w1 = w_row[wb + a0 + 1u];
+                    let w2 = w_row[wb + a0 + 2u];
+                    let w3 = w_row[wb + a0 + 3u];
+                    {
+                        let r = 4u * (a0 + 0u) * BV4 + cv;
+                        u -= w0.x * s_sh[r] + w0.y * s_sh[r + BV4] + w0.z * s_sh[r + 2u * BV4] + w0.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 1u) * BV4 + cv;
+                        u -= w1.x * s_sh[r] + w1.y * s_sh[r + BV4] + w1.z * s_sh[r + 2u * BV4] + w1.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 2u) * BV4 + cv;
+                        u -= w2.x * s_sh[r] + w2.y * s_sh[r + BV4] + w2.z * s_sh[r + 2u * BV4] + w2.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 3u) * BV4 + cv;
+                        u -= w3.x * s_sh[r] + w3.y * s_sh[r + BV4] + w3.z * s_sh[r + 2u * BV4] + w3.w * s_sh[r + 3u * BV4];
+                    }
                 }
                 u_buf[ub] = u.x;
                 u_buf[ub + 1u] = u.y;
@@ -1726,12 +1744,43 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             du = du_rw[ub];
             dob = dout_row[ub];
             var dun = 0.0;
-            for (var a = 0u; a < D4; a++) {
-                let kk = k_row[row * D4 + a] * end_decay(last_row, row, a, m_end);
-                let r = 4u * a * BV4 + cv;
-                du += kk.x * s_sh[r] + kk.y * s_sh[r + BV4] + kk.z * s_sh[r + 2u * BV4] + kk.w * s_sh[r + 3u * BV4];
-                if (NORM != 0u) {
-                    dun += dot(kk, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+            // Four key vec4s at a time, their loads first.
+            for (var a0 = 0u; a0 < D4; a0 += 4u) {
+                let kk0 = k_row[row * D4 + a0 + 0u] * end_decay(last_row, row, a0 + 0u, m_end);
+                let kk1 = k_row[row * D4 + a0 + 1u] * end_decay(last_row, row, a0 + 1u, m_end);
+                let kk2 = k_row[row * D4 + a0 + 2u] * end_decay(last_row, row, a0 + 2u, m_end);
+                let kk3 = k_row[row * D4 + a0 + 3u] * end_decay(last_row, row, a0 + 3u, m_end);
+                {
+                    let a = a0 + 0u;
+                    let r = 4u * a * BV4 + cv;
+                    du += kk0.x * s_sh[r] + kk0.y * s_sh[r + BV4] + kk0.z * s_sh[r + 2u * BV4] + kk0.w * s_sh[r + 3u * BV4];
+                    if (NORM != 0u) {
+                        dun += dot(kk0, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+                    }
+                }
+                {
+                    let a = a0 + 1u;
+                    let r = 4u * a * BV4 + cv;
+                    du += kk1.x * s_sh[r] + kk1.y * s_sh[r + BV4] + kk1.z * s_sh[r + 2u * BV4] + kk1.w * s_sh[r + 3u * BV4];
+                    if (NORM != 0u) {
+                        dun += dot(kk1, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+                    }
+                }
+                {
+                    let a = a0 + 2u;
+                    let r = 4u * a * BV4 + cv;
+                    du += kk2.x * s_sh[r] + kk2.y * s_sh[r + BV4] + kk2.z * s_sh[r + 2u * BV4] + kk2.w * s_sh[r + 3u * BV4];
+                    if (NORM != 0u) {
+                        dun += dot(kk2, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+                    }
+                }
+                {
+                    let a = a0 + 3u;
+                    let r = 4u * a * BV4 + cv;
+                    du += kk3.x * s_sh[r] + kk3.y * s_sh[r + BV4] + kk3.z * s_sh[r + 2u * BV4] + kk3.w * s_sh[r + 3u * BV4];
+                    if (NORM != 0u) {
+                        dun += dot(kk3, vec4<f32>(tok_sh[4u * a], tok_sh[4u * a + 1u], tok_sh[4u * a + 2u], tok_sh[4u * a + 3u]));
+                    }
                 }
             }
             du_rw[ub] = du;
