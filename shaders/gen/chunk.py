@@ -19,7 +19,15 @@ f32 over the whole chunk. Three entry points:
                  writes the carried state (chunk_carry then writes the carried n and m)
   chunk_output   (chunk, head, batch): the chunk's masked scores P in workgroup memory, then
                  four threads per query, each a quarter of its value columns
-Generated because per-thread vectors must be named registers (see attention.py).
+and the backward's three (BACKWARD below). Generated because per-thread vectors must be named
+registers (see attention.py; `expand` unrolls the //@for and //@decl blocks of the plain WGSL).
+Two habits make these kernels fast on a GPU and are kept throughout:
+  - products of token rows by register blocks: a thread takes 4 × 4 (token, token) or (token,
+    key) pairs and loads 8 rows per channel vec4 for 16 products (pair_block, block_dots,
+    state_products), where a thread per product would load 2 rows per product;
+  - no load waiting on the previous iteration: loops over a chunk's tokens or key vec4s take four
+    at a time with every load first (rows past the chunk's end clamped, their terms zero).
+Sums keep the order of the plain loops, so the blocked and unrolled forms give the same bits.
 """
 import pathlib
 
@@ -765,6 +773,8 @@ def block_dots():
         return "\n".join(f"            let x{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"            let y{j} = {y}[rs{j} * D4 + a];" for j in range(4))
     plain = "\n".join(f"            m{j} += vec4<f32>(dot(x0, y{j}), dot(x1, y{j}), dot(x2, y{j}), dot(x3, y{j}));" for j in range(4))
     decayed = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i} * pair_decay(rt{i}, rs{j}, a), y{j})" for i in range(4)) + ");" for j in range(4))
+    # dR_v·u + y·W per channel vec4 before it joins the sum (the rounding of the per-pair loop).
+    both = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i}, y{j}) + dot(z{i}, w{j})" for i in range(4)) + ");" for j in range(4))
     return f"""// The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
 // clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
 // for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
@@ -785,11 +795,8 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             }}
         }} else {{
 {load("dv_out", "u_row")}
-{plain}
-        }}
-        if (which == 2u) {{
-{load("dr_k", "w_row")}
-{plain}
+{load("dr_k", "w_row").replace("let x", "let z").replace("let y", "let w")}
+{both}
         }}
     }}
     return mat4x4<f32>(m0, m1, m2, m3);

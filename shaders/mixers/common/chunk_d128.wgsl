@@ -2427,24 +2427,18 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             let y1 = u_row[rs1 * D4 + a];
             let y2 = u_row[rs2 * D4 + a];
             let y3 = u_row[rs3 * D4 + a];
-            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
-            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
-            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
-            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
-        }
-        if (which == 2u) {
-            let x0 = dr_k[rt0 * D4 + a];
-            let x1 = dr_k[rt1 * D4 + a];
-            let x2 = dr_k[rt2 * D4 + a];
-            let x3 = dr_k[rt3 * D4 + a];
-            let y0 = w_row[rs0 * D4 + a];
-            let y1 = w_row[rs1 * D4 + a];
-            let y2 = w_row[rs2 * D4 + a];
-            let y3 = w_row[rs3 * D4 + a];
-            m0 += vec4<f32>(dot(x0, y0), dot(x1, y0), dot(x2, y0), dot(x3, y0));
-            m1 += vec4<f32>(dot(x0, y1), dot(x1, y1), dot(x2, y1), dot(x3, y1));
-            m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
-            m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
+            let z0 = dr_k[rt0 * D4 + a];
+            let z1 = dr_k[rt1 * D4 + a];
+            let z2 = dr_k[rt2 * D4 + a];
+            let z3 = dr_k[rt3 * D4 + a];
+            let w0 = w_row[rs0 * D4 + a];
+            let w1 = w_row[rs1 * D4 + a];
+            let w2 = w_row[rs2 * D4 + a];
+            let w3 = w_row[rs3 * D4 + a];
+            m0 += vec4<f32>(dot(x0, y0) + dot(z0, w0), dot(x1, y0) + dot(z1, w0), dot(x2, y0) + dot(z2, w0), dot(x3, y0) + dot(z3, w0));
+            m1 += vec4<f32>(dot(x0, y1) + dot(z0, w1), dot(x1, y1) + dot(z1, w1), dot(x2, y1) + dot(z2, w1), dot(x3, y1) + dot(z3, w1));
+            m2 += vec4<f32>(dot(x0, y2) + dot(z0, w2), dot(x1, y2) + dot(z1, w2), dot(x2, y2) + dot(z2, w2), dot(x3, y2) + dot(z3, w2));
+            m3 += vec4<f32>(dot(x0, y3) + dot(z0, w3), dot(x1, y3) + dot(z1, w3), dot(x2, y3) + dot(z2, w3), dot(x3, y3) + dot(z3, w3));
         }
     }
     return mat4x4<f32>(m0, m1, m2, m3);
