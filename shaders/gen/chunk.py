@@ -765,16 +765,33 @@ fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {{
 """
 
 
+def _pair_rows():
+    """The rows of a 4×4 block's tokens t_i = 4tq + i and s_j = 4sq + j, clamped to the chunk."""
+    return "\n".join(f"    let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n    let rs{i} = row_of(b, c0 + min(4u * sq + {i}u, len - 1u), h);" for i in range(4))
+
+
+def _pair_loads(x, y, indent, names="xy"):
+    """Channel vec4 a of the block's 4 + 4 rows of `x` and `y`, as names[0]{i} and names[1]{j}."""
+    pad = " " * indent
+    return "\n".join(f"{pad}let {names[0]}{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"{pad}let {names[1]}{j} = {y}[rs{j} * D4 + a];" for j in range(4))
+
+
+def _pair_sums(term):
+    """m_j += (term(0, j), …, term(3, j)) for the block's 16 pairs."""
+    return "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(term(i, j) for i in range(4)) + ");" for j in range(4))
+
+
+PAIR_ZERO = "\n".join(f"    var m{j} = vec4<f32>(0.0);" for j in range(4))
+PAIR_PLAIN = _pair_sums(lambda i, j: f"dot(x{i}, y{j})")
+
+
 def block_dots():
     """The 4×4 block of chunk products of tokens t_i = 4tq + i against s_j = 4sq + j."""
-    rows = "\n".join(f"    let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n    let rs{i} = row_of(b, c0 + min(4u * sq + {i}u, len - 1u), h);" for i in range(4))
-    zero = "\n".join(f"    var m{j} = vec4<f32>(0.0);" for j in range(4))
-    def load(x, y):
-        return "\n".join(f"            let x{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"            let y{j} = {y}[rs{j} * D4 + a];" for j in range(4))
-    plain = "\n".join(f"            m{j} += vec4<f32>(dot(x0, y{j}), dot(x1, y{j}), dot(x2, y{j}), dot(x3, y{j}));" for j in range(4))
-    decayed = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i} * pair_decay(rt{i}, rs{j}, a), y{j})" for i in range(4)) + ");" for j in range(4))
+    rows, zero, plain = _pair_rows(), PAIR_ZERO, PAIR_PLAIN
+    load = lambda x, y: _pair_loads(x, y, 12)
+    decayed = _pair_sums(lambda i, j: f"dot(x{i} * pair_decay(rt{i}, rs{j}, a), y{j})")
     # dR_v·u + y·W per channel vec4 before it joins the sum (the rounding of the per-pair loop).
-    both = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i}, y{j}) + dot(z{i}, w{j})" for i in range(4)) + ");" for j in range(4))
+    both = _pair_sums(lambda i, j: f"dot(x{i}, y{j}) + dot(z{i}, w{j})")
     return f"""// The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
 // clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
 // for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
@@ -795,7 +812,7 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             }}
         }} else {{
 {load("dv_out", "u_row")}
-{load("dr_k", "w_row").replace("let x", "let z").replace("let y", "let w")}
+{_pair_loads("dr_k", "w_row", 12, "zw")}
 {both}
         }}
     }}
@@ -875,11 +892,9 @@ def pair_block(name, doc, x, y, decay):
     """A WGSL function `name` returning the 4×4 block m[j][i] = Σ_channels x_(t_i) ⊙ decay · y_(s_j)
     of the chunk's tokens t_i = 4tq + i against s_j = 4sq + j (rows clamped to the chunk; the
     caller masks); `decay` (in rt{i}, rs{j} and the channel vec4 a) applies under a vector gate."""
-    rows = "\n".join(f"    let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n    let rs{i} = row_of(b, c0 + min(4u * sq + {i}u, len - 1u), h);" for i in range(4))
-    zero = "\n".join(f"    var m{j} = vec4<f32>(0.0);" for j in range(4))
-    load = "\n".join(f"        let x{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"        let y{j} = {y}[rs{j} * D4 + a];" for j in range(4))
-    plain = "\n".join(f"            m{j} += vec4<f32>(dot(x0, y{j}), dot(x1, y{j}), dot(x2, y{j}), dot(x3, y{j}));" for j in range(4))
-    decayed = "\n".join(f"            m{j} += vec4<f32>(" + ", ".join(f"dot(x{i} * " + decay.format(i=i, j=j) + f", y{j})" for i in range(4)) + ");" for j in range(4))
+    rows, zero, plain = _pair_rows(), PAIR_ZERO, PAIR_PLAIN
+    load = _pair_loads(x, y, 8)
+    decayed = _pair_sums(lambda i, j: f"dot(x{i} * " + decay.format(i=i, j=j) + f", y{j})")
     return f"""// {doc}
 fn {name}(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32) -> mat4x4<f32> {{
 {rows}
