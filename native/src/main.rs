@@ -396,6 +396,18 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
         .collect()
 }
 
+/// `--mixers`: mixer names, comma-separated (every mixer when absent).
+fn parse_mixers(list: Option<&str>) -> Result<Vec<linearize_core::mixers::MixerKind>> {
+    use linearize_core::mixers::MixerKind;
+    let Some(list) = list else { return Ok(MixerKind::all().collect()) };
+    list.split(',')
+        .map(|name| {
+            let name = name.trim();
+            MixerKind::all().find(|k| k.name() == name).ok_or_else(|| anyhow::anyhow!("invalid argument --mixers: unknown mixer '{name}'; expected one of {}", MixerKind::names().join(", ")))
+        })
+        .collect()
+}
+
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers } = a;
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
@@ -403,15 +415,12 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
     }
     if what == "ops" || what == "mixers" {
+        let kinds = parse_mixers(mixers.as_deref())?;
         let gpu = Gpu::new_blocking()?;
         eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
         let results = if what == "ops" {
             bench::bench_ops(&gpu, iters)?
         } else {
-            let kinds = match mixers {
-                Some(list) => list.split(',').map(|m| linearize_core::mixers::MixerKind::from_name(m.trim()).map_err(|e| anyhow::anyhow!("invalid argument --mixers: {e}"))).collect::<Result<Vec<_>>>()?,
-                None => linearize_core::mixers::MixerKind::all().collect(),
-            };
             bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward)?
         };
         if json {
