@@ -1054,7 +1054,31 @@ def generate(D):
     n_store_tail = "\n".join(f"        h_out[tail + i0 + {64*r}u] = n{r};" for r in rows)
 
     # chunk_output: thread (t, part) accumulates value vec4s part·D/16 … of query t.
-    inter_rows = "\n".join("        { let c = qa." + comps[e] + "; let r = hb4 + (4u * a + " + str(e) + "u) * D4 + v4; " + " ".join(f"o{v} = fma(vec4<f32>(c), h_in[r + {v}u], o{v});" for v in range(N4 // 4)) + " }" for e in range(4))
+    # chunk_output's inter-chunk product: thread (tq, vq) takes queries 4tq.. and value vec4s
+    # vq, vq + 16, …; each output sums the keys in the order of the per-query loop it replaces.
+    NVV = N4 // 16
+    o_rows = "\n".join(f"        let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n        var isc{i} = 1.0;\n        if (NORM == 2u) {{\n            isc{i} = exp(b_cum_at(rt{i}) + m0 - stabiliser(b, h, c0, min(4u * tq + {i}u, len - 1u), rt{i}, m0));\n        }}" for i in range(4))
+    o_zero = "\n".join(f"        var o{i}_{w} = vec4<f32>(0.0);" for i in range(4) for w in range(NVV))
+    o_q = "\n".join(f"            var qa{i} = q_row[rt{i} * D4 + a] * p.scale;\n            if (NORM == 2u) {{\n                qa{i} = qa{i} * isc{i};\n            }} else if (GATE != 0u) {{\n                qa{i} = qa{i} * exp(gate_b(rt{i}, a));\n            }}" for i in range(4))
+    o_fma = "\n".join(f"            {{\n                let r = hb4 + (4u * a + {e}u) * D4 + vq + {16 * w}u;\n                let se = h_in[r];\n" + "\n".join(f"                o{i}_{w} = fma(vec4<f32>(qa{i}.{comps[e]}), se, o{i}_{w});" for i in range(4)) + "\n            }" for w in range(NVV) for e in range(4))
+    o_store = "\n".join(f"        if (4u * tq + {i}u < len) {{\n" + "\n".join(f"            out_row[rt{i} * D4 + vq + {16 * w}u] = o{i}_{w};" for w in range(NVV)) + "\n        }" for i in range(4))
+    output_inter = f"""    // 2. The inter-chunk part (q̃_t ⊙ decay)ᵀ S_0 by blocks of 4 queries × {4 * NVV} value columns per
+    //    thread, into out_row (each query's threads add the rest in 3): the state's rows are
+    //    loaded once per 4 queries.
+    {{
+        let tq = tid / 16u;
+        let vq = tid % 16u;
+{o_rows}
+{o_zero}
+        for (var a = 0u; a < D4; a++) {{
+{o_q}
+{o_fma}
+        }}
+{o_store}
+    }}
+    storageBarrier();
+    workgroupBarrier();
+"""
 
     # chunk_prepare's blocked forward substitution: x0..x15 are the block's 16 rows.
     subst_load = "\n".join(f"        var x{e} = rhs(b, h, c0, len, t0 + {e}u, j);" for e in range(16))
@@ -1418,25 +1442,28 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 
 @SCORES@
 
-    // 2. Columns part·D/4 … of query t.
+@OUTPUT_INTER@
+    // 3. Columns part·D/4 … of query t: the inter-chunk part from 2, then the chunk's own keys.
     let v4 = part * {N4 // 4}u;
     var inter_scale = 1.0;
     if (NORM == 2u) {{
         inter_scale = exp(b_cum_at(row) + m0 - m_t);
     }}
 {ln("var o{a} = vec4<f32>(0.0);", n=N4 // 4)}
+    if (in_range) {{
+{ln("o{a} = out_row[qb + v4 + {a}u];", n=N4 // 4, indent=8)}
+    }}
     var den = 0.0;
-    for (var a = 0u; a < D4; a++) {{
-        var qa = q_row[qb + a] * p.scale;
-        if (NORM == 2u) {{
-            qa = qa * inter_scale;
-        }} else if (GATE != 0u) {{
-            qa = qa * exp(gate_b(row, a));
-        }}
-        if (NORM != 0u) {{
+    if (NORM != 0u) {{
+        for (var a = 0u; a < D4; a++) {{
+            var qa = q_row[qb + a] * p.scale;
+            if (NORM == 2u) {{
+                qa = qa * inter_scale;
+            }} else if (GATE != 0u) {{
+                qa = qa * exp(gate_b(row, a));
+            }}
             den += dot(qa, h_in[hb4 + D * D4 + a]);
         }}
-{inter_rows}
     }}
     for (var s = 0u; s <= min(t, len - 1u); s++) {{
         let cf = p_sh[t * C + s];
@@ -1456,7 +1483,7 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 }}
 '''
     score, kk = forward_blocks()
-    src = src.replace("@SCORES@", expand(SCORES, {})).replace("@PREPARE_A@", expand(PREPARE_A, {}))
+    src = src.replace("@SCORES@", expand(SCORES, {})).replace("@PREPARE_A@", expand(PREPARE_A, {})).replace("@OUTPUT_INTER@", output_inter)
     src = src.replace("@SCORE_BLOCK@\n", score).replace("@KK_BLOCK@\n", kk)
     backward = BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()).replace("@BLOCK_DOTS@\n", block_dots()).replace("@STATE_PRODUCTS@\n", state_products())
     backward = expand(backward.replace("@SCORES@", SCORES), {"NV": D // 16, "NB": D // 64})

@@ -1105,7 +1105,151 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }
     workgroupBarrier();
 
-    // 2. Columns part·D/4 … of query t.
+    // 2. The inter-chunk part (q̃_t ⊙ decay)ᵀ S_0 by blocks of 4 queries × 8 value columns per
+    //    thread, into out_row (each query's threads add the rest in 3): the state's rows are
+    //    loaded once per 4 queries.
+    {
+        let tq = tid / 16u;
+        let vq = tid % 16u;
+        let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+        var isc0 = 1.0;
+        if (NORM == 2u) {
+            isc0 = exp(b_cum_at(rt0) + m0 - stabiliser(b, h, c0, min(4u * tq + 0u, len - 1u), rt0, m0));
+        }
+        let rt1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+        var isc1 = 1.0;
+        if (NORM == 2u) {
+            isc1 = exp(b_cum_at(rt1) + m0 - stabiliser(b, h, c0, min(4u * tq + 1u, len - 1u), rt1, m0));
+        }
+        let rt2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+        var isc2 = 1.0;
+        if (NORM == 2u) {
+            isc2 = exp(b_cum_at(rt2) + m0 - stabiliser(b, h, c0, min(4u * tq + 2u, len - 1u), rt2, m0));
+        }
+        let rt3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+        var isc3 = 1.0;
+        if (NORM == 2u) {
+            isc3 = exp(b_cum_at(rt3) + m0 - stabiliser(b, h, c0, min(4u * tq + 3u, len - 1u), rt3, m0));
+        }
+        var o0_0 = vec4<f32>(0.0);
+        var o0_1 = vec4<f32>(0.0);
+        var o1_0 = vec4<f32>(0.0);
+        var o1_1 = vec4<f32>(0.0);
+        var o2_0 = vec4<f32>(0.0);
+        var o2_1 = vec4<f32>(0.0);
+        var o3_0 = vec4<f32>(0.0);
+        var o3_1 = vec4<f32>(0.0);
+        for (var a = 0u; a < D4; a++) {
+            var qa0 = q_row[rt0 * D4 + a] * p.scale;
+            if (NORM == 2u) {
+                qa0 = qa0 * isc0;
+            } else if (GATE != 0u) {
+                qa0 = qa0 * exp(gate_b(rt0, a));
+            }
+            var qa1 = q_row[rt1 * D4 + a] * p.scale;
+            if (NORM == 2u) {
+                qa1 = qa1 * isc1;
+            } else if (GATE != 0u) {
+                qa1 = qa1 * exp(gate_b(rt1, a));
+            }
+            var qa2 = q_row[rt2 * D4 + a] * p.scale;
+            if (NORM == 2u) {
+                qa2 = qa2 * isc2;
+            } else if (GATE != 0u) {
+                qa2 = qa2 * exp(gate_b(rt2, a));
+            }
+            var qa3 = q_row[rt3 * D4 + a] * p.scale;
+            if (NORM == 2u) {
+                qa3 = qa3 * isc3;
+            } else if (GATE != 0u) {
+                qa3 = qa3 * exp(gate_b(rt3, a));
+            }
+            {
+                let r = hb4 + (4u * a + 0u) * D4 + vq + 0u;
+                let se = h_in[r];
+                o0_0 = fma(vec4<f32>(qa0.x), se, o0_0);
+                o1_0 = fma(vec4<f32>(qa1.x), se, o1_0);
+                o2_0 = fma(vec4<f32>(qa2.x), se, o2_0);
+                o3_0 = fma(vec4<f32>(qa3.x), se, o3_0);
+            }
+            {
+                let r = hb4 + (4u * a + 1u) * D4 + vq + 0u;
+                let se = h_in[r];
+                o0_0 = fma(vec4<f32>(qa0.y), se, o0_0);
+                o1_0 = fma(vec4<f32>(qa1.y), se, o1_0);
+                o2_0 = fma(vec4<f32>(qa2.y), se, o2_0);
+                o3_0 = fma(vec4<f32>(qa3.y), se, o3_0);
+            }
+            {
+                let r = hb4 + (4u * a + 2u) * D4 + vq + 0u;
+                let se = h_in[r];
+                o0_0 = fma(vec4<f32>(qa0.z), se, o0_0);
+                o1_0 = fma(vec4<f32>(qa1.z), se, o1_0);
+                o2_0 = fma(vec4<f32>(qa2.z), se, o2_0);
+                o3_0 = fma(vec4<f32>(qa3.z), se, o3_0);
+            }
+            {
+                let r = hb4 + (4u * a + 3u) * D4 + vq + 0u;
+                let se = h_in[r];
+                o0_0 = fma(vec4<f32>(qa0.w), se, o0_0);
+                o1_0 = fma(vec4<f32>(qa1.w), se, o1_0);
+                o2_0 = fma(vec4<f32>(qa2.w), se, o2_0);
+                o3_0 = fma(vec4<f32>(qa3.w), se, o3_0);
+            }
+            {
+                let r = hb4 + (4u * a + 0u) * D4 + vq + 16u;
+                let se = h_in[r];
+                o0_1 = fma(vec4<f32>(qa0.x), se, o0_1);
+                o1_1 = fma(vec4<f32>(qa1.x), se, o1_1);
+                o2_1 = fma(vec4<f32>(qa2.x), se, o2_1);
+                o3_1 = fma(vec4<f32>(qa3.x), se, o3_1);
+            }
+            {
+                let r = hb4 + (4u * a + 1u) * D4 + vq + 16u;
+                let se = h_in[r];
+                o0_1 = fma(vec4<f32>(qa0.y), se, o0_1);
+                o1_1 = fma(vec4<f32>(qa1.y), se, o1_1);
+                o2_1 = fma(vec4<f32>(qa2.y), se, o2_1);
+                o3_1 = fma(vec4<f32>(qa3.y), se, o3_1);
+            }
+            {
+                let r = hb4 + (4u * a + 2u) * D4 + vq + 16u;
+                let se = h_in[r];
+                o0_1 = fma(vec4<f32>(qa0.z), se, o0_1);
+                o1_1 = fma(vec4<f32>(qa1.z), se, o1_1);
+                o2_1 = fma(vec4<f32>(qa2.z), se, o2_1);
+                o3_1 = fma(vec4<f32>(qa3.z), se, o3_1);
+            }
+            {
+                let r = hb4 + (4u * a + 3u) * D4 + vq + 16u;
+                let se = h_in[r];
+                o0_1 = fma(vec4<f32>(qa0.w), se, o0_1);
+                o1_1 = fma(vec4<f32>(qa1.w), se, o1_1);
+                o2_1 = fma(vec4<f32>(qa2.w), se, o2_1);
+                o3_1 = fma(vec4<f32>(qa3.w), se, o3_1);
+            }
+        }
+        if (4u * tq + 0u < len) {
+            out_row[rt0 * D4 + vq + 0u] = o0_0;
+            out_row[rt0 * D4 + vq + 16u] = o0_1;
+        }
+        if (4u * tq + 1u < len) {
+            out_row[rt1 * D4 + vq + 0u] = o1_0;
+            out_row[rt1 * D4 + vq + 16u] = o1_1;
+        }
+        if (4u * tq + 2u < len) {
+            out_row[rt2 * D4 + vq + 0u] = o2_0;
+            out_row[rt2 * D4 + vq + 16u] = o2_1;
+        }
+        if (4u * tq + 3u < len) {
+            out_row[rt3 * D4 + vq + 0u] = o3_0;
+            out_row[rt3 * D4 + vq + 16u] = o3_1;
+        }
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    // 3. Columns part·D/4 … of query t: the inter-chunk part from 2, then the chunk's own keys.
     let v4 = part * 8u;
     var inter_scale = 1.0;
     if (NORM == 2u) {
@@ -1119,21 +1263,27 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     var o5 = vec4<f32>(0.0);
     var o6 = vec4<f32>(0.0);
     var o7 = vec4<f32>(0.0);
+    if (in_range) {
+        o0 = out_row[qb + v4 + 0u];
+        o1 = out_row[qb + v4 + 1u];
+        o2 = out_row[qb + v4 + 2u];
+        o3 = out_row[qb + v4 + 3u];
+        o4 = out_row[qb + v4 + 4u];
+        o5 = out_row[qb + v4 + 5u];
+        o6 = out_row[qb + v4 + 6u];
+        o7 = out_row[qb + v4 + 7u];
+    }
     var den = 0.0;
-    for (var a = 0u; a < D4; a++) {
-        var qa = q_row[qb + a] * p.scale;
-        if (NORM == 2u) {
-            qa = qa * inter_scale;
-        } else if (GATE != 0u) {
-            qa = qa * exp(gate_b(row, a));
-        }
-        if (NORM != 0u) {
+    if (NORM != 0u) {
+        for (var a = 0u; a < D4; a++) {
+            var qa = q_row[qb + a] * p.scale;
+            if (NORM == 2u) {
+                qa = qa * inter_scale;
+            } else if (GATE != 0u) {
+                qa = qa * exp(gate_b(row, a));
+            }
             den += dot(qa, h_in[hb4 + D * D4 + a]);
         }
-        { let c = qa.x; let r = hb4 + (4u * a + 0u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
-        { let c = qa.y; let r = hb4 + (4u * a + 1u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
-        { let c = qa.z; let r = hb4 + (4u * a + 2u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
-        { let c = qa.w; let r = hb4 + (4u * a + 3u) * D4 + v4; o0 = fma(vec4<f32>(c), h_in[r + 0u], o0); o1 = fma(vec4<f32>(c), h_in[r + 1u], o1); o2 = fma(vec4<f32>(c), h_in[r + 2u], o2); o3 = fma(vec4<f32>(c), h_in[r + 3u], o3); o4 = fma(vec4<f32>(c), h_in[r + 4u], o4); o5 = fma(vec4<f32>(c), h_in[r + 5u], o5); o6 = fma(vec4<f32>(c), h_in[r + 6u], o6); o7 = fma(vec4<f32>(c), h_in[r + 7u], o7); }
     }
     for (var s = 0u; s <= min(t, len - 1u); s++) {
         let cf = p_sh[t * C + s];
