@@ -33,7 +33,8 @@ import pathlib
 
 C = 64
 
-# The chunked backward (rules without a normaliser), plain WGSL over the constants above.
+# The chunked backward of every rule: plain WGSL over the constants above, with //@ unroll blocks
+# (`expand`) and @NAME@ slots that the functions below fill.
 BACKWARD = r'''
 // ---- the chunked backward, from a zero initial state ----
 //
@@ -1056,6 +1057,7 @@ def generate(D):
     # chunk_output: thread (t, part) accumulates value vec4s part·D/16 … of query t.
     # chunk_output's inter-chunk product: thread (tq, vq) takes queries 4tq.. and value vec4s
     # vq, vq + 16, …; each output sums the keys in the order of the per-query loop it replaces.
+    stab_loads = "\n".join(f"        let sr{u} = row_of(b, c0 + min(s + {u}u, t), h);\n        let x{u} = b_t - b_cum_at(sr{u}) + igate[sr{u}];" for u in range(4))
     NVV = N4 // 16
     o_rows = "\n".join(f"        let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n        var isc{i} = 1.0;\n        if (NORM == 2u) {{\n            isc{i} = exp(b_cum_at(rt{i}) + m0 - stabiliser(b, h, c0, min(4u * tq + {i}u, len - 1u), rt{i}, m0));\n        }}" for i in range(4))
     o_zero = "\n".join(f"        var o{i}_{w} = vec4<f32>(0.0);" for i in range(4) for w in range(NVV))
@@ -1412,9 +1414,10 @@ fn stabiliser(b: u32, h: u32, c0: u32, t: u32, row: u32, m0: f32) -> f32 {{
     }}
     let b_t = b_cum_at(row);
     var m_t = b_t + m0;
-    for (var s = 0u; s <= t; s++) {{
-        let srow = row_of(b, c0 + s, h);
-        m_t = max(m_t, b_t - b_cum_at(srow) + igate[srow]);
+    // Four keys at a time, their loads first (an index past t repeats t: a maximum is unchanged).
+    for (var s = 0u; s <= t; s += 4u) {{
+{stab_loads}
+        m_t = max(m_t, max(max(x0, x1), max(x2, x3)));
     }}
     return m_t;
 }}
