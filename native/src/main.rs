@@ -379,8 +379,8 @@ struct BenchArgs {
     #[arg(long, default_value = "8x512x9x64,4x4096x16x128")]
     mixer_shapes: String,
     /// bench mixers: only these mixers, comma-separated (all of them by default)
-    #[arg(long)]
-    mixers: Option<String>,
+    #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
+    mixers: Vec<String>,
 }
 
 /// `--mixer-shapes`: BxTxHxD items (head size 64 or 128), comma-separated.
@@ -396,18 +396,6 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
         .collect()
 }
 
-/// `--mixers`: mixer names, comma-separated (every mixer when absent).
-fn parse_mixers(list: Option<&str>) -> Result<Vec<linearize_core::mixers::MixerKind>> {
-    use linearize_core::mixers::MixerKind;
-    let Some(list) = list else { return Ok(MixerKind::all().collect()) };
-    list.split(',')
-        .map(|name| {
-            let name = name.trim();
-            MixerKind::all().find(|k| k.name() == name).ok_or_else(|| anyhow::anyhow!("invalid argument --mixers: unknown mixer '{name}'; expected one of {}", MixerKind::names().join(", ")))
-        })
-        .collect()
-}
-
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers } = a;
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
@@ -415,7 +403,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
     }
     if what == "ops" || what == "mixers" {
-        let kinds = parse_mixers(mixers.as_deref())?;
+        use linearize_core::mixers::MixerKind;
+        // Names clap has checked against the registry; none given: every mixer.
+        let kinds: Vec<_> = if mixers.is_empty() { MixerKind::all().collect() } else { mixers.iter().map(|m| MixerKind::from_name(m)).collect::<std::result::Result<_, _>>()? };
         let gpu = Gpu::new_blocking()?;
         eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
         let results = if what == "ops" {
