@@ -824,33 +824,35 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
 
 # The chunk's masked scores P_ts = scale q_t·k_s (decays, mLSTM's gate and stabiliser) into p_sh,
 # by 4×4 blocks of (query, key) pairs per thread (chunk_output, chunk_bwd_local: 256 threads).
-SCORES = """    // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
+SCORES = """    // The four queries 4tq.. of this thread's 4×4 blocks (tq = tid / 16): their rows, clamped to
+    // the chunk, and mLSTM's stabilisers (once, for the scores and chunk_output's S_0 product).
+    let tq = tid / 16u;
+    //@decl i 4
+    let qt{i} = 4u * tq + {i}u;
+    let qrow{i} = row_of(b, c0 + min(qt{i}, len - 1u), h);
+    var qm{i} = 0.0;
+    if (NORM == 2u) {
+        qm{i} = stabiliser(b, h, c0, min(qt{i}, len - 1u), qrow{i}, m0);
+    }
+    //@end
+    // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
     // 4tq.. against keys 4sq.. (8 row loads per channel vec4 for 16 products).
     {
-        let tq = tid / 16u;
         let sq = tid % 16u;
         var m = mat4x4<f32>();
         if (sq <= tq && 4u * tq < len) {
             m = score_block(b, h, c0, len, tq, sq);
         }
-        //@decl i 4
-        let tt{i} = 4u * tq + {i}u;
-        let trow{i} = row_of(b, c0 + min(tt{i}, len - 1u), h);
-        var m_t{i} = 0.0;
-        if (NORM == 2u && sq <= tq && tt{i} < len) {
-            m_t{i} = stabiliser(b, h, c0, tt{i}, trow{i}, m0);
-        }
-        //@end
         //@for c 4
         let s = 4u * sq + {c}u;
         let srow = row_of(b, c0 + min(s, len - 1u), h);
         //@decl i 4
         {
             var cf = 0.0;
-            if (tt{i} < len && s <= tt{i}) {
-                cf = m[{c}][{i}] * pair_weight(trow{i}, srow, m_t{i});
+            if (qt{i} < len && s <= qt{i}) {
+                cf = m[{c}][{i}] * pair_weight(qrow{i}, srow, qm{i});
             }
-            p_sh[tt{i} * C + s] = cf * p.scale;
+            p_sh[qt{i} * C + s] = cf * p.scale;
         }
         //@end
         //@end
@@ -940,11 +942,10 @@ def state_products():
                     dr_k[o] = dr_k[o] + m[{i}];
                 }}
             }}""" for i in range(4))
-    return f"""// Rows 4a..4a+3 of M x_t for the chunk's tokens t_i = 4tq + i (rows clamped to the chunk):
-// column i of the result. M is the record mb4 of S_0 (msel 0: h_in) or of dS_L (msel 1: ds_in);
-// x is dO (xsel 0), du (1), dR_v (2) or u (3). 8 loads per channel vec4 for 16 products.
-fn state_block(mb4: u32, msel: u32, xsel: u32, tq: u32, a: u32, b: u32, h: u32, c0: u32, len: u32) -> mat4x4<f32> {{
-{rows}
+    return f"""// Rows 4a..4a+3 of M x_t for the four tokens of rows xr0..xr3: column i of the result. M is
+// the record mb4 of S_0 (msel 0: h_in) or of dS_L (msel 1: ds_in); x is dO (xsel 0), du (1),
+// dR_v (2) or u (3). 8 loads per channel vec4 for 16 products.
+fn state_block(mb4: u32, msel: u32, xsel: u32, a: u32, xr0: u32, xr1: u32, xr2: u32, xr3: u32) -> mat4x4<f32> {{
 {zero}
     for (var j4 = 0u; j4 < D4; j4++) {{
         var x0: vec4<f32>;
@@ -973,9 +974,9 @@ fn state_products(tid: u32, b: u32, h: u32, c0: u32, len: u32, mb4: u32, msel: u
     if (4u * tq >= len) {{
         return;
     }}
+{rows}
     for (var a = tid % 16u; a < D4; a += 16u) {{
-        let m = state_block(mb4, msel, xsel, tq, a, b, h, c0, len);
-{rows.replace("    let", "        let")}
+        let m = state_block(mb4, msel, xsel, a, xr0, xr1, xr2, xr3);
 {store}
     }}
 }}
@@ -1059,16 +1060,15 @@ def generate(D):
     # vq, vq + 16, …; each output sums the keys in the order of the per-query loop it replaces.
     stab_loads = "\n".join(f"        let sr{u} = row_of(b, c0 + min(s + {u}u, t), h);\n        let x{u} = b_t - b_cum_at(sr{u}) + igate[sr{u}];" for u in range(4))
     NVV = N4 // 16
-    o_rows = "\n".join(f"        let rt{i} = row_of(b, c0 + min(4u * tq + {i}u, len - 1u), h);\n        var isc{i} = 1.0;\n        if (NORM == 2u) {{\n            isc{i} = exp(b_cum_at(rt{i}) + m0 - stabiliser(b, h, c0, min(4u * tq + {i}u, len - 1u), rt{i}, m0));\n        }}" for i in range(4))
+    o_rows = "\n".join(f"        var isc{i} = 1.0;\n        if (NORM == 2u) {{\n            isc{i} = exp(b_cum_at(qrow{i}) + m0 - qm{i});\n        }}" for i in range(4))
     o_zero = "\n".join(f"        var o{i}_{w} = vec4<f32>(0.0);" for i in range(4) for w in range(NVV))
-    o_q = "\n".join(f"            var qa{i} = q_row[rt{i} * D4 + a] * p.scale;\n            if (NORM == 2u) {{\n                qa{i} = qa{i} * isc{i};\n            }} else if (GATE != 0u) {{\n                qa{i} = qa{i} * exp(gate_b(rt{i}, a));\n            }}" for i in range(4))
+    o_q = "\n".join(f"            var qa{i} = q_row[qrow{i} * D4 + a] * p.scale;\n            if (NORM == 2u) {{\n                qa{i} = qa{i} * isc{i};\n            }} else if (GATE != 0u) {{\n                qa{i} = qa{i} * exp(gate_b(qrow{i}, a));\n            }}" for i in range(4))
     o_fma = "\n".join(f"            {{\n                let r = hb4 + (4u * a + {e}u) * D4 + vq + {16 * w}u;\n                let se = h_in[r];\n" + "\n".join(f"                o{i}_{w} = fma(vec4<f32>(qa{i}.{comps[e]}), se, o{i}_{w});" for i in range(4)) + "\n            }" for w in range(NVV) for e in range(4))
-    o_store = "\n".join(f"        if (4u * tq + {i}u < len) {{\n" + "\n".join(f"            out_row[rt{i} * D4 + vq + {16 * w}u] = o{i}_{w};" for w in range(NVV)) + "\n        }" for i in range(4))
+    o_store = "\n".join(f"        if (4u * tq + {i}u < len) {{\n" + "\n".join(f"            out_row[qrow{i} * D4 + vq + {16 * w}u] = o{i}_{w};" for w in range(NVV)) + "\n        }" for i in range(4))
     output_inter = f"""    // 2. The inter-chunk part (q̃_t ⊙ decay)ᵀ S_0 by blocks of 4 queries × {4 * NVV} value columns per
     //    thread, into out_row (each query's threads add the rest in 3): the state's rows are
-    //    loaded once per 4 queries.
+    //    loaded once per 4 queries (tq, qrow and qm from the scores above).
     {{
-        let tq = tid / 16u;
         let vq = tid % 16u;
 {o_rows}
 {o_zero}

@@ -949,69 +949,71 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     let qb = row * D4;
     let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
 
+    // The four queries 4tq.. of this thread's 4×4 blocks (tq = tid / 16): their rows, clamped to
+    // the chunk, and mLSTM's stabilisers (once, for the scores and chunk_output's S_0 product).
+    let tq = tid / 16u;
+    let qt0 = 4u * tq + 0u;
+    let qrow0 = row_of(b, c0 + min(qt0, len - 1u), h);
+    var qm0 = 0.0;
+    if (NORM == 2u) {
+        qm0 = stabiliser(b, h, c0, min(qt0, len - 1u), qrow0, m0);
+    }
+    let qt1 = 4u * tq + 1u;
+    let qrow1 = row_of(b, c0 + min(qt1, len - 1u), h);
+    var qm1 = 0.0;
+    if (NORM == 2u) {
+        qm1 = stabiliser(b, h, c0, min(qt1, len - 1u), qrow1, m0);
+    }
+    let qt2 = 4u * tq + 2u;
+    let qrow2 = row_of(b, c0 + min(qt2, len - 1u), h);
+    var qm2 = 0.0;
+    if (NORM == 2u) {
+        qm2 = stabiliser(b, h, c0, min(qt2, len - 1u), qrow2, m0);
+    }
+    let qt3 = 4u * tq + 3u;
+    let qrow3 = row_of(b, c0 + min(qt3, len - 1u), h);
+    var qm3 = 0.0;
+    if (NORM == 2u) {
+        qm3 = stabiliser(b, h, c0, min(qt3, len - 1u), qrow3, m0);
+    }
     // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
     // 4tq.. against keys 4sq.. (8 row loads per channel vec4 for 16 products).
     {
-        let tq = tid / 16u;
         let sq = tid % 16u;
         var m = mat4x4<f32>();
         if (sq <= tq && 4u * tq < len) {
             m = score_block(b, h, c0, len, tq, sq);
-        }
-        let tt0 = 4u * tq + 0u;
-        let trow0 = row_of(b, c0 + min(tt0, len - 1u), h);
-        var m_t0 = 0.0;
-        if (NORM == 2u && sq <= tq && tt0 < len) {
-            m_t0 = stabiliser(b, h, c0, tt0, trow0, m0);
-        }
-        let tt1 = 4u * tq + 1u;
-        let trow1 = row_of(b, c0 + min(tt1, len - 1u), h);
-        var m_t1 = 0.0;
-        if (NORM == 2u && sq <= tq && tt1 < len) {
-            m_t1 = stabiliser(b, h, c0, tt1, trow1, m0);
-        }
-        let tt2 = 4u * tq + 2u;
-        let trow2 = row_of(b, c0 + min(tt2, len - 1u), h);
-        var m_t2 = 0.0;
-        if (NORM == 2u && sq <= tq && tt2 < len) {
-            m_t2 = stabiliser(b, h, c0, tt2, trow2, m0);
-        }
-        let tt3 = 4u * tq + 3u;
-        let trow3 = row_of(b, c0 + min(tt3, len - 1u), h);
-        var m_t3 = 0.0;
-        if (NORM == 2u && sq <= tq && tt3 < len) {
-            m_t3 = stabiliser(b, h, c0, tt3, trow3, m0);
         }
         {
             let s = 4u * sq + 0u;
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[0][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[0][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[0][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[0][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[0][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[0][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[0][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[0][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
         {
@@ -1019,31 +1021,31 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[1][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[1][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[1][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[1][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[1][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[1][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[1][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[1][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
         {
@@ -1051,31 +1053,31 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[2][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[2][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[2][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[2][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[2][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[2][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[2][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[2][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
         {
@@ -1083,31 +1085,31 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[3][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[3][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[3][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[3][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[3][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[3][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[3][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[3][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
     }
@@ -1115,29 +1117,24 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 
     // 2. The inter-chunk part (q̃_t ⊙ decay)ᵀ S_0 by blocks of 4 queries × 8 value columns per
     //    thread, into out_row (each query's threads add the rest in 3): the state's rows are
-    //    loaded once per 4 queries.
+    //    loaded once per 4 queries (tq, qrow and qm from the scores above).
     {
-        let tq = tid / 16u;
         let vq = tid % 16u;
-        let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
         var isc0 = 1.0;
         if (NORM == 2u) {
-            isc0 = exp(b_cum_at(rt0) + m0 - stabiliser(b, h, c0, min(4u * tq + 0u, len - 1u), rt0, m0));
+            isc0 = exp(b_cum_at(qrow0) + m0 - qm0);
         }
-        let rt1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
         var isc1 = 1.0;
         if (NORM == 2u) {
-            isc1 = exp(b_cum_at(rt1) + m0 - stabiliser(b, h, c0, min(4u * tq + 1u, len - 1u), rt1, m0));
+            isc1 = exp(b_cum_at(qrow1) + m0 - qm1);
         }
-        let rt2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
         var isc2 = 1.0;
         if (NORM == 2u) {
-            isc2 = exp(b_cum_at(rt2) + m0 - stabiliser(b, h, c0, min(4u * tq + 2u, len - 1u), rt2, m0));
+            isc2 = exp(b_cum_at(qrow2) + m0 - qm2);
         }
-        let rt3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
         var isc3 = 1.0;
         if (NORM == 2u) {
-            isc3 = exp(b_cum_at(rt3) + m0 - stabiliser(b, h, c0, min(4u * tq + 3u, len - 1u), rt3, m0));
+            isc3 = exp(b_cum_at(qrow3) + m0 - qm3);
         }
         var o0_0 = vec4<f32>(0.0);
         var o0_1 = vec4<f32>(0.0);
@@ -1148,29 +1145,29 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         var o3_0 = vec4<f32>(0.0);
         var o3_1 = vec4<f32>(0.0);
         for (var a = 0u; a < D4; a++) {
-            var qa0 = q_row[rt0 * D4 + a] * p.scale;
+            var qa0 = q_row[qrow0 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa0 = qa0 * isc0;
             } else if (GATE != 0u) {
-                qa0 = qa0 * exp(gate_b(rt0, a));
+                qa0 = qa0 * exp(gate_b(qrow0, a));
             }
-            var qa1 = q_row[rt1 * D4 + a] * p.scale;
+            var qa1 = q_row[qrow1 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa1 = qa1 * isc1;
             } else if (GATE != 0u) {
-                qa1 = qa1 * exp(gate_b(rt1, a));
+                qa1 = qa1 * exp(gate_b(qrow1, a));
             }
-            var qa2 = q_row[rt2 * D4 + a] * p.scale;
+            var qa2 = q_row[qrow2 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa2 = qa2 * isc2;
             } else if (GATE != 0u) {
-                qa2 = qa2 * exp(gate_b(rt2, a));
+                qa2 = qa2 * exp(gate_b(qrow2, a));
             }
-            var qa3 = q_row[rt3 * D4 + a] * p.scale;
+            var qa3 = q_row[qrow3 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa3 = qa3 * isc3;
             } else if (GATE != 0u) {
-                qa3 = qa3 * exp(gate_b(rt3, a));
+                qa3 = qa3 * exp(gate_b(qrow3, a));
             }
             {
                 let r = hb4 + (4u * a + 0u) * D4 + vq + 0u;
@@ -1238,20 +1235,20 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
             }
         }
         if (4u * tq + 0u < len) {
-            out_row[rt0 * D4 + vq + 0u] = o0_0;
-            out_row[rt0 * D4 + vq + 16u] = o0_1;
+            out_row[qrow0 * D4 + vq + 0u] = o0_0;
+            out_row[qrow0 * D4 + vq + 16u] = o0_1;
         }
         if (4u * tq + 1u < len) {
-            out_row[rt1 * D4 + vq + 0u] = o1_0;
-            out_row[rt1 * D4 + vq + 16u] = o1_1;
+            out_row[qrow1 * D4 + vq + 0u] = o1_0;
+            out_row[qrow1 * D4 + vq + 16u] = o1_1;
         }
         if (4u * tq + 2u < len) {
-            out_row[rt2 * D4 + vq + 0u] = o2_0;
-            out_row[rt2 * D4 + vq + 16u] = o2_1;
+            out_row[qrow2 * D4 + vq + 0u] = o2_0;
+            out_row[qrow2 * D4 + vq + 16u] = o2_1;
         }
         if (4u * tq + 3u < len) {
-            out_row[rt3 * D4 + vq + 0u] = o3_0;
-            out_row[rt3 * D4 + vq + 16u] = o3_1;
+            out_row[qrow3 * D4 + vq + 0u] = o3_0;
+            out_row[qrow3 * D4 + vq + 16u] = o3_1;
         }
     }
     storageBarrier();
@@ -1436,14 +1433,10 @@ fn drk_at(row: u32, a: u32) -> vec4<f32> {
     return dr_k[row * D4 + a];
 }
 
-// Rows 4a..4a+3 of M x_t for the chunk's tokens t_i = 4tq + i (rows clamped to the chunk):
-// column i of the result. M is the record mb4 of S_0 (msel 0: h_in) or of dS_L (msel 1: ds_in);
-// x is dO (xsel 0), du (1), dR_v (2) or u (3). 8 loads per channel vec4 for 16 products.
-fn state_block(mb4: u32, msel: u32, xsel: u32, tq: u32, a: u32, b: u32, h: u32, c0: u32, len: u32) -> mat4x4<f32> {
-    let xr0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
-    let xr1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
-    let xr2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
-    let xr3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+// Rows 4a..4a+3 of M x_t for the four tokens of rows xr0..xr3: column i of the result. M is
+// the record mb4 of S_0 (msel 0: h_in) or of dS_L (msel 1: ds_in); x is dO (xsel 0), du (1),
+// dR_v (2) or u (3). 8 loads per channel vec4 for 16 products.
+fn state_block(mb4: u32, msel: u32, xsel: u32, a: u32, xr0: u32, xr1: u32, xr2: u32, xr3: u32) -> mat4x4<f32> {
     var y0 = vec4<f32>(0.0);
     var y1 = vec4<f32>(0.0);
     var y2 = vec4<f32>(0.0);
@@ -1504,12 +1497,12 @@ fn state_products(tid: u32, b: u32, h: u32, c0: u32, len: u32, mb4: u32, msel: u
     if (4u * tq >= len) {
         return;
     }
+    let xr0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
+    let xr1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
+    let xr2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
+    let xr3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
     for (var a = tid % 16u; a < D4; a += 16u) {
-        let m = state_block(mb4, msel, xsel, tq, a, b, h, c0, len);
-        let xr0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
-        let xr1 = row_of(b, c0 + min(4u * tq + 1u, len - 1u), h);
-        let xr2 = row_of(b, c0 + min(4u * tq + 2u, len - 1u), h);
-        let xr3 = row_of(b, c0 + min(4u * tq + 3u, len - 1u), h);
+        let m = state_block(mb4, msel, xsel, a, xr0, xr1, xr2, xr3);
             if (4u * tq + 0u < len) {
                 let o = xr0 * D4 + a;
                 if (ysel == 0u) {
@@ -1584,69 +1577,71 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let row = row_of(b, c0 + min(t, len - 1u), h);
     let m0 = m_start(bh, n);
     let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+    // The four queries 4tq.. of this thread's 4×4 blocks (tq = tid / 16): their rows, clamped to
+    // the chunk, and mLSTM's stabilisers (once, for the scores and chunk_output's S_0 product).
+    let tq = tid / 16u;
+    let qt0 = 4u * tq + 0u;
+    let qrow0 = row_of(b, c0 + min(qt0, len - 1u), h);
+    var qm0 = 0.0;
+    if (NORM == 2u) {
+        qm0 = stabiliser(b, h, c0, min(qt0, len - 1u), qrow0, m0);
+    }
+    let qt1 = 4u * tq + 1u;
+    let qrow1 = row_of(b, c0 + min(qt1, len - 1u), h);
+    var qm1 = 0.0;
+    if (NORM == 2u) {
+        qm1 = stabiliser(b, h, c0, min(qt1, len - 1u), qrow1, m0);
+    }
+    let qt2 = 4u * tq + 2u;
+    let qrow2 = row_of(b, c0 + min(qt2, len - 1u), h);
+    var qm2 = 0.0;
+    if (NORM == 2u) {
+        qm2 = stabiliser(b, h, c0, min(qt2, len - 1u), qrow2, m0);
+    }
+    let qt3 = 4u * tq + 3u;
+    let qrow3 = row_of(b, c0 + min(qt3, len - 1u), h);
+    var qm3 = 0.0;
+    if (NORM == 2u) {
+        qm3 = stabiliser(b, h, c0, min(qt3, len - 1u), qrow3, m0);
+    }
     // P[t][s] (s ≤ t; zeros above the diagonal) by 4×4 blocks: thread (tq, sq) takes queries
     // 4tq.. against keys 4sq.. (8 row loads per channel vec4 for 16 products).
     {
-        let tq = tid / 16u;
         let sq = tid % 16u;
         var m = mat4x4<f32>();
         if (sq <= tq && 4u * tq < len) {
             m = score_block(b, h, c0, len, tq, sq);
-        }
-        let tt0 = 4u * tq + 0u;
-        let trow0 = row_of(b, c0 + min(tt0, len - 1u), h);
-        var m_t0 = 0.0;
-        if (NORM == 2u && sq <= tq && tt0 < len) {
-            m_t0 = stabiliser(b, h, c0, tt0, trow0, m0);
-        }
-        let tt1 = 4u * tq + 1u;
-        let trow1 = row_of(b, c0 + min(tt1, len - 1u), h);
-        var m_t1 = 0.0;
-        if (NORM == 2u && sq <= tq && tt1 < len) {
-            m_t1 = stabiliser(b, h, c0, tt1, trow1, m0);
-        }
-        let tt2 = 4u * tq + 2u;
-        let trow2 = row_of(b, c0 + min(tt2, len - 1u), h);
-        var m_t2 = 0.0;
-        if (NORM == 2u && sq <= tq && tt2 < len) {
-            m_t2 = stabiliser(b, h, c0, tt2, trow2, m0);
-        }
-        let tt3 = 4u * tq + 3u;
-        let trow3 = row_of(b, c0 + min(tt3, len - 1u), h);
-        var m_t3 = 0.0;
-        if (NORM == 2u && sq <= tq && tt3 < len) {
-            m_t3 = stabiliser(b, h, c0, tt3, trow3, m0);
         }
         {
             let s = 4u * sq + 0u;
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[0][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[0][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[0][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[0][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[0][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[0][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[0][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[0][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
         {
@@ -1654,31 +1649,31 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[1][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[1][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[1][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[1][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[1][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[1][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[1][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[1][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
         {
@@ -1686,31 +1681,31 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[2][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[2][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[2][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[2][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[2][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[2][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[2][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[2][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
         {
@@ -1718,31 +1713,31 @@ fn chunk_bwd_local(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let srow = row_of(b, c0 + min(s, len - 1u), h);
             {
                 var cf = 0.0;
-                if (tt0 < len && s <= tt0) {
-                    cf = m[3][0] * pair_weight(trow0, srow, m_t0);
+                if (qt0 < len && s <= qt0) {
+                    cf = m[3][0] * pair_weight(qrow0, srow, qm0);
                 }
-                p_sh[tt0 * C + s] = cf * p.scale;
+                p_sh[qt0 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt1 < len && s <= tt1) {
-                    cf = m[3][1] * pair_weight(trow1, srow, m_t1);
+                if (qt1 < len && s <= qt1) {
+                    cf = m[3][1] * pair_weight(qrow1, srow, qm1);
                 }
-                p_sh[tt1 * C + s] = cf * p.scale;
+                p_sh[qt1 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt2 < len && s <= tt2) {
-                    cf = m[3][2] * pair_weight(trow2, srow, m_t2);
+                if (qt2 < len && s <= qt2) {
+                    cf = m[3][2] * pair_weight(qrow2, srow, qm2);
                 }
-                p_sh[tt2 * C + s] = cf * p.scale;
+                p_sh[qt2 * C + s] = cf * p.scale;
             }
             {
                 var cf = 0.0;
-                if (tt3 < len && s <= tt3) {
-                    cf = m[3][3] * pair_weight(trow3, srow, m_t3);
+                if (qt3 < len && s <= qt3) {
+                    cf = m[3][3] * pair_weight(qrow3, srow, qm3);
                 }
-                p_sh[tt3 * C + s] = cf * p.scale;
+                p_sh[qt3 * C + s] = cf * p.scale;
             }
         }
     }
