@@ -1,7 +1,8 @@
-//! Every shader parses and validates with naga, with no optional capability beyond core WGSL:
-//! what passes here needs nothing a WebGPU browser may lack.
+//! Every shader parses and validates with naga, with no optional capability beyond core WGSL
+//! (what passes needs nothing a WebGPU browser may lack), except the native/ ones, which may use
+//! cooperative matrices and f16 and nothing more.
 use linearize_core::gpu::Scalar;
-use linearize_core::shaders::{ALL, PARAMS};
+use linearize_core::shaders::{is_native_only, ALL, PARAMS};
 
 #[test]
 fn every_shader_validates_without_native_features() {
@@ -10,8 +11,11 @@ fn every_shader_validates_without_native_features() {
         let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
         // unpack2x16float (packed f16 weights) is core WGSL; naga files it under a capability
         // only because some native downlevel backends lack it. Nothing else is allowed.
-        let core_wgsl = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), core_wgsl);
+        let mut caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32;
+        if is_native_only(name) {
+            caps |= naga::valid::Capabilities::COOPERATIVE_MATRIX | naga::valid::Capabilities::SHADER_FLOAT16;
+        }
+        let mut v = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps);
         v.validate(&module).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
         assert!(module.entry_points.iter().all(|e| e.stage == naga::ShaderStage::Compute), "{name}: compute only");
     }

@@ -23,7 +23,14 @@ pub const ALL: &[(&str, &str)] = &[
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),
     ("mixers/common/readout", include_str!("../../shaders/mixers/common/readout.wgsl")),
     ("mixers/common/recurrent", include_str!("../../shaders/mixers/common/recurrent.wgsl")),
+    // Native only: built on adapters that offer cooperative matrices and f16 (Gpu::tensor_cores).
+    ("native/matmul_coop", include_str!("../../shaders/native/matmul_coop.wgsl")),
 ];
+
+/// Shaders under native/ need features no browser offers; nothing else may.
+pub fn is_native_only(name: &str) -> bool {
+    name.starts_with("native/")
+}
 
 pub fn source(name: &str) -> Option<&'static str> {
     ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
@@ -31,7 +38,7 @@ pub fn source(name: &str) -> Option<&'static str> {
 
 shader_params!(
     /// nn/matmul and nn/matmul_vec4: y = x·wᵀ over [m, k]·[n, k]ᵀ.
-    MatmulParams for ["nn/matmul", "nn/matmul_vec4"] {
+    MatmulParams for ["nn/matmul", "nn/matmul_vec4", "native/matmul_coop"] {
         m: u32, n: u32, k: u32,
         /// 1: y += x·wᵀ
         accumulate: u32,

@@ -3,7 +3,7 @@
 //! after the device has finished. Warm-up runs first, then the median of timed runs.
 use anyhow::Result;
 use linearize_core::util::Rng;
-use linearize_core::gpu::Gpu;
+use linearize_core::gpu::{Gpu, GpuBuf, Precision};
 use linearize_core::model::Logits;
 use linearize_core::model::{LanguageModel, Model};
 use serde_json::{json, Value};
@@ -70,28 +70,71 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     use linearize_core::nn::{self, AttnShape, Gemm};
     let mut rng = Rng::new(1);
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
+    type Sampler<'a> = &'a dyn Fn(usize, usize) -> f64;
     let mut out = Vec::new();
-    let mut time = |name: String, flops: f64, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<()> {
+    // `reps` copies of the op per submission, so a short kernel's time is not the queue's
+    // round trip (CUDA-event timings of the peers see the kernel alone).
+    let time = |name: String, path: &str, flops: f64, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
         let mut times = Vec::new();
         for i in 0..iters + 2 {
             let mut rec = gpu.recorder();
-            f(&mut rec)?;
+            for _ in 0..reps {
+                f(&mut rec)?;
+            }
             let start = Instant::now();
             rec.submit()?;
             gpu.sync()?;
             if i >= 2 {
-                times.push(start.elapsed().as_secs_f64());
+                times.push(start.elapsed().as_secs_f64() / reps as f64);
             }
         }
         let s = median(times);
-        let v = json!({"what": "op", "op": name, "seconds": s, "tflops": flops / s / 1e12});
-        eprintln!("{v}");
-        out.push(v);
-        Ok(())
+        let v = json!({"what": "op", "op": name, "path": path, "seconds": s, "tflops": flops / s / 1e12});
+        Ok(v)
     };
-    for &(m, n, k) in &[(4096, 960, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] {
-        let (x, w, y) = (gpu.upload_f32("x", &rand(m * k))?, gpu.upload_f32("w", &rand(n * k))?, gpu.scratch(m * n)?);
-        time(format!("linear {m}x{n}x{k}"), 2.0 * (m * n * k) as f64, &mut |rec| nn::linear(rec, &x, &w, &y, Gemm { m, n, k }, false))?;
+    // The linear layer's three products at the training step's shapes (B=8 T=512 of the
+    // teacher: qkv, o, gate|up, down, the head) on every path the adapter has: f32 tiles, and
+    // with tensor cores the f16-operand GEMM, each with its error against f64 on 64 sampled
+    // outputs. A 1-row product is the decode step's matvec (f32 on both paths).
+    let precisions: Vec<Precision> = if gpu.adapter.tensor_cores { vec![Precision::F32, Precision::Mixed] } else { vec![Precision::F32] };
+    for &(m, n, k) in &[(4096, 960, 576), (4096, 576, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] {
+        let (xh, wh, dyh) = (rand(m * k), rand(n * k), rand(m * n));
+        let (x, w, dy) = (gpu.upload_f32("x", &xh)?, gpu.upload_f32("w", &wh)?, gpu.upload_f32("dy", &dyh)?);
+        let (y, dx, dw) = (gpu.scratch(m * n)?, gpu.scratch(m * k)?, gpu.scratch(n * k)?);
+        let g = Gemm { m, n, k };
+        for &precision in &precisions {
+            gpu.set_precision(precision)?;
+            let path = if precision == Precision::Mixed { "tensor cores (f16 operands, f32 accumulation)" } else { "f32 tiles" };
+            let products: [(&str, &GpuBuf, usize, usize, Sampler); 3] = [
+                ("linear", &y, m, n, &|i, j| (0..k).map(|r| xh[i * k + r] as f64 * wh[j * k + r] as f64).sum()),
+                ("linear backward input", &dx, m, k, &|i, j| (0..n).map(|r| dyh[i * n + r] as f64 * wh[r * k + j] as f64).sum()),
+                ("linear backward weight", &dw, n, k, &|i, j| (0..m).map(|r| dyh[r * n + i] as f64 * xh[r * k + j] as f64).sum()),
+            ];
+            for (name, out_buf, rows, cols, exact) in products {
+                if m == 1 && name != "linear" {
+                    continue;
+                }
+                let mut v = time(format!("{name} {m}x{n}x{k}"), path, 2.0 * (m * n * k) as f64, 10, &mut |rec| match name {
+                    "linear" => nn::linear(rec, &x, &w, &y, g, false),
+                    "linear backward input" => nn::linear_backward_input(rec, &dy, &w, &dx, g, false),
+                    _ => nn::linear_backward_weight(rec, &dy, &x, &dw, g, false),
+                })?;
+                let got = gpu.read_f32_blocking(out_buf, rows * cols)?;
+                let mut pick = Rng::new(rows as u64 ^ cols as u64);
+                let (mut err, mut big) = (0.0f64, 0.0f64);
+                for _ in 0..64 {
+                    let (i, j) = ((pick.next_u64() % rows as u64) as usize, (pick.next_u64() % cols as u64) as usize);
+                    let want = exact(i, j);
+                    err = err.max((got[i * cols + j] as f64 - want).abs());
+                    big = big.max(want.abs());
+                }
+                v["max_abs_err_vs_f64"] = json!(err);
+                v["max_abs_f64"] = json!(big);
+                eprintln!("{v}");
+                out.push(v);
+            }
+        }
+        gpu.set_precision(Precision::F32)?;
     }
     for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] {
         let s = AttnShape { batch: b, seq: t, pos0, n_q: 9, n_kv: 3, head_dim: 64, cap: (pos0 + t).max(512) };
@@ -100,16 +143,22 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let vc = gpu.upload_f32("v", &rand(b * 3 * s.cap * 64))?;
         let o = gpu.scratch(b * t * 9 * 64)?;
         let flops = 4.0 * (b * 9 * 64) as f64 * (t * (t + 1) / 2) as f64;
-        time(format!("attention b{b} t{t} pos0 {}", s.pos0), flops, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
+        let v = time(format!("attention b{b} t{t} pos0 {}", s.pos0), "f32", flops, 1, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
+        eprintln!("{v}");
+        out.push(v);
     }
     let (x, w, y) = (gpu.upload_f32("x", &rand(4096 * 576))?, gpu.upload_f32("w", &rand(576))?, gpu.scratch(4096 * 576)?);
-    time("rmsnorm 4096x576".into(), 0.0, &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?;
-    time("300 x rmsnorm 1x576 (dispatch overhead)".into(), 0.0, &mut |rec| {
+    let v = time("rmsnorm 4096x576".into(), "f32", 0.0, 1, &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?;
+    eprintln!("{v}");
+    out.push(v);
+    let v = time("300 x rmsnorm 1x576 (dispatch overhead)".into(), "f32", 0.0, 1, &mut |rec| {
         for _ in 0..300 {
             nn::rmsnorm(rec, &x, &w, &y, 1, 576, 1e-5)?;
         }
         Ok(())
     })?;
+    eprintln!("{v}");
+    out.push(v);
     Ok(out)
 }
 

@@ -3,6 +3,7 @@ use super::buffers::BufferPool;
 use super::dispatch::PipelineCache;
 use crate::error::{Error, Result};
 use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// What the chosen adapter is, for reports and `--json` output.
@@ -16,6 +17,9 @@ pub struct AdapterReport {
     pub max_buffer_size: u64,
     pub max_compute_workgroup_storage_size: u32,
     pub max_compute_invocations_per_workgroup: u32,
+    /// Cooperative matrices of 16×16×16 with f16 operands and f32 accumulation, in subgroups of
+    /// 32: the tensor-core GEMM (native/matmul_coop.wgsl) can run.
+    pub tensor_cores: bool,
 }
 
 impl AdapterReport {
@@ -33,6 +37,41 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     pub(crate) pipelines: PipelineCache,
     pub(crate) pool: Mutex<BufferPool>,
+    /// `Precision::Mixed` chosen (only where `adapter.tensor_cores`).
+    mixed: AtomicBool,
+}
+
+/// The arithmetic of the GEMMs: f32 throughout, or f16 operands (rounded when staged) with f32
+/// accumulation on tensor cores. Weights, activations and optimizer state stay f32 either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Mixed,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::Mixed => "mixed",
+        }
+    }
+}
+
+/// Whether `adapter` offers what native/matmul_coop.wgsl needs: the features, a 16×16×16
+/// f16 → f32 configuration and subgroups of exactly 32 (the shader maps subgroups to threads
+/// 32 at a time).
+fn offers_tensor_cores(adapter: &wgpu::Adapter) -> bool {
+    let needed = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    let info = adapter.get_info();
+    adapter.features().contains(needed)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && adapter.cooperative_matrix_properties().iter().any(|c| {
+            use wgpu::CooperativeScalarType::{F16, F32};
+            (c.m_size, c.n_size, c.k_size) == (16, 16, 16) && c.ab_type == F16 && c.cr_type == F32
+        })
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -105,12 +144,21 @@ impl Gpu {
 
     async fn from_adapter(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Self> {
         let info = adapter.get_info();
+        let tensor_cores = offers_tensor_cores(&adapter);
+        let (features, experimental) = if tensor_cores {
+            // SAFETY: wgpu asks callers of its experimental features to accept that they may
+            // misbehave; the one shader using them is checked against f64 on the adapters that
+            // run it (tests/coop.rs) and is used only where the adapter reports the feature.
+            (wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16, unsafe { wgpu::ExperimentalFeatures::enabled() })
+        } else {
+            (wgpu::Features::empty(), wgpu::ExperimentalFeatures::disabled())
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("linearize"),
-                required_features: wgpu::Features::empty(),
+                required_features: features,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features: experimental,
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
@@ -125,6 +173,7 @@ impl Gpu {
             max_buffer_size: limits.max_buffer_size,
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+            tensor_cores,
         };
         let gpu = Gpu {
             device,
@@ -133,9 +182,26 @@ impl Gpu {
             limits,
             pipelines: PipelineCache::default(),
             pool: Mutex::new(BufferPool::default()),
+            mixed: AtomicBool::new(false),
         };
         gpu.install_error_handler();
         Ok(gpu)
+    }
+
+    /// Chooses the GEMMs' arithmetic for all later work on this device (f32 until called).
+    pub fn set_precision(&self, precision: Precision) -> Result<()> {
+        if precision == Precision::Mixed && !self.adapter.tensor_cores {
+            return Err(Error::argument(
+                "precision",
+                format!("mixed precision needs cooperative matrices with f16 (tensor cores); adapter '{}' ({}) offers none — use f32", self.adapter.name, self.adapter.backend),
+            ));
+        }
+        self.mixed.store(precision == Precision::Mixed, Ordering::Relaxed);
+        Ok(())
+    }
+
+    pub fn precision(&self) -> Precision {
+        if self.mixed.load(Ordering::Relaxed) { Precision::Mixed } else { Precision::F32 }
     }
 
     /// Blocking constructor for native code (tests, the command line).

@@ -1,7 +1,7 @@
 //! Launchers for the WGSL kernels under shaders/nn/: one function per op, each the host side of
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
-use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Recorder};
+use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
 use crate::shaders::{AttentionParams, ElementwiseParams, EmbeddingParams, MatmulParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
@@ -61,6 +61,9 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     need_values("linear w", w, n * k)?;
     need("linear y", y, (m.max(1) - 1) * ldy + y0 + n)?;
     let f16 = w.dtype == Dtype::F16;
+    if kernel == LinearKernel::Auto && !f16 && m > 8 && tensor_cores(rec) {
+        return coop(rec, x, w, Columns { y, ldy, y0 }, (m, n, k), [k, 1, k, 1], accumulate);
+    }
     let kernel = match kernel {
         // Packed f16 weights are read four at a time: only the vec4 kernels take them.
         LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0 && !rec.gpu().adapter.is_cpu()) => LinearKernel::MatvecCoalesced,
@@ -252,8 +255,8 @@ pub fn linear_backward_input(rec: &mut Recorder, dy: &GpuBuf, w: &GpuBuf, dx: &G
     need("linear backward dy", dy, m * n)?;
     need("linear backward w", w, n * k)?;
     need("linear backward dx", dx, m * k)?;
-    if n % 4 != 0 {
-        // Narrow reductions (β, gate ranks): the strided kernel reads w in place.
+    if n % 4 != 0 || tensor_cores(rec) {
+        // Narrow reductions (β, gate ranks) and the tensor-core GEMM read w in place.
         return strided(rec, dy, w, dx, (m, k, n), [n, 1, 1, k], accumulate);
     }
     let wt = rec.temp(n * k)?;
@@ -267,7 +270,7 @@ pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &
     need("linear backward dy", dy, m * n)?;
     need("linear backward x", x, m * k)?;
     need("linear backward dw", dw, n * k)?;
-    if m % 4 != 0 {
+    if m % 4 != 0 || tensor_cores(rec) {
         return strided(rec, dy, x, dw, (n, k, m), [1, n, 1, k], accumulate);
     }
     let (dyt, xt) = (rec.temp(n * m)?, rec.temp(k * m)?);
@@ -291,10 +294,39 @@ pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, c
 
 /// y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for out shape (rows, cols, reduce).
 fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
+    if tensor_cores(rec) {
+        return coop(rec, a, b, Columns { y, ldy: cols, y0: 0 }, (rows, cols, red), strides, accumulate);
+    }
     let [sam, sak, sbn, sbk] = strides.map(|v| v as u32);
     let params = MatmulParams { m: rows as u32, n: cols as u32, k: red as u32, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: cols as u32, y0: 0 };
     let groups = [cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1];
     rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
+}
+
+/// Whether the GEMMs run on tensor cores: mixed precision chosen (Gpu::set_precision), which
+/// only an adapter with cooperative matrices allows.
+fn tensor_cores(rec: &Recorder) -> bool {
+    rec.gpu().precision() == Precision::Mixed
+}
+
+/// `strided` on tensor cores (native/matmul_coop.wgsl): each operand scaled by a power of two
+/// from its max |value| (reduced on the GPU first) and rounded to f16 when staged, f32
+/// accumulation, into columns y0.. of a y with rows of `ldy`; any shape (tiles zero-padded).
+fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
+    let [sam, sak, sbn, sbk] = strides.map(|v| v as u32);
+    let extent_a = (rows.max(1) - 1) * sam as usize + (red.max(1) - 1) * sak as usize + 1;
+    let extent_b = (cols.max(1) - 1) * sbn as usize + (red.max(1) - 1) * sbk as usize + 1;
+    need("tensor-core gemm a", a, extent_a)?;
+    need("tensor-core gemm b", b, extent_b)?;
+    need("tensor-core gemm y", y, (rows.max(1) - 1) * ldy + y0 + cols)?;
+    let params = MatmulParams { m: rows as u32, n: cols as u32, k: red as u32, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy as u32, y0: y0 as u32 };
+    let amax = rec.temp(2)?;
+    zero(rec, &amax, 2)?;
+    // 16 values per thread, at most 1024 workgroups per operand (grid-strided beyond).
+    let amax_groups = extent_a.max(extent_b).div_ceil(256 * 16).min(1024) as u32;
+    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "operand_amax"), &params, &[(1, a), (2, b), (4, &amax)], [amax_groups, 2, 1])?;
+    let groups = [cols.div_ceil(128) as u32, rows.div_ceil(128) as u32, 1];
+    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "matmul_coop"), &params, &[(1, a), (2, b), (3, y), (4, &amax)], groups)
 }
 
 /// What `rmsnorm` read: x [rows, cols] and its weight w [cols].

@@ -1,0 +1,112 @@
+//! The tensor-core GEMM (native/matmul_coop.wgsl, `Precision::Mixed`) against f64: forward
+//! y = x·wᵀ and both backward products, at shapes that are not multiples of its 128×128×32
+//! tiles, with and without accumulation. Its operands are rounded to f16 when staged, so the
+//! reference multiplies the f16-rounded values in f64 (a tight check of everything but that
+//! rounding), and the error against the unrounded f64 product is printed: what mixed
+//! precision costs. lavapipe and browsers offer no cooperative matrices: there the numeric
+//! test prints NOT RUN and checks only that mixed precision is refused with a clear error.
+use linearize_core::gpu::{Gpu, GpuBuf, Precision};
+use linearize_core::nn::{self, Gemm};
+use linearize_core::reference::nn as reference;
+use linearize_core::util::Rng;
+use linearize_tests::{assert_close, f64s, random};
+
+/// A device of its own: the precision is a device-wide choice, and other tests in a binary
+/// share `linearize_tests::gpu()` in f32.
+fn mixed_gpu() -> Option<Gpu> {
+    let gpu = Gpu::new_blocking().unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe in CI): {e}"));
+    if !gpu.adapter.tensor_cores {
+        let err = gpu.set_precision(Precision::Mixed).unwrap_err().to_string();
+        assert!(err.contains("tensor cores") && err.contains(&gpu.adapter.name), "{err}");
+        assert_eq!(gpu.precision(), Precision::F32);
+        eprintln!("NOT RUN: adapter '{}' ({}) offers no cooperative matrices with f16; the tensor-core GEMM is checked on adapters that do (the H200: BENCHMARKS.md)", gpu.adapter.name, gpu.adapter.backend);
+        return None;
+    }
+    gpu.set_precision(Precision::Mixed).unwrap();
+    Some(gpu)
+}
+
+/// What the GEMM multiplies: each operand scaled by the power of two that puts its max |value|
+/// in [2^13, 2^14), rounded to f16, scaled back (exactly, in f64).
+fn staged(v: &[f32]) -> Vec<f64> {
+    let max = v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    let e = ((max.to_bits() >> 23) & 255).clamp(14, 254) as i32;
+    let s = 2f64.powi(140 - e);
+    v.iter().map(|&x| half::f16::from_f64(x as f64 * s).to_f64() / s).collect()
+}
+
+fn transpose(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    (0..rows * cols).map(|i| v[(i % rows) * cols + i / rows]).collect()
+}
+
+/// Runs `op` on fresh buffers and compares y with f64 products of f16-rounded operands (and
+/// reports the distance from the unrounded ones): y[m, n] (+)= a[m, r] · b[n, r]ᵀ once the
+/// operands are laid out as `op` reads them.
+fn check(gpu: &Gpu, what: &str, (rows, cols, red): (usize, usize, usize), a: &[f32], b: &[f32], lay: &dyn Fn(&[f64]) -> (Vec<f64>, Vec<f64>), op: &dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf, &GpuBuf, &GpuBuf, bool) -> linearize_core::Result<()>) {
+    let mut rng = Rng::new(rows as u64 * 31 + cols as u64);
+    let size = a.iter().fold(0.0f32, |m, x| m.max(x.abs())) * b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    for accumulate in [false, true] {
+        let y0 = random(&mut rng, rows * cols, size);
+        let (ab, bb, yb) = (gpu.upload_f32("a", a).unwrap(), gpu.upload_f32("b", b).unwrap(), gpu.upload_f32("y", &y0).unwrap());
+        let mut rec = gpu.recorder();
+        op(&mut rec, &ab, &bb, &yb, accumulate).unwrap();
+        rec.submit().unwrap();
+        let got = gpu.read_f32_blocking(&yb, rows * cols).unwrap();
+        let product = |a: &[f64], b: &[f64]| {
+            let (ar, br) = lay(&[a, b].concat());
+            let mut y = reference::linear(&ar, &br, rows, cols, red);
+            if accumulate {
+                y.iter_mut().zip(&y0).for_each(|(v, &y0)| *v += y0 as f64);
+            }
+            y
+        };
+        let rounded = product(&staged(a), &staged(b));
+        let exact = product(&f64s(a), &f64s(b));
+        let name = format!("{what} {rows}x{cols}x{red} accumulate={accumulate}");
+        let size = rounded.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
+        assert_close(&name, &got, &rounded, 2e-6 * size * (red as f64).sqrt(), 1e-5);
+        let err = got.iter().zip(&exact).map(|(&g, &e)| (g as f64 - e).abs()).fold(0.0, f64::max);
+        let scale = exact.iter().map(|e| e.abs()).fold(0.0, f64::max);
+        eprintln!("{name}: max |y − f64| = {err:.2e} (max |y| {scale:.2e})");
+    }
+}
+
+#[test]
+fn tensor_core_gemms_match_f64_of_f16_operands() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(7);
+    // Forward y[m, n] = x[m, k] · w[n, k]ᵀ (m > 8: fewer rows take the f32 matvec kernels).
+    for &(m, n, k) in &[(9, 1, 1), (17, 49, 15), (130, 200, 33), (300, 129, 576), (128, 128, 64)] {
+        let (x, w) = (random(&mut rng, m * k, 1.0), random(&mut rng, n * k, 1.0));
+        let split = |v: &[f64]| (v[..m * k].to_vec(), v[m * k..].to_vec());
+        check(&gpu, "forward", (m, n, k), &x, &w, &split, &|rec, a, b, y, acc| nn::linear(rec, a, b, y, Gemm { m, n, k }, acc));
+    }
+    // dx[m, k] = dy[m, n] · w[n, k]: a = dy as is, b = wᵀ.
+    for &(m, n, k) in &[(1, 1, 1), (9, 15, 49), (130, 33, 200), (257, 576, 64)] {
+        let (dy, w) = (random(&mut rng, m * n, 1.0), random(&mut rng, n * k, 1.0));
+        let lay = |v: &[f64]| (v[..m * n].to_vec(), transpose(&v[m * n..], n, k));
+        check(&gpu, "backward input", (m, k, n), &dy, &w, &lay, &|rec, a, b, y, acc| nn::linear_backward_input(rec, a, b, y, Gemm { m, n, k }, acc));
+    }
+    // dw[n, k] = dy[m, n]ᵀ · x[m, k]: a = dyᵀ, b = xᵀ.
+    for &(m, n, k) in &[(1, 1, 1), (15, 9, 49), (200, 130, 33), (513, 64, 576)] {
+        let (dy, x) = (random(&mut rng, m * n, 1.0), random(&mut rng, m * k, 1.0));
+        let lay = |v: &[f64]| (transpose(&v[..m * n], m, n), transpose(&v[m * n..], m, k));
+        check(&gpu, "backward weight", (n, k, m), &dy, &x, &lay, &|rec, a, b, y, acc| nn::linear_backward_weight(rec, a, b, y, Gemm { m, n, k }, acc));
+    }
+}
+
+/// Gradients far below f16's range (a loss seed over many rows) and activations far above it:
+/// the per-tensor scales keep both at f16's relative precision instead of flushing them to zero
+/// or infinity.
+#[test]
+fn tensor_core_gemms_scale_operands_outside_f16s_range() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(9);
+    for &(scale_a, scale_b) in &[(1e-9f32, 1.0f32), (3e5, 1e-3), (1e-6, 1e-7), (0.0, 1.0)] {
+        let (m, n, k) = (70, 33, 150);
+        let dy = random(&mut rng, m * n, scale_a);
+        let w = random(&mut rng, n * k, scale_b);
+        let lay = |v: &[f64]| (v[..m * n].to_vec(), transpose(&v[m * n..], n, k));
+        check(&gpu, &format!("backward input |dy| ≤ {scale_a:e} |w| ≤ {scale_b:e}"), (m, k, n), &dy, &w, &lay, &|rec, a, b, y, acc| nn::linear_backward_input(rec, a, b, y, Gemm { m, n, k }, acc));
+    }
+}
