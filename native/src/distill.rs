@@ -77,6 +77,10 @@ pub struct DistillArgs {
     pub teacher_tokens: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
+    /// The GEMMs' arithmetic: f32, or mixed (f16 operands scaled per tensor, f32 accumulation,
+    /// on tensor cores; adapters with cooperative matrices only)
+    #[arg(long, value_enum)]
+    pub precision: Option<crate::PrecisionArg>,
     /// Continue from the checkpoint in --out
     #[arg(long)]
     pub resume: bool,
@@ -163,6 +167,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     }
     if let Some(v) = a.seed {
         c.options.seed = v;
+    }
+    if let Some(p) = a.precision {
+        c.precision = p.into();
     }
     c.validate()?;
     Ok(c)

@@ -179,6 +179,25 @@ fn load(spec: &str) -> Result<Model> {
     Ok(Model::load(spec)?)
 }
 
+/// `--precision`: the GEMMs' arithmetic (linearize_core::gpu::Precision).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum PrecisionArg {
+    /// f32 throughout (every adapter)
+    F32,
+    /// f16 operands scaled per tensor, f32 accumulation, on tensor cores (adapters with
+    /// cooperative matrices)
+    Mixed,
+}
+
+impl From<PrecisionArg> for linearize_core::gpu::Precision {
+    fn from(p: PrecisionArg) -> Self {
+        match p {
+            PrecisionArg::F32 => linearize_core::gpu::Precision::F32,
+            PrecisionArg::Mixed => linearize_core::gpu::Precision::Mixed,
+        }
+    }
+}
+
 /// How the inference commands hold a model's projection and embedding matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Weights {
@@ -378,6 +397,9 @@ struct BenchArgs {
     /// bench mixers: shapes as BxTxHxD (batch, tokens, heads, head size), comma-separated
     #[arg(long, default_value = "8x512x9x64,4x4096x16x128")]
     mixer_shapes: String,
+    /// bench teacher: the GEMMs' arithmetic (bench ops times every path the adapter has)
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
     /// bench mixers: only these mixers, comma-separated (all of them by default)
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
     mixers: Vec<String>,
@@ -397,7 +419,7 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
-    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers } = a;
+    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers, precision } = a;
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
     if !["teacher", "ops", "mixers"].contains(&what) {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
@@ -438,10 +460,12 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let model = load(spec)?;
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
+    let precision = linearize_core::gpu::Precision::from(*precision);
+    gpu.set_precision(precision)?;
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "results": results}))?);
+        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "precision": precision, "results": results}))?);
     } else {
         for r in &results {
             println!("{r}");

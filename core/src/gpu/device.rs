@@ -2,7 +2,7 @@
 use super::buffers::BufferPool;
 use super::dispatch::PipelineCache;
 use crate::error::{Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
@@ -43,9 +43,10 @@ pub struct Gpu {
 
 /// The arithmetic of the GEMMs: f32 throughout, or f16 operands (rounded when staged) with f32
 /// accumulation on tensor cores. Weights, activations and optimizer state stay f32 either way.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    #[default]
     F32,
     Mixed,
 }
@@ -192,7 +193,7 @@ impl Gpu {
     pub fn set_precision(&self, precision: Precision) -> Result<()> {
         if precision == Precision::Mixed && !self.adapter.tensor_cores {
             return Err(Error::argument(
-                "precision",
+                "--precision",
                 format!("mixed precision needs cooperative matrices with f16 (tensor cores); adapter '{}' ({}) offers none — use f32", self.adapter.name, self.adapter.backend),
             ));
         }

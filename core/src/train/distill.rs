@@ -15,7 +15,7 @@ use super::optimizer::{AdamW, Optimizer};
 use super::schedule::Schedule;
 use super::stage::Stage;
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuf};
+use crate::gpu::{Gpu, GpuBuf, Precision};
 use crate::mixers::layer::{BackwardArgs, LayerGrads};
 use crate::mixers::{MixerKind, MixerOptions};
 use crate::model::lm::training::{Grads, ModelActs, Scope};
@@ -85,6 +85,9 @@ pub struct DistillConfig {
     pub sample_len: usize,
     /// Sequences sampled at a time.
     pub sample_batch: usize,
+    /// The GEMMs' arithmetic (teacher and student, forward and backward): f32, or mixed (f16
+    /// operands scaled per tensor, f32 accumulation, on tensor cores where the adapter has them).
+    pub precision: Precision,
 }
 
 impl Default for DistillConfig {
@@ -115,6 +118,7 @@ impl Default for DistillConfig {
             teacher_tokens: 0,
             sample_len: 256,
             sample_batch: 32,
+            precision: Precision::F32,
         }
     }
 }
@@ -243,6 +247,7 @@ impl<'g> Distiller<'g> {
     /// match `config`).
     pub fn new(gpu: &'g Gpu, teacher: &ModelWeights, tokenizer: &Tokenizer, source: &str, corpus: Corpus, config: DistillConfig, out: &Path, resume: bool) -> Result<Self> {
         config.validate()?;
+        gpu.set_precision(config.precision)?;
         let mut tw = teacher.clone();
         if let Some(n) = config.layers {
             if n == 0 || n > tw.layers.len() {

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# f32 against mixed precision (tensor cores) on the lent GPU, in two calls back to back (the
+# teacher's two-part upload of ../shared/DEVICE.md):
+#   1. `bash scripts/device-precision.sh gemm`: carry .stage/gguf.part00 .stage/tok .gl .whl and
+#      .exp/run (after.gz: the stripped binary, gzipped; coop.gz: the tests/coop.rs binary).
+#      Stages part00 and the token cache in /root/stage, runs tests/coop.rs, `linearize bench ops`
+#      (every GEMM on both paths, with its error against f64) and PyTorch's cuBLAS GEMMs
+#      (scripts/bench_torch_gemm.py).
+#   2. `bash scripts/device-precision.sh distill [TOKENS]`: carry .stage/gguf.part01 .gl .exp/run.
+#      The teacher's prefill in f32 and mixed, then one gated DeltaNet distillation (all three
+#      stages) in each precision on the same tokens: losses, held-out perplexities, tokens/s.
+# Results go to $OUT/res.tgz.
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export LINEARIZE_HOME=/root/lh
+B=/root/linearize
+[ -x $B ] || { gunzip -c .exp/run/after.gz > $B && chmod +x $B; }
+R=/root/res && mkdir -p $R
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
+case "${1:-gemm}" in
+gemm)
+  mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok /root/stage/
+  gunzip -c .exp/run/coop.gz > /root/coop && chmod +x /root/coop
+  /root/coop --nocapture > $R/coop-test.txt 2>&1; echo "coop tests rc=$?" >> $R/coop-test.txt
+  tail -4 $R/coop-test.txt
+  timeout 240 $B bench ops --json --iters 10 > $R/ops.json 2> $R/ops.err
+  grep -h '"path"' $R/ops.err | grep linear | cut -c1-200
+  timeout 150 python3 scripts/bench_torch_gemm.py --out $R/torch-gemm.jsonl > /dev/null 2>> $R/torch.err
+  ;;
+distill)
+  TOKENS=${2:-524288}
+  mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
+  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+  sha256sum "$G" | tee $R/teacher.sha256
+  for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+  for p in f32 mixed; do
+    timeout 60 $B bench teacher --precision $p --prefill 8x512,4x2048 --decode 512 --decode-tokens 16 --iters 5 --json > $R/teacher-$p.json 2>> $R/teacher.err
+  done
+  for p in f32 mixed; do
+    timeout 200 $B distill --mixer gated_deltanet --precision $p --tokens $TOKENS --out /root/run-$p --checkpoint-every 100000 --json > $R/distill-$p.jsonl 2> $R/distill-$p.err
+    grep '"perplexity"' $R/distill-$p.jsonl | tail -2 | cut -c1-200
+  done
+  ;;
+esac
+tar czf $OUT/res.tgz -C $R .
