@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # f32 against mixed precision (tensor cores) on the lent GPU, in two calls back to back (the
 # teacher's two-part upload of ../shared/DEVICE.md):
-#   1. `bash scripts/device-precision.sh gemm`: carry .stage/gguf.part00 .stage/tok .gl .whl and
-#      .exp/run (after.gz: the stripped binary, gzipped; coop.gz: the tests/coop.rs binary).
-#      Stages part00 and the token cache in /root/stage, runs tests/coop.rs, `linearize bench ops`
+#   1. `bash scripts/device-precision.sh gemm`: carry .stage/gguf.part00 .stage/tok .gl and
+#      .exp/run/after.gz (the stripped binary, gzipped). Stages part00 and the token cache in
+#      /root/stage, runs `linearize bench ops`
 #      (every GEMM on both paths, with its error against f64) and PyTorch's cuBLAS GEMMs
 #      (scripts/bench_torch_gemm.py).
-#   2. `bash scripts/device-precision.sh distill [TOKENS]`: carry .stage/gguf.part01 .gl .exp/run.
+#   2. `bash scripts/device-precision.sh distill [TOKENS]`: carry .stage/gguf.part01 .gl .exp/run
+#      (with coop.gz, the tests/coop.rs binary: run first, in either call).
 #      The teacher's prefill in f32 and mixed, then one gated DeltaNet distillation (all three
 #      stages) in each precision on the same tokens: losses, held-out perplexities, tokens/s.
 # Results go to $OUT/res.tgz.
@@ -18,12 +19,14 @@ B=/root/linearize
 [ -x $B ] || { gunzip -c .exp/run/after.gz > $B && chmod +x $B; }
 R=/root/res && mkdir -p $R
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
+if [ -f .exp/run/coop.gz ]; then  # the tests/coop.rs binary, in whichever call carries it
+  gunzip -c .exp/run/coop.gz > /root/coop && chmod +x /root/coop
+  /root/coop --nocapture > $R/coop-test.txt 2>&1; echo "coop tests rc=$?" >> $R/coop-test.txt
+  grep -v "^ *$" $R/coop-test.txt | tail -4
+fi
 case "${1:-gemm}" in
 gemm)
   mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok /root/stage/
-  gunzip -c .exp/run/coop.gz > /root/coop && chmod +x /root/coop
-  /root/coop --nocapture > $R/coop-test.txt 2>&1; echo "coop tests rc=$?" >> $R/coop-test.txt
-  tail -4 $R/coop-test.txt
   timeout 240 $B bench ops --json --iters 10 > $R/ops.json 2> $R/ops.err
   grep -h '"path"' $R/ops.err | grep linear | cut -c1-200
   timeout 150 python3 scripts/bench_torch_gemm.py --out $R/torch-gemm.jsonl > /dev/null 2>> $R/torch.err

@@ -38,7 +38,7 @@ pub fn source(name: &str) -> Option<&'static str> {
 
 shader_params!(
     /// nn/matmul and nn/matmul_vec4: y = x·wᵀ over [m, k]·[n, k]ᵀ.
-    MatmulParams for ["nn/matmul", "nn/matmul_vec4", "native/matmul_coop"] {
+    MatmulParams for ["nn/matmul", "nn/matmul_vec4"] {
         m: u32, n: u32, k: u32,
         /// 1: y += x·wᵀ
         accumulate: u32,
@@ -46,6 +46,15 @@ shader_params!(
         sam: u32, sak: u32, sbn: u32, sbk: u32,
         /// y[row, col] is stored at row·ldy + y0 + col.
         ldy: u32, y0: u32,
+    }
+);
+shader_params!(
+    /// native/matmul_coop: nn/matmul's fields, and `kp`, the row length of the operands' f16
+    /// copies (k rounded up to 64).
+    CoopGemmParams for ["native/matmul_coop"] {
+        m: u32, n: u32, k: u32, accumulate: u32,
+        sam: u32, sak: u32, sbn: u32, sbk: u32,
+        ldy: u32, y0: u32, kp: u32,
     }
 );
 shader_params!(RmsNormParams for ["nn/rmsnorm"] { rows: u32, cols: u32, eps: f32 });
@@ -104,6 +113,7 @@ shader_params!(ConvParams for ["mixers/common/conv"] { batch: u32, seq: u32, cha
 /// Every parameter type above, for the test that checks them against the WGSL.
 pub const PARAMS: &[ParamsLayout] = &[
     ParamsLayout::of::<MatmulParams>("MatmulParams"),
+    ParamsLayout::of::<CoopGemmParams>("CoopGemmParams"),
     ParamsLayout::of::<RmsNormParams>("RmsNormParams"),
     ParamsLayout::of::<EmbeddingParams>("EmbeddingParams"),
     ParamsLayout::of::<RopeParams>("RopeParams"),

@@ -1,54 +1,46 @@
 """Generates shaders/native/matmul_coop.wgsl. Run: python3 shaders/gen/matmul_coop.py
 
 The tensor-core GEMM (../shared/PERF.md: cooperative matrices in wgpu 30): y[i, j] (+)=
-Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk], one kernel for the forward y = x·wᵀ and both backward
-products (dx = dy·w, dw = dyᵀ·x) with no transpose pass: the strides say where the operands
-live, and the staging writes them in the one layout the matrix loads read.
+Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk], one path for the forward y = x·wᵀ and both backward
+products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. Three dispatches:
 
-f16 holds 2^-24 .. 65504: gradients (a loss's seed is divided by the batch's rows) underflow it
-and a large activation could overflow it. So every operand is scaled by a power of two, chosen
-per tensor on the GPU: `operand_amax` reduces max |a| and max |b| into two words, and the GEMM
-stages a·s_a and b·s_b with s = 2^(13 − ⌊log2 max⌋) (the largest value lands in [2^13, 2^14))
-and multiplies the f32 result by 1/s_a and 1/s_b. Powers of two scale exactly: the only change to
-the values is f16's 11-bit rounding, which is then relative to each value, whatever its size
-(down to max · 2^-37, where f16's subnormals begin). No loss scale to tune, no skipped steps.
+  operand_amax  max |a| and max |b| into two words (atomics over workgroups);
+  operand_f16   each operand scaled by a power of two, rounded to f16 and written as a padded
+                copy [rows, kp] with the reduction index fastest — transposed on the way where
+                the operand's rows are its contiguous index (64×64 tiles through workgroup
+                memory, so reads and writes are both coalesced);
+  matmul_coop   4 subgroups of 32 per 128×128 tile of y, each 64×64 as 4×4 accumulators of
+                16×16 in f32, its matrix loads straight from the f16 copies (the layout the
+                measured probe ran at 56 TFLOP/s on the H200).
 
-A workgroup of 256 threads (8 subgroups of 32) owns a 128×128 tile of y. Per step of 32 along
-the reduction, every thread reads 16 values of a and 16 of b from storage (coalesced along
-whichever of the two indices has stride 1), rounds them to f16 and writes them to workgroup
-memory; each subgroup then multiplies its 64×32 block as 4×2 accumulators of 16×16 in f32.
-The next step's values are read into registers before the products run, so the loads are in
-flight while the tensor cores work. Out-of-range rows, columns and reduction indices are staged
-as zeros, so any shape works (the tiles themselves are never read out of bounds).
+Why the scales: f16 holds 2^-24 .. 65504; gradients (a loss seed is divided by the batch's rows)
+underflow it and large activations overflow it. s = 2^(13 − ⌊log2 max⌋) puts an operand's
+largest value in [2^13, 2^14); the f32 result is multiplied by 1/s_a and 1/s_b. Powers of two
+scale exactly, so the one change to the values is f16's 11-bit rounding, relative to each value
+whatever its size (down to max · 2^-37, where f16's subnormals begin). No loss scale to tune and
+no skipped steps. The copies are padded with zeros to multiples of 128 rows and 64 reduction
+indices, so the matrix loads (never bounds-checked) stay inside them.
 
-Why generated: the eight accumulators and the staged values must be named registers, never
-indexed arrays (see matmul_vec4.py).
+Why generated: the sixteen accumulators must be named registers, never indexed arrays (see
+matmul_vec4.py).
 """
 import pathlib
 
-BM, BN, BK = 128, 128, 32
-LDS = BK + 8  # f16 per staged row: 80 bytes, a multiple of 16, off the 64-byte bank period
-MI, NJ = 4, 2  # accumulators per subgroup: 64 rows × 32 columns
-
-def fetch_all(k, indent):
-    return "\n".join(
-        f"{indent}fa{e} = fetch(true, i0, {k}, tid + {256 * e}u, sa);\n{indent}fb{e} = fetch(false, j0, {k}, tid + {256 * e}u, sb);"
-        for e in range(4))
-decl = "\n".join(f"    var fa{e} = vec4<f32>(0.0);\n    var fb{e} = vec4<f32>(0.0);" for e in range(4))
-stage = "\n".join(f"        stage(true, tid + {256 * e}u, fa{e});\n        stage(false, tid + {256 * e}u, fb{e});" for e in range(4))
+MI = NJ = 4  # accumulators per subgroup: 64 × 64
 acc_decl = "\n".join(f"    var acc{i}{j} = coop_mat16x16<f32, C>();" for i in range(MI) for j in range(NJ))
 loads = "\n".join(
-    [f"            let ma{i} = coopLoadT<coop_mat16x16<f16, A>>(&a_sh[(wm * 64u + {16 * i}u) * LDS + kk], LDS);" for i in range(MI)]
-    + [f"            let mb{j} = coopLoad<coop_mat16x16<f16, B>>(&b_sh[(wn * 32u + {16 * j}u) * LDS + kk], LDS);" for j in range(NJ)])
-mma = "\n".join(f"            acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(MI) for j in range(NJ))
-stores = "\n".join(f"    write_out(acc{i}{j}, sg, lane, i0 + wm * 64u + {16 * i}u, j0 + wn * 32u + {16 * j}u, unscale);" for i in range(MI) for j in range(NJ))
+    [f"        let ma{i} = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + {16 * i}u * p.kp], p.kp);" for i in range(MI)]
+    + [f"        let mb{j} = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + {16 * j}u * p.kp], p.kp);" for j in range(NJ)])
+mma = "\n".join(f"        acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(MI) for j in range(NJ))
+stores = "\n".join(f"    write_out(acc{i}{j}, sg, lane, i0 + {16 * i}u, j0 + {16 * j}u, unscale);" for i in range(MI) for j in range(NJ))
 
 src = f"""// GENERATED by shaders/gen/matmul_coop.py: edit the generator, not this file.
 //
 // Tensor-core GEMM: y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for i < m, j < n,
 // r < k, stored at y[i·ldy + y0 + j]. Operands f32 in storage, scaled per tensor by a power of
-// two (operand_amax first) and rounded to f16 when staged; products accumulated in f32. Native only (wgpu's cooperative-matrix extension, subgroups of
-// 32); the f32 kernels of nn/matmul*.wgsl serve every other adapter. Same Params as nn/matmul.
+// two and copied to f16 (operand_amax, operand_f16), products accumulated in f32 (matmul_coop).
+// Native only (wgpu's cooperative-matrix extension, subgroups of 32); the f32 kernels of
+// nn/matmul*.wgsl serve every other adapter. The generator's docstring says why.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -63,6 +55,8 @@ struct Params {{
     sbk: u32,
     ldy: u32,
     y0: u32,
+    // The f16 copies' row length: k rounded up to a multiple of 64.
+    kp: u32,
 }}
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -72,18 +66,12 @@ struct Params {{
 // max |a| and max |b| as f32 bits (non-negative floats order as their bits); zeroed before
 // operand_amax runs.
 @group(0) @binding(4) var<storage, read_write> amax: array<atomic<u32>, 2>;
-
-const BM: u32 = {BM}u;
-const BN: u32 = {BN}u;
-const BK: u32 = {BK}u;
-const LDS: u32 = {LDS}u;
-
-// The staged tiles, reduction index fastest: a as [BM][LDS] (row-major M×K), b as [BN][LDS]
-// (column-major K×N), so both matrix loads read 16 contiguous f16 per row or column.
-var<workgroup> a_sh: array<f16, {BM * LDS}>;
-var<workgroup> b_sh: array<f16, {BN * LDS}>;
-// One 16×16 accumulator per subgroup on its way to y (bounds and accumulate).
-var<workgroup> c_sh: array<f32, {8 * 256}>;
+// The f16 copies as operand_f16 writes them (pairs packed in a word) and as matmul_coop reads
+// them: [rows rounded up to 128, kp], reduction index fastest.
+@group(0) @binding(5) var<storage, read_write> a16_out: array<u32>;
+@group(0) @binding(6) var<storage, read_write> b16_out: array<u32>;
+@group(0) @binding(7) var<storage, read> a16: array<f16>;
+@group(0) @binding(8) var<storage, read> b16: array<f16>;
 
 var<workgroup> max_sh: array<u32, 256>;
 
@@ -127,69 +115,65 @@ fn operand_scale(max_bits: u32) -> f32 {{
     return bitcast<f32>((267u - e) << 23u);
 }}
 
-// Slot `s` (< 1024) of a tile's 128 × 32 values as 4 consecutive values: along the reduction
-// where it has stride 1 (8 slots per row), else along the rows (32 slots per reduction index).
-fn slot(s: u32, contiguous_k: bool) -> vec2<u32> {{
-    if (contiguous_k) {{
-        return vec2<u32>(s / 8u, (s % 8u) * 4u);
-    }}
-    return vec2<u32>((s % 32u) * 4u, s / 32u);
-}}
+var<workgroup> tile_sh: array<f32, {64 * 65}>;
 
-// Four values of operand a (`is_a`) or b at slot `s` of the tile whose rows start at `row0` and
-// reduction at `k0`, times `scale`; zero outside the matrix.
-fn fetch(is_a: bool, row0: u32, k0: u32, s: u32, scale: f32) -> vec4<f32> {{
+// Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy.
+// Read along whichever index has stride 1, written along the reduction index; zeros outside.
+@compute @workgroup_size(256)
+fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let is_a = wid.z == 0u;
     var rows = p.n;
-    var sr = p.sbn;
-    var sk = p.sbk;
+    var s_row = p.sbn;
+    var s_k = p.sbk;
     if (is_a) {{
         rows = p.m;
-        sr = p.sam;
-        sk = p.sak;
+        s_row = p.sam;
+        s_k = p.sak;
     }}
-    let along_k = sk == 1u;
-    let at = slot(s, along_k);
-    var v = vec4<f32>(0.0);
-    for (var q = 0u; q < 4u; q++) {{
-        var i = row0 + at.x;
-        var r = k0 + at.y;
-        if (along_k) {{
-            r += q;
-        }} else {{
-            i += q;
+    let row0 = wid.y * 64u;
+    let k0 = wid.x * 64u;
+    // The copy has rows rounded up to 128: the other operand's grid may reach further.
+    if (row0 >= (rows + 127u) / 128u * 128u) {{
+        return;
+    }}
+    let scale = operand_scale(atomicLoad(&amax[wid.z]));
+    let along_k = s_k == 1u;
+    for (var e = 0u; e < 16u; e++) {{
+        let at = e * 256u + tid;
+        var i = at / 64u;
+        var r = at % 64u;
+        if (!along_k) {{
+            i = at % 64u;
+            r = at / 64u;
         }}
-        if (i < rows && r < p.k) {{
+        var v = 0.0;
+        if (row0 + i < rows && k0 + r < p.k) {{
+            let src = (row0 + i) * s_row + (k0 + r) * s_k;
             if (is_a) {{
-                v[q] = a[i * sr + r * sk];
+                v = a[src];
             }} else {{
-                v[q] = b[i * sr + r * sk];
+                v = b[src];
             }}
         }}
+        tile_sh[i * 65u + r] = v * scale;
     }}
-    return v * scale;
+    workgroupBarrier();
+    for (var e = 0u; e < 8u; e++) {{
+        let at = e * 256u + tid;
+        let i = at / 32u;
+        let r = (at % 32u) * 2u;
+        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r], tile_sh[i * 65u + r + 1u]));
+        let dst = ((row0 + i) * p.kp + k0 + r) / 2u;
+        if (is_a) {{
+            a16_out[dst] = word;
+        }} else {{
+            b16_out[dst] = word;
+        }}
+    }}
 }}
 
-fn stage(is_a: bool, s: u32, v: vec4<f32>) {{
-    var along_k = p.sbk == 1u;
-    if (is_a) {{
-        along_k = p.sak == 1u;
-    }}
-    let at = slot(s, along_k);
-    for (var q = 0u; q < 4u; q++) {{
-        var i = at.x;
-        var r = at.y;
-        if (along_k) {{
-            r += q;
-        }} else {{
-            i += q;
-        }}
-        if (is_a) {{
-            a_sh[i * LDS + r] = f16(v[q]);
-        }} else {{
-            b_sh[i * LDS + r] = f16(v[q]);
-        }}
-    }}
-}}
+// One 16×16 accumulator per subgroup on its way to y (unscale, bounds and accumulate).
+var<workgroup> c_sh: array<f32, {4 * 256}>;
 
 // Accumulator `c` of subgroup `sg` for rows i.. and columns j.. of y, through c_sh.
 fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unscale: vec2<f32>) {{
@@ -211,32 +195,21 @@ fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unsca
     workgroupBarrier();
 }}
 
-@compute @workgroup_size(256)
+// Workgroup (column tile, row tile) of y: subgroup sg takes rows 64·(sg / 2).. and columns
+// 64·(sg % 2).. of the 128 × 128 tile.
+@compute @workgroup_size(128)
 fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let i0 = wid.y * BM;
-    let j0 = wid.x * BN;
     let sg = tid / 32u;
     let lane = tid % 32u;
-    let wm = sg / 4u;
-    let wn = sg % 4u;
-    let sa = operand_scale(atomicLoad(&amax[0]));
-    let sb = operand_scale(atomicLoad(&amax[1]));
-    let unscale = vec2<f32>(1.0 / sa, 1.0 / sb);
+    let i0 = wid.y * 128u + (sg / 2u) * 64u;
+    let j0 = wid.x * 128u + (sg % 2u) * 64u;
+    let unscale = vec2<f32>(1.0 / operand_scale(atomicLoad(&amax[0])), 1.0 / operand_scale(atomicLoad(&amax[1])));
 {acc_decl}
-{decl}
-{fetch_all("0u", "    ")}
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {{
-        // Every subgroup is done with the previous tile before it is overwritten.
-        workgroupBarrier();
-{stage}
-        workgroupBarrier();
-        if (k0 + BK < p.k) {{
-{fetch_all("k0 + BK", "            ")}
-        }}
-        for (var kk = 0u; kk < BK; kk += 16u) {{
+    for (var k0 = 0u; k0 < p.kp; k0 += 16u) {{
+        let ra = i0 * p.kp + k0;
+        let rb = j0 * p.kp + k0;
 {loads}
 {mma}
-        }}
     }}
 {stores}
 }}

@@ -2,8 +2,9 @@
 //
 // Tensor-core GEMM: y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for i < m, j < n,
 // r < k, stored at y[i·ldy + y0 + j]. Operands f32 in storage, scaled per tensor by a power of
-// two (operand_amax first) and rounded to f16 when staged; products accumulated in f32. Native only (wgpu's cooperative-matrix extension, subgroups of
-// 32); the f32 kernels of nn/matmul*.wgsl serve every other adapter. Same Params as nn/matmul.
+// two and copied to f16 (operand_amax, operand_f16), products accumulated in f32 (matmul_coop).
+// Native only (wgpu's cooperative-matrix extension, subgroups of 32); the f32 kernels of
+// nn/matmul*.wgsl serve every other adapter. The generator's docstring says why.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -18,6 +19,8 @@ struct Params {
     sbk: u32,
     ldy: u32,
     y0: u32,
+    // The f16 copies' row length: k rounded up to a multiple of 64.
+    kp: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -27,18 +30,12 @@ struct Params {
 // max |a| and max |b| as f32 bits (non-negative floats order as their bits); zeroed before
 // operand_amax runs.
 @group(0) @binding(4) var<storage, read_write> amax: array<atomic<u32>, 2>;
-
-const BM: u32 = 128u;
-const BN: u32 = 128u;
-const BK: u32 = 32u;
-const LDS: u32 = 40u;
-
-// The staged tiles, reduction index fastest: a as [BM][LDS] (row-major M×K), b as [BN][LDS]
-// (column-major K×N), so both matrix loads read 16 contiguous f16 per row or column.
-var<workgroup> a_sh: array<f16, 5120>;
-var<workgroup> b_sh: array<f16, 5120>;
-// One 16×16 accumulator per subgroup on its way to y (bounds and accumulate).
-var<workgroup> c_sh: array<f32, 2048>;
+// The f16 copies as operand_f16 writes them (pairs packed in a word) and as matmul_coop reads
+// them: [rows rounded up to 128, kp], reduction index fastest.
+@group(0) @binding(5) var<storage, read_write> a16_out: array<u32>;
+@group(0) @binding(6) var<storage, read_write> b16_out: array<u32>;
+@group(0) @binding(7) var<storage, read> a16: array<f16>;
+@group(0) @binding(8) var<storage, read> b16: array<f16>;
 
 var<workgroup> max_sh: array<u32, 256>;
 
@@ -82,69 +79,65 @@ fn operand_scale(max_bits: u32) -> f32 {
     return bitcast<f32>((267u - e) << 23u);
 }
 
-// Slot `s` (< 1024) of a tile's 128 × 32 values as 4 consecutive values: along the reduction
-// where it has stride 1 (8 slots per row), else along the rows (32 slots per reduction index).
-fn slot(s: u32, contiguous_k: bool) -> vec2<u32> {
-    if (contiguous_k) {
-        return vec2<u32>(s / 8u, (s % 8u) * 4u);
-    }
-    return vec2<u32>((s % 32u) * 4u, s / 32u);
-}
+var<workgroup> tile_sh: array<f32, 4160>;
 
-// Four values of operand a (`is_a`) or b at slot `s` of the tile whose rows start at `row0` and
-// reduction at `k0`, times `scale`; zero outside the matrix.
-fn fetch(is_a: bool, row0: u32, k0: u32, s: u32, scale: f32) -> vec4<f32> {
+// Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy.
+// Read along whichever index has stride 1, written along the reduction index; zeros outside.
+@compute @workgroup_size(256)
+fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let is_a = wid.z == 0u;
     var rows = p.n;
-    var sr = p.sbn;
-    var sk = p.sbk;
+    var s_row = p.sbn;
+    var s_k = p.sbk;
     if (is_a) {
         rows = p.m;
-        sr = p.sam;
-        sk = p.sak;
+        s_row = p.sam;
+        s_k = p.sak;
     }
-    let along_k = sk == 1u;
-    let at = slot(s, along_k);
-    var v = vec4<f32>(0.0);
-    for (var q = 0u; q < 4u; q++) {
-        var i = row0 + at.x;
-        var r = k0 + at.y;
-        if (along_k) {
-            r += q;
-        } else {
-            i += q;
+    let row0 = wid.y * 64u;
+    let k0 = wid.x * 64u;
+    // The copy has rows rounded up to 128: the other operand's grid may reach further.
+    if (row0 >= (rows + 127u) / 128u * 128u) {
+        return;
+    }
+    let scale = operand_scale(atomicLoad(&amax[wid.z]));
+    let along_k = s_k == 1u;
+    for (var e = 0u; e < 16u; e++) {
+        let at = e * 256u + tid;
+        var i = at / 64u;
+        var r = at % 64u;
+        if (!along_k) {
+            i = at % 64u;
+            r = at / 64u;
         }
-        if (i < rows && r < p.k) {
+        var v = 0.0;
+        if (row0 + i < rows && k0 + r < p.k) {
+            let src = (row0 + i) * s_row + (k0 + r) * s_k;
             if (is_a) {
-                v[q] = a[i * sr + r * sk];
+                v = a[src];
             } else {
-                v[q] = b[i * sr + r * sk];
+                v = b[src];
             }
         }
+        tile_sh[i * 65u + r] = v * scale;
     }
-    return v * scale;
+    workgroupBarrier();
+    for (var e = 0u; e < 8u; e++) {
+        let at = e * 256u + tid;
+        let i = at / 32u;
+        let r = (at % 32u) * 2u;
+        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r], tile_sh[i * 65u + r + 1u]));
+        let dst = ((row0 + i) * p.kp + k0 + r) / 2u;
+        if (is_a) {
+            a16_out[dst] = word;
+        } else {
+            b16_out[dst] = word;
+        }
+    }
 }
 
-fn stage(is_a: bool, s: u32, v: vec4<f32>) {
-    var along_k = p.sbk == 1u;
-    if (is_a) {
-        along_k = p.sak == 1u;
-    }
-    let at = slot(s, along_k);
-    for (var q = 0u; q < 4u; q++) {
-        var i = at.x;
-        var r = at.y;
-        if (along_k) {
-            r += q;
-        } else {
-            i += q;
-        }
-        if (is_a) {
-            a_sh[i * LDS + r] = f16(v[q]);
-        } else {
-            b_sh[i * LDS + r] = f16(v[q]);
-        }
-    }
-}
+// One 16×16 accumulator per subgroup on its way to y (unscale, bounds and accumulate).
+var<workgroup> c_sh: array<f32, 1024>;
 
 // Accumulator `c` of subgroup `sg` for rows i.. and columns j.. of y, through c_sh.
 fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unscale: vec2<f32>) {
@@ -166,86 +159,73 @@ fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unsca
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256)
+// Workgroup (column tile, row tile) of y: subgroup sg takes rows 64·(sg / 2).. and columns
+// 64·(sg % 2).. of the 128 × 128 tile.
+@compute @workgroup_size(128)
 fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let i0 = wid.y * BM;
-    let j0 = wid.x * BN;
     let sg = tid / 32u;
     let lane = tid % 32u;
-    let wm = sg / 4u;
-    let wn = sg % 4u;
-    let sa = operand_scale(atomicLoad(&amax[0]));
-    let sb = operand_scale(atomicLoad(&amax[1]));
-    let unscale = vec2<f32>(1.0 / sa, 1.0 / sb);
+    let i0 = wid.y * 128u + (sg / 2u) * 64u;
+    let j0 = wid.x * 128u + (sg % 2u) * 64u;
+    let unscale = vec2<f32>(1.0 / operand_scale(atomicLoad(&amax[0])), 1.0 / operand_scale(atomicLoad(&amax[1])));
     var acc00 = coop_mat16x16<f32, C>();
     var acc01 = coop_mat16x16<f32, C>();
+    var acc02 = coop_mat16x16<f32, C>();
+    var acc03 = coop_mat16x16<f32, C>();
     var acc10 = coop_mat16x16<f32, C>();
     var acc11 = coop_mat16x16<f32, C>();
+    var acc12 = coop_mat16x16<f32, C>();
+    var acc13 = coop_mat16x16<f32, C>();
     var acc20 = coop_mat16x16<f32, C>();
     var acc21 = coop_mat16x16<f32, C>();
+    var acc22 = coop_mat16x16<f32, C>();
+    var acc23 = coop_mat16x16<f32, C>();
     var acc30 = coop_mat16x16<f32, C>();
     var acc31 = coop_mat16x16<f32, C>();
-    var fa0 = vec4<f32>(0.0);
-    var fb0 = vec4<f32>(0.0);
-    var fa1 = vec4<f32>(0.0);
-    var fb1 = vec4<f32>(0.0);
-    var fa2 = vec4<f32>(0.0);
-    var fb2 = vec4<f32>(0.0);
-    var fa3 = vec4<f32>(0.0);
-    var fb3 = vec4<f32>(0.0);
-    fa0 = fetch(true, i0, 0u, tid + 0u, sa);
-    fb0 = fetch(false, j0, 0u, tid + 0u, sb);
-    fa1 = fetch(true, i0, 0u, tid + 256u, sa);
-    fb1 = fetch(false, j0, 0u, tid + 256u, sb);
-    fa2 = fetch(true, i0, 0u, tid + 512u, sa);
-    fb2 = fetch(false, j0, 0u, tid + 512u, sb);
-    fa3 = fetch(true, i0, 0u, tid + 768u, sa);
-    fb3 = fetch(false, j0, 0u, tid + 768u, sb);
-    for (var k0 = 0u; k0 < p.k; k0 += BK) {
-        // Every subgroup is done with the previous tile before it is overwritten.
-        workgroupBarrier();
-        stage(true, tid + 0u, fa0);
-        stage(false, tid + 0u, fb0);
-        stage(true, tid + 256u, fa1);
-        stage(false, tid + 256u, fb1);
-        stage(true, tid + 512u, fa2);
-        stage(false, tid + 512u, fb2);
-        stage(true, tid + 768u, fa3);
-        stage(false, tid + 768u, fb3);
-        workgroupBarrier();
-        if (k0 + BK < p.k) {
-            fa0 = fetch(true, i0, k0 + BK, tid + 0u, sa);
-            fb0 = fetch(false, j0, k0 + BK, tid + 0u, sb);
-            fa1 = fetch(true, i0, k0 + BK, tid + 256u, sa);
-            fb1 = fetch(false, j0, k0 + BK, tid + 256u, sb);
-            fa2 = fetch(true, i0, k0 + BK, tid + 512u, sa);
-            fb2 = fetch(false, j0, k0 + BK, tid + 512u, sb);
-            fa3 = fetch(true, i0, k0 + BK, tid + 768u, sa);
-            fb3 = fetch(false, j0, k0 + BK, tid + 768u, sb);
-        }
-        for (var kk = 0u; kk < BK; kk += 16u) {
-            let ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a_sh[(wm * 64u + 0u) * LDS + kk], LDS);
-            let ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a_sh[(wm * 64u + 16u) * LDS + kk], LDS);
-            let ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a_sh[(wm * 64u + 32u) * LDS + kk], LDS);
-            let ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a_sh[(wm * 64u + 48u) * LDS + kk], LDS);
-            let mb0 = coopLoad<coop_mat16x16<f16, B>>(&b_sh[(wn * 32u + 0u) * LDS + kk], LDS);
-            let mb1 = coopLoad<coop_mat16x16<f16, B>>(&b_sh[(wn * 32u + 16u) * LDS + kk], LDS);
-            acc00 = coopMultiplyAdd(ma0, mb0, acc00);
-            acc01 = coopMultiplyAdd(ma0, mb1, acc01);
-            acc10 = coopMultiplyAdd(ma1, mb0, acc10);
-            acc11 = coopMultiplyAdd(ma1, mb1, acc11);
-            acc20 = coopMultiplyAdd(ma2, mb0, acc20);
-            acc21 = coopMultiplyAdd(ma2, mb1, acc21);
-            acc30 = coopMultiplyAdd(ma3, mb0, acc30);
-            acc31 = coopMultiplyAdd(ma3, mb1, acc31);
-        }
+    var acc32 = coop_mat16x16<f32, C>();
+    var acc33 = coop_mat16x16<f32, C>();
+    for (var k0 = 0u; k0 < p.kp; k0 += 16u) {
+        let ra = i0 * p.kp + k0;
+        let rb = j0 * p.kp + k0;
+        let ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u * p.kp], p.kp);
+        let ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 16u * p.kp], p.kp);
+        let ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 32u * p.kp], p.kp);
+        let ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 48u * p.kp], p.kp);
+        let mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 0u * p.kp], p.kp);
+        let mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 16u * p.kp], p.kp);
+        let mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 32u * p.kp], p.kp);
+        let mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 48u * p.kp], p.kp);
+        acc00 = coopMultiplyAdd(ma0, mb0, acc00);
+        acc01 = coopMultiplyAdd(ma0, mb1, acc01);
+        acc02 = coopMultiplyAdd(ma0, mb2, acc02);
+        acc03 = coopMultiplyAdd(ma0, mb3, acc03);
+        acc10 = coopMultiplyAdd(ma1, mb0, acc10);
+        acc11 = coopMultiplyAdd(ma1, mb1, acc11);
+        acc12 = coopMultiplyAdd(ma1, mb2, acc12);
+        acc13 = coopMultiplyAdd(ma1, mb3, acc13);
+        acc20 = coopMultiplyAdd(ma2, mb0, acc20);
+        acc21 = coopMultiplyAdd(ma2, mb1, acc21);
+        acc22 = coopMultiplyAdd(ma2, mb2, acc22);
+        acc23 = coopMultiplyAdd(ma2, mb3, acc23);
+        acc30 = coopMultiplyAdd(ma3, mb0, acc30);
+        acc31 = coopMultiplyAdd(ma3, mb1, acc31);
+        acc32 = coopMultiplyAdd(ma3, mb2, acc32);
+        acc33 = coopMultiplyAdd(ma3, mb3, acc33);
     }
-    write_out(acc00, sg, lane, i0 + wm * 64u + 0u, j0 + wn * 32u + 0u, unscale);
-    write_out(acc01, sg, lane, i0 + wm * 64u + 0u, j0 + wn * 32u + 16u, unscale);
-    write_out(acc10, sg, lane, i0 + wm * 64u + 16u, j0 + wn * 32u + 0u, unscale);
-    write_out(acc11, sg, lane, i0 + wm * 64u + 16u, j0 + wn * 32u + 16u, unscale);
-    write_out(acc20, sg, lane, i0 + wm * 64u + 32u, j0 + wn * 32u + 0u, unscale);
-    write_out(acc21, sg, lane, i0 + wm * 64u + 32u, j0 + wn * 32u + 16u, unscale);
-    write_out(acc30, sg, lane, i0 + wm * 64u + 48u, j0 + wn * 32u + 0u, unscale);
-    write_out(acc31, sg, lane, i0 + wm * 64u + 48u, j0 + wn * 32u + 16u, unscale);
+    write_out(acc00, sg, lane, i0 + 0u, j0 + 0u, unscale);
+    write_out(acc01, sg, lane, i0 + 0u, j0 + 16u, unscale);
+    write_out(acc02, sg, lane, i0 + 0u, j0 + 32u, unscale);
+    write_out(acc03, sg, lane, i0 + 0u, j0 + 48u, unscale);
+    write_out(acc10, sg, lane, i0 + 16u, j0 + 0u, unscale);
+    write_out(acc11, sg, lane, i0 + 16u, j0 + 16u, unscale);
+    write_out(acc12, sg, lane, i0 + 16u, j0 + 32u, unscale);
+    write_out(acc13, sg, lane, i0 + 16u, j0 + 48u, unscale);
+    write_out(acc20, sg, lane, i0 + 32u, j0 + 0u, unscale);
+    write_out(acc21, sg, lane, i0 + 32u, j0 + 16u, unscale);
+    write_out(acc22, sg, lane, i0 + 32u, j0 + 32u, unscale);
+    write_out(acc23, sg, lane, i0 + 32u, j0 + 48u, unscale);
+    write_out(acc30, sg, lane, i0 + 48u, j0 + 0u, unscale);
+    write_out(acc31, sg, lane, i0 + 48u, j0 + 16u, unscale);
+    write_out(acc32, sg, lane, i0 + 48u, j0 + 32u, unscale);
+    write_out(acc33, sg, lane, i0 + 48u, j0 + 48u, unscale);
 }

@@ -2,7 +2,7 @@
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
-use crate::shaders::{AttentionParams, ElementwiseParams, EmbeddingParams, MatmulParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
+use crate::shaders::{AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
 pub use weight::{embed, matrix_dtype, project, Weight};
@@ -310,23 +310,32 @@ fn tensor_cores(rec: &Recorder) -> bool {
 }
 
 /// `strided` on tensor cores (native/matmul_coop.wgsl): each operand scaled by a power of two
-/// from its max |value| (reduced on the GPU first) and rounded to f16 when staged, f32
-/// accumulation, into columns y0.. of a y with rows of `ldy`; any shape (tiles zero-padded).
+/// from its max |value| (reduced on the GPU) and copied to f16 with the reduction index fastest
+/// (padded with zeros to 128 rows and 64 reduction indices), then multiplied with f32
+/// accumulation into columns y0.. of a y with rows of `ldy`. Any shape and strides.
 fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
-    let [sam, sak, sbn, sbk] = strides.map(|v| v as u32);
-    let extent_a = (rows.max(1) - 1) * sam as usize + (red.max(1) - 1) * sak as usize + 1;
-    let extent_b = (cols.max(1) - 1) * sbn as usize + (red.max(1) - 1) * sbk as usize + 1;
+    let [sam, sak, sbn, sbk] = strides;
+    let extent_a = (rows.max(1) - 1) * sam + (red.max(1) - 1) * sak + 1;
+    let extent_b = (cols.max(1) - 1) * sbn + (red.max(1) - 1) * sbk + 1;
     need("tensor-core gemm a", a, extent_a)?;
     need("tensor-core gemm b", b, extent_b)?;
     need("tensor-core gemm y", y, (rows.max(1) - 1) * ldy + y0 + cols)?;
-    let params = MatmulParams { m: rows as u32, n: cols as u32, k: red as u32, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy as u32, y0: y0 as u32 };
+    let kp = red.div_ceil(64) * 64;
+    let (rows_p, cols_p) = (rows.div_ceil(128) * 128, cols.div_ceil(128) * 128);
+    let [m, n, k, sam, sak, sbn, sbk, ldy, y0, kp32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp].map(|v| v as u32);
+    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy, y0, kp: kp32 };
     let amax = rec.temp(2)?;
     zero(rec, &amax, 2)?;
     // 16 values per thread, at most 1024 workgroups per operand (grid-strided beyond).
     let amax_groups = extent_a.max(extent_b).div_ceil(256 * 16).min(1024) as u32;
-    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "operand_amax"), &params, &[(1, a), (2, b), (4, &amax)], [amax_groups, 2, 1])?;
-    let groups = [cols.div_ceil(128) as u32, rows.div_ceil(128) as u32, 1];
-    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "matmul_coop"), &params, &[(1, a), (2, b), (3, y), (4, &amax)], groups)
+    let shader = "native/matmul_coop";
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &params, &[(1, a), (2, b), (4, &amax)], [amax_groups, 2, 1])?;
+    // Two f16 values per word.
+    let (a16, b16) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?);
+    let groups = [(kp / 64) as u32, (rows_p.max(cols_p) / 64) as u32, 2];
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &params, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], groups)?;
+    let groups = [(cols_p / 128) as u32, (rows_p / 128) as u32, 1];
+    rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[(3, y), (4, &amax), (7, &a16), (8, &b16)], groups)
 }
 
 /// What `rmsnorm` read: x [rows, cols] and its weight w [cols].
