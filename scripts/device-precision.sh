@@ -10,6 +10,8 @@
 #      (with coop.gz, the tests/coop.rs binary: run first, in either call).
 #      The teacher's prefill in f32 and mixed, then one gated DeltaNet distillation (all three
 #      stages) in each precision on the same tokens: losses, held-out perplexities, tokens/s.
+#   `bash scripts/device-precision.sh stage3` (as 2): stage 3 alone in f32 and mixed, and a
+#      profiled mixed run.
 # Results go to $OUT/res.tgz.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -45,6 +47,20 @@ distill)
     timeout 200 $B distill --mixer gated_deltanet --precision $p --tokens $TOKENS --out /root/run-$p --checkpoint-every 100000 --json > $R/distill-$p.jsonl 2> $R/distill-$p.err
     grep '"perplexity"' $R/distill-$p.jsonl | tail -2 | cut -c1-200
   done
+  ;;
+stage3)
+  # Stage 3 alone, 16 steps of 8×512 in each precision, then a profiled mixed run (seconds per
+  # kernel): where the step's time goes once the GEMMs run on tensor cores.
+  mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
+  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+  for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+  for p in f32 mixed; do
+    timeout 120 $B distill --mixer gated_deltanet --precision $p --tokens 65536 --split 0,0,1 --heldout-tokens 512 --out /root/s3-$p --checkpoint-every 100000 --json > $R/stage3-$p.jsonl 2> $R/stage3-$p.err
+    grep '"step"' $R/stage3-$p.jsonl | tail -1 | cut -c1-250
+  done
+  LINEARIZE_PROFILE=1 timeout 150 $B distill --mixer gated_deltanet --precision mixed --tokens 32768 --split 0,0,1 --heldout-tokens 512 --out /root/s3-prof --checkpoint-every 100000 --json > $R/stage3-profile-mixed.jsonl 2> $R/stage3-profile-mixed.err
+  tail -25 $R/stage3-profile-mixed.err
   ;;
 esac
 tar czf $OUT/res.tgz -C $R .

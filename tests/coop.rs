@@ -87,8 +87,9 @@ fn tensor_core_gemms_match_f64_of_f16_operands() {
         let lay = |v: &[f64]| (v[..m * n].to_vec(), transpose(&v[m * n..], n, k));
         check(&gpu, "backward input", (m, k, n), &dy, &w, &lay, &|rec, a, b, y, acc| nn::linear_backward_input(rec, a, b, y, Gemm { m, n, k }, acc));
     }
-    // dw[n, k] = dy[m, n]ᵀ · x[m, k]: a = dyᵀ, b = xᵀ.
-    for &(m, n, k) in &[(1, 1, 1), (15, 9, 49), (200, 130, 33), (513, 64, 576)] {
+    // dw[n, k] = dy[m, n]ᵀ · x[m, k]: a = dyᵀ, b = xᵀ. A small dw with a long reduction splits
+    // it over workgroups (1100: two parts; 1650: three, the last shorter).
+    for &(m, n, k) in &[(1, 1, 1), (15, 9, 49), (200, 130, 33), (513, 64, 576), (1100, 9, 40), (1650, 20, 30)] {
         let (dy, x) = (random(&mut rng, m * n, 1.0), random(&mut rng, m * k, 1.0));
         let lay = |v: &[f64]| (transpose(&v[..m * n], m, n), transpose(&v[m * n..], m, k));
         check(&gpu, "backward weight", (n, k, m), &dy, &x, &lay, &|rec, a, b, y, acc| nn::linear_backward_weight(rec, a, b, y, Gemm { m, n, k }, acc));

@@ -77,8 +77,8 @@ pub struct DistillArgs {
     pub teacher_tokens: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
-    /// The GEMMs' arithmetic: f32, or mixed (f16 operands scaled per tensor, f32 accumulation,
-    /// on tensor cores; adapters with cooperative matrices only)
+    /// The GEMMs' arithmetic: f32, mixed (f16 operands scaled per tensor, f32 accumulation, on
+    /// tensor cores; adapters with cooperative matrices only), or best [default: best]
     #[arg(long, value_enum)]
     pub precision: Option<crate::PrecisionArg>,
     /// Continue from the checkpoint in --out
@@ -184,6 +184,8 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
     let corpus = Corpus::load(&linearize_home().join("corpus"), &teacher.tokenizer)?;
     let gpu = Gpu::new_blocking()?;
     let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?;
+    let path = if gpu.precision() == linearize_core::gpu::Precision::Mixed { "f16 operands on tensor cores, f32 accumulation" } else { "f32" };
+    eprintln!("precision: {} (GEMMs in {path}) on {}", gpu.precision().name(), gpu.adapter.name);
     let mut bar: Option<ProgressBar> = None;
     let json = a.json;
     let mut report = |e: &Event| {

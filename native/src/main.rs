@@ -182,6 +182,8 @@ fn load(spec: &str) -> Result<Model> {
 /// `--precision`: the GEMMs' arithmetic (linearize_core::gpu::Precision).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum PrecisionArg {
+    /// mixed where the adapter has tensor cores, f32 elsewhere
+    Best,
     /// f32 throughout (every adapter)
     F32,
     /// f16 operands scaled per tensor, f32 accumulation, on tensor cores (adapters with
@@ -192,6 +194,7 @@ pub(crate) enum PrecisionArg {
 impl From<PrecisionArg> for linearize_core::gpu::Precision {
     fn from(p: PrecisionArg) -> Self {
         match p {
+            PrecisionArg::Best => linearize_core::gpu::Precision::Best,
             PrecisionArg::F32 => linearize_core::gpu::Precision::F32,
             PrecisionArg::Mixed => linearize_core::gpu::Precision::Mixed,
         }
@@ -460,8 +463,8 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let model = load(spec)?;
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
-    let precision = linearize_core::gpu::Precision::from(*precision);
-    gpu.set_precision(precision)?;
+    gpu.set_precision((*precision).into())?;
+    let precision = gpu.precision();
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {

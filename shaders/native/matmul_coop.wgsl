@@ -21,6 +21,11 @@ struct Params {
     y0: u32,
     // The f16 copies' row length: k rounded up to a multiple of 64.
     kp: u32,
+    // Split reduction: workgroup z takes indices z·split_k .. of kp and writes its partial
+    // product split_stride words further on; sum_splits adds the `splits` parts.
+    split_k: u32,
+    split_stride: u32,
+    splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -36,6 +41,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> b16_out: array<u32>;
 @group(0) @binding(7) var<storage, read> a16: array<f16>;
 @group(0) @binding(8) var<storage, read> b16: array<f16>;
+// The partial products of a split reduction, [splits, m, n], as sum_splits reads them.
+@group(0) @binding(9) var<storage, read> parts: array<f32>;
 
 var<workgroup> max_sh: array<u32, 256>;
 
@@ -140,7 +147,7 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
 var<workgroup> c_sh: array<f32, 1024>;
 
 // Accumulator `c` of subgroup `sg` for rows i.. and columns j.. of y, through c_sh.
-fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unscale: vec2<f32>) {
+fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unscale: vec2<f32>, part: u32) {
     let at = sg * 256u;
     coopStoreT(c, &c_sh[at], 16u);
     workgroupBarrier();
@@ -148,7 +155,7 @@ fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unsca
         let gi = i + e / 16u;
         let gj = j + e % 16u;
         if (gi < p.m && gj < p.n) {
-            let o = gi * p.ldy + p.y0 + gj;
+            let o = part + gi * p.ldy + p.y0 + gj;
             var v = c_sh[at + e] * unscale.x * unscale.y;
             if (p.accumulate != 0u) {
                 v += y[o];
@@ -159,8 +166,8 @@ fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unsca
     workgroupBarrier();
 }
 
-// Workgroup (column tile, row tile) of y: subgroup sg takes rows 64·(sg / 2).. and columns
-// 64·(sg % 2).. of the 128 × 128 tile.
+// Workgroup (column tile, row tile, split) of y: subgroup sg takes rows 64·(sg / 2).. and
+// columns 64·(sg % 2).. of the 128 × 128 tile.
 @compute @workgroup_size(128)
 fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let sg = tid / 32u;
@@ -168,6 +175,7 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let i0 = wid.y * 128u + (sg / 2u) * 64u;
     let j0 = wid.x * 128u + (sg % 2u) * 64u;
     let unscale = vec2<f32>(1.0 / operand_scale(atomicLoad(&amax[0])), 1.0 / operand_scale(atomicLoad(&amax[1])));
+    let part = wid.z * p.split_stride;
     var acc00 = coop_mat16x16<f32, C>();
     var acc01 = coop_mat16x16<f32, C>();
     var acc02 = coop_mat16x16<f32, C>();
@@ -184,7 +192,7 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     var acc31 = coop_mat16x16<f32, C>();
     var acc32 = coop_mat16x16<f32, C>();
     var acc33 = coop_mat16x16<f32, C>();
-    for (var k0 = 0u; k0 < p.kp; k0 += 16u) {
+    for (var k0 = wid.z * p.split_k; k0 < min(p.kp, (wid.z + 1u) * p.split_k); k0 += 16u) {
         let ra = i0 * p.kp + k0;
         let rb = j0 * p.kp + k0;
         let ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u * p.kp], p.kp);
@@ -212,20 +220,38 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         acc32 = coopMultiplyAdd(ma3, mb2, acc32);
         acc33 = coopMultiplyAdd(ma3, mb3, acc33);
     }
-    write_out(acc00, sg, lane, i0 + 0u, j0 + 0u, unscale);
-    write_out(acc01, sg, lane, i0 + 0u, j0 + 16u, unscale);
-    write_out(acc02, sg, lane, i0 + 0u, j0 + 32u, unscale);
-    write_out(acc03, sg, lane, i0 + 0u, j0 + 48u, unscale);
-    write_out(acc10, sg, lane, i0 + 16u, j0 + 0u, unscale);
-    write_out(acc11, sg, lane, i0 + 16u, j0 + 16u, unscale);
-    write_out(acc12, sg, lane, i0 + 16u, j0 + 32u, unscale);
-    write_out(acc13, sg, lane, i0 + 16u, j0 + 48u, unscale);
-    write_out(acc20, sg, lane, i0 + 32u, j0 + 0u, unscale);
-    write_out(acc21, sg, lane, i0 + 32u, j0 + 16u, unscale);
-    write_out(acc22, sg, lane, i0 + 32u, j0 + 32u, unscale);
-    write_out(acc23, sg, lane, i0 + 32u, j0 + 48u, unscale);
-    write_out(acc30, sg, lane, i0 + 48u, j0 + 0u, unscale);
-    write_out(acc31, sg, lane, i0 + 48u, j0 + 16u, unscale);
-    write_out(acc32, sg, lane, i0 + 48u, j0 + 32u, unscale);
-    write_out(acc33, sg, lane, i0 + 48u, j0 + 48u, unscale);
+    write_out(acc00, sg, lane, i0 + 0u, j0 + 0u, unscale, part);
+    write_out(acc01, sg, lane, i0 + 0u, j0 + 16u, unscale, part);
+    write_out(acc02, sg, lane, i0 + 0u, j0 + 32u, unscale, part);
+    write_out(acc03, sg, lane, i0 + 0u, j0 + 48u, unscale, part);
+    write_out(acc10, sg, lane, i0 + 16u, j0 + 0u, unscale, part);
+    write_out(acc11, sg, lane, i0 + 16u, j0 + 16u, unscale, part);
+    write_out(acc12, sg, lane, i0 + 16u, j0 + 32u, unscale, part);
+    write_out(acc13, sg, lane, i0 + 16u, j0 + 48u, unscale, part);
+    write_out(acc20, sg, lane, i0 + 32u, j0 + 0u, unscale, part);
+    write_out(acc21, sg, lane, i0 + 32u, j0 + 16u, unscale, part);
+    write_out(acc22, sg, lane, i0 + 32u, j0 + 32u, unscale, part);
+    write_out(acc23, sg, lane, i0 + 32u, j0 + 48u, unscale, part);
+    write_out(acc30, sg, lane, i0 + 48u, j0 + 0u, unscale, part);
+    write_out(acc31, sg, lane, i0 + 48u, j0 + 16u, unscale, part);
+    write_out(acc32, sg, lane, i0 + 48u, j0 + 32u, unscale, part);
+    write_out(acc33, sg, lane, i0 + 48u, j0 + 48u, unscale, part);
+}
+
+// y[i, j] (+)= Σ_z parts[z, i, j], one thread per element, the parts in order.
+@compute @workgroup_size(256)
+fn sum_splits(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let at = gid.y * 65535u * 256u + gid.x;
+    if (at >= p.m * p.n) {
+        return;
+    }
+    var v = 0.0;
+    for (var z = 0u; z < p.splits; z++) {
+        v += parts[z * p.m * p.n + at];
+    }
+    let o = (at / p.n) * p.ldy + p.y0 + at % p.n;
+    if (p.accumulate != 0u) {
+        v += y[o];
+    }
+    y[o] = v;
 }

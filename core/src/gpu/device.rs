@@ -41,12 +41,14 @@ pub struct Gpu {
     mixed: AtomicBool,
 }
 
-/// The arithmetic of the GEMMs: f32 throughout, or f16 operands (rounded when staged) with f32
+/// The arithmetic of the GEMMs: f32 throughout, or f16 operands (scaled per tensor) with f32
 /// accumulation on tensor cores. Weights, activations and optimizer state stay f32 either way.
+/// `Best` is mixed where the adapter has tensor cores and f32 elsewhere.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
     #[default]
+    Best,
     F32,
     Mixed,
 }
@@ -54,6 +56,7 @@ pub enum Precision {
 impl Precision {
     pub fn name(self) -> &'static str {
         match self {
+            Precision::Best => "best",
             Precision::F32 => "f32",
             Precision::Mixed => "mixed",
         }
@@ -189,8 +192,14 @@ impl Gpu {
         Ok(gpu)
     }
 
-    /// Chooses the GEMMs' arithmetic for all later work on this device (f32 until called).
+    /// Chooses the GEMMs' arithmetic for all later work on this device (f32 until called);
+    /// `Best` resolves to what the adapter has.
     pub fn set_precision(&self, precision: Precision) -> Result<()> {
+        let precision = match precision {
+            Precision::Best if self.adapter.tensor_cores => Precision::Mixed,
+            Precision::Best => Precision::F32,
+            chosen => chosen,
+        };
         if precision == Precision::Mixed && !self.adapter.tensor_cores {
             return Err(Error::argument(
                 "--precision",
@@ -201,6 +210,7 @@ impl Gpu {
         Ok(())
     }
 
+    /// The arithmetic in use: F32 or Mixed (never Best).
     pub fn precision(&self) -> Precision {
         if self.mixed.load(Ordering::Relaxed) { Precision::Mixed } else { Precision::F32 }
     }

@@ -322,8 +322,15 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     need("tensor-core gemm y", y, (rows.max(1) - 1) * ldy + y0 + cols)?;
     let kp = red.div_ceil(64) * 64;
     let (rows_p, cols_p) = (rows.div_ceil(128) * 128, cols.div_ceil(128) * 128);
-    let [m, n, k, sam, sak, sbn, sbk, ldy, y0, kp32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp].map(|v| v as u32);
-    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy, y0, kp: kp32 };
+    // Split the reduction where y has fewer 128×128 tiles than two per SM of a large GPU
+    // (264), in parts of whole 64-index blocks, at least 512 indices each.
+    let tiles = (rows_p / 128) * (cols_p / 128);
+    let blocks = kp / 64;
+    let splits = (TENSOR_CORE_TILES_WANTED.div_ceil(tiles)).min(blocks / 8).max(1);
+    let split_k = blocks.div_ceil(splits) * 64;
+    let splits = kp.div_ceil(split_k);
+    let [m, n, k, sam, sak, sbn, sbk, ldy32, y032, kp32, split_k32, splits32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp, split_k, splits].map(|v| v as u32);
+    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32 };
     let amax = rec.temp(2)?;
     zero(rec, &amax, 2)?;
     // 16 values per thread, at most 1024 workgroups per operand (grid-strided beyond).
@@ -334,9 +341,22 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let (a16, b16) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?);
     let groups = [(kp / 64) as u32, (rows_p.max(cols_p) / 64) as u32, 2];
     rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &params, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], groups)?;
-    let groups = [(cols_p / 128) as u32, (rows_p / 128) as u32, 1];
-    rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[(3, y), (4, &amax), (7, &a16), (8, &b16)], groups)
+    let groups = [(cols_p / 128) as u32, (rows_p / 128) as u32, splits as u32];
+    if splits == 1 {
+        return rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[(3, y), (4, &amax), (7, &a16), (8, &b16)], groups);
+    }
+    // Each split writes its part [rows, cols] (no accumulate), then the parts are summed in order.
+    let parts = rec.temp(splits * rows * cols)?;
+    let part_params = CoopGemmParams { accumulate: 0, ldy: cols as u32, y0: 0, split_stride: (rows * cols) as u32, ..params };
+    rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &part_params, &[(3, &parts), (4, &amax), (7, &a16), (8, &b16)], groups)?;
+    let n_out = rows * cols;
+    let groups = [n_out.min(65535 * 256).div_ceil(256) as u32, n_out.div_ceil(65535 * 256) as u32, 1];
+    rec.dispatch_bindings(&Kernel::new(shader, "sum_splits"), &params, &[(3, y), (9, &parts)], groups)
 }
+
+/// Output tiles of the tensor-core GEMM below which it splits the reduction: two per SM of an
+/// H200 (132 SMs).
+const TENSOR_CORE_TILES_WANTED: usize = 264;
 
 /// What `rmsnorm` read: x [rows, cols] and its weight w [cols].
 #[derive(Clone, Copy)]

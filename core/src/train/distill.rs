@@ -85,8 +85,9 @@ pub struct DistillConfig {
     pub sample_len: usize,
     /// Sequences sampled at a time.
     pub sample_batch: usize,
-    /// The GEMMs' arithmetic (teacher and student, forward and backward): f32, or mixed (f16
-    /// operands scaled per tensor, f32 accumulation, on tensor cores where the adapter has them).
+    /// The GEMMs' arithmetic (teacher and student, forward and backward): f32, mixed (f16
+    /// operands scaled per tensor, f32 accumulation, on tensor cores), or best: mixed where the
+    /// adapter has tensor cores (BENCHMARKS.md: the same held-out perplexity, 1.39× stage 3).
     pub precision: Precision,
 }
 
@@ -118,7 +119,7 @@ impl Default for DistillConfig {
             teacher_tokens: 0,
             sample_len: 256,
             sample_batch: 32,
-            precision: Precision::F32,
+            precision: Precision::Best,
         }
     }
 }
