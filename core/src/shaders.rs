@@ -50,12 +50,14 @@ shader_params!(
 );
 shader_params!(
     /// native/matmul_coop: nn/matmul's fields; `kp`, the row length of the operands' f16
-    /// copies (k rounded up to 64); a split reduction's part length, part stride and count.
+    /// copies (k rounded up to 64); a split reduction's part length, part stride and count;
+    /// operand_amax's workgroups per operand.
     CoopGemmParams for ["native/matmul_coop"] {
         m: u32, n: u32, k: u32, accumulate: u32,
         sam: u32, sak: u32, sbn: u32, sbk: u32,
         ldy: u32, y0: u32, kp: u32,
         split_k: u32, split_stride: u32, splits: u32,
+        amax_groups: u32,
     }
 );
 shader_params!(RmsNormParams for ["nn/rmsnorm"] { rows: u32, cols: u32, eps: f32 });

@@ -4,8 +4,10 @@ The tensor-core GEMM (../shared/PERF.md: cooperative matrices in wgpu 30): y[i, 
 Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk], one path for the forward y = x·wᵀ and both backward
 products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. Three dispatches:
 
-  operand_amax  max |a| and max |b| into two words (atomics over workgroups);
-  operand_f16   each operand scaled by a power of two, rounded to f16 and written as a padded
+  operand_amax  max |a| and max |b| per workgroup (at most 1024 each);
+  operand_f16   reduces them (every workgroup; the first of each operand keeps the result for
+                matmul_coop), scales each operand by a power of two, rounds it to f16 and
+                writes a padded
                 copy [rows, kp] with the reduction index fastest — transposed on the way where
                 the operand's rows are its contiguous index (64×64 tiles through workgroup
                 memory, so reads and writes are both coalesced);
@@ -66,15 +68,17 @@ struct Params {{
     split_k: u32,
     split_stride: u32,
     splits: u32,
+    // Workgroups per operand of operand_amax: the partial maxima operand_f16 reduces.
+    amax_groups: u32,
 }}
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
-// max |a| and max |b| as f32 bits (non-negative floats order as their bits); zeroed before
-// operand_amax runs.
-@group(0) @binding(4) var<storage, read_write> amax: array<atomic<u32>, 2>;
+// Max |value| as f32 bits (non-negative floats order as their bits): operand_amax's partial
+// maxima of a at 0.., of b at 1024..; words 2048 and 2049, the totals, for matmul_coop.
+@group(0) @binding(4) var<storage, read_write> amax: array<u32, 2050>;
 // The f16 copies as operand_f16 writes them (pairs packed in a word) and as matmul_coop reads
 // them: [rows rounded up to 128, kp], reduction index fastest.
 @group(0) @binding(5) var<storage, read_write> a16_out: array<u32>;
@@ -114,8 +118,25 @@ fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         workgroupBarrier();
     }}
     if (tid == 0u) {{
-        atomicMax(&amax[wid.y], max_sh[0]);
+        amax[wid.y * 1024u + wid.x] = max_sh[0];
     }}
+}}
+
+// Max |value| of operand `z` from operand_amax's partial maxima, by the whole workgroup.
+fn operand_max(tid: u32, z: u32) -> u32 {{
+    var best = 0u;
+    for (var i = tid; i < p.amax_groups; i += 256u) {{
+        best = max(best, amax[z * 1024u + i]);
+    }}
+    max_sh[tid] = best;
+    workgroupBarrier();
+    for (var width = 128u; width > 0u; width /= 2u) {{
+        if (tid < width) {{
+            max_sh[tid] = max(max_sh[tid], max_sh[tid + width]);
+        }}
+        workgroupBarrier();
+    }}
+    return max_sh[0];
 }}
 
 // The power of two s with max · s in [2^13, 2^14), from max's bits: s = 2^(140 − E) for max's
@@ -147,7 +168,11 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     if (row0 >= (rows + 127u) / 128u * 128u) {{
         return;
     }}
-    let scale = operand_scale(atomicLoad(&amax[wid.z]));
+    let max_bits = operand_max(tid, wid.z);
+    if (wid.x == 0u && wid.y == 0u && tid == 0u) {{
+        amax[2048u + wid.z] = max_bits;
+    }}
+    let scale = operand_scale(max_bits);
     let along_k = s_k == 1u;
     for (var e = 0u; e < 16u; e++) {{
         let at = e * 256u + tid;
@@ -214,7 +239,7 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let lane = tid % 32u;
     let i0 = wid.y * 128u + (sg / 2u) * 64u;
     let j0 = wid.x * 128u + (sg % 2u) * 64u;
-    let unscale = vec2<f32>(1.0 / operand_scale(atomicLoad(&amax[0])), 1.0 / operand_scale(atomicLoad(&amax[1])));
+    let unscale = vec2<f32>(1.0 / operand_scale(amax[2048u]), 1.0 / operand_scale(amax[2049u]));
     let part = wid.z * p.split_stride;
 {acc_decl}
     for (var k0 = wid.z * p.split_k; k0 < min(p.kp, (wid.z + 1u) * p.split_k); k0 += 16u) {{

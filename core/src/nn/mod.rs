@@ -309,8 +309,9 @@ fn tensor_cores(rec: &Recorder) -> bool {
     rec.gpu().precision() == Precision::Mixed
 }
 
-/// `strided` on tensor cores (native/matmul_coop.wgsl): each operand scaled by a power of two
-/// from its max |value| (reduced on the GPU) and copied to f16 with the reduction index fastest
+/// `strided` on tensor cores (native/matmul_coop.wgsl), three dispatches (four with a split
+/// reduction): each operand scaled by a power of two from its max |value| (reduced on the GPU)
+/// and copied to f16 with the reduction index fastest
 /// (padded with zeros to 128 rows and 64 reduction indices), then multiplied with f32
 /// accumulation into columns y0.. of a y with rows of `ldy`. Any shape and strides.
 fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
@@ -330,11 +331,11 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let split_k = blocks.div_ceil(splits) * 64;
     let splits = kp.div_ceil(split_k);
     let [m, n, k, sam, sak, sbn, sbk, ldy32, y032, kp32, split_k32, splits32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp, split_k, splits].map(|v| v as u32);
-    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32 };
-    let amax = rec.temp(2)?;
-    zero(rec, &amax, 2)?;
     // 16 values per thread, at most 1024 workgroups per operand (grid-strided beyond).
     let amax_groups = extent_a.max(extent_b).div_ceil(256 * 16).min(1024) as u32;
+    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups };
+    // Partial maxima of a, then of b, then the two totals (native/matmul_coop.wgsl).
+    let amax = rec.temp(2050)?;
     let shader = "native/matmul_coop";
     rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &params, &[(1, a), (2, b), (4, &amax)], [amax_groups, 2, 1])?;
     // Two f16 values per word.
