@@ -12,13 +12,17 @@
 #      stages) in each precision on the same tokens: losses, held-out perplexities, tokens/s.
 #   `bash scripts/device-precision.sh stage3` (as 2): stage 3 alone in f32 and mixed, and a
 #      profiled mixed run.
+#   `bash scripts/device-precision.sh upload-eval` (carry .stage/gguf.part00 .stage/eval .gl; the
+#      six tasks' request files in $LINEARIZE_HOME/eval's layout), then
+#      `bash scripts/device-precision.sh eval [LIMIT]` (as 2): the teacher's zero-shot scores in
+#      f32 and in mixed precision on the same documents.
 # Results go to $OUT/res.tgz.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export LINEARIZE_HOME=/root/lh
 B=/root/linearize
-[ -x $B ] || { gunzip -c .exp/run/after.gz > $B && chmod +x $B; }
+[ -x $B ] || [ ! -f .exp/run/after.gz ] || { gunzip -c .exp/run/after.gz > $B && chmod +x $B; }
 R=/root/res && mkdir -p $R
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
 if [ -f .exp/run/coop.gz ]; then  # the tests/coop.rs binary, in whichever call carries it
@@ -46,6 +50,20 @@ distill)
   for p in f32 mixed; do
     timeout 200 $B distill --mixer gated_deltanet --precision $p --tokens $TOKENS --out /root/run-$p --checkpoint-every 100000 --json > $R/distill-$p.jsonl 2> $R/distill-$p.err
     grep '"perplexity"' $R/distill-$p.jsonl | tail -2 | cut -c1-200
+  done
+  ;;
+upload-eval)
+  mkdir -p /root/stage $LINEARIZE_HOME && cp .stage/gguf.part00 /root/stage/ && cp -r .stage/eval $LINEARIZE_HOME/
+  ls -R $LINEARIZE_HOME/eval | head -5
+  ;;
+eval)
+  mkdir -p $LINEARIZE_HOME/teacher
+  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+  sha256sum "$G" | tee $R/teacher.sha256
+  for p in f32 mixed; do
+    timeout 260 $B eval --precision $p --limit ${2:-1000} --json > $R/eval-$p.json 2> $R/eval-$p.err
+    grep -o '"average":[0-9.]*' $R/eval-$p.json
   done
   ;;
 stage3)

@@ -67,6 +67,20 @@ fn generate_streams_the_known_continuation_and_reports_json() {
     assert_eq!(v["ids"], serde_json::json!([7042, 30, 198, 198, 504, 2988]));
 }
 
+/// Mixed precision asked for on an adapter without cooperative matrices (lavapipe) is refused
+/// with the reason, never run in f32 under its name.
+#[test]
+fn mixed_precision_without_tensor_cores_is_refused() {
+    let gpu = linearize_tests::gpu();
+    if gpu.adapter.tensor_cores {
+        eprintln!("NOT RUN: adapter '{}' has tensor cores (tests/coop.rs checks the mixed path there)", gpu.adapter.name);
+        return;
+    }
+    let out = std::process::Command::new(linearize_tests::linearize_bin()).args(["eval", "--precision", "mixed", "--limit", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("mixed precision needs cooperative matrices") && err.contains(&gpu.adapter.name), "{err}");
+}
+
 #[test]
 fn bad_arguments_fail_with_clear_messages() {
     let cases: &[(&[&str], &[(&str, &str)], &str)] = &[
@@ -84,6 +98,7 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["student", "--mixer", "gla", "--layers", "0", "--out", "/tmp/never"], &[], "--layers 0"),
         (&["student", "--mixer", "gla", "--mixer-layers", "3,99", "--out", "/tmp/never"], &[], "layer 99 does not exist"),
         (&["eval", "--tasks", "lambada,mmlu"], &[], "unknown task 'mmlu'"),
+        (&["eval", "--precision", "f64"], &[], "possible values: best, f32, mixed"),
         (&["eval", "--ppl", "/nonexistent/text.txt"], &[], "/nonexistent/text.txt"),
         (&["niah", "--task", "s_niah_9"], &[], "unknown NIAH task 's_niah_9'"),
         (&["saturation", "--model", "smollm2-135m"], &[], "a teacher has no mixer state"),

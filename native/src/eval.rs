@@ -33,6 +33,10 @@ pub struct EvalArgs {
     /// to DIR/f16/ so the two never mix
     #[arg(long, value_enum, default_value_t = crate::Weights::F32)]
     pub weights: crate::Weights,
+    /// The GEMMs' arithmetic (f32 by default; mixed: f16 operands on tensor cores, f32
+    /// accumulation); with --out, mixed records go to DIR/mixed/ (DIR/f16-mixed/ with f16)
+    #[arg(long, value_enum, default_value_t = crate::PrecisionArg::F32)]
+    pub precision: crate::PrecisionArg,
     #[arg(long)]
     pub json: bool,
 }
@@ -160,6 +164,8 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     };
     let model = load(&a.model)?;
     let gpu = Gpu::new_blocking()?;
+    gpu.set_precision(a.precision.into())?;
+    let precision = gpu.precision();
     if let (Some(file), Some(text)) = (&a.ppl, ppl_text) {
         let tokens = model.tokenizer.encode(&text)?;
         let seq = 512.min(tokens.len().saturating_sub(1));
@@ -176,9 +182,13 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         }
         return Ok(());
     }
-    let out = match a.weights {
-        crate::Weights::F32 => a.out.clone(),
-        crate::Weights::F16 => a.out.as_ref().map(|d| d.join("f16")),
+    // Records of one arithmetic never mix with another's.
+    let mixed = precision == linearize_core::gpu::Precision::Mixed;
+    let out = match (a.weights, mixed) {
+        (crate::Weights::F32, false) => a.out.clone(),
+        (crate::Weights::F16, false) => a.out.as_ref().map(|d| d.join("f16")),
+        (crate::Weights::F32, true) => a.out.as_ref().map(|d| d.join("mixed")),
+        (crate::Weights::F16, true) => a.out.as_ref().map(|d| d.join("f16-mixed")),
     };
     let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref())?;
     let avg = average(&results);
@@ -188,7 +198,7 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
     if a.json {
-        println!("{}", json!({ "model": a.model, "weights": a.weights.dtype().name(), "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
+        println!("{}", json!({ "model": a.model, "weights": a.weights.dtype().name(), "precision": precision, "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
     } else {
         println!("average {avg:.4}");
         if let Some(r) = recovery {

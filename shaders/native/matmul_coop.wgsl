@@ -48,6 +48,22 @@ struct Params {
 
 var<workgroup> max_sh: array<u32, 256>;
 
+// The largest of the 256 threads' `v`, for every thread of the workgroup.
+fn workgroup_max(tid: u32, v: u32) -> u32 {
+    max_sh[tid] = v;
+    workgroupBarrier();
+    for (var width = 128u; width > 0u; width /= 2u) {
+        if (tid < width) {
+            max_sh[tid] = max(max_sh[tid], max_sh[tid + width]);
+        }
+        workgroupBarrier();
+    }
+    let total = max_sh[0];
+    // Every thread has read the total before max_sh is written again.
+    workgroupBarrier();
+    return total;
+}
+
 // Workgroup (x, operand): max |v| over operand y's words 0 .. (rows − 1)·s_rows + (k − 1)·s_k
 // (every value the GEMM reads), grid-strided over x.
 @compute @workgroup_size(256)
@@ -67,16 +83,9 @@ fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         }
         best = max(best, bitcast<u32>(abs(v)));
     }
-    max_sh[tid] = best;
-    workgroupBarrier();
-    for (var width = 128u; width > 0u; width /= 2u) {
-        if (tid < width) {
-            max_sh[tid] = max(max_sh[tid], max_sh[tid + width]);
-        }
-        workgroupBarrier();
-    }
+    let total = workgroup_max(tid, best);
     if (tid == 0u) {
-        amax[wid.y * 1024u + wid.x] = max_sh[0];
+        amax[wid.y * 1024u + wid.x] = total;
     }
 }
 
@@ -86,15 +95,7 @@ fn operand_max(tid: u32, z: u32) -> u32 {
     for (var i = tid; i < p.amax_groups; i += 256u) {
         best = max(best, amax[z * 1024u + i]);
     }
-    max_sh[tid] = best;
-    workgroupBarrier();
-    for (var width = 128u; width > 0u; width /= 2u) {
-        if (tid < width) {
-            max_sh[tid] = max(max_sh[tid], max_sh[tid + width]);
-        }
-        workgroupBarrier();
-    }
-    return max_sh[0];
+    return workgroup_max(tid, best);
 }
 
 // The power of two s with max · s in [2^13, 2^14), from max's bits: s = 2^(140 − E) for max's
