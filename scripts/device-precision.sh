@@ -62,7 +62,7 @@ eval)
   [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
   sha256sum "$G" | tee $R/teacher.sha256
   for p in f32 mixed; do
-    timeout 260 $B eval --precision $p --limit ${2:-1000} --json > $R/eval-$p.json 2> $R/eval-$p.err
+    timeout 200 $B eval --precision $p --limit ${2:-1000} --json > $R/eval-$p.json 2> $R/eval-$p.err
     grep -o '"average":[0-9.]*' $R/eval-$p.json
   done
   ;;
