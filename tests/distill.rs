@@ -217,6 +217,20 @@ fn bad_distill_arguments_get_clear_errors() {
     assert!(e.contains("run.toml") && e.contains("learning_rate"), "{e}");
     let e = run(&["--mixer", "gla", "--layers", "99", "--out", &o]);
     assert!(e.contains("--layers") && e.contains("99"), "{e}");
+    std::fs::write(&cfg, "mixer = \"gla\"\nprecision = \"f64\"\n").unwrap();
+    let e = run(&["--config", &cfg.display().to_string(), "--out", &o]);
+    assert!(e.contains("run.toml") && e.contains("best") && e.contains("mixed"), "{e}");
+    if !gpu().adapter.tensor_cores {
+        // Asked for by name (flag or run config), mixed precision is refused where the adapter
+        // cannot run it, before the run writes anything.
+        let fresh = out.join("never-written");
+        let e = run(&["--mixer", "gla", "--precision", "mixed", "--out", &fresh.display().to_string()]);
+        assert!(e.contains("--precision") && e.contains("cooperative matrices"), "{e}");
+        assert!(!fresh.exists(), "a refused run created {}", fresh.display());
+        std::fs::write(&cfg, "mixer = \"gla\"\nprecision = \"mixed\"\n").unwrap();
+        let e = run(&["--config", &cfg.display().to_string(), "--out", &o]);
+        assert!(e.contains("cooperative matrices"), "{e}");
+    }
 }
 
 #[test]
