@@ -22,13 +22,6 @@ pub struct AdapterReport {
     pub tensor_cores: bool,
 }
 
-impl AdapterReport {
-    /// A CPU implementation (lavapipe, SwiftShader): kernels without barriers suit it better.
-    pub fn is_cpu(&self) -> bool {
-        self.device_type == "Cpu"
-    }
-}
-
 /// A device with everything kernels need: queue, pipeline cache and buffer pool.
 pub struct Gpu {
     pub device: wgpu::Device,

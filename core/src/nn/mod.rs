@@ -19,9 +19,11 @@ pub(crate) fn split_groups(n: usize) -> [u32; 3] {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinearKernel {
     Auto,
-    /// nn/matmul.wgsl `matvec`: a thread per column, no barriers (m ≤ 8; best on CPUs).
+    /// nn/matmul.wgsl `matvec`: a thread per column, no barriers (m ≤ 8, any k).
     Matvec,
-    /// nn/matmul_vec4.wgsl `matvec_coalesced`: 16 threads per column (m ≤ 8, k % 4 = 0; GPUs).
+    /// nn/matmul_vec4.wgsl `matvec_coalesced`: 16 threads per column (m ≤ 8, k % 4 = 0): vec4
+    /// loads from consecutive lanes, faster on GPUs and on lavapipe too (decode 1.45 → 1.79
+    /// tokens/s on 2 cores, BENCHMARKS.md).
     MatvecCoalesced,
     /// nn/matmul.wgsl `matmul`: 64×64 scalar tiles, any shape.
     Tiled,
@@ -66,7 +68,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     }
     let kernel = match kernel {
         // Packed f16 weights are read four at a time: only the vec4 kernels take them.
-        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0 && !rec.gpu().adapter.is_cpu()) => LinearKernel::MatvecCoalesced,
+        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) => LinearKernel::MatvecCoalesced,
         LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
         LinearKernel::Auto if k % 4 == 0 || f16 => LinearKernel::TiledVec4,
         LinearKernel::Auto => LinearKernel::Tiled,
