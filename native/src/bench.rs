@@ -72,6 +72,10 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
     type Sampler<'a> = &'a dyn Fn(usize, usize) -> f64;
     let mut out = Vec::new();
+    let keep = |out: &mut Vec<Value>, v: Value| {
+        eprintln!("{v}");
+        out.push(v);
+    };
     // `reps` copies of the op per submission, so a short kernel's time is not the queue's
     // round trip (CUDA-event timings of the peers see the kernel alone).
     let time = |name: String, path: &str, flops: f64, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
@@ -104,7 +108,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let g = Gemm { m, n, k };
         for &precision in &precisions {
             gpu.set_precision(precision)?;
-            let path = if precision == Precision::Mixed { "tensor cores (f16 operands, f32 accumulation)" } else { "f32 tiles" };
+            let path = precision.gemm_path();
             let products: [(&str, &GpuBuf, usize, usize, Sampler); 3] = [
                 ("linear", &y, m, n, &|i, j| (0..k).map(|r| xh[i * k + r] as f64 * wh[j * k + r] as f64).sum()),
                 ("linear backward input", &dx, m, k, &|i, j| (0..n).map(|r| dyh[i * n + r] as f64 * wh[r * k + j] as f64).sum()),
@@ -130,8 +134,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
                 }
                 v["max_abs_err_vs_f64"] = json!(err);
                 v["max_abs_f64"] = json!(big);
-                eprintln!("{v}");
-                out.push(v);
+                keep(&mut out, v);
             }
         }
         gpu.set_precision(Precision::F32)?;
@@ -144,21 +147,18 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let o = gpu.scratch(b * t * 9 * 64)?;
         let flops = 4.0 * (b * 9 * 64) as f64 * (t * (t + 1) / 2) as f64;
         let v = time(format!("attention b{b} t{t} pos0 {}", s.pos0), "f32", flops, 1, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
-        eprintln!("{v}");
-        out.push(v);
+        keep(&mut out, v);
     }
     let (x, w, y) = (gpu.upload_f32("x", &rand(4096 * 576))?, gpu.upload_f32("w", &rand(576))?, gpu.scratch(4096 * 576)?);
     let v = time("rmsnorm 4096x576".into(), "f32", 0.0, 1, &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?;
-    eprintln!("{v}");
-    out.push(v);
+    keep(&mut out, v);
     let v = time("300 x rmsnorm 1x576 (dispatch overhead)".into(), "f32", 0.0, 1, &mut |rec| {
         for _ in 0..300 {
             nn::rmsnorm(rec, &x, &w, &y, 1, 576, 1e-5)?;
         }
         Ok(())
     })?;
-    eprintln!("{v}");
-    out.push(v);
+    keep(&mut out, v);
     Ok(out)
 }
 

@@ -184,8 +184,7 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
     let corpus = Corpus::load(&linearize_home().join("corpus"), &teacher.tokenizer)?;
     let gpu = Gpu::new_blocking()?;
     let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?;
-    let path = if gpu.precision() == linearize_core::gpu::Precision::Mixed { "f16 operands on tensor cores, f32 accumulation" } else { "f32" };
-    eprintln!("precision: {} (GEMMs in {path}) on {}", gpu.precision().name(), gpu.adapter.name);
+    eprintln!("precision: {} (GEMMs on {}) on {}", gpu.precision().name(), gpu.precision().gemm_path(), gpu.adapter.name);
     let mut bar: Option<ProgressBar> = None;
     let json = a.json;
     let mut report = |e: &Event| {

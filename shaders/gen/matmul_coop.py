@@ -2,15 +2,15 @@
 
 The tensor-core GEMM (../shared/PERF.md: cooperative matrices in wgpu 30): y[i, j] (+)=
 Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk], one path for the forward y = x·wᵀ and both backward
-products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. Three dispatches:
+products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. Three dispatches
+(four with a split reduction):
 
   operand_amax  max |a| and max |b| per workgroup (at most 1024 each);
   operand_f16   reduces them (every workgroup; the first of each operand keeps the result for
                 matmul_coop), scales each operand by a power of two, rounds it to f16 and
-                writes a padded
-                copy [rows, kp] with the reduction index fastest — transposed on the way where
-                the operand's rows are its contiguous index (64×64 tiles through workgroup
-                memory, so reads and writes are both coalesced);
+                writes a padded copy [rows, kp] with the reduction index fastest — transposed
+                on the way where the operand's rows are its contiguous index (64×64 tiles
+                through workgroup memory, so reads and writes are both coalesced);
   matmul_coop   4 subgroups of 32 per 128×128 tile of y, each 64×64 as 4×4 accumulators of
                 16×16 in f32, its matrix loads straight from the f16 copies (the layout the
                 measured probe ran at 56 TFLOP/s on the H200). Where y has too few tiles to

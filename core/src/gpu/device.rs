@@ -54,6 +54,14 @@ impl Precision {
             Precision::Mixed => "mixed",
         }
     }
+
+    /// What the GEMMs run on in this precision (Best: as resolved by `Gpu::precision`).
+    pub fn gemm_path(self) -> &'static str {
+        match self {
+            Precision::Mixed => "tensor cores (f16 operands, f32 accumulation)",
+            _ => "f32 tiles",
+        }
+    }
 }
 
 /// Whether `adapter` offers what native/matmul_coop.wgsl needs: the features, a 16×16×16

@@ -313,9 +313,9 @@ fn tensor_cores(rec: &Recorder) -> bool {
 
 /// `strided` on tensor cores (native/matmul_coop.wgsl), three dispatches (four with a split
 /// reduction): each operand scaled by a power of two from its max |value| (reduced on the GPU)
-/// and copied to f16 with the reduction index fastest
-/// (padded with zeros to 128 rows and 64 reduction indices), then multiplied with f32
-/// accumulation into columns y0.. of a y with rows of `ldy`. Any shape and strides.
+/// and copied to f16 with the reduction index fastest (padded with zeros to 128 rows and 64
+/// reduction indices), then multiplied with f32 accumulation into columns y0.. of a y with rows
+/// of `ldy`. Any shape and strides.
 fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
     let [sam, sak, sbn, sbk] = strides;
     let extent_a = (rows.max(1) - 1) * sam + (red.max(1) - 1) * sak + 1;
