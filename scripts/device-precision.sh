@@ -3,9 +3,8 @@
 # teacher's two-part upload of ../shared/DEVICE.md):
 #   1. `bash scripts/device-precision.sh gemm`: carry .stage/gguf.part00 .stage/tok .gl and
 #      .exp/run/after.gz (the stripped binary, gzipped). Stages part00 and the token cache in
-#      /root/stage, runs `linearize bench ops`
-#      (every GEMM on both paths, with its error against f64) and PyTorch's cuBLAS GEMMs
-#      (scripts/bench_torch_gemm.py).
+#      /root/stage, runs `linearize bench ops` (every GEMM on both paths, with its error against
+#      f64) and PyTorch's cuBLAS GEMMs (scripts/bench_torch_gemm.py).
 #   2. `bash scripts/device-precision.sh distill [TOKENS]`: carry .stage/gguf.part01 .gl .exp/run
 #      (with coop.gz, the tests/coop.rs binary: run first, in either call).
 #      The teacher's prefill in f32 and mixed, then one gated DeltaNet distillation (all three
@@ -30,6 +29,17 @@ if [ -f .exp/run/coop.gz ]; then  # the tests/coop.rs binary, in whichever call 
   /root/coop --nocapture > $R/coop-test.txt 2>&1; echo "coop tests rc=$?" >> $R/coop-test.txt
   grep -v "^ *$" $R/coop-test.txt | tail -4
 fi
+# The teacher from the two uploaded parts (checked), and the corpus's token cache.
+teacher() {
+  mkdir -p $LINEARIZE_HOME/teacher
+  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+  sha256sum "$G" | tee $R/teacher.sha256
+}
+corpus() {
+  mkdir -p $LINEARIZE_HOME/corpus
+  for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+}
 case "${1:-gemm}" in
 gemm)
   mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok /root/stage/
@@ -39,11 +49,7 @@ gemm)
   ;;
 distill)
   TOKENS=${2:-524288}
-  mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
-  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
-  sha256sum "$G" | tee $R/teacher.sha256
-  for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+  teacher; corpus
   for p in f32 mixed; do
     timeout 60 $B bench teacher --precision $p --prefill 8x512,4x2048 --decode 512 --decode-tokens 16 --iters 5 --json > $R/teacher-$p.json 2>> $R/teacher.err
   done
@@ -57,10 +63,7 @@ upload-eval)
   ls -R $LINEARIZE_HOME/eval | head -5
   ;;
 eval)
-  mkdir -p $LINEARIZE_HOME/teacher
-  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
-  sha256sum "$G" | tee $R/teacher.sha256
+  teacher
   for p in f32 mixed; do
     timeout 200 $B eval --precision $p --limit ${2:-1000} --json > $R/eval-$p.json 2> $R/eval-$p.err
     grep -o '"average":[0-9.]*' $R/eval-$p.json
@@ -69,10 +72,7 @@ eval)
 stage3)
   # Stage 3 alone, 16 steps of 8×512 in each precision, then a profiled mixed run (seconds per
   # kernel): where the step's time goes once the GEMMs run on tensor cores.
-  mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
-  G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-  [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
-  for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+  teacher; corpus
   for p in f32 mixed; do
     timeout 120 $B distill --mixer gated_deltanet --precision $p --tokens 65536 --split 0,0,1 --heldout-tokens 512 --out /root/s3-$p --checkpoint-every 100000 --json > $R/stage3-$p.jsonl 2> $R/stage3-$p.err
     grep '"step"' $R/stage3-$p.jsonl | tail -1 | cut -c1-250
