@@ -44,9 +44,10 @@ fn transpose(v: &[f64], rows: usize, cols: usize) -> Vec<f64> {
 /// operands are laid out as `op` reads them.
 fn check(gpu: &Gpu, what: &str, (rows, cols, red): (usize, usize, usize), a: &[f32], b: &[f32], lay: &dyn Fn(&[f64]) -> (Vec<f64>, Vec<f64>), op: &dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf, &GpuBuf, &GpuBuf, bool) -> linearize_core::Result<()>) {
     let mut rng = Rng::new(rows as u64 * 31 + cols as u64);
-    let size = a.iter().fold(0.0f32, |m, x| m.max(x.abs())) * b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+    // y's initial values on the scale of the product, so accumulating is tested at any scale.
+    let y_scale = a.iter().fold(0.0f32, |m, x| m.max(x.abs())) * b.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     for accumulate in [false, true] {
-        let y0 = random(&mut rng, rows * cols, size);
+        let y0 = random(&mut rng, rows * cols, y_scale);
         let (ab, bb, yb) = (gpu.upload_f32("a", a).unwrap(), gpu.upload_f32("b", b).unwrap(), gpu.upload_f32("y", &y0).unwrap());
         let mut rec = gpu.recorder();
         op(&mut rec, &ab, &bb, &yb, accumulate).unwrap();
