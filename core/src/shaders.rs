@@ -12,6 +12,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
     ("nn/transpose", include_str!("../../shaders/nn/transpose.wgsl")),
+    ("nn/reduce", include_str!("../../shaders/nn/reduce.wgsl")),
     ("nn/elementwise", include_str!("../../shaders/nn/elementwise.wgsl")),
     ("eval/logprob", include_str!("../../shaders/eval/logprob.wgsl")),
     ("train/losses", include_str!("../../shaders/train/losses.wgsl")),
@@ -79,6 +80,10 @@ shader_params!(
 shader_params!(SwigluParams for ["nn/swiglu"] { rows: u32, ffn: u32 });
 shader_params!(TransposeParams for ["nn/transpose"] { rows: u32, cols: u32 });
 shader_params!(ElementwiseParams for ["nn/elementwise"] { n: u32 });
+shader_params!(
+    /// nn/reduce: column sums of [rows, cols] in blocks of `rows_per_block` rows.
+    ReduceParams for ["nn/reduce"] { rows: u32, cols: u32, rows_per_block: u32, accumulate: u32 }
+);
 shader_params!(LogprobParams for ["eval/logprob"] { rows: u32, vocab: u32 });
 shader_params!(
     /// train/losses: `scale` multiplies the gradient; `accumulate` 1 adds the loss to `out`.
@@ -124,6 +129,7 @@ pub const PARAMS: &[ParamsLayout] = &[
     ParamsLayout::of::<SwigluParams>("SwigluParams"),
     ParamsLayout::of::<TransposeParams>("TransposeParams"),
     ParamsLayout::of::<ElementwiseParams>("ElementwiseParams"),
+    ParamsLayout::of::<ReduceParams>("ReduceParams"),
     ParamsLayout::of::<LogprobParams>("LogprobParams"),
     ParamsLayout::of::<LossParams>("LossParams"),
     ParamsLayout::of::<AdamWParams>("AdamWParams"),

@@ -87,8 +87,10 @@ fn rmsnorm_backward_x(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(wor
     }
 }
 
-// dw[c] (+)= Σ_rows dy · x · r; one thread per column walks the rows (r recomputed per row by
-// the rows' owners is avoided: `y` here holds r per row, written by rmsnorm_row_scale).
+// dw[c] (+)= Σ_rows dy · x · r in two passes: here, thread (column c, block b) sums the rows of
+// block b into partial[b, c] (`dw` below); nn/reduce.wgsl then adds the partials in order.
+// r per row comes from rmsnorm_row_scale (in `row_scale`), not recomputed per column.
+override ROWS_PER_BLOCK: u32 = 64u;
 @group(0) @binding(6) var<storage, read_write> dw: array<f32>;
 @group(0) @binding(7) var<storage, read_write> row_scale: array<f32>;
 
@@ -123,9 +125,11 @@ fn rmsnorm_backward_w(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (c >= p.cols) {
         return;
     }
+    let r0 = gid.y * ROWS_PER_BLOCK;
+    let r1 = min(r0 + ROWS_PER_BLOCK, p.rows);
     var acc = 0.0;
-    for (var r = 0u; r < p.rows; r++) {
+    for (var r = r0; r < r1; r++) {
         acc = fma(dy[r * p.cols + c] * x[r * p.cols + c], row_scale[r], acc);
     }
-    dw[c] = dw[c] + acc;
+    dw[gid.y * p.cols + c] = acc;
 }

@@ -392,7 +392,20 @@ pub fn gate_backward(rec: &mut Recorder, a: &GateArgs, dy: &GpuBuf, g: GateGrads
     let elementwise = [a.cols.div_ceil(64) as u32, a.rows.div_ceil(65535) as u32, a.rows.min(65535) as u32];
     rec.dispatch_bindings(&k("gates_backward"), &params, &[ins.as_slice(), &[(7, g.dx), (8, &dx2)]].concat(), elementwise)?;
     if has_bias || param_kind == Operand::Columns {
-        rec.dispatch_bindings(&k("gates_backward_columns"), &params, &[ins.as_slice(), &[(9, &d_bias), (10, &d_param)]].concat(), [a.cols.div_ceil(64) as u32, 1, 1])?;
+        // Partial sums per row block (placeholders where a gradient is not computed), then
+        // the blocks in order into the gradients.
+        let (per_block, blocks) = crate::nn::column_blocks(a.rows);
+        let partial = |wanted: bool, rec: &mut Recorder| rec.temp(if wanted { blocks * a.cols } else { 1 });
+        let bias_part = partial(has_bias, rec)?;
+        let param_part = partial(param_kind == Operand::Columns, rec)?;
+        let kernel = k("gates_backward_columns").with("ROWS_PER_BLOCK", per_block as f64);
+        rec.dispatch_bindings(&kernel, &params, &[ins.as_slice(), &[(9, &bias_part), (10, &param_part)]].concat(), [a.cols.div_ceil(64) as u32, blocks as u32, 1])?;
+        if has_bias {
+            crate::nn::column_partials_sum(rec, &bias_part, &d_bias, blocks, a.cols, true)?;
+        }
+        if param_kind == Operand::Columns {
+            crate::nn::column_partials_sum(rec, &param_part, &d_param, blocks, a.cols, true)?;
+        }
     }
     if param_kind == Operand::Heads {
         rec.dispatch_bindings(&k("gates_backward_param_heads"), &params, &[ins.as_slice(), &[(10, &d_param)]].concat(), [(a.cols / a.per_head) as u32, 1, 1])?;

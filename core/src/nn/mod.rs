@@ -2,7 +2,7 @@
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
-use crate::shaders::{AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
+use crate::shaders::{AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
 pub use weight::{embed, matrix_dtype, project, Weight};
@@ -281,17 +281,42 @@ pub fn linear_backward_weight(rec: &mut Recorder, dy: &GpuBuf, x: &GpuBuf, dw: &
     linear(rec, &dyt, &xt, dw, Gemm { m: n, n: k, k: m }, accumulate)
 }
 
-/// dst[c] (+)= Σ_r src[r, c] over `rows` rows: the per-column parameter gradients.
-pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols: usize, accumulate: bool) -> Result<()> {
+/// Rows per block of the column sums' first pass (nn/reduce.wgsl `column_sums`, and the kernels
+/// that write such partials themselves: rmsnorm_backward_w, gates_backward_columns).
+const COLUMN_BLOCK: usize = 64;
+
+/// The rows a block of a column sum over `rows` rows takes, and the number of blocks: blocks of
+/// `COLUMN_BLOCK` rows, larger where that would need more than 65,535 (a grid dimension's limit).
+pub fn column_blocks(rows: usize) -> (usize, usize) {
+    let per_block = COLUMN_BLOCK.max(rows.div_ceil(65535));
+    (per_block, rows.div_ceil(per_block).max(1))
+}
+
+/// One pass of nn/reduce.wgsl: dst[b, c] (+)= Σ of rows b·per_block .. of src [rows, cols].
+fn column_sums(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols: usize, per_block: usize, accumulate: bool) -> Result<()> {
+    let blocks = rows.div_ceil(per_block).max(1);
     need("column sum src", src, rows * cols)?;
-    need("column sum dst", dst, cols)?;
-    let ones = rec.gpu().upload_f32("ones", &vec![1.0; rows])?;
-    let t = rec.temp(rows * cols)?;
-    transpose(rec, src, &t, rows, cols)?;
-    // [1, rows] · [cols, rows]ᵀ
-    linear(rec, &ones, &t, dst, Gemm { m: 1, n: cols, k: rows }, accumulate)?;
-    rec.retire(ones);
-    Ok(())
+    need("column sum dst", dst, blocks * cols)?;
+    let params = ReduceParams { rows: rows as u32, cols: cols as u32, rows_per_block: per_block as u32, accumulate: accumulate as u32 };
+    rec.dispatch(&Kernel::new("nn/reduce", "column_sums"), &params, &[src, dst], [cols.div_ceil(64) as u32, blocks as u32, 1])
+}
+
+/// dst[c] (+)= Σ_r src[r, c] over `rows` rows: the per-column parameter gradients. Rows are
+/// summed in blocks, then the blocks' sums in order (the same bits on every run).
+pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols: usize, accumulate: bool) -> Result<()> {
+    let (per_block, blocks) = column_blocks(rows);
+    if blocks == 1 {
+        return column_sums(rec, src, dst, rows, cols, rows.max(1), accumulate);
+    }
+    let partial = rec.temp(blocks * cols)?;
+    column_sums(rec, src, &partial, rows, cols, per_block, false)?;
+    column_partials_sum(rec, &partial, dst, blocks, cols, accumulate)
+}
+
+/// dst[c] (+)= Σ_b partial[b, c] over `blocks` rows of partial sums, in order: the second pass
+/// after a kernel that wrote one row per block of `column_blocks`.
+pub fn column_partials_sum(rec: &mut Recorder, partial: &GpuBuf, dst: &GpuBuf, blocks: usize, cols: usize, accumulate: bool) -> Result<()> {
+    column_sums(rec, partial, dst, blocks, cols, blocks.max(1), accumulate)
 }
 
 /// y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for out shape (rows, cols, reduce).
@@ -385,7 +410,12 @@ pub fn rmsnorm_backward(rec: &mut Recorder, n: &RmsNormInput, dy: &GpuBuf, dx: &
     let params = RmsNormParams { rows: rows as u32, cols: cols as u32, eps };
     rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_backward_x"), &params, &[(1, x), (2, w), (4, dy), (5, dx)], split_groups(rows))?;
     rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_row_scale"), &params, &[(1, x), (7, row_scale)], split_groups(rows))?;
-    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_backward_w"), &params, &[(1, x), (4, dy), (6, dw), (7, row_scale)], [cols.div_ceil(64) as u32, 1, 1])
+    // dw's rows in blocks (one partial row each), then the partials in order.
+    let (per_block, blocks) = column_blocks(rows);
+    let partial = rec.temp(blocks * cols)?;
+    let kernel = Kernel::new("nn/rmsnorm", "rmsnorm_backward_w").with("ROWS_PER_BLOCK", per_block as f64);
+    rec.dispatch_bindings(&kernel, &params, &[(1, x), (4, dy), (6, &partial), (7, row_scale)], [cols.div_ceil(64) as u32, blocks as u32, 1])?;
+    column_partials_sum(rec, &partial, dw, blocks, cols, true)
 }
 
 /// Backward of `swiglu`: the fused [rows, 2·ffn] gradient of gate|up.

@@ -190,15 +190,21 @@ fn gates_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
+// The per-column parameter gradients in row blocks: thread (column c, block b) sums the rows
+// of block b into d_bias[b, c] and d_param[b, c]; nn/reduce.wgsl adds the blocks in order.
+override ROWS_PER_BLOCK: u32 = 64u;
+
 @compute @workgroup_size(64)
 fn gates_backward_columns(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     if (c >= p.cols) {
         return;
     }
+    let r0 = gid.y * ROWS_PER_BLOCK;
+    let r1 = min(r0 + ROWS_PER_BLOCK, p.rows);
     var db = 0.0;
     var dp = 0.0;
-    for (var r = 0u; r < p.rows; r++) {
+    for (var r = r0; r < r1; r++) {
         let i = r * p.cols + c;
         let g = dy[i];
         if (has_bias()) {
@@ -210,11 +216,12 @@ fn gates_backward_columns(@builtin(global_invocation_id) gid: vec3<u32>) {
             dp = fma(g, x[i] + bias[c], dp);
         }
     }
+    let o = gid.y * p.cols + c;
     if (has_bias()) {
-        d_bias[c] = d_bias[c] + db;
+        d_bias[o] = db;
     }
     if (MODE == 5u || MODE == 6u) {
-        d_param[c] = d_param[c] + dp;
+        d_param[o] = dp;
     }
 }
 
