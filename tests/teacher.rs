@@ -90,6 +90,41 @@ fn tiny_llama_prefill_and_decode_match_reference() {
     assert!(err.contains("outside the vocabulary"), "{err}");
 }
 
+/// Greedy decoding with the picks kept on the GPU (read back in bursts of 1, 2, 4, 8, 16, …)
+/// gives the tokens of host-side greedy decoding one token at a time, also when the count ends
+/// inside a burst, and stops at a stop id found in the middle of one.
+#[test]
+fn greedy_bursts_give_the_tokens_of_one_at_a_time_decoding() {
+    let w = tiny_model(11);
+    let vocab = w.config.vocab_size;
+    let t = Teacher::upload(gpu(), &w).unwrap();
+    let prompt: Vec<u32> = vec![5, 17, 42, 99, 3];
+    let n = 40;
+    // Host greedy: every row of logits comes back and its argmax is fed in.
+    let mut cache = t.new_cache(gpu(), 1, prompt.len() + n).unwrap();
+    let mut want = Vec::new();
+    let mut logits = t.forward(gpu(), &mut cache, &prompt, Logits::Last).unwrap();
+    while want.len() < n {
+        let row = gpu().read_f32_blocking(&logits, vocab).unwrap();
+        want.push(argmax(&row));
+        logits = t.forward(gpu(), &mut cache, &want[want.len() - 1..], Logits::Last).unwrap();
+    }
+    // Lengths ending inside a burst (1+2+4+8+16 = 31 < 40 < 47) and at its edge.
+    for len in [1, 3, 7, 31, n] {
+        let s = Sampling { max_new_tokens: len, ..Default::default() };
+        let mut streamed = Vec::new();
+        let got = pollster::block_on(generate(gpu(), &t, &prompt, &s, |id| streamed.push(id))).unwrap();
+        assert_eq!(got, want[..len], "{len} tokens");
+        assert_eq!(streamed, got);
+    }
+    // A stop id first seen inside a burst (not at the last index of bursts 1, 2, 4, 8, 16).
+    let ends = [0, 2, 6, 14, 30];
+    let p = (1..n).find(|&p| !ends.contains(&p) && !want[..p].contains(&want[p])).expect("the tiny model's greedy tokens repeat one id");
+    let s = Sampling { max_new_tokens: n, stop_ids: vec![want[p]], ..Default::default() };
+    let got = pollster::block_on(generate(gpu(), &t, &prompt, &s, |_| {})).unwrap();
+    assert_eq!(got, want[..=p], "stop at {p}");
+}
+
 const PROMPT: &str = "The capital of France is";
 
 #[test]

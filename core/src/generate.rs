@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel};
 use crate::eval::Diagnostics;
-use crate::model::lm::{LanguageModel, Logits};
+use crate::model::lm::{Cache, LanguageModel, Logits};
 
 #[derive(Clone, Debug)]
 pub struct Sampling {
@@ -47,19 +47,29 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// `argmax` of one row of logits [vocab] on the GPU (eval/logprob.wgsl's `greedy`): the id, and
-/// whether every logit was finite.
-pub async fn greedy_on_gpu(gpu: &Gpu, logits: &GpuBuf, vocab: usize) -> Result<(u32, bool)> {
+/// Records `argmax` of one row of logits [vocab] on the GPU (eval/logprob.wgsl's `greedy`) into
+/// `pick`: the id in word 0 (where the embedding can read it), whether some logit was not
+/// finite in word 1.
+fn record_greedy(gpu: &Gpu, logits: &GpuBuf, vocab: usize, pick: &GpuBuf) -> Result<()> {
     need("greedy logits", logits, vocab)?;
-    let out = gpu.scratch(2)?;
+    need("greedy pick", pick, 2)?;
     let mut rec = gpu.recorder();
     let params = crate::shaders::LogprobParams { rows: 1, vocab: vocab as u32 };
-    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (4, &out)], [1, 1, 1])?;
-    rec.submit()?;
-    let v = gpu.read_f32(&out, 2).await;
+    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, pick)], [1, 1, 1])?;
+    rec.submit()
+}
+
+/// `argmax` of one row of logits [vocab] on the GPU: the id, and whether every logit was finite.
+pub async fn greedy_on_gpu(gpu: &Gpu, logits: &GpuBuf, vocab: usize) -> Result<(u32, bool)> {
+    let out = gpu.scratch(2)?;
+    let recorded = record_greedy(gpu, logits, vocab, &out);
+    let v = match recorded {
+        Ok(()) => gpu.read_f32(&out, 2).await,
+        Err(e) => Err(e),
+    };
     gpu.release(out);
     let v = v?;
-    Ok((v[0] as u32, v[1] == 0.0))
+    Ok((v[0].to_bits(), v[1].to_bits() == 0))
 }
 
 /// Picks the next token from one row of logits.
@@ -118,6 +128,9 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
     if let Some(t) = trace.as_deref_mut() {
         t.settle(gpu).await?;
     }
+    if s.temperature == 0.0 && trace.is_none() {
+        return decode_greedy(gpu, model, &mut cache, logits, s, |id| on_token(id, None)).await;
+    }
     while out.len() < s.max_new_tokens {
         let next = if s.temperature == 0.0 {
             // Greedy: the pick is made on the GPU, and 8 bytes come back instead of the row.
@@ -147,4 +160,70 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
         }
     }
     Ok(out)
+}
+
+/// Greedy tokens decoded per read-back grow 1, 2, 4, … up to this many: the first token is
+/// shown at once, the later ones without a host round trip each.
+pub const GREEDY_BURST: usize = 16;
+
+/// Greedy decoding after a forward that left `first` (the logits of the last position; taken)
+/// and `cache`, with the picks kept on the GPU: each token's argmax is written where the next
+/// forward embeds it, and the host reads a burst of picks at once. After a stop id the rest of
+/// its burst is dropped (computed, never shown), so the tokens are those of one-at-a-time
+/// decoding; the cache has then advanced past them.
+pub async fn decode_greedy(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, mut on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+    // One pick per slot; a slot starts where a storage binding may.
+    let stride = (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(2);
+    let mut out = Vec::new();
+    let mut logits = Some(first);
+    let mut burst = 1;
+    while out.len() < s.max_new_tokens {
+        let n = burst.min(s.max_new_tokens - out.len());
+        let picks = gpu.scratch(n * stride)?;
+        let recorded = record_burst(gpu, model, cache, &mut logits, &picks, n, stride, out.len() + n < s.max_new_tokens);
+        let read = match recorded {
+            Ok(()) => gpu.read_f32(&picks, n * stride).await,
+            Err(e) => Err(e),
+        };
+        gpu.release(picks);
+        let words = read?;
+        for j in 0..n {
+            let (id, bad) = (words[j * stride].to_bits(), words[j * stride + 1].to_bits());
+            if bad != 0 {
+                if let Some(l) = logits.take() {
+                    gpu.release(l);
+                }
+                return Err(Error::Gpu(format!("non-finite logit after {} generated tokens", out.len())));
+            }
+            out.push(id);
+            on_token(id);
+            if s.stop_ids.contains(&id) {
+                if let Some(l) = logits.take() {
+                    gpu.release(l);
+                }
+                return Ok(out);
+            }
+        }
+        burst = (burst * 2).min(GREEDY_BURST);
+    }
+    Ok(out)
+}
+
+/// Records `n` greedy steps: the pick of `logits` into slot 0 of `picks`, then a forward of that
+/// pick and its pick into slot 1, and so on; the last pick is followed by a forward only with
+/// `more` (tokens still to come), whose logits are left in `logits` for the next burst.
+#[allow(clippy::too_many_arguments)]
+fn record_burst(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, picks: &GpuBuf, n: usize, stride: usize, more: bool) -> Result<()> {
+    let vocab = model.config.vocab_size;
+    for j in 0..n {
+        let slot = picks.view(j * stride, 2)?;
+        let current = logits.take().ok_or_else(|| Error::Gpu("greedy decoding lost its logits".into()))?;
+        let picked = record_greedy(gpu, &current, vocab, &slot);
+        gpu.release(current);
+        picked?;
+        if j + 1 < n || more {
+            *logits = Some(model.forward_gpu_ids(gpu, cache, &slot, 1, Logits::Last, None)?);
+        }
+    }
+    Ok(())
 }

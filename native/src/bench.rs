@@ -2,6 +2,7 @@
 //! framework's forward computes them) and batch-1 decode after a context, timed on the host
 //! after the device has finished. Warm-up runs first, then the median of timed runs.
 use anyhow::Result;
+use linearize_core::generate::{decode_greedy, Sampling};
 use linearize_core::util::Rng;
 use linearize_core::gpu::{Gpu, GpuBuf, Precision};
 use linearize_core::model::Logits;
@@ -47,14 +48,11 @@ pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: 
         for _ in 0..2 {
             let mut cache = teacher.new_cache(gpu, 1, ctx + decode_tokens)?;
             let logits = teacher.forward(gpu, &mut cache, &ids, Logits::Last)?;
-            let mut next = linearize_core::generate::argmax(&gpu.read_f32_blocking(&logits, vocab)?);
-            gpu.release(logits);
+            gpu.sync()?;
+            // What `generate` runs: greedy picks on the GPU, read back in bursts.
+            let greedy = Sampling { max_new_tokens: decode_tokens, ..Default::default() };
             let start = Instant::now();
-            for _ in 0..decode_tokens {
-                let logits = teacher.forward(gpu, &mut cache, &[next], Logits::Last)?;
-                next = linearize_core::generate::argmax(&gpu.read_f32_blocking(&logits, vocab)?);
-                gpu.release(logits);
-            }
+            pollster::block_on(decode_greedy(gpu, teacher, &mut cache, logits, &greedy, |_| {}))?;
             runs.push(start.elapsed().as_secs_f64());
         }
         let s = runs[runs.len() - 1];

@@ -441,11 +441,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
         }
-        if linearize_core::gpu::profile::enabled() {
-            for (entry, secs, n) in linearize_core::gpu::profile::report() {
-                eprintln!("profile {entry:<40} {secs:>9.4} s {n:>7} dispatches");
-            }
-        }
+        print_profile();
         return Ok(());
     }
     let shapes = prefill
@@ -474,6 +470,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             println!("{r}");
         }
     }
+    print_profile();
     Ok(())
 }
 
@@ -516,4 +513,13 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
         weights.config.num_hidden_layers
     );
     Ok(())
+}
+
+/// With LINEARIZE_PROFILE=1: seconds per kernel, slowest first, on standard error.
+fn print_profile() {
+    if linearize_core::gpu::profile::enabled() {
+        for (entry, secs, n) in linearize_core::gpu::profile::report() {
+            eprintln!("profile {entry:<40} {secs:>9.4} s {n:>7} dispatches");
+        }
+    }
 }

@@ -62,9 +62,11 @@ fn target_logprob(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
 }
 
 // Greedy decoding's pick without the row coming back: per row r of z,
-//   out[2r]     = the first index holding the row's maximum (as f32: exact below 2^24)
-//   out[2r + 1] = 1 when some logit of the row is not finite (the caller stops), else 0
-// — what the host's argmax over the row gives, for 8 bytes instead of 4·vocab.
+//   picks[2r]     = the first index holding the row's maximum
+//   picks[2r + 1] = 1 when some logit of the row is not finite (the caller stops), else 0
+// — what the host's argmax over the row gives, for 8 bytes instead of 4·vocab. picks[2r] is
+// a token id as nn/embedding.wgsl reads them, so the next step can embed it without the host.
+@group(0) @binding(5) var<storage, read_write> picks: array<u32>;
 var<workgroup> red_index: array<u32, 256>;
 
 fn finite(x: f32) -> bool {
@@ -109,7 +111,7 @@ fn greedy(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     }
     bad = reduce(t, bad, true);
     if (t == 0u) {
-        out[2u * r] = f32(red_index[0]);
-        out[2u * r + 1u] = bad;
+        picks[2u * r] = red_index[0];
+        picks[2u * r + 1u] = u32(bad);
     }
 }

@@ -255,19 +255,28 @@ impl LanguageModel {
 
     /// `forward`, also appending each mixer block's diagnostics to `trace` when given.
     pub fn forward_traced(&self, gpu: &Gpu, cache: &mut Cache, ids: &[u32], logits: Logits, trace: Option<&mut Diagnostics>) -> Result<GpuBuf> {
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= self.config.vocab_size) {
+            return Err(Error::argument("ids", format!("token id {bad} is outside the vocabulary of {}", self.config.vocab_size)));
+        }
+        let ids_buf = gpu.upload_u32("ids", ids)?;
+        self.forward_gpu_ids(gpu, cache, &ids_buf, ids.len(), logits, trace)
+    }
+
+    /// `forward_traced` of `rows` token ids that are already on the GPU (the previous step's
+    /// greedy pick, say: decoding then needs no host round trip per token). An id outside the
+    /// vocabulary embeds as nothing in particular; callers that take ids from the host check
+    /// them first (`forward_traced` does).
+    pub fn forward_gpu_ids(&self, gpu: &Gpu, cache: &mut Cache, ids_buf: &GpuBuf, rows: usize, logits: Logits, trace: Option<&mut Diagnostics>) -> Result<GpuBuf> {
         if trace.as_ref().is_some_and(|d| !d.pending.is_empty()) {
             return Err(Error::argument("diagnostics", "the previous forward's diagnostics are not settled; await Diagnostics::settle first"));
         }
         let cfg = &self.config;
         let batch = cache.batch;
-        if ids.is_empty() || ids.len() % batch != 0 {
-            return Err(Error::argument("ids", format!("{} tokens do not split into {batch} equal sequences", ids.len())));
+        if rows == 0 || rows % batch != 0 {
+            return Err(Error::argument("ids", format!("{rows} tokens do not split into {batch} equal sequences")));
         }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= cfg.vocab_size) {
-            return Err(Error::argument("ids", format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
-        }
-        let seq = ids.len() / batch;
-        let rows = ids.len();
+        crate::gpu::need("ids", ids_buf, rows)?;
+        let seq = rows / batch;
         if cache.layers.iter().any(|l| matches!(l, LayerCache::Kv { .. })) && cache.len + seq > cache.cap {
             return Err(Error::argument("context", format!("{} tokens do not fit the KV cache of {} positions", cache.len + seq, cache.cap)));
         }
@@ -284,14 +293,13 @@ impl LanguageModel {
         let eps = cfg.rms_norm_eps as f32;
         let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
 
-        let ids_buf = gpu.upload_u32("ids", ids)?;
         let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
         let mut rec = gpu.recorder();
         let x = rec.temp(rows * d)?;
         let xn = rec.temp(rows * d)?;
         let gate_up = rec.temp(rows * 2 * f)?;
         let act = rec.temp(rows * f)?;
-        nn::embed(&mut rec, &ids_buf, &self.embed, &x, rows)?;
+        nn::embed(&mut rec, ids_buf, &self.embed, &x, rows)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
             match (&block.mixer, layer_cache) {
