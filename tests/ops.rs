@@ -30,10 +30,10 @@ fn linear_matches_reference() {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
             // Every kernel that accepts the shape, whatever `Auto` would pick on this adapter.
-            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::Tiled, LinearKernel::TiledVec4] {
                 let fits = match kernel {
                     LinearKernel::Matvec => m <= 8,
-                    LinearKernel::MatvecCoalesced => m <= 8 && k % 4 == 0,
+                    LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns => m <= 8 && k % 4 == 0,
                     LinearKernel::TiledVec4 => k % 4 == 0,
                     _ => true,
                 };
@@ -71,9 +71,9 @@ fn linear_reads_packed_f16_weights() {
             if accumulate {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
-            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::Tiled, LinearKernel::TiledVec4] {
                 let fits = match kernel {
-                    LinearKernel::MatvecCoalesced => m <= 8,
+                    LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns => m <= 8,
                     LinearKernel::TiledVec4 | LinearKernel::Auto => true,
                     // The scalar kernels read f32 and refuse f16 weights by name.
                     _ => false,

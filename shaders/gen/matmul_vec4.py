@@ -158,7 +158,7 @@ mv_put = "\n".join(f"    partial[tid * 8u + {r}u] = acc{r};" for r in range(8))
 src += f"""
 // Decode (m ≤ 8 rows): 4 columns per workgroup of 64 threads, 16 threads per column reading
 // consecutive vec4 of its weight row (coalesced), then one reduction through workgroup memory.
-// Suited to GPUs; CPU implementations prefer nn/matmul.wgsl's barrier-free matvec.
+// Suited to GPUs; CPU adapters take matvec_columns below.
 var<workgroup> partial: array<f32, 512>; // [64 threads][8 rows]
 
 """
@@ -196,6 +196,38 @@ fn matvec_coalesced{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(
 """
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
+mv_store = "\n".join(f"    if ({r}u < p.m) {{ put_y({r}u, col, acc{r}); }}" for r in range(8))
+src += """
+// Decode on CPU adapters (m ≤ 8 rows): one thread per output column walks its weight row in
+// vec4s for all rows at once. No workgroup memory and no barrier: CPU implementations run a
+// workgroup's invocations as SIMD lanes, and a barrier splits the shader into resumable parts.
+fn put_y(r: u32, col: u32, v: f32) {
+    let idx = r * p.ldy + p.y0 + col;
+    if (p.accumulate != 0u) {
+        y[idx] = y[idx] + v;
+    } else {
+        y[idx] = v;
+    }
+}
+
+"""
+COLUMNS = """@compute @workgroup_size(64)
+fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let col = gid.y * 32768u + gid.x;
+    if (col >= p.n) {{
+        return;
+    }}
+    let k4 = p.k / 4u;
+{mv_acc}
+    for (var kq = 0u; kq < k4; kq++) {{
+        let wv = {READ}(col * k4 + kq);
+{mv_fma}
+    }}
+{mv_store}
+}}
+"""
+for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+    src += COLUMNS.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma.replace("        if", "        if"), mv_store=mv_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

@@ -269,7 +269,7 @@ fn matmul_128_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
 
 // Decode (m ≤ 8 rows): 4 columns per workgroup of 64 threads, 16 threads per column reading
 // consecutive vec4 of its weight row (coalesced), then one reduction through workgroup memory.
-// Suited to GPUs; CPU implementations prefer nn/matmul.wgsl's barrier-free matvec.
+// Suited to GPUs; CPU adapters take matvec_columns below.
 var<workgroup> partial: array<f32, 512>; // [64 threads][8 rows]
 
 @compute @workgroup_size(64)
@@ -375,4 +375,87 @@ fn matvec_coalesced_f16(@builtin(local_invocation_index) tid: u32, @builtin(work
             }
         }
     }
+}
+
+// Decode on CPU adapters (m ≤ 8 rows): one thread per output column walks its weight row in
+// vec4s for all rows at once. No workgroup memory and no barrier: CPU implementations run a
+// workgroup's invocations as SIMD lanes, and a barrier splits the shader into resumable parts.
+fn put_y(r: u32, col: u32, v: f32) {
+    let idx = r * p.ldy + p.y0 + col;
+    if (p.accumulate != 0u) {
+        y[idx] = y[idx] + v;
+    } else {
+        y[idx] = v;
+    }
+}
+
+@compute @workgroup_size(64)
+fn matvec_columns(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.y * 32768u + gid.x;
+    if (col >= p.n) {
+        return;
+    }
+    let k4 = p.k / 4u;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    for (var kq = 0u; kq < k4; kq++) {
+        let wv = w_f32(col * k4 + kq);
+        if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
+        if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
+        if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
+        if (3u < p.m) { acc3 += dot(x[3u * k4 + kq], wv); }
+        if (4u < p.m) { acc4 += dot(x[4u * k4 + kq], wv); }
+        if (5u < p.m) { acc5 += dot(x[5u * k4 + kq], wv); }
+        if (6u < p.m) { acc6 += dot(x[6u * k4 + kq], wv); }
+        if (7u < p.m) { acc7 += dot(x[7u * k4 + kq], wv); }
+    }
+    if (0u < p.m) { put_y(0u, col, acc0); }
+    if (1u < p.m) { put_y(1u, col, acc1); }
+    if (2u < p.m) { put_y(2u, col, acc2); }
+    if (3u < p.m) { put_y(3u, col, acc3); }
+    if (4u < p.m) { put_y(4u, col, acc4); }
+    if (5u < p.m) { put_y(5u, col, acc5); }
+    if (6u < p.m) { put_y(6u, col, acc6); }
+    if (7u < p.m) { put_y(7u, col, acc7); }
+}
+@compute @workgroup_size(64)
+fn matvec_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.y * 32768u + gid.x;
+    if (col >= p.n) {
+        return;
+    }
+    let k4 = p.k / 4u;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    for (var kq = 0u; kq < k4; kq++) {
+        let wv = w_half(col * k4 + kq);
+        if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
+        if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
+        if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
+        if (3u < p.m) { acc3 += dot(x[3u * k4 + kq], wv); }
+        if (4u < p.m) { acc4 += dot(x[4u * k4 + kq], wv); }
+        if (5u < p.m) { acc5 += dot(x[5u * k4 + kq], wv); }
+        if (6u < p.m) { acc6 += dot(x[6u * k4 + kq], wv); }
+        if (7u < p.m) { acc7 += dot(x[7u * k4 + kq], wv); }
+    }
+    if (0u < p.m) { put_y(0u, col, acc0); }
+    if (1u < p.m) { put_y(1u, col, acc1); }
+    if (2u < p.m) { put_y(2u, col, acc2); }
+    if (3u < p.m) { put_y(3u, col, acc3); }
+    if (4u < p.m) { put_y(4u, col, acc4); }
+    if (5u < p.m) { put_y(5u, col, acc5); }
+    if (6u < p.m) { put_y(6u, col, acc6); }
+    if (7u < p.m) { put_y(7u, col, acc7); }
 }

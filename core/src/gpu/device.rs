@@ -22,6 +22,14 @@ pub struct AdapterReport {
     pub tensor_cores: bool,
 }
 
+impl AdapterReport {
+    /// A CPU implementation (lavapipe, SwiftShader): kernels that suit SIMD lanes over barriers
+    /// are chosen there.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == format!("{:?}", wgpu::DeviceType::Cpu)
+    }
+}
+
 /// A device with everything kernels need: queue, pipeline cache and buffer pool.
 pub struct Gpu {
     pub device: wgpu::Device,

@@ -22,9 +22,11 @@ pub enum LinearKernel {
     /// nn/matmul.wgsl `matvec`: a thread per column, no barriers (m ≤ 8, any k).
     Matvec,
     /// nn/matmul_vec4.wgsl `matvec_coalesced`: 16 threads per column (m ≤ 8, k % 4 = 0): vec4
-    /// loads from consecutive lanes, faster on GPUs and on lavapipe too (decode 1.45 → 1.79
-    /// tokens/s on 2 cores, BENCHMARKS.md).
+    /// loads from consecutive lanes and a reduction in workgroup memory; GPUs take it.
     MatvecCoalesced,
+    /// nn/matmul_vec4.wgsl `matvec_columns`: a thread per column reading vec4 (m ≤ 8,
+    /// k % 4 = 0), no barrier; CPU adapters take it (BENCHMARKS.md: decode on lavapipe).
+    MatvecColumns,
     /// nn/matmul.wgsl `matmul`: 64×64 scalar tiles, any shape.
     Tiled,
     /// nn/matmul_vec4.wgsl `matmul_128`: 128×128 vec4 tiles (k % 4 = 0).
@@ -68,20 +70,23 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     }
     let kernel = match kernel {
         // Packed f16 weights are read four at a time: only the vec4 kernels take them.
+        // On CPU adapters a thread per column reads weights from memory 1.7–2× faster on
+        // lavapipe (BENCHMARKS.md); packed f16 narrow products (n < 2048) are the exception.
+        LinearKernel::Auto if m <= 8 && (k % 4 == 0 || f16) && (!f16 || n >= 2048) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecColumns,
         LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) => LinearKernel::MatvecCoalesced,
         LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
         LinearKernel::Auto if k % 4 == 0 || f16 => LinearKernel::TiledVec4,
         LinearKernel::Auto => LinearKernel::Tiled,
         chosen => chosen,
     };
-    if (kernel == LinearKernel::Matvec || kernel == LinearKernel::MatvecCoalesced) && m > 8 {
+    if matches!(kernel, LinearKernel::Matvec | LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns) && m > 8 {
         return Err(Error::argument("linear", format!("{kernel:?} takes at most 8 rows, got {m}")));
     }
-    if (kernel == LinearKernel::MatvecCoalesced || kernel == LinearKernel::TiledVec4 || f16) && k % 4 != 0 {
+    if (matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4) || f16) && k % 4 != 0 {
         return Err(Error::argument("linear", format!("{kernel:?} with {} weights needs k divisible by 4, got {k}", if f16 { "f16" } else { "f32" })));
     }
-    if f16 && !matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::TiledVec4) {
-        return Err(Error::argument("linear", format!("{kernel:?} reads f32 weights; packed f16 weights take MatvecCoalesced or TiledVec4")));
+    if f16 && !matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4) {
+        return Err(Error::argument("linear", format!("{kernel:?} reads f32 weights; packed f16 weights take MatvecCoalesced, MatvecColumns or TiledVec4")));
     }
     // The strides are matmul_strided's; the other kernels read rows contiguously.
     let params = MatmulParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, ..Default::default() };
@@ -93,6 +98,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
             let wgs = n.div_ceil(4);
             ("nn/matmul_vec4", if f16 { "matvec_coalesced_f16" } else { "matvec_coalesced" }, [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
         }
+        LinearKernel::MatvecColumns => ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [n.min(32768).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1]),
         LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
         LinearKernel::Tiled | LinearKernel::Auto => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
