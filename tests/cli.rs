@@ -179,3 +179,24 @@ fn an_interrupted_evaluation_resumes_without_rescoring() {
     assert!(stderr(&o).contains("winogrande: 3 document(s) already scored"), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// LINEARIZE_PROFILE=1 times each kernel on the GPU's clock where the adapter has timestamps
+/// (lavapipe has), LINEARIZE_PROFILE=wall on the host's; the report names its clock and its
+/// total is the sum of its rows.
+#[test]
+fn the_profiler_names_its_clock_and_totals_its_kernels() {
+    for (mode, clock) in [("1", "the GPU's clock"), ("wall", "the host's clock")] {
+        let o = run(&["bench", "mixers", "--mixers", "gla", "--mixer-shapes", "1x70x2x64", "--iters", "1"], &[("LINEARIZE_PROFILE", mode)]);
+        let err = stderr(&o);
+        assert!(o.status.success(), "{err}");
+        let field = |l: &str, i: usize| l.split_whitespace().nth(i).and_then(|v| v.parse::<f64>().ok());
+        let rows: Vec<&str> = err.lines().filter(|l| l.starts_with("profile ") && !l.starts_with("profile total")).collect();
+        assert!(rows.iter().any(|l| l.contains("chunk")), "{err}");
+        let sum: f64 = rows.iter().map(|l| field(l, 2).expect("seconds")).sum();
+        let total = err.lines().find(|l| l.starts_with("profile total")).unwrap_or_else(|| panic!("no total: {err}"));
+        assert!(total.contains(clock), "{mode}: {total}");
+        let total_s = field(total, 2).expect("total seconds");
+        assert!(total_s > 0.0 && (total_s - sum).abs() <= 1e-3 + 1e-3 * sum, "{total_s} vs {sum}: {err}");
+    }
+}
+

@@ -228,11 +228,18 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                 }
                 Ok(median(times))
             };
+            let before: std::collections::HashMap<&str, f64> = linearize_core::gpu::profile::report().into_iter().map(|(e, s, _)| (e, s)).collect();
             let fwd = run(d, false)?;
             let step = run(Dims { seq: 1, ..d }, false)?;
             let fwd_bwd = if backward { Some(run(d, true)?) } else { None };
             // With LINEARIZE_PROFILE=1: this mixer's seconds per kernel over all its runs.
-            let profile: serde_json::Map<String, Value> = linearize_core::gpu::profile::take().into_iter().map(|(e, s, _)| (e.to_string(), json!(s))).collect();
+            let profile: serde_json::Map<String, Value> = linearize_core::gpu::profile::report()
+                .into_iter()
+                .filter_map(|(e, s, _)| {
+                    let own = s - before.get(e).copied().unwrap_or(0.0);
+                    (own > 0.0).then(|| (e.to_string(), json!(own)))
+                })
+                .collect();
             let v = json!({
                 "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh,
                 "kernel": if chunk { "chunked" } else { "recurrent" },

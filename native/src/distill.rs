@@ -240,11 +240,7 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
         }
     };
     d.run(&mut report)?;
-    if linearize_core::gpu::profile::enabled() {
-        for (entry, secs, n) in linearize_core::gpu::profile::report() {
-            eprintln!("profile {entry:32} {secs:9.3} s {n:7} dispatches");
-        }
-    }
+    crate::print_profile(&gpu);
     if !json {
         println!("metrics: {}", a.out.join(linearize_core::train::distill::METRICS_FILE).display());
     }

@@ -441,7 +441,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         if json {
             println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
         }
-        print_profile();
+        print_profile(&gpu);
         return Ok(());
     }
     let shapes = prefill
@@ -470,7 +470,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             println!("{r}");
         }
     }
-    print_profile();
+    print_profile(&gpu);
     Ok(())
 }
 
@@ -515,11 +515,17 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
     Ok(())
 }
 
-/// With LINEARIZE_PROFILE=1: seconds per kernel, slowest first, on standard error.
-fn print_profile() {
-    if linearize_core::gpu::profile::enabled() {
-        for (entry, secs, n) in linearize_core::gpu::profile::report() {
-            eprintln!("profile {entry:<40} {secs:>9.4} s {n:>7} dispatches");
-        }
+/// With LINEARIZE_PROFILE set: seconds per kernel, slowest first, their total and the clock
+/// they come from, on standard error.
+pub(crate) fn print_profile(gpu: &Gpu) {
+    use linearize_core::gpu::profile;
+    if !profile::enabled() {
+        return;
     }
+    let rows = profile::report();
+    for (entry, secs, n) in &rows {
+        eprintln!("profile {entry:<40} {secs:>9.4} s {n:>7} dispatches");
+    }
+    let (total, dispatches) = rows.iter().fold((0.0, 0), |(s, c), r| (s + r.1, c + r.2));
+    eprintln!("profile total {total:.4} s in {dispatches} dispatches, on {}", profile::clock(gpu));
 }

@@ -40,6 +40,9 @@ pub struct Gpu {
     pub(crate) pool: Mutex<BufferPool>,
     /// `Precision::Mixed` chosen (only where `adapter.tensor_cores`).
     mixed: AtomicBool,
+    /// The profiler times dispatches with timestamp queries (LINEARIZE_PROFILE set, and the
+    /// adapter offers them).
+    pub(crate) timestamps: bool,
 }
 
 /// The arithmetic of the GEMMs: f32 throughout, or f16 operands (scaled per tensor) with f32
@@ -158,6 +161,7 @@ impl Gpu {
     async fn from_adapter(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Self> {
         let info = adapter.get_info();
         let tensor_cores = offers_tensor_cores(&adapter);
+        let timestamps = super::profile::enabled() && !super::profile::wall_clock_only() && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let (features, experimental) = if tensor_cores {
             // SAFETY: wgpu asks callers of its experimental features to accept that they may
             // misbehave; the one shader using them is checked against f64 on the adapters that
@@ -166,6 +170,7 @@ impl Gpu {
         } else {
             (wgpu::Features::empty(), wgpu::ExperimentalFeatures::disabled())
         };
+        let features = if timestamps { features | wgpu::Features::TIMESTAMP_QUERY } else { features };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("linearize"),
@@ -196,6 +201,7 @@ impl Gpu {
             pipelines: PipelineCache::default(),
             pool: Mutex::new(BufferPool::default()),
             mixed: AtomicBool::new(false),
+            timestamps,
         };
         gpu.install_error_handler();
         Ok(gpu)

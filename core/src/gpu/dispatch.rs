@@ -248,38 +248,86 @@ impl<'g> Recorder<'g> {
             .collect();
         #[cfg(not(target_arch = "wasm32"))]
         if profile::enabled() {
-            // One dispatch per submission, waited for: slow, but each kernel's time is its own.
-            for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
-                let started = std::time::Instant::now();
-                let mut encoder = device.create_command_encoder(&Default::default());
-                {
-                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
-                    pass.set_pipeline(&d.pipeline);
-                    pass.set_bind_group(0, bg, &[]);
-                    pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
-                }
-                self.gpu.queue.submit([encoder.finish()]);
-                self.gpu.sync()?;
-                profile::record(d.label, started.elapsed().as_secs_f64());
-            }
-            return self.gpu.take_error();
+            return if self.gpu.timestamps { self.submit_timed(&bind_groups) } else { self.submit_one_by_one(&bind_groups) };
         }
         let mut encoder = device.create_command_encoder(&Default::default());
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
             for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
-                pass.set_pipeline(&d.pipeline);
-                pass.set_bind_group(0, bg, &[]);
-                pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+                d.encode(&mut pass, bg);
             }
         }
         self.gpu.queue.submit([encoder.finish()]);
         self.gpu.take_error()
     }
+
+    /// Profiling on the GPU's clock: each dispatch in a pass of its own that writes timestamps
+    /// at its start and end, all in one submission; the seconds between them are the kernel's.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn submit_timed(&self, bind_groups: &[wgpu::BindGroup]) -> Result<()> {
+        let device = &self.gpu.device;
+        // A query set holds at most 4,096 queries: two per dispatch, in batches.
+        for (batch, groups) in self.dispatches.chunks(2048).zip(bind_groups.chunks(2048)) {
+            let queries = (2 * batch.len()) as u32;
+            let set = device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("profile"), ty: wgpu::QueryType::Timestamp, count: queries });
+            let bytes = queries as u64 * 8;
+            let resolved = device.create_buffer(&wgpu::BufferDescriptor { label: Some("timestamps"), size: bytes, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
+            let staging = device.create_buffer(&wgpu::BufferDescriptor { label: Some("timestamps back"), size: bytes, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+            let mut encoder = device.create_command_encoder(&Default::default());
+            for (i, (d, bg)) in batch.iter().zip(groups).enumerate() {
+                let writes = wgpu::ComputePassTimestampWrites { query_set: &set, beginning_of_pass_write_index: Some(2 * i as u32), end_of_pass_write_index: Some(2 * i as u32 + 1) };
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(d.label), timestamp_writes: Some(writes) });
+                d.encode(&mut pass, bg);
+            }
+            encoder.resolve_query_set(&set, 0..queries, &resolved, 0);
+            encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, bytes);
+            self.gpu.queue.submit([encoder.finish()]);
+            staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+            self.gpu.sync()?;
+            let period_s = self.gpu.queue.get_timestamp_period() as f64 * 1e-9;
+            {
+                let view = staging.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("timestamps: {e}")))?;
+                let ticks = bytemuck::cast_slice::<u8, u64>(&view);
+                for (d, t) in batch.iter().zip(ticks.chunks(2)) {
+                    profile::record(d.label, t[1].saturating_sub(t[0]) as f64 * period_s);
+                }
+            }
+            staging.unmap();
+        }
+        self.gpu.take_error()
+    }
+
+    /// Profiling on the host's clock, where the adapter has no timestamps: each dispatch
+    /// submitted and waited for alone (slow, and the waits are counted too).
+    #[cfg(not(target_arch = "wasm32"))]
+    fn submit_one_by_one(&self, bind_groups: &[wgpu::BindGroup]) -> Result<()> {
+        for (d, bg) in self.dispatches.iter().zip(bind_groups) {
+            let started = std::time::Instant::now();
+            let mut encoder = self.gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
+                d.encode(&mut pass, bg);
+            }
+            self.gpu.queue.submit([encoder.finish()]);
+            self.gpu.sync()?;
+            profile::record(d.label, started.elapsed().as_secs_f64());
+        }
+        self.gpu.take_error()
+    }
 }
 
-/// A coarse kernel profiler for native runs: with LINEARIZE_PROFILE=1 every dispatch is submitted
-/// and waited for alone, and its wall time is added to its entry point's total.
+impl Dispatch {
+    fn encode(&self, pass: &mut wgpu::ComputePass<'_>, bind_group: &wgpu::BindGroup) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, bind_group, &[]);
+        pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
+    }
+}
+
+/// A kernel profiler for native runs: with LINEARIZE_PROFILE=1 each dispatch's time is added to
+/// its entry point's total — measured on the GPU's clock by timestamps where the adapter offers
+/// them (the work still goes in one submission per recorder), else on the host's clock with
+/// every dispatch submitted and waited for alone. LINEARIZE_PROFILE=wall asks for the latter.
 pub mod profile {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
@@ -296,6 +344,21 @@ pub mod profile {
         false
     }
 
+    /// Whether LINEARIZE_PROFILE asks for the host's clock even where timestamps exist.
+    pub fn wall_clock_only() -> bool {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            std::env::var("LINEARIZE_PROFILE").is_ok_and(|v| v == "wall")
+        }
+        #[cfg(target_arch = "wasm32")]
+        false
+    }
+
+    /// Which clock the report's seconds come from on `gpu`.
+    pub fn clock(gpu: &crate::gpu::Gpu) -> &'static str {
+        if gpu.timestamps { "the GPU's clock (timestamps around each dispatch)" } else { "the host's clock (each dispatch submitted and waited for alone)" }
+    }
+
     pub fn record(entry: &'static str, seconds: f64) {
         let mut t = TOTALS.lock().expect("profile lock");
         let e = t.entry(entry).or_insert((0.0, 0));
@@ -308,13 +371,6 @@ pub mod profile {
         let t = TOTALS.lock().expect("profile lock");
         let mut v: Vec<_> = t.iter().map(|(k, (s, n))| (*k, *s, *n)).collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
-        v
-    }
-
-    /// `report`, then starts the totals afresh.
-    pub fn take() -> Vec<(&'static str, f64, usize)> {
-        let v = report();
-        TOTALS.lock().expect("profile lock").clear();
         v
     }
 }
