@@ -45,8 +45,18 @@ fn info_reports_the_teacher() {
     assert_eq!(v["config"]["num_hidden_layers"], 30);
     assert_eq!(v["parameters"], 134_515_008);
     assert_eq!(v["kv_cache_bytes_per_token"], 2 * 30 * 192 * 4);
+    // What would run the model here: lavapipe, on f32 tiles, decoding with a thread per column.
+    assert_eq!(v["device"]["gemm_path"], "f32 tiles", "{v}");
+    assert_eq!(v["device"]["adapter"]["device_type"], "Cpu", "{v}");
+    assert!(v["device"]["decode_path"].as_str().unwrap().starts_with("a thread per column"), "{v}");
     let o = run(&["info"], &[]);
     assert!(stdout(&o).contains("134.5 M"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("GEMMs on f32 tiles"), "{}", stdout(&o));
+    // No usable adapter is no error for info: it says so.
+    let o = run(&["info", "--json"], &[("WGPU_ADAPTER_NAME", "no-such-gpu")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["device_error"].as_str().unwrap().contains("no-such-gpu"), "{v}");
 }
 
 #[test]

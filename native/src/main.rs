@@ -244,6 +244,11 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
         None => c.parameter_count(),
     };
     let memory_at = |t: usize| attention_layers * per_layer_kv * t + student.map_or(0, |(m, s, _)| m.config.mixer_layers.len() * s);
+    // What would run it here: the adapter and its arithmetic (none is no error for `info`).
+    let device = Gpu::new_blocking().and_then(|gpu| {
+        gpu.set_precision(linearize_core::gpu::Precision::Best)?;
+        Ok(json!({"adapter": gpu.adapter, "gemm_path": gpu.precision().gemm_path(), "decode_path": linearize_core::nn::decode_path(&gpu)}))
+    });
     if json {
         let mut v = json!({
             "model": model.source, "kind": if student.is_some() { "student" } else { "teacher" }, "config": c,
@@ -252,6 +257,10 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
             "kv_cache_bytes": {"512": at(512), "4096": at(4096), "32768": at(32768)},
             "tokenizer_vocab": model.tokenizer.vocab_size(),
         });
+        match &device {
+            Ok(d) => v["device"] = d.clone(),
+            Err(e) => v["device_error"] = json!(e.to_string()),
+        }
         if let Some((m, state, _)) = student {
             v["student"] = serde_json::to_value(&m.config)?;
             v["state_bytes_per_mixer_layer"] = json!(state);
@@ -286,6 +295,10 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
     println!("rope θ {}  rms eps {:e}  context {}  tied head {}", c.rope_theta, c.rms_norm_eps as f32, c.max_position_embeddings, c.tie_word_embeddings);
     if student.is_none() {
         println!("KV cache     {} KiB per token (f32): {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k", kv / 1024, mib(at(512)), mib(at(4096)), mib(at(32768)));
+    }
+    match device {
+        Ok(d) => println!("device       {} ({}, {}): GEMMs on {}; decode products by {}", d["adapter"]["name"].as_str().unwrap_or(""), d["adapter"]["backend"].as_str().unwrap_or(""), d["adapter"]["device_type"].as_str().unwrap_or(""), d["gemm_path"].as_str().unwrap_or(""), d["decode_path"].as_str().unwrap_or("")),
+        Err(e) => println!("device       none usable here: {e}"),
     }
     Ok(())
 }

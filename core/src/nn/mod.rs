@@ -33,6 +33,15 @@ pub enum LinearKernel {
     TiledVec4,
 }
 
+/// What decode's products (at most 8 rows) run on this adapter, as `linear`'s `Auto` picks.
+pub fn decode_path(gpu: &crate::gpu::Gpu) -> &'static str {
+    if gpu.adapter.is_cpu() {
+        "a thread per column (matvec_columns; packed f16 below 2,048 columns: matvec_coalesced)"
+    } else {
+        "16 threads per column (matvec_coalesced)"
+    }
+}
+
 /// The shape of a product y[m, n] = x[m, k] · w[n, k]ᵀ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gemm {
