@@ -45,7 +45,7 @@ def main():
         with torch.no_grad():
             out = m.generate(ids, max_new_tokens=6, do_sample=False)
         log(what="torch_greedy", dtype=name, ids=out[0, 5:].tolist())
-        for shape in a.prefill.split(","):
+        for shape in filter(None, a.prefill.split(",")):
             b, t = map(int, shape.split("x"))
             x = torch.randint(0, m.config.vocab_size, (b, t), device="cuda")
             with torch.no_grad():

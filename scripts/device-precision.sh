@@ -15,6 +15,10 @@
 #      six tasks' request files in $LINEARIZE_HOME/eval's layout), then
 #      `bash scripts/device-precision.sh eval [LIMIT]` (as 2): the teacher's zero-shot scores in
 #      f32 and in mixed precision on the same documents.
+#   `bash scripts/device-precision.sh decode` (as 2): batch-1 greedy decode of the teacher and a
+#      gated DeltaNet student after long contexts, and HF generate beside them.
+#   `bash scripts/device-precision.sh stage3-peer` (as 2, and carry .whl): stage 3 beside
+#      scripts/bench_torch_student.py in one call.
 # Results go to $OUT/res.tgz.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -79,6 +83,34 @@ stage3)
   done
   LINEARIZE_PROFILE=1 timeout 150 $B distill --mixer gated_deltanet --precision mixed --tokens 32768 --split 0,0,1 --heldout-tokens 512 --out /root/s3-prof --checkpoint-every 100000 --json > $R/stage3-profile-mixed.jsonl 2> $R/stage3-profile-mixed.err
   tail -25 $R/stage3-profile-mixed.err
+  ;;
+decode)
+  # Batch-1 greedy decode (picks kept on the GPU, read back in bursts) after 512 and 32,768
+  # tokens: the teacher and an untrained gated DeltaNet student (speed only), then HF generate
+  # on the same teacher in the same call.
+  teacher
+  $B convert --from "$G" --to /root/hf > /dev/null 2>> $R/convert.err
+  $B student --teacher smollm2-135m --mixer gated_deltanet --out /root/gdn > /dev/null 2>> $R/student.err
+  timeout 120 $B bench teacher --prefill "" --decode 512,4096 --decode-tokens 64 --iters 1 --json > $R/decode-teacher.json 2>> $R/decode.err
+  timeout 120 $B bench teacher --model /root/gdn --prefill "" --decode 512,32768 --decode-tokens 64 --iters 1 --json > $R/decode-gdn.json 2>> $R/decode.err
+  grep -ho '"context":[0-9]*,"new_tokens":[0-9]*,"seconds":[0-9.]*,"tokens_per_second":[0-9.]*' $R/decode-*.json
+  timeout 200 python3 scripts/bench_torch_teacher.py /root/hf --prefill "" --decode 512 --dtypes fp32,bf16 > $R/decode-hf.jsonl 2>> $R/decode-hf.err
+  grep decode $R/decode-hf.jsonl | cut -c1-200
+  ;;
+stage3-peer)
+  # Stage 3 of a gated DeltaNet student, ours in mixed precision, beside the same step in
+  # PyTorch + fla (scripts/bench_torch_student.py; carry .whl with fla's wheels).
+  teacher; corpus
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+  $B convert --from "$G" --to /root/hf > /dev/null 2>> $R/convert.err
+  timeout 120 $B distill --mixer gated_deltanet --precision mixed --tokens 65536 --split 0,0,1 --heldout-tokens 512 --out /root/s3-mixed --checkpoint-every 100000 --json > $R/stage3-mixed.jsonl 2> $R/stage3-mixed.err
+  grep '"step"' $R/stage3-mixed.jsonl | tail -1 | cut -c1-250
+  PYTHONUNBUFFERED=1 timeout 330 python3 scripts/bench_torch_student.py /root/hf --override-hopper-check > $R/stage3-peer.jsonl 2> $R/stage3-peer.err
+  cut -c1-250 $R/stage3-peer.jsonl; tail -3 $R/stage3-peer.err
+  ;;
+*)
+  echo "unknown phase '$1' (gemm, distill, stage3, upload-eval, eval, decode, stage3-peer)" >&2
+  exit 2
   ;;
 esac
 tar czf $OUT/res.tgz -C $R .
