@@ -20,13 +20,17 @@ pub struct AdapterReport {
     /// Cooperative matrices of 16×16×16 with f16 operands and f32 accumulation, in subgroups of
     /// 32: the tensor-core GEMM (native/matmul_coop.wgsl) can run.
     pub tensor_cores: bool,
+    /// A CPU implementation (lavapipe, SwiftShader): `device_type` read once, since launchers
+    /// ask on every dispatch.
+    #[serde(skip)]
+    cpu: bool,
 }
 
 impl AdapterReport {
     /// A CPU implementation (lavapipe, SwiftShader): kernels that suit SIMD lanes over barriers
     /// are chosen there.
     pub fn is_cpu(&self) -> bool {
-        self.device_type == format!("{:?}", wgpu::DeviceType::Cpu)
+        self.cpu
     }
 }
 
@@ -192,6 +196,7 @@ impl Gpu {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             tensor_cores,
+            cpu: info.device_type == wgpu::DeviceType::Cpu,
         };
         let gpu = Gpu {
             device,
