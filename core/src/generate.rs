@@ -176,11 +176,22 @@ pub async fn decode_greedy(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, 
     let stride = (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(2);
     let mut out = Vec::new();
     let mut logits = Some(first);
+    let result = greedy_bursts(gpu, model, cache, &mut logits, s, stride, &mut out, &mut on_token).await;
+    // Logits of a step computed past a stop id, an error or the last pick.
+    if let Some(l) = logits.take() {
+        gpu.release(l);
+    }
+    result.map(|()| out)
+}
+
+/// `decode_greedy`'s loop: bursts of picks into `out` until `s.max_new_tokens` or a stop id.
+#[allow(clippy::too_many_arguments)]
+async fn greedy_bursts(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, stride: usize, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32)) -> Result<()> {
     let mut burst = 1;
     while out.len() < s.max_new_tokens {
         let n = burst.min(s.max_new_tokens - out.len());
         let picks = gpu.scratch(n * stride)?;
-        let recorded = record_burst(gpu, model, cache, &mut logits, &picks, n, stride, out.len() + n < s.max_new_tokens);
+        let recorded = record_burst(gpu, model, cache, logits, &picks, n, stride, out.len() + n < s.max_new_tokens);
         let read = match recorded {
             Ok(()) => gpu.read_f32(&picks, n * stride).await,
             Err(e) => Err(e),
@@ -190,23 +201,17 @@ pub async fn decode_greedy(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, 
         for j in 0..n {
             let (id, bad) = (words[j * stride].to_bits(), words[j * stride + 1].to_bits());
             if bad != 0 {
-                if let Some(l) = logits.take() {
-                    gpu.release(l);
-                }
                 return Err(Error::Gpu(format!("non-finite logit after {} generated tokens", out.len())));
             }
             out.push(id);
             on_token(id);
             if s.stop_ids.contains(&id) {
-                if let Some(l) = logits.take() {
-                    gpu.release(l);
-                }
-                return Ok(out);
+                return Ok(());
             }
         }
         burst = (burst * 2).min(GREEDY_BURST);
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Records `n` greedy steps: the pick of `logits` into slot 0 of `picks`, then a forward of that
