@@ -227,7 +227,7 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
 }}
 """
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
-    src += COLUMNS.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma.replace("        if", "        if"), mv_store=mv_store)
+    src += COLUMNS.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_store=mv_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

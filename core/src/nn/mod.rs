@@ -321,7 +321,7 @@ fn column_sums(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols
 pub fn column_sum(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, rows: usize, cols: usize, accumulate: bool) -> Result<()> {
     let (per_block, blocks) = column_blocks(rows);
     if blocks == 1 {
-        return column_sums(rec, src, dst, rows, cols, rows.max(1), accumulate);
+        return column_partials_sum(rec, src, dst, rows, cols, accumulate);
     }
     let partial = rec.temp(blocks * cols)?;
     column_sums(rec, src, &partial, rows, cols, per_block, false)?;
