@@ -62,7 +62,8 @@ fn linear_backward_matches_finite_differences() {
 #[test]
 fn rmsnorm_backward_matches_finite_differences() {
     let mut rng = Rng::new(52);
-    for &(rows, cols) in &[(1, 1), (3, 70), (5, 300)] {
+    // Past 64 rows dw is summed in row blocks, then the blocks (130: a ragged last block).
+    for &(rows, cols) in &[(1, 1), (3, 70), (5, 300), (64, 3), (130, 7), (200, 65)] {
         let (x, w, dy) = (random(&mut rng, rows * cols, 2.0), random(&mut rng, cols, 1.0), random(&mut rng, rows * cols, 1.0));
         let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
         let eps = 1e-5f32 as f64;
@@ -314,6 +315,42 @@ fn gate_backward_matches_finite_differences() {
         }
         if f.has_param() {
             assert_close(&format!("{tag} d_param"), &read(&dp, param.len()), &numeric_grad(&pd, |v| loss(&xd, &x2d, v, &bd)), 1e-3, 1e-3);
+        }
+    }
+}
+
+/// The gates' per-column gradients past one row block (64 rows): summed per block, then the
+/// blocks in order, against finite differences in the bias and per-column parameter.
+#[test]
+fn gate_column_gradients_over_many_rows_match_finite_differences() {
+    use linearize_core::mixers::ops::{self, GateArgs, GateFn, GateGrads};
+    use linearize_core::reference::mixer_ops as rops;
+    let mut rng = Rng::new(61);
+    for &(rows, cols) in &[(65, 3), (130, 70), (300, 5)] {
+        let n = rows * cols;
+        let (x, x2, dy) = (random(&mut rng, n, 4.0), random(&mut rng, n, 2.0), random(&mut rng, n, 1.0));
+        let (param, bias) = (random(&mut rng, cols, 1.0), random(&mut rng, cols, 1.0));
+        let (xd, x2d, dyd, pd, bd) = (f64s(&x), f64s(&x2), f64s(&dy), f64s(&param), f64s(&bias));
+        // Every activation with a bias or a parameter; one column per head, so per-head
+        // operands have a column's length too.
+        for f in GateFn::ALL {
+            if !f.has_bias() && !f.has_param() {
+                continue;
+            }
+            let loss = |pp: &[f64], bb: &[f64]| dot(&dyd, &rops::gate(f, &xd, &x2d, pp, bb, rows, cols, 1));
+            let (dx, dx2, db, dp) = (gpu().scratch(n).unwrap(), up(&vec![0.0; n]), up(&vec![0.0; cols]), up(&vec![0.0; cols]));
+            let (xb, x2b, pb, bb, dyb) = (up(&x), up(&x2), up(&param), up(&bias), up(&dy));
+            let mut rec = gpu().recorder();
+            let args = GateArgs::new(f, &xb, rows, cols).x2(&x2b).param(&pb).bias(&bb).per_head(1);
+            ops::gate_backward(&mut rec, &args, &dyb, GateGrads { dx: &dx, dx2: Some(&dx2), d_bias: Some(&db), d_param: Some(&dp) }).unwrap();
+            rec.submit().unwrap();
+            let tag = format!("{f:?} {rows}x{cols}");
+            if f.has_bias() {
+                assert_close(&format!("{tag} d_bias"), &read(&db, cols), &numeric_grad(&bd, |v| loss(&pd, v)), 1e-4, 1e-3);
+            }
+            if f.has_param() {
+                assert_close(&format!("{tag} d_param"), &read(&dp, cols), &numeric_grad(&pd, |v| loss(v, &bd)), 1e-3, 1e-3);
+            }
         }
     }
 }

@@ -296,3 +296,23 @@ fn shape_errors_are_reported_not_dispatched() {
     let err = nn::attention(&mut rec, s, &small, &small, &small, &small).unwrap_err().to_string();
     assert!(err.contains("head_dim"), "{err}");
 }
+
+/// Column sums (the parameter gradients' reduction) against f64: one block, exactly one block
+/// of 64 rows, a ragged last block, and many blocks; added to what dst held with `accumulate`.
+#[test]
+fn column_sums_match_reference_across_row_blocks() {
+    let mut rng = Rng::new(13);
+    for &(rows, cols) in &[(1, 1), (64, 3), (65, 70), (200, 5), (4097, 65)] {
+        for accumulate in [false, true] {
+            let src = random(&mut rng, rows * cols, 1.0);
+            let dst0 = random(&mut rng, cols, 1.0);
+            let (sb, db) = (up("src", &src), up("dst", &dst0));
+            let mut rec = gpu().recorder();
+            nn::column_sum(&mut rec, &sb, &db, rows, cols, accumulate).unwrap();
+            rec.submit().unwrap();
+            let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| src[r * cols + c] as f64).sum::<f64>() + if accumulate { dst0[c] as f64 } else { 0.0 }).collect();
+            assert_close(&format!("column sum {rows}x{cols} acc={accumulate}"), &read(&db, cols), &want, 1e-5 * (rows as f64).sqrt(), 1e-5);
+        }
+    }
+}
+
