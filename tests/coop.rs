@@ -112,3 +112,63 @@ fn tensor_core_gemms_scale_operands_outside_f16s_range() {
         check(&gpu, &format!("backward input |dy| ≤ {scale_a:e} |w| ≤ {scale_b:e}"), (m, k, n), &dy, &w, &lay, &|rec, a, b, y, acc| nn::linear_backward_input(rec, a, b, y, Gemm { m, n, k }, acc));
     }
 }
+
+/// y = x·wᵀ and dx = dy·w on the GPU against f64 of the f16-rounded operands, for a weight view
+/// whose values on the GPU are `wv`.
+fn check_both_layouts(gpu: &Gpu, what: &str, (m, n, k): (usize, usize, usize), x: &[f32], dy: &[f32], w: &GpuBuf, wv: &[f32]) {
+    let (xb, dyb) = (gpu.upload_f32("x", x).unwrap(), gpu.upload_f32("dy", dy).unwrap());
+    let (y, dx) = (gpu.scratch(m * n).unwrap(), gpu.scratch(m * k).unwrap());
+    let mut rec = gpu.recorder();
+    nn::linear(&mut rec, &xb, w, &y, Gemm { m, n, k }, false).unwrap();
+    nn::linear_backward_input(&mut rec, &dyb, w, &dx, Gemm { m, n, k }, false).unwrap();
+    rec.submit().unwrap();
+    let ws = staged(wv);
+    let want_y = reference::linear(&staged(x), &ws, m, n, k);
+    let want_dx = reference::linear(&staged(dy), &transpose(&ws, n, k), m, k, n);
+    for (name, got, want, red) in [("forward", &y, &want_y, k), ("backward input", &dx, &want_dx, n)] {
+        let size = want.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
+        let got = gpu.read_f32_blocking(got, want.len()).unwrap();
+        assert_close(&format!("{what}: {name}"), &got, want, 2e-6 * size * (red as f64).sqrt(), 1e-5);
+    }
+}
+
+/// A weight that keeps its f16 copies (GpuBuf::keep_copies, as every f32 weight of a model and
+/// every optimizer segment does): the copy the first product made serves the next ones of the
+/// same layout, the other layout (dx) gets its own, and whatever changes the values — a write
+/// from the host, a write through another view of the same buffer, a copy into it, an AdamW
+/// step — is what the next products multiply, at the new values' scale.
+#[test]
+fn tensor_core_gemms_keep_weight_copies_until_the_weight_changes() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(11);
+    let (m, n, k) = (130, 72, 200);
+    // The weight is a view into a segment, past a first region (a whole storage alignment).
+    let at = 1024;
+    let mut segment = gpu.upload_f32("segment", &vec![0.0; at + n * k]).unwrap();
+    segment.keep_copies();
+    let w = segment.view(at, n * k).unwrap();
+    assert!(w.keeps_copies());
+    let (x, dy) = (random(&mut rng, m * k, 1.0), random(&mut rng, m * n, 1.0));
+    let mut wv = random(&mut rng, n * k, 1.0);
+    gpu.write_f32(&w, &wv);
+    check_both_layouts(&gpu, "first use", (m, n, k), &x, &dy, &w, &wv);
+    check_both_layouts(&gpu, "kept copies", (m, n, k), &x, &dy, &w, &wv);
+    wv = random(&mut rng, n * k, 1e-3);
+    gpu.write_f32(&segment.view(at, n * k).unwrap(), &wv);
+    check_both_layouts(&gpu, "after a write through another view", (m, n, k), &x, &dy, &w, &wv);
+    wv = random(&mut rng, n * k, 40.0);
+    gpu.copy_words(&gpu.upload_f32("new values", &wv).unwrap(), &w, n * k).unwrap();
+    check_both_layouts(&gpu, "after a copy into it", (m, n, k), &x, &dy, &w, &wv);
+    // One AdamW step with gradients as large as the weights: the values move by about lr.
+    let zeros = vec![0.0; n * k];
+    let (grad, m1, v1) = (gpu.upload_f32("g", &wv).unwrap(), gpu.upload_f32("m", &zeros).unwrap(), gpu.upload_f32("v", &zeros).unwrap());
+    let partial = gpu.upload_f32("partial", &[0.0]).unwrap();
+    let h = linearize_core::train::AdamW { lr: 0.5, ..Default::default() };
+    let mut rec = gpu.recorder();
+    let step = linearize_core::train::AdamWStep { step: 1, decay: false, max_norm: 0.0, param: &w, grad: &grad, m: &m1, v: &v1, partial: &partial, total_at: 0, n: n * k };
+    linearize_core::train::adamw_step(&mut rec, &h, &step).unwrap();
+    rec.submit().unwrap();
+    let stepped = gpu.read_f32_blocking(&w, n * k).unwrap();
+    assert!(stepped.iter().zip(&wv).any(|(a, b)| (a - b).abs() > 0.1), "the AdamW step left the weight where it was");
+    check_both_layouts(&gpu, "after an AdamW step", (m, n, k), &x, &dy, &w, &stepped);
+}

@@ -59,6 +59,8 @@ shader_params!(
         ldy: u32, y0: u32, kp: u32,
         split_k: u32, split_stride: u32, splits: u32,
         amax_groups: u32,
+        /// operand_amax / operand_f16: the operand grid row / layer 0 copies (0 a, 1 b).
+        first_operand: u32,
     }
 );
 shader_params!(RmsNormParams for ["nn/rmsnorm"] { rows: u32, cols: u32, eps: f32 });

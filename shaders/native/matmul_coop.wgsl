@@ -28,6 +28,8 @@ struct Params {
     splits: u32,
     // Workgroups per operand of operand_amax: the partial maxima operand_f16 reduces.
     amax_groups: u32,
+    // The operand that grid row 0 (operand_amax) or layer 0 (operand_f16) takes: 0 a, 1 b.
+    first_operand: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -38,13 +40,17 @@ struct Params {
 // maxima of a at 0.., of b at 1024..; words 2048 and 2049, the totals, for matmul_coop.
 @group(0) @binding(4) var<storage, read_write> amax: array<u32, 2050>;
 // The f16 copies as operand_f16 writes them (pairs packed in a word) and as matmul_coop reads
-// them: [rows rounded up to 128, kp], reduction index fastest.
+// them: blocks [rows / 64, kp / 16] of [64 rows, 16 reduction indices], rows rounded up to 64.
 @group(0) @binding(5) var<storage, read_write> a16_out: array<u32>;
 @group(0) @binding(6) var<storage, read_write> b16_out: array<u32>;
 @group(0) @binding(7) var<storage, read> a16: array<f16>;
 @group(0) @binding(8) var<storage, read> b16: array<f16>;
 // The partial products of a split reduction, [splits, m, n], as sum_splits reads them.
 @group(0) @binding(9) var<storage, read> parts: array<f32>;
+// operand_f16's totals as matmul_coop reads them: max |a| at word 2048 of the first, max |b|
+// at word 2049 of the second (one buffer bound twice, or a kept copy's own for b).
+@group(0) @binding(10) var<storage, read> amax_a: array<u32>;
+@group(0) @binding(11) var<storage, read> amax_b: array<u32>;
 
 var<workgroup> max_sh: array<u32, 256>;
 
@@ -68,7 +74,8 @@ fn workgroup_max(tid: u32, v: u32) -> u32 {
 // (every value the GEMM reads), grid-strided over x.
 @compute @workgroup_size(256)
 fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
-    let is_a = wid.y == 0u;
+    let operand = wid.y + p.first_operand;
+    let is_a = operand == 0u;
     var extent = (max(p.n, 1u) - 1u) * p.sbn + (max(p.k, 1u) - 1u) * p.sbk + 1u;
     if (is_a) {
         extent = (max(p.m, 1u) - 1u) * p.sam + (max(p.k, 1u) - 1u) * p.sak + 1u;
@@ -85,7 +92,7 @@ fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     }
     let total = workgroup_max(tid, best);
     if (tid == 0u) {
-        amax[wid.y * 1024u + wid.x] = total;
+        amax[operand * 1024u + wid.x] = total;
     }
 }
 
@@ -108,11 +115,12 @@ fn operand_scale(max_bits: u32) -> f32 {
 
 var<workgroup> tile_sh: array<f32, 4160>;
 
-// Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy.
-// Read along whichever index has stride 1, written along the reduction index; zeros outside.
+// Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy,
+// four of its 64 × 16 blocks. Read along whichever index has stride 1; zeros outside.
 @compute @workgroup_size(256)
 fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let is_a = wid.z == 0u;
+    let operand = wid.z + p.first_operand;
+    let is_a = operand == 0u;
     var rows = p.n;
     var s_row = p.sbn;
     var s_k = p.sbk;
@@ -123,13 +131,13 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     }
     let row0 = wid.y * 64u;
     let k0 = wid.x * 64u;
-    // The copy has rows rounded up to 128: the other operand's grid may reach further.
-    if (row0 >= (rows + 127u) / 128u * 128u) {
+    // The copy has rows rounded up to 64: the other operand's grid may reach further.
+    if (row0 >= (rows + 63u) / 64u * 64u) {
         return;
     }
-    let max_bits = operand_max(tid, wid.z);
+    let max_bits = operand_max(tid, operand);
     if (wid.x == 0u && wid.y == 0u && tid == 0u) {
-        amax[2048u + wid.z] = max_bits;
+        amax[2048u + operand] = max_bits;
     }
     let scale = operand_scale(max_bits);
     let along_k = s_k == 1u;
@@ -153,12 +161,15 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         tile_sh[i * 65u + r] = v * scale;
     }
     workgroupBarrier();
+    // Word w of block q of this tile: row w / 8, reduction indices 16·q + 2·(w % 8) and the next.
+    let block0 = (wid.y * (p.kp / 16u) + wid.x * 4u) * 512u;
     for (var e = 0u; e < 8u; e++) {
         let at = e * 256u + tid;
-        let i = at / 32u;
-        let r = (at % 32u) * 2u;
+        let w = at % 512u;
+        let i = w / 8u;
+        let r = (at / 512u) * 16u + (w % 8u) * 2u;
         let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r], tile_sh[i * 65u + r + 1u]));
-        let dst = ((row0 + i) * p.kp + k0 + r) / 2u;
+        let dst = block0 + at;
         if (is_a) {
             a16_out[dst] = word;
         } else {
@@ -167,20 +178,19 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     }
 }
 
-// One 16×16 accumulator per subgroup on its way to y (unscale, bounds and accumulate).
-var<workgroup> c_sh: array<f32, 1024>;
+// One 16×16 accumulator on its way to y (unscale, bounds and accumulate).
+var<workgroup> c_sh: array<f32, 256>;
 
-// Accumulator `c` of subgroup `sg` for rows i.. and columns j.. of y, through c_sh.
-fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unscale: vec2<f32>, part: u32) {
-    let at = sg * 256u;
-    coopStoreT(c, &c_sh[at], 16u);
+// Accumulator `c` for rows i.. and columns j.. of y, through c_sh.
+fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<f32>, part: u32) {
+    coopStoreT(c, &c_sh[0], 16u);
     workgroupBarrier();
     for (var e = lane; e < 256u; e += 32u) {
         let gi = i + e / 16u;
         let gj = j + e % 16u;
         if (gi < p.m && gj < p.n) {
             let o = part + gi * p.ldy + p.y0 + gj;
-            var v = c_sh[at + e] * unscale.x * unscale.y;
+            var v = c_sh[e] * unscale.x * unscale.y;
             if (p.accumulate != 0u) {
                 v += y[o];
             }
@@ -190,15 +200,14 @@ fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unsca
     workgroupBarrier();
 }
 
-// Workgroup (column tile, row tile, split) of y: subgroup sg takes rows 64·(sg / 2).. and
-// columns 64·(sg % 2).. of the 128 × 128 tile.
-@compute @workgroup_size(128)
-fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let sg = tid / 32u;
-    let lane = tid % 32u;
-    let i0 = wid.y * 128u + (sg / 2u) * 64u;
-    let j0 = wid.x * 128u + (sg % 2u) * 64u;
-    let unscale = vec2<f32>(1.0 / operand_scale(amax[2048u]), 1.0 / operand_scale(amax[2049u]));
+// Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
+// and columns j0.. A row block's 64 × 16 blocks lie in reduction order, so the loop walks
+// each operand's copy straight through.
+@compute @workgroup_size(32)
+fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let i0 = wid.y * 64u;
+    let j0 = wid.x * 64u;
+    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[2048u]), 1.0 / operand_scale(amax_b[2049u]));
     let part = wid.z * p.split_stride;
     var acc00 = coop_mat16x16<f32, C>();
     var acc01 = coop_mat16x16<f32, C>();
@@ -217,16 +226,17 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     var acc32 = coop_mat16x16<f32, C>();
     var acc33 = coop_mat16x16<f32, C>();
     for (var k0 = wid.z * p.split_k; k0 < min(p.kp, (wid.z + 1u) * p.split_k); k0 += 16u) {
-        let ra = i0 * p.kp + k0;
-        let rb = j0 * p.kp + k0;
-        let ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u * p.kp], p.kp);
-        let ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 16u * p.kp], p.kp);
-        let ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 32u * p.kp], p.kp);
-        let ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 48u * p.kp], p.kp);
-        let mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 0u * p.kp], p.kp);
-        let mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 16u * p.kp], p.kp);
-        let mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 32u * p.kp], p.kp);
-        let mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 48u * p.kp], p.kp);
+        // Block (row block r, k0 / 16) starts at half (r · kp / 16 + k0 / 16) · 1024.
+        let ra = (wid.y * p.kp + k0) * 64u;
+        let rb = (wid.x * p.kp + k0) * 64u;
+        let ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u], 16u);
+        let ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 256u], 16u);
+        let ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 512u], 16u);
+        let ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 768u], 16u);
+        let mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 0u], 16u);
+        let mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 256u], 16u);
+        let mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 512u], 16u);
+        let mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 768u], 16u);
         acc00 = coopMultiplyAdd(ma0, mb0, acc00);
         acc01 = coopMultiplyAdd(ma0, mb1, acc01);
         acc02 = coopMultiplyAdd(ma0, mb2, acc02);
@@ -244,22 +254,22 @@ fn matmul_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         acc32 = coopMultiplyAdd(ma3, mb2, acc32);
         acc33 = coopMultiplyAdd(ma3, mb3, acc33);
     }
-    write_out(acc00, sg, lane, i0 + 0u, j0 + 0u, unscale, part);
-    write_out(acc01, sg, lane, i0 + 0u, j0 + 16u, unscale, part);
-    write_out(acc02, sg, lane, i0 + 0u, j0 + 32u, unscale, part);
-    write_out(acc03, sg, lane, i0 + 0u, j0 + 48u, unscale, part);
-    write_out(acc10, sg, lane, i0 + 16u, j0 + 0u, unscale, part);
-    write_out(acc11, sg, lane, i0 + 16u, j0 + 16u, unscale, part);
-    write_out(acc12, sg, lane, i0 + 16u, j0 + 32u, unscale, part);
-    write_out(acc13, sg, lane, i0 + 16u, j0 + 48u, unscale, part);
-    write_out(acc20, sg, lane, i0 + 32u, j0 + 0u, unscale, part);
-    write_out(acc21, sg, lane, i0 + 32u, j0 + 16u, unscale, part);
-    write_out(acc22, sg, lane, i0 + 32u, j0 + 32u, unscale, part);
-    write_out(acc23, sg, lane, i0 + 32u, j0 + 48u, unscale, part);
-    write_out(acc30, sg, lane, i0 + 48u, j0 + 0u, unscale, part);
-    write_out(acc31, sg, lane, i0 + 48u, j0 + 16u, unscale, part);
-    write_out(acc32, sg, lane, i0 + 48u, j0 + 32u, unscale, part);
-    write_out(acc33, sg, lane, i0 + 48u, j0 + 48u, unscale, part);
+    write_out(acc00, lane, i0 + 0u, j0 + 0u, unscale, part);
+    write_out(acc01, lane, i0 + 0u, j0 + 16u, unscale, part);
+    write_out(acc02, lane, i0 + 0u, j0 + 32u, unscale, part);
+    write_out(acc03, lane, i0 + 0u, j0 + 48u, unscale, part);
+    write_out(acc10, lane, i0 + 16u, j0 + 0u, unscale, part);
+    write_out(acc11, lane, i0 + 16u, j0 + 16u, unscale, part);
+    write_out(acc12, lane, i0 + 16u, j0 + 32u, unscale, part);
+    write_out(acc13, lane, i0 + 16u, j0 + 48u, unscale, part);
+    write_out(acc20, lane, i0 + 32u, j0 + 0u, unscale, part);
+    write_out(acc21, lane, i0 + 32u, j0 + 16u, unscale, part);
+    write_out(acc22, lane, i0 + 32u, j0 + 32u, unscale, part);
+    write_out(acc23, lane, i0 + 32u, j0 + 48u, unscale, part);
+    write_out(acc30, lane, i0 + 48u, j0 + 0u, unscale, part);
+    write_out(acc31, lane, i0 + 48u, j0 + 16u, unscale, part);
+    write_out(acc32, lane, i0 + 48u, j0 + 32u, unscale, part);
+    write_out(acc33, lane, i0 + 48u, j0 + 48u, unscale, part);
 }
 
 // y[i, j] (+)= Σ_z parts[z, i, j], one thread per element, the parts in order.

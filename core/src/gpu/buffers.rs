@@ -2,6 +2,7 @@
 use super::Gpu;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 /// How a buffer holds its values.
@@ -42,12 +43,23 @@ pub struct GpuBuf {
     offset: u64,
     /// A view: the buffer belongs to another handle, and never goes back to the pool.
     shared: bool,
+    /// Copies derived from the values, kept across ops (`keep_copies`); shared with views.
+    kept: Option<Arc<KeptCopies>>,
+}
+
+/// Copies an op derived from a buffer's values and keeps for its next use: the tensor-core
+/// GEMM's f16 copy of a weight and its scale (nn::coop), each under a key of the op's choosing
+/// (which region, in which layout). They are dropped when the values change: writes from the
+/// host (`Gpu::write_f32`, `copy_words`) and the optimizer's step (`Gpu::forget_copies`).
+#[derive(Debug, Default)]
+pub struct KeptCopies {
+    copies: Mutex<Vec<([u64; 6], Vec<GpuBuf>)>>,
 }
 
 impl GpuBuf {
     /// A buffer of `len` 32-bit words.
     pub fn words(buffer: wgpu::Buffer, len: usize) -> Self {
-        GpuBuf { buffer, len, dtype: Dtype::F32, offset: 0, shared: false }
+        GpuBuf { buffer, len, dtype: Dtype::F32, offset: 0, shared: false, kept: None }
     }
 
     /// `len` words of this buffer from word `at` on. The start must sit on the device's storage
@@ -56,7 +68,7 @@ impl GpuBuf {
         if self.dtype != Dtype::F32 || at + len > self.len {
             return Err(Error::Gpu(format!("a view of words {at}..{} of a buffer of {} {} values", at + len, self.len, self.dtype.name())));
         }
-        Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F32, offset: self.offset + (at * 4) as u64, shared: true })
+        Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F32, offset: self.offset + (at * 4) as u64, shared: true, kept: self.kept.clone() })
     }
 
     /// Byte offset of the first value in `buffer`.
@@ -72,7 +84,36 @@ impl GpuBuf {
     /// A second handle on the same buffer, for the recorder's temporaries (which it alone
     /// returns to the pool).
     pub(crate) fn handle(&self) -> GpuBuf {
-        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype, offset: self.offset, shared: self.shared }
+        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype, offset: self.offset, shared: self.shared, kept: self.kept.clone() }
+    }
+
+    /// Lets ops keep copies derived from this buffer's values (a weight's: see `KeptCopies`);
+    /// views made afterwards share them.
+    pub fn keep_copies(&mut self) {
+        self.kept.get_or_insert_with(Default::default);
+    }
+
+    /// The copies kept under `key`, if this buffer keeps copies and has them.
+    pub(crate) fn kept_copy(&self, key: [u64; 6]) -> Option<Vec<GpuBuf>> {
+        let kept = self.kept.as_ref()?.copies.lock().unwrap();
+        kept.iter().find(|(k, _)| *k == key).map(|(_, bufs)| bufs.iter().map(GpuBuf::handle).collect())
+    }
+
+    /// Keeps `bufs` under `key` (made by the caller from this buffer's current values); gives
+    /// them back where this buffer keeps no copies.
+    pub(crate) fn keep_copy(&self, key: [u64; 6], bufs: Vec<GpuBuf>) -> std::result::Result<(), Vec<GpuBuf>> {
+        match &self.kept {
+            Some(kept) => {
+                kept.copies.lock().unwrap().push((key, bufs));
+                Ok(())
+            }
+            None => Err(bufs),
+        }
+    }
+
+    /// Whether ops may keep copies of this buffer's values.
+    pub fn keeps_copies(&self) -> bool {
+        self.kept.is_some()
     }
 
     pub fn bytes(&self) -> u64 {
@@ -165,7 +206,7 @@ impl Gpu {
             contents: data,
             usage: STORAGE,
         });
-        Ok(GpuBuf { buffer, len, dtype, offset: 0, shared: false })
+        Ok(GpuBuf { buffer, len, dtype, offset: 0, shared: false, kept: None })
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> Result<GpuBuf> {
@@ -183,12 +224,26 @@ impl Gpu {
 
     /// Overwrites the start of `buf` with `data`.
     pub fn write_f32(&self, buf: &GpuBuf, data: &[f32]) {
+        self.forget_copies(buf);
         self.queue.write_buffer(&buf.buffer, buf.offset, bytemuck::cast_slice(data));
     }
 
     /// Overwrites the start of `buf` with `data`.
     pub fn write_u32(&self, buf: &GpuBuf, data: &[u32]) {
+        self.forget_copies(buf);
         self.queue.write_buffer(&buf.buffer, buf.offset, bytemuck::cast_slice(data));
+    }
+
+    /// Drops the copies kept of `buf`'s values (and of every view sharing them) before they
+    /// change, their buffers back to the pool. Called between submissions of the work that
+    /// reads them (a copy is read only by the recorder of the op that found it), so whatever
+    /// reuses a buffer from the pool runs after those reads.
+    pub fn forget_copies(&self, buf: &GpuBuf) {
+        let Some(kept) = &buf.kept else { return };
+        let copies = std::mem::take(&mut *kept.copies.lock().unwrap());
+        for b in copies.into_iter().flat_map(|(_, bufs)| bufs) {
+            self.release(b);
+        }
     }
 
     /// Copies the first `len` words of `src` to the start of `dst` (on the queue, after the work
@@ -196,6 +251,7 @@ impl Gpu {
     pub fn copy_words(&self, src: &GpuBuf, dst: &GpuBuf, len: usize) -> Result<()> {
         need("copy source", src, len)?;
         need("copy destination", dst, len)?;
+        self.forget_copies(dst);
         let mut encoder = self.device.create_command_encoder(&Default::default());
         encoder.copy_buffer_to_buffer(&src.buffer, src.offset, &dst.buffer, dst.offset, (len * 4) as u64);
         self.queue.submit([encoder.finish()]);

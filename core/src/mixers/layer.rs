@@ -235,10 +235,14 @@ impl MixerLayer {
                 [_, cols] if matrices.contains(name) => nn::matrix_dtype(dtype, *cols),
                 _ => Dtype::F32,
             };
-            let buf = match held {
+            let mut buf = match held {
                 Dtype::F16 => gpu.upload_f16(name, &t.data)?,
                 Dtype::F32 => gpu.upload_f32(name, &t.data)?,
             };
+            if held == Dtype::F32 && matrices.contains(name) {
+                // The tensor-core GEMM keeps its f16 copy of an f32 weight (nn::coop).
+                buf.keep_copies();
+            }
             bufs.insert(name.clone(), buf);
         }
         let trainable = bufs.keys().cloned().collect();

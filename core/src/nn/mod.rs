@@ -353,9 +353,10 @@ fn tensor_cores(rec: &Recorder) -> bool {
 
 /// `strided` on tensor cores (native/matmul_coop.wgsl), three dispatches (four with a split
 /// reduction): each operand scaled by a power of two from its max |value| (reduced on the GPU)
-/// and copied to f16 with the reduction index fastest (padded with zeros to 128 rows and 64
-/// reduction indices), then multiplied with f32 accumulation into columns y0.. of a y with rows
-/// of `ldy`. Any shape and strides.
+/// and copied to f16 in blocks of 64 rows × 16 reduction indices (padded with zeros to 64 rows
+/// and 64 reduction indices), then multiplied with f32 accumulation into columns y0.. of a y
+/// with rows of `ldy`. Any shape and strides. Where b keeps copies (a weight: GpuBuf::keep_copies)
+/// its copy and scale are made once and kept until its values change.
 fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
     let [sam, sak, sbn, sbk] = strides;
     let extent_a = (rows.max(1) - 1) * sam + (red.max(1) - 1) * sak + 1;
@@ -364,42 +365,87 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     need("tensor-core gemm b", b, extent_b)?;
     need("tensor-core gemm y", y, (rows.max(1) - 1) * ldy + y0 + cols)?;
     let kp = red.div_ceil(64) * 64;
-    let (rows_p, cols_p) = (rows.div_ceil(128) * 128, cols.div_ceil(128) * 128);
-    // Split the reduction where y has fewer 128×128 tiles than two per SM of a large GPU
-    // (264), in parts of whole 64-index blocks, at least 512 indices each.
-    let tiles = (rows_p / 128) * (cols_p / 128);
+    let (rows_p, cols_p) = (rows.div_ceil(64) * 64, cols.div_ceil(64) * 64);
+    // Split the reduction where y has fewer 64×64 tiles than TENSOR_CORE_TILES_WANTED, in
+    // parts of whole 64-index blocks, at least 512 indices each.
+    let tiles = (rows_p / 64) * (cols_p / 64);
     let blocks = kp / 64;
     let splits = (TENSOR_CORE_TILES_WANTED.div_ceil(tiles)).min(blocks / 8).max(1);
     let split_k = blocks.div_ceil(splits) * 64;
     let splits = kp.div_ceil(split_k);
     let [m, n, k, sam, sak, sbn, sbk, ldy32, y032, kp32, split_k32, splits32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp, split_k, splits].map(|v| v as u32);
-    // 16 values per thread, at most 1024 workgroups per operand (grid-strided beyond).
-    let amax_groups = extent_a.max(extent_b).div_ceil(256 * 16).min(1024) as u32;
-    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups };
-    // Partial maxima of a, then of b, then the two totals (native/matmul_coop.wgsl).
-    let amax = rec.temp(2050)?;
+    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups: 0, first_operand: 0 };
     let shader = "native/matmul_coop";
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &params, &[(1, a), (2, b), (4, &amax)], [amax_groups, 2, 1])?;
     // Two f16 values per word.
-    let (a16, b16) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?);
-    let groups = [(kp / 64) as u32, (rows_p.max(cols_p) / 64) as u32, 2];
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &params, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], groups)?;
-    let groups = [(cols_p / 128) as u32, (rows_p / 128) as u32, splits as u32];
+    let a16 = rec.temp(rows_p * kp / 2)?;
+    // Partial maxima of a, then of b, then the two totals.
+    let amax = rec.temp(2050)?;
+    let (b16, amax_b) = if b.keeps_copies() {
+        let (b16, amax_b) = kept_operand_b(rec.gpu(), a, b, &params, extent_b, cols_p)?;
+        // Only a: its maxima, then its copy (b16_out bound to a word nothing writes).
+        let groups = amax_workgroups(extent_a);
+        let p = CoopGemmParams { amax_groups: groups, ..params };
+        rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 1, 1])?;
+        let unused = rec.temp(1)?;
+        rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &unused)], [blocks as u32, (rows_p / 64) as u32, 1])?;
+        (b16, amax_b)
+    } else {
+        let groups = amax_workgroups(extent_a.max(extent_b));
+        let p = CoopGemmParams { amax_groups: groups, ..params };
+        rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 2, 1])?;
+        let b16 = rec.temp(cols_p * kp / 2)?;
+        rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], [blocks as u32, (rows_p.max(cols_p) / 64) as u32, 2])?;
+        (b16, amax.handle())
+    };
+    let groups = [(cols_p / 64) as u32, (rows_p / 64) as u32, splits as u32];
+    let operands = [(7, &a16), (8, &b16), (10, &amax), (11, &amax_b)];
     if splits == 1 {
-        return rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[(3, y), (4, &amax), (7, &a16), (8, &b16)], groups);
+        return rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[&operands[..], &[(3, y)]].concat(), groups);
     }
     // Each split writes its part [rows, cols] (no accumulate), then the parts are summed in order.
     let parts = rec.temp(splits * rows * cols)?;
     let part_params = CoopGemmParams { accumulate: 0, ldy: cols as u32, y0: 0, split_stride: (rows * cols) as u32, ..params };
-    rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &part_params, &[(3, &parts), (4, &amax), (7, &a16), (8, &b16)], groups)?;
+    rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &part_params, &[&operands[..], &[(3, &parts)]].concat(), groups)?;
     let n_out = rows * cols;
     let groups = [n_out.min(65535 * 256).div_ceil(256) as u32, n_out.div_ceil(65535 * 256) as u32, 1];
     rec.dispatch_bindings(&Kernel::new(shader, "sum_splits"), &params, &[(3, y), (9, &parts)], groups)
 }
 
-/// Output tiles of the tensor-core GEMM below which it splits the reduction: two per SM of an
-/// H200 (132 SMs).
-const TENSOR_CORE_TILES_WANTED: usize = 264;
+/// operand_amax's workgroups for `extent` values: 16 per thread, at most 1024 (grid-strided
+/// beyond).
+fn amax_workgroups(extent: usize) -> u32 {
+    extent.div_ceil(256 * 16).min(1024) as u32
+}
+
+/// The f16 copy of operand b as `params` lays it out and the buffer whose word 2049 holds its
+/// max |value|: kept with b from an earlier GEMM of the same region and layout, or made now —
+/// in a submission of its own, so it reads b's values as every earlier submission left them and
+/// is on the queue before any recorder that uses it.
+fn kept_operand_b(gpu: &crate::gpu::Gpu, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, extent_b: usize, cols_p: usize) -> Result<(GpuBuf, GpuBuf)> {
+    let key = [b.offset(), params.sbn as u64, params.sbk as u64, params.n as u64, params.k as u64, 0];
+    if let Some(mut kept) = b.kept_copy(key) {
+        let amax = kept.pop().expect("kept: b16, amax");
+        return Ok((kept.pop().expect("kept: b16"), amax));
+    }
+    let shader = "native/matmul_coop";
+    let groups = amax_workgroups(extent_b);
+    let p = CoopGemmParams { amax_groups: groups, first_operand: 1, ..*params };
+    let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(2050)?);
+    let mut own = gpu.recorder();
+    // a is bound only because the entry points name it: with first_operand 1 nothing reads it,
+    // and a16_out gets a word nothing writes.
+    own.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 1, 1])?;
+    let unused = own.temp(1)?;
+    own.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &unused), (6, &b16)], [params.kp / 64, (cols_p / 64) as u32, 1])?;
+    own.submit()?;
+    let handles = (b16.handle(), amax.handle());
+    b.keep_copy(key, vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
+    Ok(handles)
+}
+
+/// Output tiles (64×64) of the tensor-core GEMM below which it splits the reduction: four
+/// subgroups per SM of an H200 (132 SMs).
+const TENSOR_CORE_TILES_WANTED: usize = 528;
 
 /// What `rmsnorm` read: x [rows, cols] and its weight w [cols].
 #[derive(Clone, Copy)]

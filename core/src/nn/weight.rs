@@ -50,7 +50,12 @@ impl Weight {
             let slice = &data[row0 * cols..((row0 + per_part).min(rows)) * cols];
             let name = if rows > per_part { format!("{label} rows {row0}..") } else { label.to_string() };
             let buf = match dtype {
-                Dtype::F32 => gpu.upload_f32(&name, slice)?,
+                // The tensor-core GEMM keeps its f16 copy of an f32 weight (nn::coop).
+                Dtype::F32 => {
+                    let mut buf = gpu.upload_f32(&name, slice)?;
+                    buf.keep_copies();
+                    buf
+                }
                 Dtype::F16 => gpu.upload_f16(&name, slice)?,
             };
             parts.push((row0, buf));

@@ -78,6 +78,8 @@ pub fn adamw_step(rec: &mut Recorder, h: &AdamW, a: &AdamWStep) -> Result<()> {
     };
     let per_y = 65535 * 64;
     let groups = [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1];
+    // The values change: copies kept of them (the tensor-core GEMM's) are stale from here on.
+    rec.gpu().forget_copies(param);
     rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v), (5, partial)], groups)
 }
 
@@ -173,7 +175,10 @@ impl Optimizer {
                 });
                 Ok(GpuBuf::words(buffer, len))
             };
-            segments.push(Segment { decay, len, param: z("parameters")?, grad: z("gradients")?, m: z("first moments")?, v: z("second moments")?, partial_at: blocks });
+            // The weights' views share the segment's kept copies, dropped by each step (adamw_step).
+            let mut param = z("parameters")?;
+            param.keep_copies();
+            segments.push(Segment { decay, len, param, grad: z("gradients")?, m: z("first moments")?, v: z("second moments")?, partial_at: blocks });
             blocks += len / BLOCK;
         }
         // The parameters' values into their segments; the model keeps views.
