@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
 # Stage 3 (end-to-end CE + KL) of one student on the lent GPU with the binary before the change
 # and after it, alternating, then a profiled run of each (LINEARIZE_PROFILE=1: seconds per kernel);
-# the device's peak memory of every run goes to $OUT/memory.jsonl.
+# the device's peak memory of every run goes to $OUT/memory.jsonl. Optionally, in the same call:
+# tests/coop.rs first (its binary gzipped at .exp/run/coop.gz), and the PyTorch + fla peer last
+# (scripts/bench_torch_student.py, with fla installed in /root/site by call 1).
 # Two calls, as ../shared/DEVICE.md's upload (what a call may carry is 64 MiB):
-#   1. carry .stage/gguf.part00 .stage/tok .stage/before.gz; command
-#      `mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok .stage/before.gz /root/stage/`
-#   2. carry .stage/gguf.part01 .bin .gl; command `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
-# (.stage/before.gz: the stripped binary before the change, gzipped; $AFTER: the binary after,
-# .bin/linearize unless set.) Results go to $OUT (more than the 8 files a call returns: tar them).
+#   1. carry .stage/gguf.part00 .stage/tok .stage/before.gz [.whl]; command
+#      `bash scripts/device-stage3.sh upload`
+#   2. carry .stage/gguf.part01 .gl .exp/run (after.gz, coop.gz) or .bin; command
+#      `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
+# (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
+# .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2.)
+# Results go to $OUT/res.tgz (more than the 8 files a call returns).
 set -uo pipefail
+if [ "${1:-}" = upload ]; then
+  mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok .stage/before.gz /root/stage/
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
+  ls /root/stage /root/site 2>&1 | head; exit 0
+fi
 MIXER=${1:-gated_deltanet}
 TOKENS=${2:-32768}
+R=/root/res && mkdir -p $R
+OUT_DIR=$OUT
+OUT=$R
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export LINEARIZE_HOME=/root/lh
@@ -20,7 +32,14 @@ G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
 sha256sum "$G" | tee $OUT/teacher.sha256
 for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
 gunzip -c /root/stage/before.gz > /root/before && chmod +x /root/before
+AFTER=${AFTER:-.bin/linearize}
+if [ -f .exp/run/after.gz ]; then gunzip -c .exp/run/after.gz > /root/after && chmod +x /root/after && AFTER=/root/after; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+if [ -f .exp/run/coop.gz ]; then
+  gunzip -c .exp/run/coop.gz > /root/coop && chmod +x /root/coop
+  timeout 120 /root/coop --nocapture > $OUT/coop-test.txt 2>&1; echo "coop tests rc=$?" >> $OUT/coop-test.txt
+  grep -E "test result|rc=|FAILED|panicked" $OUT/coop-test.txt | head -5
+fi
 run() { # BINARY TAG [env]
   # The device's memory in use, sampled twice a second while the run lasts: its peak in MiB.
   ( while :; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; sleep 0.5; done ) > "/root/mem-$2.txt" &
@@ -31,10 +50,19 @@ run() { # BINARY TAG [env]
   rm -rf "/root/run-$2"
   grep '"step"' "$OUT/$2.jsonl" | tail -1 | cut -c1-300
 }
-for round in 1 2; do
+for round in $(seq 1 ${ROUNDS:-2}); do
   run /root/before "before-$round"
-  run "${AFTER:-.bin/linearize}" "after-$round"
+  run "$AFTER" "after-$round"
+  tar czf $OUT_DIR/res.tgz -C $R .
 done
 run /root/before profile-before LINEARIZE_PROFILE=1
-run "${AFTER:-.bin/linearize}" profile-after LINEARIZE_PROFILE=1
-tail -40 "$OUT/profile-after.err"
+run "$AFTER" profile-after LINEARIZE_PROFILE=1
+tail -30 "$OUT/profile-after.err"
+tar czf $OUT_DIR/res.tgz -C $R .
+if [ -d /root/site ]; then
+  # The same step in PyTorch + fla (bf16 and fp32), from the teacher converted to HF's layout.
+  "$AFTER" convert --from "$G" --to /root/hf > /dev/null 2>> $OUT/convert.err
+  PYTHONPATH=/root/site PYTHONUNBUFFERED=1 timeout ${PEER_SECONDS:-300} python3 scripts/bench_torch_student.py /root/hf --override-hopper-check > $OUT/stage3-peer.jsonl 2> $OUT/stage3-peer.err
+  cut -c1-250 $OUT/stage3-peer.jsonl; tail -3 $OUT/stage3-peer.err
+fi
+tar czf $OUT_DIR/res.tgz -C $R .
