@@ -5,16 +5,16 @@
 # tests/coop.rs first (its binary gzipped at .exp/run/coop.gz), and the PyTorch + fla peer last
 # (scripts/bench_torch_student.py, with fla installed in /root/site by call 1).
 # Two calls, as ../shared/DEVICE.md's upload (what a call may carry is 64 MiB):
-#   1. carry .stage/gguf.part00 .stage/tok .stage/before.gz [.whl]; command
+#   1. carry .stage/gguf.part00 .stage/tok [.whl]; command
 #      `bash scripts/device-stage3.sh upload`
-#   2. carry .stage/gguf.part01 .gl .exp/run (after.gz, coop.gz) or .bin; command
+#   2. carry .stage/gguf.part01 .stage/before.gz .gl .exp/run (after.gz, coop.gz) or .bin; command
 #      `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
 # (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
 # .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2.)
 # Results go to $OUT/res.tgz (more than the 8 files a call returns).
 set -uo pipefail
 if [ "${1:-}" = upload ]; then
-  mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok .stage/before.gz /root/stage/
+  mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok /root/stage/
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
   ls /root/stage /root/site 2>&1 | head; exit 0
 fi
@@ -31,7 +31,7 @@ G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
 [ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
 sha256sum "$G" | tee $OUT/teacher.sha256
 for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
-gunzip -c /root/stage/before.gz > /root/before && chmod +x /root/before
+gunzip -c .stage/before.gz > /root/before && chmod +x /root/before
 AFTER=${AFTER:-.bin/linearize}
 if [ -f .exp/run/after.gz ]; then gunzip -c .exp/run/after.gz > /root/after && chmod +x /root/after && AFTER=/root/after; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
