@@ -188,6 +188,9 @@ pub struct StepReport {
     pub lr: f64,
     pub grad_norm: f64,
     pub tokens_per_s: f64,
+    /// Seconds per step the host spent recording and submitting the window's steps (up to the
+    /// read-back): near the window's seconds per step, the step waits for the host, not the GPU.
+    pub host_s_per_step: f64,
     pub tokens: u64,
 }
 
@@ -395,6 +398,7 @@ impl<'g> Distiller<'g> {
             bufs.extend(p.losses.iter().map(|l| (&l.buf, l.rows)));
             bufs.push((&p.partial, optimizer.partial_len()));
         }
+        let host_s_per_step = window.elapsed().as_secs_f64() / pending.len() as f64;
         let values = gpu.read_many_blocking(&bufs)?;
         let tokens_per_s = (tokens_per_step * pending.len()) as f64 / window.elapsed().as_secs_f64();
         let mut values = values.into_iter();
@@ -414,7 +418,7 @@ impl<'g> Distiller<'g> {
             }
             match optimizer.norm_of(&sums) {
                 Ok(norm) => {
-                    let r = StepReport { stage, step: p.step, steps, loss, parts, lr: p.lr, grad_norm: norm, tokens_per_s, tokens: p.tokens };
+                    let r = StepReport { stage, step: p.step, steps, loss, parts, lr: p.lr, grad_norm: norm, tokens_per_s, host_s_per_step, tokens: p.tokens };
                     self.emit(report, Event::Step(r))?;
                 }
                 Err(name) => result = Err(self.diverged(stage, p.step, &format!("the gradient of {name} is not finite"))),
