@@ -10,7 +10,10 @@
 #   2. carry .stage/gguf.part01 .stage/before.gz .gl .exp/run (after.gz, coop.gz) or .bin; command
 #      `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
 # (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
-# .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2.)
+# .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2. OPS=1:
+# `bench ops` of both binaries first, alternating. PROFILE: which binaries to profile,
+# "before after". TEACHER=1: prefill and batch-1 decode of the teacher, both binaries in mixed
+# precision, beside scripts/bench_torch_teacher.py in fp16 and bf16, before the peer.)
 # Results go to $OUT/res.tgz (more than the 8 files a call returns).
 set -uo pipefail
 if [ "${1:-}" = upload ]; then
@@ -50,18 +53,41 @@ run() { # BINARY TAG [env]
   rm -rf "/root/run-$2"
   grep '"step"' "$OUT/$2.jsonl" | tail -1 | cut -c1-300
 }
+if [ "${OPS:-0}" = 1 ]; then
+  for tag in before after; do
+    bin=/root/before; [ $tag = after ] && bin=$AFTER
+    timeout 150 $bin bench ops --json --iters 10 > $OUT/ops-$tag.json 2> $OUT/ops-$tag.err
+    grep -h '"path":"tensor' $OUT/ops-$tag.err | cut -c1-160 | head -16
+  done
+  tar czf $OUT_DIR/res.tgz -C $R .
+fi
 for round in $(seq 1 ${ROUNDS:-2}); do
   run /root/before "before-$round"
   run "$AFTER" "after-$round"
   tar czf $OUT_DIR/res.tgz -C $R .
 done
-run /root/before profile-before LINEARIZE_PROFILE=1
-run "$AFTER" profile-after LINEARIZE_PROFILE=1
-tail -30 "$OUT/profile-after.err"
+for tag in ${PROFILE:-before after}; do
+  bin=/root/before; [ $tag = after ] && bin=$AFTER
+  run $bin profile-$tag LINEARIZE_PROFILE=1
+done
+tail -12 "$OUT/profile-after.err"
 tar czf $OUT_DIR/res.tgz -C $R .
+# The teacher in HF's layout, for the PyTorch peers.
+hf() { [ -d /root/hf ] || "$AFTER" convert --from "$G" --to /root/hf > /dev/null 2>> $OUT/convert.err; }
+if [ "${TEACHER:-0}" = 1 ]; then
+  for tag in before after; do
+    bin=/root/before; [ $tag = after ] && bin=$AFTER
+    timeout 90 $bin bench teacher --precision mixed --prefill 8x512,4x2048 --decode 512 --decode-tokens 64 --iters 5 --json > $OUT/teacher-$tag.json 2> $OUT/teacher-$tag.err
+    grep -ho '"what":"teacher_[a-z]*"[^}]*' $OUT/teacher-$tag.json | cut -c1-160
+  done
+  hf
+  timeout 150 python3 scripts/bench_torch_teacher.py /root/hf --prefill 8x512,4x2048 --decode 512 --dtypes fp16,bf16 > $OUT/teacher-torch.jsonl 2> $OUT/teacher-torch.err
+  grep -v '"env"' $OUT/teacher-torch.jsonl | cut -c1-200
+  tar czf $OUT_DIR/res.tgz -C $R .
+fi
 if [ -d /root/site ]; then
-  # The same step in PyTorch + fla (bf16 and fp32), from the teacher converted to HF's layout.
-  "$AFTER" convert --from "$G" --to /root/hf > /dev/null 2>> $OUT/convert.err
+  # The same step in PyTorch + fla (bf16 and fp32).
+  hf
   PYTHONPATH=/root/site PYTHONUNBUFFERED=1 timeout ${PEER_SECONDS:-300} python3 scripts/bench_torch_student.py /root/hf --override-hopper-check > $OUT/stage3-peer.jsonl 2> $OUT/stage3-peer.err
   cut -c1-250 $OUT/stage3-peer.jsonl; tail -3 $OUT/stage3-peer.err
 fi
