@@ -41,9 +41,16 @@ import pathlib
 
 MI = NJ = 4  # accumulators per subgroup: 64 × 64
 acc_decl = "\n".join(f"    var acc{i}{j} = coop_mat16x16<f32, C>();" for i in range(MI) for j in range(NJ))
-loads = "\n".join(
-    [f"        let ma{i} = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + {256 * i}u], 16u);" for i in range(MI)]
-    + [f"        let mb{j} = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + {256 * j}u], 16u);" for j in range(NJ)])
+def loads(indent, decl, a, b, at_a, at_b):
+    """The 16×16 fragments of one 64 × 16 block of each copy: a's four row fragments, b's four."""
+    return "\n".join(
+        [f"{indent}{decl}{a}{i} = coopLoadT<coop_mat16x16<f16, A>>(&a16[{at_a} + {256 * i}u], 16u);" for i in range(MI)]
+        + [f"{indent}{decl}{b}{j} = coopLoad<coop_mat16x16<f16, B>>(&b16[{at_b} + {256 * j}u], 16u);" for j in range(NJ)])
+
+
+first_loads = loads("    ", "var ", "ma", "mb", "ra", "rb")
+next_loads = loads("        ", "let ", "na", "nb", "na_at", "nb_at")
+moves = "\n".join([f"        ma{i} = na{i};" for i in range(MI)] + [f"        mb{j} = nb{j};" for j in range(NJ)])
 mma = "\n".join(f"        acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(MI) for j in range(NJ))
 stores = "\n".join(f"    write_out(acc{i}{j}, lane, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(MI) for j in range(NJ))
 
@@ -251,7 +258,8 @@ fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<
 
 // Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
 // and columns j0.. A row block's 64 × 16 blocks lie in reduction order, so the loop walks
-// each operand's copy straight through.
+// each operand's copy straight through, loading the next block's fragments before it
+// multiplies the current ones (their latency hides behind the 16 products).
 @compute @workgroup_size(32)
 fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let i0 = wid.y * 64u;
@@ -259,12 +267,24 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
     let unscale = vec2<f32>(1.0 / operand_scale(amax_a[2048u]), 1.0 / operand_scale(amax_b[2049u]));
     let part = wid.z * p.split_stride;
 {acc_decl}
-    for (var k0 = wid.z * p.split_k; k0 < min(p.kp, (wid.z + 1u) * p.split_k); k0 += 16u) {{
-        // Block (row block r, k0 / 16) starts at half (r · kp / 16 + k0 / 16) · 1024.
-        let ra = (wid.y * p.kp + k0) * 64u;
-        let rb = (wid.x * p.kp + k0) * 64u;
-{loads}
+    let k_begin = wid.z * p.split_k;
+    let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
+    // Block (row block r, k / 16) starts at half (r · kp / 16 + k / 16) · 1024 = (r · kp + k) · 64;
+    // every split has at least one.
+    var ra = (wid.y * p.kp + k_begin) * 64u;
+    var rb = (wid.x * p.kp + k_begin) * 64u;
+    let a_last = (wid.y * p.kp + k_end - 16u) * 64u;
+    let b_last = (wid.x * p.kp + k_end - 16u) * 64u;
+{first_loads}
+    for (var k0 = k_begin; k0 < k_end; k0 += 16u) {{
+        // The last block loads itself again rather than reading past the split.
+        let na_at = min(ra + 1024u, a_last);
+        let nb_at = min(rb + 1024u, b_last);
+{next_loads}
 {mma}
+{moves}
+        ra = na_at;
+        rb = nb_at;
     }}
 {stores}
 }}

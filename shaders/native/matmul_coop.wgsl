@@ -202,7 +202,8 @@ fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<
 
 // Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
 // and columns j0.. A row block's 64 × 16 blocks lie in reduction order, so the loop walks
-// each operand's copy straight through.
+// each operand's copy straight through, loading the next block's fragments before it
+// multiplies the current ones (their latency hides behind the 16 products).
 @compute @workgroup_size(32)
 fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let i0 = wid.y * 64u;
@@ -225,18 +226,34 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
     var acc31 = coop_mat16x16<f32, C>();
     var acc32 = coop_mat16x16<f32, C>();
     var acc33 = coop_mat16x16<f32, C>();
-    for (var k0 = wid.z * p.split_k; k0 < min(p.kp, (wid.z + 1u) * p.split_k); k0 += 16u) {
-        // Block (row block r, k0 / 16) starts at half (r · kp / 16 + k0 / 16) · 1024.
-        let ra = (wid.y * p.kp + k0) * 64u;
-        let rb = (wid.x * p.kp + k0) * 64u;
-        let ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u], 16u);
-        let ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 256u], 16u);
-        let ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 512u], 16u);
-        let ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 768u], 16u);
-        let mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 0u], 16u);
-        let mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 256u], 16u);
-        let mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 512u], 16u);
-        let mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 768u], 16u);
+    let k_begin = wid.z * p.split_k;
+    let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
+    // Block (row block r, k / 16) starts at half (r · kp / 16 + k / 16) · 1024 = (r · kp + k) · 64;
+    // every split has at least one.
+    var ra = (wid.y * p.kp + k_begin) * 64u;
+    var rb = (wid.x * p.kp + k_begin) * 64u;
+    let a_last = (wid.y * p.kp + k_end - 16u) * 64u;
+    let b_last = (wid.x * p.kp + k_end - 16u) * 64u;
+    var ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u], 16u);
+    var ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 256u], 16u);
+    var ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 512u], 16u);
+    var ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 768u], 16u);
+    var mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 0u], 16u);
+    var mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 256u], 16u);
+    var mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 512u], 16u);
+    var mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 768u], 16u);
+    for (var k0 = k_begin; k0 < k_end; k0 += 16u) {
+        // The last block loads itself again rather than reading past the split.
+        let na_at = min(ra + 1024u, a_last);
+        let nb_at = min(rb + 1024u, b_last);
+        let na0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 0u], 16u);
+        let na1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 256u], 16u);
+        let na2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 512u], 16u);
+        let na3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 768u], 16u);
+        let nb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 0u], 16u);
+        let nb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 256u], 16u);
+        let nb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 512u], 16u);
+        let nb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 768u], 16u);
         acc00 = coopMultiplyAdd(ma0, mb0, acc00);
         acc01 = coopMultiplyAdd(ma0, mb1, acc01);
         acc02 = coopMultiplyAdd(ma0, mb2, acc02);
@@ -253,6 +270,16 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
         acc31 = coopMultiplyAdd(ma3, mb1, acc31);
         acc32 = coopMultiplyAdd(ma3, mb2, acc32);
         acc33 = coopMultiplyAdd(ma3, mb3, acc33);
+        ma0 = na0;
+        ma1 = na1;
+        ma2 = na2;
+        ma3 = na3;
+        mb0 = nb0;
+        mb1 = nb1;
+        mb2 = nb2;
+        mb3 = nb3;
+        ra = na_at;
+        rb = nb_at;
     }
     write_out(acc00, lane, i0 + 0u, j0 + 0u, unscale, part);
     write_out(acc01, lane, i0 + 0u, j0 + 16u, unscale, part);
