@@ -9,6 +9,8 @@
 #      `bash scripts/device-stage3.sh upload`
 #   2. carry .stage/gguf.part01 .stage/before.gz .gl .exp/run (after.gz, coop.gz) or .bin; command
 #      `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
+# `OPS=1 bash scripts/device-stage3.sh ops` (carry .stage/before.gz .gl .exp/run): tests/coop.rs
+# and `bench ops` of both binaries alone, in one call without the teacher.
 # (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
 # .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2. OPS=1:
 # `bench ops` of both binaries first, alternating. PROFILE: which binaries to profile,
@@ -29,11 +31,6 @@ OUT=$R
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export LINEARIZE_HOME=/root/lh
-mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
-G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
-sha256sum "$G" | tee $OUT/teacher.sha256
-for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
 gunzip -c .stage/before.gz > /root/before && chmod +x /root/before
 AFTER=${AFTER:-.bin/linearize}
 if [ -f .exp/run/after.gz ]; then gunzip -c .exp/run/after.gz > /root/after && chmod +x /root/after && AFTER=/root/after; fi
@@ -61,6 +58,13 @@ if [ "${OPS:-0}" = 1 ]; then
   done
   tar czf $OUT_DIR/res.tgz -C $R .
 fi
+# `ops` as the mixer: the tests and GEMMs only, in one call that carries no teacher.
+[ "$MIXER" = ops ] && { tar czf $OUT_DIR/res.tgz -C $R .; exit 0; }
+mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
+G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+sha256sum "$G" | tee $OUT/teacher.sha256
+for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
 for round in $(seq 1 ${ROUNDS:-2}); do
   run /root/before "before-$round"
   run "$AFTER" "after-$round"
