@@ -340,8 +340,35 @@ impl MixerLayer {
     /// The training forward: from a zero state, keeping what `backward` needs (the chunked
     /// recurrence's sweep too).
     pub fn forward_train(&self, rec: &mut Recorder, x: &GpuBuf, batch: usize, seq: usize, rope: &Rope, out: &GpuBuf) -> Result<Activations> {
-        let mut state = self.new_state(rec.gpu(), batch)?;
+        let mut state = self.zeroed_state(rec, batch)?;
         self.record_forward(rec, x, seq, &mut state, rope, out, false, None, true)
+    }
+
+    /// `new_state` for one training forward: views of one recorder temporary zeroed by one
+    /// dispatch, where `new_state` uploads five buffers of zeros from the host (1.2 MiB of S
+    /// per layer at B=8, H=9, D=64: a training step would upload and allocate them per layer).
+    fn zeroed_state(&self, rec: &mut Recorder, batch: usize) -> Result<MixerState> {
+        let s = self.shape;
+        let dims = Dims { batch, seq: 0, heads: s.heads, dk: s.dk, dv: s.dv };
+        let mut sizes = GpuState::sizes(dims).to_vec();
+        if self.layout.conv {
+            sizes.extend([s.heads * s.dk, s.heads * s.dk, s.heads * s.dv].map(|c| batch * 3 * c));
+        }
+        // Each view starts on the storage offset alignment.
+        let align = (rec.gpu().limits.min_storage_buffer_offset_alignment as usize / 4).max(1);
+        let mut starts = Vec::with_capacity(sizes.len());
+        let mut total = 0;
+        for &n in &sizes {
+            starts.push(total);
+            total += n.div_ceil(align) * align;
+        }
+        let all = rec.temp(total)?;
+        nn::zero(rec, &all, total)?;
+        let mut views = starts.iter().zip(&sizes).map(|(&at, &n)| all.view(at, n)).collect::<Result<Vec<_>>>()?.into_iter();
+        let mut next = || views.next().expect("a view per size");
+        let rec_state = GpuState { dims, s: next(), nm: next() };
+        let conv = self.layout.conv.then(|| [next(), next(), next()]);
+        Ok(MixerState { batch, rec: rec_state, conv, pos: 0 })
     }
 
     /// A gate's pre-activation and value from x.

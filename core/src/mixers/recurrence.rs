@@ -87,13 +87,14 @@ pub struct GpuState {
 
 impl GpuState {
     pub fn zeros(gpu: &Gpu, d: Dims) -> Result<Self> {
+        let [s, nm] = Self::sizes(d);
+        Ok(GpuState { dims: d, s: gpu.upload_f32("state S", &vec![0.0; s])?, nm: gpu.upload_f32("state n, m", &vec![0.0; nm])? })
+    }
+
+    /// Words of S and of n, m.
+    pub fn sizes(d: Dims) -> [usize; 2] {
         let bh = d.batch * d.heads;
-        let blocks = bh * d.dv.div_ceil(64);
-        Ok(GpuState {
-            dims: d,
-            s: gpu.upload_f32("state S", &vec![0.0; bh * d.dk * d.dv])?,
-            nm: gpu.upload_f32("state n, m", &vec![0.0; blocks * (d.dk + 4)])?,
-        })
+        [bh * d.dk * d.dv, bh * d.dv.div_ceil(64) * (d.dk + 4)]
     }
 
     /// n [B·H·V/64, K] and m [B·H·V/64] read back (every block's copy).
