@@ -427,7 +427,13 @@ impl MixerLayer {
             (Some(st), true) => {
                 let c = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };
                 for (input, taps, st, y, ch) in [(&lin.q, "conv_q", &st[0], &c.q, hk), (&lin.k, "conv_k", &st[1], &c.k, hk), (&lin.v, "conv_v", &st[2], &c.v, hv)] {
-                    ops::short_conv(rec, &ShortConv { w: self.p(taps)?, batch, seq, channels: ch, silu: true }, input, st, y)?;
+                    let conv = ShortConv { w: self.p(taps)?, batch, seq, channels: ch, silu: true };
+                    if train {
+                        // From forward_train's fresh state; its state after is not needed.
+                        ops::short_conv_from(rec, &conv, input, st, y)?;
+                    } else {
+                        ops::short_conv(rec, &conv, input, st, y)?;
+                    }
                 }
                 Some(c)
             }

@@ -32,13 +32,19 @@ impl ShortConv<'_> {
 
 /// y = conv(x), continuing from `state` [B, 3, C] (the last three inputs) and advancing it.
 pub fn short_conv(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &GpuBuf, y: &GpuBuf) -> Result<()> {
+    short_conv_from(rec, c, x, state, y)?;
+    rec.dispatch_bindings(&c.kernel("conv_state_update"), &c.params(), &[(1, x), (3, state)], [c.channels.div_ceil(64) as u32, c.batch as u32, 1])
+}
+
+/// `short_conv` without advancing `state`: a training forward, whose state after the block of
+/// tokens is never read.
+pub fn short_conv_from(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &GpuBuf, y: &GpuBuf) -> Result<()> {
     need("conv x", x, c.values())?;
     need("conv w", c.w, c.channels * 4)?;
     need("conv state", state, c.batch * 3 * c.channels)?;
     need("conv y", y, c.values())?;
     let groups = [c.channels.div_ceil(64) as u32, c.seq as u32, c.batch as u32];
-    rec.dispatch(&c.kernel("conv"), &c.params(), &[x, c.w, state, y], groups)?;
-    rec.dispatch_bindings(&c.kernel("conv_state_update"), &c.params(), &[(1, x), (3, state)], [c.channels.div_ceil(64) as u32, c.batch as u32, 1])
+    rec.dispatch(&c.kernel("conv"), &c.params(), &[x, c.w, state, y], groups)
 }
 
 /// Backward of `short_conv` from a zero state (training): dx = ∂L/∂x and dw (+)= ∂L/∂w for
