@@ -1,5 +1,5 @@
 //! The tensor-core GEMM (native/matmul_coop.wgsl, `Precision::Mixed`) against f64: forward
-//! y = x·wᵀ and both backward products, at shapes that are not multiples of its 128×128×32
+//! y = x·wᵀ and both backward products, at shapes that are not multiples of its 64×64×16
 //! tiles, with and without accumulation. Its operands are rounded to f16 when staged, so the
 //! reference multiplies the f16-rounded values in f64 (a tight check of everything but that
 //! rounding), and the error against the unrounded f64 product is printed: what mixed
