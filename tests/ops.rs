@@ -316,3 +316,27 @@ fn column_sums_match_reference_across_row_blocks() {
     }
 }
 
+
+/// nn::zeroed_temps: buffers of the asked sizes, all zero even where the pool hands back a
+/// buffer that held values, apart from one another (a write into one leaves the rest zero).
+#[test]
+fn zeroed_temporaries_are_zero_and_apart() {
+    let sizes = [3, 70, 1, 257];
+    let total: usize = sizes.iter().sum::<usize>() + 4 * 64;
+    // A used buffer of about the temporary's size back in the pool first.
+    let dirty = gpu().scratch(total).unwrap();
+    gpu().write_f32(&dirty, &vec![7.0; total]);
+    gpu().release(dirty);
+    let mut rec = gpu().recorder();
+    let bufs = nn::zeroed_temps(&mut rec, &sizes).unwrap();
+    assert_eq!(bufs.iter().map(|b| b.len).collect::<Vec<_>>(), sizes);
+    let (ones, zeros) = (up("ones", &[1.0; 70]), up("zeros", &[0.0; 70]));
+    nn::add(&mut rec, &ones, &zeros, &bufs[1], 70).unwrap();
+    let back: Vec<(GpuBuf, usize)> = bufs.iter().map(|b| (b.view(0, b.len).unwrap(), b.len)).collect();
+    rec.submit().unwrap();
+    let got: Vec<Vec<f32>> = back.iter().map(|(b, n)| read(b, *n)).collect();
+    assert_eq!(got[0], vec![0.0; 3]);
+    assert_eq!(got[1], vec![1.0; 70], "written through its own view");
+    assert_eq!(got[2], vec![0.0; 1]);
+    assert_eq!(got[3], vec![0.0; 257]);
+}

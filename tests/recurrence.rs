@@ -300,7 +300,7 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             // from a zero state, and the same gradients, bit for bit.
             let (o_train, o_chunked) = (gpu().scratch(rows * dk).unwrap(), gpu().scratch(rows * dk).unwrap());
             let mut rec = gpu().recorder();
-            let saved = recurrence::chunked_train(&mut rec, &args, &o_train).unwrap();
+            let saved = recurrence::chunked_train(&mut rec, &args, &GpuState::zeros(gpu(), d).unwrap(), &o_train).unwrap();
             chunked(&mut rec, &args, &GpuState::zeros(gpu(), d).unwrap(), &o_chunked).unwrap();
             let kept = recurrence::backward(&mut rec, &args, &gd, Some(&saved)).unwrap();
             rec.submit().unwrap();

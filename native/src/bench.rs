@@ -206,7 +206,8 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                     // With the backward, as a training step runs them: the forward keeps its sweep.
                     let mut saved = None;
                     if chunk && with_backward {
-                        saved = Some(recurrence::chunked_train(&mut rec, &args, &o)?);
+                        let zero = GpuState::zeroed(&mut rec, d)?;
+                        saved = Some(recurrence::chunked_train(&mut rec, &args, &zero, &o)?);
                     } else if chunk && d.seq > 1 {
                         chunked(&mut rec, &args, &state, &o)?;
                     } else {

@@ -344,9 +344,9 @@ impl MixerLayer {
         self.record_forward(rec, x, seq, &mut state, rope, out, false, None, true)
     }
 
-    /// `new_state` for one training forward: views of one recorder temporary zeroed by one
-    /// dispatch, where `new_state` uploads five buffers of zeros from the host (1.2 MiB of S
-    /// per layer at B=8, H=9, D=64: a training step would upload and allocate them per layer).
+    /// `new_state` for one training forward, in recorder temporaries zeroed by one dispatch
+    /// (nn::zeroed_temps), where `new_state` uploads five buffers of zeros from the host (1.2 MiB
+    /// of S per layer at B=8, H=9, D=64: a training step would upload and allocate them per layer).
     fn zeroed_state(&self, rec: &mut Recorder, batch: usize) -> Result<MixerState> {
         let s = self.shape;
         let dims = Dims { batch, seq: 0, heads: s.heads, dk: s.dk, dv: s.dv };
@@ -354,17 +354,7 @@ impl MixerLayer {
         if self.layout.conv {
             sizes.extend([s.heads * s.dk, s.heads * s.dk, s.heads * s.dv].map(|c| batch * 3 * c));
         }
-        // Each view starts on the storage offset alignment.
-        let align = (rec.gpu().limits.min_storage_buffer_offset_alignment as usize / 4).max(1);
-        let mut starts = Vec::with_capacity(sizes.len());
-        let mut total = 0;
-        for &n in &sizes {
-            starts.push(total);
-            total += n.div_ceil(align) * align;
-        }
-        let all = rec.temp(total)?;
-        nn::zero(rec, &all, total)?;
-        let mut views = starts.iter().zip(&sizes).map(|(&at, &n)| all.view(at, n)).collect::<Result<Vec<_>>>()?.into_iter();
+        let mut views = nn::zeroed_temps(rec, &sizes)?.into_iter();
         let mut next = || views.next().expect("a view per size");
         let rec_state = GpuState { dims, s: next(), nm: next() };
         let conv = self.layout.conv.then(|| [next(), next(), next()]);
@@ -506,8 +496,8 @@ impl MixerLayer {
         // Both forms bind at most WebGPU's default 8 storage buffers.
         if seq > recurrence::DECODE_MAX_SEQ && r.has_chunked_form(dims) {
             if train {
-                // From forward_train's fresh state; its final state is not needed.
-                a.sweep = Some(recurrence::chunked_train(rec, &args, &a.o)?);
+                // From forward_train's fresh (zero) state; its final state is not needed.
+                a.sweep = Some(recurrence::chunked_train(rec, &args, &state.rec, &a.o)?);
             } else {
                 recurrence::chunked(rec, &args, &state.rec, &a.o)?;
             }

@@ -91,6 +91,13 @@ impl GpuState {
         Ok(GpuState { dims: d, s: gpu.upload_f32("state S", &vec![0.0; s])?, nm: gpu.upload_f32("state n, m", &vec![0.0; nm])? })
     }
 
+    /// A zero state in recorder temporaries, zeroed by one dispatch (training blocks start
+    /// fresh).
+    pub fn zeroed(rec: &mut Recorder, d: Dims) -> Result<Self> {
+        let [s, nm]: [GpuBuf; 2] = crate::nn::zeroed_temps(rec, &Self::sizes(d))?.try_into().expect("two sizes, two buffers");
+        Ok(GpuState { dims: d, s, nm })
+    }
+
     /// Words of S and of n, m.
     pub fn sizes(d: Dims) -> [usize; 2] {
         let bh = d.batch * d.heads;
@@ -225,17 +232,17 @@ pub fn chunked(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &G
     chunk_output(rec, a, &sweep, inputs.2, out)
 }
 
-/// The training forward: `chunked` from a zero state, keeping what the backward reads (the chunk
-/// starts, u, W and the cumulative gates), so `backward` need not run the sweep again.
-pub fn chunked_train(rec: &mut Recorder, a: &RecurrenceArgs, out: &GpuBuf) -> Result<SavedSweep> {
+/// The training forward: `chunked` from `zero`, a state of zeros (forward_train's fresh one),
+/// keeping what the backward reads (the chunk starts, u, W and the cumulative gates), so
+/// `backward` need not run the sweep again.
+pub fn chunked_train(rec: &mut Recorder, a: &RecurrenceArgs, zero: &GpuState, out: &GpuBuf) -> Result<SavedSweep> {
     let (r, d) = (a.r, a.dims);
     if !r.has_chunked_form(d) || d.seq == 0 {
         return Err(Error::argument("chunked", format!("no chunked kernel for {r:?} at head size {}×{} and {} tokens", d.dk, d.dv, d.seq)));
     }
     let dummy = rec.temp(4)?;
     let inputs = checked_inputs(a, d, out, &dummy)?;
-    let zero = zero_state(rec, d)?;
-    let sweep = chunk_sweep(rec, a, &zero, inputs, Keep::Caller)?;
+    let sweep = chunk_sweep(rec, a, zero, inputs, Keep::Caller)?;
     chunk_output(rec, a, &sweep, inputs.2, out)?;
     Ok(SavedSweep { h: sweep.h, u: sweep.u, w: sweep.w, b_cum: sweep.b_cum })
 }
@@ -246,15 +253,6 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
 }
 
-/// A zero state in recorder temporaries (training blocks start fresh).
-fn zero_state(rec: &mut Recorder, d: Dims) -> Result<GpuState> {
-    let bh = d.batch * d.heads;
-    let nm_len = bh * d.dv.div_ceil(64) * (d.dk + 4);
-    let zero = GpuState { dims: d, s: rec.temp(bh * d.dk * d.dv)?, nm: rec.temp(nm_len)? };
-    crate::nn::zero(rec, &zero.s, bh * d.dk * d.dv)?;
-    crate::nn::zero(rec, &zero.nm, nm_len)?;
-    Ok(zero)
-}
 
 /// What a training forward keeps of its chunked sweep for the backward (from a zero state, it is
 /// what the backward would compute again). The caller releases it.
@@ -397,7 +395,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
             (&s.h, &s.u, &s.w, &s.b_cum)
         }
         None => {
-            let zero = zero_state(rec, d)?;
+            let zero = GpuState::zeroed(rec, d)?;
             recomputed = chunk_sweep(rec, a, &zero, (g, beta, igate), Keep::Recorder)?;
             (&recomputed.h, &recomputed.u, &recomputed.w, &recomputed.b_cum)
         }

@@ -525,6 +525,21 @@ pub fn zero(rec: &mut Recorder, y: &GpuBuf, n: usize) -> Result<()> {
     rec.dispatch_bindings(&Kernel::new("nn/elementwise", "zero"), &ElementwiseParams { n: n as u32 }, &[(3, y)], elementwise_groups(n))
 }
 
+/// Zeroed buffers of `sizes` words that live until the recorded work is submitted: views of one
+/// recorder temporary (each on the storage offset alignment), zeroed by one dispatch.
+pub fn zeroed_temps(rec: &mut Recorder, sizes: &[usize]) -> Result<Vec<GpuBuf>> {
+    let align = (rec.gpu().limits.min_storage_buffer_offset_alignment as usize / 4).max(1);
+    let mut starts = Vec::with_capacity(sizes.len());
+    let mut total = 0;
+    for &n in sizes {
+        starts.push(total);
+        total += n.div_ceil(align) * align;
+    }
+    let all = rec.temp(total.max(1))?;
+    zero(rec, &all, total.max(1))?;
+    starts.iter().zip(sizes).map(|(&at, &n)| all.view(at, n)).collect()
+}
+
 /// y [n] = a + b (y may not alias a or b).
 pub fn add(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, n: usize) -> Result<()> {
     for (what, buf) in [("a", a), ("b", b), ("y", y)] {
