@@ -340,3 +340,25 @@ fn zeroed_temporaries_are_zero_and_apart() {
     assert_eq!(got[2], vec![0.0; 1]);
     assert_eq!(got[3], vec![0.0; 257]);
 }
+
+/// A recording sent to the queue in pieces (`Recorder::flush`, automatic past 512 dispatches on
+/// GPUs) computes what one submission does: a chain of 1,100 dependent additions through a
+/// temporary made before the first piece, with pieces of every size.
+#[test]
+fn flushed_recordings_keep_order_and_temporaries() {
+    let n = 300;
+    let ones = up("ones", &vec![1.0; n]);
+    let mut rec = gpu().recorder();
+    let (a, b) = (rec.temp(n).unwrap(), rec.temp(n).unwrap());
+    nn::add(&mut rec, &ones, &ones, &a, n).unwrap();
+    for i in 0..1100 {
+        let (from, to) = if i % 2 == 0 { (&a, &b) } else { (&b, &a) };
+        nn::add(&mut rec, from, &ones, to, n).unwrap();
+        if i % 97 == 0 || i == 511 || i == 512 {
+            rec.flush().unwrap();
+        }
+    }
+    let out = a.view(0, n).unwrap();
+    rec.submit().unwrap();
+    assert_eq!(read(&out, n), vec![1102.0; n]);
+}

@@ -532,7 +532,7 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
 /// they come from, on standard error.
 pub(crate) fn print_profile(gpu: &Gpu) {
     use linearize_core::gpu::profile;
-    if !profile::enabled() {
+    if !profile::any() {
         return;
     }
     let rows = profile::report();

@@ -94,6 +94,9 @@ impl Gpu {
     }
 }
 
+/// Dispatches a recorder sends to the queue at a time (`Recorder::flush`).
+const FLUSH_DISPATCHES: usize = 512;
+
 struct Dispatch {
     pipeline: Arc<wgpu::ComputePipeline>,
     label: &'static str,
@@ -145,6 +148,23 @@ impl<'g> Recorder<'g> {
     /// As `dispatch`, with each buffer's binding number given: for entry points that use only
     /// some of their shader file's bindings.
     pub fn dispatch_bindings<P: ShaderParams>(&mut self, kernel: &Kernel, params: &P, buffers: &[(u32, &GpuBuf)], groups: [u32; 3]) -> Result<()> {
+        let started = profile::host_enabled().then(std::time::Instant::now);
+        let pipeline_s = self.record(kernel, params, buffers, groups)?;
+        if let Some(t) = started {
+            profile::record("host: pipelines (lookups, first builds)", pipeline_s);
+            profile::record("host: recording dispatches", t.elapsed().as_secs_f64() - pipeline_s);
+        }
+        // Long recordings go to the queue in pieces, so the GPU starts on the first while the
+        // host records the rest (a CPU adapter waits for each submission: none there).
+        if self.dispatches.len() >= FLUSH_DISPATCHES && !self.gpu.adapter.is_cpu() {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Records one dispatch; the seconds spent finding (or building) its pipeline when the
+    /// host is profiled.
+    fn record<P: ShaderParams>(&mut self, kernel: &Kernel, params: &P, buffers: &[(u32, &GpuBuf)], groups: [u32; 3]) -> Result<f64> {
         if !P::SHADERS.contains(&kernel.shader) {
             return Err(Error::Gpu(format!(
                 "{}::{} was given the parameters of {:?}",
@@ -175,9 +195,11 @@ impl<'g> Recorder<'g> {
             return Err(Error::Gpu(format!("{}::{} binding {i}: a view at byte {} is not on this adapter's storage offset alignment of {align}", kernel.shader, kernel.entry, b.offset())));
         }
         if groups.contains(&0) {
-            return Ok(());
+            return Ok(0.0);
         }
+        let started = profile::host_enabled().then(std::time::Instant::now);
         let pipeline = self.gpu.pipeline(kernel)?;
+        let pipeline_s = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
         // Each dispatch's parameters start at an offset the device accepts for uniforms, and
         // take at least 16 bytes.
         let align = self.gpu.limits.min_uniform_buffer_offset_alignment.max(16) as usize;
@@ -195,7 +217,15 @@ impl<'g> Recorder<'g> {
             buffers: buffers.iter().map(|(i, b)| (*i, b.buffer.clone(), b.offset(), b.bytes().max(4))).collect(),
             groups,
         });
-        Ok(())
+        Ok(pipeline_s)
+    }
+
+    /// Sends what is recorded so far to the queue; the temporaries stay until `submit`.
+    pub fn flush(&mut self) -> Result<()> {
+        let result = self.submit_dispatches();
+        self.dispatches.clear();
+        self.params.clear();
+        result
     }
 
     pub fn submit(mut self) -> Result<()> {
@@ -211,6 +241,7 @@ impl<'g> Recorder<'g> {
         if self.dispatches.is_empty() {
             return Ok(());
         }
+        let started = profile::host_enabled().then(std::time::Instant::now);
         let device = &self.gpu.device;
         let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some("params"),
@@ -246,6 +277,10 @@ impl<'g> Recorder<'g> {
                 })
             })
             .collect();
+        let started = started.map(|t| {
+            profile::record("host: bind groups", t.elapsed().as_secs_f64());
+            std::time::Instant::now()
+        });
         #[cfg(not(target_arch = "wasm32"))]
         if profile::enabled() {
             return if self.gpu.timestamps { self.submit_timed(&bind_groups) } else { self.submit_one_by_one(&bind_groups) };
@@ -257,7 +292,15 @@ impl<'g> Recorder<'g> {
                 d.encode(&mut pass, bg);
             }
         }
-        self.gpu.queue.submit([encoder.finish()]);
+        let command = encoder.finish();
+        let started = started.map(|t| {
+            profile::record("host: encoding", t.elapsed().as_secs_f64());
+            std::time::Instant::now()
+        });
+        self.gpu.queue.submit([command]);
+        if let Some(t) = started {
+            profile::record("host: queue submit", t.elapsed().as_secs_f64());
+        }
         // A CPU adapter runs the work on the host's own cores: recording ahead only competes
         // with it (lavapipe on 2 cores: decode 1.2× faster, a small distillation 1.2×, the
         // same bits; BENCHMARKS.md), so each submission is waited for there.
@@ -341,28 +384,58 @@ pub mod profile {
 
     static TOTALS: Mutex<BTreeMap<&'static str, (f64, usize)>> = Mutex::new(BTreeMap::new());
 
-    pub fn enabled() -> bool {
+    /// What LINEARIZE_PROFILE asks for: nothing, each kernel's GPU time, or the host's time
+    /// recording and submitting (`host`).
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Mode {
+        Off,
+        Kernels,
+        KernelsWallClock,
+        Host,
+    }
+
+    fn mode() -> Mode {
         #[cfg(not(target_arch = "wasm32"))]
         {
-            static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            *ON.get_or_init(|| std::env::var_os("LINEARIZE_PROFILE").is_some_and(|v| v != "0"))
+            static MODE: std::sync::OnceLock<Mode> = std::sync::OnceLock::new();
+            *MODE.get_or_init(|| match std::env::var("LINEARIZE_PROFILE").as_deref() {
+                Err(_) | Ok("") | Ok("0") => Mode::Off,
+                Ok("wall") => Mode::KernelsWallClock,
+                Ok("host") => Mode::Host,
+                Ok(_) => Mode::Kernels,
+            })
         }
         #[cfg(target_arch = "wasm32")]
-        false
+        Mode::Off
+    }
+
+    /// Whether each kernel is timed (its dispatches then submitted apart, so the host's
+    /// recording is not what an unprofiled run does).
+    pub fn enabled() -> bool {
+        matches!(mode(), Mode::Kernels | Mode::KernelsWallClock)
     }
 
     /// Whether LINEARIZE_PROFILE asks for the host's clock even where timestamps exist.
     pub fn wall_clock_only() -> bool {
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            std::env::var("LINEARIZE_PROFILE").is_ok_and(|v| v == "wall")
-        }
-        #[cfg(target_arch = "wasm32")]
-        false
+        mode() == Mode::KernelsWallClock
+    }
+
+    /// LINEARIZE_PROFILE=host: the host's seconds recording dispatches, making their bind
+    /// groups, encoding and submitting them, the work submitted as unprofiled runs do.
+    pub fn host_enabled() -> bool {
+        mode() == Mode::Host
+    }
+
+    /// Whether there is a report to print.
+    pub fn any() -> bool {
+        mode() != Mode::Off
     }
 
     /// Which clock the report's seconds come from on `gpu`.
     pub fn clock(gpu: &crate::gpu::Gpu) -> &'static str {
+        if host_enabled() {
+            return "the host's clock (recording and submitting; the GPU not waited for)";
+        }
         if gpu.timestamps { "the GPU's clock (timestamps around each dispatch)" } else { "the host's clock (each dispatch submitted and waited for alone)" }
     }
 
