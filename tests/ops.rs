@@ -362,3 +362,22 @@ fn flushed_recordings_keep_order_and_temporaries() {
     rec.submit().unwrap();
     assert_eq!(read(&out, n), vec![1102.0; n]);
 }
+
+/// Bind groups are kept across submissions (the same buffers bound the same way get the same
+/// group) while each dispatch's parameters are its own: the same addition over the same buffers
+/// with another length, and over other buffers, in later submissions.
+#[test]
+fn kept_bind_groups_take_each_dispatch_parameters() {
+    let n = 300;
+    let (ones, twos) = (up("ones", &vec![1.0; n]), up("twos", &vec![2.0; n]));
+    let (y, z) = (up("y", &vec![0.0; n]), up("z", &vec![0.0; n]));
+    for (len, a, out, want) in [(n, &ones, &y, 2.0), (100, &twos, &y, 3.0), (n, &ones, &y, 2.0), (7, &twos, &z, 3.0)] {
+        let before = read(out, n);
+        let mut rec = gpu().recorder();
+        nn::add(&mut rec, a, &ones, out, len).unwrap();
+        rec.submit().unwrap();
+        let got = read(out, n);
+        assert!(got[..len].iter().all(|&v| v == want), "the first {len} values: {:?}", &got[..4]);
+        assert_eq!(got[len..], before[len..], "past the {len} values added");
+    }
+}

@@ -142,10 +142,12 @@ pub fn need_values(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
 }
 
 /// Free buffers by capacity in bytes. Sizes are rounded up to a power of two (at least 256
-/// bytes) so that activations of nearby shapes share buffers.
+/// bytes) so that activations of nearby shapes share buffers. The first made of a size's free
+/// buffers goes out first, whatever order they came back in: work repeated (a training step)
+/// gets the same buffers each time, and so the same kept bind groups.
 #[derive(Default)]
 pub struct BufferPool {
-    free: HashMap<u64, Vec<wgpu::Buffer>>,
+    free: HashMap<u64, std::collections::BTreeSet<wgpu::Buffer>>,
 }
 
 fn bucket(bytes: u64) -> u64 {
@@ -176,7 +178,7 @@ impl Gpu {
             bytes = ((len * 4) as u64).div_ceil(256) * 256;
         }
         self.check_binding("a scratch buffer", (len * 4) as u64)?;
-        let reused = self.pool.lock().unwrap().free.get_mut(&bytes).and_then(|v| v.pop());
+        let reused = self.pool.lock().unwrap().free.get_mut(&bytes).and_then(|v| v.pop_first());
         let buffer = reused.unwrap_or_else(|| {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("scratch"),
@@ -194,7 +196,7 @@ impl Gpu {
             return;
         }
         let bytes = buf.buffer.size();
-        self.pool.lock().unwrap().free.entry(bytes).or_default().push(buf.buffer);
+        self.pool.lock().unwrap().free.entry(bytes).or_default().insert(buf.buffer);
     }
 
     fn upload_bytes(&self, label: &str, bytes: &[u8], len: usize, dtype: Dtype) -> Result<GpuBuf> {

@@ -47,6 +47,8 @@ pub struct Gpu {
     /// The profiler times dispatches with timestamp queries (LINEARIZE_PROFILE set, and the
     /// adapter offers them).
     pub(crate) timestamps: bool,
+    /// Recorders open (`Gpu::open_recorders`).
+    pub(crate) open_recorders: std::sync::atomic::AtomicUsize,
 }
 
 /// The arithmetic of the GEMMs: f32 throughout, or f16 operands (scaled per tensor) with f32
@@ -207,6 +209,7 @@ impl Gpu {
             pool: Mutex::new(BufferPool::default()),
             mixed: AtomicBool::new(false),
             timestamps,
+            open_recorders: Default::default(),
         };
         gpu.install_error_handler();
         Ok(gpu)

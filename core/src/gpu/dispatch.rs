@@ -3,7 +3,6 @@ use super::{Gpu, GpuBuf, ShaderParams};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use wgpu::util::DeviceExt;
 
 /// One compute entry point with its `override` constants.
 #[derive(Clone, Debug)]
@@ -30,12 +29,123 @@ impl Kernel {
     }
 }
 
+/// A compute pipeline with the bind group layout it was built on (its own, so that bind groups
+/// made for it can be kept and reused: binding 0 takes its parameters at a dynamic offset).
+pub(crate) struct Pipeline {
+    compute: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+}
+
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
-    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    pipelines: Mutex<HashMap<(String, u64), Arc<Pipeline>>>,
+    /// Bind group layouts by shader file and the bindings given (a bit per binding number).
+    layouts: Mutex<HashMap<(&'static str, u64), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    /// The uniform buffer every submission's parameters go to, and the bind groups made on it.
+    pub(crate) bindings: Mutex<Bindings>,
     /// The first uncaptured device error since the last check.
     pub(crate) error: Arc<Mutex<Option<String>>>,
+}
+
+/// Which buffers a dispatch binds where: binding 0's parameter size, then (binding, buffer,
+/// byte offset, bytes) for the storage bindings.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct BindKey {
+    layout: wgpu::BindGroupLayout,
+    params_len: u64,
+    buffers: Vec<(u32, wgpu::Buffer, u64, u64)>,
+}
+
+/// Bind groups kept across submissions: a training step binds the same pooled buffers in the
+/// same way every step, and making a bind group costs the host more than recording its
+/// dispatch. Two generations: a group unused for a generation (2^16 lookups) is dropped, with
+/// it the last handles on buffers no longer in use.
+#[derive(Default)]
+pub(crate) struct Bindings {
+    /// Binding 0 of every dispatch: a submission's parameters, written before it is submitted.
+    params: Option<wgpu::Buffer>,
+    current: HashMap<BindKey, wgpu::BindGroup>,
+    previous: HashMap<BindKey, wgpu::BindGroup>,
+    lookups: usize,
+}
+
+const BIND_GROUP_GENERATION: usize = 1 << 16;
+
+impl Bindings {
+    fn bind_group(&mut self, device: &wgpu::Device, key: BindKey) -> wgpu::BindGroup {
+        self.lookups += 1;
+        if profile::host_enabled() {
+            profile::record("host: bind groups looked up (count)", 0.0);
+        }
+        if self.lookups >= BIND_GROUP_GENERATION {
+            self.previous = std::mem::take(&mut self.current);
+            self.lookups = 0;
+        }
+        if let Some(bg) = self.current.get(&key) {
+            return bg.clone();
+        }
+        let bg = match self.previous.remove(&key) {
+            Some(bg) => bg,
+            None => {
+                if profile::host_enabled() {
+                    profile::record("host: bind groups made (count)", 0.0);
+                }
+                make_bind_group(device, &key, self.params.as_ref().expect("parameters written first"))
+            }
+        };
+        self.current.insert(key, bg.clone());
+        bg
+    }
+
+    /// The uniform buffer, at least `bytes` long, holding `params`; a new buffer drops the bind
+    /// groups made on the old one.
+    fn write_params(&mut self, device: &wgpu::Device, queue: &wgpu::Queue, params: &[u8]) {
+        let bytes = params.len() as u64;
+        if self.params.as_ref().is_none_or(|b| b.size() < bytes) {
+            self.params = Some(device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("params"),
+                size: bytes.next_power_of_two().max(1 << 16),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+            self.current.clear();
+            self.previous.clear();
+        }
+        queue.write_buffer(self.params.as_ref().expect("just made"), 0, params);
+    }
+}
+
+fn make_bind_group(device: &wgpu::Device, key: &BindKey, params: &wgpu::Buffer) -> wgpu::BindGroup {
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: params, offset: 0, size: std::num::NonZeroU64::new(key.params_len) }),
+    }];
+    for (binding, buffer, offset, bytes) in &key.buffers {
+        entries.push(wgpu::BindGroupEntry {
+            binding: *binding,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer, offset: *offset, size: std::num::NonZeroU64::new(*bytes) }),
+        });
+    }
+    device.create_bind_group(&wgpu::BindGroupDescriptor { label: None, layout: &key.layout, entries: &entries })
+}
+
+/// The storage bindings a shader file declares and whether each is read-only, from its
+/// `@group(0) @binding(N) var<storage, read>` / `var<storage, read_write>` lines (binding 0 is
+/// the uniform `params`).
+fn declared_storage(source: &str) -> HashMap<u32, bool> {
+    let mut out = HashMap::new();
+    for decl in source.split("@binding(").skip(1) {
+        let Some((n, rest)) = decl.split_once(')') else { continue };
+        let Ok(n) = n.trim().parse::<u32>() else { continue };
+        let head = rest.split(';').next().unwrap_or("");
+        if head.contains("var<storage, read_write>") {
+            out.insert(n, false);
+        } else if head.contains("var<storage") {
+            out.insert(n, true);
+        }
+    }
+    out
 }
 
 impl Gpu {
@@ -57,13 +167,16 @@ impl Gpu {
         }
     }
 
-    pub fn pipeline(&self, kernel: &Kernel) -> Result<Arc<wgpu::ComputePipeline>> {
-        let key = kernel.key();
+    /// The pipeline of `kernel` on a layout of its own for the storage bindings in `bindings`
+    /// (a bit per binding number): binding 0 the parameters at a dynamic offset.
+    pub(crate) fn pipeline(&self, kernel: &Kernel, bindings: u64) -> Result<Arc<Pipeline>> {
+        let key = (kernel.key(), bindings);
         if let Some(p) = self.pipelines.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
         let source = crate::shaders::source(kernel.shader)
             .ok_or_else(|| Error::Gpu(format!("no shader named '{}'", kernel.shader)))?;
+        let (layout, pipeline_layout) = self.layout(kernel, source, bindings)?;
         let mut modules = self.pipelines.modules.lock().unwrap();
         let module = modules.entry(kernel.shader).or_insert_with(|| {
             self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -71,9 +184,9 @@ impl Gpu {
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             })
         });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&key),
-            layout: None,
+        let compute = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&key.0),
+            layout: Some(&pipeline_layout),
             module,
             entry_point: Some(kernel.entry),
             compilation_options: wgpu::PipelineCompilationOptions {
@@ -83,14 +196,47 @@ impl Gpu {
             cache: None,
         });
         drop(modules);
-        self.take_error().map_err(|e| Error::Gpu(format!("building {key}: {e}")))?;
-        let pipeline = Arc::new(pipeline);
+        self.take_error().map_err(|e| Error::Gpu(format!("building {}: {e}", key.0)))?;
+        let pipeline = Arc::new(Pipeline { compute, layout });
         self.pipelines.pipelines.lock().unwrap().insert(key, pipeline.clone());
         Ok(pipeline)
     }
 
+    fn layout(&self, kernel: &Kernel, source: &str, bindings: u64) -> Result<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+        let mut layouts = self.pipelines.layouts.lock().unwrap();
+        if let Some(l) = layouts.get(&(kernel.shader, bindings)) {
+            return Ok(l.clone());
+        }
+        let declared = declared_storage(source);
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Uniform, has_dynamic_offset: true, min_binding_size: None },
+            count: None,
+        }];
+        for binding in (1..64).filter(|b| bindings >> b & 1 == 1) {
+            let read_only = *declared.get(&binding).ok_or_else(|| Error::Gpu(format!("{}::{} is given binding {binding}, which {} does not declare as storage", kernel.shader, kernel.entry, kernel.shader)))?;
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer { ty: wgpu::BufferBindingType::Storage { read_only }, has_dynamic_offset: false, min_binding_size: None },
+                count: None,
+            });
+        }
+        let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(kernel.shader), entries: &entries });
+        let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(kernel.shader), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
+        layouts.insert((kernel.shader, bindings), (layout.clone(), pipeline_layout.clone()));
+        Ok((layout, pipeline_layout))
+    }
+
     pub fn recorder(&self) -> Recorder<'_> {
-        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new() }
+        self.open_recorders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new(), kept: Vec::new() }
+    }
+
+    /// Recorders made and not yet submitted or dropped.
+    pub fn open_recorders(&self) -> usize {
+        self.open_recorders.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -98,7 +244,7 @@ impl Gpu {
 const FLUSH_DISPATCHES: usize = 512;
 
 struct Dispatch {
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: Arc<Pipeline>,
     label: &'static str,
     /// Byte offset of this dispatch's parameters in the shared uniform buffer.
     params_at: u64,
@@ -116,11 +262,30 @@ pub struct Recorder<'g> {
     dispatches: Vec<Dispatch>,
     /// Temporaries of the recorded dispatches, back to the pool once submitted.
     retired: Vec<GpuBuf>,
+    /// Buffers whose kept copies this recording makes: forgotten if it is never submitted.
+    kept: Vec<GpuBuf>,
+}
+
+impl Drop for Recorder<'_> {
+    fn drop(&mut self) {
+        for b in std::mem::take(&mut self.kept) {
+            self.gpu.forget_copies(&b);
+        }
+        for b in std::mem::take(&mut self.retired) {
+            self.gpu.release(b);
+        }
+        self.gpu.open_recorders.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl<'g> Recorder<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// Notes that this recording makes copies kept with `buf` (`GpuBuf::keep_copy`).
+    pub(crate) fn kept_copy_of(&mut self, buf: &GpuBuf) {
+        self.kept.push(buf.handle());
     }
 
     /// Keeps `buf` until the recorded work is submitted, then returns it to the pool.
@@ -197,8 +362,15 @@ impl<'g> Recorder<'g> {
         if groups.contains(&0) {
             return Ok(0.0);
         }
+        let mut mask = 0u64;
+        for (i, _) in buffers {
+            if *i == 0 || *i >= 64 || mask >> i & 1 == 1 {
+                return Err(Error::Gpu(format!("{}::{}: storage binding {i} given twice, or outside 1..64", kernel.shader, kernel.entry)));
+            }
+            mask |= 1 << i;
+        }
         let started = profile::host_enabled().then(std::time::Instant::now);
-        let pipeline = self.gpu.pipeline(kernel)?;
+        let pipeline = self.gpu.pipeline(kernel, mask)?;
         let pipeline_s = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
         // Each dispatch's parameters start at an offset the device accepts for uniforms, and
         // take at least 16 bytes.
@@ -229,11 +401,11 @@ impl<'g> Recorder<'g> {
     }
 
     pub fn submit(mut self) -> Result<()> {
-        let retired = std::mem::take(&mut self.retired);
         let result = self.submit_dispatches();
-        for b in retired {
-            self.gpu.release(b);
+        if result.is_ok() {
+            self.kept.clear();
         }
+        // Drop returns the temporaries to the pool.
         result
     }
 
@@ -243,39 +415,14 @@ impl<'g> Recorder<'g> {
         }
         let started = profile::host_enabled().then(std::time::Instant::now);
         let device = &self.gpu.device;
-        let uniform = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("params"),
-            contents: &self.params,
-            usage: wgpu::BufferUsages::UNIFORM,
-        });
+        // Held until the work is on the queue: another thread's parameters must not overwrite
+        // these before they are read.
+        let mut bindings = self.gpu.pipelines.bindings.lock().unwrap();
+        bindings.write_params(device, &self.gpu.queue, &self.params);
         let bind_groups: Vec<wgpu::BindGroup> = self
             .dispatches
             .iter()
-            .map(|d| {
-                let mut entries = vec![wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &uniform,
-                        offset: d.params_at,
-                        size: std::num::NonZeroU64::new(d.params_len),
-                    }),
-                }];
-                for (binding, buffer, offset, bytes) in &d.buffers {
-                    entries.push(wgpu::BindGroupEntry {
-                        binding: *binding,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer,
-                            offset: *offset,
-                            size: std::num::NonZeroU64::new(*bytes),
-                        }),
-                    });
-                }
-                device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(d.label),
-                    layout: &d.pipeline.get_bind_group_layout(0),
-                    entries: &entries,
-                })
-            })
+            .map(|d| bindings.bind_group(device, BindKey { layout: d.pipeline.layout.clone(), params_len: d.params_len, buffers: d.buffers.clone() }))
             .collect();
         let started = started.map(|t| {
             profile::record("host: bind groups", t.elapsed().as_secs_f64());
@@ -368,8 +515,8 @@ impl<'g> Recorder<'g> {
 
 impl Dispatch {
     fn encode(&self, pass: &mut wgpu::ComputePass<'_>, bind_group: &wgpu::BindGroup) {
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, bind_group, &[]);
+        pass.set_pipeline(&self.pipeline.compute);
+        pass.set_bind_group(0, bind_group, &[self.params_at as u32]);
         pass.dispatch_workgroups(self.groups[0], self.groups[1], self.groups[2]);
     }
 }

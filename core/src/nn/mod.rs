@@ -381,7 +381,7 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     // Partial maxima of a, then of b, then the two totals.
     let amax = rec.temp(2050)?;
     let (b16, amax_b) = if b.keeps_copies() {
-        let (b16, amax_b) = kept_operand_b(rec.gpu(), a, b, &params, extent_b, cols_p)?;
+        let (b16, amax_b) = kept_operand_b(rec, a, b, &params, extent_b, cols_p)?;
         // Only a: its maxima, then its copy (b16_out bound to a word nothing writes).
         let groups = amax_workgroups(extent_a);
         let p = CoopGemmParams { amax_groups: groups, ..params };
@@ -418,10 +418,11 @@ fn amax_workgroups(extent: usize) -> u32 {
 }
 
 /// The f16 copy of operand b as `params` lays it out and the buffer whose word 2049 holds its
-/// max |value|: kept with b from an earlier GEMM of the same region and layout, or made now —
-/// in a submission of its own, so it reads b's values as every earlier submission left them and
-/// is on the queue before any recorder that uses it.
-fn kept_operand_b(gpu: &crate::gpu::Gpu, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, extent_b: usize, cols_p: usize) -> Result<(GpuBuf, GpuBuf)> {
+/// max |value|: kept with b from an earlier GEMM of the same region and layout, or made now in
+/// `rec` — after the work recorded before it, so from b's values as that work leaves them, and
+/// kept only while `rec` is the one recording open (another, submitted first, would find a copy
+/// not yet made); `rec` drops what it kept if it is never submitted.
+fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, extent_b: usize, cols_p: usize) -> Result<(GpuBuf, GpuBuf)> {
     let key = [b.offset(), params.sbn as u64, params.sbk as u64, params.n as u64, params.k as u64, 0];
     if let Some(mut kept) = b.kept_copy(key) {
         let amax = kept.pop().expect("kept: b16, amax");
@@ -430,16 +431,21 @@ fn kept_operand_b(gpu: &crate::gpu::Gpu, a: &GpuBuf, b: &GpuBuf, params: &CoopGe
     let shader = "native/matmul_coop";
     let groups = amax_workgroups(extent_b);
     let p = CoopGemmParams { amax_groups: groups, first_operand: 1, ..*params };
+    let gpu = rec.gpu();
     let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(2050)?);
-    let mut own = gpu.recorder();
     // a is bound only because the entry points name it: with first_operand 1 nothing reads it,
     // and a16_out gets a word nothing writes.
-    own.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 1, 1])?;
-    let unused = own.temp(1)?;
-    own.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &unused), (6, &b16)], [params.kp / 64, (cols_p / 64) as u32, 1])?;
-    own.submit()?;
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 1, 1])?;
+    let unused = rec.temp(1)?;
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &unused), (6, &b16)], [params.kp / 64, (cols_p / 64) as u32, 1])?;
     let handles = (b16.handle(), amax.handle());
-    b.keep_copy(key, vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
+    if gpu.open_recorders() == 1 {
+        b.keep_copy(key, vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
+        rec.kept_copy_of(b);
+    } else {
+        rec.retire(b16);
+        rec.retire(amax);
+    }
     Ok(handles)
 }
 
