@@ -14,7 +14,7 @@
 # (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
 # .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2. OPS=1:
 # `bench ops` of both binaries first, alternating. PROFILE: which binaries to profile,
-# "before after". TEACHER=1: prefill and batch-1 decode of the teacher, both binaries in mixed
+# "before after" (LINEARIZE_PROFILE=1; host-before, host-after: LINEARIZE_PROFILE=host). TEACHER=1: prefill and batch-1 decode of the teacher, both binaries in mixed
 # precision, beside scripts/bench_torch_teacher.py in fp16 and bf16, before the peer.)
 # Results go to $OUT/res.tgz (more than the 8 files a call returns).
 set -uo pipefail
@@ -71,10 +71,13 @@ for round in $(seq 1 ${ROUNDS:-2}); do
   tar czf $OUT_DIR/res.tgz -C $R .
 done
 for tag in ${PROFILE:-before after}; do
-  bin=/root/before; [ $tag = after ] && bin=$AFTER
-  run $bin profile-$tag LINEARIZE_PROFILE=1
+  # host-before, host-after: LINEARIZE_PROFILE=host (the host's recording and submitting).
+  mode=1; which=$tag
+  case $tag in host-*) mode=host; which=${tag#host-};; esac
+  bin=/root/before; [ $which = after ] && bin=$AFTER
+  run $bin profile-$tag LINEARIZE_PROFILE=$mode
+  grep "^profile" "$OUT/profile-$tag.err" | head -12
 done
-tail -12 "$OUT/profile-after.err"
 tar czf $OUT_DIR/res.tgz -C $R .
 # The teacher in HF's layout, for the PyTorch peers.
 hf() { [ -d /root/hf ] || "$AFTER" convert --from "$G" --to /root/hf > /dev/null 2>> $OUT/convert.err; }
