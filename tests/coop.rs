@@ -172,3 +172,66 @@ fn tensor_core_gemms_keep_weight_copies_until_the_weight_changes() {
     assert!(stepped.iter().zip(&wv).any(|(a, b)| (a - b).abs() > 0.1), "the AdamW step left the weight where it was");
     check_both_layouts(&gpu, "after an AdamW step", (m, n, k), &x, &dy, &w, &stepped);
 }
+
+/// GEMMs of one recording that read the same activation in the same layout share its f16 copy
+/// (the projections of one x), and whatever a later dispatch writes into it — the buffer itself,
+/// or a view that overlaps it — is what the GEMMs after that multiply. Products of x as the
+/// first operand (y = x·wᵀ, unweighted: neither keeps copies) and as the second (dw = dyᵀ·x).
+#[test]
+fn tensor_core_gemms_share_activation_copies_until_written() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(13);
+    let (m, n, k) = (130, 40, 72);
+    // x sits inside a larger buffer, past a first region, so a view can overlap it.
+    let at = 1024;
+    let (x1, x2, x3) = (random(&mut rng, m * k, 1.0), random(&mut rng, m * k, 1e-3), random(&mut rng, m * k, 50.0));
+    let outer = gpu.upload_f32("outer", &[vec![0.0; at], x1.clone()].concat()).unwrap();
+    let x = outer.view(at, m * k).unwrap();
+    let (w1, w2) = (random(&mut rng, n * k, 1.0), random(&mut rng, n * k, 1.0));
+    let dy = random(&mut rng, m * n, 1.0);
+    let (w1b, w2b, dyb) = (gpu.upload_f32("w1", &w1).unwrap(), gpu.upload_f32("w2", &w2).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
+    let x2b = gpu.upload_f32("x2", &x2).unwrap();
+    let zeros = gpu.upload_f32("zeros", &vec![0.0; at + m * k]).unwrap();
+    let ys: Vec<GpuBuf> = (0..6).map(|_| gpu.scratch(m * n).unwrap()).collect();
+    let dws: Vec<GpuBuf> = (0..3).map(|_| gpu.scratch(n * k).unwrap()).collect();
+    let mut rec = gpu.recorder();
+    let g = Gemm { m, n, k };
+    // x1: two projections and a weight gradient.
+    nn::linear(&mut rec, &x, &w1b, &ys[0], g, false).unwrap();
+    nn::linear(&mut rec, &x, &w2b, &ys[1], g, false).unwrap();
+    nn::linear_backward_weight(&mut rec, &dyb, &x, &dws[0], g, false).unwrap();
+    // x2 written into x itself (x = x2 + 0).
+    nn::add(&mut rec, &x2b, &zeros, &x, m * k).unwrap();
+    nn::linear(&mut rec, &x, &w1b, &ys[2], g, false).unwrap();
+    nn::linear_backward_weight(&mut rec, &dyb, &x, &dws[1], g, false).unwrap();
+    nn::linear(&mut rec, &x, &w2b, &ys[3], g, false).unwrap();
+    // x3 written through a view of the outer buffer that covers x's first values only.
+    let head = outer.view(0, at + 64).unwrap();
+    let mut x3_head = vec![0.0; at];
+    x3_head.extend_from_slice(&x3[..64]);
+    let x3_headb = gpu.upload_f32("x3 head", &x3_head).unwrap();
+    nn::add(&mut rec, &x3_headb, &zeros, &head, at + 64).unwrap();
+    let x_after: Vec<f32> = x3[..64].iter().chain(&x2[64..]).copied().collect();
+    nn::linear(&mut rec, &x, &w1b, &ys[4], g, false).unwrap();
+    nn::linear_backward_weight(&mut rec, &dyb, &x, &dws[2], g, false).unwrap();
+    nn::linear(&mut rec, &x, &w2b, &ys[5], g, false).unwrap();
+    rec.submit().unwrap();
+    let forward = |xv: &[f32], wv: &[f32]| reference::linear(&staged(xv), &staged(wv), m, n, k);
+    let weight = |xv: &[f32]| reference::linear(&transpose(&staged(&dy), m, n), &transpose(&staged(xv), m, k), n, k, m);
+    let wants = [
+        ("x1 · w1", &ys[0], forward(&x1, &w1), k),
+        ("x1 · w2 (shared copy)", &ys[1], forward(&x1, &w2), k),
+        ("dyᵀ · x1", &dws[0], weight(&x1), m),
+        ("x2 · w1 (after a write into x)", &ys[2], forward(&x2, &w1), k),
+        ("dyᵀ · x2", &dws[1], weight(&x2), m),
+        ("x2 · w2 (shared copy)", &ys[3], forward(&x2, &w2), k),
+        ("x · w1 (after a write through an overlapping view)", &ys[4], forward(&x_after, &w1), k),
+        ("dyᵀ · x after the view's write", &dws[2], weight(&x_after), m),
+        ("x · w2 after the view's write (shared copy)", &ys[5], forward(&x_after, &w2), k),
+    ];
+    for (name, got, want, red) in wants {
+        let size = want.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
+        let got = gpu.read_f32_blocking(got, want.len()).unwrap();
+        assert_close(name, &got, &want, 2e-6 * size * (red as f64).sqrt(), 1e-5);
+    }
+}

@@ -43,6 +43,8 @@ pub struct GpuBuf {
     offset: u64,
     /// A view: the buffer belongs to another handle, and never goes back to the pool.
     shared: bool,
+    /// Dropped, never pooled, by `Gpu::release` (`Gpu::unpooled`).
+    unpooled: bool,
     /// Copies derived from the values, kept across ops (`keep_copies`); shared with views.
     kept: Option<Arc<KeptCopies>>,
 }
@@ -59,7 +61,7 @@ pub struct KeptCopies {
 impl GpuBuf {
     /// A buffer of `len` 32-bit words.
     pub fn words(buffer: wgpu::Buffer, len: usize) -> Self {
-        GpuBuf { buffer, len, dtype: Dtype::F32, offset: 0, shared: false, kept: None }
+        GpuBuf { buffer, len, dtype: Dtype::F32, offset: 0, shared: false, unpooled: false, kept: None }
     }
 
     /// `len` words of this buffer from word `at` on. The start must sit on the device's storage
@@ -68,7 +70,7 @@ impl GpuBuf {
         if self.dtype != Dtype::F32 || at + len > self.len {
             return Err(Error::Gpu(format!("a view of words {at}..{} of a buffer of {} {} values", at + len, self.len, self.dtype.name())));
         }
-        Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F32, offset: self.offset + (at * 4) as u64, shared: true, kept: self.kept.clone() })
+        Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F32, offset: self.offset + (at * 4) as u64, shared: true, unpooled: false, kept: self.kept.clone() })
     }
 
     /// Byte offset of the first value in `buffer`.
@@ -84,7 +86,7 @@ impl GpuBuf {
     /// A second handle on the same buffer, for the recorder's temporaries (which it alone
     /// returns to the pool).
     pub(crate) fn handle(&self) -> GpuBuf {
-        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype, offset: self.offset, shared: self.shared, kept: self.kept.clone() }
+        GpuBuf { buffer: self.buffer.clone(), len: self.len, dtype: self.dtype, offset: self.offset, shared: self.shared, unpooled: self.unpooled, kept: self.kept.clone() }
     }
 
     /// Lets ops keep copies derived from this buffer's values (a weight's: see `KeptCopies`);
@@ -190,9 +192,21 @@ impl Gpu {
         Ok(GpuBuf::words(buffer, len))
     }
 
-    /// Returns a scratch buffer to the pool (a view just drops its handle).
+    /// A buffer of `len` words of its own, which `release` drops rather than pools: for values
+    /// held past the work that makes them (a pending step's losses). Pooled, such a buffer would
+    /// leave the pool different from one step to the next, and the next step would bind other
+    /// buffers than the last (and miss the kept bind groups).
+    pub fn unpooled(&self, len: usize) -> Result<GpuBuf> {
+        self.check_binding("a buffer", (len * 4) as u64)?;
+        let size = ((len.max(1) * 4) as u64).div_ceil(256) * 256;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor { label: Some("unpooled"), size, usage: STORAGE, mapped_at_creation: false });
+        Ok(GpuBuf { unpooled: true, ..GpuBuf::words(buffer, len) })
+    }
+
+    /// Returns a scratch buffer to the pool (a view, or an unpooled buffer, just drops its
+    /// handle).
     pub fn release(&self, buf: GpuBuf) {
-        if buf.shared {
+        if buf.shared || buf.unpooled {
             return;
         }
         let bytes = buf.buffer.size();
@@ -208,7 +222,7 @@ impl Gpu {
             contents: data,
             usage: STORAGE,
         });
-        Ok(GpuBuf { buffer, len, dtype, offset: 0, shared: false, kept: None })
+        Ok(GpuBuf { buffer, len, dtype, offset: 0, shared: false, unpooled: false, kept: None })
     }
 
     pub fn upload_f32(&self, label: &str, data: &[f32]) -> Result<GpuBuf> {

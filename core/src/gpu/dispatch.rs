@@ -34,6 +34,8 @@ impl Kernel {
 pub(crate) struct Pipeline {
     compute: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
+    /// The storage bindings it may write (a bit per binding number).
+    writable: u64,
 }
 
 #[derive(Default)]
@@ -41,11 +43,20 @@ pub(crate) struct PipelineCache {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
     pipelines: Mutex<HashMap<(String, u64), Arc<Pipeline>>>,
     /// Bind group layouts by shader file and the bindings given (a bit per binding number).
-    layouts: Mutex<HashMap<(&'static str, u64), (wgpu::BindGroupLayout, wgpu::PipelineLayout)>>,
+    layouts: Mutex<HashMap<(&'static str, u64), Layout>>,
     /// The uniform buffer every submission's parameters go to, and the bind groups made on it.
     pub(crate) bindings: Mutex<Bindings>,
     /// The first uncaptured device error since the last check.
     pub(crate) error: Arc<Mutex<Option<String>>>,
+}
+
+/// A bind group layout, the pipeline layout on it, and which of its storage bindings are
+/// writable (a bit per binding number).
+#[derive(Clone)]
+struct Layout {
+    bind_group: wgpu::BindGroupLayout,
+    pipeline: wgpu::PipelineLayout,
+    writable: u64,
 }
 
 /// Which buffers a dispatch binds where: binding 0's parameter size, then (binding, buffer,
@@ -176,7 +187,7 @@ impl Gpu {
         }
         let source = crate::shaders::source(kernel.shader)
             .ok_or_else(|| Error::Gpu(format!("no shader named '{}'", kernel.shader)))?;
-        let (layout, pipeline_layout) = self.layout(kernel, source, bindings)?;
+        let layout = self.layout(kernel, source, bindings)?;
         let mut modules = self.pipelines.modules.lock().unwrap();
         let module = modules.entry(kernel.shader).or_insert_with(|| {
             self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -186,7 +197,7 @@ impl Gpu {
         });
         let compute = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&key.0),
-            layout: Some(&pipeline_layout),
+            layout: Some(&layout.pipeline),
             module,
             entry_point: Some(kernel.entry),
             compilation_options: wgpu::PipelineCompilationOptions {
@@ -197,17 +208,18 @@ impl Gpu {
         });
         drop(modules);
         self.take_error().map_err(|e| Error::Gpu(format!("building {}: {e}", key.0)))?;
-        let pipeline = Arc::new(Pipeline { compute, layout });
+        let pipeline = Arc::new(Pipeline { compute, layout: layout.bind_group, writable: layout.writable });
         self.pipelines.pipelines.lock().unwrap().insert(key, pipeline.clone());
         Ok(pipeline)
     }
 
-    fn layout(&self, kernel: &Kernel, source: &str, bindings: u64) -> Result<(wgpu::BindGroupLayout, wgpu::PipelineLayout)> {
+    fn layout(&self, kernel: &Kernel, source: &str, bindings: u64) -> Result<Layout> {
         let mut layouts = self.pipelines.layouts.lock().unwrap();
         if let Some(l) = layouts.get(&(kernel.shader, bindings)) {
             return Ok(l.clone());
         }
         let declared = declared_storage(source);
+        let mut writable = 0u64;
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
             visibility: wgpu::ShaderStages::COMPUTE,
@@ -216,6 +228,9 @@ impl Gpu {
         }];
         for binding in (1..64).filter(|b| bindings >> b & 1 == 1) {
             let read_only = *declared.get(&binding).ok_or_else(|| Error::Gpu(format!("{}::{} is given binding {binding}, which {} does not declare as storage", kernel.shader, kernel.entry, kernel.shader)))?;
+            if !read_only {
+                writable |= 1 << binding;
+            }
             entries.push(wgpu::BindGroupLayoutEntry {
                 binding,
                 visibility: wgpu::ShaderStages::COMPUTE,
@@ -225,13 +240,14 @@ impl Gpu {
         }
         let layout = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor { label: Some(kernel.shader), entries: &entries });
         let pipeline_layout = self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor { label: Some(kernel.shader), bind_group_layouts: &[Some(&layout)], immediate_size: 0 });
-        layouts.insert((kernel.shader, bindings), (layout.clone(), pipeline_layout.clone()));
-        Ok((layout, pipeline_layout))
+        let made = Layout { bind_group: layout, pipeline: pipeline_layout, writable };
+        layouts.insert((kernel.shader, bindings), made.clone());
+        Ok(made)
     }
 
     pub fn recorder(&self) -> Recorder<'_> {
         self.open_recorders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new(), kept: Vec::new() }
+        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new(), kept: Vec::new(), shared: Vec::new() }
     }
 
     /// Recorders made and not yet submitted or dropped.
@@ -264,6 +280,19 @@ pub struct Recorder<'g> {
     retired: Vec<GpuBuf>,
     /// Buffers whose kept copies this recording makes: forgotten if it is never submitted.
     kept: Vec<GpuBuf>,
+    /// Copies of activations made in this recording for later dispatches of it to share.
+    shared: Vec<SharedCopy>,
+}
+
+/// A copy derived from the bytes start..end of a buffer (nn::coop's f16 copy of a GEMM operand
+/// and the buffer of its scale), valid until a dispatch recorded later may write those bytes.
+struct SharedCopy {
+    buffer: wgpu::Buffer,
+    start: u64,
+    end: u64,
+    key: [u64; 6],
+    copy: GpuBuf,
+    aux: GpuBuf,
 }
 
 impl Drop for Recorder<'_> {
@@ -281,6 +310,20 @@ impl Drop for Recorder<'_> {
 impl<'g> Recorder<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// The copy of `src` noted under `key` (with its companion buffer) if no dispatch recorded
+    /// since may have written `src`.
+    pub(crate) fn shared_copy(&self, src: &GpuBuf, key: [u64; 6]) -> Option<(GpuBuf, GpuBuf)> {
+        let (start, end) = (src.offset(), src.offset() + src.bytes());
+        self.shared.iter().find(|c| c.buffer == src.buffer && (c.start, c.end) == (start, end) && c.key == key).map(|c| (c.copy.handle(), c.aux.handle()))
+    }
+
+    /// Notes `copy` (and `aux`), made from `src` by the dispatches just recorded, for later
+    /// dispatches of this recording (`shared_copy`). Both must live as long as the recording.
+    pub(crate) fn note_shared_copy(&mut self, src: &GpuBuf, key: [u64; 6], copy: &GpuBuf, aux: &GpuBuf) {
+        let (start, end) = (src.offset(), src.offset() + src.bytes());
+        self.shared.push(SharedCopy { buffer: src.buffer.clone(), start, end, key, copy: copy.handle(), aux: aux.handle() });
     }
 
     /// Notes that this recording makes copies kept with `buf` (`GpuBuf::keep_copy`).
@@ -372,6 +415,13 @@ impl<'g> Recorder<'g> {
         let started = profile::host_enabled().then(std::time::Instant::now);
         let pipeline = self.gpu.pipeline(kernel, mask)?;
         let pipeline_s = started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        // What this dispatch may write, no copy noted before it stands for any more.
+        if !self.shared.is_empty() {
+            for (_, b) in buffers.iter().filter(|(i, _)| pipeline.writable >> i & 1 == 1) {
+                let (start, end) = (b.offset(), b.offset() + b.bytes());
+                self.shared.retain(|c| c.buffer != b.buffer || c.end <= start || end <= c.start);
+            }
+        }
         // Each dispatch's parameters start at an offset the device accepts for uniforms, and
         // take at least 16 bytes.
         let align = self.gpu.limits.min_uniform_buffer_offset_alignment.max(16) as usize;

@@ -376,26 +376,40 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let [m, n, k, sam, sak, sbn, sbk, ldy32, y032, kp32, split_k32, splits32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp, split_k, splits].map(|v| v as u32);
     let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups: 0, first_operand: 0 };
     let shader = "native/matmul_coop";
-    // Two f16 values per word.
-    let a16 = rec.temp(rows_p * kp / 2)?;
-    // Partial maxima of a, then of b, then the two totals.
-    let amax = rec.temp(2050)?;
-    let (b16, amax_b) = if b.keeps_copies() {
-        let (b16, amax_b) = kept_operand_b(rec, a, b, &params, extent_b, cols_p)?;
-        // Only a: its maxima, then its copy (b16_out bound to a word nothing writes).
-        let groups = amax_workgroups(extent_a);
-        let p = CoopGemmParams { amax_groups: groups, ..params };
-        rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 1, 1])?;
-        let unused = rec.temp(1)?;
-        rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &unused)], [blocks as u32, (rows_p / 64) as u32, 1])?;
-        (b16, amax_b)
-    } else {
-        let groups = amax_workgroups(extent_a.max(extent_b));
-        let p = CoopGemmParams { amax_groups: groups, ..params };
-        rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 2, 1])?;
-        let b16 = rec.temp(cols_p * kp / 2)?;
-        rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], [blocks as u32, (rows_p.max(cols_p) / 64) as u32, 2])?;
-        (b16, amax.handle())
+    // Each operand's f16 copy and the buffer of its max |value| (word 2048 for a, 2049 for b):
+    // a weight's kept with it; an activation's made once per recording for every GEMM that
+    // reads it in the same layout (q, k, v and the gates read one x) while nothing writes it.
+    let key_a = [0, m, k, sam, sak, kp32].map(u64::from);
+    let key_b = [1, n, k, sbn, sbk, kp32].map(u64::from);
+    let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, extent_b, cols_p)?) } else { rec.shared_copy(b, key_b) };
+    let have_a = rec.shared_copy(a, key_a);
+    let ((a16, amax), (b16, amax_b)) = match (have_a, have_b) {
+        (Some(a_copy), Some(b_copy)) => (a_copy, b_copy),
+        (None, Some(b_copy)) => {
+            let a16 = rec.temp(rows_p * kp / 2)?;
+            let amax = rec.temp(2050)?;
+            copy_operand(rec, a, b, &params, 0, extent_a, rows_p, &a16, &amax)?;
+            rec.note_shared_copy(a, key_a, &a16, &amax);
+            ((a16, amax), b_copy)
+        }
+        (Some(a_copy), None) => {
+            let b16 = rec.temp(cols_p * kp / 2)?;
+            let amax_b = rec.temp(2050)?;
+            copy_operand(rec, a, b, &params, 1, extent_b, cols_p, &b16, &amax_b)?;
+            rec.note_shared_copy(b, key_b, &b16, &amax_b);
+            (a_copy, (b16, amax_b))
+        }
+        (None, None) => {
+            // Both in the same two dispatches.
+            let (a16, b16, amax) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?, rec.temp(2050)?);
+            let groups = amax_workgroups(extent_a.max(extent_b));
+            let p = CoopGemmParams { amax_groups: groups, ..params };
+            rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 2, 1])?;
+            rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], [blocks as u32, (rows_p.max(cols_p) / 64) as u32, 2])?;
+            rec.note_shared_copy(a, key_a, &a16, &amax);
+            rec.note_shared_copy(b, key_b, &b16, &amax);
+            ((a16, amax.handle()), (b16, amax))
+        }
     };
     let groups = [(cols_p / 64) as u32, (rows_p / 64) as u32, splits as u32];
     let operands = [(7, &a16), (8, &b16), (10, &amax), (11, &amax_b)];
@@ -417,6 +431,21 @@ fn amax_workgroups(extent: usize) -> u32 {
     extent.div_ceil(256 * 16).min(1024) as u32
 }
 
+/// The f16 copy of one operand (`which`: 0 for a, 1 for b) of `params`' GEMM into `copy`, its
+/// max |value| into word 2048 + which of `amax`: two dispatches.
+#[allow(clippy::too_many_arguments)]
+fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, copy: &GpuBuf, amax: &GpuBuf) -> Result<()> {
+    let shader = "native/matmul_coop";
+    let groups = amax_workgroups(extent);
+    let p = CoopGemmParams { amax_groups: groups, first_operand: which, ..*params };
+    // Both operands are bound because the entry points name them: only `which` is read, and
+    // the other copy's binding gets a word nothing writes.
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, amax)], [groups, 1, 1])?;
+    let unused = rec.temp(1)?;
+    let (a16, b16) = if which == 0 { (copy, &unused) } else { (&unused, copy) };
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [params.kp / 64, (rows_p / 64) as u32, 1])
+}
+
 /// The f16 copy of operand b as `params` lays it out and the buffer whose word 2049 holds its
 /// max |value|: kept with b from an earlier GEMM of the same region and layout, or made now in
 /// `rec` — after the work recorded before it, so from b's values as that work leaves them, and
@@ -428,16 +457,9 @@ fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmP
         let amax = kept.pop().expect("kept: b16, amax");
         return Ok((kept.pop().expect("kept: b16"), amax));
     }
-    let shader = "native/matmul_coop";
-    let groups = amax_workgroups(extent_b);
-    let p = CoopGemmParams { amax_groups: groups, first_operand: 1, ..*params };
     let gpu = rec.gpu();
     let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(2050)?);
-    // a is bound only because the entry points name it: with first_operand 1 nothing reads it,
-    // and a16_out gets a word nothing writes.
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 1, 1])?;
-    let unused = rec.temp(1)?;
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &unused), (6, &b16)], [params.kp / 64, (cols_p / 64) as u32, 1])?;
+    copy_operand(rec, a, b, params, 1, extent_b, cols_p, &b16, &amax)?;
     let handles = (b16.handle(), amax.handle());
     if gpu.open_recorders() == 1 {
         b.keep_copy(key, vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;

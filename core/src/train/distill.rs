@@ -479,7 +479,7 @@ impl<'g> Distiller<'g> {
         let d = self.student.config.hidden_size;
         let mut parts = Vec::new();
         for i in self.trained_layers() {
-            let loss = gpu.scratch(rows)?;
+            let loss = gpu.unpooled(rows)?;
             let mut rec = gpu.recorder();
             let (grad, dx) = (rec.temp(rows * d)?, rec.temp(rows * d)?);
             let t = &teacher.blocks[i];
@@ -517,7 +517,7 @@ impl<'g> Distiller<'g> {
         let (batch, seq) = (self.config.batch, self.config.seq);
         let rows = batch * seq;
         let target_buf = gpu.upload_u32("targets", targets)?;
-        let (ce, klb) = (gpu.scratch(rows)?, gpu.scratch(rows)?);
+        let (ce, klb) = (gpu.unpooled(rows)?, gpu.unpooled(rows)?);
         let mut rec = gpu.recorder();
         let acts = self.student.forward_train(&mut rec, ids, batch, seq, false)?;
         let kl_scale = match self.config.kl_scaling {

@@ -222,9 +222,10 @@ impl Optimizer {
     }
 
     /// A buffer for one step's partial sums of squares and their total (`step` fills it; it
-    /// is the caller's to read back, whenever it likes, and to release).
+    /// is the caller's to read back, whenever it likes, and to release). Not from the pool: it
+    /// outlives the step (`Gpu::unpooled`).
     pub fn new_partial(&self, gpu: &Gpu) -> Result<GpuBuf> {
-        gpu.scratch(self.blocks + 1)
+        gpu.unpooled(self.blocks + 1)
     }
 
     /// Words of `new_partial` that `norm_of` reads.
