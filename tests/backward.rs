@@ -250,12 +250,19 @@ fn short_conv_backward_matches_finite_differences() {
 
 #[test]
 fn head_norm_backward_matches_finite_differences() {
+    let mut rng = Rng::new(58);
+    // 6 pairs of D = 64 in one workgroup; 17 of D = 40: two workgroups, lanes of two or three
+    // channels.
+    for (rows, heads, dim) in [(3, 2, 64), (17, 1, 40)] {
+        head_norm_backward_case(&mut rng, rows, heads, dim);
+    }
+}
+
+fn head_norm_backward_case(rng: &mut Rng, rows: usize, heads: usize, dim: usize) {
     use linearize_core::mixers::ops::{self, HeadNorm, OutputGate};
     use linearize_core::reference::mixer_ops as rops;
-    let mut rng = Rng::new(58);
-    let (rows, heads, dim) = (3, 2, 64);
     let n = rows * heads * dim;
-    let (x, w, g, dy) = (random(&mut rng, n, 2.0), random(&mut rng, dim, 1.0), random(&mut rng, n, 3.0), random(&mut rng, n, 1.0));
+    let (x, w, g, dy) = (random(rng, n, 2.0), random(rng, dim, 1.0), random(rng, n, 3.0), random(rng, n, 1.0));
     let (xd, wd, gd, dyd) = (f64s(&x), f64s(&w), f64s(&g), f64s(&dy));
     let eps = 1e-5f32 as f64;
     for norm in [HeadNorm::L2, HeadNorm::Rms, HeadNorm::Layer] {
@@ -269,7 +276,7 @@ fn head_norm_backward_matches_finite_differences() {
             let args = ops::HeadNormArgs { norm, x: &xb, weight: Some(&wb), gate: gated, rows, heads, dim, eps: 1e-5 };
             ops::head_norm_backward(&mut rec, &args, &up(&dy), &dx, Some(&dg), Some(&dw)).unwrap();
             rec.submit().unwrap();
-            let tag = format!("{norm:?} {gate:?}");
+            let tag = format!("{norm:?} {gate:?} {rows}x{heads}x{dim}");
             assert_close(&format!("{tag} dx"), &read(&dx, n), &want_dx, 1e-4, 1e-3);
             if gate != OutputGate::None {
                 let want_dg = numeric_grad(&gd, |gg| f(&xd, &wd, gg));

@@ -63,21 +63,24 @@ fn identity_conv_passes_inputs_through() {
 #[test]
 fn head_norms_match_reference() {
     let mut rng = Rng::new(33);
-    let (rows, heads, dim) = (5, 3, 64);
-    let x = random(&mut rng, rows * heads * dim, 3.0);
-    let w = random(&mut rng, dim, 1.0);
-    let g = random(&mut rng, rows * heads * dim, 6.0);
-    for norm in [HeadNorm::L2, HeadNorm::Rms, HeadNorm::Layer] {
-        for gate in [OutputGate::None, OutputGate::Silu, OutputGate::Sigmoid] {
-            let y = gpu().scratch(x.len()).unwrap();
-            let mut rec = gpu().recorder();
-            let (xb, wb, gb) = (up(&x), up(&w), up(&g));
-            let gated = (gate != OutputGate::None).then_some((gate, &gb));
-            let args = ops::HeadNormArgs { norm, x: &xb, weight: Some(&wb), gate: gated, rows, heads, dim, eps: 1e-5 };
-            ops::head_norm(&mut rec, &args, &y).unwrap();
-            rec.submit().unwrap();
-            let want = reference::head_norm(norm, gate, &f64s(&x), &f64s(&w), &f64s(&g), rows, heads, dim, 1e-5);
-            assert_close(&format!("{norm:?} {gate:?}"), &read(&y, x.len()), &want, 1e-6, 1e-4);
+    // 15 (row, head) pairs: one workgroup, one slot idle; 37 of D = 128: three; D = 40: lanes
+    // with two or three channels.
+    for (rows, heads, dim) in [(5, 3, 64), (37, 1, 128), (4, 2, 40)] {
+        let x = random(&mut rng, rows * heads * dim, 3.0);
+        let w = random(&mut rng, dim, 1.0);
+        let g = random(&mut rng, rows * heads * dim, 6.0);
+        for norm in [HeadNorm::L2, HeadNorm::Rms, HeadNorm::Layer] {
+            for gate in [OutputGate::None, OutputGate::Silu, OutputGate::Sigmoid] {
+                let y = gpu().scratch(x.len()).unwrap();
+                let mut rec = gpu().recorder();
+                let (xb, wb, gb) = (up(&x), up(&w), up(&g));
+                let gated = (gate != OutputGate::None).then_some((gate, &gb));
+                let args = ops::HeadNormArgs { norm, x: &xb, weight: Some(&wb), gate: gated, rows, heads, dim, eps: 1e-5 };
+                ops::head_norm(&mut rec, &args, &y).unwrap();
+                rec.submit().unwrap();
+                let want = reference::head_norm(norm, gate, &f64s(&x), &f64s(&w), &f64s(&g), rows, heads, dim, 1e-5);
+                assert_close(&format!("{norm:?} {gate:?} {rows}x{heads}x{dim}"), &read(&y, x.len()), &want, 1e-6, 1e-4);
+            }
         }
     }
 }

@@ -145,10 +145,10 @@ impl<'a> HeadNormArgs<'a> {
         HeadNormParams { rows: self.rows as u32, heads: self.heads as u32, dim: self.dim as u32, eps: self.eps }
     }
 
+    /// 16 (row, head) pairs per workgroup.
     fn groups(&self) -> [u32; 3] {
-        let threads = self.rows * self.heads;
-        let per_y = 65535 * 64;
-        [threads.min(per_y).div_ceil(64) as u32, threads.div_ceil(per_y) as u32, 1]
+        let groups = (self.rows * self.heads).div_ceil(16);
+        [groups.min(65535) as u32, groups.div_ceil(65535) as u32, 1]
     }
 }
 
