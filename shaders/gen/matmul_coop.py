@@ -2,43 +2,37 @@
 
 The tensor-core GEMM (../shared/PERF.md: cooperative matrices in wgpu 30): y[i, j] (+)=
 Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk], one path for the forward y = x·wᵀ and both backward
-products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. Each operand is
-scaled by powers of two, rounded to f16 and copied in blocks of 64 rows × 16 reduction indices,
-each block 2 KiB in one piece (rows of 16 halves), a row block's blocks in reduction order:
-every 16×16 matrix load of matmul_coop is one contiguous 512 bytes. Then
+products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. Three dispatches
+(four with a split reduction):
 
+  operand_amax  max |a| and max |b| per workgroup (at most 1024 each);
+  operand_f16   reduces them (every workgroup; the first of each operand keeps the result for
+                matmul_coop), scales each operand by a power of two, rounds it to f16 and
+                writes a padded copy in blocks of 64 rows × 16 reduction indices, each block
+                2 KiB in one piece (rows of 16 halves), the blocks of a row block in reduction
+                order — read along whichever index is contiguous and transposed on the way
+                (64×64 tiles through workgroup memory, so reads and writes are both
+                coalesced). Every 16×16 matrix load of matmul_coop is then one contiguous
+                512 bytes, where rows of the whole reduction made it 16 strided rows;
   matmul_coop   one subgroup of 32 per 64×64 tile of y, 4×4 accumulators of 16×16 in f32, its
-                matrix loads straight from the f16 copies, the next block's before the current
-                block's products. Where y has too few tiles to fill the GPU (dw of a 576-wide
-                projection: 81 tiles for a 4096-long reduction) the reduction is split over
-                `splits` workgroups per tile, each writing its partial product, and
+                matrix loads straight from the f16 copies. Where y has too few tiles to fill
+                the GPU (dw of a 576-wide projection: 81 tiles for a 4096-long reduction) the
+                reduction is split over `splits` workgroups per tile, each writing its partial
+                product, and
   sum_splits    adds the partial products in split order (deterministic) into y.
 
-How an operand is copied depends on where its reduction index runs:
-
-  operand_rows_f16  contiguous (x and dy as they are, a weight's rows), k ≤ 8192: one pass per
-                    16 rows — each row's max |value|, then the row scaled by its own power of two;
-  operand_amax      otherwise (the transposed operands of dw and dx, long reductions): max |v|
-                    per workgroup (at most 1024), then
-  operand_f16       reduces them and scales the whole operand by one power of two, transposing
-                    on the way where its rows are the contiguous index (64×64 tiles through
-                    workgroup memory, so reads and writes are both coalesced).
-
-Both write 1/s for each row of the copy; matmul_coop multiplies y[i, j] by 1/s_a[i] · 1/s_b[j].
-
 Why the scales: f16 holds 2^-24 .. 65504; gradients (a loss seed is divided by the batch's rows)
-underflow it and large activations overflow it. s = 2^(13 − ⌊log2 max⌋) puts the largest value
-of a row (or of the operand) in [2^13, 2^14). Powers of two scale exactly, so the one change to
-the values is f16's 11-bit rounding, relative to each value whatever its size (down to
-max · 2^-27, where f16's subnormals begin; a row's own max only moves that bound up to the row's
-values). No loss scale to tune and no skipped steps. The copies are padded with zeros to
-multiples of 64 rows and 64 reduction indices, so the matrix loads (never bounds-checked) stay
-inside them.
+underflow it and large activations overflow it. s = 2^(13 − ⌊log2 max⌋) puts an operand's
+largest value in [2^13, 2^14); the f32 result is multiplied by 1/s_a and 1/s_b. Powers of two
+scale exactly, so the one change to the values is f16's 11-bit rounding, relative to each value
+whatever its size (down to max · 2^-37, where f16's subnormals begin). No loss scale to tune and
+no skipped steps. The copies are padded with zeros to multiples of 64 rows and 64 reduction
+indices, so the matrix loads (never bounds-checked) stay inside them.
 
 Kept copies: a weight's copy (operand b) can outlive the GEMM — the frozen teacher's for the
 whole run, a trained weight's until the optimizer steps (nn::coop). `first_operand` and the grid
-pick which operands a pass copies (a and b, only a, or only b), and each operand's copy and
-scales have bindings of their own, so a fresh copy of a meets a kept one of b.
+pick which operands a pass copies (a and b, only a, or only b), and matmul_coop reads each
+operand's scale from its own binding (10 and 11), so a fresh copy of a meets a kept one of b.
 
 Why generated: the sixteen accumulators must be named registers, never indexed arrays (see
 matmul_vec4.py).
@@ -58,16 +52,15 @@ first_loads = loads("    ", "var ", "ma", "mb", "ra", "rb")
 next_loads = loads("        ", "let ", "na", "nb", "na_at", "nb_at")
 moves = "\n".join([f"        ma{i} = na{i};" for i in range(MI)] + [f"        mb{j} = nb{j};" for j in range(NJ)])
 mma = "\n".join(f"        acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(MI) for j in range(NJ))
-stores = "\n".join(f"    write_out(acc{i}{j}, lane, i0 + {16 * i}u, j0 + {16 * j}u, part);" for i in range(MI) for j in range(NJ))
+stores = "\n".join(f"    write_out(acc{i}{j}, lane, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(MI) for j in range(NJ))
 
 src = f"""// GENERATED by shaders/gen/matmul_coop.py: edit the generator, not this file.
 //
 // Tensor-core GEMM: y[i, j] (+)= Σ_r a[i·sam + r·sak] · b[j·sbn + r·sbk] for i < m, j < n,
-// r < k, stored at y[i·ldy + y0 + j]. Operands f32 in storage, scaled by powers of two (per row
-// where the reduction index is contiguous, else per tensor) and copied to f16
-// (operand_rows_f16, or operand_amax then operand_f16), products accumulated in f32
-// (matmul_coop). Native only (wgpu's cooperative-matrix extension, subgroups of 32); the f32
-// kernels of nn/matmul*.wgsl serve every other adapter. The generator's docstring says why.
+// r < k, stored at y[i·ldy + y0 + j]. Operands f32 in storage, scaled per tensor by a power of
+// two and copied to f16 (operand_amax, operand_f16), products accumulated in f32 (matmul_coop).
+// Native only (wgpu's cooperative-matrix extension, subgroups of 32); the f32 kernels of
+// nn/matmul*.wgsl serve every other adapter. The generator's docstring says why.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -91,8 +84,7 @@ struct Params {{
     splits: u32,
     // Workgroups per operand of operand_amax: the partial maxima operand_f16 reduces.
     amax_groups: u32,
-    // The operand that grid row 0 (operand_amax, operand_rows_f16) or layer 0 (operand_f16)
-    // copies: 0 a, 1 b.
+    // The operand that grid row 0 (operand_amax) or layer 0 (operand_f16) takes: 0 a, 1 b.
     first_operand: u32,
 }}
 
@@ -101,61 +93,20 @@ struct Params {{
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 // Max |value| as f32 bits (non-negative floats order as their bits): operand_amax's partial
-// maxima of a at 0.., of b at 1024.. (words 2048.. are unused).
+// maxima of a at 0.., of b at 1024..; words 2048 and 2049, the totals, for matmul_coop.
 @group(0) @binding(4) var<storage, read_write> amax: array<u32, 2050>;
-// The f16 copies as they are written (pairs packed in a word) and as matmul_coop reads them:
-// blocks [rows / 64, kp / 16] of [64 rows, 16 reduction indices], rows rounded up to 64.
+// The f16 copies as operand_f16 writes them (pairs packed in a word) and as matmul_coop reads
+// them: blocks [rows / 64, kp / 16] of [64 rows, 16 reduction indices], rows rounded up to 64.
 @group(0) @binding(5) var<storage, read_write> a16_out: array<u32>;
 @group(0) @binding(6) var<storage, read_write> b16_out: array<u32>;
 @group(0) @binding(7) var<storage, read> a16: array<f16>;
 @group(0) @binding(8) var<storage, read> b16: array<f16>;
 // The partial products of a split reduction, [splits, m, n], as sum_splits reads them.
 @group(0) @binding(9) var<storage, read> parts: array<f32>;
-// 1/s of each row of the copies, as matmul_coop reads them and as they are written.
-@group(0) @binding(10) var<storage, read> scale_a: array<f32>;
-@group(0) @binding(11) var<storage, read> scale_b: array<f32>;
-@group(0) @binding(12) var<storage, read_write> scale_a_out: array<f32>;
-@group(0) @binding(13) var<storage, read_write> scale_b_out: array<f32>;
-
-// Operand `is_a ? a : b` at word i.
-fn operand_value(is_a: bool, i: u32) -> f32 {{
-    if (is_a) {{
-        return a[i];
-    }}
-    return b[i];
-}}
-
-// An operand's rows, row stride and reduction stride.
-struct Shape {{
-    rows: u32,
-    s_row: u32,
-    s_k: u32,
-}}
-
-fn operand_shape(is_a: bool) -> Shape {{
-    if (is_a) {{
-        return Shape(p.m, p.sam, p.sak);
-    }}
-    return Shape(p.n, p.sbn, p.sbk);
-}}
-
-// Writes `word` (two halves) at word `at` of the operand's copy.
-fn store_copy(is_a: bool, at: u32, word: u32) {{
-    if (is_a) {{
-        a16_out[at] = word;
-    }} else {{
-        b16_out[at] = word;
-    }}
-}}
-
-// Writes 1/s of row `row` of the operand's copy.
-fn store_scale(is_a: bool, row: u32, scale: f32) {{
-    if (is_a) {{
-        scale_a_out[row] = 1.0 / scale;
-    }} else {{
-        scale_b_out[row] = 1.0 / scale;
-    }}
-}}
+// operand_f16's totals as matmul_coop reads them: max |a| at word 2048 of the first, max |b|
+// at word 2049 of the second (one buffer bound twice, or a kept copy's own for b).
+@group(0) @binding(10) var<storage, read> amax_a: array<u32>;
+@group(0) @binding(11) var<storage, read> amax_b: array<u32>;
 
 var<workgroup> max_sh: array<u32, 256>;
 
@@ -175,82 +126,25 @@ fn workgroup_max(tid: u32, v: u32) -> u32 {{
     return total;
 }}
 
-// The power of two s with max · s in [2^13, 2^14), from max's bits: s = 2^(140 − E) for max's
-// biased exponent E, clamped so that s and 1/s are normal f32 (values below 2^-112 are scaled
-// less; NaN and inf stay NaN and inf).
-fn operand_scale(max_bits: u32) -> f32 {{
-    let e = clamp((max_bits >> 23u) & 255u, 14u, 254u);
-    return bitcast<f32>((267u - e) << 23u);
-}}
-
-var<workgroup> row_scale_sh: array<f32, 16>;
-
-// Workgroup (16 rows, operand) of an operand whose reduction index is contiguous: each row's
-// max |value| (16 threads a row), then its 16 × 16 pieces of the copy's blocks, scaled by the
-// row's own power of two.
-@compute @workgroup_size(256)
-fn operand_rows_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let operand = wid.y + p.first_operand;
-    let is_a = operand == 0u;
-    let shape = operand_shape(is_a);
-    let row0 = wid.x * 16u;
-    // The copy has rows rounded up to 64: the other operand's grid may reach further.
-    if (row0 >= (shape.rows + 63u) / 64u * 64u) {{
-        return;
-    }}
-    let r = tid / 16u;
-    let lane = tid % 16u;
-    var best = 0u;
-    if (row0 + r < shape.rows) {{
-        for (var c = lane; c < p.k; c += 16u) {{
-            best = max(best, bitcast<u32>(abs(operand_value(is_a, (row0 + r) * shape.s_row + c))));
-        }}
-    }}
-    max_sh[tid] = best;
-    workgroupBarrier();
-    for (var width = 8u; width > 0u; width /= 2u) {{
-        if (lane < width) {{
-            max_sh[tid] = max(max_sh[tid], max_sh[tid + width]);
-        }}
-        workgroupBarrier();
-    }}
-    if (tid < 16u) {{
-        let scale = operand_scale(max_sh[tid * 16u]);
-        row_scale_sh[tid] = scale;
-        store_scale(is_a, row0 + tid, scale);
-    }}
-    workgroupBarrier();
-    // Per block of 16 reduction indices: 16 rows × 8 words, at row (row0 % 64) of the block.
-    let blocks = p.kp / 16u;
-    let w = tid % 128u;
-    let i = w / 8u;
-    let scale = row_scale_sh[i];
-    let row = row0 + i;
-    let first = (row0 / 64u) * blocks * 512u + (row0 % 64u) * 8u + w;
-    for (var kb = tid / 128u; kb < blocks; kb += 2u) {{
-        let c = kb * 16u + (w % 8u) * 2u;
-        var v = vec2<f32>(0.0);
-        if (row < shape.rows && c < p.k) {{
-            v.x = operand_value(is_a, row * shape.s_row + c);
-        }}
-        if (row < shape.rows && c + 1u < p.k) {{
-            v.y = operand_value(is_a, row * shape.s_row + c + 1u);
-        }}
-        store_copy(is_a, first + kb * 512u, pack2x16float(v * scale));
-    }}
-}}
-
 // Workgroup (x, operand): max |v| over operand y's words 0 .. (rows − 1)·s_rows + (k − 1)·s_k
 // (every value the GEMM reads), grid-strided over x.
 @compute @workgroup_size(256)
 fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {{
     let operand = wid.y + p.first_operand;
     let is_a = operand == 0u;
-    let shape = operand_shape(is_a);
-    let extent = (max(shape.rows, 1u) - 1u) * shape.s_row + (max(p.k, 1u) - 1u) * shape.s_k + 1u;
+    var extent = (max(p.n, 1u) - 1u) * p.sbn + (max(p.k, 1u) - 1u) * p.sbk + 1u;
+    if (is_a) {{
+        extent = (max(p.m, 1u) - 1u) * p.sam + (max(p.k, 1u) - 1u) * p.sak + 1u;
+    }}
     var best = 0u;
     for (var i = wid.x * 256u + tid; i < extent; i += groups.x * 256u) {{
-        best = max(best, bitcast<u32>(abs(operand_value(is_a, i))));
+        var v = 0.0;
+        if (is_a) {{
+            v = a[i];
+        }} else {{
+            v = b[i];
+        }}
+        best = max(best, bitcast<u32>(abs(v)));
     }}
     let total = workgroup_max(tid, best);
     if (tid == 0u) {{
@@ -267,27 +161,42 @@ fn operand_max(tid: u32, z: u32) -> u32 {{
     return workgroup_max(tid, best);
 }}
 
+// The power of two s with max · s in [2^13, 2^14), from max's bits: s = 2^(140 − E) for max's
+// biased exponent E, clamped so that s and 1/s are normal f32 (an operand below 2^-112 is
+// scaled less; NaN and inf stay NaN and inf).
+fn operand_scale(max_bits: u32) -> f32 {{
+    let e = clamp((max_bits >> 23u) & 255u, 14u, 254u);
+    return bitcast<f32>((267u - e) << 23u);
+}}
+
 var<workgroup> tile_sh: array<f32, {64 * 65}>;
 
 // Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy,
-// four of its 64 × 16 blocks, scaled by the operand's one power of two. Read along whichever
-// index has stride 1; zeros outside.
+// four of its 64 × 16 blocks. Read along whichever index has stride 1; zeros outside.
 @compute @workgroup_size(256)
 fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let operand = wid.z + p.first_operand;
     let is_a = operand == 0u;
-    let shape = operand_shape(is_a);
+    var rows = p.n;
+    var s_row = p.sbn;
+    var s_k = p.sbk;
+    if (is_a) {{
+        rows = p.m;
+        s_row = p.sam;
+        s_k = p.sak;
+    }}
     let row0 = wid.y * 64u;
     let k0 = wid.x * 64u;
     // The copy has rows rounded up to 64: the other operand's grid may reach further.
-    if (row0 >= (shape.rows + 63u) / 64u * 64u) {{
+    if (row0 >= (rows + 63u) / 64u * 64u) {{
         return;
     }}
-    let scale = operand_scale(operand_max(tid, operand));
-    if (wid.x == 0u && tid < 64u) {{
-        store_scale(is_a, row0 + tid, scale);
+    let max_bits = operand_max(tid, operand);
+    if (wid.x == 0u && wid.y == 0u && tid == 0u) {{
+        amax[2048u + operand] = max_bits;
     }}
-    let along_k = shape.s_k == 1u;
+    let scale = operand_scale(max_bits);
+    let along_k = s_k == 1u;
     for (var e = 0u; e < 16u; e++) {{
         let at = e * 256u + tid;
         var i = at / 64u;
@@ -297,8 +206,13 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             r = at / 64u;
         }}
         var v = 0.0;
-        if (row0 + i < shape.rows && k0 + r < p.k) {{
-            v = operand_value(is_a, (row0 + i) * shape.s_row + (k0 + r) * shape.s_k);
+        if (row0 + i < rows && k0 + r < p.k) {{
+            let src = (row0 + i) * s_row + (k0 + r) * s_k;
+            if (is_a) {{
+                v = a[src];
+            }} else {{
+                v = b[src];
+            }}
         }}
         tile_sh[i * 65u + r] = v * scale;
     }}
@@ -310,7 +224,13 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         let w = at % 512u;
         let i = w / 8u;
         let r = (at / 512u) * 16u + (w % 8u) * 2u;
-        store_copy(is_a, block0 + at, pack2x16float(vec2<f32>(tile_sh[i * 65u + r], tile_sh[i * 65u + r + 1u])));
+        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r], tile_sh[i * 65u + r + 1u]));
+        let dst = block0 + at;
+        if (is_a) {{
+            a16_out[dst] = word;
+        }} else {{
+            b16_out[dst] = word;
+        }}
     }}
 }}
 
@@ -318,7 +238,7 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
 var<workgroup> c_sh: array<f32, 256>;
 
 // Accumulator `c` for rows i.. and columns j.. of y, through c_sh.
-fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, part: u32) {{
+fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<f32>, part: u32) {{
     coopStoreT(c, &c_sh[0], 16u);
     workgroupBarrier();
     for (var e = lane; e < 256u; e += 32u) {{
@@ -326,7 +246,7 @@ fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, part: u32) {{
         let gj = j + e % 16u;
         if (gi < p.m && gj < p.n) {{
             let o = part + gi * p.ldy + p.y0 + gj;
-            var v = c_sh[e] * scale_a[gi] * scale_b[gj];
+            var v = c_sh[e] * unscale.x * unscale.y;
             if (p.accumulate != 0u) {{
                 v += y[o];
             }}
@@ -344,6 +264,7 @@ fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, part: u32) {{
 fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let i0 = wid.y * 64u;
     let j0 = wid.x * 64u;
+    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[2048u]), 1.0 / operand_scale(amax_b[2049u]));
     let part = wid.z * p.split_stride;
 {acc_decl}
     let k_begin = wid.z * p.split_k;

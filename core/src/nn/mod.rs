@@ -351,13 +351,12 @@ fn tensor_cores(rec: &Recorder) -> bool {
     rec.gpu().precision() == Precision::Mixed
 }
 
-/// `strided` on tensor cores (native/matmul_coop.wgsl): each operand scaled by powers of two
-/// (per row where its reduction index is contiguous and at most `ROW_SCALED_MAX_K` long, else
-/// per tensor from its max |value| reduced on the GPU) and copied to f16 in blocks of 64 rows ×
-/// 16 reduction indices (padded with zeros to 64 rows and 64 reduction indices), then multiplied
-/// with f32 accumulation into columns y0.. of a y with rows of `ldy`. Any shape and strides.
-/// Where b keeps copies (a weight: GpuBuf::keep_copies) its copy and scales are made once and
-/// kept until its values change.
+/// `strided` on tensor cores (native/matmul_coop.wgsl), three dispatches (four with a split
+/// reduction): each operand scaled by a power of two from its max |value| (reduced on the GPU)
+/// and copied to f16 in blocks of 64 rows × 16 reduction indices (padded with zeros to 64 rows
+/// and 64 reduction indices), then multiplied with f32 accumulation into columns y0.. of a y
+/// with rows of `ldy`. Any shape and strides. Where b keeps copies (a weight: GpuBuf::keep_copies)
+/// its copy and scale are made once and kept until its values change.
 fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
     let [sam, sak, sbn, sbk] = strides;
     let extent_a = (rows.max(1) - 1) * sam + (red.max(1) - 1) * sak + 1;
@@ -376,37 +375,44 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let splits = kp.div_ceil(split_k);
     let [m, n, k, sam, sak, sbn, sbk, ldy32, y032, kp32, split_k32, splits32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp, split_k, splits].map(|v| v as u32);
     let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups: 0, first_operand: 0 };
-    let (a_by_rows, b_by_rows) = (row_scaled(strides[1], red), row_scaled(strides[3], red));
-    // Each operand's f16 copy and its scales (one per row): a weight's kept with it; an
-    // activation's made once per recording for every GEMM that reads it in the same layout
-    // (q, k, v and the gates read one x) while nothing writes it.
+    let shader = "native/matmul_coop";
+    // Each operand's f16 copy and the buffer of its max |value| (word 2048 for a, 2049 for b):
+    // a weight's kept with it; an activation's made once per recording for every GEMM that
+    // reads it in the same layout (q, k, v and the gates read one x) while nothing writes it.
     let key_a = [0, m, k, sam, sak, kp32].map(u64::from);
     let key_b = [1, n, k, sbn, sbk, kp32].map(u64::from);
-    let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, b_by_rows, extent_b, cols_p)?) } else { rec.shared_copy(b, key_b) };
+    let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, extent_b, cols_p)?) } else { rec.shared_copy(b, key_b) };
     let have_a = rec.shared_copy(a, key_a);
-    let a_shape = (rows_p * kp / 2, rows_p);
-    let b_shape = (cols_p * kp / 2, cols_p);
-    let ((a16, scale_a), (b16, scale_b)) = match (have_a, have_b) {
+    let ((a16, amax), (b16, amax_b)) = match (have_a, have_b) {
         (Some(a_copy), Some(b_copy)) => (a_copy, b_copy),
-        (None, Some(b_copy)) => (stage_shared(rec, &params, a, b, Staged::A, a_by_rows, extent_a, a_shape, key_a)?, b_copy),
-        (Some(a_copy), None) => (a_copy, stage_shared(rec, &params, a, b, Staged::B, b_by_rows, extent_b, b_shape, key_b)?),
-        (None, None) if a_by_rows == b_by_rows => {
-            // Both in the same dispatches.
-            let (a16, scale_a) = (rec.temp(a_shape.0)?, rec.temp(a_shape.1)?);
-            let (b16, scale_b) = (rec.temp(b_shape.0)?, rec.temp(b_shape.1)?);
-            stage_operands(rec, &params, a, b, Staged::Both(b16.handle(), scale_b.handle()), a_by_rows, extent_a.max(extent_b), [&a16, &scale_a])?;
-            rec.note_shared_copy(a, key_a, &a16, &scale_a);
-            rec.note_shared_copy(b, key_b, &b16, &scale_b);
-            ((a16, scale_a), (b16, scale_b))
+        (None, Some(b_copy)) => {
+            let a16 = rec.temp(rows_p * kp / 2)?;
+            let amax = rec.temp(2050)?;
+            copy_operand(rec, a, b, &params, 0, extent_a, rows_p, &a16, &amax)?;
+            rec.note_shared_copy(a, key_a, &a16, &amax);
+            ((a16, amax), b_copy)
+        }
+        (Some(a_copy), None) => {
+            let b16 = rec.temp(cols_p * kp / 2)?;
+            let amax_b = rec.temp(2050)?;
+            copy_operand(rec, a, b, &params, 1, extent_b, cols_p, &b16, &amax_b)?;
+            rec.note_shared_copy(b, key_b, &b16, &amax_b);
+            (a_copy, (b16, amax_b))
         }
         (None, None) => {
-            let a_copy = stage_shared(rec, &params, a, b, Staged::A, a_by_rows, extent_a, a_shape, key_a)?;
-            (a_copy, stage_shared(rec, &params, a, b, Staged::B, b_by_rows, extent_b, b_shape, key_b)?)
+            // Both in the same two dispatches.
+            let (a16, b16, amax) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?, rec.temp(2050)?);
+            let groups = amax_workgroups(extent_a.max(extent_b));
+            let p = CoopGemmParams { amax_groups: groups, ..params };
+            rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 2, 1])?;
+            rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], [blocks as u32, (rows_p.max(cols_p) / 64) as u32, 2])?;
+            rec.note_shared_copy(a, key_a, &a16, &amax);
+            rec.note_shared_copy(b, key_b, &b16, &amax);
+            ((a16, amax.handle()), (b16, amax))
         }
     };
-    let shader = "native/matmul_coop";
     let groups = [(cols_p / 64) as u32, (rows_p / 64) as u32, splits as u32];
-    let operands = [(7, &a16), (8, &b16), (10, &scale_a), (11, &scale_b)];
+    let operands = [(7, &a16), (8, &b16), (10, &amax), (11, &amax_b)];
     if splits == 1 {
         return rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[&operands[..], &[(3, y)]].concat(), groups);
     }
@@ -419,88 +425,48 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     rec.dispatch_bindings(&Kernel::new(shader, "sum_splits"), &params, &[(3, y), (9, &parts)], groups)
 }
 
-/// Longest reduction an operand is copied with a scale per row (operand_rows_f16: one
-/// workgroup reads its 16 rows whole, twice); longer ones take the per-tensor scale.
-const ROW_SCALED_MAX_K: usize = 8192;
-
-/// Whether an operand with reduction stride `s_k` over `red` indices is scaled per row.
-fn row_scaled(s_k: usize, red: usize) -> bool {
-    (s_k == 1 || red == 1) && red <= ROW_SCALED_MAX_K
-}
-
-/// Which operands one `stage_operands` copies: a (into the given buffers), b, or both (b into
-/// the buffers it carries).
-enum Staged {
-    A,
-    B,
-    Both(GpuBuf, GpuBuf),
-}
-
-/// Records the f16 copies and row scales of the operands `which` names into `out` (b's own
-/// for `Staged::Both`), per row (`by_rows`: one dispatch) or per tensor (two; `extent`: the
-/// most words either operand spans).
-#[allow(clippy::too_many_arguments)]
-fn stage_operands(rec: &mut Recorder, params: &CoopGemmParams, a: &GpuBuf, b: &GpuBuf, which: Staged, by_rows: bool, extent: usize, out: [&GpuBuf; 2]) -> Result<()> {
-    let shader = "native/matmul_coop";
-    // Bindings of an operand not copied here get a word nothing writes.
-    let (spare16, spare_scale) = (rec.temp(1)?, rec.temp(1)?);
-    let (first, count, copies, scales) = match &which {
-        Staged::A => (0, 1, [out[0], &spare16], [out[1], &spare_scale]),
-        Staged::B => (1, 1, [&spare16, out[0]], [&spare_scale, out[1]]),
-        Staged::Both(b16, scale_b) => (0, 2, [out[0], b16], [out[1], scale_b]),
-    };
-    let rows_of = |operand: u32| if operand == 0 { params.m } else { params.n } as usize;
-    let rows_p = (first..first + count).map(|o| rows_of(o).div_ceil(64) * 64).max().unwrap_or(64);
-    let outputs = [(5, copies[0]), (6, copies[1]), (12, scales[0]), (13, scales[1])];
-    if by_rows {
-        let p = CoopGemmParams { first_operand: first, ..*params };
-        return rec.dispatch_bindings(&Kernel::new(shader, "operand_rows_f16"), &p, &[&[(1, a), (2, b)][..], &outputs].concat(), [(rows_p / 16) as u32, count, 1]);
-    }
-    let groups = amax_workgroups(extent);
-    let p = CoopGemmParams { first_operand: first, amax_groups: groups, ..*params };
-    let amax = rec.temp(2050)?;
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, count, 1])?;
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[&[(1, a), (2, b), (4, &amax)][..], &outputs].concat(), [params.kp / 64, (rows_p / 64) as u32, count])
-}
-
 /// operand_amax's workgroups for `extent` values: 16 per thread, at most 1024 (grid-strided
 /// beyond).
 fn amax_workgroups(extent: usize) -> u32 {
     extent.div_ceil(256 * 16).min(1024) as u32
 }
 
-/// `stage_operands` of one operand into temporaries of `(words, rows)` (copy, scales), noted
-/// for the GEMMs after it in the recording under `key`.
+/// The f16 copy of one operand (`which`: 0 for a, 1 for b) of `params`' GEMM into `copy`, its
+/// max |value| into word 2048 + which of `amax`: two dispatches.
 #[allow(clippy::too_many_arguments)]
-fn stage_shared(rec: &mut Recorder, params: &CoopGemmParams, a: &GpuBuf, b: &GpuBuf, which: Staged, by_rows: bool, extent: usize, (words, rows): (usize, usize), key: [u64; 6]) -> Result<(GpuBuf, GpuBuf)> {
-    let (copy, scale) = (rec.temp(words)?, rec.temp(rows)?);
-    let src = if matches!(which, Staged::A) { a } else { b };
-    stage_operands(rec, params, a, b, which, by_rows, extent, [&copy, &scale])?;
-    rec.note_shared_copy(src, key, &copy, &scale);
-    Ok((copy, scale))
+fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, copy: &GpuBuf, amax: &GpuBuf) -> Result<()> {
+    let shader = "native/matmul_coop";
+    let groups = amax_workgroups(extent);
+    let p = CoopGemmParams { amax_groups: groups, first_operand: which, ..*params };
+    // Both operands are bound because the entry points name them: only `which` is read, and
+    // the other copy's binding gets a word nothing writes.
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, amax)], [groups, 1, 1])?;
+    let unused = rec.temp(1)?;
+    let (a16, b16) = if which == 0 { (copy, &unused) } else { (&unused, copy) };
+    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [params.kp / 64, (rows_p / 64) as u32, 1])
 }
 
-/// The f16 copy of operand b as `params` lays it out and its row scales: kept with b from an
-/// earlier GEMM of the same region and layout, or made now in `rec` — after the work recorded
-/// before it, so from b's values as that work leaves them, and kept only while `rec` is the one
-/// recording open (another, submitted first, would find a copy not yet made); `rec` drops what
-/// it kept if it is never submitted.
-fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, by_rows: bool, extent_b: usize, cols_p: usize) -> Result<(GpuBuf, GpuBuf)> {
+/// The f16 copy of operand b as `params` lays it out and the buffer whose word 2049 holds its
+/// max |value|: kept with b from an earlier GEMM of the same region and layout, or made now in
+/// `rec` — after the work recorded before it, so from b's values as that work leaves them, and
+/// kept only while `rec` is the one recording open (another, submitted first, would find a copy
+/// not yet made); `rec` drops what it kept if it is never submitted.
+fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, extent_b: usize, cols_p: usize) -> Result<(GpuBuf, GpuBuf)> {
     let key = [b.offset(), params.sbn as u64, params.sbk as u64, params.n as u64, params.k as u64, 0];
-    if let Some(kept) = b.kept_copy(key) {
-        let [b16, scale_b]: [GpuBuf; 2] = kept.try_into().map_err(|_| Error::Gpu("kept copy: expected an f16 copy and its scales".into()))?;
-        return Ok((b16, scale_b));
+    if let Some(mut kept) = b.kept_copy(key) {
+        let amax = kept.pop().expect("kept: b16, amax");
+        return Ok((kept.pop().expect("kept: b16"), amax));
     }
     let gpu = rec.gpu();
-    let (b16, scale_b) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(cols_p)?);
-    stage_operands(rec, params, a, b, Staged::B, by_rows, extent_b, [&b16, &scale_b])?;
-    let handles = (b16.handle(), scale_b.handle());
+    let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(2050)?);
+    copy_operand(rec, a, b, params, 1, extent_b, cols_p, &b16, &amax)?;
+    let handles = (b16.handle(), amax.handle());
     if gpu.open_recorders() == 1 {
-        b.keep_copy(key, vec![b16, scale_b]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
+        b.keep_copy(key, vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
         rec.kept_copy_of(b);
     } else {
         rec.retire(b16);
-        rec.retire(scale_b);
+        rec.retire(amax);
     }
     Ok(handles)
 }
