@@ -142,3 +142,26 @@ fn generated_shaders_match_their_generators() {
     }
     std::fs::remove_dir_all(copy.parent().unwrap()).unwrap();
 }
+
+/// What the runtime reads of each shader's bindings to build its bind group layouts
+/// (linearize_core::gpu::declared_storage: binding number → read-only) is what naga reads: every
+/// storage binding with its access, binding 0 the uniform parameters, nothing else in group 0.
+#[test]
+fn every_shader_declares_its_bindings_as_the_layouts_read_them() {
+    for (name, source) in ALL {
+        let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        let mut want = std::collections::HashMap::new();
+        for (_, var) in module.global_variables.iter() {
+            let Some(binding) = &var.binding else { continue };
+            assert_eq!(binding.group, 0, "{name}: {:?} is outside group 0", var.name);
+            match var.space {
+                naga::AddressSpace::Uniform => assert_eq!(binding.binding, 0, "{name}: a uniform other than binding 0"),
+                naga::AddressSpace::Storage { access } => {
+                    want.insert(binding.binding, !access.contains(naga::StorageAccess::STORE));
+                }
+                ref other => panic!("{name}: binding {} in {other:?}", binding.binding),
+            }
+        }
+        assert_eq!(linearize_core::gpu::declared_storage(source), want, "{name}");
+    }
+}

@@ -143,8 +143,9 @@ fn make_bind_group(device: &wgpu::Device, key: &BindKey, params: &wgpu::Buffer) 
 
 /// The storage bindings a shader file declares and whether each is read-only, from its
 /// `@group(0) @binding(N) var<storage, read>` / `var<storage, read_write>` lines (binding 0 is
-/// the uniform `params`).
-fn declared_storage(source: &str) -> HashMap<u32, bool> {
+/// the uniform `params`): what each pipeline's own bind group layout says of them
+/// (tests/shaders.rs checks it against naga's reading of every shader).
+pub fn declared_storage(source: &str) -> HashMap<u32, bool> {
     let mut out = HashMap::new();
     for decl in source.split("@binding(").skip(1) {
         let Some((n, rest)) = decl.split_once(')') else { continue };

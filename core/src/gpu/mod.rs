@@ -7,6 +7,6 @@ mod params;
 
 pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf};
 pub use device::{AdapterReport, Gpu, Precision};
-pub use dispatch::{profile, Kernel, Recorder};
+pub use dispatch::{declared_storage, profile, Kernel, Recorder};
 pub(crate) use params::shader_params;
 pub use params::{ParamScalar, ParamsLayout, Scalar, ShaderParams};
