@@ -78,6 +78,11 @@ impl GpuBuf {
         self.offset
     }
 
+    /// The bytes of `buffer` the values occupy: offset .. offset + bytes.
+    pub(crate) fn byte_range(&self) -> (u64, u64) {
+        (self.offset, self.offset + self.bytes())
+    }
+
     /// Whether this is a view into a shared buffer rather than a buffer of its own.
     pub fn is_view(&self) -> bool {
         self.shared

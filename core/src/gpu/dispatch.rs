@@ -316,14 +316,14 @@ impl<'g> Recorder<'g> {
     /// The copy of `src` noted under `key` (with its companion buffer) if no dispatch recorded
     /// since may have written `src`.
     pub(crate) fn shared_copy(&self, src: &GpuBuf, key: [u64; 6]) -> Option<(GpuBuf, GpuBuf)> {
-        let (start, end) = (src.offset(), src.offset() + src.bytes());
+        let (start, end) = src.byte_range();
         self.shared.iter().find(|c| c.buffer == src.buffer && (c.start, c.end) == (start, end) && c.key == key).map(|c| (c.copy.handle(), c.aux.handle()))
     }
 
     /// Notes `copy` (and `aux`), made from `src` by the dispatches just recorded, for later
     /// dispatches of this recording (`shared_copy`). Both must live as long as the recording.
     pub(crate) fn note_shared_copy(&mut self, src: &GpuBuf, key: [u64; 6], copy: &GpuBuf, aux: &GpuBuf) {
-        let (start, end) = (src.offset(), src.offset() + src.bytes());
+        let (start, end) = src.byte_range();
         self.shared.push(SharedCopy { buffer: src.buffer.clone(), start, end, key, copy: copy.handle(), aux: aux.handle() });
     }
 
@@ -419,7 +419,7 @@ impl<'g> Recorder<'g> {
         // What this dispatch may write, no copy noted before it stands for any more.
         if !self.shared.is_empty() {
             for (_, b) in buffers.iter().filter(|(i, _)| pipeline.writable >> i & 1 == 1) {
-                let (start, end) = (b.offset(), b.offset() + b.bytes());
+                let (start, end) = b.byte_range();
                 self.shared.retain(|c| c.buffer != b.buffer || c.end <= start || end <= c.start);
             }
         }

@@ -253,7 +253,6 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
 }
 
-
 /// What a training forward keeps of its chunked sweep for the backward (from a zero state, it is
 /// what the backward would compute again). The caller releases it.
 pub struct SavedSweep {

@@ -385,20 +385,8 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let have_a = rec.shared_copy(a, key_a);
     let ((a16, amax), (b16, amax_b)) = match (have_a, have_b) {
         (Some(a_copy), Some(b_copy)) => (a_copy, b_copy),
-        (None, Some(b_copy)) => {
-            let a16 = rec.temp(rows_p * kp / 2)?;
-            let amax = rec.temp(2050)?;
-            copy_operand(rec, a, b, &params, 0, extent_a, rows_p, &a16, &amax)?;
-            rec.note_shared_copy(a, key_a, &a16, &amax);
-            ((a16, amax), b_copy)
-        }
-        (Some(a_copy), None) => {
-            let b16 = rec.temp(cols_p * kp / 2)?;
-            let amax_b = rec.temp(2050)?;
-            copy_operand(rec, a, b, &params, 1, extent_b, cols_p, &b16, &amax_b)?;
-            rec.note_shared_copy(b, key_b, &b16, &amax_b);
-            (a_copy, (b16, amax_b))
-        }
+        (None, Some(b_copy)) => (shared_operand_copy(rec, a, b, &params, 0, extent_a, rows_p, key_a)?, b_copy),
+        (Some(a_copy), None) => (a_copy, shared_operand_copy(rec, a, b, &params, 1, extent_b, cols_p, key_b)?),
         (None, None) => {
             // Both in the same two dispatches.
             let (a16, b16, amax) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?, rec.temp(2050)?);
@@ -444,6 +432,16 @@ fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmPar
     let unused = rec.temp(1)?;
     let (a16, b16) = if which == 0 { (copy, &unused) } else { (&unused, copy) };
     rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [params.kp / 64, (rows_p / 64) as u32, 1])
+}
+
+/// `copy_operand` of one operand (`which`) into recorder temporaries, noted under `key` for the
+/// GEMMs after it in the recording (`Recorder::shared_copy`): (copy, max buffer).
+#[allow(clippy::too_many_arguments)]
+fn shared_operand_copy(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, key: [u64; 6]) -> Result<(GpuBuf, GpuBuf)> {
+    let (copy, amax) = (rec.temp(rows_p * params.kp as usize / 2)?, rec.temp(2050)?);
+    copy_operand(rec, a, b, params, which, extent, rows_p, &copy, &amax)?;
+    rec.note_shared_copy(if which == 0 { a } else { b }, key, &copy, &amax);
+    Ok((copy, amax))
 }
 
 /// The f16 copy of operand b as `params` lays it out and the buffer whose word 2049 holds its
