@@ -7,6 +7,12 @@
 #   scripts/device-bench-mixers.sh kernels   # `bench mixers` before ($BEFORE) and after (with
 #                                            # --backward), twice, then fla's forward
 #   scripts/device-bench-mixers.sh fla-backward  # fla's forward+backward ($FLA_MIXERS)
+#   scripts/device-bench-mixers.sh coop      # tests/coop.rs (.exp/run/coop.gz), then `bench
+#                                            # mixers --backward` in f32 and mixed precision
+#                                            # (the recurrence's tensor-core kernels) at
+#                                            # $SHAPES, twice each, alternating, a profiled
+#                                            # mixed run, and fla's forward+backward and
+#                                            # forward of $FLA_MIXERS; fla from .whl
 #   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
 #                                            # after, twice, a profiled run, then fla's
 #                                            # forward+backward of every mixer it has
@@ -45,6 +51,30 @@ kernels)
   ;;
 fla-backward)
   python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
+  ;;
+coop)
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl && export PYTHONPATH=/root/site
+  B=.bin/linearize
+  [ -f .exp/run/after.gz ] && gunzip -c .exp/run/after.gz > /root/after && chmod +x /root/after && B=/root/after
+  if [ -f .exp/run/coop.gz ]; then
+    gunzip -c .exp/run/coop.gz > /root/coop && chmod +x /root/coop
+    timeout 150 /root/coop --nocapture > "$OUT/coop-test.txt" 2>&1; echo "coop tests rc=$?" >> "$OUT/coop-test.txt"
+    grep -E "test result|rc=|FAILED|panicked" "$OUT/coop-test.txt" | head -5
+  fi
+  S=${SHAPES:-4x4096x16x128}
+  M=${MIXERS:-linear_attn,retnet,gla,deltanet,gated_deltanet,kda,mamba2}
+  for round in 1 2; do
+    for prec in f32 mixed; do
+      $B bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --json --iters 10 > "$OUT/$prec-$round.json" 2>> "$OUT/log.txt"
+    done
+  done
+  LINEARIZE_PROFILE=1 $B bench mixers --backward --precision mixed --mixer-shapes "$S" --mixers "$M" --json --iters 5 > "$OUT/profile-mixed.json" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla-fwd.jsonl" 2>> "$OUT/log.txt"
+  for f in "$OUT"/f32-2.json "$OUT"/mixed-2.json; do grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$f" | paste - - - ; done
+  cat "$OUT"/fla-*.jsonl | cut -c1-200
   ;;
 backward)
   for round in 1 2; do

@@ -235,3 +235,57 @@ fn tensor_core_gemms_share_activation_copies_until_written() {
         assert_close(name, &got, &want, 2e-6 * size * (red as f64).sqrt(), 1e-5);
     }
 }
+
+/// The chunked recurrence at head size 128 on tensor cores (native/chunk_coop.wgsl: the state
+/// sweep for every rule without a normaliser, the output for gates none or per head) against
+/// f64, for every mixer's variant (those the tensor cores do not serve run the f32 kernels
+/// under mixed precision too and must match as tightly as ever): one token, T around the chunk
+/// size and across several chunks, several heads, gates near 1 and near 0 (regime 2: log
+/// decays ≈ −20 per token), and the state carried across two calls. The operands are rounded
+/// to f16 when staged; the error against f64 is printed beside the f32 kernels' own.
+#[test]
+fn tensor_core_recurrence_matches_f64() {
+    use linearize_core::mixers::recurrence::{Dims, GpuState};
+    use linearize_tests::recurrence_data::{data, reference_run, run_on, variants};
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(29);
+    let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+    let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+    for (name, r) in variants() {
+        for &(batch, seq, heads, regime) in &[(1, 1, 1, 0), (2, 63, 3, 0), (1, 65, 2, 1), (2, 130, 2, 2), (1, 200, 1, 0)] {
+            let d = Dims { batch, seq, heads, dk: 128, dv: 128 };
+            let x = data(&mut rng, r, d, regime);
+            let (want, want_state) = reference_run(r, d, &x);
+            let tag = format!("tensor-core chunked {name} B={batch} T={seq} H={heads} D=128 gates regime {regime}");
+            let run = |precision| {
+                gpu.set_precision(precision).unwrap();
+                let state = GpuState::zeros(&gpu, d).unwrap();
+                let out = run_on(&gpu, true, r, d, &x, &state, (0, seq));
+                (out, gpu.read_f32_blocking(&state.s, want_state.s.len()).unwrap())
+            };
+            let (f32_out, f32_s) = run(Precision::F32);
+            let (got, s) = run(Precision::Mixed);
+            let (scale, s_scale) = (max_abs(&want), max_abs(&want_state.s));
+            assert_close(&format!("{tag}: outputs vs f64"), &got, &want, 4e-3 * scale, 1e-2);
+            assert_close(&format!("{tag}: final state vs f64"), &s, &want_state.s, 4e-3 * s_scale, 1e-2);
+            eprintln!(
+                "{tag}: max |o − f64| / max |o| = {:.1e} (f32 kernels {:.1e}), final state {:.1e} (f32 {:.1e})",
+                err(&got, &want) / scale,
+                err(&f32_out, &want) / scale,
+                err(&s, &want_state.s) / s_scale,
+                err(&f32_s, &want_state.s) / s_scale
+            );
+        }
+        // Two pieces, the first not a multiple of the chunk, with the state carried.
+        let d = Dims { batch: 2, seq: 150, heads: 2, dk: 128, dv: 128 };
+        let x = data(&mut rng, r, d, 0);
+        let (want, _) = reference_run(r, d, &x);
+        gpu.set_precision(Precision::Mixed).unwrap();
+        let state = GpuState::zeros(&gpu, d).unwrap();
+        let first = run_on(&gpu, true, r, d, &x, &state, (0, 70));
+        let second = run_on(&gpu, true, r, d, &x, &state, (70, 150));
+        let per = d.heads * d.dv;
+        let joined: Vec<f32> = (0..2).flat_map(|b| first[b * 70 * per..(b + 1) * 70 * per].iter().chain(&second[b * 80 * per..(b + 1) * 80 * per]).copied().collect::<Vec<_>>()).collect();
+        assert_close(&format!("tensor-core chunked {name}: two pieces vs f64"), &joined, &want, 4e-3 * max_abs(&want), 1e-2);
+    }
+}

@@ -3,72 +3,9 @@
 //! near 0 and near 1, and with the state carried across two calls.
 use linearize_core::util::Rng;
 use linearize_core::mixers::recurrence::{self as recurrence, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence, RecurrenceArgs};
-use linearize_core::reference::recurrence::{self as reference, Inputs, State};
+use linearize_core::reference::recurrence::{self as reference, Inputs};
+use linearize_tests::recurrence_data::{data, reference_run, run_on, variants, Data};
 use linearize_tests::{assert_close, f64s, gpu, random};
-
-/// The recurrence each mixer uses (MIXERS.md §3).
-fn variants() -> Vec<(&'static str, Recurrence)> {
-    let r = |gate, delta, normalizer| Recurrence { gate, delta, normalizer };
-    vec![
-        ("linear_attn", r(Gate::None, false, Normalizer::None)),
-        ("linear_attn+denominator", r(Gate::None, false, Normalizer::Sum)),
-        ("retnet", r(Gate::Scalar, false, Normalizer::None)),
-        ("gla", r(Gate::Vector, false, Normalizer::None)),
-        ("deltanet", r(Gate::None, true, Normalizer::None)),
-        ("gated_deltanet", r(Gate::Scalar, true, Normalizer::None)),
-        ("kda", r(Gate::Vector, true, Normalizer::None)),
-        ("mlstm", r(Gate::Scalar, false, Normalizer::Mlstm)),
-    ]
-}
-
-struct Data {
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    g: Vec<f32>,
-    beta: Vec<f32>,
-    igate: Vec<f32>,
-}
-
-fn l2_normalise(x: &mut [f32], dim: usize) {
-    for row in x.chunks_mut(dim) {
-        let n = row.iter().map(|v| v * v).sum::<f32>().sqrt().max(1e-6);
-        row.iter_mut().for_each(|v| *v /= n);
-    }
-}
-
-/// Inputs as the mixers produce them; `gate_regime` 0: moderate, 1: near 1 (g ≈ −1e−4),
-/// 2: near 0 (g ≈ −20).
-fn data(rng: &mut Rng, r: Recurrence, d: Dims, gate_regime: u32) -> Data {
-    let rows = d.batch * d.seq * d.heads;
-    let mut k = random(rng, rows * d.dk, 1.0);
-    let mut q = random(rng, rows * d.dk, 1.0);
-    if r.delta {
-        l2_normalise(&mut k, d.dk);
-        l2_normalise(&mut q, d.dk);
-    }
-    if r.normalizer == Normalizer::Sum {
-        // Linear attention's feature maps are positive where a denominator is used.
-        k.iter_mut().for_each(|x| *x = x.abs() + 0.1);
-        q.iter_mut().for_each(|x| *x = x.abs() + 0.1);
-    }
-    let g_len = if r.gate == Gate::Vector { rows * d.dk } else { rows };
-    let g = match (r.normalizer, gate_regime) {
-        // log σ(f̃) with f̃ soft-capped at ±15.
-        (Normalizer::Mlstm, _) => random(rng, g_len, 15.0).iter().map(|&f| -(1.0 + (-f).exp()).ln()).collect(),
-        (_, 1) => random(rng, g_len, 1e-4).iter().map(|x| -x.abs()).collect(),
-        (_, 2) => random(rng, g_len, 1.0).iter().map(|x| -20.0 + x).collect(),
-        _ => random(rng, g_len, 1.0).iter().map(|x| -x.abs() * 0.5).collect(),
-    };
-    Data {
-        v: random(rng, rows * d.dv, 1.0),
-        beta: random(rng, rows, 0.5).iter().map(|x| x + 0.5).collect(),
-        igate: random(rng, rows, 15.0),
-        q,
-        k,
-        g,
-    }
-}
 
 /// Runs the GPU recurrence over tokens [t0, t1) of `x` from `state`.
 fn gpu_run(r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: usize) -> Vec<f32> {
@@ -77,33 +14,7 @@ fn gpu_run(r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: us
 
 /// As `gpu_run`, with the chunked kernels when `chunk`.
 fn gpu_run_with(chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState, t0: usize, t1: usize) -> Vec<f32> {
-    let sub = |a: &[f32], per_token: usize| -> Vec<f32> {
-        (0..d.batch).flat_map(|b| a[(b * d.seq + t0) * d.heads * per_token..(b * d.seq + t1) * d.heads * per_token].to_vec()).collect()
-    };
-    let g_per = if r.gate == Gate::Vector { d.dk } else { 1 };
-    let dd = Dims { seq: t1 - t0, ..d };
-    let up = |n: &str, a: Vec<f32>| gpu().upload_f32(n, &a).unwrap();
-    let (q, k, v) = (up("q", sub(&x.q, d.dk)), up("k", sub(&x.k, d.dk)), up("v", sub(&x.v, d.dv)));
-    let (g, beta, igate) = (up("g", sub(&x.g, g_per)), up("beta", sub(&x.beta, 1)), up("igate", sub(&x.igate, 1)));
-    let out = gpu().scratch(d.batch * dd.seq * d.heads * d.dv).unwrap();
-    let mut rec = gpu().recorder();
-    let gates = Gates { g: Some(&g), beta: Some(&beta), igate: Some(&igate) };
-    let args = RecurrenceArgs { r, dims: dd, scale: 1.0 / (d.dk as f32).sqrt(), q: &q, k: &k, v: &v, gates };
-    if chunk {
-        chunked(&mut rec, &args, state, &out).unwrap();
-    } else {
-        recurrent(&mut rec, &args, state, &out).unwrap();
-    }
-    rec.submit().unwrap();
-    gpu().read_f32_blocking(&out, d.batch * dd.seq * d.heads * d.dv).unwrap()
-}
-
-fn reference_run(r: Recurrence, d: Dims, x: &Data) -> (Vec<f64>, State) {
-    let mut state = State::zeros(d);
-    let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
-    let inputs = Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &igate };
-    let o = reference::run(r, d, &inputs, 1.0 / (d.dk as f64).sqrt(), &mut state);
-    (o, state)
+    run_on(gpu(), chunk, r, d, x, state, (t0, t1))
 }
 
 fn tolerance(want: &[f64]) -> f64 {

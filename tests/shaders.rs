@@ -20,11 +20,41 @@ fn every_shader_validates_with_only_what_its_targets_offer() {
         if is_native_only(name) {
             // What wgpu's Vulkan backend does with it: naga's SPIR-V writer has panicked on
             // cooperative-matrix code it validated (../shared/PERF.md), so write it here too.
+            // With overrides, for every combination of the values the runtime gives them.
             let options = naga::back::spv::Options { lang_version: (1, 6), ..Default::default() };
-            naga::back::spv::write_vec(&module, &info, &options, None).unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+            for constants in override_combinations(&module) {
+                let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants).unwrap_or_else(|e| panic!("{name} with {constants:?}: {e}"));
+                naga::back::spv::write_vec(&module, &info, &options, None).unwrap_or_else(|e| panic!("{name} with {constants:?}: SPIR-V: {e}"));
+            }
         }
         assert!(module.entry_points.iter().all(|e| e.stage == naga::ShaderStage::Compute), "{name}: compute only");
     }
+}
+
+/// The recurrence's override constants over the values the runtime gives them (GATE 0–2, DELTA
+/// and NORM as recurrence.rs sets them); one empty set for a shader without overrides.
+fn override_combinations(module: &naga::Module) -> Vec<naga::back::PipelineConstants> {
+    let values = |name: &str| -> Vec<f64> {
+        match name {
+            "GATE" | "NORM" => vec![0.0, 1.0, 2.0],
+            "DELTA" => vec![0.0, 1.0],
+            other => panic!("override {other}: the test does not know its values"),
+        }
+    };
+    let mut all = vec![naga::back::PipelineConstants::default()];
+    for (_, o) in module.overrides.iter() {
+        let name = o.name.clone().expect("named overrides");
+        let mut next = Vec::new();
+        for c in &all {
+            for v in values(&name) {
+                let mut c = c.clone();
+                c.insert(name.clone(), v);
+                next.push(c);
+            }
+        }
+        all = next;
+    }
+    all
 }
 
 /// Each shader's `struct Params` as naga reads it: field names, scalar kinds and size in bytes.

@@ -26,6 +26,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("mixers/common/recurrent", include_str!("../../shaders/mixers/common/recurrent.wgsl")),
     // Native only: built on adapters that offer cooperative matrices and f16 (Gpu::tensor_cores).
     ("native/matmul_coop", include_str!("../../shaders/native/matmul_coop.wgsl")),
+    ("native/chunk_coop", include_str!("../../shaders/native/chunk_coop.wgsl")),
 ];
 
 /// Shaders under native/ need features no browser offers; nothing else may.
@@ -101,7 +102,7 @@ shader_params!(
 );
 shader_params!(
     /// The chunked recurrence and its backward: `chunks` chunks of the sequence per head.
-    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128"] {
+    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "native/chunk_coop"] {
         batch: u32, seq: u32, heads: u32, chunks: u32, scale: f32,
     }
 );

@@ -242,7 +242,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                 })
                 .collect();
             let v = json!({
-                "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh,
+                "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh, "precision": gpu.precision(),
                 "kernel": if chunk { "chunked" } else { "recurrent" },
                 "fwd_seconds": fwd, "fwd_mhead_tokens_per_s": (b * t * h) as f64 / fwd / 1e6,
                 "decode_step_seconds": step,

@@ -1,8 +1,9 @@
 //! The state recurrence shared by the mixers, on the GPU (shaders/mixers/common/recurrent.wgsl;
-//! chunk.wgsl; f64 twin: crate::reference::recurrence): token by token
+//! chunk.wgsl, chunk_d128.wgsl; native/chunk_coop.wgsl on tensor cores; f64 twin:
+//! crate::reference::recurrence): token by token
 //! for decode, chunked for prefill, and the backward from a zero state for training.
 use crate::error::{Error, Result};
-use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
+use crate::gpu::{need, Gpu, GpuBuf, Kernel, Precision, Recorder};
 use crate::shaders::{ChunkParams, RecurrentParams};
 
 /// How the state decays each token (gates live in log space: α = exp(g), g ≤ 0).
@@ -249,6 +250,10 @@ pub fn chunked_train(rec: &mut Recorder, a: &RecurrenceArgs, zero: &GpuState, ou
 
 fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igate: &GpuBuf, out: &GpuBuf) -> Result<()> {
     let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
+    if TensorCorePath::of(rec, r, d).output {
+        let bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum)];
+        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &bindings, [sweep.params.chunks * 2, d.heads as u32, d.batch as u32]);
+    }
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
 }
@@ -293,6 +298,25 @@ struct ChunkSweep {
     b_cum: GpuBuf,
 }
 
+/// Which of the chunked forward's kernels run on tensor cores (native/chunk_coop.wgsl): under
+/// `Precision::Mixed`, at head size 128, for the rules without a normaliser; the output also
+/// needs a gate that is none or one per head.
+struct TensorCorePath {
+    state: bool,
+    output: bool,
+}
+
+impl TensorCorePath {
+    fn of(rec: &Recorder, r: Recurrence, d: Dims) -> Self {
+        let state = rec.gpu().precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None;
+        TensorCorePath { state, output: state && r.gate != Gate::Vector }
+    }
+}
+
+fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
+    Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64)
+}
+
 fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
     Kernel::new(shader, entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64).with("NORM", r.normalizer.code() as f64)
@@ -316,8 +340,14 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
-    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
-    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
+    let state_groups = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
+    if TensorCorePath::of(rec, r, d).state {
+        let bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum)];
+        rec.dispatch_bindings(&coop_kernel(r, "chunk_state_coop"), &params, &bindings, state_groups)?;
+    } else {
+        let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
+        rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, state_groups)?;
+    }
     if r.normalizer != Normalizer::None {
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
