@@ -13,6 +13,11 @@
 #                                            # $SHAPES, twice each, alternating, a profiled
 #                                            # mixed run, and fla's forward+backward and
 #                                            # forward of $FLA_MIXERS; fla from .whl
+#   scripts/device-bench-mixers.sh variants  # for each binary .exp/run/$V.gz (V in $VARIANTS,
+#                                            # default "after v2") with its test binary
+#                                            # .exp/run/coop$N.gz: tests/coop.rs, then `bench
+#                                            # mixers --backward --precision mixed` timed and
+#                                            # profiled at $SHAPES (kernel variants side by side)
 #   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
 #                                            # after, twice, a profiled run, then fla's
 #                                            # forward+backward of every mixer it has
@@ -75,6 +80,25 @@ coop)
   python3 scripts/bench_fla_mixers.py --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla-fwd.jsonl" 2>> "$OUT/log.txt"
   for f in "$OUT"/f32-2.json "$OUT"/mixed-2.json; do grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$f" | paste - - - ; done
   cat "$OUT"/fla-*.jsonl | cut -c1-200
+  ;;
+variants)
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  S=${SHAPES:-4x4096x16x128}
+  M=${MIXERS:-linear_attn,gla,gated_deltanet}
+  for v in ${VARIANTS:-after v2}; do
+    gunzip -c ".exp/run/$v.gz" > "/root/$v" && chmod +x "/root/$v"
+    t=coop${v#after}; t=${t/coopv/coop}
+    if [ -f ".exp/run/$t.gz" ]; then
+      gunzip -c ".exp/run/$t.gz" > "/root/$t" && chmod +x "/root/$t"
+      timeout 120 "/root/$t" --nocapture > "$OUT/test-$v.txt" 2>&1; echo "$v tests rc=$?" | tee -a "$OUT/test-$v.txt"
+    fi
+    for prec in ${PRECISIONS:-mixed}; do
+      "/root/$v" bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --json --iters 10 > "$OUT/$v-$prec.json" 2>> "$OUT/log.txt"
+      grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$OUT/$v-$prec.json" | paste - - - | sed "s/^/$v $prec /"
+    done
+    LINEARIZE_PROFILE=1 "/root/$v" bench mixers --precision mixed --mixer-shapes "$S" --mixers "$M" --iters 5 2>&1 | grep '^profile' | sed "s/^/$v /" | tee "$OUT/$v-profile.txt"
+  done
   ;;
 backward)
   for round in 1 2; do
