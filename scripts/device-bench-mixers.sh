@@ -16,8 +16,9 @@
 #   scripts/device-bench-mixers.sh variants  # for each binary .exp/run/$V.gz (V in $VARIANTS,
 #                                            # default "after v2") with its test binary
 #                                            # .exp/run/coop$N.gz: tests/coop.rs, then `bench
-#                                            # mixers --backward --precision mixed` timed and
-#                                            # profiled at $SHAPES (kernel variants side by side)
+#                                            # mixers --backward` timed in $PRECISIONS and
+#                                            # profiled in $PROFILE_PRECISIONS at $SHAPES
+#                                            # (kernel variants side by side)
 #   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
 #                                            # after, twice, a profiled run, then fla's
 #                                            # forward+backward of every mixer it has
@@ -58,6 +59,7 @@ fla-backward)
   python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   ;;
 coop)
+  FINAL=$OUT; OUT=/root/res; mkdir -p $OUT
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl && export PYTHONPATH=/root/site
@@ -80,6 +82,7 @@ coop)
   python3 scripts/bench_fla_mixers.py --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla-fwd.jsonl" 2>> "$OUT/log.txt"
   for f in "$OUT"/f32-2.json "$OUT"/mixed-2.json; do grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$f" | paste - - - ; done
   cat "$OUT"/fla-*.jsonl | cut -c1-200
+  tar czf "$FINAL/res.tgz" -C "$OUT" .
   ;;
 variants)
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -97,7 +100,10 @@ variants)
       "/root/$v" bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --json --iters 10 > "$OUT/$v-$prec.json" 2>> "$OUT/log.txt"
       grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$OUT/$v-$prec.json" | paste - - - | sed "s/^/$v $prec /"
     done
-    LINEARIZE_PROFILE=1 "/root/$v" bench mixers --precision mixed --mixer-shapes "$S" --mixers "$M" --iters 5 2>&1 | grep '^profile' | sed "s/^/$v /" | tee "$OUT/$v-profile.txt"
+    for prec in ${PROFILE_PRECISIONS:-mixed}; do
+      LINEARIZE_PROFILE=1 "/root/$v" bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --iters 5 --json > "$OUT/$v-profile-$prec.json" 2> "$OUT/$v-profile-$prec.err"
+      grep '^profile' "$OUT/$v-profile-$prec.err" | sed "s/^/$v $prec /"
+    done
   done
   ;;
 backward)

@@ -236,10 +236,10 @@ fn tensor_core_gemms_share_activation_copies_until_written() {
     }
 }
 
-/// The chunked recurrence at head size 128 on tensor cores (native/chunk_coop.wgsl: the state
-/// sweep for every rule without a normaliser, the output for gates none or per head) against
-/// f64, for every mixer's variant (those the tensor cores do not serve run the f32 kernels
-/// under mixed precision too and must match as tightly as ever): one token, T around the chunk
+/// The chunked recurrence at head size 128 under mixed precision (native/chunk_coop.wgsl: the
+/// output on tensor cores for the rules without a normaliser whose gate is none or per head)
+/// against f64, for every mixer's variant (those the tensor cores do not serve run the f32
+/// kernels under mixed precision too and must match as tightly as ever): one token, T around the chunk
 /// size and across several chunks, several heads, gates near 1 and near 0 (regime 2: log
 /// decays ≈ −20 per token), and the state carried across two calls. The operands are rounded
 /// to f16 when staged; the error against f64 is printed beside the f32 kernels' own.

@@ -414,7 +414,7 @@ struct BenchArgs {
     #[arg(long, default_value = "8x512x9x64,4x4096x16x128")]
     mixer_shapes: String,
     /// bench teacher: the GEMMs' arithmetic; bench mixers: the recurrence's (mixed: its tensor-core
-    /// kernels at head size 128); bench ops times every path the adapter has
+    /// output at head size 128); bench ops times every path the adapter has
     #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
     precision: PrecisionArg,
     /// bench mixers: only these mixers, comma-separated (all of them by default)
@@ -450,7 +450,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let results = if what == "ops" {
             bench::bench_ops(&gpu, iters)?
         } else {
-            // Mixed: the recurrence's tensor-core kernels where they exist (head size 128).
+            // Mixed: the recurrence's tensor-core output where it exists (head size 128).
             gpu.set_precision((*precision).into())?;
             bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward)?
         };

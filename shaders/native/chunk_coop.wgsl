@@ -1,28 +1,25 @@
-// The chunked recurrence's state sweep and output at head size 128 on tensor cores
-// (cooperative matrices, f16 operands, f32 accumulation): mixers/common/chunk_d128.wgsl's
-// chunk_state and chunk_output with their products as 16×16×16 matrix multiplies, the same
-// equations (shaders/gen/chunk.py's docstring) and the same f32 buffers, so chunk_prepare before
-// and the backward after read what they read from the f32 kernels. `Precision::Mixed` only, for
-// the rules without a normaliser; the output kernel for gates that are none or one per head (a
-// vector gate's scores are not a product of two matrices: chunk_output serves GLA and KDA).
+// The chunked recurrence's output at head size 128 on tensor cores (cooperative matrices, f16
+// operands, f32 accumulation): mixers/common/chunk_d128.wgsl's chunk_output with its products
+// as 16×16×16 matrix multiplies, the same equations (shaders/gen/chunk.py's docstring) from the
+// same f32 sweep (chunk_prepare, chunk_state), so the backward reads what it reads after the f32
+// kernels. `Precision::Mixed` only, for the rules without a normaliser and gates that are none
+// or one per head (a vector gate's scores are not a product of two matrices: chunk_output
+// serves GLA and KDA).
 //
-// The matrix operands are f16 copies in memory, in tiles of one chunk (64 tokens × 128
-// channels, rows past the sequence's end zero: matrix loads are not bounds-checked), written
-// once by the kernel that has the values and loaded straight from memory by every workgroup
-// that multiplies them:
-//   chunk_operands  q16 = scale·q, qd16 = scale·exp(b_t) q_t, k16 = k, kd16 = exp(b_L − b_s) k_s
-//                   (vector gate), w16 = −W: five sections of `ops16`, [B, H, chunks, 64, 128]
-//   chunk_state_coop  h16 = S_0 [B, H, chunks, 128, 128] and u16 = u [B, H, chunks, 64, 128]
-// (staging them in workgroup memory instead made each of the eight workgroups of a head copy
-// the same tiles and wait for every load: slower than the f32 kernels). The state, the
-// accumulators and every decay stay f32; the rows of a workgroup-memory tile the shader writes
-// elementwise (a masked or decayed product) are padded by 8 halves so that a matrix load's rows
-// fall in different banks. Subgroups are 32 threads, subgroup s the threads 32·s .. 32·s + 31
-// (Gpu::tensor_cores requires subgroups of exactly 32; a one-dimensional workgroup is packed in
-// order). Loads: coopLoadT reads row-major (element (r, c) at r·stride + c), coopLoad
-// column-major. Loops over a tile's elements have constant trip counts and their global loads
-// unconditional (rows clamped to the chunk, the values selected after), so every load of a
-// loop is in flight before the first is waited for.
+// The matrix operands are f16 copies in memory, in tiles of one chunk, rows past the
+// sequence's end zero (matrix loads are not bounds-checked), written once by chunk_operands and
+// loaded straight from memory: five sections of `f16_in`, [B, H, chunks, ·] each,
+//   q16 = scale·q, qd16 = scale·exp(b_t) q_t, k16 = k  (64 × 128 per chunk),
+//   h16 = S_0 (128 × 128), u16 = u (64 × 128).
+// The scores P are masked and decayed in f32 through workgroup memory (rows padded by 8 halves
+// so that a matrix load's rows fall in different banks). Subgroups are 32 threads, subgroup s
+// the threads 32·s .. 32·s + 31 (Gpu::tensor_cores requires subgroups of exactly 32; a
+// one-dimensional workgroup is packed in order). Loads: coopLoadT reads row-major (element
+// (r, c) at r·stride + c), coopLoad column-major.
+//
+// Measured on the H200 (BENCHMARKS.md, 2026-12-02): the state sweep on tensor cores too was
+// slower than chunk_state's f32 sweep (its 64 chunks in sequence wait on each chunk's loads and
+// barriers, and its eight workgroups per head each staged the same tiles), so it stays f32.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -41,8 +38,8 @@ const CH: u32 = 64u;
 const D: u32 = 128u;
 const D4: u32 = 32u;
 // Per (batch, head, chunk) a record of S_0, n_0, m_0 and 3 words of padding (chunk_d128's R).
-const R: u32 = 16516u;
-// Halves per chunk tile of ops16 and u16; per chunk of h16.
+const R4: u32 = 4129u;
+// Halves per chunk of a token tile and of a state.
 const TILE: u32 = CH * D;
 const STATE: u32 = D * D;
 const PAD: u32 = 8u;
@@ -50,32 +47,18 @@ const PAD: u32 = 8u;
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q_row: array<vec4<f32>>;   // [B, T, H, D/4]
 @group(0) @binding(2) var<storage, read> k_row: array<vec4<f32>>;   // [B, T, H, D/4]
-@group(0) @binding(7) var<storage, read_write> u_buf: array<f32>;   // [B, T, H, D]: Uc, then u
-@group(0) @binding(9) var<storage, read_write> state_s: array<f32>; // [B, H, D, D] carried S
-@group(0) @binding(10) var<storage, read_write> h_out: array<f32>;  // [B, H, chunks, R]
-@group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;  // W as vec4
+@group(0) @binding(11) var<storage, read> h_in: array<vec4<f32>>;   // [B, H, chunks, R] S_0
+@group(0) @binding(12) var<storage, read> u_row: array<vec4<f32>>;  // [B, T, H, D/4] u
 @group(0) @binding(14) var<storage, read_write> out: array<f32>;    // [B, T, H, D]
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;  // cumulative gates as vec4
-@group(0) @binding(30) var<storage, read_write> ops16_out: array<f16>;
-@group(0) @binding(31) var<storage, read> ops16: array<f16>;
-// h16 [B, H, chunks, D, D], then u16 [B, H, chunks, CH, D].
-@group(0) @binding(32) var<storage, read_write> sweep16_out: array<f16>;
-@group(0) @binding(33) var<storage, read> sweep16: array<f16>;
+@group(0) @binding(30) var<storage, read_write> f16_out: array<f16>;
+@group(0) @binding(31) var<storage, read> f16_in: array<f16>;
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// Cumulative log decay of a row for key channels 4a..4a+3 (a gate per head is broadcast over
-// the channels by chunk_prepare).
-fn gate_b(row: u32, a: u32) -> vec4<f32> {
-    if (GATE == 0u) {
-        return vec4<f32>(0.0);
-    }
-    return b_row[row * D4 + a];
-}
-
-// The gate per head of a row (GATE 1).
+// The gate per head of a row (GATE 1; chunk_prepare broadcasts it over the channels).
 fn gate_s(row: u32) -> f32 {
     if (GATE == 0u) {
         return 0.0;
@@ -83,32 +66,29 @@ fn gate_s(row: u32) -> f32 {
     return b_row[row * D4].x;
 }
 
-// Where section `s` (0 q16, 1 qd16, 2 k16, 3 kd16, 4 w16) of ops16 has the tile of chunk n of
-// (batch, head) bh; kd16 is k16 unless the gate is a vector.
-fn ops_at(s: u32, bh: u32, n: u32) -> u32 {
-    var sec = s;
-    if (s == 3u && GATE != 2u) {
-        sec = 2u;
+// Where section `s` (0 q16, 1 qd16, 2 k16, 3 h16, 4 u16) has chunk n of (batch, head) bh.
+fn f16_at(s: u32, bh: u32, n: u32) -> u32 {
+    let tiles = p.batch * p.heads * p.chunks;
+    let at = bh * p.chunks + n;
+    if (s == 3u) {
+        return 3u * tiles * TILE + at * STATE;
     }
-    return ((sec * p.batch * p.heads + bh) * p.chunks + n) * TILE;
-}
-
-fn h16_at(bh: u32, n: u32) -> u32 {
-    return (bh * p.chunks + n) * STATE;
-}
-
-fn u16_at(bh: u32, n: u32) -> u32 {
-    return p.batch * p.heads * p.chunks * STATE + (bh * p.chunks + n) * TILE;
+    if (s == 4u) {
+        return 3u * tiles * TILE + tiles * STATE + at * TILE;
+    }
+    return (s * tiles + at) * TILE;
 }
 
 fn put4(o: u32, x: vec4<f32>) {
-    ops16_out[o] = f16(x.x);
-    ops16_out[o + 1u] = f16(x.y);
-    ops16_out[o + 2u] = f16(x.z);
-    ops16_out[o + 3u] = f16(x.w);
+    f16_out[o] = f16(x.x);
+    f16_out[o + 1u] = f16(x.y);
+    f16_out[o + 2u] = f16(x.z);
+    f16_out[o + 3u] = f16(x.w);
 }
 
-// ---- chunk_operands: workgroup (chunk, head, batch), after chunk_prepare ----
+// ---- chunk_operands: workgroup (chunk, head, batch), after chunk_state ----
+// Thread tid takes key vec4 tid % 32 of rows tid / 32 + 4 i; loads unconditional (rows clamped
+// to the chunk, the values selected after), so all are in flight before the first is used.
 
 @compute @workgroup_size(128)
 fn chunk_operands(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -118,139 +98,30 @@ fn chunk_operands(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     let bh = b * p.heads + h;
     let c0 = n * CH;
     let len = min(CH, p.seq - c0);
-    let last_row = row_of(b, c0 + len - 1u, h);
     let a = tid % D4;
-    let b_last = gate_b(last_row, a);
     for (var i = 0u; i < CH * D4 / 128u; i++) {
         let t = tid / D4 + 4u * i;
         let live = t < len;
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let o = t * D + 4u * a;
-        let kv = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
-        put4(ops_at(2u, bh, n) + o, kv);
-        if (GATE == 2u) {
-            put4(ops_at(3u, bh, n) + o, kv * exp(b_last - gate_b(row, a)));
-        } else {
-            let qv = select(vec4<f32>(0.0), q_row[row * D4 + a] * p.scale, live);
-            put4(ops_at(0u, bh, n) + o, qv);
-            put4(ops_at(1u, bh, n) + o, qv * exp(gate_s(row)));
-        }
-        if (DELTA) {
-            put4(ops_at(4u, bh, n) + o, select(vec4<f32>(0.0), -w_row[row * D4 + a], live));
-        }
+        let qv = select(vec4<f32>(0.0), q_row[row * D4 + a] * p.scale, live);
+        put4(f16_at(0u, bh, n) + o, qv);
+        put4(f16_at(1u, bh, n) + o, qv * exp(gate_s(row)));
+        put4(f16_at(2u, bh, n) + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live));
+        put4(f16_at(4u, bh, n) + o, select(vec4<f32>(0.0), u_row[row * D4 + a], live));
+    }
+    let hb4 = (bh * p.chunks + n) * R4;
+    for (var i = 0u; i < D * D4 / 128u; i++) {
+        let key = tid / D4 + 4u * i;
+        put4(f16_at(3u, bh, n) + key * D + 4u * a, h_in[hb4 + key * D4 + a]);
     }
 }
 
-// ---- chunk_state_coop: workgroup (value block of BV, head, batch), sequential over chunks ----
-//
-// Per chunk, with S_0 the slice [D, BV] entering it (kept in f32 in s32):
-//   h ← S_0;  u ← Uc − W S_0 (delta rules);
-//   S ← exp(b_L) ⊙ S_0 + K̃ᵀ ṽ,  K̃_s = k_s ⊙ exp(b_L − b_s) (vector gate), ṽ_s = u_s exp(b_L − b_s)
-//   (gate per head), every exponent ≤ 0.
-// Subgroup s computes u's token rows 16s.. and S's key rows 32s .. 32s + 31.
-
-const BV: u32 = 16u;
-const SS: u32 = BV + 4u;  // s32, u32s: rows of f32
-const SH: u32 = BV + PAD; // s16, v16: rows of f16
-var<workgroup> s32: array<f32, D * SS>;  // S [D, BV]
-var<workgroup> s16: array<f16, D * SH>;  // S_0 as f16
-var<workgroup> u32s: array<f32, CH * SS>; // [CH, BV]: Uc, then u
-var<workgroup> v16: array<f16, CH * SH>;  // [CH, BV]: ṽ
-
-@compute @workgroup_size(128)
-fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let h = wid.y;
-    let b = wid.z;
-    let bh = b * p.heads + h;
-    let sb = bh * D * D;
-    let col0 = wid.x * BV;
-    let sg = tid / 32u;
-    // Thread tid takes column j of rows tid / BV + 8 i (S) and tokens tid / BV + 8 i (u).
-    let j = tid % BV;
-    let r0 = tid / BV;
-    for (var i = 0u; i < D / 8u; i++) {
-        s32[(r0 + 8u * i) * SS + j] = state_s[sb + (r0 + 8u * i) * D + col0 + j];
-    }
-    workgroupBarrier();
-    for (var n = 0u; n < p.chunks; n++) {
-        let hb = (bh * p.chunks + n) * R;
-        let c0 = n * CH;
-        let len = min(CH, p.seq - c0);
-        let last_row = row_of(b, c0 + len - 1u, h);
-        // S_0 to h, h16 and its f16 copy here; Uc staged.
-        for (var i = 0u; i < D / 8u; i++) {
-            let key = r0 + 8u * i;
-            let s = s32[key * SS + j];
-            h_out[hb + key * D + col0 + j] = s;
-            sweep16_out[h16_at(bh, n) + key * D + col0 + j] = f16(s);
-            s16[key * SH + j] = f16(s);
-        }
-        for (var i = 0u; i < CH / 8u; i++) {
-            let t = r0 + 8u * i;
-            let u = u_buf[row_of(b, c0 + min(t, len - 1u), h) * D + col0 + j];
-            u32s[t * SS + j] = select(0.0, u, t < len);
-        }
-        workgroupBarrier();
-        if (DELTA) {
-            let at = sg * 16u * SS;
-            let wb = ops_at(4u, bh, n) + sg * 16u * D;
-            var acc = coopLoadT<coop_mat16x16<f32, C>>(&u32s[at], SS);
-            for (var kk = 0u; kk < D; kk += 16u) {
-                let wa = coopLoadT<coop_mat16x16<f16, A>>(&ops16[wb + kk], D);
-                let sm = coopLoadT<coop_mat16x16<f16, B>>(&s16[kk * SH], SH);
-                acc = coopMultiplyAdd(wa, sm, acc);
-            }
-            coopStoreT(acc, &u32s[at], SS);
-        }
-        workgroupBarrier();
-        // u to memory (delta rules) and to u16, ṽ; S_0's decay over the chunk.
-        let b_last = gate_s(last_row);
-        for (var i = 0u; i < CH / 8u; i++) {
-            let t = r0 + 8u * i;
-            let row = row_of(b, c0 + min(t, len - 1u), h);
-            let v = u32s[t * SS + j];
-            let decay = exp(b_last - gate_s(row));
-            if (DELTA && t < len) {
-                u_buf[row * D + col0 + j] = v;
-            }
-            sweep16_out[u16_at(bh, n) + t * D + col0 + j] = f16(v);
-            var vd = v;
-            if (GATE == 1u) {
-                vd = v * decay;
-            }
-            v16[t * SH + j] = f16(vd);
-        }
-        if (GATE != 0u) {
-            for (var i = 0u; i < D / 8u; i++) {
-                let key = r0 + 8u * i;
-                s32[key * SS + j] *= exp(gate_b(last_row, key / 4u)[key % 4u]);
-            }
-        }
-        workgroupBarrier();
-        let kb = ops_at(3u, bh, n);
-        for (var r = 0u; r < 2u; r++) {
-            let i0 = (2u * sg + r) * 16u;
-            let at = i0 * SS;
-            var acc = coopLoadT<coop_mat16x16<f32, C>>(&s32[at], SS);
-            for (var kk = 0u; kk < CH; kk += 16u) {
-                // K̃ᵀ: element (i, s) at s·D + i.
-                let ka = coopLoad<coop_mat16x16<f16, A>>(&ops16[kb + kk * D + i0], D);
-                let vm = coopLoadT<coop_mat16x16<f16, B>>(&v16[kk * SH], SH);
-                acc = coopMultiplyAdd(ka, vm, acc);
-            }
-            coopStoreT(acc, &s32[at], SS);
-        }
-        workgroupBarrier();
-    }
-    for (var i = 0u; i < D / 8u; i++) {
-        state_s[sb + (r0 + 8u * i) * D + col0 + j] = s32[(r0 + 8u * i) * SS + j];
-    }
-}
-
-// ---- chunk_output_coop: workgroup (chunk · 2 + value half, head, batch), GATE 0 or 1 ----
+// ---- chunk_output_coop: workgroup (chunk, head, batch), GATE 0 or 1 ----
 //
 //   o_t = scale · [ exp(b_t) q_tᵀ S_0 + Σ_(s≤t) exp(b_t − b_s) (q_t·k_s) u_s ]
-// Subgroup s computes query rows 16s .. 16s + 15 of the half's 64 value columns.
+// Subgroup s computes query rows 16s .. 16s + 15, all D value columns (eight accumulators);
+// each product's fragments are loaded together before the first is multiplied.
 
 const HS: u32 = CH + PAD;
 var<workgroup> p16: array<f16, CH * HS>; // P [CH, CH], masked and decayed
@@ -270,8 +141,7 @@ fn tile_key(i: u32) -> u32 {
 
 @compute @workgroup_size(128)
 fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let n = wid.x / 2u;
-    let col0 = (wid.x % 2u) * 64u;
+    let n = wid.x;
     let h = wid.y;
     let b = wid.z;
     let bh = b * p.heads + h;
@@ -291,19 +161,38 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             p16[(e / CH) * HS + e % CH] = f16(0.0);
         }
     }
-    let qb = ops_at(0u, bh, n);
-    let kb = ops_at(2u, bh, n);
+    let qb = f16_at(0u, bh, n);
+    let kb = f16_at(2u, bh, n);
     for (var round = 0u; round < 3u; round++) {
         let tile = min(round * 4u + sg, 9u);
         let qa_at = qb + tile_query(tile) * 16u * D;
+        // kᵀ: element (i, s) at s·D + i.
         let kt_at = kb + tile_key(tile) * 16u * D;
+        let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 0u], D);
+        let kt0 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 0u], D);
+        let qa1 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 16u], D);
+        let kt1 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 16u], D);
+        let qa2 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 32u], D);
+        let kt2 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 32u], D);
+        let qa3 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 48u], D);
+        let kt3 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 48u], D);
+        let qa4 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 64u], D);
+        let kt4 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 64u], D);
+        let qa5 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 80u], D);
+        let kt5 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 80u], D);
+        let qa6 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 96u], D);
+        let kt6 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 96u], D);
+        let qa7 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 112u], D);
+        let kt7 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 112u], D);
         var pt = coop_mat16x16<f32, C>();
-        for (var kk = 0u; kk < D; kk += 16u) {
-            let qa = coopLoadT<coop_mat16x16<f16, A>>(&ops16[qa_at + kk], D);
-            // kᵀ: element (i, s) at s·D + i.
-            let kt = coopLoad<coop_mat16x16<f16, B>>(&ops16[kt_at + kk], D);
-            pt = coopMultiplyAdd(qa, kt, pt);
-        }
+        pt = coopMultiplyAdd(qa0, kt0, pt);
+        pt = coopMultiplyAdd(qa1, kt1, pt);
+        pt = coopMultiplyAdd(qa2, kt2, pt);
+        pt = coopMultiplyAdd(qa3, kt3, pt);
+        pt = coopMultiplyAdd(qa4, kt4, pt);
+        pt = coopMultiplyAdd(qa5, kt5, pt);
+        pt = coopMultiplyAdd(qa6, kt6, pt);
+        pt = coopMultiplyAdd(qa7, kt7, pt);
         let at = sg * 256u;
         coopStoreT(pt, &sc32[at], 16u);
         workgroupBarrier();
@@ -325,44 +214,81 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
         workgroupBarrier();
     }
-    // exp(b_t) q_tᵀ S_0 and P u: A from qd16 and P, B from h16 and u16.
+    // exp(b_t) q_tᵀ S_0 (A from qd16, B from h16), then P u (A from P, B from u16).
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     var o2 = coop_mat16x16<f32, C>();
     var o3 = coop_mat16x16<f32, C>();
-    let qd = ops_at(1u, bh, n) + sg * 16u * D;
-    let hs = h16_at(bh, n) + col0;
+    var o4 = coop_mat16x16<f32, C>();
+    var o5 = coop_mat16x16<f32, C>();
+    var o6 = coop_mat16x16<f32, C>();
+    var o7 = coop_mat16x16<f32, C>();
+    let qd = f16_at(1u, bh, n) + sg * 16u * D;
+    let hs = f16_at(3u, bh, n);
     for (var kk = 0u; kk < D; kk += 16u) {
-        let qa = coopLoadT<coop_mat16x16<f16, A>>(&ops16[qd + kk], D);
+        let qa = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qd + kk], D);
         let at = hs + kk * D;
-        o0 = coopMultiplyAdd(qa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at], D), o0);
-        o1 = coopMultiplyAdd(qa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at + 16u], D), o1);
-        o2 = coopMultiplyAdd(qa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at + 32u], D), o2);
-        o3 = coopMultiplyAdd(qa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at + 48u], D), o3);
+        let hb0 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 0u], D);
+        let hb1 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 16u], D);
+        let hb2 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 32u], D);
+        let hb3 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 48u], D);
+        let hb4 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 64u], D);
+        let hb5 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 80u], D);
+        let hb6 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 96u], D);
+        let hb7 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 112u], D);
+        o0 = coopMultiplyAdd(qa, hb0, o0);
+        o1 = coopMultiplyAdd(qa, hb1, o1);
+        o2 = coopMultiplyAdd(qa, hb2, o2);
+        o3 = coopMultiplyAdd(qa, hb3, o3);
+        o4 = coopMultiplyAdd(qa, hb4, o4);
+        o5 = coopMultiplyAdd(qa, hb5, o5);
+        o6 = coopMultiplyAdd(qa, hb6, o6);
+        o7 = coopMultiplyAdd(qa, hb7, o7);
     }
-    let us = u16_at(bh, n) + col0;
+    let us = f16_at(4u, bh, n);
     for (var c = 0u; c < 4u; c++) {
         let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[sg * 16u * HS + c * 16u], HS);
         let at = us + c * 16u * D;
-        o0 = coopMultiplyAdd(pa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at], D), o0);
-        o1 = coopMultiplyAdd(pa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at + 16u], D), o1);
-        o2 = coopMultiplyAdd(pa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at + 32u], D), o2);
-        o3 = coopMultiplyAdd(pa, coopLoadT<coop_mat16x16<f16, B>>(&sweep16[at + 48u], D), o3);
+        let ub0 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 0u], D);
+        let ub1 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 16u], D);
+        let ub2 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 32u], D);
+        let ub3 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 48u], D);
+        let ub4 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 64u], D);
+        let ub5 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 80u], D);
+        let ub6 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 96u], D);
+        let ub7 = coopLoadT<coop_mat16x16<f16, B>>(&f16_in[at + 112u], D);
+        o0 = coopMultiplyAdd(pa, ub0, o0);
+        o1 = coopMultiplyAdd(pa, ub1, o1);
+        o2 = coopMultiplyAdd(pa, ub2, o2);
+        o3 = coopMultiplyAdd(pa, ub3, o3);
+        o4 = coopMultiplyAdd(pa, ub4, o4);
+        o5 = coopMultiplyAdd(pa, ub5, o5);
+        o6 = coopMultiplyAdd(pa, ub6, o6);
+        o7 = coopMultiplyAdd(pa, ub7, o7);
     }
     let stride = p.heads * D;
     if (len == CH) {
-        let at = row_of(b, c0 + sg * 16u, h) * D + col0;
-        coopStoreT(o0, &out[at], stride);
+        let at = row_of(b, c0 + sg * 16u, h) * D;
+        let at0 = at + 0u;
+        coopStoreT(o0, &out[at0], stride);
         let at1 = at + 16u;
         coopStoreT(o1, &out[at1], stride);
         let at2 = at + 32u;
         coopStoreT(o2, &out[at2], stride);
         let at3 = at + 48u;
         coopStoreT(o3, &out[at3], stride);
+        let at4 = at + 64u;
+        coopStoreT(o4, &out[at4], stride);
+        let at5 = at + 80u;
+        coopStoreT(o5, &out[at5], stride);
+        let at6 = at + 96u;
+        coopStoreT(o6, &out[at6], stride);
+        let at7 = at + 112u;
+        coopStoreT(o7, &out[at7], stride);
         return;
     }
     // A partial chunk: each tile through sc32, rows past the end not written.
-    for (var jt = 0u; jt < 4u; jt++) {
+    for (var jt = 0u; jt < 8u; jt++) {
         let at = sg * 256u;
         switch jt {
             case 0u: {
@@ -374,8 +300,20 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             case 2u: {
                 coopStoreT(o2, &sc32[at], 16u);
             }
-            default: {
+            case 3u: {
                 coopStoreT(o3, &sc32[at], 16u);
+            }
+            case 4u: {
+                coopStoreT(o4, &sc32[at], 16u);
+            }
+            case 5u: {
+                coopStoreT(o5, &sc32[at], 16u);
+            }
+            case 6u: {
+                coopStoreT(o6, &sc32[at], 16u);
+            }
+            default: {
+                coopStoreT(o7, &sc32[at], 16u);
             }
         }
         workgroupBarrier();
@@ -383,7 +321,7 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             let e = tid + 128u * i;
             let t = 16u * (e / 256u) + (e % 256u) / 16u;
             if (t < len) {
-                out[row_of(b, c0 + t, h) * D + col0 + 16u * jt + e % 16u] = sc32[e];
+                out[row_of(b, c0 + t, h) * D + 16u * jt + e % 16u] = sc32[e];
             }
         }
         workgroupBarrier();

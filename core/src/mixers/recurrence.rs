@@ -250,9 +250,14 @@ pub fn chunked_train(rec: &mut Recorder, a: &RecurrenceArgs, zero: &GpuState, ou
 
 fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igate: &GpuBuf, out: &GpuBuf) -> Result<()> {
     let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
-    if let (true, Some((ops16, sweep16))) = (TensorCorePath::of(rec, r, d).output, &sweep.f16) {
-        let bindings = [(14, out), (15, &sweep.b_cum), (31, ops16), (33, sweep16)];
-        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &bindings, [sweep.params.chunks * 2, d.heads as u32, d.batch as u32]);
+    let grid = [sweep.params.chunks, d.heads as u32, d.batch as u32];
+    if tensor_core_output(rec, r, d) {
+        // Halves: q16, qd16, k16 and u16 tiles [64, 128] and the chunk start h16 [128, 128] of
+        // every chunk.
+        let tiles = d.batch * d.heads * sweep.params.chunks as usize;
+        let f16 = rec.temp(tiles * (4 * CHUNK * d.dk + d.dk * d.dv) / 2)?;
+        rec.dispatch_bindings(&coop_kernel(r, "chunk_operands"), &sweep.params, &[(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (30, &f16)], grid)?;
+        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(14, out), (15, &sweep.b_cum), (31, &f16)], grid);
     }
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
@@ -296,24 +301,13 @@ struct ChunkSweep {
     /// The delta rules' W (unwritten for the additive rules).
     w: GpuBuf,
     b_cum: GpuBuf,
-    /// On tensor cores: the f16 operand tiles (chunk_operands) and the f16 chunk starts and u
-    /// (chunk_state_coop) that the output kernel multiplies.
-    f16: Option<(GpuBuf, GpuBuf)>,
 }
 
-/// Which of the chunked forward's kernels run on tensor cores (native/chunk_coop.wgsl): under
-/// `Precision::Mixed`, at head size 128, for the rules without a normaliser; the output also
-/// needs a gate that is none or one per head.
-struct TensorCorePath {
-    state: bool,
-    output: bool,
-}
-
-impl TensorCorePath {
-    fn of(rec: &Recorder, r: Recurrence, d: Dims) -> Self {
-        let state = rec.gpu().precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None;
-        TensorCorePath { state, output: state && r.gate != Gate::Vector }
-    }
+/// Whether the chunked output runs on tensor cores (native/chunk_coop.wgsl): under
+/// `Precision::Mixed`, at head size 128, for the rules without a normaliser and a gate that is
+/// none or one per head.
+fn tensor_core_output(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
+    rec.gpu().precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None && r.gate != Gate::Vector
 }
 
 fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
@@ -343,24 +337,12 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
-    let state_groups = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
-    let mut f16 = None;
-    if TensorCorePath::of(rec, r, d).state {
-        // Halves: five operand tiles [64, 128] per chunk; a chunk start [128, 128] and u's tile.
-        let tiles = d.batch * d.heads * chunks;
-        let (ops16, sweep16) = (rec.temp(5 * tiles * CHUNK * d.dk / 2)?, rec.temp(tiles * (d.dk * d.dv + CHUNK * d.dv) / 2)?);
-        rec.dispatch_bindings(&coop_kernel(r, "chunk_operands"), &params, &[(1, a.q), (2, k), (13, &w), (15, &b_cum), (30, &ops16)], grid)?;
-        let bindings = [(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &ops16), (32, &sweep16)];
-        rec.dispatch_bindings(&coop_kernel(r, "chunk_state_coop"), &params, &bindings, state_groups)?;
-        f16 = Some((ops16, sweep16));
-    } else {
-        let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
-        rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, state_groups)?;
-    }
+    let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
+    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
     if r.normalizer != Normalizer::None {
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
-    Ok(ChunkSweep { params, h, u, w, b_cum, f16 })
+    Ok(ChunkSweep { params, h, u, w, b_cum })
 }
 
 /// Words of the sweep's `h`: a record per (batch, head, chunk), then the final n and m.
