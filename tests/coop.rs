@@ -237,7 +237,7 @@ fn tensor_core_gemms_share_activation_copies_until_written() {
 }
 
 /// The chunked recurrence at head size 128 under mixed precision (native/chunk_coop.wgsl: the
-/// output on tensor cores for the rules without a normaliser whose gate is none or per head)
+/// output on tensor cores for the rules without a normaliser)
 /// against f64, for every mixer's variant (those the tensor cores do not serve run the f32
 /// kernels under mixed precision too and must match as tightly as ever): one token, T around the chunk
 /// size and across several chunks, several heads, gates near 1 and near 0 (regime 2: log

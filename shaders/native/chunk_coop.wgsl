@@ -2,15 +2,20 @@
 // operands, f32 accumulation): mixers/common/chunk_d128.wgsl's chunk_output with its products
 // as 16×16×16 matrix multiplies, the same equations (shaders/gen/chunk.py's docstring) from the
 // same f32 sweep (chunk_prepare, chunk_state), so the backward reads what it reads after the f32
-// kernels. `Precision::Mixed` only, for the rules without a normaliser and gates that are none
-// or one per head (a vector gate's scores are not a product of two matrices: chunk_output
-// serves GLA and KDA).
+// kernels. `Precision::Mixed` only, for the rules without a normaliser (not mLSTM or linear
+// attention's denominator).
 //
 // The matrix operands are f16 copies in memory, in tiles of one chunk, rows past the
 // sequence's end zero (matrix loads are not bounds-checked), written once by chunk_operands and
-// loaded straight from memory: five sections of `f16_in`, [B, H, chunks, ·] each,
-//   q16 = scale·q, qd16 = scale·exp(b_t) q_t, k16 = k  (64 × 128 per chunk),
-//   h16 = S_0 (128 × 128), u16 = u (64 × 128).
+// loaded straight from memory: sections of `f16_in`, [B, H, chunks, ·] each,
+//   token tiles (64 × 128 per chunk): q16 = scale·q, qd16 = scale·exp(b_t) ⊙ q_t, k16 = k,
+//     u16 = u, and for a vector gate kr16 = exp(b_r − b_s) ⊙ k_s with r the last row of s's
+//     block of 16 and qr16_c = scale·exp(b_t − b_rc) ⊙ q_t (rows after block c, c = 0, 1, 2);
+//   then h16 = S_0 (128 × 128).
+// A gate per head (or none) factors out of the scores: P = (q kᵀ) ⊙ exp(b_t − b_s). A vector
+// gate's does not; its scores between query block a and an earlier key block c are the
+// product qr16_c kr16ᵀ (both exponents ≤ 0 against the reference row r_c between them, as
+// flash-linear-attention's chunk_gla does), and those within a block of 16 are summed in f32.
 // The scores P are masked and decayed in f32 through workgroup memory (rows padded by 8 halves
 // so that a matrix load's rows fall in different banks). Subgroups are 32 threads, subgroup s
 // the threads 32·s .. 32·s + 31 (Gpu::tensor_cores requires subgroups of exactly 32; a
@@ -58,7 +63,16 @@ fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// The gate per head of a row (GATE 1; chunk_prepare broadcasts it over the channels).
+// Cumulative log decay of a row for key channels 4a..4a+3 (a gate per head is broadcast over
+// the channels by chunk_prepare).
+fn gate_b(row: u32, a: u32) -> vec4<f32> {
+    if (GATE == 0u) {
+        return vec4<f32>(0.0);
+    }
+    return b_row[row * D4 + a];
+}
+
+// The gate per head of a row (GATE 1).
 fn gate_s(row: u32) -> f32 {
     if (GATE == 0u) {
         return 0.0;
@@ -66,17 +80,33 @@ fn gate_s(row: u32) -> f32 {
     return b_row[row * D4].x;
 }
 
-// Where section `s` (0 q16, 1 qd16, 2 k16, 3 h16, 4 u16) has chunk n of (batch, head) bh.
+// The token tiles: q16, qd16, k16, u16, then a vector gate's kr16 and qr16_0..2.
+const Q16: u32 = 0u;
+const QD16: u32 = 1u;
+const K16: u32 = 2u;
+const U16: u32 = 3u;
+const KR16: u32 = 4u;
+const QR16: u32 = 5u;
+const H16: u32 = 8u;
+
+// Token tiles per chunk (core/src/mixers/recurrence.rs allocates as many).
+fn token_tiles() -> u32 {
+    return select(4u, 8u, GATE == 2u);
+}
+
+// Where section `s` has chunk n of (batch, head) bh: the token tiles, then h16.
 fn f16_at(s: u32, bh: u32, n: u32) -> u32 {
     let tiles = p.batch * p.heads * p.chunks;
     let at = bh * p.chunks + n;
-    if (s == 3u) {
-        return 3u * tiles * TILE + at * STATE;
-    }
-    if (s == 4u) {
-        return 3u * tiles * TILE + tiles * STATE + at * TILE;
+    if (s == H16) {
+        return token_tiles() * tiles * TILE + at * STATE;
     }
     return (s * tiles + at) * TILE;
+}
+
+// The row a vector gate's scores take as reference for key block c: its last (in the chunk).
+fn ref_row(b: u32, h: u32, c0: u32, len: u32, c: u32) -> u32 {
+    return row_of(b, c0 + min(16u * c + 15u, len - 1u), h);
 }
 
 fn put4(o: u32, x: vec4<f32>) {
@@ -99,27 +129,41 @@ fn chunk_operands(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     let c0 = n * CH;
     let len = min(CH, p.seq - c0);
     let a = tid % D4;
+    // A vector gate's reference rows: the last of key blocks 0, 1, 2.
+    let b_r0 = gate_b(ref_row(b, h, c0, len, 0u), a);
+    let b_r1 = gate_b(ref_row(b, h, c0, len, 1u), a);
+    let b_r2 = gate_b(ref_row(b, h, c0, len, 2u), a);
     for (var i = 0u; i < CH * D4 / 128u; i++) {
         let t = tid / D4 + 4u * i;
         let live = t < len;
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let o = t * D + 4u * a;
         let qv = select(vec4<f32>(0.0), q_row[row * D4 + a] * p.scale, live);
-        put4(f16_at(0u, bh, n) + o, qv);
-        put4(f16_at(1u, bh, n) + o, qv * exp(gate_s(row)));
-        put4(f16_at(2u, bh, n) + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live));
-        put4(f16_at(4u, bh, n) + o, select(vec4<f32>(0.0), u_row[row * D4 + a], live));
+        let kv = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
+        let bt = gate_b(row, a);
+        put4(f16_at(Q16, bh, n) + o, qv);
+        put4(f16_at(QD16, bh, n) + o, qv * exp(bt));
+        put4(f16_at(K16, bh, n) + o, kv);
+        put4(f16_at(U16, bh, n) + o, select(vec4<f32>(0.0), u_row[row * D4 + a], live));
+        if (GATE == 2u) {
+            // The query block is i / 4 (rows 16·(i / 4) ..); zeros where it is not after c.
+            let qblock = t / 16u;
+            put4(f16_at(KR16, bh, n) + o, kv * exp(gate_b(ref_row(b, h, c0, len, qblock), a) - bt));
+            put4(f16_at(QR16, bh, n) + o, select(vec4<f32>(0.0), qv * exp(bt - b_r0), qblock > 0u));
+            put4(f16_at(QR16 + 1u, bh, n) + o, select(vec4<f32>(0.0), qv * exp(bt - b_r1), qblock > 1u));
+            put4(f16_at(QR16 + 2u, bh, n) + o, select(vec4<f32>(0.0), qv * exp(bt - b_r2), qblock > 2u));
+        }
     }
     let hb4 = (bh * p.chunks + n) * R4;
     for (var i = 0u; i < D * D4 / 128u; i++) {
         let key = tid / D4 + 4u * i;
-        put4(f16_at(3u, bh, n) + key * D + 4u * a, h_in[hb4 + key * D4 + a]);
+        put4(f16_at(H16, bh, n) + key * D + 4u * a, h_in[hb4 + key * D4 + a]);
     }
 }
 
-// ---- chunk_output_coop: workgroup (chunk, head, batch), GATE 0 or 1 ----
+// ---- chunk_output_coop: workgroup (chunk, head, batch) ----
 //
-//   o_t = scale · [ exp(b_t) q_tᵀ S_0 + Σ_(s≤t) exp(b_t − b_s) (q_t·k_s) u_s ]
+//   o_t = scale · [ (exp(b_t) ⊙ q_t)ᵀ S_0 + Σ_(s≤t) (Σ_i q_ti k_si exp(b_ti − b_si)) u_s ]
 // Subgroup s computes query rows 16s .. 16s + 15, all D value columns (eight accumulators);
 // each product's fragments are loaded together before the first is multiplied.
 
@@ -151,23 +195,31 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     if (tid < CH) {
         g_sh[tid] = gate_s(row_of(b, c0 + min(tid, len - 1u), h));
     }
-    // The ten tiles (query block a, key block c ≤ a) of P, three rounds of one per subgroup
-    // (matrix operations need workgroup-uniform control flow: a subgroup past the tenth repeats
-    // the last, unused): q kᵀ on the tensor cores, then the mask and the decay in f32. P's tiles
-    // above the diagonal are zeros (the product with u runs over every key block).
+    // P's tiles (query block a, key block c ≤ a), in rounds of one per subgroup (matrix
+    // operations need workgroup-uniform control flow: a subgroup past the last tile repeats it,
+    // unused): the product on the tensor cores, then the mask (and a gate per head's decay) in
+    // f32. Gates none or per head: the ten tiles of q kᵀ in three rounds. A vector gate: the six
+    // below the diagonal, qr16_c kr16ᵀ, in two; the four on it in f32 after. P is zero above the
+    // diagonal (the product with u runs over every key block).
     for (var i = 0u; i < CH * CH / 128u; i++) {
         let e = tid + 128u * i;
-        if ((e % CH) / 16u > e / CH / 16u) {
+        if (e % CH > e / CH) {
             p16[(e / CH) * HS + e % CH] = f16(0.0);
         }
     }
-    let qb = f16_at(0u, bh, n);
-    let kb = f16_at(2u, bh, n);
-    for (var round = 0u; round < 3u; round++) {
-        let tile = min(round * 4u + sg, 9u);
-        let qa_at = qb + tile_query(tile) * 16u * D;
+    let vector = GATE == 2u;
+    let tiles = select(10u, 6u, vector);
+    for (var round = 0u; round < tiles / 4u + 1u; round++) {
+        let tile = min(round * 4u + sg, tiles - 1u);
+        let qblock = tile_query(tile) + u32(vector);
+        let kblock = tile_key(tile);
+        var qa_at = f16_at(Q16, bh, n) + qblock * 16u * D;
+        var kt_at = f16_at(K16, bh, n) + kblock * 16u * D;
+        if (vector) {
+            qa_at = f16_at(QR16 + kblock, bh, n) + qblock * 16u * D;
+            kt_at = f16_at(KR16, bh, n) + kblock * 16u * D;
+        }
         // kᵀ: element (i, s) at s·D + i.
-        let kt_at = kb + tile_key(tile) * 16u * D;
         let qa0 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 0u], D);
         let kt0 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[kt_at + 0u], D);
         let qa1 = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qa_at + 16u], D);
@@ -199,8 +251,8 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         for (var i = 0u; i < 1024u / 128u; i++) {
             let e = tid + 128u * i;
             let own = round * 4u + e / 256u;
-            if (own < 10u) {
-                let t = 16u * tile_query(own) + (e % 256u) / 16u;
+            if (own < tiles) {
+                let t = 16u * (tile_query(own) + u32(vector)) + (e % 256u) / 16u;
                 let s = 16u * tile_key(own) + e % 16u;
                 var pv = 0.0;
                 if (s <= t && t < len) {
@@ -214,6 +266,37 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
         workgroupBarrier();
     }
+    if (vector) {
+        // The four diagonal blocks: Σ_i q_ti k_si exp(b_ti − b_si) over the 136 pairs s ≤ t of
+        // each, in f32 from the f32 inputs.
+        for (var i = 0u; i < (4u * 136u + 127u) / 128u; i++) {
+            let e = tid + 128u * i;
+            if (e < 4u * 136u) {
+                let j = e % 136u;
+                // Pair j of a block: t the largest with t(t+1)/2 ≤ j, s the rest.
+                var t = u32((sqrt(8.0 * f32(j) + 1.0) - 1.0) * 0.5);
+                if ((t + 1u) * (t + 2u) / 2u <= j) {
+                    t += 1u;
+                }
+                if (t * (t + 1u) / 2u > j) {
+                    t -= 1u;
+                }
+                let s = j - t * (t + 1u) / 2u;
+                let tt = 16u * (e / 136u) + t;
+                let ss = 16u * (e / 136u) + s;
+                var acc = 0.0;
+                if (tt < len) {
+                    let rt = row_of(b, c0 + tt, h);
+                    let rs = row_of(b, c0 + ss, h);
+                    for (var a = 0u; a < D4; a++) {
+                        acc += dot(q_row[rt * D4 + a] * k_row[rs * D4 + a], exp(gate_b(rt, a) - gate_b(rs, a)));
+                    }
+                }
+                p16[tt * HS + ss] = f16(acc * p.scale);
+            }
+        }
+        workgroupBarrier();
+    }
     // exp(b_t) q_tᵀ S_0 (A from qd16, B from h16), then P u (A from P, B from u16).
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
@@ -223,8 +306,8 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     var o5 = coop_mat16x16<f32, C>();
     var o6 = coop_mat16x16<f32, C>();
     var o7 = coop_mat16x16<f32, C>();
-    let qd = f16_at(1u, bh, n) + sg * 16u * D;
-    let hs = f16_at(3u, bh, n);
+    let qd = f16_at(QD16, bh, n) + sg * 16u * D;
+    let hs = f16_at(H16, bh, n);
     for (var kk = 0u; kk < D; kk += 16u) {
         let qa = coopLoadT<coop_mat16x16<f16, A>>(&f16_in[qd + kk], D);
         let at = hs + kk * D;
@@ -245,7 +328,7 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         o6 = coopMultiplyAdd(qa, hb6, o6);
         o7 = coopMultiplyAdd(qa, hb7, o7);
     }
-    let us = f16_at(4u, bh, n);
+    let us = f16_at(U16, bh, n);
     for (var c = 0u; c < 4u; c++) {
         let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[sg * 16u * HS + c * 16u], HS);
         let at = us + c * 16u * D;

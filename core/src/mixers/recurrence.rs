@@ -252,12 +252,13 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
     let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
     let grid = [sweep.params.chunks, d.heads as u32, d.batch as u32];
     if tensor_core_output(rec, r, d) {
-        // Halves: q16, qd16, k16 and u16 tiles [64, 128] and the chunk start h16 [128, 128] of
-        // every chunk.
+        // Halves: the token tiles [64, 128] (q16, qd16, k16, u16; a vector gate's kr16 and three
+        // qr16) and the chunk start h16 [128, 128] of every chunk.
         let tiles = d.batch * d.heads * sweep.params.chunks as usize;
-        let f16 = rec.temp(tiles * (4 * CHUNK * d.dk + d.dk * d.dv) / 2)?;
+        let token_tiles = if r.gate == Gate::Vector { 8 } else { 4 };
+        let f16 = rec.temp(tiles * (token_tiles * CHUNK * d.dk + d.dk * d.dv) / 2)?;
         rec.dispatch_bindings(&coop_kernel(r, "chunk_operands"), &sweep.params, &[(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (30, &f16)], grid)?;
-        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(14, out), (15, &sweep.b_cum), (31, &f16)], grid);
+        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(1, q), (2, k), (14, out), (15, &sweep.b_cum), (31, &f16)], grid);
     }
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
@@ -304,10 +305,9 @@ struct ChunkSweep {
 }
 
 /// Whether the chunked output runs on tensor cores (native/chunk_coop.wgsl): under
-/// `Precision::Mixed`, at head size 128, for the rules without a normaliser and a gate that is
-/// none or one per head.
+/// `Precision::Mixed`, at head size 128, for the rules without a normaliser.
 fn tensor_core_output(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
-    rec.gpu().precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None && r.gate != Gate::Vector
+    rec.gpu().precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None
 }
 
 fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
