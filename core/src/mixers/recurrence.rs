@@ -252,11 +252,7 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
     let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
     let grid = [sweep.params.chunks, d.heads as u32, d.batch as u32];
     if tensor_core_output(rec, r, d) {
-        // Halves: the token tiles [64, 128] (q16, qd16, k16, u16; a vector gate's kr16 and three
-        // qr16) and the chunk start h16 [128, 128] of every chunk.
-        let tiles = d.batch * d.heads * sweep.params.chunks as usize;
-        let token_tiles = if r.gate == Gate::Vector { 8 } else { 4 };
-        let f16 = rec.temp(tiles * (token_tiles * CHUNK * d.dk + d.dk * d.dv) / 2)?;
+        let f16 = rec.temp(coop_operand_words(r, d))?;
         rec.dispatch_bindings(&coop_kernel(r, "chunk_operands"), &sweep.params, &[(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (30, &f16)], grid)?;
         return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(1, q), (2, k), (14, out), (15, &sweep.b_cum), (31, &f16)], grid);
     }
@@ -306,8 +302,20 @@ struct ChunkSweep {
 
 /// Whether the chunked output runs on tensor cores (native/chunk_coop.wgsl): under
 /// `Precision::Mixed`, at head size 128, for the rules without a normaliser.
+/// (Its f16 operands must fit one binding: past that, the f32 kernel runs.)
 fn tensor_core_output(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
-    rec.gpu().precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None
+    let gpu = rec.gpu();
+    let fits = (coop_operand_words(r, d) * 4) as u64 <= (gpu.limits.max_storage_buffer_binding_size as u64).min(gpu.limits.max_buffer_size);
+    gpu.precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None && fits
+}
+
+/// Words of chunk_operands' f16 copies: per chunk the token tiles [64, 128] (q16, qd16, k16,
+/// u16; a vector gate's kr16 and three qr16) and the chunk start h16 [128, 128], two halves a
+/// word.
+fn coop_operand_words(r: Recurrence, d: Dims) -> usize {
+    let tiles = d.batch * d.heads * d.seq.div_ceil(CHUNK);
+    let token_tiles = if r.gate == Gate::Vector { 8 } else { 4 };
+    tiles * (token_tiles * CHUNK * d.dk + d.dk * d.dv) / 2
 }
 
 fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
