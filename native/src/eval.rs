@@ -2,7 +2,7 @@
 //! (core::eval), and perplexity of a text file.
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::eval::{load_docs, loglikelihoods, request_file, score_task, Scored, TaskResult, TASKS};
+use linearize_core::eval::{load_task, loglikelihoods, request_file, score_task, Scored, TaskResult, TASKS};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::load::linearize_home;
 use linearize_core::model::{LanguageModel, Model};
@@ -79,7 +79,7 @@ pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &
         if !path.exists() {
             bail!("{}: missing; run `linearize fetch eval`", path.display());
         }
-        let mut docs = load_docs(&path)?;
+        let mut docs = load_task(&eval_dir, task)?;
         if let Some(n) = limit {
             docs.truncate(n);
         }

