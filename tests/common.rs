@@ -295,7 +295,6 @@ pub mod recurrence_data {
 
     /// Runs the recurrence on `gpu` over tokens [t0, t1) of `x` from `state` (updated in place):
     /// the chunked kernels when `chunk`, else the token-by-token one.
-    #[allow(clippy::too_many_arguments)]
     pub fn run_on(gpu: &Gpu, chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState, (t0, t1): (usize, usize)) -> Vec<f32> {
         let sub = |a: &[f32], per_token: usize| -> Vec<f32> {
             (0..d.batch).flat_map(|b| a[(b * d.seq + t0) * d.heads * per_token..(b * d.seq + t1) * d.heads * per_token].to_vec()).collect()

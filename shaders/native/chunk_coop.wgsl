@@ -29,7 +29,6 @@ enable f16;
 enable wgpu_cooperative_matrix;
 
 override GATE: u32 = 0u;
-override DELTA: bool = false;
 
 struct Params {
     batch: u32,

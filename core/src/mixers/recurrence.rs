@@ -257,7 +257,7 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
         return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(1, q), (2, k), (14, out), (15, &sweep.b_cum), (31, &f16)], grid);
     }
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
-    rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, [sweep.params.chunks, d.heads as u32, d.batch as u32])
+    rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, grid)
 }
 
 /// What a training forward keeps of its chunked sweep for the backward (from a zero state, it is
@@ -318,8 +318,9 @@ fn coop_operand_words(r: Recurrence, d: Dims) -> usize {
     tiles * (token_tiles * CHUNK * d.dk + d.dk * d.dv) / 2
 }
 
+/// A kernel of native/chunk_coop.wgsl: it reads u after the sweep, so only the gate shapes it.
 fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
-    Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64)
+    Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64)
 }
 
 fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
