@@ -289,3 +289,62 @@ fn tensor_core_recurrence_matches_f64() {
         assert_close(&format!("tensor-core chunked {name}: two pieces vs f64"), &joined, &want, 4e-3 * max_abs(&want), 1e-2);
     }
 }
+
+/// The backward at head size 128 with its products with the chunk states on tensor cores
+/// (native/chunk_coop.wgsl's chunk_bwd_states16 and chunk_bwd_products, then chunk_bwd_grads
+/// with PRODUCTS_DONE) against the f64 reverse-mode reference, for every variant without a
+/// normaliser (those keep the f32 kernels), at one token, around and across the chunk size,
+/// several heads, gates moderate, near 1 and near 0; prints its error beside the f32 kernels'.
+#[test]
+fn tensor_core_backward_matches_f64() {
+    use linearize_core::mixers::recurrence::{self, Dims, Gate, Gates, Normalizer, RecurrenceArgs};
+    use linearize_core::reference::recurrence::{self as f64_recurrence, Inputs};
+    use linearize_tests::recurrence_data::{data, variants};
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(31);
+    let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-30);
+    let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+    for (name, r) in variants().into_iter().filter(|(_, r)| r.normalizer == Normalizer::None) {
+        for &(batch, seq, heads, regime) in &[(1, 1, 1, 0), (2, 63, 3, 0), (1, 65, 2, 1), (1, 130, 2, 2), (2, 200, 1, 0)] {
+            let d = Dims { batch, seq, heads, dk: 128, dv: 128 };
+            let x = data(&mut rng, r, d, regime);
+            let rows = batch * seq * heads;
+            // dO small, as gradients are: f16's smallest normal is 6e-5.
+            let dout = random(&mut rng, rows * d.dv, 1e-6);
+            let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
+            let inputs = Inputs { q: &q, k: &k, v: &v, g: if r.gate == Gate::None { &[] } else { &g }, beta: &beta, igate: &igate };
+            let scale = 1.0 / (d.dk as f64).sqrt();
+            let want = f64_recurrence::backward(r, d, &inputs, scale, &f64s(&dout));
+            let up = |n: &str, a: &[f32]| gpu.upload_f32(n, a).unwrap();
+            let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
+            let args = RecurrenceArgs { r, dims: d, scale: scale as f32, q: &gq, k: &gk, v: &gv, gates: Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) } };
+            let run = |precision| {
+                gpu.set_precision(precision).unwrap();
+                let mut rec = gpu.recorder();
+                let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
+                rec.submit().unwrap();
+                let read = |b: &GpuBuf, n: usize| gpu.read_f32_blocking(b, n).unwrap();
+                let out = vec![
+                    ("q", read(&grads.q, rows * 128), &want.q),
+                    ("k", read(&grads.k, rows * 128), &want.k),
+                    ("v", read(&grads.v, rows * 128), &want.v),
+                    ("g", if r.gate == Gate::None { vec![] } else { read(&grads.g, want.g.len()) }, &want.g),
+                    ("beta", if r.delta { read(&grads.beta, rows) } else { vec![] }, &want.beta),
+                ];
+                grads.release(&gpu);
+                out
+            };
+            let f32_grads = run(Precision::F32);
+            let mixed = run(Precision::Mixed);
+            let tag = format!("tensor-core backward {name} B={batch} T={seq} H={heads} D=128 gates regime {regime}");
+            for ((what, got, want), (_, f32_got, _)) in mixed.iter().zip(&f32_grads) {
+                if got.is_empty() {
+                    continue;
+                }
+                let s = max_abs(want);
+                assert_close(&format!("{tag}: d{what} vs f64"), got, want, 4e-3 * s, 1e-2);
+                eprintln!("{tag}: max |d{what} − f64| / max |d{what}| = {:.1e} (f32 kernels {:.1e})", err(got, want) / s, err(f32_got, want) / s);
+            }
+        }
+    }
+}

@@ -1,5 +1,6 @@
-// The chunked recurrence's output at head size 128 on tensor cores (cooperative matrices, f16
-// operands, f32 accumulation): mixers/common/chunk_d128.wgsl's chunk_output with its products
+// The chunked recurrence at head size 128 on tensor cores (cooperative matrices, f16 operands,
+// f32 accumulation): the forward's output here, the backward's products with the chunk states
+// at the end. mixers/common/chunk_d128.wgsl's chunk_output with its products
 // as 16×16×16 matrix multiplies, the same equations (shaders/gen/chunk.py's docstring) from the
 // same f32 sweep (chunk_prepare, chunk_state), so the backward reads what it reads after the f32
 // kernels. `Precision::Mixed` only, for the rules without a normaliser (not mLSTM or linear
@@ -29,6 +30,8 @@ enable f16;
 enable wgpu_cooperative_matrix;
 
 override GATE: u32 = 0u;
+// The delta rules' two more backward products (chunk_bwd_products); the forward ignores it.
+override DELTA: bool = false;
 
 struct Params {
     batch: u32,
@@ -407,5 +410,256 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             }
         }
         workgroupBarrier();
+    }
+}
+
+// ---- the backward: chunk_bwd_grads' products with the chunk's states on tensor cores ----
+//
+// chunk_bwd_states16 (chunk, head, batch), after chunk_bwd_state: f16 copies of S_0 and dS_L
+// (and for the delta rules S_0ᵀ), each scaled by a power of two (pow2_scale: gradients can lie far below f16's smallest
+// normal), the scales' inverses beside them. chunk_bwd_products (chunk, head, batch): for every
+// token t of the chunk
+//   dq_t ← S_0 dO_t,  dk_t ← dS_L u_t,  and for the delta rules dR_k,t ← −S_0 du_t and
+//   Uc_t = u_t + S_0ᵀ W_t,
+// what chunk_bwd_grads (PRODUCTS_DONE) then takes in place of its own f32 products. Each token
+// row of dO, u, du or W is staged in f16 in workgroup memory scaled by its own power of two; the products accumulate in f32 and are scaled back on the way out.
+
+const DS4: u32 = 4128u; // a record of dS_L [D, D] and dn [D], as vec4
+const XS: u32 = D + PAD;
+
+@group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;      // [B, T, H, D/4] W
+@group(0) @binding(19) var<storage, read> ds_in: array<vec4<f32>>;      // [B, H, chunks, DS4] dS_L
+@group(0) @binding(20) var<storage, read> du_in: array<vec4<f32>>;      // [B, T, H, D/4] du
+@group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>;   // [B, T, H, D/4] dO
+@group(0) @binding(22) var<storage, read_write> dq_out: array<f32>;     // [B, T, H, D]
+@group(0) @binding(23) var<storage, read_write> dk_out: array<f32>;
+@group(0) @binding(27) var<storage, read_write> dr_k: array<f32>;
+@group(0) @binding(32) var<storage, read_write> uc_out: array<f32>;
+@group(0) @binding(33) var<storage, read_write> scale_out: array<f32>;  // [B, H, chunks, 2]
+@group(0) @binding(34) var<storage, read> scale_in: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+var<workgroup> x16: array<f16, CH * XS>;
+var<workgroup> row_sc: array<f32, CH>;
+
+// A power of two that brings a largest magnitude `mx` into [2^12, 2^13] (1 for zeros): values
+// down to 2^-27 of it stay normal f16s, and the f32 sums of 128 products stay far from overflow.
+fn pow2_scale(mx: f32) -> f32 {
+    if (mx > 0.0) {
+        return exp2(13.0 - clamp(ceil(log2(mx)), -100.0, 100.0));
+    }
+    return 1.0;
+}
+
+fn max4(x: vec4<f32>) -> f32 {
+    let a = abs(x);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// Where chunk n of (batch, head) bh keeps its f16 S_0 (then dS_L and S_0ᵀ, STATE halves on).
+fn states16_at(bh: u32, n: u32) -> u32 {
+    return (bh * p.chunks + n) * 3u * STATE;
+}
+
+// vec4 e of S_0 (m 0) or dS_L (m 1).
+fn state_vec(m: u32, hb4: u32, eb4: u32, e: u32) -> vec4<f32> {
+    if (m == 0u) {
+        return h_in[hb4 + e];
+    }
+    return ds_in[eb4 + e];
+}
+
+@compute @workgroup_size(256)
+fn chunk_bwd_states16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let bh = wid.z * p.heads + wid.y;
+    let hb4 = (bh * p.chunks + n) * R4;
+    let eb4 = (bh * p.chunks + n) * DS4;
+    for (var m = 0u; m < 2u; m++) {
+        var mx = 0.0;
+        for (var i = 0u; i < STATE / 1024u; i++) {
+            mx = max(mx, max4(state_vec(m, hb4, eb4, tid + 256u * i)));
+        }
+        red[tid] = mx;
+        workgroupBarrier();
+        for (var s = 128u; s > 0u; s >>= 1u) {
+            if (tid < s) {
+                red[tid] = max(red[tid], red[tid + s]);
+            }
+            workgroupBarrier();
+        }
+        let sc = pow2_scale(red[0]);
+        workgroupBarrier();
+        if (tid == 0u) {
+            scale_out[(bh * p.chunks + n) * 2u + m] = 1.0 / sc;
+        }
+        let o = states16_at(bh, n) + m * STATE;
+        for (var i = 0u; i < STATE / 1024u; i++) {
+            let e = tid + 256u * i;
+            let x = state_vec(m, hb4, eb4, e) * sc;
+            put4(o + 4u * e, x);
+            if (DELTA && m == 0u) {
+                // S_0ᵀ: element (i, c) of S_0 at c·D + i.
+                let t = o + 2u * STATE + (4u * (e % D4)) * D + e / D4;
+                f16_out[t] = f16(x.x);
+                f16_out[t + D] = f16(x.y);
+                f16_out[t + 2u * D] = f16(x.z);
+                f16_out[t + 3u * D] = f16(x.w);
+            }
+        }
+    }
+}
+
+// Row vector e of dO (which 0), u (1), du (2) or W (3).
+fn x_vec(which: u32, e: u32) -> vec4<f32> {
+    switch which {
+        case 0u: {
+            return dout_row[e];
+        }
+        case 1u: {
+            return u_row[e];
+        }
+        case 2u: {
+            return du_in[e];
+        }
+        default: {
+            return w_row[e];
+        }
+    }
+}
+
+// The chunk's rows of `which` into x16 in f16, each scaled by its own power of two (its inverse
+// into row_sc); rows past the chunk's end zero. Thread tid takes half tid % 2 of row
+// tid / 2.
+fn stage_rows(which: u32, tid: u32, b: u32, h: u32, c0: u32, len: u32) {
+    let t = tid / 2u;
+    let half = tid % 2u;
+    let row = row_of(b, c0 + min(t, len - 1u), h);
+    var mx = 0.0;
+    for (var i = 0u; i < 16u; i++) {
+        mx = max(mx, max4(x_vec(which, row * D4 + 16u * half + i)));
+    }
+    // The previous product's reads of x16 and row_sc are done.
+    workgroupBarrier();
+    red[tid] = mx;
+    workgroupBarrier();
+    let sc = pow2_scale(max(red[2u * t], red[2u * t + 1u]));
+    if (half == 0u) {
+        row_sc[t] = 1.0 / sc;
+    }
+    for (var i = 0u; i < 16u; i++) {
+        let a = 16u * half + i;
+        let x = select(vec4<f32>(0.0), x_vec(which, row * D4 + a) * sc, t < len);
+        let o = t * XS + 4u * a;
+        x16[o] = f16(x.x);
+        x16[o + 1u] = f16(x.y);
+        x16[o + 2u] = f16(x.z);
+        x16[o + 3u] = f16(x.w);
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(128)
+fn chunk_bwd_products(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    let c0 = n * CH;
+    let len = min(CH, p.seq - c0);
+    let sg = tid / 32u;
+    let products = select(2u, 4u, DELTA);
+    // Product j: rows dO, u, du, W (x_vec's order).
+    for (var j = 0u; j < products; j++) {
+        stage_rows(j, tid, b, h, c0, len);
+        // dS_L for dk (j 1), S_0ᵀ for Uc (j 3), else S_0; the scale is S_0's or dS_L's.
+        let m = select(0u, 1u, j == 1u);
+        let at = states16_at(bh, n) + select(m, 2u, j == 3u) * STATE;
+        var o0 = coop_mat16x16<f32, C>();
+        var o1 = coop_mat16x16<f32, C>();
+        var o2 = coop_mat16x16<f32, C>();
+        var o3 = coop_mat16x16<f32, C>();
+        var o4 = coop_mat16x16<f32, C>();
+        var o5 = coop_mat16x16<f32, C>();
+        var o6 = coop_mat16x16<f32, C>();
+        var o7 = coop_mat16x16<f32, C>();
+        let xa_at = sg * 16u * XS;
+        // Matrix operands column-major throughout (B[c, i] = M[i, c]; M's row i is B's column
+        // i), W S_0 through S_0ᵀ's copy: naga's uniformity analysis takes a branch on the loop
+        // variable as non-uniform control flow, where matrix operations are refused.
+        for (var kk = 0u; kk < D; kk += 16u) {
+            let xa = coopLoadT<coop_mat16x16<f16, A>>(&x16[xa_at + kk], XS);
+            let bt = at + kk;
+            let mb0 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 0u], D);
+            let mb1 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 2048u], D);
+            let mb2 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 4096u], D);
+            let mb3 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 6144u], D);
+            let mb4 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 8192u], D);
+            let mb5 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 10240u], D);
+            let mb6 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 12288u], D);
+            let mb7 = coopLoad<coop_mat16x16<f16, B>>(&f16_in[bt + 14336u], D);
+            o0 = coopMultiplyAdd(xa, mb0, o0);
+            o1 = coopMultiplyAdd(xa, mb1, o1);
+            o2 = coopMultiplyAdd(xa, mb2, o2);
+            o3 = coopMultiplyAdd(xa, mb3, o3);
+            o4 = coopMultiplyAdd(xa, mb4, o4);
+            o5 = coopMultiplyAdd(xa, mb5, o5);
+            o6 = coopMultiplyAdd(xa, mb6, o6);
+            o7 = coopMultiplyAdd(xa, mb7, o7);
+        }
+        let msc = scale_in[(bh * p.chunks + n) * 2u + m];
+        for (var jt = 0u; jt < 8u; jt++) {
+            let at = sg * 256u;
+            switch jt {
+                case 0u: {
+                    coopStoreT(o0, &sc32[at], 16u);
+                }
+                case 1u: {
+                    coopStoreT(o1, &sc32[at], 16u);
+                }
+                case 2u: {
+                    coopStoreT(o2, &sc32[at], 16u);
+                }
+                case 3u: {
+                    coopStoreT(o3, &sc32[at], 16u);
+                }
+                case 4u: {
+                    coopStoreT(o4, &sc32[at], 16u);
+                }
+                case 5u: {
+                    coopStoreT(o5, &sc32[at], 16u);
+                }
+                case 6u: {
+                    coopStoreT(o6, &sc32[at], 16u);
+                }
+                default: {
+                    coopStoreT(o7, &sc32[at], 16u);
+                }
+            }
+            workgroupBarrier();
+            for (var i = 0u; i < 1024u / 128u; i++) {
+                let e = tid + 128u * i;
+                let t = 16u * (e / 256u) + (e % 256u) / 16u;
+                if (t < len) {
+                    let o = row_of(b, c0 + t, h) * D + 16u * jt + e % 16u;
+                    let y = sc32[e] * row_sc[t] * msc;
+                    switch j {
+                        case 0u: {
+                            dq_out[o] = y;
+                        }
+                        case 1u: {
+                            dk_out[o] = y;
+                        }
+                        case 2u: {
+                            dr_k[o] = -y;
+                        }
+                        default: {
+                            uc_out[o] = u_row[o / 4u][o % 4u] + y;
+                        }
+                    }
+                }
+            }
+            workgroupBarrier();
+        }
     }
 }

@@ -304,9 +304,24 @@ struct ChunkSweep {
 /// `Precision::Mixed`, at head size 128, for the rules without a normaliser.
 /// (Its f16 operands must fit one binding: past that, the f32 kernel runs.)
 fn tensor_core_output(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
+    tensor_cores_for(rec, r, d, coop_operand_words(r, d))
+}
+
+/// Whether the backward's products with the chunk states run on tensor cores
+/// (native/chunk_coop.wgsl's chunk_bwd_products): as `tensor_core_output`.
+fn tensor_core_backward(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
+    tensor_cores_for(rec, r, d, coop_state_words(d))
+}
+
+fn tensor_cores_for(rec: &Recorder, r: Recurrence, d: Dims, f16_words: usize) -> bool {
     let gpu = rec.gpu();
-    let fits = (coop_operand_words(r, d) * 4) as u64 <= (gpu.limits.max_storage_buffer_binding_size as u64).min(gpu.limits.max_buffer_size);
+    let fits = (f16_words * 4) as u64 <= (gpu.limits.max_storage_buffer_binding_size as u64).min(gpu.limits.max_buffer_size);
     gpu.precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None && fits
+}
+
+/// Words of chunk_bwd_states16's f16 copies of every chunk's S_0, dS_L and S_0ᵀ [128, 128].
+fn coop_state_words(d: Dims) -> usize {
+    d.batch * d.heads * d.seq.div_ceil(CHUNK) * 3 * d.dk * d.dv / 2
 }
 
 /// Words of chunk_operands' f16 copies: per chunk the token tiles [64, 128] (q16, qd16, k16,
@@ -318,9 +333,14 @@ fn coop_operand_words(r: Recurrence, d: Dims) -> usize {
     tiles * (token_tiles * CHUNK * d.dk + d.dk * d.dv) / 2
 }
 
-/// A kernel of native/chunk_coop.wgsl: it reads u after the sweep, so only the gate shapes it.
+/// A kernel of native/chunk_coop.wgsl: it reads u after the sweep, so only the gate shapes the
+/// forward's (and the delta rule the backward's).
 fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
-    Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64)
+    let kernel = Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64);
+    if entry.starts_with("chunk_bwd") {
+        return kernel.with("DELTA", r.delta as u8 as f64);
+    }
+    kernel
 }
 
 fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
@@ -442,10 +462,25 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
     rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
+    // The products with the chunk states (S_0 dO, dS_L u; −S_0 du and Uc = u + S_0ᵀ W) on
+    // tensor cores where they run, else inside chunk_bwd_grads (which then reads u, unused, where
+    // Uc would be).
+    let coop = tensor_core_backward(rec, r, d);
+    let uc = if coop && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
+    let mut grads_kernel = kernel("chunk_bwd_grads");
+    if coop {
+        let states16 = rec.temp(coop_state_words(d))?;
+        let scales = rec.temp(bh * chunks * 2)?;
+        rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_states16"), &params, &[(11, sweep_h), (19, &ds_end), (30, &states16), (33, &scales)], grid)?;
+        let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
+        rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_products"), &params, &product_bindings, grid)?;
+        grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
+    }
+    let uc_row = uc.as_ref().unwrap_or(sweep_u);
     let grads_bindings = [
         (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
-        (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
+        (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate), (32, uc_row),
     ];
-    rec.dispatch_bindings(&kernel("chunk_bwd_grads"), &params, &grads_bindings, grid)?;
+    rec.dispatch_bindings(&grads_kernel, &params, &grads_bindings, grid)?;
     Ok(grads)
 }

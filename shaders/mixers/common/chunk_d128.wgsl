@@ -1359,6 +1359,15 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 // Per token with a normaliser: 1/den, dnq, and du of the ones column (dun), 1 word of padding.
 @group(0) @binding(28) var<storage, read_write> nrm: array<f32>;          // [B, T, H, 4]
 @group(0) @binding(29) var<storage, read_write> digate_out: array<f32>;   // [B, T, H]
+// Uc = u + S_0ᵀ W per token (PRODUCTS_DONE; the runtime binds u here otherwise, unread).
+@group(0) @binding(32) var<storage, read> uc_row: array<vec4<f32>>;      // [B, T, H, D/4]
+
+// chunk_bwd_grads' products with the chunk's states done before it, on tensor cores
+// (native/chunk_coop.wgsl's chunk_bwd_products, Precision::Mixed): dq, dk and dR_k arrive
+// holding S_0 dO, dS_L u and −S_0 du, and uc_row holds Uc, so that dA_ts = −(dR_v,t·Uc_s +
+// dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
+// dR_v,t·S_0ᵀW_s).
+override PRODUCTS_DONE: bool = false;
 
 // ∂L/∂S at a chunk's end: dS [D, D], then dn [D].
 const DS: u32 = D * D + D;
@@ -2523,7 +2532,8 @@ fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {
 // The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
 // clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
 // for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
-// 2: dR_v·u + y·W (−dA). Each thread loads 8 rows per channel vec4 for 16 products.
+// 2: dR_v·u + y·W (−dA), 3: dR_v·Uc + dR_k·W (the same, PRODUCTS_DONE). Each thread loads 8
+// rows per channel vec4 for 16 products.
 fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -> mat4x4<f32> {
     let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
     let rs0 = row_of(b, c0 + min(4u * sq + 0u, len - 1u), h);
@@ -2571,7 +2581,7 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
             m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
             }
-        } else {
+        } else if (which == 2u) {
             let x0 = dv_out[rt0 * D4 + a];
             let x1 = dv_out[rt1 * D4 + a];
             let x2 = dv_out[rt2 * D4 + a];
@@ -2580,6 +2590,27 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             let y1 = u_row[rs1 * D4 + a];
             let y2 = u_row[rs2 * D4 + a];
             let y3 = u_row[rs3 * D4 + a];
+            let z0 = dr_k[rt0 * D4 + a];
+            let z1 = dr_k[rt1 * D4 + a];
+            let z2 = dr_k[rt2 * D4 + a];
+            let z3 = dr_k[rt3 * D4 + a];
+            let w0 = w_row[rs0 * D4 + a];
+            let w1 = w_row[rs1 * D4 + a];
+            let w2 = w_row[rs2 * D4 + a];
+            let w3 = w_row[rs3 * D4 + a];
+            m0 += vec4<f32>(dot(x0, y0) + dot(z0, w0), dot(x1, y0) + dot(z1, w0), dot(x2, y0) + dot(z2, w0), dot(x3, y0) + dot(z3, w0));
+            m1 += vec4<f32>(dot(x0, y1) + dot(z0, w1), dot(x1, y1) + dot(z1, w1), dot(x2, y1) + dot(z2, w1), dot(x3, y1) + dot(z3, w1));
+            m2 += vec4<f32>(dot(x0, y2) + dot(z0, w2), dot(x1, y2) + dot(z1, w2), dot(x2, y2) + dot(z2, w2), dot(x3, y2) + dot(z3, w2));
+            m3 += vec4<f32>(dot(x0, y3) + dot(z0, w3), dot(x1, y3) + dot(z1, w3), dot(x2, y3) + dot(z2, w3), dot(x3, y3) + dot(z3, w3));
+        } else {
+            let x0 = dv_out[rt0 * D4 + a];
+            let x1 = dv_out[rt1 * D4 + a];
+            let x2 = dv_out[rt2 * D4 + a];
+            let x3 = dv_out[rt3 * D4 + a];
+            let y0 = uc_row[rs0 * D4 + a];
+            let y1 = uc_row[rs1 * D4 + a];
+            let y2 = uc_row[rs2 * D4 + a];
+            let y3 = uc_row[rs3 * D4 + a];
             let z0 = dr_k[rt0 * D4 + a];
             let z1 = dr_k[rt1 * D4 + a];
             let z2 = dr_k[rt2 * D4 + a];
@@ -2628,10 +2659,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     // 0. The products with the chunk's states, by blocks of 4 tokens × 4 keys per thread into
     //    the gradients' buffers (read back by each token's threads past the barrier after 1):
     //    S_0 dO_t into dq, dS_L u_t into dk, and for the delta rules −S_0 du_t into dR_k.
-    state_products(tid, b, h, c0, len, hb4, 0u, 0u, 0u);
-    state_products(tid, b, h, c0, len, eb4, 1u, 3u, 1u);
-    if (DELTA) {
-        state_products(tid, b, h, c0, len, hb4, 0u, 1u, 2u);
+    if (!PRODUCTS_DONE) {
+        state_products(tid, b, h, c0, len, hb4, 0u, 0u, 0u);
+        state_products(tid, b, h, c0, len, eb4, 1u, 3u, 1u);
+        if (DELTA) {
+            state_products(tid, b, h, c0, len, hb4, 0u, 1u, 2u);
+        }
     }
 
     // 1. dP_ts without a vector gate's decay (applied per channel below); for the delta rules
@@ -3528,17 +3561,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
         }
         workgroupBarrier();
-        state_products(tid, b, h, c0, len, hb4, 0u, 2u, 3u);
+        if (!PRODUCTS_DONE) {
+            state_products(tid, b, h, c0, len, hb4, 0u, 2u, 3u);
+        }
         storageBarrier();
         workgroupBarrier();
-        // 6. dA_ts = −(dR_v,t·u_s + y_t·W_s) (s < t) into p_sh, by 4×4 blocks as in 1; then
+        // 6. dA_ts = −(dR_v,t·u_s + y_t·W_s) (s < t), or with the products done before
+        //    −(dR_v,t·Uc_s + dR_k,t·W_s), into p_sh, by 4×4 blocks as in 1; then
         //    dβ_t += Σ_s dA_ts A_ts / β_t.
         {
             let tq = tid / 16u;
             let sq = tid % 16u;
             var m = mat4x4<f32>();
             if (sq <= tq && 4u * tq < len) {
-                m = block_dots(b, h, c0, len, tq, sq, 2u);
+                m = block_dots(b, h, c0, len, tq, sq, select(2u, 3u, PRODUCTS_DONE));
             }
             {
                 let s = 4u * sq + 0u;
