@@ -9,9 +9,10 @@
 #   scripts/device-bench-mixers.sh fla-backward  # fla's forward+backward ($FLA_MIXERS)
 #   scripts/device-bench-mixers.sh coop      # tests/coop.rs (.exp/run/coop.gz), then `bench
 #                                            # mixers --backward` in f32 and mixed precision
+#                                            # (into bench.jsonl, a line per run)
 #                                            # (the recurrence's tensor-core kernels) at
 #                                            # $SHAPES, twice each, alternating, a profiled
-#                                            # mixed run, and fla's forward+backward and
+#                                            # run of each, and fla's forward+backward and
 #                                            # forward of $FLA_MIXERS; fla from .whl
 #   scripts/device-bench-mixers.sh variants  # for each binary .exp/run/$V.gz (V in $VARIANTS,
 #                                            # default "after v2") with its test binary
@@ -59,7 +60,8 @@ fla-backward)
   python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes 8x512x9x64,4x4096x16x128 --mixers "${FLA_MIXERS:-gated_deltanet,retnet}" --budget "${BUDGET:-420}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   ;;
 coop)
-  FINAL=$OUT; OUT=/root/res; mkdir -p $OUT
+  # Seven files at most under $OUT, each written as the run goes (a call killed at its limit
+  # still returns what was done).
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl && export PYTHONPATH=/root/site
@@ -74,15 +76,17 @@ coop)
   M=${MIXERS:-linear_attn,retnet,gla,deltanet,gated_deltanet,kda,mamba2}
   for round in 1 2; do
     for prec in f32 mixed; do
-      $B bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --json --iters 10 > "$OUT/$prec-$round.json" 2>> "$OUT/log.txt"
+      r=$($B bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --json --iters 10 2>> "$OUT/log.txt" | tr -d '\n ')
+      echo "{\"precision\":\"$prec\",\"round\":$round,\"result\":$r}" >> "$OUT/bench.jsonl"
     done
   done
-  LINEARIZE_PROFILE=1 $B bench mixers --backward --precision mixed --mixer-shapes "$S" --mixers "$M" --json --iters 5 > "$OUT/profile-mixed.json" 2>> "$OUT/log.txt"
+  for prec in f32 mixed; do
+    LINEARIZE_PROFILE=1 $B bench mixers --backward --precision $prec --mixer-shapes "$S" --mixers "$M" --json --iters 5 >> "$OUT/profile.txt" 2>&1
+  done
   python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla-bwd.jsonl" 2>> "$OUT/log.txt"
   python3 scripts/bench_fla_mixers.py --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla-fwd.jsonl" 2>> "$OUT/log.txt"
-  for f in "$OUT"/f32-2.json "$OUT"/mixed-2.json; do grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$f" | paste - - - ; done
+  grep -o '"precision":"[a-z0-9]*"\|"round":[0-9]\|"mixer":"[a-z_0-9]*"\|"fwd_seconds":[0-9.e-]*\|"fwd_bwd_seconds":[0-9.e-]*' "$OUT/bench.jsonl" | tr '\n' ' ' | sed 's/"precision"/\n&/g'; echo
   cat "$OUT"/fla-*.jsonl | cut -c1-200
-  tar czf "$FINAL/res.tgz" -C "$OUT" .
   ;;
 variants)
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig

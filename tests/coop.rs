@@ -337,11 +337,14 @@ fn tensor_core_backward_matches_f64() {
             let f32_grads = run(Precision::F32);
             let mixed = run(Precision::Mixed);
             let tag = format!("tensor-core backward {name} B={batch} T={seq} H={heads} D=128 gates regime {regime}");
+            // Each gradient against its own largest magnitude, or dq's where it is far smaller
+            // (dg is 0 at one token, q·dq − k·dk cancelling: the output does not depend on it).
+            let dq_max = max_abs(&want.q);
             for ((what, got, want), (_, f32_got, _)) in mixed.iter().zip(&f32_grads) {
                 if got.is_empty() {
                     continue;
                 }
-                let s = max_abs(want);
+                let s = max_abs(want).max(1e-3 * dq_max);
                 assert_close(&format!("{tag}: d{what} vs f64"), got, want, 4e-3 * s, 1e-2);
                 eprintln!("{tag}: max |d{what} − f64| / max |d{what}| = {:.1e} (f32 kernels {:.1e})", err(got, want) / s, err(f32_got, want) / s);
             }

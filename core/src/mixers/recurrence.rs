@@ -319,9 +319,9 @@ fn tensor_cores_for(rec: &Recorder, r: Recurrence, d: Dims, f16_words: usize) ->
     gpu.precision() == Precision::Mixed && d.dk == 128 && d.dv == 128 && r.normalizer == Normalizer::None && fits
 }
 
-/// Words of chunk_bwd_states16's f16 copies of every chunk's S_0, dS_L and S_0ᵀ [128, 128].
+/// Words of chunk_bwd_states16's f16 copies of every chunk's S_0 and dS_L [128, 128].
 fn coop_state_words(d: Dims) -> usize {
-    d.batch * d.heads * d.seq.div_ceil(CHUNK) * 3 * d.dk * d.dv / 2
+    d.batch * d.heads * d.seq.div_ceil(CHUNK) * 2 * d.dk * d.dv / 2
 }
 
 /// Words of chunk_operands' f16 copies: per chunk the token tiles [64, 128] (q16, qd16, k16,
