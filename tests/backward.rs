@@ -216,7 +216,12 @@ fn schedules_follow_the_paper() {
     assert!((cos.factor(100, n) - 1.0).abs() < 1e-9);
     assert!((cos.factor(550, n) - 0.55).abs() < 1e-9);
     assert!((cos.factor(1000, n) - 0.1).abs() < 1e-9);
-    // Monotone after warmup.
+    // Stage 2 of the paper's code: warmup over a fifth of the steps, then the peak rate.
+    let constant = Schedule::paper_constant();
+    assert!((constant.factor(0, n) - 1.0 / 200.0).abs() < 1e-12, "warmup starts small");
+    assert!((constant.factor(99, n) - 0.5).abs() < 1e-12);
+    assert!([199, 200, 600, 999].iter().all(|&s| constant.factor(s, n) == 1.0), "constant after warmup");
+    // Monotone after warmup (stage 2's is constant after its longer one, above).
     for s in [wsd, lin, cos] {
         let f: Vec<f64> = (100..n).map(|i| s.factor(i, n)).collect();
         assert!(f.windows(2).all(|w| w[1] <= w[0] + 1e-12), "{s:?}");

@@ -17,6 +17,29 @@ fn corpus() -> &'static Corpus {
     C.get_or_init(|| Corpus::load(&linearize_home().join("corpus"), &teacher().tokenizer).expect("the fetched corpus (linearize fetch corpus)"))
 }
 
+/// The defaults are the paper's (MIXERS.md §5, its public code where the text is silent); ours
+/// are options.
+#[test]
+fn defaults_are_the_papers() {
+    use linearize_core::mixers::ConvInit;
+    use linearize_core::model::lm::training::Scope;
+    use linearize_core::train::distill::{KlScaling, Stage2Trains};
+    use linearize_core::train::Stage;
+    let c = DistillConfig::default();
+    assert_eq!((c.seq, c.lr, c.split), (512, [2e-4, 2e-3, 3e-4], [0.026, 0.053, 0.921]));
+    assert_eq!((c.beta1, c.beta2, c.adam_eps, c.weight_decay, c.clip), (0.9, 0.95, 1e-8, 0.1, 1.0));
+    // Stage 2: warmup over a fifth of the steps, then constant, training the mixer blocks whole.
+    assert_eq!(c.schedules, [Schedule::paper_wsd(), Schedule::Constant { warmup: 0.2 }, Schedule::paper_linear()]);
+    assert_eq!(c.stage2_trains, Stage2Trains::Block);
+    assert_eq!([1, 2, 3].map(|s| c.scope(Stage::from_number(s).unwrap())), [Scope::Mixers, Scope::MixerBlocks, Scope::All]);
+    let ours = DistillConfig { stage2_trains: Stage2Trains::Mixers, ..DistillConfig::default() };
+    assert_eq!(ours.scope(Stage::HiddenStates), Scope::Mixers);
+    // The KL summed over positions and divided by the batch; the conv randomly initialised.
+    assert_eq!(c.kl_scaling, KlScaling::PaperBatch);
+    assert_eq!(c.options.conv_init, ConvInit::Random);
+    assert!(!c.options.la_denominator && !c.options.la_output_norm && !c.options.kda_gate_mixup && !c.options.mlstm_forget_linspace && !c.options.la_tied_feature_map && !c.options.kda_full_rank_gate);
+}
+
 /// A test-sized run: 2 blocks, 2 sequences of 32 tokens per step.
 fn small(mixer: MixerKind, stages: &[u8], steps: [usize; 3]) -> DistillConfig {
     let total: usize = stages.iter().map(|&s| steps[s as usize - 1]).sum();
@@ -70,7 +93,11 @@ fn stage_one_lowers_the_loss_tenfold(mixer: MixerKind) {
     let events = run(c, &out);
     let (before, after) = stage_losses(&events, 1);
     eprintln!("{}: stage-1 held-out loss {before:.4} -> {after:.4} ({:.1}x)", mixer.name(), before / after);
-    assert!(after.is_finite() && before / after >= 10.0, "{}: stage-1 loss {before} -> {after}, less than tenfold", mixer.name());
+    // Linear attention's feature maps start as the paper's code starts them (weights N(0, 0.02),
+    // biases 0): its output starts near 0 and its loss at the teacher's attention output itself
+    // (≈ 2 here, not the 10⁷ of a large random map), from where 60 steps give 6×.
+    let factor = if mixer.name() == "linear_attn" { 4.0 } else { 10.0 };
+    assert!(after.is_finite() && before / after >= factor, "{}: stage-1 loss {before} -> {after}, less than {factor}-fold", mixer.name());
 }
 
 // Every registered mixer, in two tests that the harness runs side by side (half each).
@@ -116,6 +143,28 @@ fn stages_two_and_three_lower_their_losses_and_the_student_reloads() {
     let logits = lm.forward(gpu(), &mut cache, &[504, 3575, 282], linearize_core::model::Logits::Last).unwrap();
     let v = gpu().read_f32_blocking(&logits, lm.config.vocab_size).unwrap();
     assert!(v.iter().all(|x| x.is_finite()));
+}
+
+/// Stage 2 trains each mixer block whole by default (the paper's code): its norms and MLP move
+/// with the mixer, while a block that keeps attention (a hybrid's) and the embedding stay as
+/// copied; with `Stage2Trains::Mixers` (ours) only the mixers move.
+#[test]
+fn stage_two_trains_the_mixer_blocks_whole_or_their_mixers() {
+    use linearize_core::train::distill::Stage2Trains;
+    let t = teacher();
+    for trains in [Stage2Trains::Block, Stage2Trains::Mixers] {
+        let mut c = small(mixer("deltanet"), &[2], [0, 2, 0]);
+        (c.mixer_layers, c.stage2_trains) = (vec![0], trains);
+        let out = tempdir(&format!("distill-s2-{trains:?}"));
+        run(c, &out);
+        let s = Model::load_path(&out).unwrap().weights;
+        let (mixer_block, attention_block) = (&s.layers[0], &s.layers[1]);
+        let moved = [mixer_block.attn_norm != t.weights.layers[0].attn_norm, mixer_block.ffn_norm != t.weights.layers[0].ffn_norm, mixer_block.down != t.weights.layers[0].down, mixer_block.gate != t.weights.layers[0].gate];
+        assert_eq!(moved, [trains == Stage2Trains::Block; 4], "{trains:?}: the mixer block's attn_norm, ffn_norm, down, gate moved");
+        let l1 = &t.weights.layers[1];
+        assert!(attention_block.q == l1.q && attention_block.down == l1.down && attention_block.ffn_norm == l1.ffn_norm, "{trains:?}: the attention block moved");
+        assert!(s.embed == t.weights.embed && s.final_norm == t.weights.final_norm, "{trains:?}: embedding or final norm moved");
+    }
 }
 
 /// The step losses of a metrics file, in order.

@@ -19,6 +19,15 @@ fn params(kind: MixerKind, s: MixerShape, opts: &MixerOptions, rng: &mut Rng) ->
             t.data = random(rng, t.data.len(), 0.3);
         }
     }
+    if opts.la_denominator {
+        // The paper's feature-map init (small weights, zero biases) puts φ(q)·Σφ(k) near 0,
+        // where the quotient's finite differences mean nothing; biases near 1/2 keep φ positive
+        // and the denominator away from 0.
+        for (n, t) in p.iter_mut().filter(|(n, _)| n.starts_with("fm_")) {
+            let offset = if n.contains("_b") { 0.5 } else { 0.0 };
+            t.data = random(rng, t.data.len(), 0.125).iter().map(|v| v + offset).collect();
+        }
+    }
     p
 }
 
@@ -33,8 +42,8 @@ fn every_mixer_layer_matches_reference_across_calls() {
     for kind in MixerKind::all() {
         for opts in [
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
-            MixerOptions { la_denominator: true, la_output_norm: true, ..Default::default() },
-            MixerOptions { kda_gate_mixup: true, ..Default::default() },
+            MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
+            MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
         ] {
             if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) {
                 continue;
@@ -97,12 +106,17 @@ fn every_mixer_layer_backward_matches_finite_differences() {
     for kind in MixerKind::all() {
         for opts in [
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
-            MixerOptions { la_denominator: true, la_output_norm: true, ..Default::default() },
-            MixerOptions { kda_gate_mixup: true, ..Default::default() },
+            MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
+            MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
         ] {
             if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) {
                 continue;
             }
+            // mLSTM's gradient takes the stabiliser m as a constant (as mlstm-kernels does): exact
+            // where |nᵀq̃| > exp(−m), which long-lived forget gates keep true; with the paper's
+            // forget-gate bias (≈ 0) the floor exp(−m) is taken at some tokens, where m's own
+            // gradient is left out.
+            let opts = if kind == mixer("mlstm") { MixerOptions { mlstm_forget_linspace: true, ..opts } } else { opts };
             let p = params(kind, s, &opts, &mut rng);
             let layer = MixerLayer::upload(gpu(), kind, &opts, s, &p).unwrap();
             let mut x = random(&mut rng, rows * s.hidden, 1.0);
@@ -159,4 +173,43 @@ fn every_mixer_layer_backward_matches_finite_differences() {
             }
         }
     }
+}
+
+/// Linear attention's feature maps as the paper's code makes them: one for q and one for k,
+/// weights N(0, 0.02) and biases 0; `la_tied_feature_map` (ours) shares one, and options written
+/// before that option existed read as shared (the maps those student files hold).
+#[test]
+fn linear_attention_feature_maps_are_the_papers() {
+    let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
+    let la = mixer("linear_attn");
+    let names = |o: &MixerOptions| new_parameters(la, s, o, 0).keys().filter(|n| n.starts_with("fm_")).cloned().collect::<Vec<_>>();
+    let own = names(&MixerOptions::default());
+    assert_eq!(own, ["fm_k_b1", "fm_k_b2", "fm_k_w1", "fm_k_w2", "fm_q_b1", "fm_q_b2", "fm_q_w1", "fm_q_w2"]);
+    assert_eq!(names(&MixerOptions { la_tied_feature_map: true, ..Default::default() }), ["fm_b1", "fm_b2", "fm_w1", "fm_w2"]);
+    let p = new_parameters(la, s, &MixerOptions::default(), 0);
+    assert!(p["fm_q_b1"].data.iter().chain(&p["fm_k_b2"].data).all(|&b| b == 0.0), "biases start at 0");
+    let w = &p["fm_k_w1"].data;
+    let std = (w.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
+    assert!((std - 0.02).abs() < 0.001, "weights N(0, 0.02): std {std}");
+    assert_ne!(p["fm_q_w1"].data, p["fm_k_w1"].data, "the two maps are drawn apart");
+    // A student file from before the option: no la_tied_feature_map field.
+    let mut old = serde_json::to_value(MixerOptions::default()).unwrap();
+    old.as_object_mut().unwrap().remove("la_tied_feature_map");
+    assert!(serde_json::from_value::<MixerOptions>(old).unwrap().la_tied_feature_map);
+}
+
+/// KDA's output gate as fla's layer makes it: a low-rank pair d → d_v → H·d_v with the bias on
+/// the second; `kda_full_rank_gate` (ours) one d → H·d_v matrix, as files from before the option
+/// hold.
+#[test]
+fn kda_output_gate_is_flas_low_rank_pair() {
+    let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
+    let kda = mixer("kda");
+    let p = new_parameters(kda, s, &MixerOptions::default(), 0);
+    assert_eq!((p["g_down"].shape.clone(), p["g_proj"].shape.clone(), p["g_bias"].shape.clone()), (vec![64, 96], vec![128, 64], vec![128]));
+    let full = new_parameters(kda, s, &MixerOptions { kda_full_rank_gate: true, ..Default::default() }, 0);
+    assert!(!full.contains_key("g_down") && full["g_proj"].shape == [128, 96]);
+    let mut old = serde_json::to_value(MixerOptions::default()).unwrap();
+    old.as_object_mut().unwrap().remove("kda_full_rank_gate");
+    assert!(serde_json::from_value::<MixerOptions>(old).unwrap().kda_full_rank_gate);
 }

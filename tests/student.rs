@@ -22,7 +22,8 @@ fn gqa_expansion_repeats_whole_heads() {
 fn student_copies_the_teacher_and_identity_conv_keeps_projections() {
     let t = teacher();
     let c = &t.weights.config;
-    let (w, m) = from_teacher(&t.weights, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    let identity = MixerOptions { conv_init: ConvInit::Identity, ..Default::default() };
+    let (w, m) = from_teacher(&t.weights, mixer("gated_deltanet"), Some(vec![0, 2]), &identity, "test").unwrap();
     assert_eq!(m.config.mixer_layers, [0, 2]);
     assert!(w.layers[1].q == t.weights.layers[1].q && !w.layers[1].k.is_empty(), "layer 1 keeps attention");
     let p = &m.layers[&0];
@@ -39,7 +40,9 @@ fn student_copies_the_teacher_and_identity_conv_keeps_projections() {
     for name in ["conv_q", "conv_k", "conv_v"] {
         assert!(p[name].data.chunks(4).all(|c| c == [0.0, 0.0, 0.0, 1.0]), "{name}");
     }
-    let (_, random) = from_teacher(&t.weights, mixer("gated_deltanet"), Some(vec![0]), &MixerOptions { conv_init: ConvInit::Random, ..Default::default() }, "t").unwrap();
+    // The paper's random init is the default.
+    assert_eq!(MixerOptions::default().conv_init, ConvInit::Random);
+    let (_, random) = from_teacher(&t.weights, mixer("gated_deltanet"), Some(vec![0]), &MixerOptions::default(), "t").unwrap();
     assert!(random.layers[&0]["conv_q"].data.chunks(4).any(|c| c != [0.0, 0.0, 0.0, 1.0]));
 }
 

@@ -6,7 +6,7 @@ use linearize_core::gpu::Gpu;
 use linearize_core::mixers::{ConvInit, MixerKind};
 use linearize_core::model::load::linearize_home;
 use linearize_core::train::data::Corpus;
-use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling};
+use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling, Stage2Trains};
 use std::path::PathBuf;
 
 /// Flags of `distill`; each set one overrides the run config.
@@ -50,12 +50,17 @@ pub struct DistillArgs {
     /// Blocks to replace, comma-separated (default: all)
     #[arg(long)]
     pub mixer_layers: Option<String>,
-    /// identity or random
+    /// random (the paper's, default) or identity (ours)
     #[arg(long)]
     pub conv_init: Option<String>,
-    /// KL reduction: token-mean (default) or paper-batch (summed over positions / batch)
+    /// KL reduction: paper-batch (the paper's, default: summed over positions / batch) or
+    /// token-mean (ours)
     #[arg(long)]
     pub kl_scaling: Option<String>,
+    /// What stage 2 trains: block (the paper's, default: each mixer block whole, mixer, norms
+    /// and MLP) or mixers (ours: the mixers only)
+    #[arg(long)]
+    pub stage2_trains: Option<String>,
     /// Steps between checkpoints (default 50)
     #[arg(long)]
     pub checkpoint_every: Option<usize>,
@@ -145,6 +150,13 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
             "token-mean" => KlScaling::TokenMean,
             "paper-batch" => KlScaling::PaperBatch,
             other => bail!("--kl-scaling '{other}': expected token-mean or paper-batch"),
+        };
+    }
+    if let Some(s) = &a.stage2_trains {
+        c.stage2_trains = match s.as_str() {
+            "block" => Stage2Trains::Block,
+            "mixers" => Stage2Trains::Mixers,
+            other => bail!("--stage2-trains '{other}': expected block or mixers"),
         };
     }
     if let Some(v) = a.checkpoint_every {

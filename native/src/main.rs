@@ -82,8 +82,8 @@ enum Command {
         /// Blocks to replace, comma-separated (default: all; others keep attention)
         #[arg(long)]
         mixer_layers: Option<String>,
-        /// identity (keeps the copied q/k/v at step 0) or random (the paper's)
-        #[arg(long, default_value = "identity")]
+        /// random (the paper's) or identity (ours: keeps the copied q/k/v at step 0)
+        #[arg(long, default_value = "random")]
         conv_init: String,
         /// Linear attention: divide by the running-sum denominator
         #[arg(long)]
@@ -94,6 +94,18 @@ enum Command {
         /// KDA: reproduce the paper student's output (RMSNorm(o + W_g x)) instead of the gate
         #[arg(long)]
         kda_gate_mixup: bool,
+        /// mLSTM: forget-gate biases linspace(3, 6) over heads (xLSTM's; ours) instead of the
+        /// paper's ≈ 0
+        #[arg(long)]
+        mlstm_forget_linspace: bool,
+        /// Linear attention: one feature map shared by q and k (ours) instead of one each (the
+        /// paper's)
+        #[arg(long)]
+        la_tied_feature_map: bool,
+        /// KDA: the output gate as one full-rank matrix (ours) instead of fla's low-rank pair (the
+        /// paper's)
+        #[arg(long)]
+        kda_full_rank_gate: bool,
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
@@ -130,8 +142,8 @@ fn main() {
             cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), weights, json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
-        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, seed } => {
-            let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup };
+        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, seed } => {
+            let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate };
             cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed)
         }
         Command::Distill(args) => distill::run(&args, load),
@@ -495,6 +507,9 @@ struct StudentFlags {
     la_denominator: bool,
     la_output_norm: bool,
     kda_gate_mixup: bool,
+    mlstm_forget_linspace: bool,
+    la_tied_feature_map: bool,
+    kda_full_rank_gate: bool,
 }
 
 fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, flags: StudentFlags, seed: u64) -> Result<()> {
@@ -517,8 +532,8 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
         model.weights.truncate_layers(n);
     }
     let chosen = mixer_layers.map(|s| parse_list::<usize>("--mixer-layers", s)).transpose()?;
-    let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup } = flags;
-    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, seed, ..Default::default() };
+    let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate } = flags;
+    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, seed, ..Default::default() };
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;
     println!(

@@ -4,7 +4,7 @@
 //! f64 twin of the forward, and the tests check the backward against its finite differences.
 use super::ops::{self, GateArgs, GateFn, GateGrads, HeadNormArgs, ShortConv};
 use super::recurrence::{self, Dims, Gates, GpuState, RecurrenceArgs};
-use super::spec::{GateDef, GateInput, GatePlace, Layout};
+use super::spec::{GateDef, GateInput, GatePlace, Hadamard, Layout};
 use super::{MixerKind, MixerOptions, MixerParams, MixerShape};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
@@ -69,6 +69,8 @@ pub struct GateActs {
 
 /// The output gate's projection, and with its bias added (where declared).
 pub struct OutputGateActs {
+    /// x W_downᵀ of a gate with a bottleneck.
+    pub low: Option<GpuBuf>,
     pub lin: GpuBuf,
     pub biased: Option<GpuBuf>,
 }
@@ -166,6 +168,7 @@ impl Activations {
             out.extend(gate(g));
         }
         if let Some(g) = self.gate {
+            out.extend(g.low);
             out.push(g.lin);
             out.extend(g.biased);
         }
@@ -456,14 +459,14 @@ impl MixerLayer {
         }
         if let Some(fm) = &l.feature_map {
             // φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's vector: rows·h rows of d_k.
-            let phi = |rec: &mut Recorder, t: &GpuBuf| -> Result<FeatureActs> {
+            let phi = |rec: &mut Recorder, t: &GpuBuf, fm: &Hadamard| -> Result<FeatureActs> {
                 let f = FeatureActs { a: keep(rows * hk)?, b: keep(rows * hk)?, phi: keep(rows * hk)? };
                 nn::linear(rec, t, self.p(fm.w1)?, &f.a, Gemm { m: rows * h, n: dk, k: dk }, false)?;
                 nn::linear(rec, t, self.p(fm.w2)?, &f.b, Gemm { m: rows * h, n: dk, k: dk }, false)?;
                 ops::gate(rec, &GateArgs::new(GateFn::Hadamard, &f.a, rows * h, dk).x2(&f.b).bias(self.p(fm.b1)?).param(self.p(fm.b2)?), &f.phi)?;
                 Ok(f)
             };
-            a.features = Some([phi(rec, a.q())?, phi(rec, a.k())?]);
+            a.features = Some([phi(rec, a.q(), &fm.q)?, phi(rec, a.k(), &fm.k)?]);
         }
         if l.rotary {
             // In place: what was rotated is not needed again (gradients are rotated back).
@@ -524,7 +527,19 @@ impl MixerLayer {
         }
         if let Some(g) = &out_def.gate {
             let lin = keep(rows * hv)?;
-            nn::linear(rec, x, self.p(g.proj)?, &lin, Gemm { m: rows, n: hv, k: d }, false)?;
+            let low = match g.down {
+                Some(down) => {
+                    let rank = self.p(down)?.len / d;
+                    let low = keep(rows * rank)?;
+                    nn::linear(rec, x, self.p(down)?, &low, Gemm { m: rows, n: rank, k: d }, false)?;
+                    nn::linear(rec, &low, self.p(g.proj)?, &lin, Gemm { m: rows, n: hv, k: rank }, false)?;
+                    Some(low)
+                }
+                None => {
+                    nn::linear(rec, x, self.p(g.proj)?, &lin, Gemm { m: rows, n: hv, k: d }, false)?;
+                    None
+                }
+            };
             let biased = match g.bias {
                 Some(b) => {
                     let y = keep(rows * hv)?;
@@ -533,7 +548,7 @@ impl MixerLayer {
                 }
                 None => None,
             };
-            a.gate = Some(OutputGateActs { lin, biased });
+            a.gate = Some(OutputGateActs { low, lin, biased });
             let combine = match g.place {
                 GatePlace::BeforeNorm => Some(GateFn::SiluGated),
                 GatePlace::Added => Some(GateFn::Add),
@@ -641,14 +656,24 @@ impl MixerLayer {
             _ => d_norm_in,
         };
         if let (Some(g), Some(acts), Some(d_val)) = (&out_def.gate, &a.gate, &d_gate_value) {
-            match g.bias {
+            let d_lin = match g.bias {
                 Some(bias) => {
                     let d_lin = rec.temp(rows * hv)?;
                     let args = GateArgs::new(GateFn::AddBias, &acts.lin, rows, hv).bias(self.p(bias)?);
                     ops::gate_backward(rec, &args, d_val, GateGrads { dx: &d_lin, dx2: None, d_bias: Some(grads.get(bias)?), d_param: None })?;
-                    sink.add(rec, self, &d_lin, g.proj, hv, grads)?;
+                    d_lin
                 }
-                None => sink.add(rec, self, d_val, g.proj, hv, grads)?,
+                None => d_val.handle(),
+            };
+            match (g.down, &acts.low) {
+                (Some(down), Some(low)) => {
+                    let rank = low.len / rows;
+                    let d_low = rec.temp(rows * rank)?;
+                    nn::linear_backward_input(rec, &d_lin, self.p(g.proj)?, &d_low, Gemm { m: rows, n: hv, k: rank }, false)?;
+                    nn::linear_backward_weight(rec, &d_lin, low, grads.get(g.proj)?, Gemm { m: rows, n: hv, k: rank }, true)?;
+                    sink.add(rec, self, &d_low, down, rank, grads)?;
+                }
+                _ => sink.add(rec, self, &d_lin, g.proj, hv, grads)?,
             }
         }
         // o + D ⊙ v: ∂/∂o passes through; ∂/∂v joins the recurrence's below.
@@ -705,7 +730,7 @@ impl MixerLayer {
         if let (Some(fm), Some(features)) = (&l.feature_map, &a.features) {
             // Each φ read the step before it: the L2-normed, conv or projected q and k.
             let inputs = [self.before_features(a, 0), self.before_features(a, 1)];
-            for ((d_t, f), input) in [&mut dq, &mut dk_].into_iter().zip(features).zip(inputs) {
+            for (((d_t, f), input), fm) in [&mut dq, &mut dk_].into_iter().zip(features).zip(inputs).zip([&fm.q, &fm.k]) {
                 let (d_fa, d_fb, d_in) = (rec.temp(rows * hk)?, rec.temp(rows * hk)?, rec.temp(rows * hk)?);
                 let args = GateArgs::new(GateFn::Hadamard, &f.a, rows * h, dk).x2(&f.b).bias(self.p(fm.b1)?).param(self.p(fm.b2)?);
                 ops::gate_backward(rec, &args, d_t.get(), GateGrads { dx: &d_fa, dx2: Some(&d_fb), d_bias: Some(grads.get(fm.b1)?), d_param: Some(grads.get(fm.b2)?) })?;

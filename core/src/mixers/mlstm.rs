@@ -17,18 +17,24 @@ pub const DEF: MixerDef = MixerDef {
     layout,
 };
 
-fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
+fn parameters(s: MixerShape, o: &MixerOptions) -> Vec<ParamDef> {
     let (d, h) = (s.hidden, s.heads);
-    // Gate weights: xavier uniform × 0.1; input-gate bias −ln 2; forget-gate bias
-    // linspace(3, 6) over heads (xLSTM's), so the state starts long-lived.
+    // Gate weights: xavier uniform × 0.1; input-gate bias −ln 2; forget-gate bias the paper's
+    // (its Linear's default init, U(±1/√d): ≈ 0, a forget gate of ≈ 0.5) or, with
+    // `mlstm_forget_linspace`, linspace(3, 6) over heads (xLSTM's), a state that starts long-lived.
     let xavier = 0.1 * (6.0 / (d + h) as f64).sqrt();
     let gate = |name| ParamDef { name, shape: vec![h, d], init: Init::Uniform(-xavier, xavier), decay: true, matrix: true };
-    let f_bias = (0..h).map(|i| 3.0 + 3.0 * i as f32 / (h.max(2) - 1) as f32).collect();
+    let f_bias = if o.mlstm_forget_linspace {
+        Init::Values((0..h).map(|i| 3.0 + 3.0 * i as f32 / (h.max(2) - 1) as f32).collect())
+    } else {
+        let bound = 1.0 / (d as f64).sqrt();
+        Init::Uniform(-bound, bound)
+    };
     vec![
         gate("i_proj"),
         vector("i_bias", h, Init::Const(-(2.0f32).ln())),
         gate("f_proj"),
-        vector("f_bias", h, Init::Values(f_bias)),
+        vector("f_bias", h, f_bias),
         projection("og_proj", h * s.dv, d),
         vector("o_norm", s.dv, Init::Const(1.0)),
     ]

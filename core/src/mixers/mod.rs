@@ -95,9 +95,10 @@ impl<'de> Deserialize<'de> for MixerKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConvInit {
-    /// Last tap 1, others 0: the conv passes the copied projections through at step 0.
+    /// Ours (`--conv-init identity`): last tap 1, others 0, so the conv passes the copied
+    /// projections through at step 0.
     Identity,
-    /// PyTorch's default (uniform ±1/2 for kernel 4, depthwise), as the paper does.
+    /// The paper's (the default): PyTorch's default init (uniform ±1/2 for kernel 4, depthwise).
     Random,
 }
 
@@ -113,6 +114,20 @@ pub struct MixerOptions {
     /// instead of RMSNorm(o)·w ⊙ σ(W_g x + b).
     #[serde(default)]
     pub kda_gate_mixup: bool,
+    /// mLSTM: ours, xLSTM's recipe: forget-gate biases linspace(3, 6) over the heads, so the
+    /// state starts long-lived (the paper's default: PyTorch's Linear bias init, ≈ 0).
+    #[serde(default)]
+    pub mlstm_forget_linspace: bool,
+    /// Linear attention: one feature map shared by q and k (ours; the paper's code keeps one
+    /// per side, `tie_feature_map_qk=False`). Student files written before this option had the
+    /// shared map, so a file that does not say reads as shared.
+    #[serde(default = "as_files_before_the_option")]
+    pub la_tied_feature_map: bool,
+    /// KDA: the output gate as one full-rank matrix (ours; fla's layer, which the paper uses,
+    /// has a low-rank pair d → d_v → H·d_v). Student files from before this option had the
+    /// full-rank gate, so a file that does not say reads as full rank.
+    #[serde(default = "as_files_before_the_option")]
+    pub kda_full_rank_gate: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -121,8 +136,14 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Identity, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, norm_eps: 1e-5, seed: 0 }
     }
+}
+
+/// What a student file written before an option existed holds (the shared map, the full-rank
+/// gate).
+fn as_files_before_the_option() -> bool {
+    true
 }
 
 /// Shapes of a mixer layer: model width, heads and head sizes (the teacher's layout: every

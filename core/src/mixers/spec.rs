@@ -81,8 +81,14 @@ pub struct Layout {
     pub output: OutputDef,
 }
 
-/// φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's key vector (the paper's Hadamard map).
+/// The feature maps of q and k (the same parameters when they are tied).
 pub struct FeatureMap {
+    pub q: Hadamard,
+    pub k: Hadamard,
+}
+
+/// φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's key vector (the paper's Hadamard map).
+pub struct Hadamard {
     pub w1: &'static str,
     pub b1: &'static str,
     pub w2: &'static str,
@@ -121,7 +127,10 @@ pub struct OutputDef {
 
 /// The output gate: a projection of x (plus a bias), used as `place` says.
 pub struct OutputGateDef {
+    /// x W_projᵀ, or with `down` through a bottleneck first, (x W_downᵀ) W_projᵀ (fla's KDA
+    /// layer: d → d_v → H·d_v).
     pub proj: &'static str,
+    pub down: Option<&'static str>,
     pub bias: Option<&'static str>,
     pub place: GatePlace,
 }
@@ -149,7 +158,7 @@ impl OutputDef {
 
     /// fla's gated norm: Norm(o)·w ⊙ act(x W_projᵀ), per head, weight `o_norm`.
     pub fn gated_norm(kind: HeadNorm, proj: &'static str, act: OutputGate) -> Self {
-        OutputDef { gate: Some(OutputGateDef { proj, bias: None, place: GatePlace::AfterNorm(act) }), ..Self::norm(kind) }
+        OutputDef { gate: Some(OutputGateDef { proj, down: None, bias: None, place: GatePlace::AfterNorm(act) }), ..Self::norm(kind) }
     }
 }
 
@@ -204,7 +213,9 @@ impl Layout {
                 GateInput::Fixed => {}
             }
         }
-        out.extend(self.output.gate.as_ref().map(|g| g.proj));
+        if let Some(g) = &self.output.gate {
+            out.extend(g.down.into_iter().chain([g.proj]));
+        }
         out.dedup();
         out
     }

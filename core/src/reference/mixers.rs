@@ -79,13 +79,13 @@ pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &Mix
     }
     if let Some(fm) = &l.feature_map {
         // φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's K-vector.
-        let phi = |t: &[f64]| {
+        let phi = |t: &[f64], fm: &crate::mixers::spec::Hadamard| {
             let a = linear(t, &p(params, fm.w1), rows * h, dk, dk);
             let b = linear(t, &p(params, fm.w2), rows * h, dk, dk);
             ops::gate(GateFn::Hadamard, &a, &b, &p(params, fm.b2), &p(params, fm.b1), rows * h, dk, 1)
         };
-        q = phi(&q);
-        k = phi(&k);
+        q = phi(&q, &fm.q);
+        k = phi(&k, &fm.k);
     }
     if l.rotary {
         let positions: Vec<usize> = (0..batch).flat_map(|_| state.pos..state.pos + seq).collect();
@@ -110,7 +110,13 @@ pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &Mix
         o = ops::gate(GateFn::SkipPerHead, &o, &v, &p(params, dname), &[], rows, hv, dv);
     }
     let gate_value = out.gate.as_ref().map(|g| {
-        let lin = linear(x, &p(params, g.proj), rows, hv, d);
+        let lin = match g.down {
+            Some(down) => {
+                let rank = params[down].shape[0];
+                linear(&linear(x, &p(params, down), rows, rank, d), &p(params, g.proj), rows, hv, rank)
+            }
+            None => linear(x, &p(params, g.proj), rows, hv, d),
+        };
         match g.bias {
             Some(b) => ops::gate(GateFn::AddBias, &lin, &[], &[], &p(params, b), rows, hv, 1),
             None => lin,

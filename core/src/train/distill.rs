@@ -32,10 +32,22 @@ pub use super::checkpoint::CHECKPOINT_DIR;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KlScaling {
-    /// Mean over tokens (the default).
+    /// Ours (`--kl-scaling token-mean`): the mean over tokens, on the scale of the CE term.
     TokenMean,
-    /// The public code's: summed over positions, divided by the batch size.
+    /// The paper's (the default; its public code's): summed over positions, divided by the
+    /// batch size, ≈ the context length × a per-token KL.
     PaperBatch,
+}
+
+/// What stage 2 trains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage2Trains {
+    /// The paper's (its public code's; the default): each mixer block whole, the mixer, both
+    /// norms and the MLP.
+    Block,
+    /// Ours (`--stage2-trains mixers`): the mixers only, the rest as copied from the teacher.
+    Mixers,
 }
 
 /// A distillation run's settings; the defaults are the paper's (MIXERS.md §5) with a small
@@ -67,6 +79,7 @@ pub struct DistillConfig {
     /// Global gradient-norm clip.
     pub clip: f64,
     pub kl_scaling: KlScaling,
+    pub stage2_trains: Stage2Trains,
     /// Steps between checkpoints (and at the end of every stage).
     pub checkpoint_every: usize,
     /// Steps whose losses and gradient norms are read back together: the GPU runs that many
@@ -104,13 +117,14 @@ impl Default for DistillConfig {
             stages: Stage::ALL.to_vec(),
             lr: [2e-4, 2e-3, 3e-4],
             split: [0.026, 0.053, 0.921],
-            schedules: [Schedule::paper_wsd(), Schedule::paper_wsd(), Schedule::paper_linear()],
+            schedules: [Schedule::paper_wsd(), Schedule::paper_constant(), Schedule::paper_linear()],
             beta1: 0.9,
             beta2: 0.95,
             adam_eps: 1e-8,
             weight_decay: 0.1,
             clip: 1.0,
-            kl_scaling: KlScaling::TokenMean,
+            kl_scaling: KlScaling::PaperBatch,
+            stage2_trains: Stage2Trains::Block,
             checkpoint_every: 50,
             log_every: 10,
             heldout_tokens: 16_384,
@@ -148,6 +162,16 @@ impl DistillConfig {
             return Err(Error::argument("--log-every", "must be at least 1"));
         }
         Ok(())
+    }
+
+    /// The parameters `stage` trains: the mixers (stage 1), the mixer blocks or their mixers
+    /// (stage 2, `stage2_trains`), everything (stage 3).
+    pub fn scope(&self, stage: Stage) -> Scope {
+        match (stage, self.stage2_trains) {
+            (Stage::MixerOutputs, _) | (Stage::HiddenStates, Stage2Trains::Mixers) => Scope::Mixers,
+            (Stage::HiddenStates, Stage2Trains::Block) => Scope::MixerBlocks,
+            (Stage::EndToEnd, _) => Scope::All,
+        }
     }
 
     /// Optimizer steps of `stage`: its share of the budget in blocks of batch × seq tokens.
@@ -329,7 +353,7 @@ impl<'g> Distiller<'g> {
     fn run_stage(&mut self, stage: Stage, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let gpu = self.gpu;
         let steps = self.config.stage_steps(stage);
-        let scope = if stage.trains_everything() { Scope::All } else { Scope::Mixers };
+        let scope = self.config.scope(stage);
         let resuming = self.state.stage == Some(stage) && self.state.step > 0;
         let from = if resuming { self.state.step } else { 0 };
         let optimizer = Optimizer::new(gpu, &mut self.student, scope)?;
@@ -412,7 +436,7 @@ impl<'g> Distiller<'g> {
             // The per-layer (or CE/KL) parts sum to the loss.
             let loss: f64 = parts.iter().sum();
             if let Some(bad) = parts.iter().position(|v| !v.is_finite()).or((!loss.is_finite()).then_some(0)) {
-                let what = if stage.trains_everything() { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
+                let what = if stage == Stage::EndToEnd { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
                 result = Err(self.diverged(stage, p.step, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
                 continue;
             }

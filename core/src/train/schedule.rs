@@ -12,6 +12,8 @@ pub enum Schedule {
     Linear { warmup: f64 },
     /// Linear warmup, then cosine decay to `floor`.
     Cosine { warmup: f64, floor: f64 },
+    /// Linear warmup, then constant (stage 2 in the paper's code: a fifth of the steps).
+    Constant { warmup: f64 },
 }
 
 impl Schedule {
@@ -21,6 +23,11 @@ impl Schedule {
 
     pub fn paper_linear() -> Self {
         Schedule::Linear { warmup: 0.1 }
+    }
+
+    /// Stage 2 of the paper's code: warmup over the first fifth of the steps, then the peak rate.
+    pub fn paper_constant() -> Self {
+        Schedule::Constant { warmup: 0.2 }
     }
 
     /// The multiplier at step `s` of `n`; warmup reaches 1 at its last step.
@@ -46,6 +53,14 @@ impl Schedule {
                     (t + 1.0) / w
                 } else {
                     ((n - t) / (n - w).max(1.0)).clamp(0.0, 1.0)
+                }
+            }
+            Schedule::Constant { warmup } => {
+                let w = warm(warmup);
+                if t < w {
+                    (t + 1.0) / w
+                } else {
+                    1.0
                 }
             }
             Schedule::Cosine { warmup, floor } => {

@@ -9,7 +9,8 @@ pub enum Stage {
     /// attention output; the mixers' parameters train.
     MixerOutputs,
     /// 2: every student block on the teacher's input h_ℓ, mean over tokens of
-    /// ‖block(h_ℓ) − h_(ℓ+1)‖; the mixers' parameters train.
+    /// ‖block(h_ℓ) − h_(ℓ+1)‖; the mixer blocks train, whole (the paper's code) or their mixers
+    /// only (`Stage2Trains`).
     HiddenStates,
     /// 3: the whole student, CE(next token) + KL(p_teacher ‖ p_student); everything trains.
     EndToEnd,
@@ -30,11 +31,6 @@ impl Stage {
 
     pub fn from_number(n: u8) -> Result<Self> {
         Self::ALL.get((n as usize).wrapping_sub(1)).copied().ok_or_else(|| Error::argument("--stages", format!("stage {n} does not exist; the stages are 1, 2 and 3")))
-    }
-
-    /// Whether the stage trains every parameter (else the mixers' only).
-    pub fn trains_everything(self) -> bool {
-        self == Stage::EndToEnd
     }
 }
 

@@ -18,8 +18,18 @@ pub type Grads = BTreeMap<String, GpuBuf>;
 pub enum Scope {
     /// The token mixers' parameters (copied q/k/v/o projections and the new ones).
     Mixers,
+    /// The blocks with a token mixer, whole: the mixer, both norms and the MLP (what stage 2
+    /// trains in the paper's code; blocks that keep attention are left as they are).
+    MixerBlocks,
     /// Everything: mixers, norms, MLPs, embedding (tied head) and final norm.
     All,
+}
+
+impl Scope {
+    /// Whether a block's norms and MLP are in scope; `mixer`: the block has a token mixer.
+    fn takes_block(self, mixer: bool) -> bool {
+        self == Scope::All || (self == Scope::MixerBlocks && mixer)
+    }
 }
 
 /// A trainable parameter: its name, its buffer and whether weight decay applies (not to norms,
@@ -107,7 +117,7 @@ impl LanguageModel {
                     put(format!("layers.{i}.mixer.{n}"), m.parameter(&n)?, m.decays(&n));
                 }
             }
-            if scope == Scope::All {
+            if scope.takes_block(matches!(b.mixer, TokenMixer::Mixer(_))) {
                 put(format!("layers.{i}.attn_norm"), &b.attn_norm, false);
                 put(format!("layers.{i}.ffn_norm"), &b.ffn_norm, false);
                 put(format!("layers.{i}.w_gate_up"), b.w_gate_up.whole()?, true);
@@ -134,7 +144,7 @@ impl LanguageModel {
                     f(&format!("layers.{i}.mixer.{n}"), m.parameter_mut(&n)?, decay)?;
                 }
             }
-            if scope == Scope::All {
+            if scope.takes_block(matches!(b.mixer, TokenMixer::Mixer(_))) {
                 f(&format!("layers.{i}.attn_norm"), &mut b.attn_norm, false)?;
                 f(&format!("layers.{i}.ffn_norm"), &mut b.ffn_norm, false)?;
                 f(&format!("layers.{i}.w_gate_up"), b.w_gate_up.whole_mut()?, true)?;
