@@ -84,6 +84,14 @@ BACKWARD = r'''
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
 
+// Row vector i of Uc with the products done before, else of u (dA's first operand).
+fn uc_or_u(i: u32) -> vec4<f32> {
+    if (PRODUCTS_DONE) {
+        return uc_row[i];
+    }
+    return u_row[i];
+}
+
 // ∂L/∂S at a chunk's end: dS [D, D], then dn [D].
 const DS: u32 = D * D + D;
 const DS4: u32 = DS / 4u;
@@ -611,7 +619,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let sq = tid % 16u;
             var m = mat4x4<f32>();
             if (sq <= tq && 4u * tq < len) {
-                m = block_dots(b, h, c0, len, tq, sq, select(2u, 3u, PRODUCTS_DONE));
+                m = block_dots(b, h, c0, len, tq, sq, 2u);
             }
             //@for j 4
             let s = 4u * sq + {j}u;
@@ -786,9 +794,11 @@ def _pair_rows():
 
 
 def _pair_loads(x, y, indent, names="xy"):
-    """Channel vec4 a of the block's 4 + 4 rows of `x` and `y`, as names[0]{i} and names[1]{j}."""
+    """Channel vec4 a of the block's 4 + 4 rows of `x` and `y` (arrays, or functions of the vec4
+    index when written `f()`), as names[0]{i} and names[1]{j}."""
     pad = " " * indent
-    return "\n".join(f"{pad}let {names[0]}{i} = {x}[rt{i} * D4 + a];" for i in range(4)) + "\n" + "\n".join(f"{pad}let {names[1]}{j} = {y}[rs{j} * D4 + a];" for j in range(4))
+    at = lambda src, e: f"{src[:-2]}({e})" if src.endswith("()") else f"{src}[{e}]"
+    return "\n".join(f"{pad}let {names[0]}{i} = {at(x, f'rt{i} * D4 + a')};" for i in range(4)) + "\n" + "\n".join(f"{pad}let {names[1]}{j} = {at(y, f'rs{j} * D4 + a')};" for j in range(4))
 
 
 def _pair_sums(term):
@@ -810,8 +820,8 @@ def block_dots():
     return f"""// The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
 // clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
 // for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
-// 2: dR_v·u + y·W (−dA), 3: dR_v·Uc + dR_k·W (the same, PRODUCTS_DONE). Each thread loads 8
-// rows per channel vec4 for 16 products.
+// 2: dR_v·u + y·W (−dA; with PRODUCTS_DONE the same as dR_v·Uc + dR_k·W, uc_or_u). Each thread
+// loads 8 rows per channel vec4 for 16 products.
 fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -> mat4x4<f32> {{
 {rows}
 {zero}
@@ -826,12 +836,8 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             }} else {{
 {plain}
             }}
-        }} else if (which == 2u) {{
-{load("dv_out", "u_row")}
-{_pair_loads("dr_k", "w_row", 12, "zw")}
-{both}
         }} else {{
-{load("dv_out", "uc_row")}
+{load("dv_out", "uc_or_u()")}
 {_pair_loads("dr_k", "w_row", 12, "zw")}
 {both}
         }}

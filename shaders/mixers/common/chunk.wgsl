@@ -1250,6 +1250,14 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
 
+// Row vector i of Uc with the products done before, else of u (dA's first operand).
+fn uc_or_u(i: u32) -> vec4<f32> {
+    if (PRODUCTS_DONE) {
+        return uc_row[i];
+    }
+    return u_row[i];
+}
+
 // ∂L/∂S at a chunk's end: dS [D, D], then dn [D].
 const DS: u32 = D * D + D;
 const DS4: u32 = DS / 4u;
@@ -2312,8 +2320,8 @@ fn back_substitute(j: u32, b: u32, h: u32, c0: u32, len: u32) {
 // The 4×4 block of products between the chunk's tokens t_i = 4tq + i and s_j = 4sq + j (rows
 // clamped to the chunk; the caller masks): m[j][i] = X_(t_i)·Y_(s_j) over every channel, with X·Y
 // for `which` 0: dO·u (dP), 1: k·k with a vector gate's decay exp(b_t − b_s) per channel (A),
-// 2: dR_v·u + y·W (−dA), 3: dR_v·Uc + dR_k·W (the same, PRODUCTS_DONE). Each thread loads 8
-// rows per channel vec4 for 16 products.
+// 2: dR_v·u + y·W (−dA; with PRODUCTS_DONE the same as dR_v·Uc + dR_k·W, uc_or_u). Each thread
+// loads 8 rows per channel vec4 for 16 products.
 fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -> mat4x4<f32> {
     let rt0 = row_of(b, c0 + min(4u * tq + 0u, len - 1u), h);
     let rs0 = row_of(b, c0 + min(4u * sq + 0u, len - 1u), h);
@@ -2361,36 +2369,15 @@ fn block_dots(b: u32, h: u32, c0: u32, len: u32, tq: u32, sq: u32, which: u32) -
             m2 += vec4<f32>(dot(x0, y2), dot(x1, y2), dot(x2, y2), dot(x3, y2));
             m3 += vec4<f32>(dot(x0, y3), dot(x1, y3), dot(x2, y3), dot(x3, y3));
             }
-        } else if (which == 2u) {
-            let x0 = dv_out[rt0 * D4 + a];
-            let x1 = dv_out[rt1 * D4 + a];
-            let x2 = dv_out[rt2 * D4 + a];
-            let x3 = dv_out[rt3 * D4 + a];
-            let y0 = u_row[rs0 * D4 + a];
-            let y1 = u_row[rs1 * D4 + a];
-            let y2 = u_row[rs2 * D4 + a];
-            let y3 = u_row[rs3 * D4 + a];
-            let z0 = dr_k[rt0 * D4 + a];
-            let z1 = dr_k[rt1 * D4 + a];
-            let z2 = dr_k[rt2 * D4 + a];
-            let z3 = dr_k[rt3 * D4 + a];
-            let w0 = w_row[rs0 * D4 + a];
-            let w1 = w_row[rs1 * D4 + a];
-            let w2 = w_row[rs2 * D4 + a];
-            let w3 = w_row[rs3 * D4 + a];
-            m0 += vec4<f32>(dot(x0, y0) + dot(z0, w0), dot(x1, y0) + dot(z1, w0), dot(x2, y0) + dot(z2, w0), dot(x3, y0) + dot(z3, w0));
-            m1 += vec4<f32>(dot(x0, y1) + dot(z0, w1), dot(x1, y1) + dot(z1, w1), dot(x2, y1) + dot(z2, w1), dot(x3, y1) + dot(z3, w1));
-            m2 += vec4<f32>(dot(x0, y2) + dot(z0, w2), dot(x1, y2) + dot(z1, w2), dot(x2, y2) + dot(z2, w2), dot(x3, y2) + dot(z3, w2));
-            m3 += vec4<f32>(dot(x0, y3) + dot(z0, w3), dot(x1, y3) + dot(z1, w3), dot(x2, y3) + dot(z2, w3), dot(x3, y3) + dot(z3, w3));
         } else {
             let x0 = dv_out[rt0 * D4 + a];
             let x1 = dv_out[rt1 * D4 + a];
             let x2 = dv_out[rt2 * D4 + a];
             let x3 = dv_out[rt3 * D4 + a];
-            let y0 = uc_row[rs0 * D4 + a];
-            let y1 = uc_row[rs1 * D4 + a];
-            let y2 = uc_row[rs2 * D4 + a];
-            let y3 = uc_row[rs3 * D4 + a];
+            let y0 = uc_or_u(rs0 * D4 + a);
+            let y1 = uc_or_u(rs1 * D4 + a);
+            let y2 = uc_or_u(rs2 * D4 + a);
+            let y3 = uc_or_u(rs3 * D4 + a);
             let z0 = dr_k[rt0 * D4 + a];
             let z1 = dr_k[rt1 * D4 + a];
             let z2 = dr_k[rt2 * D4 + a];
@@ -3146,7 +3133,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let sq = tid % 16u;
             var m = mat4x4<f32>();
             if (sq <= tq && 4u * tq < len) {
-                m = block_dots(b, h, c0, len, tq, sq, select(2u, 3u, PRODUCTS_DONE));
+                m = block_dots(b, h, c0, len, tq, sq, 2u);
             }
             {
                 let s = 4u * sq + 0u;
