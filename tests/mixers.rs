@@ -44,8 +44,10 @@ fn every_mixer_layer_matches_reference_across_calls() {
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
             MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
             MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
+            MixerOptions { conv_all_mixers: true, ..Default::default() },
         ] {
-            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) {
+            let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
+            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) || (opts.conv_all_mixers && !conv_added) {
                 continue;
             }
             let p = params(kind, s, &opts, &mut rng);
@@ -108,8 +110,10 @@ fn every_mixer_layer_backward_matches_finite_differences() {
             MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
             MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
             MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
+            MixerOptions { conv_all_mixers: true, ..Default::default() },
         ] {
-            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) {
+            let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
+            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) || (opts.conv_all_mixers && !conv_added) {
                 continue;
             }
             // mLSTM's gradient takes the stabiliser m as a constant (as mlstm-kernels does): exact
@@ -212,4 +216,19 @@ fn kda_output_gate_is_flas_low_rank_pair() {
     let mut old = serde_json::to_value(MixerOptions::default()).unwrap();
     old.as_object_mut().unwrap().remove("kda_full_rank_gate");
     assert!(serde_json::from_value::<MixerOptions>(old).unwrap().kda_full_rank_gate);
+}
+
+/// `conv_all_mixers` (the authors' code) gives linear attention, GLA and RetNet the short conv's
+/// taps and layout; off by default, as the paper describes them.
+#[test]
+fn conv_all_mixers_adds_the_short_conv() {
+    let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
+    let on = MixerOptions { conv_all_mixers: true, ..Default::default() };
+    for name in ["linear_attn", "gla", "retnet"] {
+        let kind = mixer(name);
+        assert!(kind.layout(&on).conv && !kind.layout(&MixerOptions::default()).conv, "{name}");
+        let p = new_parameters(kind, s, &on, 0);
+        assert!(["conv_q", "conv_k", "conv_v"].iter().all(|c| p.contains_key(*c)), "{name}");
+        assert!(!new_parameters(kind, s, &MixerOptions::default(), 0).contains_key("conv_q"), "{name}");
+    }
 }

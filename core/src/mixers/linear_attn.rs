@@ -36,7 +36,8 @@ fn parameters(s: MixerShape, o: &MixerOptions) -> Vec<ParamDef> {
     let bias = |name| ParamDef { name, shape: vec![s.dk], init: Init::Const(0.0), decay: false, matrix: false };
     let fm = maps(o);
     let sides = if o.la_tied_feature_map { vec![fm.q] } else { vec![fm.q, fm.k] };
-    let mut p: Vec<ParamDef> = sides.iter().flat_map(|m| [map(m.w1, vec![s.dk, s.dk]), bias(m.b1), map(m.w2, vec![s.dk, s.dk]), bias(m.b2)]).collect();
+    let mut p = if o.conv_all_mixers { convs(s) } else { Vec::new() };
+    p.extend(sides.iter().flat_map(|m| [map(m.w1, vec![s.dk, s.dk]), bias(m.b1), map(m.w2, vec![s.dk, s.dk]), bias(m.b2)]));
     if o.la_output_norm {
         p.push(vector("o_norm", s.dv, Init::Const(1.0)));
     }
@@ -45,6 +46,7 @@ fn parameters(s: MixerShape, o: &MixerOptions) -> Vec<ParamDef> {
 
 fn layout(o: &MixerOptions) -> Layout {
     Layout {
+        conv: o.conv_all_mixers,
         feature_map: Some(maps(o)),
         normalizer: if o.la_denominator { Normalizer::Sum } else { Normalizer::None },
         output: if o.la_output_norm { OutputDef::norm(HeadNorm::Rms) } else { OutputDef::none() },

@@ -128,6 +128,10 @@ pub struct MixerOptions {
     /// full-rank gate, so a file that does not say reads as full rank.
     #[serde(default = "as_files_before_the_option")]
     pub kda_full_rank_gate: bool,
+    /// Linear attention, GLA and RetNet: the short conv on q, k, v too, as the authors' code
+    /// puts it (an option in the paper's set-up, MIXERS.md §2).
+    #[serde(default)]
+    pub conv_all_mixers: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -136,7 +140,7 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, norm_eps: 1e-5, seed: 0 }
     }
 }
 

@@ -14,8 +14,10 @@ pub const DEF: MixerDef = MixerDef {
     layout,
 };
 
-fn parameters(s: MixerShape, _: &MixerOptions) -> Vec<ParamDef> {
-    vec![projection("g_proj", s.heads * s.dv, s.hidden), vector("o_norm", s.dv, Init::Const(1.0))]
+fn parameters(s: MixerShape, o: &MixerOptions) -> Vec<ParamDef> {
+    let mut p = if o.conv_all_mixers { convs(s) } else { Vec::new() };
+    p.extend([projection("g_proj", s.heads * s.dv, s.hidden), vector("o_norm", s.dv, Init::Const(1.0))]);
+    p
 }
 
 /// ln γ_h = ln(1 − 2^(−5−h)).
@@ -23,8 +25,9 @@ fn constants(s: MixerShape) -> Vec<(&'static str, Vec<f32>)> {
     vec![("log_gamma", (0..s.heads).map(|h| (1.0 - 2f64.powi(-5 - h as i32)).ln() as f32).collect())]
 }
 
-fn layout(_: &MixerOptions) -> Layout {
+fn layout(o: &MixerOptions) -> Layout {
     Layout {
+        conv: o.conv_all_mixers,
         rotary: true,
         decay: Some(GateDef { input: GateInput::Fixed, f: GateFn::Constant, param: Some("log_gamma"), bias: None, per_channel: false }),
         output: OutputDef::gated_norm(HeadNorm::Rms, "g_proj", OutputGate::Silu),
