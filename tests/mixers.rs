@@ -6,6 +6,26 @@ use linearize_core::mixers::{new_parameters, ConvInit, MixerKind, MixerOptions, 
 use linearize_core::reference::mixers::{self as reference, LayerState};
 use linearize_tests::{mixer, assert_close, f64s, gpu, random};
 
+/// The option sets each per-mixer test runs `kind` under: the defaults, then each set of our
+/// options that changes this mixer's layout.
+fn option_sets(kind: MixerKind) -> Vec<MixerOptions> {
+    let sets = [
+        MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
+        MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
+        MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
+        MixerOptions { conv_all_mixers: true, ..Default::default() },
+    ];
+    let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
+    sets.into_iter().filter(|o| !((o.la_denominator && kind != mixer("linear_attn")) || (o.kda_gate_mixup && kind != mixer("kda")) || (o.conv_all_mixers && !conv_added))).collect()
+}
+
+/// Options as a student file written before the option `field` existed reads them.
+fn as_written_before(field: &str) -> MixerOptions {
+    let mut old = serde_json::to_value(MixerOptions::default()).unwrap();
+    old.as_object_mut().unwrap().remove(field);
+    serde_json::from_value(old).unwrap()
+}
+
 fn params(kind: MixerKind, s: MixerShape, opts: &MixerOptions, rng: &mut Rng) -> MixerParams {
     let mut p = new_parameters(kind, s, opts, 3);
     let (d, hk, hv) = (s.hidden, s.heads * s.dk, s.heads * s.dv);
@@ -40,16 +60,7 @@ fn every_mixer_layer_matches_reference_across_calls() {
     let (cos, sin) = (gpu().upload_f32("cos", &cos).unwrap(), gpu().upload_f32("sin", &sin).unwrap());
     let rope = Rope { cos: &cos, sin: &sin };
     for kind in MixerKind::all() {
-        for opts in [
-            MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
-            MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
-            MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
-            MixerOptions { conv_all_mixers: true, ..Default::default() },
-        ] {
-            let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
-            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) || (opts.conv_all_mixers && !conv_added) {
-                continue;
-            }
+        for opts in option_sets(kind) {
             let p = params(kind, s, &opts, &mut rng);
             let layer = MixerLayer::upload(gpu(), kind, &opts, s, &p).unwrap();
             let batch = 2;
@@ -106,16 +117,7 @@ fn every_mixer_layer_backward_matches_finite_differences() {
     let (batch, seq) = (2, 70);
     let rows = batch * seq;
     for kind in MixerKind::all() {
-        for opts in [
-            MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
-            MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
-            MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
-            MixerOptions { conv_all_mixers: true, ..Default::default() },
-        ] {
-            let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
-            if (opts.la_denominator && kind != mixer("linear_attn")) || (opts.kda_gate_mixup && kind != mixer("kda")) || (opts.conv_all_mixers && !conv_added) {
-                continue;
-            }
+        for opts in option_sets(kind) {
             // mLSTM's gradient takes the stabiliser m as a constant (as mlstm-kernels does): exact
             // where |nᵀq̃| > exp(−m), which long-lived forget gates keep true; with the paper's
             // forget-gate bias (≈ 0) the floor exp(−m) is taken at some tokens, where m's own
@@ -197,9 +199,7 @@ fn linear_attention_feature_maps_are_the_papers() {
     assert!((std - 0.02).abs() < 0.001, "weights N(0, 0.02): std {std}");
     assert_ne!(p["fm_q_w1"].data, p["fm_k_w1"].data, "the two maps are drawn apart");
     // A student file from before the option: no la_tied_feature_map field.
-    let mut old = serde_json::to_value(MixerOptions::default()).unwrap();
-    old.as_object_mut().unwrap().remove("la_tied_feature_map");
-    assert!(serde_json::from_value::<MixerOptions>(old).unwrap().la_tied_feature_map);
+    assert!(as_written_before("la_tied_feature_map").la_tied_feature_map);
 }
 
 /// KDA's output gate as fla's layer makes it: a low-rank pair d → d_v → H·d_v with the bias on
@@ -213,9 +213,7 @@ fn kda_output_gate_is_flas_low_rank_pair() {
     assert_eq!((p["g_down"].shape.clone(), p["g_proj"].shape.clone(), p["g_bias"].shape.clone()), (vec![64, 96], vec![128, 64], vec![128]));
     let full = new_parameters(kda, s, &MixerOptions { kda_full_rank_gate: true, ..Default::default() }, 0);
     assert!(!full.contains_key("g_down") && full["g_proj"].shape == [128, 96]);
-    let mut old = serde_json::to_value(MixerOptions::default()).unwrap();
-    old.as_object_mut().unwrap().remove("kda_full_rank_gate");
-    assert!(serde_json::from_value::<MixerOptions>(old).unwrap().kda_full_rank_gate);
+    assert!(as_written_before("kda_full_rank_gate").kda_full_rank_gate);
 }
 
 /// `conv_all_mixers` (the authors' code) gives linear attention, GLA and RetNet the short conv's

@@ -44,7 +44,7 @@ fn layout(o: &MixerOptions) -> Layout {
         qk_l2: true,
         decay: Some(GateDef { input: GateInput::LowRank { down: "f_w1", up: "f_w2" }, f: GateFn::NegExpSoftplus, param: Some("A_log"), bias: Some("dt_bias"), per_channel: true }),
         beta: Some(GateDef::per_head("b_proj", GateFn::Sigmoid)),
-        output: OutputDef { gate: Some(OutputGateDef { proj: "g_proj", down: (!o.kda_full_rank_gate).then_some("g_down"), bias: Some("g_bias"), place }), ..OutputDef::norm(HeadNorm::Rms) },
+        output: OutputDef { gate: Some(OutputGateDef { input: if o.kda_full_rank_gate { GateInput::Linear("g_proj") } else { GateInput::LowRank { down: "g_down", up: "g_proj" } }, bias: Some("g_bias"), place }), ..OutputDef::norm(HeadNorm::Rms) },
         ..Layout::plain()
     }
 }

@@ -364,25 +364,54 @@ impl MixerLayer {
         Ok(MixerState { batch, rec: rec_state, conv, pos: 0 })
     }
 
-    /// A gate's pre-activation and value from x.
-    fn gate_forward(&self, rec: &mut Recorder, x: &GpuBuf, g: &GateDef, rows: usize) -> Result<GateActs> {
-        let gpu = rec.gpu();
+    /// x through `input`'s matrices into `pre` [rows, cols]; a bottleneck's x W_downᵀ is returned,
+    /// kept for `project_backward` (a fixed input writes nothing).
+    fn project(&self, rec: &mut Recorder, x: &GpuBuf, input: GateInput, pre: &GpuBuf, rows: usize, cols: usize) -> Result<Option<GpuBuf>> {
         let d = self.shape.hidden;
-        let (cols, per_head) = self.gate_cols(g);
-        let (low, pre) = match g.input {
+        match input {
             GateInput::Linear(w) => {
-                let pre = gpu.scratch(rows * cols)?;
-                nn::linear(rec, x, self.p(w)?, &pre, Gemm { m: rows, n: cols, k: d }, false)?;
-                (None, Some(pre))
+                nn::linear(rec, x, self.p(w)?, pre, Gemm { m: rows, n: cols, k: d }, false)?;
+                Ok(None)
             }
             GateInput::LowRank { down, up } => {
                 let rank = self.p(down)?.len / d;
-                let (low, pre) = (gpu.scratch(rows * rank)?, gpu.scratch(rows * cols)?);
+                let low = rec.gpu().scratch(rows * rank)?;
                 nn::linear(rec, x, self.p(down)?, &low, Gemm { m: rows, n: rank, k: d }, false)?;
-                nn::linear(rec, &low, self.p(up)?, &pre, Gemm { m: rows, n: cols, k: rank }, false)?;
-                (Some(low), Some(pre))
+                nn::linear(rec, &low, self.p(up)?, pre, Gemm { m: rows, n: cols, k: rank }, false)?;
+                Ok(Some(low))
             }
+            GateInput::Fixed => Ok(None),
+        }
+    }
+
+    /// Backward of `project` for ∂L/∂pre `d_pre`: the matrices' gradients, and ∂L/∂x into `dx`.
+    #[allow(clippy::too_many_arguments)]
+    fn project_backward(&self, rec: &mut Recorder, dx: &mut DxSink, input: GateInput, low: Option<&GpuBuf>, d_pre: &GpuBuf, cols: usize, grads: &LayerGrads) -> Result<()> {
+        let rows = dx.rows;
+        match input {
+            GateInput::Linear(w) => dx.add(rec, self, d_pre, w, cols, grads),
+            GateInput::LowRank { down, up } => {
+                let low = low.expect("a low-rank projection keeps its bottleneck");
+                let rank = low.len / rows;
+                let d_low = rec.temp(rows * rank)?;
+                nn::linear_backward_input(rec, d_pre, self.p(up)?, &d_low, Gemm { m: rows, n: cols, k: rank }, false)?;
+                nn::linear_backward_weight(rec, d_pre, low, grads.get(up)?, Gemm { m: rows, n: cols, k: rank }, true)?;
+                dx.add(rec, self, &d_low, down, rank, grads)
+            }
+            GateInput::Fixed => Ok(()),
+        }
+    }
+
+    /// A gate's pre-activation and value from x.
+    fn gate_forward(&self, rec: &mut Recorder, x: &GpuBuf, g: &GateDef, rows: usize) -> Result<GateActs> {
+        let gpu = rec.gpu();
+        let (cols, per_head) = self.gate_cols(g);
+        let (low, pre) = match g.input {
             GateInput::Fixed => (None, None),
+            input => {
+                let pre = gpu.scratch(rows * cols)?;
+                (self.project(rec, x, input, &pre, rows, cols)?, Some(pre))
+            }
         };
         let value = gpu.scratch(rows * cols)?;
         // A fixed gate reads no input; the kernel still binds one.
@@ -527,19 +556,7 @@ impl MixerLayer {
         }
         if let Some(g) = &out_def.gate {
             let lin = keep(rows * hv)?;
-            let low = match g.down {
-                Some(down) => {
-                    let rank = self.p(down)?.len / d;
-                    let low = keep(rows * rank)?;
-                    nn::linear(rec, x, self.p(down)?, &low, Gemm { m: rows, n: rank, k: d }, false)?;
-                    nn::linear(rec, &low, self.p(g.proj)?, &lin, Gemm { m: rows, n: hv, k: rank }, false)?;
-                    Some(low)
-                }
-                None => {
-                    nn::linear(rec, x, self.p(g.proj)?, &lin, Gemm { m: rows, n: hv, k: d }, false)?;
-                    None
-                }
-            };
+            let low = self.project(rec, x, g.input, &lin, rows, hv)?;
             let biased = match g.bias {
                 Some(b) => {
                     let y = keep(rows * hv)?;
@@ -592,18 +609,7 @@ impl MixerLayer {
         let d_bias = g.bias.map(|b| grads.get(b)).transpose()?;
         let d_param = g.param.map(|p| grads.get(p)).transpose()?;
         ops::gate_backward(rec, &args, d_value, GateGrads { dx: &d_pre, dx2: None, d_bias, d_param })?;
-        match g.input {
-            GateInput::Linear(w) => dx.add(rec, self, &d_pre, w, cols, grads),
-            GateInput::LowRank { down, up } => {
-                let low = acts.low.as_ref().expect("a low-rank gate keeps its bottleneck");
-                let rank = low.len / rows;
-                let d_low = rec.temp(rows * rank)?;
-                nn::linear_backward_input(rec, &d_pre, self.p(up)?, &d_low, Gemm { m: rows, n: cols, k: rank }, false)?;
-                nn::linear_backward_weight(rec, &d_pre, low, grads.get(up)?, Gemm { m: rows, n: cols, k: rank }, true)?;
-                dx.add(rec, self, &d_low, down, rank, grads)
-            }
-            GateInput::Fixed => Ok(()),
-        }
+        self.project_backward(rec, dx, g.input, acts.low.as_ref(), &d_pre, cols, grads)
     }
 
     /// Backward of `forward_train`: dx [rows, hidden] (+)= ∂L/∂x (added with `accumulate`), and
@@ -665,16 +671,7 @@ impl MixerLayer {
                 }
                 None => d_val.handle(),
             };
-            match (g.down, &acts.low) {
-                (Some(down), Some(low)) => {
-                    let rank = low.len / rows;
-                    let d_low = rec.temp(rows * rank)?;
-                    nn::linear_backward_input(rec, &d_lin, self.p(g.proj)?, &d_low, Gemm { m: rows, n: hv, k: rank }, false)?;
-                    nn::linear_backward_weight(rec, &d_lin, low, grads.get(g.proj)?, Gemm { m: rows, n: hv, k: rank }, true)?;
-                    sink.add(rec, self, &d_low, down, rank, grads)?;
-                }
-                _ => sink.add(rec, self, &d_lin, g.proj, hv, grads)?,
-            }
+            self.project_backward(rec, &mut sink, g.input, acts.low.as_ref(), &d_lin, hv, grads)?;
         }
         // o + D ⊙ v: ∂/∂o passes through; ∂/∂v joins the recurrence's below.
         let d_v_skip = match out_def.skip {

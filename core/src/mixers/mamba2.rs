@@ -43,7 +43,7 @@ fn layout(_: &MixerOptions) -> Layout {
         scale_q: false,
         output: OutputDef {
             skip: Some("D"),
-            gate: Some(OutputGateDef { proj: "z_proj", down: None, bias: None, place: GatePlace::BeforeNorm }),
+            gate: Some(OutputGateDef { input: GateInput::Linear("z_proj"), bias: None, place: GatePlace::BeforeNorm }),
             norm: Some(NormDef { kind: HeadNorm::Rms, weight: "o_norm", per_head: false }),
         },
         ..Layout::plain()

@@ -333,14 +333,10 @@ fn coop_operand_words(r: Recurrence, d: Dims) -> usize {
     tiles * (token_tiles * CHUNK * d.dk + d.dk * d.dv) / 2
 }
 
-/// A kernel of native/chunk_coop.wgsl: it reads u after the sweep, so only the gate shapes the
-/// forward's (and the delta rule the backward's).
+/// A kernel of native/chunk_coop.wgsl: it reads u after the sweep, so only the gate shapes it
+/// (and the delta rule chunk_bwd_products, which the caller adds).
 fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
-    let kernel = Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64);
-    if entry.starts_with("chunk_bwd") {
-        return kernel.with("DELTA", r.delta as u8 as f64);
-    }
-    kernel
+    Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64)
 }
 
 fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
@@ -473,7 +469,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         let scales = rec.temp(bh * chunks * 2)?;
         rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_states16"), &params, &[(11, sweep_h), (19, &ds_end), (30, &states16), (33, &scales)], grid)?;
         let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
-        rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_products"), &params, &product_bindings, grid)?;
+        rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64), &params, &product_bindings, grid)?;
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
     }
     let uc_row = uc.as_ref().unwrap_or(sweep_u);

@@ -106,6 +106,17 @@ pub enum GateInput {
     Fixed,
 }
 
+impl GateInput {
+    /// Its matrices, in the order x meets them.
+    pub fn matrices(self) -> Vec<&'static str> {
+        match self {
+            GateInput::Linear(w) => vec![w],
+            GateInput::LowRank { down, up } => vec![down, up],
+            GateInput::Fixed => vec![],
+        }
+    }
+}
+
 /// A gate: pre-activation, then an elementwise activation of `ops::GateFn` with its per-column
 /// parameter and bias.
 pub struct GateDef {
@@ -125,12 +136,10 @@ pub struct OutputDef {
     pub norm: Option<NormDef>,
 }
 
-/// The output gate: a projection of x (plus a bias), used as `place` says.
+/// The output gate: a projection of x (plus a bias), used as `place` says; `input` is Linear or
+/// LowRank (fla's KDA layer: d → d_v → H·d_v).
 pub struct OutputGateDef {
-    /// x W_projᵀ, or with `down` through a bottleneck first, (x W_downᵀ) W_projᵀ (fla's KDA
-    /// layer: d → d_v → H·d_v).
-    pub proj: &'static str,
-    pub down: Option<&'static str>,
+    pub input: GateInput,
     pub bias: Option<&'static str>,
     pub place: GatePlace,
 }
@@ -158,7 +167,7 @@ impl OutputDef {
 
     /// fla's gated norm: Norm(o)·w ⊙ act(x W_projᵀ), per head, weight `o_norm`.
     pub fn gated_norm(kind: HeadNorm, proj: &'static str, act: OutputGate) -> Self {
-        OutputDef { gate: Some(OutputGateDef { proj, down: None, bias: None, place: GatePlace::AfterNorm(act) }), ..Self::norm(kind) }
+        OutputDef { gate: Some(OutputGateDef { input: GateInput::Linear(proj), bias: None, place: GatePlace::AfterNorm(act) }), ..Self::norm(kind) }
     }
 }
 
@@ -205,17 +214,8 @@ impl Layout {
 
     /// The projections of x that feed gates (the new, small-initialised matrices).
     pub fn gate_projections(&self) -> Vec<&'static str> {
-        let mut out: Vec<&'static str> = Vec::new();
-        for g in self.gates() {
-            match g.input {
-                GateInput::Linear(w) => out.push(w),
-                GateInput::LowRank { down, up } => out.extend([down, up]),
-                GateInput::Fixed => {}
-            }
-        }
-        if let Some(g) = &self.output.gate {
-            out.extend(g.down.into_iter().chain([g.proj]));
-        }
+        let inputs = self.gates().map(|g| g.input).chain(self.output.gate.as_ref().map(|g| g.input));
+        let mut out: Vec<&'static str> = inputs.flat_map(|i| i.matrices()).collect();
         out.dedup();
         out
     }

@@ -41,18 +41,22 @@ fn value(kind: MixerKind, s: MixerShape, params: &MixerParams, name: &str) -> Ve
     }
 }
 
-/// A gate's value from x, as its declaration says.
-fn gate(kind: MixerKind, s: MixerShape, params: &MixerParams, g: &GateDef, x: &[f64], rows: usize) -> Vec<f64> {
-    let d = s.hidden;
-    let (cols, per_head) = if g.per_channel { (s.heads * s.dk, s.dk) } else { (s.heads, 1) };
-    let pre = match g.input {
+/// x [rows, d] through `input`'s matrices: [rows, cols] (zeros for a fixed input).
+fn project(params: &MixerParams, input: GateInput, x: &[f64], rows: usize, cols: usize, d: usize) -> Vec<f64> {
+    match input {
         GateInput::Linear(w) => linear(x, &p(params, w), rows, cols, d),
         GateInput::LowRank { down, up } => {
             let rank = params[down].shape[0];
             linear(&linear(x, &p(params, down), rows, rank, d), &p(params, up), rows, cols, rank)
         }
         GateInput::Fixed => vec![0.0; rows * cols],
-    };
+    }
+}
+
+/// A gate's value from x, as its declaration says.
+fn gate(kind: MixerKind, s: MixerShape, params: &MixerParams, g: &GateDef, x: &[f64], rows: usize) -> Vec<f64> {
+    let (cols, per_head) = if g.per_channel { (s.heads * s.dk, s.dk) } else { (s.heads, 1) };
+    let pre = project(params, g.input, x, rows, cols, s.hidden);
     let opt = |n: Option<&str>| n.map(|n| value(kind, s, params, n)).unwrap_or_default();
     ops::gate(g.f, &pre, &[], &opt(g.param), &opt(g.bias), rows, cols, per_head)
 }
@@ -110,13 +114,7 @@ pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &Mix
         o = ops::gate(GateFn::SkipPerHead, &o, &v, &p(params, dname), &[], rows, hv, dv);
     }
     let gate_value = out.gate.as_ref().map(|g| {
-        let lin = match g.down {
-            Some(down) => {
-                let rank = params[down].shape[0];
-                linear(&linear(x, &p(params, down), rows, rank, d), &p(params, g.proj), rows, hv, rank)
-            }
-            None => linear(x, &p(params, g.proj), rows, hv, d),
-        };
+        let lin = project(params, g.input, x, rows, hv, d);
         match g.bias {
             Some(b) => ops::gate(GateFn::AddBias, &lin, &[], &[], &p(params, b), rows, hv, 1),
             None => lin,
