@@ -155,12 +155,12 @@ fn reduce(diag: &Diagnostics, tokens: usize, every: usize) -> Saturation {
 }
 
 /// A JSON file of an earlier run, when it parses and `same` accepts it.
-fn reuse<T: for<'de> Deserialize<'de>>(path: &Path, same: impl Fn(&T) -> bool) -> Option<T> {
+pub(crate) fn reuse<T: for<'de> Deserialize<'de>>(path: &Path, same: impl Fn(&T) -> bool) -> Option<T> {
     let v: T = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
     same(&v).then_some(v)
 }
 
-fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+pub(crate) fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     std::fs::write(path, serde_json::to_string_pretty(value)?).map_err(|e| anyhow!("{}: {e}", path.display()))
 }
 
@@ -179,6 +179,64 @@ fn publish(out: &Path, report: &Report, json: bool, redrawing: bool) -> Result<(
         println!("report: {}", out.join("index.html").display());
     }
     Ok(())
+}
+
+/// The evaluations every model of a report gets: the zero-shot tasks (none: skipped), a NIAH
+/// grid and (students) the state diagnostics over `saturation` = (tokens, every).
+pub struct EvalPlan {
+    pub tasks: Vec<String>,
+    pub limit: Option<usize>,
+    pub niah: Option<Grid>,
+    pub saturation: Option<(usize, usize)>,
+    /// Progress as JSON (bars hidden).
+    pub json: bool,
+}
+
+impl EvalPlan {
+    /// Evaluates `model` (from `spec`, shown as `label`) keeping its raw results in `dir`; what
+    /// `dir` already holds with the same settings is reused, not computed again.
+    pub fn evaluate(&self, gpu: &Gpu, spec: &str, label: &str, model: &Model, dir: &Path) -> Result<ModelReport> {
+        std::fs::create_dir_all(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+        let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
+        let results = if self.tasks.is_empty() { Vec::new() } else { evaluate_on(gpu, model, &lm, &self.tasks, self.limit, self.json, Some(&dir.join("eval")))? };
+        let niah = match &self.niah {
+            None => None,
+            Some(plan) => {
+                let path = dir.join("niah.json");
+                Some(match reuse(&path, |g: &Grid| Grid { cells: Vec::new(), ..g.clone() } == *plan) {
+                    Some(g) => g,
+                    None => {
+                        let bar = progress(self.json, &format!("niah {label}"));
+                        let g = plan.clone().run(gpu, model, &lm, &bar)?;
+                        bar.finish_and_clear();
+                        write_json(&path, &g)?;
+                        g
+                    }
+                })
+            }
+        };
+        let saturation = match self.saturation {
+            Some((tokens, every)) if model.mixers.is_some() => {
+                let path = dir.join("saturation.json");
+                let summary = dir.join("saturation-summary.json");
+                Some(match reuse(&summary, |s: &Saturation| s.tokens == tokens && s.every == every) {
+                    Some(s) => s,
+                    None => {
+                        let diag = crate::saturation::diagnostics(gpu, model, &lm, tokens, every)?;
+                        write_json(&path, &diag)?;
+                        let s = reduce(&diag, tokens, every);
+                        write_json(&summary, &s)?;
+                        s
+                    }
+                })
+            }
+            _ => None,
+        };
+        let distillation = if Path::new(spec).is_dir() { read_distillation(Path::new(spec))? } else { None };
+        let kind = model.mixers.as_ref().map_or("teacher".to_string(), |m| m.config.mixer.name().to_string());
+        let average = (!results.is_empty()).then(|| average(&results));
+        Ok(ModelReport { label: label.to_string(), model: spec.to_string(), kind, tasks: results, average, recovery: None, niah, saturation, distillation })
+    }
 }
 
 pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
@@ -210,6 +268,13 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
     }
     let labels = labels(&specs);
     std::fs::create_dir_all(a.out.join("figures")).map_err(|e| anyhow!("--out {}: {e}", a.out.display()))?;
+    let plan = EvalPlan {
+        tasks,
+        limit: a.limit,
+        niah: (!skip.contains(&"niah")).then_some(plan),
+        saturation: (!skip.contains(&"saturation")).then_some((a.saturation_tokens, a.every)),
+        json: a.json,
+    };
     let gpu = Gpu::new_blocking()?;
     let mut reports = Vec::new();
     for (spec, label) in specs.iter().zip(&labels) {
@@ -217,45 +282,7 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
             eprintln!("== {label} ({spec})");
         }
         let model = load(spec)?;
-        let dir = a.out.join("models").join(label);
-        std::fs::create_dir_all(&dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
-        let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
-        let results = if tasks.is_empty() { Vec::new() } else { evaluate_on(&gpu, &model, &lm, &tasks, a.limit, a.json, Some(&dir.join("eval")))? };
-        let niah = if skip.contains(&"niah") {
-            None
-        } else {
-            let path = dir.join("niah.json");
-            Some(match reuse(&path, |g: &Grid| Grid { cells: Vec::new(), ..g.clone() } == plan) {
-                Some(g) => g,
-                None => {
-                    let bar = progress(a.json, &format!("niah {label}"));
-                    let g = plan.clone().run(&gpu, &model, &lm, &bar)?;
-                    bar.finish_and_clear();
-                    write_json(&path, &g)?;
-                    g
-                }
-            })
-        };
-        let saturation = if skip.contains(&"saturation") || model.mixers.is_none() {
-            None
-        } else {
-            let path = dir.join("saturation.json");
-            let summary = dir.join("saturation-summary.json");
-            Some(match reuse(&summary, |s: &Saturation| s.tokens == a.saturation_tokens && s.every == a.every) {
-                Some(s) => s,
-                None => {
-                    let diag = crate::saturation::diagnostics(&gpu, &model, &lm, a.saturation_tokens, a.every)?;
-                    write_json(&path, &diag)?;
-                    let s = reduce(&diag, a.saturation_tokens, a.every);
-                    write_json(&summary, &s)?;
-                    s
-                }
-            })
-        };
-        let distillation = if Path::new(spec).is_dir() { read_distillation(Path::new(spec))? } else { None };
-        let kind = model.mixers.as_ref().map_or("teacher".to_string(), |m| m.config.mixer.name().to_string());
-        let average = (!results.is_empty()).then(|| average(&results));
-        reports.push(ModelReport { label: label.clone(), model: spec.clone(), kind, tasks: results, average, recovery: None, niah, saturation, distillation });
+        reports.push(plan.evaluate(&gpu, spec, label, &model, &a.out.join("models").join(label))?);
     }
     let reference = match &a.teacher {
         Some(t) => specs.iter().position(|s| s == t),
@@ -267,6 +294,6 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
             r.recovery = r.average.map(|v| v / base);
         }
     }
-    let report = Report { tasks, limit: a.limit, reference: reference.map(|i| reports[i].label.clone()), models: reports };
+    let report = Report { tasks: plan.tasks, limit: a.limit, reference: reference.map(|i| reports[i].label.clone()), models: reports };
     publish(&a.out, &report, a.json, false)
 }

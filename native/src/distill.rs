@@ -86,6 +86,10 @@ pub struct DistillArgs {
     /// tensor cores; adapters with cooperative matrices only), or best [default: best]
     #[arg(long, value_enum)]
     pub precision: Option<crate::PrecisionArg>,
+    /// Also save the student after these token counts, comma-separated, into
+    /// OUT/snapshots/<tokens>/ (points of a token-budget curve)
+    #[arg(long)]
+    pub snapshots: Option<String>,
     /// Continue from the checkpoint in --out
     #[arg(long)]
     pub resume: bool,
@@ -183,6 +187,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     if let Some(p) = a.precision {
         c.precision = p.into();
     }
+    if let Some(s) = &a.snapshots {
+        c.snapshots = crate::parse_list("--snapshots", s)?;
+    }
     c.validate()?;
     Ok(c)
 }
@@ -197,29 +204,59 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
     let gpu = Gpu::new_blocking()?;
     let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?;
     eprintln!("precision: {} (GEMMs on {}) on {}", gpu.precision().name(), gpu.precision().gemm_path(), gpu.adapter.name);
-    let mut bar: Option<ProgressBar> = None;
-    let json = a.json;
-    let mut report = |e: &Event| {
-        if json {
-            println!("{}", serde_json::to_string(e).expect("events serialise"));
+    let mut progress = Progress::new(a.json, "");
+    let mut report = |e: &Event| progress.event(e);
+    d.run(&mut report)?;
+    crate::print_profile(&gpu);
+    if !a.json {
+        println!("metrics: {}", a.out.join(linearize_core::train::distill::METRICS_FILE).display());
+    }
+    Ok(())
+}
+
+/// Shows a run's events: progress bars and lines (each line led by `label` when it is not
+/// empty: a study's job), or one JSON line per event (with a "job" field when labelled).
+pub struct Progress {
+    json: bool,
+    label: String,
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    pub fn new(json: bool, label: &str) -> Self {
+        Progress { json, label: label.to_string(), bar: None }
+    }
+
+    fn lead(&self) -> String {
+        if self.label.is_empty() { String::new() } else { format!("{}: ", self.label) }
+    }
+
+    pub fn event(&mut self, e: &Event) {
+        if self.json {
+            let mut v = serde_json::to_value(e).expect("events serialise");
+            if !self.label.is_empty() {
+                v["job"] = self.label.clone().into();
+            }
+            println!("{v}");
             return;
         }
+        let lead = self.lead();
         match e {
             Event::StageStart { stage, steps, from_step } => {
                 let b = ProgressBar::new(*steps as u64);
-                b.set_style(ProgressStyle::with_template("stage {prefix} [{bar:30}] {pos}/{len} {msg} eta {eta}").expect("template").progress_chars("=> "));
-                b.set_prefix(stage.to_string());
+                b.set_style(ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} eta {eta}").expect("template").progress_chars("=> "));
+                b.set_prefix(format!("{lead}stage {stage}"));
                 b.set_position(*from_step as u64);
-                bar = Some(b);
+                self.bar = Some(b);
             }
             Event::Step(r) => {
-                if let Some(b) = &bar {
+                if let Some(b) = &self.bar {
                     b.set_position(r.step as u64);
                     b.set_message(format!("loss {:.4} lr {:.2e} |g| {:.3} {:.0} tok/s", r.loss, r.lr, r.grad_norm, r.tokens_per_s));
                 }
             }
             Event::Perplexity { model, stage, perplexity, tokens } => {
-                if let Some(b) = bar.take() {
+                if let Some(b) = self.bar.take() {
                     b.finish();
                 }
                 let when = match stage {
@@ -227,34 +264,34 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
                     Some(0) => " before training".into(),
                     Some(s) => format!(" after stage {s}"),
                 };
-                println!("held-out perplexity of the {model}{when}: {perplexity:.3} ({tokens} tokens)");
+                println!("{lead}held-out perplexity of the {model}{when}: {perplexity:.3} ({tokens} tokens)");
             }
             Event::StageLoss { stage, after, loss, .. } => {
-                if let Some(b) = bar.as_ref().filter(|_| *after) {
+                if let Some(b) = self.bar.as_ref().filter(|_| *after) {
                     b.finish();
                 }
-                println!("stage {stage} loss on held-out text {}: {loss:.5}", if *after { "after" } else { "before" });
+                println!("{lead}stage {stage} loss on held-out text {}: {loss:.5}", if *after { "after" } else { "before" });
             }
             Event::Sampling { tokens, of } => {
-                let b = bar.get_or_insert_with(|| {
+                let b = self.bar.get_or_insert_with(|| {
                     let b = ProgressBar::new(*of as u64);
-                    b.set_style(ProgressStyle::with_template("sampling from the teacher [{bar:30}] {pos}/{len} tokens eta {eta}").expect("template").progress_chars("=> "));
+                    b.set_style(ProgressStyle::with_template("{prefix}sampling from the teacher [{bar:30}] {pos}/{len} tokens eta {eta}").expect("template").progress_chars("=> "));
+                    b.set_prefix(lead.clone());
                     b
                 });
                 b.set_position(*tokens as u64);
                 if tokens >= of {
                     b.finish();
-                    bar = None;
+                    self.bar = None;
                 }
             }
             Event::Checkpoint { .. } => {}
-            Event::Saved { dir } => println!("saved the student to {}", dir.display()),
+            Event::Snapshot { tokens, dir, .. } => {
+                if let Some(b) = &self.bar {
+                    b.println(format!("{lead}after {tokens} tokens: saved {}", dir.display()));
+                }
+            }
+            Event::Saved { dir } => println!("{lead}saved the student to {}", dir.display()),
         }
-    };
-    d.run(&mut report)?;
-    crate::print_profile(&gpu);
-    if !json {
-        println!("metrics: {}", a.out.join(linearize_core::train::distill::METRICS_FILE).display());
     }
-    Ok(())
 }

@@ -107,11 +107,15 @@ fn type_rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
+/// The environment variable that picks an adapter by its index in `Gpu::adapters_blocking()`.
+pub const ADAPTER_INDEX_VAR: &str = "LINEARIZE_ADAPTER";
+
 impl Gpu {
     /// Picks an adapter and opens a device with the adapter's own limits.
     ///
-    /// Natively, `WGPU_BACKEND` restricts the backends and `WGPU_ADAPTER_NAME` (a case-insensitive
-    /// substring) picks an adapter by name; otherwise a discrete GPU is preferred over an
+    /// Natively, `WGPU_BACKEND` restricts the backends, `WGPU_ADAPTER_NAME` (a case-insensitive
+    /// substring) picks adapters by name and `LINEARIZE_ADAPTER` (an index into
+    /// `adapters_blocking()`) one of them by place; otherwise a discrete GPU is preferred over an
     /// integrated one, a virtual one, then a CPU implementation such as lavapipe.
     pub async fn new() -> Result<Self> {
         Self::with_limits(|_| {}).await
@@ -144,12 +148,34 @@ impl Gpu {
             }
         }
         adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
+        if let Ok(index) = std::env::var(ADAPTER_INDEX_VAR) {
+            // The GPUs of one machine share a name: a study places its jobs by index.
+            let i: usize = index.trim().parse().map_err(|_| Error::NoAdapter(format!("{ADAPTER_INDEX_VAR}={index:?}: expected an adapter index (0 for the first of {seen:?})")))?;
+            let n = adapters.len();
+            return adapters.into_iter().nth(i).ok_or_else(|| Error::NoAdapter(format!("{ADAPTER_INDEX_VAR}={i}: there are {n} adapters in the order tried ({seen:?} before sorting)")));
+        }
         adapters.into_iter().next().ok_or_else(|| {
             Error::NoAdapter(format!(
                 "backends {backends:?} offer no adapter; install a Vulkan driver (on Debian without a GPU: \
                  apt-get install mesa-vulkan-drivers for lavapipe) or set WGPU_BACKEND"
             ))
         })
+    }
+
+    /// The adapters `new` chooses among, in the order it prefers them (discrete GPUs first):
+    /// `LINEARIZE_ADAPTER=i` picks the i-th. Each entry is (name, device type).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn adapters_blocking() -> Vec<(String, String)> {
+        let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        let backends = desc.backends;
+        let instance = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if let Ok(want) = std::env::var("WGPU_ADAPTER_NAME") {
+            let want = want.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
+        }
+        adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
+        adapters.iter().map(|a| (a.get_info().name, format!("{:?}", a.get_info().device_type))).collect()
     }
 
     #[cfg(target_arch = "wasm32")]

@@ -102,6 +102,9 @@ pub struct DistillConfig {
     /// operands scaled per tensor, f32 accumulation, on tensor cores), or best: mixed where the
     /// adapter has tensor cores (BENCHMARKS.md: the same held-out perplexity, stage 3 1.70× on the H200).
     pub precision: Precision,
+    /// Token counts at which the student is saved into `OUT/snapshots/<tokens>/` as well (after
+    /// the step that reaches each): the points of a token-budget curve from one run.
+    pub snapshots: Vec<u64>,
 }
 
 impl Default for DistillConfig {
@@ -134,6 +137,7 @@ impl Default for DistillConfig {
             sample_len: 256,
             sample_batch: 32,
             precision: Precision::Best,
+            snapshots: Vec::new(),
         }
     }
 }
@@ -196,6 +200,8 @@ pub enum Event {
     /// The stage's loss on the first held-out block, before and after the stage.
     StageLoss { stage: Stage, after: bool, loss: f64, parts: Vec<f64> },
     Checkpoint { stage: Stage, step: usize },
+    /// The student as it is after `tokens` training tokens, saved into `dir`.
+    Snapshot { stage: Stage, tokens: u64, dir: PathBuf },
     Saved { dir: PathBuf },
 }
 
@@ -219,6 +225,13 @@ pub struct StepReport {
 }
 
 pub const METRICS_FILE: &str = "metrics.jsonl";
+/// Where `DistillConfig::snapshots` go, one directory per token count.
+pub const SNAPSHOT_DIR: &str = "snapshots";
+
+/// The directory of the snapshot after `tokens` training tokens of the run in `out`.
+pub fn snapshot_dir(out: &Path, tokens: u64) -> PathBuf {
+    out.join(SNAPSHOT_DIR).join(tokens.to_string())
+}
 
 /// One part of a step's loss on the GPU: per-row values whose sum over `divisor` it is.
 struct LossRows {
@@ -387,10 +400,15 @@ impl<'g> Distiller<'g> {
             self.state.tokens += tokens_per_step as u64;
             pending.push(PendingStep { step: step + 1, lr, tokens: self.state.tokens, losses, partial });
             let checkpoint = (step + 1) % self.config.checkpoint_every == 0 && step + 1 < steps;
-            if pending.len() >= self.config.log_every || checkpoint || step + 1 == steps {
+            let before = self.state.tokens - tokens_per_step as u64;
+            let snapshot = self.config.snapshots.iter().any(|&t| before < t && t <= self.state.tokens);
+            if pending.len() >= self.config.log_every || checkpoint || snapshot || step + 1 == steps {
                 // The window ends when the GPU has finished its steps, i.e. after the read-back.
                 self.report_steps(stage, steps, std::mem::take(&mut pending), &optimizer, tokens_per_step, window, report)?;
                 window = Instant::now();
+            }
+            if snapshot {
+                self.snapshot(stage, report)?;
             }
             if checkpoint {
                 self.checkpoint(&optimizer, report)?;
@@ -400,8 +418,9 @@ impl<'g> Distiller<'g> {
         self.emit(report, Event::StageLoss { stage, after: true, loss, parts })?;
         let ppl = self.perplexity(false)?;
         self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(stage.number()), perplexity: ppl.0, tokens: ppl.1 })?;
-        self.save_student()?;
-        self.emit(report, Event::Saved { dir: self.out.clone() })?;
+        let out = self.out.clone();
+        self.save_student(&out)?;
+        self.emit(report, Event::Saved { dir: out })?;
         self.state.done.push(stage);
         self.state.step = 0;
         self.checkpoint(&Optimizer::empty(), report)?;
@@ -621,8 +640,25 @@ impl<'g> Distiller<'g> {
         Ok(())
     }
 
-    /// Reads the trained parameters back and saves the student (sharded) into the output dir.
-    fn save_student(&mut self) -> Result<()> {
+    /// Saves the student as it is now into `snapshots/<tokens>/`, through a temporary directory
+    /// renamed into place, so a snapshot on disk is whole. A resumed run that replays the step
+    /// finds it written (resume is exact: it would write the same weights) and goes on.
+    fn snapshot(&mut self, stage: Stage, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        let tokens = self.state.tokens;
+        let dir = snapshot_dir(&self.out, tokens);
+        if !dir.is_dir() {
+            let tmp = self.out.join(SNAPSHOT_DIR).join(format!(".{tokens}.partial"));
+            if tmp.exists() {
+                std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
+            }
+            self.save_student(&tmp)?;
+            std::fs::rename(&tmp, &dir).map_err(|e| Error::io(&dir, e))?;
+        }
+        self.emit(report, Event::Snapshot { stage, tokens, dir })
+    }
+
+    /// Reads the trained parameters back and saves the student (sharded) into `dir`.
+    fn save_student(&mut self, dir: &Path) -> Result<()> {
         let gpu = self.gpu;
         for p in self.student.parameters(Scope::All)? {
             let data = gpu.read_f32_blocking(p.buf, p.buf.len)?;
@@ -652,6 +688,6 @@ impl<'g> Distiller<'g> {
                 _ => unreachable!("parameters() names"),
             }
         }
-        save_dir_sharded(&self.out, &self.student_weights, &self.student_mixers, &self.tokenizer, Some(self.config.shard_mb.max(1) * 1_000_000))
+        save_dir_sharded(dir, &self.student_weights, &self.student_mixers, &self.tokenizer, Some(self.config.shard_mb.max(1) * 1_000_000))
     }
 }
