@@ -8,6 +8,8 @@ mod niah;
 mod report;
 mod saturation;
 mod serve;
+mod study;
+mod study_report;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
@@ -120,6 +122,9 @@ enum Command {
     Niah(niah::NiahArgs),
     /// Evaluate several models side by side: an HTML report with tables, figures and JSON
     Compare(compare::CompareArgs),
+    /// The paper's study: mixers × budgets × arms distilled and evaluated, a resumable run
+    /// with a report (hierarchy, scores against tokens, probe ρ, arms, findings)
+    Study(study::StudyArgs),
     /// The browser demo on 127.0.0.1: www/ and the models in $LINEARIZE_HOME
     Serve(serve::ServeArgs),
     /// A student's state norm, effective rank and gates over position on held-out prose
@@ -153,6 +158,7 @@ fn main() {
         Command::Eval(args) => eval::run(&args, load),
         Command::Niah(args) => niah::run(&args, load),
         Command::Compare(args) => compare::run(&args, load),
+        Command::Study(args) => study::run(&args),
         Command::Serve(args) => serve::run(&args),
         Command::Saturation(args) => saturation::run(&args, load),
         Command::Bench(args) => cmd_bench(&args),

@@ -142,6 +142,61 @@ fn lines<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, x_axis: 
     root.present()
 }
 
+/// Labelled points, x against y, each name written beside its point; a log x axis when the
+/// x values are positive and span more than two decades.
+fn scatter<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, x_desc: &str, y_desc: &str, points: &[(String, f64, f64)]) -> DrawResult<DB> {
+    root.fill(&WHITE)?;
+    let pts: Vec<&(String, f64, f64)> = points.iter().filter(|p| p.1.is_finite() && p.2.is_finite()).collect();
+    let span = |v: Vec<f64>| {
+        let (a, b) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        if a < b { (a, b) } else { (a - 1.0, a + 1.0) }
+    };
+    let (x0, x1) = span(pts.iter().map(|p| p.1).collect());
+    let (y0, y1) = span(pts.iter().map(|p| p.2).collect());
+    let pad = (y1 - y0) * 0.1;
+    let log_x = x0 > 0.0 && x1 / x0 > 100.0;
+    let mut builder = ChartBuilder::on(&root);
+    builder.caption(title, (FONT, 20)).margin(12).x_label_area_size(40).y_label_area_size(70);
+    macro_rules! draw_on {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style((FONT, 13)).draw()?;
+            for (i, p) in pts.iter().enumerate() {
+                let color = palette(i);
+                chart.draw_series(std::iter::once(Circle::new((p.1, p.2), 5, color.filled())))?;
+                chart.draw_series(std::iter::once(Text::new(format!(" {}", p.0), (p.1, p.2), (FONT, 13).into_font().color(&color))))?;
+            }
+        }};
+    }
+    if log_x {
+        draw_on!(builder.build_cartesian_2d((x0 * 0.8..x1 * 1.25).log_scale(), y0 - pad..y1 + pad)?);
+    } else {
+        let xpad = (x1 - x0) * 0.1;
+        draw_on!(builder.build_cartesian_2d(x0 - xpad..x1 + xpad, y0 - pad..y1 + pad)?);
+    }
+    root.present()
+}
+
+/// A study's own figures: `score` against training tokens per mixer, and the stage-1 probe
+/// against the final score (`probe`: name, probe loss, score) with Spearman's ρ in its title.
+pub fn study_figures(dir: &Path, score: &str, curves: &[(String, Vec<(f64, f64)>)], probe: &[(String, f64, f64)], rho: Option<f64>) -> Result<Vec<Figure>> {
+    plotters::style::register_font(FONT, FontStyle::Normal, dejavu::sans::regular()).map_err(|_| anyhow!("the embedded DejaVu Sans did not load"))?;
+    let mut out = Vec::new();
+    if curves.iter().any(|c| !c.1.is_empty()) {
+        let max = curves.iter().flat_map(|c| c.1.iter().map(|p| p.0)).fold(0.0, f64::max);
+        let (unit, name) = if max >= 1e6 { (1e6, "millions of tokens") } else if max >= 1e3 { (1e3, "thousands of tokens") } else { (1.0, "tokens") };
+        let scaled: Vec<(String, Vec<(f64, f64)>)> = curves.iter().map(|(n, pts)| (n.clone(), pts.iter().map(|&(x, y)| (x / unit, y)).collect())).collect();
+        render!(dir, "study-tokens", lines(&format!("{score} against training tokens"), XAxis::Plain, &format!("training tokens ({name})"), score, &scaled, None, false));
+        out.push(Figure { stem: "study-tokens".into(), caption: format!("{score} of every mixer's student against the tokens it was trained on (every evaluated point of every budget).") });
+    }
+    if probe.len() >= 2 {
+        let title = format!("stage-1 probe against final {score} (Spearman ρ = {})", fmt(rho, 2));
+        render!(dir, "study-probe", scatter(&title, "held-out stage-1 loss after stage 1 (lower is better)", &format!("final {score}"), probe));
+        out.push(Figure { stem: "study-probe".into(), caption: "The cheap probe (stage 1 alone) against the result of the full run: a probe that predicts the ranking puts low losses high.".into() });
+    }
+    Ok(out)
+}
+
 /// Draws every figure the report's numbers allow into `dir`; returns them in display order.
 pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
     // Registering twice is harmless; the first registration is the one used.
@@ -200,7 +255,7 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
     Ok(out)
 }
 
-fn fmt(v: Option<f64>, digits: usize) -> String {
+pub fn fmt(v: Option<f64>, digits: usize) -> String {
     v.map_or("–".into(), |v| format!("{v:.digits$}"))
 }
 
@@ -209,16 +264,28 @@ fn headline(m: &ModelReport, task: &str) -> Option<f64> {
     m.tasks.iter().find(|t| t.task == task).map(|t| t.acc_norm.unwrap_or(t.acc))
 }
 
-fn esc(s: &str) -> String {
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// The start of a report page, up to and including its heading.
+pub fn html_head(title: &str) -> String {
+    format!(
+        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{0}</title>\n<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th:first-child,td:first-child{{text-align:left}}figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>\n<h1>{0}</h1>\n",
+        esc(title)
+    )
+}
+
 pub fn html(report: &Report, figures: &[Figure]) -> String {
+    let mut h = html_head("Linearized models compared");
+    h.push_str(&html_sections(report, figures));
+    h.push_str("<p>The same numbers: <a href=\"report.json\">report.json</a>.</p>\n</body></html>\n");
+    h
+}
+
+/// The tables and figures of a comparison, as sections of a page.
+pub fn html_sections(report: &Report, figures: &[Figure]) -> String {
     let mut h = String::new();
-    let _ = write!(
-        h,
-        "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>linearize compare</title>\n<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}}table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;text-align:right}}th:first-child,td:first-child{{text-align:left}}figure{{margin:1.5em 0}}img{{max-width:100%}}</style></head><body>\n<h1>Linearized models compared</h1>\n"
-    );
     let models: Vec<String> = report.models.iter().map(|m| format!("<b>{}</b> ({}: <code>{}</code>)", esc(&m.label), esc(&m.kind), esc(&m.model))).collect();
     let _ = writeln!(h, "<p>Models: {}.</p>", models.join(", "));
     if !report.tasks.is_empty() {
@@ -284,11 +351,15 @@ pub fn html(report: &Report, figures: &[Figure]) -> String {
     if !figures.is_empty() {
         h.push_str("<h2>Figures</h2>\n");
         for f in figures {
-            let _ = writeln!(h, "<figure><img src=\"figures/{0}.svg\" alt=\"{1}\"><figcaption>{1} (<a href=\"figures/{0}.png\">PNG</a>)</figcaption></figure>", f.stem, esc(&f.caption));
+            h.push_str(&figure_html(f));
         }
     }
-    h.push_str("<p>The same numbers: <a href=\"report.json\">report.json</a>.</p>\n</body></html>\n");
     h
+}
+
+/// A figure as it sits in a page: the SVG, its caption, a link to the PNG.
+pub fn figure_html(f: &Figure) -> String {
+    format!("<figure><img src=\"figures/{0}.svg\" alt=\"{1}\"><figcaption>{1} (<a href=\"figures/{0}.png\">PNG</a>)</figcaption></figure>\n", f.stem, esc(&f.caption))
 }
 
 /// The zero-shot and NIAH tables as plain text.

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# `linearize study` on a lent GPU machine (one or two H200s), in two calls, as
+# ../shared/DEVICE.md's upload (a call carries at most 64 MiB):
+#   1. carry .stage/gguf.part00 .stage/eval; command `bash scripts/device-study.sh upload`
+#      (.stage/eval/requests.tar: the six tasks' request files and eval/.complete, made by
+#      `tar cf` in $LINEARIZE_HOME/eval)
+#   2. carry .stage/gguf.part01 .stage/tok .gl .bin; command
+#      `bash scripts/device-study.sh run [study flags…]`
+#      (.stage/tok/*.gz: the corpus's token caches, gzipped; .bin/linearize.gz: the binary)
+# The study's directory goes to /root/study; its report, every job's result.json, metrics and
+# log come back in $OUT/study.tgz, written again every minute while the study runs (a call cut
+# at its limit still returns what was done; the study resumes with `run --resume …` on the same
+# warm machine).
+set -uo pipefail
+if [ "${1:-}" = upload ]; then
+  mkdir -p /root/stage /root/lh/eval && cp .stage/gguf.part00 /root/stage/
+  tar xf .stage/eval/requests.tar -C /root/lh/eval && ls /root/stage /root/lh/eval
+  exit 0
+fi
+shift
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+export LINEARIZE_HOME=/root/lh
+mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
+G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+[ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+echo ok > $LINEARIZE_HOME/teacher/.complete
+sha256sum "$G" | tee $OUT/teacher.sha256
+for f in .stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+gunzip -c .bin/linearize.gz > /root/linearize && chmod +x /root/linearize
+nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
+pack() {
+  tar czf $OUT/study.tgz -C /root/study --exclude='*.safetensors' --exclude=checkpoint --exclude=snapshots --exclude=tokenizer.json . 2> /dev/null
+}
+( while sleep 60; do pack; done ) &
+packer=$!
+/root/linearize study --out /root/study "$@" > $OUT/study.out 2> $OUT/study.err
+echo "study rc=$?" | tee -a $OUT/study.err
+kill $packer 2> /dev/null
+pack
+tail -30 $OUT/study.out
