@@ -30,12 +30,15 @@ for f in .stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename
 gunzip -c .bin/linearize.gz > /root/linearize && chmod +x /root/linearize
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 pack() {
-  tar czf $OUT/study.tgz -C /root/study --exclude='*.safetensors' --exclude=checkpoint --exclude=snapshots --exclude=tokenizer.json . 2> /dev/null
+  tar czf $OUT/study.tgz -C /root/study --exclude='*.safetensors' --exclude=checkpoint --exclude=snapshots --exclude=tokenizer.json --exclude=eval --exclude=saturation.json --exclude=log.txt . 2> /dev/null
 }
 ( while sleep 60; do pack; done ) &
 packer=$!
-/root/linearize study --out /root/study "$@" > $OUT/study.out 2> $OUT/study.err
-echo "study rc=$?" | tee -a $OUT/study.err
+timeout ${SECONDS_LEFT:-540} /root/linearize study --out /root/study "$@" > $OUT/study.out 2> $OUT/study.err
+rc=$?
+echo "study rc=$rc" | tee -a $OUT/study.err
+# Cut at its limit: the report of what is done (the study resumes with `run --resume …`).
+[ $rc = 0 ] || /root/linearize study --out /root/study --report > $OUT/report.out 2>> $OUT/study.err
 kill $packer 2> /dev/null
 pack
 tail -30 $OUT/study.out

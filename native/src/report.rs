@@ -163,8 +163,9 @@ fn scatter<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, x_desc
             chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).label_style((FONT, 13)).draw()?;
             for (i, p) in pts.iter().enumerate() {
                 let color = palette(i);
-                chart.draw_series(std::iter::once(Circle::new((p.1, p.2), 5, color.filled())))?;
-                chart.draw_series(std::iter::once(Text::new(format!(" {}", p.0), (p.1, p.2), (FONT, 13).into_font().color(&color))))?;
+                // The name beside its point, offset in pixels so it does not cover the dot.
+                let mark = EmptyElement::at((p.1, p.2)) + Circle::new((0, 0), 5, color.filled()) + Text::new(p.0.clone(), (8, -6), (FONT, 13).into_font().color(&color));
+                chart.draw_series(std::iter::once(mark))?;
             }
         }};
     }

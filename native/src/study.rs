@@ -302,6 +302,7 @@ const RESULT_FILE: &str = "result.json";
 /// A token count as it reads in a job's id: 2M, 500k, 1536.
 pub fn budget_label(tokens: u64) -> String {
     match tokens {
+        t if t >= 1_000_000_000 && t % 1_000_000_000 == 0 => format!("{}B", t / 1_000_000_000),
         t if t >= 1_000_000 && t % 1_000_000 == 0 => format!("{}M", t / 1_000_000),
         t if t >= 1_000 && t % 1_000 == 0 => format!("{}k", t / 1_000),
         t => t.to_string(),

@@ -230,7 +230,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
         let se = r.hierarchy.iter().filter_map(|x| x.se).fold(0.0, f64::max) * std::f64::consts::SQRT_2 / scale;
         let evidence = format!("{} mixers evaluated at {} and at the end of {tokens}: Spearman ρ of the two rankings {}; final spread {spread:.4}", curves.len(), budget_label(curves[0].0.points[0].tokens), fmt(rho, 2));
         match rho {
-            Some(_) if !beyond_noise(spread, se) => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}, within two standard errors ({se:.4})") },
+            Some(_) if !beyond_noise(spread, se) => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}, within two standard errors (2 × {se:.4})") },
             Some(rho) => Finding { claim, status: if rho >= 0.5 { Status::Reproduced } else { Status::NotReproduced }, evidence },
             None => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}: a ranking without spread") },
         }
@@ -251,7 +251,16 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
         (Some(t), Some(g), false) if t >= 0.5 => {
             let worst = ungated_beyond.iter().map(|u| u.1).fold(0.0, f64::max);
             let evidence = format!("accuracy beyond 512 tokens: teacher {t:.2}, Gated DeltaNet {g:.2}, {}", ungated_beyond.iter().map(|(m, a)| format!("{m} {a:.2}")).collect::<Vec<_>>().join(", "));
-            Finding { claim, status: if worst <= 0.1 && g > worst { Status::Reproduced } else { Status::NotReproduced }, evidence }
+            let status = if worst <= 0.1 && g > worst {
+                Status::Reproduced
+            } else if g == 0.0 && worst == 0.0 {
+                // No student retrieves at all: the contrast the claim draws needs one that does.
+                Status::NotYetTestable
+            } else {
+                Status::NotReproduced
+            };
+            let evidence = if status == Status::NotYetTestable { format!("{evidence}: no student retrieves a needle beyond 512 tokens at {tokens}") } else { evidence };
+            Finding { claim, status, evidence }
         }
         (Some(t), _, _) if t < 0.5 => Finding { claim, status: Status::NotYetTestable, evidence: format!("the teacher itself retrieves {t:.2} of the needles beyond 512 tokens in this grid") },
         _ => Finding { claim, status: Status::NotYetTestable, evidence: "needs a NIAH grid with lengths beyond 512 for the teacher, Gated DeltaNet and Linear Attention or RetNet".into() },
@@ -271,7 +280,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
     let evidence = format!("{n} mixers at {tokens}: Spearman ρ of the probe's ranking against the final {} = {}; the final averages span {spread:.4}", r.score, fmt(r.probe_rho, 2));
     out.push(match r.probe_rho {
         Some(_) if n < 3 => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}; needs at least three mixers") },
-        Some(_) if !beyond_noise(spread, se) => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}, within two standard errors ({se:.4}): the final ranking is noise at this budget") },
+        Some(_) if !beyond_noise(spread, se) => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}, within two standard errors (2 × {se:.4}): the final ranking is noise at this budget") },
         Some(rho) => Finding { claim, status: if rho >= 0.5 { Status::Reproduced } else { Status::NotReproduced }, evidence },
         None => Finding { claim, status: Status::NotYetTestable, evidence: format!("{evidence}; needs probe losses and final scores that differ") },
     });
