@@ -7,14 +7,9 @@
 # PyTorch training step of the same model in the same call. Results go to $OUT as JSON lines.
 set -uo pipefail
 SECONDS_BUDGET=$1; shift
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export LINEARIZE_HOME=/root/lh
-mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
-G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
-sha256sum "$G" > $OUT/teacher.sha256
-for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+source scripts/device-common.sh
+device_vulkan
+device_teacher /root/stage/tok
 B=.bin/linearize
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $OUT/gpu.txt
 # Calibration: two steps of each stage (the second one timed).

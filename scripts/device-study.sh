@@ -18,15 +18,10 @@ if [ "${1:-}" = upload ]; then
   exit 0
 fi
 shift
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-export LINEARIZE_HOME=/root/lh
-mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
-G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
-echo ok > $LINEARIZE_HOME/teacher/.complete
-sha256sum "$G" | tee $OUT/teacher.sha256
-for f in .stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
+source scripts/device-common.sh
+device_vulkan
+device_teacher .stage/tok
+cat $OUT/teacher.sha256
 gunzip -c .bin/linearize.gz > /root/linearize && chmod +x /root/linearize
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
 pack() {
