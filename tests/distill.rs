@@ -38,6 +38,8 @@ fn defaults_are_the_papers() {
     assert_eq!(c.kl_scaling, KlScaling::PaperBatch);
     assert_eq!(c.options.conv_init, ConvInit::Random);
     assert!(!c.options.la_denominator && !c.options.la_output_norm && !c.options.kda_gate_mixup && !c.options.mlstm_forget_linspace && !c.options.la_tied_feature_map && !c.options.kda_full_rank_gate);
+    // RetNet's rotary positions at fla's base, not the teacher's 100,000.
+    assert!(!c.options.retnet_teacher_rope && c.options.rope_theta(100_000.0) == 10_000.0);
 }
 
 /// A test-sized run: 2 blocks, 2 sequences of 32 tokens per step.

@@ -216,6 +216,16 @@ fn kda_output_gate_is_flas_low_rank_pair() {
     assert!(as_written_before("kda_full_rank_gate").kda_full_rank_gate);
 }
 
+/// RetNet's rotary base: fla's default 10,000, as the paper's layer has it; the teacher's own
+/// base with `retnet_teacher_rope` (ours), as student files from before the option were made.
+#[test]
+fn retnet_rotary_base_is_the_papers() {
+    assert_eq!(MixerOptions::default().rope_theta(100_000.0), 10_000.0);
+    assert_eq!(MixerOptions { retnet_teacher_rope: true, ..Default::default() }.rope_theta(100_000.0), 100_000.0);
+    assert!(as_written_before("retnet_teacher_rope").retnet_teacher_rope);
+    assert!(mixer("retnet").layout(&MixerOptions::default()).rotary);
+}
+
 /// `conv_all_mixers` (the authors' code) gives linear attention, GLA and RetNet the short conv's
 /// taps and layout; off by default, as the paper describes them.
 #[test]

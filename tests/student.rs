@@ -64,6 +64,18 @@ fn every_mixer_student_matches_reference_and_generates() {
         let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
         assert_close(&format!("{} student logits", kind.name()), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
     }
+    // RetNet at the teacher's rotary base (ours) against its reference, and away from the paper's
+    // base: the GPU's tables follow the option.
+    let retnet = mixer("retnet");
+    let (w, paper) = from_teacher(&small, retnet, None, &MixerOptions::default(), "test").unwrap();
+    // The same parameters (the same seed draws them), the rotary base aside.
+    let (_, ours) = from_teacher(&small, retnet, None, &MixerOptions { retnet_teacher_rope: true, ..Default::default() }, "test").unwrap();
+    let want = reference::forward_with_mixers(&w, Some(&ours), &ids);
+    let got = prefill_then_decode(gpu(), &LanguageModel::upload_with_mixers(gpu(), &w, Some(&ours)).unwrap(), &ids, ids.len() - 3);
+    let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+    assert_close("retnet student logits at the teacher's rotary base", &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+    let papers = reference::forward_with_mixers(&w, Some(&paper), &ids);
+    assert!(papers.iter().zip(&want).any(|(a, b)| (a - b).abs() > 1e-2 * scale.max(1.0)), "the rotary base changed nothing");
     // Full 30-block students generate with a state that does not grow.
     for kind in MixerKind::all() {
         let (w, m) = from_teacher(&t.weights, kind, None, &MixerOptions::default(), "test").unwrap();

@@ -141,6 +141,7 @@ fn arms_apply_where_they_change_something_and_bad_settings_are_refused() {
     assert_eq!(applies("la-normalized"), "[linear_attn]");
     assert_eq!(applies("kda-full-rank-gate"), "[kda]");
     assert_eq!(applies("mlstm-forget-linspace"), "[mlstm]");
+    assert_eq!(applies("retnet-teacher-rope"), "[retnet]");
     let dir = tempdir("study-refusals");
     let o = dir.join("s");
     let o = o.to_str().unwrap();

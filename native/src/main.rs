@@ -111,6 +111,10 @@ enum Command {
         /// Linear attention, GLA, RetNet: the short conv on q, k, v too (the authors' code)
         #[arg(long)]
         conv_all_mixers: bool,
+        /// RetNet: rotary positions at the teacher's base (ours) instead of fla's 10,000 (the
+        /// paper's)
+        #[arg(long)]
+        retnet_teacher_rope: bool,
         #[arg(long, default_value_t = 0)]
         seed: u64,
     },
@@ -150,8 +154,8 @@ fn main() {
             cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), weights, json)
         }
         Command::Convert { from, to } => cmd_convert(&from, &to),
-        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, seed } => {
-            let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers };
+        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed } => {
+            let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope };
             cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed)
         }
         Command::Distill(args) => distill::run(&args, load),
@@ -520,6 +524,7 @@ struct StudentFlags {
     la_tied_feature_map: bool,
     kda_full_rank_gate: bool,
     conv_all_mixers: bool,
+    retnet_teacher_rope: bool,
 }
 
 fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, flags: StudentFlags, seed: u64) -> Result<()> {
@@ -542,8 +547,8 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
         model.weights.truncate_layers(n);
     }
     let chosen = mixer_layers.map(|s| parse_list::<usize>("--mixer-layers", s)).transpose()?;
-    let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers } = flags;
-    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, seed, ..Default::default() };
+    let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope } = flags;
+    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, ..Default::default() };
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;
     println!(

@@ -109,6 +109,7 @@ pub enum Arm {
     MlstmForgetLinspace,
     LaTiedFeatureMap,
     KdaFullRankGate,
+    RetnetTeacherRope,
     ConvAllMixers,
     LaDenominator,
     LaOutputNorm,
@@ -128,7 +129,7 @@ pub enum ArmKind {
 }
 
 impl Arm {
-    pub const ALL: [Arm; 11] = [
+    pub const ALL: [Arm; 12] = [
         Arm::Paper,
         Arm::ConvIdentity,
         Arm::KlTokenMean,
@@ -136,6 +137,7 @@ impl Arm {
         Arm::MlstmForgetLinspace,
         Arm::LaTiedFeatureMap,
         Arm::KdaFullRankGate,
+        Arm::RetnetTeacherRope,
         Arm::ConvAllMixers,
         Arm::LaDenominator,
         Arm::LaOutputNorm,
@@ -151,6 +153,7 @@ impl Arm {
             Arm::MlstmForgetLinspace => "mlstm-forget-linspace",
             Arm::LaTiedFeatureMap => "la-tied-feature-map",
             Arm::KdaFullRankGate => "kda-full-rank-gate",
+            Arm::RetnetTeacherRope => "retnet-teacher-rope",
             Arm::ConvAllMixers => "conv-all-mixers",
             Arm::LaDenominator => "la-denominator",
             Arm::LaOutputNorm => "la-output-norm",
@@ -165,7 +168,7 @@ impl Arm {
     pub fn kind(self) -> ArmKind {
         match self {
             Arm::Paper => ArmKind::Paper,
-            Arm::ConvIdentity | Arm::KlTokenMean | Arm::Stage2Mixers | Arm::MlstmForgetLinspace | Arm::LaTiedFeatureMap | Arm::KdaFullRankGate => ArmKind::Ours,
+            Arm::ConvIdentity | Arm::KlTokenMean | Arm::Stage2Mixers | Arm::MlstmForgetLinspace | Arm::LaTiedFeatureMap | Arm::KdaFullRankGate | Arm::RetnetTeacherRope => ArmKind::Ours,
             Arm::ConvAllMixers | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized => ArmKind::Ablation,
         }
     }
@@ -179,6 +182,7 @@ impl Arm {
             Arm::MlstmForgetLinspace => "mLSTM forget-gate biases linspace(3, 6), xLSTM's recipe",
             Arm::LaTiedFeatureMap => "linear attention: one feature map shared by q and k",
             Arm::KdaFullRankGate => "KDA: the output gate one full-rank matrix",
+            Arm::RetnetTeacherRope => "RetNet: rotary positions at the teacher's base, not fla's 10,000",
             Arm::ConvAllMixers => "the short conv on linear attention, GLA and RetNet too (the authors' code)",
             Arm::LaDenominator => "linear attention: the running-sum denominator",
             Arm::LaOutputNorm => "linear attention: a per-head RMSNorm on the output",
@@ -197,6 +201,7 @@ impl Arm {
             Arm::MlstmForgetLinspace => o.mlstm_forget_linspace = true,
             Arm::LaTiedFeatureMap => o.la_tied_feature_map = true,
             Arm::KdaFullRankGate => o.kda_full_rank_gate = true,
+            Arm::RetnetTeacherRope => o.retnet_teacher_rope = true,
             Arm::ConvAllMixers => o.conv_all_mixers = true,
             Arm::LaDenominator => o.la_denominator = true,
             Arm::LaOutputNorm => o.la_output_norm = true,
@@ -215,6 +220,7 @@ impl Arm {
             Arm::ConvIdentity => paper.conv,
             Arm::ConvAllMixers => !paper.conv && mixer.layout(&MixerOptions { conv_all_mixers: true, ..Default::default() }).conv,
             Arm::MlstmForgetLinspace => paper.input_gate.is_some(),
+            Arm::RetnetTeacherRope => paper.rotary,
             Arm::LaTiedFeatureMap | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized => paper.feature_map.is_some(),
             Arm::KdaFullRankGate => matches!(paper.output.gate.map(|g| g.input), Some(GateInput::LowRank { .. })),
         }

@@ -132,6 +132,12 @@ pub struct MixerOptions {
     /// puts it (an option in the paper's set-up, MIXERS.md §2).
     #[serde(default)]
     pub conv_all_mixers: bool,
+    /// RetNet: rotary positions at the teacher's base (`rope_theta`, 100,000 for SmolLM2), so the
+    /// copied q/k keep their geometry (ours; the paper's layer, fla's MultiScaleRetention, uses
+    /// its default base 10,000). Student files from before this option used the teacher's base,
+    /// so a file that does not say reads as the teacher's.
+    #[serde(default = "as_files_before_the_option")]
+    pub retnet_teacher_rope: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -140,7 +146,7 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, norm_eps: 1e-5, seed: 0 }
     }
 }
 
@@ -148,6 +154,18 @@ impl Default for MixerOptions {
 /// gate).
 fn as_files_before_the_option() -> bool {
     true
+}
+
+/// The base of the mixers' rotary positions when the paper's layer sets its own: fla's
+/// MultiScaleRetention default, which the paper's RetNet student uses.
+pub const MIXER_ROPE_THETA: f64 = 10_000.0;
+
+impl MixerOptions {
+    /// The base of a mixer's rotary positions (RetNet's; the only mixer with them) for a teacher
+    /// whose own base is `teacher_theta`.
+    pub fn rope_theta(&self, teacher_theta: f64) -> f64 {
+        if self.retnet_teacher_rope { teacher_theta } else { MIXER_ROPE_THETA }
+    }
 }
 
 /// Shapes of a mixer layer: model width, heads and head sizes (the teacher's layout: every

@@ -40,8 +40,9 @@ pub struct LanguageModel {
     head: Option<Weight>,
     rope_cos: GpuBuf,
     rope_sin: GpuBuf,
-    /// −sin: rotating by −θ undoes a rotation (RetNet's backward).
-    rope_sin_neg: GpuBuf,
+    /// The mixers' rotary tables (RetNet's): at their own base, which may differ from the
+    /// attention's (`MixerOptions::rope_theta`); −sin rotates back (RetNet's backward).
+    mixer_rope: [GpuBuf; 3],
     /// Positions the rotary tables cover.
     pub max_positions: usize,
 }
@@ -132,13 +133,16 @@ impl LanguageModel {
         }
         let max_positions = cfg.max_position_embeddings.max(2048);
         let (cos, sin) = rope_tables(max_positions, cfg.head_dim(), cfg.rope_theta);
+        let mixer_theta = mixers.map_or(cfg.rope_theta, |m| m.config.options.rope_theta(cfg.rope_theta));
+        let (mcos, msin) = rope_tables(max_positions, cfg.head_dim(), mixer_theta);
+        let msin_neg: Vec<f32> = msin.iter().map(|v| -v).collect();
         Ok(LanguageModel {
             embed: Weight::upload(gpu, "embed", &w.embed, v, d, dtype)?,
             final_norm: gpu.upload_f32("final_norm", &w.final_norm)?,
             head: w.lm_head.as_ref().map(|h| Weight::upload(gpu, "lm_head", h, v, d, dtype)).transpose()?,
             rope_cos: gpu.upload_f32("rope_cos", &cos)?,
             rope_sin: gpu.upload_f32("rope_sin", &sin)?,
-            rope_sin_neg: gpu.upload_f32("rope_sin_neg", &sin.iter().map(|v| -v).collect::<Vec<f32>>())?,
+            mixer_rope: [gpu.upload_f32("mixer_rope_cos", &mcos)?, gpu.upload_f32("mixer_rope_sin", &msin)?, gpu.upload_f32("mixer_rope_sin_neg", &msin_neg)?],
             max_positions,
             blocks,
             config: cfg,
@@ -291,7 +295,7 @@ impl LanguageModel {
             cap: cache.cap,
         };
         let eps = cfg.rms_norm_eps as f32;
-        let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
+        let (rope, _) = self.rope_tables();
 
         let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
         let mut rec = gpu.recorder();

@@ -27,7 +27,7 @@ pub fn forward_with_mixers(w: &ModelWeights, mixers: Option<&StudentMixers>, ids
         if let Some((m, params)) = mixers.and_then(|m| m.layers.get(&i).map(|p| (m, p))) {
             let cfg = &m.config;
             let mut state = LayerState::new(cfg.shape, 1);
-            let o = mixers::forward(cfg.mixer, &cfg.options, cfg.shape, params, &xn, 1, t, c.rope_theta, &mut state);
+            let o = mixers::forward(cfg.mixer, &cfg.options, cfg.shape, params, &xn, 1, t, cfg.options.rope_theta(c.rope_theta), &mut state);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             mlp(l, &mut x, t, d, f, eps);
             continue;

@@ -100,9 +100,10 @@ impl LanguageModel {
         }
     }
 
-    /// The rotary tables, and the ones that rotate back (sin negated).
+    /// The mixers' rotary tables, and the ones that rotate back (sin negated).
     pub fn rope_tables(&self) -> (Rope<'_>, Rope<'_>) {
-        (Rope { cos: &self.rope_cos, sin: &self.rope_sin }, Rope { cos: &self.rope_cos, sin: &self.rope_sin_neg })
+        let [cos, sin, sin_neg] = &self.mixer_rope;
+        (Rope { cos, sin }, Rope { cos, sin: sin_neg })
     }
 
     /// The trainable parameters of `scope`, by name (an error for a model uploaded for
@@ -182,7 +183,7 @@ impl LanguageModel {
                 None
             }
             TokenMixer::Mixer(m) => {
-                let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
+                let (rope, _) = self.rope_tables();
                 Some(m.forward_train(rec, &xn1, batch, seq, &rope, &mixer_out)?)
             }
         };
@@ -236,7 +237,7 @@ impl LanguageModel {
         let d_xn1 = rec.temp(rows * d)?;
         match (mixer, &a.mixer) {
             (TokenMixer::Mixer(m), Some(acts)) => {
-                let rope_back = Rope { cos: &self.rope_cos, sin: &self.rope_sin_neg };
+                let (_, rope_back) = self.rope_tables();
                 let prefix = format!("layers.{i}.mixer.");
                 let args = BackwardArgs { x: &a.xn1, acts, rope_back: &rope_back, d_out: &d_mid };
                 m.backward(rec, &args, &d_xn1, false, &LayerGrads { grads, prefix: &prefix })?;
