@@ -42,6 +42,27 @@ fn defaults_are_the_papers() {
     assert!(!c.options.retnet_teacher_rope && c.options.rope_theta(100_000.0) == 10_000.0);
 }
 
+/// The teacher's text mixed into the real text: a share of the blocks, spread evenly, each
+/// source in order, the rest of the longer one at the end.
+#[test]
+fn teacher_text_is_mixed_in_evenly_at_its_share() {
+    use linearize_core::train::data::mix;
+    let real: Vec<u32> = (0..12).collect();
+    let teacher: Vec<u32> = (100..106).collect();
+    // Half the blocks of 2: teacher, real, teacher, real, … until the teacher's run out.
+    assert_eq!(mix(&real, &teacher, 0.5, 2), [0, 1, 100, 101, 2, 3, 102, 103, 4, 5, 104, 105, 6, 7, 8, 9, 10, 11]);
+    // A quarter: every fourth block the teacher's.
+    let m = mix(&real, &teacher, 0.25, 2);
+    assert_eq!(&m[..8], [0, 1, 2, 3, 4, 5, 100, 101]);
+    assert_eq!(m.len(), 18);
+    let mut sorted = m.clone();
+    sorted.sort();
+    assert_eq!(sorted, real.iter().chain(&teacher).copied().collect::<Vec<_>>());
+    // A share the run refuses.
+    let bad = DistillConfig { teacher_share: Some(1.5), ..DistillConfig::default() };
+    assert!(bad.validate().unwrap_err().to_string().contains("--teacher-share"));
+}
+
 /// A test-sized run: 2 blocks, 2 sequences of 32 tokens per step.
 fn small(mixer: MixerKind, stages: &[u8], steps: [usize; 3]) -> DistillConfig {
     let total: usize = stages.iter().map(|&s| steps[s as usize - 1]).sum();

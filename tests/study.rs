@@ -37,7 +37,11 @@ fn a_tiny_study_runs_resumes_after_a_kill_and_reports() {
     let dir = tempdir("study");
     let out = dir.join("s");
     let o = out.to_str().unwrap();
-    let mut args = vec!["study", "--out", o, "--every", "64", "--json"];
+    // The teacher's text, sampled once for every job (short sequences: a test's budget).
+    let config = dir.join("study.toml");
+    std::fs::write(&config, "[distill]\nsample_len = 8\nsample_batch = 2\n").unwrap();
+    let c = config.to_str().unwrap();
+    let mut args = vec!["study", "--config", c, "--out", o, "--every", "64", "--teacher-tokens", "40", "--teacher-share", "0.5", "--json"];
     args.extend(SETTINGS);
     // Killed while the second job (linear attention at 128 tokens) distils.
     let mut child = Command::new(linearize_bin()).args(&args).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
@@ -52,7 +56,7 @@ fn a_tiny_study_runs_resumes_after_a_kill_and_reports() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(!second.join("result.json").exists(), "the second job finished before the kill");
-    let done = [jobs.join("teacher/result.json"), first.join("result.json")];
+    let done = [jobs.join("teacher-text/result.json"), jobs.join("teacher/result.json"), first.join("result.json")];
     let stamps: Vec<_> = done.iter().map(|p| modified(p)).collect();
 
     // Refused before any work: a started study without --resume, or resumed with other settings.
@@ -74,6 +78,13 @@ fn a_tiny_study_runs_resumes_after_a_kill_and_reports() {
     let metrics = std::fs::read_to_string(second.join("metrics.jsonl")).unwrap();
     let starts: Vec<u64> = metrics.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()).filter(|v| v["event"] == "stage_start").map(|v| v["stage"].as_u64().unwrap()).collect();
     assert_eq!(starts, [1, 2, 3], "{metrics}");
+
+    // One teacher text, read by every job.
+    let text = std::fs::read(jobs.join("teacher-text/text.bin")).unwrap();
+    assert!(text.len() >= 40 * 4, "{} bytes of teacher text", text.len());
+    for id in ["gated_deltanet.paper.128", "linear_attn.paper.128", "gated_deltanet.paper.256", "linear_attn.paper.256"] {
+        assert_eq!(std::fs::read(jobs.join(id).join("teacher-samples.bin")).unwrap(), text, "{id}");
+    }
 
     // The report: four jobs, each evaluated half way and at its end, the teacher once.
     assert_eq!(report["missing"], serde_json::json!([]));

@@ -80,6 +80,10 @@ pub struct DistillArgs {
     /// Add this many tokens of text sampled from the teacher to the training stream
     #[arg(long)]
     pub teacher_tokens: Option<usize>,
+    /// Share of the training sequences taken from the teacher's text, spread evenly through the
+    /// stream (default: the teacher's text follows the real text)
+    #[arg(long)]
+    pub teacher_share: Option<f64>,
     #[arg(long)]
     pub seed: Option<u64>,
     /// The GEMMs' arithmetic: f32, mixed (f16 operands scaled per tensor, f32 accumulation, on
@@ -180,6 +184,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     }
     if let Some(v) = a.teacher_tokens {
         c.teacher_tokens = v;
+    }
+    if a.teacher_share.is_some() {
+        c.teacher_share = a.teacher_share;
     }
     if let Some(v) = a.seed {
         c.options.seed = v;

@@ -22,7 +22,9 @@ use linearize_core::model::load::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{LanguageModel, Model};
 use linearize_core::train::checkpoint::RunState;
 use linearize_core::train::data::Corpus;
-use linearize_core::train::distill::{DistillConfig, Distiller, KlScaling, Stage2Trains, METRICS_FILE, SNAPSHOT_DIR};
+use linearize_core::train::data::teacher_text;
+use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling, Stage2Trains, METRICS_FILE, SAMPLES_FILE, SNAPSHOT_DIR};
+use linearize_core::util::write_atomic;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -63,6 +65,13 @@ pub struct StudyArgs {
     /// Held-out tokens for the perplexities
     #[arg(long)]
     pub heldout_tokens: Option<usize>,
+    /// Tokens of text sampled from the teacher once for the whole study and read by every job
+    #[arg(long)]
+    pub teacher_tokens: Option<usize>,
+    /// Share of the training sequences taken from the teacher's text, spread evenly (default:
+    /// after the real text)
+    #[arg(long)]
+    pub teacher_share: Option<f64>,
     /// Zero-shot tasks, comma-separated ("" for none)
     #[arg(long)]
     pub tasks: Option<String>,
@@ -302,6 +311,12 @@ pub struct Job {
 
 /// The id of the teacher's evaluation, run as a job of its own.
 pub const TEACHER_JOB: &str = "teacher";
+/// The id of the job that samples the teacher's text once for every job (`distill.teacher_tokens`).
+pub const TEXT_JOB: &str = "teacher-text";
+/// Tokens per shard of the teacher's text.
+const TEXT_SHARD: usize = 1 << 20;
+/// The whole teacher's text, each job's SAMPLES_FILE a link to it.
+const TEXT_FILE: &str = "text.bin";
 const STUDY_FILE: &str = "study.json";
 const RESULT_FILE: &str = "result.json";
 
@@ -427,6 +442,12 @@ fn config(a: &StudyArgs) -> Result<StudyConfig> {
     if let Some(v) = a.heldout_tokens {
         c.distill.heldout_tokens = v;
     }
+    if let Some(v) = a.teacher_tokens {
+        c.distill.teacher_tokens = v;
+    }
+    if a.teacher_share.is_some() {
+        c.distill.teacher_share = a.teacher_share;
+    }
     if let Some(s) = &a.tasks {
         c.eval.tasks = s.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
     }
@@ -506,7 +527,10 @@ pub fn run(a: &StudyArgs) -> Result<()> {
     let gpus = adapters(&a.gpus)?;
     std::fs::create_dir_all(a.out.join("jobs")).with_context(|| format!("--out {}", a.out.display()))?;
     write_json(&a.out.join(STUDY_FILE), &study)?;
-    let mut queue: Vec<String> = std::iter::once(TEACHER_JOB.to_string()).chain(study.jobs().into_iter().map(|j| j.id)).collect();
+    // The teacher's text first (every distillation reads it), then the teacher's evaluation and
+    // the distillations.
+    let text = (study.distill.teacher_tokens > 0).then(|| TEXT_JOB.to_string());
+    let mut queue: Vec<String> = text.into_iter().chain(std::iter::once(TEACHER_JOB.to_string())).chain(study.jobs().into_iter().map(|j| j.id)).collect();
     queue.retain(|id| !job_dir(&a.out, id).join(RESULT_FILE).is_file());
     if !a.json {
         eprintln!("study in {}: {} jobs and the teacher, {} still to run, on adapter(s) {gpus:?}", a.out.display(), study.jobs().len(), queue.len());
@@ -523,6 +547,11 @@ pub fn run(a: &StudyArgs) -> Result<()> {
             }
         }
         failed
+    } else if queue.first().is_some_and(|id| id == TEXT_JOB) {
+        match schedule(&a.out, &queue[..1], &gpus[..1], a.json)? {
+            failed if !failed.is_empty() => failed,
+            _ => schedule(&a.out, &queue[1..], &gpus, a.json)?,
+        }
     } else {
         schedule(&a.out, &queue, &gpus, a.json)?
     };
@@ -650,6 +679,9 @@ impl<'a> Worker<'a> {
             let point = self.evaluate(&teacher, &self.study.teacher, TEACHER_JOB, 0, &dir.join("evals"))?;
             return write_json(&dir.join(RESULT_FILE), &point);
         }
+        if id == TEXT_JOB {
+            return self.teacher_text(&dir);
+        }
         let job = self.study.jobs().into_iter().find(|j| j.id == id).ok_or_else(|| anyhow!("--job {id}: no such job in {}", self.out.display()))?;
         let config = self.study.job_config(&job);
         self.distill(&dir, &config, id)?;
@@ -676,12 +708,38 @@ impl<'a> Worker<'a> {
         write_json(&dir.join(RESULT_FILE), &result)
     }
 
+    /// Samples the study's teacher text once, in shards (`data::teacher_text`: an interrupted
+    /// generation continues), from the teacher the students are distilled from.
+    fn teacher_text(&self, dir: &Path) -> Result<()> {
+        let c = &self.study.distill;
+        let mut weights = self.teacher.weights.clone();
+        if let Some(n) = c.layers {
+            weights.truncate_layers(n);
+        }
+        let lm = LanguageModel::upload(&self.gpu, &weights)?;
+        let mut progress = Progress::new(self.json, TEXT_JOB);
+        let n = c.teacher_tokens;
+        let mut report = |done: usize| progress.event(&Event::Sampling { tokens: done, of: n });
+        let text = teacher_text(&self.gpu, &lm, &self.teacher.tokenizer, &self.corpus.train, n, c.sample_batch, c.sample_len, c.options.seed, TEXT_SHARD, &dir.join("shards"), &mut report)?;
+        let bytes: Vec<u8> = text.iter().flat_map(|t| t.to_le_bytes()).collect();
+        write_atomic(&dir.join(TEXT_FILE), &bytes)?;
+        let settings = serde_json::json!({ "tokens": text.len(), "asked": n, "sample_len": c.sample_len, "sample_batch": c.sample_batch, "seed": c.options.seed, "shard_tokens": TEXT_SHARD, "teacher": self.study.teacher, "layers": c.layers });
+        write_json(&dir.join(RESULT_FILE), &settings)
+    }
+
     /// The job's distillation, continued from its checkpoint if it has one; nothing when all
-    /// its stages are done.
+    /// its stages are done. A study's teacher text is the job's SAMPLES_FILE, linked.
     fn distill(&self, dir: &Path, config: &DistillConfig, id: &str) -> Result<()> {
         let state = RunState::read(dir)?;
         if state.as_ref().is_some_and(|s| config.stages.iter().all(|st| s.done.contains(st))) {
             return Ok(());
+        }
+        let samples = dir.join(SAMPLES_FILE);
+        if config.teacher_tokens > 0 && !samples.exists() {
+            let text = job_dir(self.out, TEXT_JOB).join(TEXT_FILE);
+            if std::fs::hard_link(&text, &samples).is_err() {
+                std::fs::copy(&text, &samples).with_context(|| format!("the study's teacher text {}", text.display()))?;
+            }
         }
         let t = &self.teacher;
         let mut d = Distiller::new(&self.gpu, &t.weights, &t.tokenizer, &t.source.display().to_string(), self.corpus.clone(), config.clone(), dir, state.is_some())?;

@@ -178,6 +178,52 @@ pub fn sample_from_teacher(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Token
     Ok(out)
 }
 
+/// The training stream with the teacher's text mixed in: `share` of its blocks of `block` tokens
+/// are taken from `samples`, spread evenly (block i is the teacher's when ⌊(i+1)·share⌋ >
+/// ⌊i·share⌋), each source read in order; when one runs out the rest of the other follows.
+pub fn mix(real: &[u32], samples: &[u32], share: f64, block: usize) -> Vec<u32> {
+    let block = block.max(1);
+    let mut out = Vec::with_capacity(real.len() + samples.len());
+    let (mut r, mut s) = (real.chunks(block), samples.chunks(block));
+    let mut i = 0u64;
+    loop {
+        let teachers = ((i + 1) as f64 * share).floor() > (i as f64 * share).floor();
+        let next = if teachers { s.next().or_else(|| r.next()) } else { r.next().or_else(|| s.next()) };
+        match next {
+            Some(b) => out.extend_from_slice(b),
+            None => return out,
+        }
+        i += 1;
+    }
+}
+
+/// Text sampled from the teacher in shards of `shard` tokens kept in `dir` (`shard-NNNNN.bin`,
+/// u32 little-endian, each written whole), `n` tokens in all: a shard on disk is read back, a
+/// missing one sampled (`sample_from_teacher` seeded by `seed` + its index), so an interrupted
+/// generation continues where it stopped and every run that asks for the same settings shares
+/// the same text. `progress` gets the tokens done.
+#[allow(clippy::too_many_arguments)]
+pub fn teacher_text(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, train: &[u32], n: usize, batch: usize, len: usize, seed: u64, shard: usize, dir: &Path, progress: &mut dyn FnMut(usize)) -> Result<Vec<u32>> {
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
+    let shard = shard.max(1);
+    let mut out = Vec::with_capacity(n + shard);
+    for (i, start) in (0..n).step_by(shard).enumerate() {
+        let path = dir.join(format!("shard-{i:05}.bin"));
+        let tokens = if path.is_file() {
+            from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?)?
+        } else {
+            let done = out.len();
+            let mut inner = |t: usize| progress(done + t);
+            let t = sample_from_teacher(gpu, teacher, tokenizer, train, shard.min(n - start), batch, len, seed.wrapping_add(i as u64), &mut inner)?;
+            crate::util::write_atomic(&path, &to_bytes(&t))?;
+            t
+        };
+        out.extend(tokens);
+        progress(out.len().min(n));
+    }
+    Ok(out)
+}
+
 /// `batch` rows of `len` consecutive tokens of `stream` from `cursor` (wrapping around at the
 /// end); returns them and the cursor after them.
 pub fn next_rows(stream: &[u32], cursor: u64, batch: usize, len: usize) -> (Vec<u32>, u64) {

@@ -98,6 +98,9 @@ pub struct DistillConfig {
     pub sample_len: usize,
     /// Sequences sampled at a time.
     pub sample_batch: usize,
+    /// Share of the training sequences taken from the teacher's text, spread evenly through the
+    /// stream (`data::mix`); None: the teacher's text follows the real text, as before the option.
+    pub teacher_share: Option<f64>,
     /// The GEMMs' arithmetic (teacher and student, forward and backward): f32, mixed (f16
     /// operands scaled per tensor, f32 accumulation, on tensor cores), or best: mixed where the
     /// adapter has tensor cores (BENCHMARKS.md: the same held-out perplexity, stage 3 1.70× on the H200).
@@ -136,6 +139,7 @@ impl Default for DistillConfig {
             teacher_tokens: 0,
             sample_len: 256,
             sample_batch: 32,
+            teacher_share: None,
             precision: Precision::Best,
             snapshots: Vec::new(),
         }
@@ -161,6 +165,9 @@ impl DistillConfig {
         }
         if self.loss_rows == 0 {
             return Err(Error::argument("--loss-rows", "must be at least 1"));
+        }
+        if let Some(s) = self.teacher_share.filter(|s| !(*s > 0.0 && *s < 1.0)) {
+            return Err(Error::argument("--teacher-share", format!("{s}: expected a share between 0 and 1")));
         }
         if self.log_every == 0 {
             return Err(Error::argument("--log-every", "must be at least 1"));
@@ -341,8 +348,9 @@ impl<'g> Distiller<'g> {
         Ok(())
     }
 
-    /// Samples `teacher_tokens` of text from the teacher (or reads them back from an earlier
-    /// start of this run) and appends them to the training stream.
+    /// Samples `teacher_tokens` of text from the teacher (or reads them back from SAMPLES_FILE:
+    /// an earlier start of this run, or a study's text shared by its jobs) and adds them to the
+    /// training stream: after the real text, or mixed into it at `teacher_share`.
     fn add_teacher_samples(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let n = self.config.teacher_tokens;
         if n == 0 {
@@ -359,7 +367,10 @@ impl<'g> Distiller<'g> {
             write_atomic(&path, &bytes)?;
             s
         };
-        self.corpus.train.extend(samples);
+        match self.config.teacher_share {
+            Some(share) => self.corpus.train = super::data::mix(&self.corpus.train, &samples, share, self.config.seq + 1),
+            None => self.corpus.train.extend(samples),
+        }
         Ok(())
     }
 
