@@ -490,3 +490,62 @@ fn blocked_head_losses_match_the_whole_logits() {
     assert_close("blocked d_x", &read(&dx_b, rows * d), &want(&dx, rows * d), 1e-7, 1e-5);
     assert_close("blocked head gradient", &read(&g_b, vocab * d), &want(&g, vocab * d), 1e-7, 1e-5);
 }
+
+/// Training's attention backward (rotary q/k, causal GQA softmax attention) against finite
+/// differences of the f64 attention through the rotary embedding: every coordinate of the qkv
+/// projection's output at small shapes, random directions at a sequence longer than a
+/// workgroup's 64 queries; one token, several sequences, 2 query heads per key head.
+#[test]
+fn attention_backward_matches_finite_differences() {
+    use linearize_core::model::lm::rope_tables;
+    let mut rng = Rng::new(77);
+    let (d, theta) = (64, 10_000.0);
+    for &(batch, seq, n_q, n_kv, full) in &[(1, 1, 2, 1, true), (2, 5, 2, 1, true), (1, 70, 4, 2, false)] {
+        let width = (n_q + 2 * n_kv) * d;
+        let rows = batch * seq;
+        let qkv = random(&mut rng, rows * width, 0.5);
+        let w = random(&mut rng, rows * n_q * d, 1.0);
+        let wd = f64s(&w);
+        // L = Σ w ⊙ attention(rope(q), rope(k), v), per sequence.
+        let loss = |x: &[f64]| -> f64 {
+            let mut total = 0.0;
+            for b in 0..batch {
+                let part = |from: usize, heads: usize| -> Vec<f64> { (0..seq).flat_map(|t| x[(b * seq + t) * width + from..][..heads * d].to_vec()).collect() };
+                let (mut q, mut k, v) = (part(0, n_q), part(n_q * d, n_kv), part((n_q + n_kv) * d, n_kv));
+                let positions: Vec<usize> = (0..seq).collect();
+                rnn::rope(&mut q, &positions, n_q, d, theta);
+                rnn::rope(&mut k, &positions, n_kv, d, theta);
+                let out = rnn::attention(&q, &k, &v, seq, seq, 0, n_q, n_kv, d);
+                total += dot(&wd[b * seq * n_q * d..][..seq * n_q * d], &out);
+            }
+            total
+        };
+        let (cos, sin) = rope_tables(seq, d, theta);
+        let (cos, sin) = (up(&cos), up(&sin));
+        let rope = nn::Rope { cos: &cos, sin: &sin };
+        let shape = nn::AttnShape { batch, seq, pos0: 0, n_q, n_kv, head_dim: d, cap: seq };
+        let g = gpu();
+        let (q, kc, vc, out, d_qkv) = (g.scratch(rows * n_q * d).unwrap(), g.scratch(rows * n_kv * d).unwrap(), g.scratch(rows * n_kv * d).unwrap(), g.scratch(rows * n_q * d).unwrap(), g.scratch(rows * width).unwrap());
+        let (x, d_out) = (up(&qkv), up(&w));
+        let mut rec = g.recorder();
+        nn::rope_qkv_to_cache(&mut rec, shape, &x, &rope, &q, &kc, &vc).unwrap();
+        nn::attention(&mut rec, shape, &q, &kc, &vc, &out).unwrap();
+        nn::attention_backward(&mut rec, shape, &nn::AttentionBackward { q: &q, k_cache: &kc, v_cache: &vc, out: &out, d_out: &d_out, rope: &rope }, &d_qkv).unwrap();
+        rec.submit().unwrap();
+        let got = read(&d_qkv, rows * width);
+        let what = format!("attention d_qkv batch {batch} seq {seq} heads {n_q}/{n_kv}");
+        let xd = f64s(&qkv);
+        if full {
+            assert_close(&what, &got, &numeric_grad(&xd, loss), 1e-4, 1e-3);
+        } else {
+            for _ in 0..3 {
+                let u = f64s(&random(&mut rng, rows * width, 1.0));
+                let h = 1e-4;
+                let shifted = |s: f64| -> Vec<f64> { xd.iter().zip(&u).map(|(a, b)| a + s * h * b).collect() };
+                let want = (loss(&shifted(1.0)) - loss(&shifted(-1.0))) / (2.0 * h);
+                let have: f64 = got.iter().zip(&u).map(|(a, b)| *a as f64 * b).sum();
+                assert!((have - want).abs() <= 1e-3 * want.abs().max(1.0), "{what}: directional derivative {have} against {want}");
+            }
+        }
+    }
+}

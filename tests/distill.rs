@@ -168,6 +168,30 @@ fn stages_two_and_three_lower_their_losses_and_the_student_reloads() {
     assert!(v.iter().all(|x| x.is_finite()));
 }
 
+/// A hybrid (block 0 a mixer, block 1 keeps softmax attention) distils through all three
+/// stages: stage 3 trains its attention block too (the attention backward), and the saved
+/// student holds the trained attention weights in the teacher's layout.
+#[test]
+fn a_hybrid_distils_through_all_three_stages() {
+    let t = teacher();
+    let mut c = small(mixer("gated_deltanet"), &[1, 2, 3], [1, 1, 4]);
+    c.mixer_layers = vec![0];
+    c.lr[2] = 1e-3;
+    let out = tempdir("distill-hybrid");
+    let events = run(c, &out);
+    let (before, after) = stage_losses(&events, 3);
+    assert!(after < before, "stage 3's held-out loss {before} -> {after} did not go down");
+    let student = Model::load_path(&out).unwrap();
+    let mixers = student.mixers.as_ref().unwrap();
+    assert!(mixers.layers.contains_key(&0) && !mixers.layers.contains_key(&1));
+    let (s1, t1) = (&student.weights.layers[1], &t.weights.layers[1]);
+    assert_eq!((s1.q.len(), s1.k.len(), s1.v.len(), s1.o.len()), (t1.q.len(), t1.k.len(), t1.v.len(), t1.o.len()));
+    for (name, s, t) in [("q", &s1.q, &t1.q), ("k", &s1.k, &t1.k), ("v", &s1.v, &t1.v), ("o", &s1.o, &t1.o)] {
+        assert!(s.iter().zip(t.iter()).any(|(a, b)| a != b), "the attention's {name} did not train");
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+}
+
 /// Stage 2 trains each mixer block whole by default (the paper's code): its norms and MLP move
 /// with the mixer, while a block that keeps attention (a hybrid's) and the embedding stay as
 /// copied; with `Stage2Trains::Mixers` (ours) only the mixers move.

@@ -226,9 +226,9 @@ fn tiny_teacher(seed: u64) -> linearize_core::model::ModelWeights {
     ModelWeights { embed: r(300 * d, 1.0), final_norm: r(d, 0.2).iter().map(|v| 1.0 + v).collect(), lm_head: None, layers, config }
 }
 
-/// The student's training backward (every block a mixer, all parameters trained) against finite
-/// differences of the f64 student, for every mixer: L = Σ w ⊙ logits along a random direction
-/// of each parameter.
+/// The student's training backward (every block a mixer, all parameters trained; for Gated
+/// DeltaNet a hybrid whose attention block trains too) against finite differences of the f64
+/// student, for every mixer: L = Σ w ⊙ logits along a random direction of each parameter.
 #[test]
 fn student_backward_matches_finite_differences_for_every_mixer() {
     use linearize_core::model::lm::training::Scope;
@@ -239,7 +239,9 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
         let mut rng = linearize_core::util::Rng::new(90 + n as u64);
         let teacher_w = tiny_teacher(80 + n as u64);
         let opts = MixerOptions { conv_init: ConvInit::Random, ..Default::default() };
-        let (sw, mut mixers) = from_teacher(&teacher_w, kind, None, &opts, "tiny").unwrap();
+        // Gated DeltaNet as a hybrid: block 1 keeps its softmax attention, which trains too.
+        let layers = (kind == mixer("gated_deltanet")).then(|| vec![0]);
+        let (sw, mut mixers) = from_teacher(&teacher_w, kind, layers, &opts, "tiny").unwrap();
         // Move the new projections away from their small inits so every path carries gradient.
         for p in mixers.layers.values_mut() {
             for name in kind.layout(&opts).gate_projections() {
@@ -289,6 +291,13 @@ fn student_backward_matches_finite_differences_for_every_mixer() {
                             "attn_norm" => apply(&mut l.attn_norm, &dir),
                             "ffn_norm" => apply(&mut l.ffn_norm, &dir),
                             "w_down" => apply(&mut l.down, &dir),
+                            "wo" => apply(&mut l.o, &dir),
+                            "wqkv" => {
+                                let (q, k) = (l.q.len(), l.k.len());
+                                apply(&mut l.q, &dir[..q]);
+                                apply(&mut l.k, &dir[q..q + k]);
+                                apply(&mut l.v, &dir[q + k..]);
+                            }
                             "w_gate_up" => {
                                 let g = l.gate.len();
                                 apply(&mut l.gate, &dir[..g]);

@@ -10,6 +10,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/embedding", include_str!("../../shaders/nn/embedding.wgsl")),
     ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),
     ("nn/attention", include_str!("../../shaders/nn/attention.wgsl")),
+    ("nn/attention_backward", include_str!("../../shaders/nn/attention_backward.wgsl")),
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
     ("nn/transpose", include_str!("../../shaders/nn/transpose.wgsl")),
     ("nn/reduce", include_str!("../../shaders/nn/reduce.wgsl")),
@@ -80,6 +81,10 @@ shader_params!(
         splits: u32, keys_per_split: u32,
     }
 );
+shader_params!(
+    /// nn/attention_backward: training's causal attention (queries = keys, from position 0).
+    AttentionBackwardParams for ["nn/attention_backward"] { batch: u32, seq: u32, n_q: u32, n_kv: u32, head_dim: u32, cap: u32, scale: f32 }
+);
 shader_params!(SwigluParams for ["nn/swiglu"] { rows: u32, ffn: u32 });
 shader_params!(TransposeParams for ["nn/transpose"] { rows: u32, cols: u32 });
 shader_params!(ElementwiseParams for ["nn/elementwise"] { n: u32 });
@@ -129,6 +134,7 @@ pub const PARAMS: &[ParamsLayout] = &[
     ParamsLayout::of::<EmbeddingParams>("EmbeddingParams"),
     ParamsLayout::of::<RopeParams>("RopeParams"),
     ParamsLayout::of::<AttentionParams>("AttentionParams"),
+    ParamsLayout::of::<AttentionBackwardParams>("AttentionBackwardParams"),
     ParamsLayout::of::<SwigluParams>("SwigluParams"),
     ParamsLayout::of::<TransposeParams>("TransposeParams"),
     ParamsLayout::of::<ElementwiseParams>("ElementwiseParams"),

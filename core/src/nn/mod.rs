@@ -2,7 +2,7 @@
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
-use crate::shaders::{AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
+use crate::shaders::{AttentionBackwardParams, AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
 pub use weight::{embed, matrix_dtype, project, Weight};
@@ -247,6 +247,46 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
         rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &bufs, groups)
     }
+}
+
+/// What the backward of training's attention reads: the rotated queries [rows, n_q, 64], the
+/// cache the forward wrote (`cap` = `seq`, from position 0), the attention's output
+/// [rows, n_q, 64] and its gradient, and the rotary tables of the forward.
+pub struct AttentionBackward<'a> {
+    pub q: &'a GpuBuf,
+    pub k_cache: &'a GpuBuf,
+    pub v_cache: &'a GpuBuf,
+    pub out: &'a GpuBuf,
+    pub d_out: &'a GpuBuf,
+    pub rope: &'a Rope<'a>,
+}
+
+/// Backward of training's causal attention (`attention` with pos0 = 0 and a cache of exactly
+/// the sequence) through the rotary embedding: d_qkv [rows, (n_q + 2 n_kv)·64] is the gradient
+/// of the qkv projection's output `rope_qkv_to_cache` read.
+pub fn attention_backward(rec: &mut Recorder, s: AttnShape, a: &AttentionBackward, d_qkv: &GpuBuf) -> Result<()> {
+    s.check()?;
+    if s.head_dim != ATTENTION_HEAD_DIM || s.pos0 != 0 || s.cap != s.seq {
+        return Err(Error::argument("attention backward", format!("expected head_dim {ATTENTION_HEAD_DIM}, queries from position 0 and a cache of the sequence; got head_dim {}, pos0 {}, cap {} for seq {}", s.head_dim, s.pos0, s.cap, s.seq)));
+    }
+    let rows = s.batch * s.seq;
+    let (qn, kvn) = (rows * s.n_q * s.head_dim, s.batch * s.n_kv * s.cap * s.head_dim);
+    need("attention backward q", a.q, qn)?;
+    need("attention backward k cache", a.k_cache, kvn)?;
+    need("attention backward v cache", a.v_cache, kvn)?;
+    need("attention backward out", a.out, qn)?;
+    need("attention backward d_out", a.d_out, qn)?;
+    need("attention backward cos", a.rope.cos, s.seq * s.head_dim / 2)?;
+    need("attention backward sin", a.rope.sin, s.seq * s.head_dim / 2)?;
+    need("attention backward d_qkv", d_qkv, rows * (s.n_q + 2 * s.n_kv) * s.head_dim)?;
+    let params = AttentionBackwardParams { batch: s.batch as u32, seq: s.seq as u32, n_q: s.n_q as u32, n_kv: s.n_kv as u32, head_dim: s.head_dim as u32, cap: s.cap as u32, scale: 1.0 / (s.head_dim as f32).sqrt() };
+    let (stats, d_q, d_k, d_v) = (rec.temp(rows * s.n_q * 2)?, rec.temp(qn)?, rec.temp(kvn)?, rec.temp(kvn)?);
+    let kernel = |entry| Kernel::new("nn/attention_backward", entry);
+    let (q, k, v) = (a.q, a.k_cache, a.v_cache);
+    rec.dispatch_bindings(&kernel("attention_backward_query"), &params, &[(1, q), (2, k), (3, v), (4, a.out), (5, a.d_out), (6, &stats), (7, &d_q)], [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32])?;
+    rec.dispatch_bindings(&kernel("attention_backward_key"), &params, &[(1, q), (2, k), (3, v), (5, a.d_out), (6, &stats), (8, &d_k), (9, &d_v)], [s.seq.div_ceil(64) as u32, s.n_kv as u32, s.batch as u32])?;
+    let groups = [((s.n_q + 2 * s.n_kv) * s.head_dim / 2).div_ceil(64) as u32, rows as u32, 1];
+    rec.dispatch_bindings(&kernel("attention_backward_qkv"), &params, &[(7, &d_q), (8, &d_k), (9, &d_v), (10, a.rope.cos), (11, a.rope.sin), (12, d_qkv)], groups)
 }
 
 /// out[r, j] = silu(gate_up[r, j]) · gate_up[r, ffn + j].

@@ -685,6 +685,13 @@ impl<'g> Distiller<'g> {
                         "attn_norm" => l.attn_norm = data,
                         "ffn_norm" => l.ffn_norm = data,
                         "w_down" => l.down = data,
+                        "wo" => l.o = data,
+                        "wqkv" => {
+                            let (q, k) = (l.q.len(), l.k.len());
+                            l.q = data[..q].to_vec();
+                            l.k = data[q..q + k].to_vec();
+                            l.v = data[q + k..].to_vec();
+                        }
                         "w_gate_up" => {
                             let g = l.gate.len();
                             l.gate = data[..g].to_vec();

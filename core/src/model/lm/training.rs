@@ -6,7 +6,7 @@ use super::{Block, LanguageModel, TokenMixer};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuBuf, Recorder};
 use crate::mixers::layer::{Activations, BackwardArgs, LayerGrads, MixerLayer, Rope};
-use crate::nn::{self, AttnShape, Gemm, RmsNormInput};
+use crate::nn::{self, AttentionBackward, AttnShape, Gemm, RmsNormInput};
 use std::collections::BTreeMap;
 
 /// Gradients by parameter name (the names of `LanguageModel::parameters`); a parameter without
@@ -47,6 +47,8 @@ pub struct BlockActs {
     /// The token mixer's output after its output projection.
     pub mixer_out: GpuBuf,
     mixer: Option<Activations>,
+    /// A student's attention block (a hybrid's): what its backward reads.
+    attention: Option<AttentionActs>,
     x_mid: GpuBuf,
     xn2: GpuBuf,
     gate_up: GpuBuf,
@@ -63,7 +65,21 @@ impl BlockActs {
         if let Some(m) = self.mixer {
             m.release(gpu);
         }
+        if let Some(a) = self.attention {
+            for b in [a.q, a.k_cache, a.v_cache, a.out] {
+                gpu.release(b);
+            }
+        }
     }
+}
+
+/// What an attention block's training forward keeps for its backward: the rotated queries, the
+/// cache of the sequence's keys and values, and the attention's output before W_o.
+struct AttentionActs {
+    q: GpuBuf,
+    k_cache: GpuBuf,
+    v_cache: GpuBuf,
+    out: GpuBuf,
 }
 
 /// What the whole model's training forward keeps: the embedded input, every block, the final
@@ -100,6 +116,11 @@ impl LanguageModel {
         }
     }
 
+    /// The attention's rotary tables (the teacher's base).
+    fn attention_rope(&self) -> Rope<'_> {
+        Rope { cos: &self.rope_cos, sin: &self.rope_sin }
+    }
+
     /// The mixers' rotary tables, and the ones that rotate back (sin negated).
     pub fn rope_tables(&self) -> (Rope<'_>, Rope<'_>) {
         let [cos, sin, sin_neg] = &self.mixer_rope;
@@ -117,6 +138,10 @@ impl LanguageModel {
                 for n in m.parameter_names() {
                     put(format!("layers.{i}.mixer.{n}"), m.parameter(&n)?, m.decays(&n));
                 }
+            }
+            if let (TokenMixer::Attention { wqkv, wo }, true) = (&b.mixer, scope.takes_block(false)) {
+                put(format!("layers.{i}.wqkv"), wqkv.whole()?, true);
+                put(format!("layers.{i}.wo"), wo.whole()?, true);
             }
             if scope.takes_block(matches!(b.mixer, TokenMixer::Mixer(_))) {
                 put(format!("layers.{i}.attn_norm"), &b.attn_norm, false);
@@ -144,6 +169,10 @@ impl LanguageModel {
                     let decay = m.decays(&n);
                     f(&format!("layers.{i}.mixer.{n}"), m.parameter_mut(&n)?, decay)?;
                 }
+            }
+            if let (TokenMixer::Attention { wqkv, wo }, true) = (&mut b.mixer, scope.takes_block(false)) {
+                f(&format!("layers.{i}.wqkv"), wqkv.whole_mut()?, true)?;
+                f(&format!("layers.{i}.wo"), wo.whole_mut()?, true)?;
             }
             if scope.takes_block(matches!(b.mixer, TokenMixer::Mixer(_))) {
                 f(&format!("layers.{i}.attn_norm"), &mut b.attn_norm, false)?;
@@ -174,19 +203,32 @@ impl LanguageModel {
         let xn1 = gpu.scratch(rows * d)?;
         let mixer_out = gpu.scratch(rows * d)?;
         nn::rmsnorm(rec, x, &block.attn_norm, &xn1, rows, d, eps)?;
-        let mixer = match &block.mixer {
+        let (mut mixer, mut attention) = (None, None);
+        match &block.mixer {
             TokenMixer::Attention { wqkv, wo } => {
                 // A fresh cache of exactly this block of tokens.
                 let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
-                let (kc, vc) = (rec.temp(rows * cfg.kv_dim())?, rec.temp(rows * cfg.kv_dim())?);
-                self.attention_step(rec, shape, &xn1, wqkv, wo, &kc, &vc, &mixer_out, false)?;
-                None
+                let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+                if !self.blocks.iter().any(|b| matches!(b.mixer, TokenMixer::Mixer(_))) {
+                    // A teacher's block never trains: nothing kept.
+                    let (kc, vc) = (rec.temp(rows * kvd)?, rec.temp(rows * kvd)?);
+                    self.attention_step(rec, shape, &xn1, wqkv, wo, &kc, &vc, &mixer_out, false)?;
+                } else {
+                    // A hybrid student's attention block: the same steps, what they make kept.
+                    let qkv = rec.temp(rows * (qd + 2 * kvd))?;
+                    let kept = AttentionActs { q: gpu.scratch(rows * qd)?, k_cache: gpu.scratch(rows * kvd)?, v_cache: gpu.scratch(rows * kvd)?, out: gpu.scratch(rows * qd)? };
+                    nn::project(rec, &xn1, wqkv, &qkv, rows, false)?;
+                    nn::rope_qkv_to_cache(rec, shape, &qkv, &self.attention_rope(), &kept.q, &kept.k_cache, &kept.v_cache)?;
+                    nn::attention(rec, shape, &kept.q, &kept.k_cache, &kept.v_cache, &kept.out)?;
+                    nn::project(rec, &kept.out, wo, &mixer_out, rows, false)?;
+                    attention = Some(kept);
+                }
             }
             TokenMixer::Mixer(m) => {
                 let (rope, _) = self.rope_tables();
-                Some(m.forward_train(rec, &xn1, batch, seq, &rope, &mixer_out)?)
+                mixer = Some(m.forward_train(rec, &xn1, batch, seq, &rope, &mixer_out)?);
             }
-        };
+        }
         let x_mid = gpu.scratch(rows * d)?;
         nn::add(rec, x, &mixer_out, &x_mid, rows * d)?;
         let (xn2, gate_up, act, mlp_out, x_out) = (gpu.scratch(rows * d)?, gpu.scratch(rows * 2 * f)?, gpu.scratch(rows * f)?, rec.temp(rows * d)?, gpu.scratch(rows * d)?);
@@ -195,7 +237,7 @@ impl LanguageModel {
         nn::swiglu(rec, &gate_up, &act, rows, f)?;
         nn::project(rec, &act, &block.w_down, &mlp_out, rows, false)?;
         nn::add(rec, &x_mid, &mlp_out, &x_out, rows * d)?;
-        Ok(BlockActs { xn1, mixer_out, mixer, x_mid, xn2, gate_up, act, x_out })
+        Ok(BlockActs { xn1, mixer_out, mixer, attention, x_mid, xn2, gate_up, act, x_out })
     }
 
     /// Backward of `block_forward_train`: dx = ∂L/∂x from d_out = ∂L/∂x_out; parameter
@@ -242,7 +284,23 @@ impl LanguageModel {
                 let args = BackwardArgs { x: &a.xn1, acts, rope_back: &rope_back, d_out: &d_mid };
                 m.backward(rec, &args, &d_xn1, false, &LayerGrads { grads, prefix: &prefix })?;
             }
-            _ => return Err(Error::argument("stage", format!("block {i} is softmax attention; the backward through attention is not implemented, so only mixer blocks can be trained through"))),
+            (TokenMixer::Attention { wqkv, wo }, _) => {
+                let Some(at) = &a.attention else {
+                    return Err(Error::argument("stage", format!("block {i} is a teacher's attention: its forward keeps nothing to train through")));
+                };
+                // mixer_out = out · W_oᵀ, out = attention(rope(q, k), v), [q k v] = xn1 · W_qkvᵀ.
+                let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+                let d_att = rec.temp(rows * qd)?;
+                nn::linear_backward_input(rec, &d_mid, wo.whole()?, &d_att, Gemm { m: rows, n: d, k: qd }, false)?;
+                weight_grad(rec, format!("layers.{i}.wo"), &d_mid, &at.out, rows, d, qd)?;
+                let d_qkv = rec.temp(rows * (qd + 2 * kvd))?;
+                let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
+                let rope = self.attention_rope();
+                nn::attention_backward(rec, shape, &AttentionBackward { q: &at.q, k_cache: &at.k_cache, v_cache: &at.v_cache, out: &at.out, d_out: &d_att, rope: &rope }, &d_qkv)?;
+                nn::linear_backward_input(rec, &d_qkv, wqkv.whole()?, &d_xn1, Gemm { m: rows, n: qd + 2 * kvd, k: d }, false)?;
+                weight_grad(rec, format!("layers.{i}.wqkv"), &d_qkv, &a.xn1, rows, qd + 2 * kvd, d)?;
+            }
+            (TokenMixer::Mixer(_), None) => return Err(Error::argument("stage", format!("block {i}'s forward kept no mixer activations"))),
         }
         let d_x_norm = norm_back(rec, format!("layers.{i}.attn_norm"), x, attn_norm, &d_xn1)?;
         nn::add(rec, &d_mid, &d_x_norm, dx, rows * d)
