@@ -193,12 +193,13 @@ pub struct EvalPlan {
 }
 
 impl EvalPlan {
-    /// Evaluates `model` (from `spec`, shown as `label`) keeping its raw results in `dir`; what
-    /// `dir` already holds with the same settings is reused, not computed again.
-    pub fn evaluate(&self, gpu: &Gpu, spec: &str, label: &str, model: &Model, dir: &Path) -> Result<ModelReport> {
+    /// Evaluates `model` (from `spec`, shown as `label`; `lm` on the GPU) keeping its raw
+    /// results in `dir`; what `dir` already holds with the same settings is reused, not computed
+    /// again.
+    #[allow(clippy::too_many_arguments)]
+    pub fn evaluate(&self, gpu: &Gpu, spec: &str, label: &str, model: &Model, lm: &LanguageModel, dir: &Path) -> Result<ModelReport> {
         std::fs::create_dir_all(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
-        let lm = LanguageModel::upload_with_mixers(gpu, &model.weights, model.mixers.as_ref())?;
-        let results = if self.tasks.is_empty() { Vec::new() } else { evaluate_on(gpu, model, &lm, &self.tasks, self.limit, self.json, Some(&dir.join("eval")))? };
+        let results = if self.tasks.is_empty() { Vec::new() } else { evaluate_on(gpu, model, lm, &self.tasks, self.limit, self.json, Some(&dir.join("eval")))? };
         let niah = match &self.niah {
             None => None,
             Some(plan) => {
@@ -207,7 +208,7 @@ impl EvalPlan {
                     Some(g) => g,
                     None => {
                         let bar = progress(self.json, &format!("niah {label}"));
-                        let g = plan.clone().run(gpu, model, &lm, &bar)?;
+                        let g = plan.clone().run(gpu, model, lm, &bar)?;
                         bar.finish_and_clear();
                         write_json(&path, &g)?;
                         g
@@ -222,7 +223,7 @@ impl EvalPlan {
                 Some(match reuse(&summary, |s: &Saturation| s.tokens == tokens && s.every == every) {
                     Some(s) => s,
                     None => {
-                        let diag = crate::saturation::diagnostics(gpu, model, &lm, tokens, every)?;
+                        let diag = crate::saturation::diagnostics(gpu, model, lm, tokens, every)?;
                         write_json(&path, &diag)?;
                         let s = reduce(&diag, tokens, every);
                         write_json(&summary, &s)?;
@@ -282,7 +283,8 @@ pub fn run(a: &CompareArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> 
             eprintln!("== {label} ({spec})");
         }
         let model = load(spec)?;
-        reports.push(plan.evaluate(&gpu, spec, label, &model, &a.out.join("models").join(label))?);
+        let lm = LanguageModel::upload_with_mixers(&gpu, &model.weights, model.mixers.as_ref())?;
+        reports.push(plan.evaluate(&gpu, spec, label, &model, &lm, &a.out.join("models").join(label))?);
     }
     let reference = match &a.teacher {
         Some(t) => specs.iter().position(|s| s == t),

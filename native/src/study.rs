@@ -19,11 +19,11 @@ use linearize_core::gpu::{Gpu, ADAPTER_INDEX_VAR};
 use linearize_core::mixers::spec::GateInput;
 use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
 use linearize_core::model::load::{linearize_home, TEACHER_ALIAS};
-use linearize_core::model::{LanguageModel, Model};
+use linearize_core::model::{LanguageModel, Model, ModelWeights};
 use linearize_core::train::checkpoint::RunState;
 use linearize_core::train::data::Corpus;
-use linearize_core::train::data::teacher_text;
-use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling, Stage2Trains, METRICS_FILE, SAMPLES_FILE, SNAPSHOT_DIR};
+use linearize_core::train::data::{teacher_text, to_bytes};
+use linearize_core::train::distill::{heldout_perplexity, DistillConfig, Distiller, Event, KlScaling, Stage2Trains, METRICS_FILE, SAMPLES_FILE, SNAPSHOT_DIR};
 use linearize_core::util::write_atomic;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -671,11 +671,7 @@ impl<'a> Worker<'a> {
             eprintln!("== job {id} on {}", self.gpu.adapter.name);
         }
         if id == TEACHER_JOB {
-            // The teacher as the students start from it: its first `layers` blocks.
-            let mut teacher = Model { weights: self.teacher.weights.clone(), tokenizer: self.teacher.tokenizer.clone(), source: self.teacher.source.clone(), mixers: None };
-            if let Some(n) = self.study.distill.layers {
-                teacher.weights.truncate_layers(n);
-            }
+            let teacher = Model { weights: self.distilled_teacher(), tokenizer: self.teacher.tokenizer.clone(), source: self.teacher.source.clone(), mixers: None };
             let point = self.evaluate(&teacher, &self.study.teacher, TEACHER_JOB, 0, &dir.join("evals"))?;
             return write_json(&dir.join(RESULT_FILE), &point);
         }
@@ -708,21 +704,25 @@ impl<'a> Worker<'a> {
         write_json(&dir.join(RESULT_FILE), &result)
     }
 
+    /// The teacher as the students are distilled from it: its first `layers` blocks.
+    fn distilled_teacher(&self) -> ModelWeights {
+        let mut weights = self.teacher.weights.clone();
+        if let Some(n) = self.study.distill.layers {
+            weights.truncate_layers(n);
+        }
+        weights
+    }
+
     /// Samples the study's teacher text once, in shards (`data::teacher_text`: an interrupted
     /// generation continues), from the teacher the students are distilled from.
     fn teacher_text(&self, dir: &Path) -> Result<()> {
         let c = &self.study.distill;
-        let mut weights = self.teacher.weights.clone();
-        if let Some(n) = c.layers {
-            weights.truncate_layers(n);
-        }
-        let lm = LanguageModel::upload(&self.gpu, &weights)?;
+        let lm = LanguageModel::upload(&self.gpu, &self.distilled_teacher())?;
         let mut progress = Progress::new(self.json, TEXT_JOB);
         let n = c.teacher_tokens;
         let mut report = |done: usize| progress.event(&Event::Sampling { tokens: done, of: n });
         let text = teacher_text(&self.gpu, &lm, &self.teacher.tokenizer, &self.corpus.train, n, c.sample_batch, c.sample_len, c.options.seed, TEXT_SHARD, &dir.join("shards"), &mut report)?;
-        let bytes: Vec<u8> = text.iter().flat_map(|t| t.to_le_bytes()).collect();
-        write_atomic(&dir.join(TEXT_FILE), &bytes)?;
+        write_atomic(&dir.join(TEXT_FILE), &to_bytes(&text))?;
         let settings = serde_json::json!({ "tokens": text.len(), "asked": n, "sample_len": c.sample_len, "sample_batch": c.sample_batch, "seed": c.options.seed, "shard_tokens": TEXT_SHARD, "teacher": self.study.teacher, "layers": c.layers });
         write_json(&dir.join(RESULT_FILE), &settings)
     }
@@ -750,15 +750,13 @@ impl<'a> Worker<'a> {
 
     /// `model`'s evaluations and held-out perplexity, kept in `evals` and reused from there.
     fn evaluate(&self, model: &Model, spec: &str, label: &str, tokens: u64, evals: &Path) -> Result<Point> {
-        let report = self.plan.evaluate(&self.gpu, spec, label, model, evals)?;
+        let lm = LanguageModel::upload_with_mixers(&self.gpu, &model.weights, model.mixers.as_ref())?;
+        let report = self.plan.evaluate(&self.gpu, spec, label, model, &lm, evals)?;
         let path = evals.join("perplexity.json");
         let perplexity = match reuse(&path, |_: &f64| true) {
             Some(p) => p,
             None => {
-                let c = &self.study.distill;
-                let lm = LanguageModel::upload_with_mixers(&self.gpu, &model.weights, model.mixers.as_ref())?;
-                let rows = (c.heldout_tokens / c.seq).max(1).min((self.corpus.heldout.len() - 1) / c.seq);
-                let (p, _) = linearize_core::eval::heldout_perplexity(&self.gpu, &lm, &self.corpus.heldout, c.seq, c.batch.min(rows).max(1), rows)?;
+                let (p, _) = heldout_perplexity(&self.gpu, &lm, &self.corpus.heldout, &self.study.distill)?;
                 write_json(&path, &p)?;
                 p
             }

@@ -114,6 +114,22 @@ fn beyond_noise(d: f64, se: f64) -> bool {
     d.abs() > 2.0 * se
 }
 
+/// A claim that `d` > 0, with standard error `se`: within the noise, not yet testable.
+fn judged(d: f64, se: f64) -> Status {
+    if !beyond_noise(d, se) {
+        Status::NotYetTestable
+    } else if d > 0.0 {
+        Status::Reproduced
+    } else {
+        Status::NotReproduced
+    }
+}
+
+/// max − min of `v`.
+fn span(v: &[f64]) -> f64 {
+    v.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - v.iter().cloned().fold(f64::INFINITY, f64::min)
+}
+
 /// Gathers the results in `out` into the report.
 pub fn build(out: &Path, study: &StudyConfig) -> Result<StudyReport> {
     let teacher: Option<Point> = read(&job_dir(out, TEACHER_JOB).join("result.json"))?;
@@ -199,7 +215,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
         (Some((g, gs)), Some((u, us))) => {
             let (d, se) = (g - u, (gs * gs + us * us).sqrt());
             let evidence = format!("at {tokens}: mean zero-shot average of the gated {g:.4}, of the ungated {u:.4}: difference {d:+.4} ± {se:.4}");
-            let status = if !beyond_noise(d, se) { Status::NotYetTestable } else if d > 0.0 { Status::Reproduced } else { Status::NotReproduced };
+            let status = judged(d, se);
             Finding { claim, status, evidence: if status == Status::NotYetTestable { format!("{evidence}, within two standard errors at this budget") } else { evidence } }
         }
         _ => Finding { claim, status: Status::NotYetTestable, evidence: "needs zero-shot scores of at least one gated (gated_deltanet, mlstm) and one ungated (linear_attn, retnet) student".into() },
@@ -213,7 +229,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
             let d = g.average.unwrap_or(0.0) - o.average.unwrap_or(0.0);
             let se = (g.se.unwrap_or(0.0).powi(2) + o.se.unwrap_or(0.0).powi(2)).sqrt();
             let evidence = format!("at {tokens}: Gated DeltaNet {:.4}, the best other ({}) {:.4}: difference {d:+.4} ± {se:.4}", g.average.unwrap_or(0.0), o.mixer, o.average.unwrap_or(0.0));
-            let status = if !beyond_noise(d, se) { Status::NotYetTestable } else if d > 0.0 { Status::Reproduced } else { Status::NotReproduced };
+            let status = judged(d, se);
             Finding { claim, status, evidence }
         }
         _ => Finding { claim, status: Status::NotYetTestable, evidence: "needs zero-shot scores of Gated DeltaNet and another mixer".into() },
@@ -226,7 +242,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
         let first: Vec<f64> = curves.iter().map(|c| c.1).collect();
         let last: Vec<f64> = curves.iter().map(|c| c.2).collect();
         let rho = spearman(&first, &last);
-        let spread = last.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - last.iter().cloned().fold(f64::INFINITY, f64::min);
+        let spread = span(&last);
         let se = r.hierarchy.iter().filter_map(|x| x.se).fold(0.0, f64::max) * std::f64::consts::SQRT_2 / scale;
         let evidence = format!("{} mixers evaluated at {} and at the end of {tokens}: Spearman ρ of the two rankings {}; final spread {spread:.4}", curves.len(), budget_label(curves[0].0.points[0].tokens), fmt(rho, 2));
         match rho {
@@ -272,10 +288,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
     // 6. The probe predicts the ranking.
     let claim = "The stage-1 probe predicts the final ranking".to_string();
     let n = r.hierarchy.iter().filter(|x| x.probe_rank.is_some()).count();
-    let spread = {
-        let v: Vec<f64> = r.hierarchy.iter().filter_map(|x| x.average).collect();
-        v.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - v.iter().cloned().fold(f64::INFINITY, f64::min)
-    };
+    let spread = span(&r.hierarchy.iter().filter_map(|x| x.average).collect::<Vec<_>>());
     let se = r.hierarchy.iter().filter_map(|x| x.se).fold(0.0, f64::max) * std::f64::consts::SQRT_2;
     let evidence = format!("{n} mixers at {tokens}: Spearman ρ of the probe's ranking against the final {} = {}; the final averages span {spread:.4}", r.score, fmt(r.probe_rho, 2));
     out.push(match r.probe_rho {

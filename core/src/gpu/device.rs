@@ -136,18 +136,10 @@ impl Gpu {
 
     #[cfg(not(target_arch = "wasm32"))]
     async fn choose_adapter(instance: &wgpu::Instance, backends: wgpu::Backends) -> Result<wgpu::Adapter> {
-        let mut adapters = instance.enumerate_adapters(backends).await;
-        let seen: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
-        if let Ok(want) = std::env::var("WGPU_ADAPTER_NAME") {
-            let want = want.to_lowercase();
-            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
-            if adapters.is_empty() {
-                return Err(Error::NoAdapter(format!(
-                    "WGPU_ADAPTER_NAME={want:?} matches none of the adapters {seen:?}"
-                )));
-            }
+        let (adapters, seen) = Self::candidates(instance, backends).await;
+        if let (Ok(want), true) = (std::env::var("WGPU_ADAPTER_NAME"), adapters.is_empty()) {
+            return Err(Error::NoAdapter(format!("WGPU_ADAPTER_NAME={:?} matches none of the adapters {seen:?}", want.to_lowercase())));
         }
-        adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
         if let Ok(index) = std::env::var(ADAPTER_INDEX_VAR) {
             // The GPUs of one machine share a name: a study places its jobs by index.
             let i: usize = index.trim().parse().map_err(|_| Error::NoAdapter(format!("{ADAPTER_INDEX_VAR}={index:?}: expected an adapter index (0 for the first of {seen:?})")))?;
@@ -169,13 +161,22 @@ impl Gpu {
         let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         let backends = desc.backends;
         let instance = wgpu::Instance::new(desc);
-        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        let (adapters, _) = pollster::block_on(Self::candidates(&instance, backends));
+        adapters.iter().map(|a| (a.get_info().name, format!("{:?}", a.get_info().device_type))).collect()
+    }
+
+    /// The adapters of `backends` that `WGPU_ADAPTER_NAME` (a case-insensitive substring) lets
+    /// through, discrete GPUs first, and the names of all of them before the filter.
+    #[cfg(not(target_arch = "wasm32"))]
+    async fn candidates(instance: &wgpu::Instance, backends: wgpu::Backends) -> (Vec<wgpu::Adapter>, Vec<String>) {
+        let mut adapters = instance.enumerate_adapters(backends).await;
+        let seen: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
         if let Ok(want) = std::env::var("WGPU_ADAPTER_NAME") {
             let want = want.to_lowercase();
             adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
         }
         adapters.sort_by_key(|a| type_rank(a.get_info().device_type));
-        adapters.iter().map(|a| (a.get_info().name, format!("{:?}", a.get_info().device_type))).collect()
+        (adapters, seen)
     }
 
     #[cfg(target_arch = "wasm32")]

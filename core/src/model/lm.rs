@@ -47,6 +47,16 @@ pub struct LanguageModel {
     pub max_positions: usize,
 }
 
+/// The buffers of one attention step between its two projections: the rotated queries, the
+/// cache the keys and values go into, and the attention's output before W_o (training keeps
+/// them for the backward).
+struct AttentionBufs<'a> {
+    q: &'a GpuBuf,
+    k_cache: &'a GpuBuf,
+    v_cache: &'a GpuBuf,
+    att: &'a GpuBuf,
+}
+
 enum LayerCache {
     /// Keys and values [batch, n_kv, cap, head_dim] of an attention block.
     Kv { k: GpuBuf, v: GpuBuf },
@@ -134,7 +144,7 @@ impl LanguageModel {
         let max_positions = cfg.max_position_embeddings.max(2048);
         let (cos, sin) = rope_tables(max_positions, cfg.head_dim(), cfg.rope_theta);
         let mixer_theta = mixers.map_or(cfg.rope_theta, |m| m.config.options.rope_theta(cfg.rope_theta));
-        let (mcos, msin) = rope_tables(max_positions, cfg.head_dim(), mixer_theta);
+        let (mcos, msin) = if mixer_theta == cfg.rope_theta { (cos.clone(), sin.clone()) } else { rope_tables(max_positions, cfg.head_dim(), mixer_theta) };
         let msin_neg: Vec<f32> = msin.iter().map(|v| -v).collect();
         Ok(LanguageModel {
             embed: Weight::upload(gpu, "embed", &w.embed, v, d, dtype)?,
@@ -237,18 +247,18 @@ impl LanguageModel {
         Ok(Cache { batch, cap, len: 0, layers })
     }
 
-    /// A softmax-attention block's mixer: xn → fused q/k/v, rotary (k and v into the cache),
-    /// attention over the cache, then o_proj into `out` (added to it with `accumulate`).
+    /// A softmax-attention block's mixer: xn → fused q/k/v, rotary (queries into `b.q`, keys and
+    /// values into the cache), attention over the cache into `b.att`, then o_proj into `out`
+    /// (added to it with `accumulate`).
     #[allow(clippy::too_many_arguments)]
-    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &Weight, wo: &Weight, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf, accumulate: bool) -> Result<()> {
+    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &Weight, wo: &Weight, b: &AttentionBufs, out: &GpuBuf, accumulate: bool) -> Result<()> {
         let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
         let rows = shape.batch * shape.seq;
         let qkv = rec.temp(rows * (qd + 2 * kvd))?;
-        let (q, att) = (rec.temp(rows * qd)?, rec.temp(rows * qd)?);
         nn::project(rec, xn, wqkv, &qkv, rows, false)?;
-        nn::rope_qkv_to_cache(rec, shape, &qkv, &Rope { cos: &self.rope_cos, sin: &self.rope_sin }, &q, k_cache, v_cache)?;
-        nn::attention(rec, shape, &q, k_cache, v_cache, &att)?;
-        nn::project(rec, &att, wo, out, rows, accumulate)
+        nn::rope_qkv_to_cache(rec, shape, &qkv, &Rope { cos: &self.rope_cos, sin: &self.rope_sin }, b.q, b.k_cache, b.v_cache)?;
+        nn::attention(rec, shape, b.q, b.k_cache, b.v_cache, b.att)?;
+        nn::project(rec, b.att, wo, out, rows, accumulate)
     }
 
     /// Runs `ids` (`batch` sequences of equal length, concatenated) after the tokens already in
@@ -308,7 +318,8 @@ impl LanguageModel {
             nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
             match (&block.mixer, layer_cache) {
                 (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
-                    self.attention_step(&mut rec, shape, &xn, wqkv, wo, kc, vc, &x, true)?;
+                    let (q, att) = (rec.temp(rows * cfg.q_dim())?, rec.temp(rows * cfg.q_dim())?);
+                    self.attention_step(&mut rec, shape, &xn, wqkv, wo, &AttentionBufs { q: &q, k_cache: kc, v_cache: vc, att: &att }, &x, true)?;
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
                     let mut t = LayerTrace::default();

@@ -43,11 +43,13 @@ fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
-fn to_bytes(tokens: &[u32]) -> Vec<u8> {
+/// Tokens as their file format: u32 little-endian.
+pub fn to_bytes(tokens: &[u32]) -> Vec<u8> {
     tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
 }
 
-fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<u32>> {
+/// Tokens from their file format (`path` names the file in the error).
+pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Vec<u32>> {
     if bytes.len() % 4 != 0 {
         return Err(Error::format(path, "token cache is not a whole number of u32"));
     }

@@ -8,7 +8,7 @@
 //! Checkpoints (weights, optimizer state, stage, step, data cursor) are written atomically every
 //! few steps; `resume` continues exactly where the last one left off.
 use super::checkpoint::RunState;
-use super::data::{next_rows, Corpus};
+use super::data::{from_bytes, next_rows, to_bytes, Corpus};
 use super::losses::{head_losses, l2_error, squared_error, HeadLosses, LossOut};
 use super::metrics::Metrics;
 use super::optimizer::{AdamW, Optimizer};
@@ -240,6 +240,15 @@ pub fn snapshot_dir(out: &Path, tokens: u64) -> PathBuf {
     out.join(SNAPSHOT_DIR).join(tokens.to_string())
 }
 
+/// A model's perplexity on `heldout` as a run with `config` measures it: `heldout_tokens` in
+/// rows of its context, `batch` rows at a time.
+pub fn heldout_perplexity(gpu: &Gpu, model: &LanguageModel, heldout: &[u32], config: &DistillConfig) -> Result<(f64, usize)> {
+    let seq = config.seq;
+    let n_rows = (config.heldout_tokens / seq).max(1).min((heldout.len() - 1) / seq);
+    let batch = config.batch.min(n_rows).max(1);
+    crate::eval::heldout_perplexity(gpu, model, heldout, seq, batch, n_rows)
+}
+
 /// One part of a step's loss on the GPU: per-row values whose sum over `divisor` it is.
 struct LossRows {
     buf: GpuBuf,
@@ -358,13 +367,11 @@ impl<'g> Distiller<'g> {
         }
         let path = self.out.join(SAMPLES_FILE);
         let samples = if path.is_file() {
-            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-            bytes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?)?
         } else {
             let mut progress = |done: usize| report(&Event::Sampling { tokens: done, of: n });
             let s = super::data::sample_from_teacher(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, self.config.sample_batch, self.config.sample_len, self.config.options.seed, &mut progress)?;
-            let bytes: Vec<u8> = s.iter().flat_map(|t| t.to_le_bytes()).collect();
-            write_atomic(&path, &bytes)?;
+            write_atomic(&path, &to_bytes(&s))?;
             s
         };
         match self.config.teacher_share {
@@ -611,11 +618,7 @@ impl<'g> Distiller<'g> {
 
     /// Held-out perplexity of the teacher or the student, over `heldout_tokens`.
     fn perplexity(&self, teacher: bool) -> Result<(f64, usize)> {
-        let model = if teacher { &self.teacher } else { &self.student };
-        let seq = self.config.seq;
-        let n_rows = (self.config.heldout_tokens / seq).max(1).min((self.corpus.heldout.len() - 1) / seq);
-        let batch = self.config.batch.min(n_rows).max(1);
-        crate::eval::heldout_perplexity(self.gpu, model, &self.corpus.heldout, seq, batch, n_rows)
+        heldout_perplexity(self.gpu, if teacher { &self.teacher } else { &self.student }, &self.corpus.heldout, &self.config)
     }
 
     fn emit(&mut self, report: &mut dyn FnMut(&Event), e: Event) -> Result<()> {

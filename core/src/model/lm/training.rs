@@ -2,7 +2,7 @@
 //! a forward that keeps each block's activations and the backward beside it, block by block
 //! (RMSNorm → token mixer → residual → RMSNorm → SwiGLU MLP → residual), then the whole model
 //! (embedding → blocks → final norm → head).
-use super::{Block, LanguageModel, TokenMixer};
+use super::{AttentionBufs, Block, LanguageModel, TokenMixer};
 use crate::error::{Error, Result};
 use crate::gpu::{GpuBuf, Recorder};
 use crate::mixers::layer::{Activations, BackwardArgs, LayerGrads, MixerLayer, Rope};
@@ -116,6 +116,12 @@ impl LanguageModel {
         }
     }
 
+    /// Training's attention: `seq` queries from position 0 against a cache of exactly them.
+    fn training_shape(&self, batch: usize, seq: usize) -> AttnShape {
+        let cfg = &self.config;
+        AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq }
+    }
+
     /// The attention's rotary tables (the teacher's base).
     fn attention_rope(&self) -> Rope<'_> {
         Rope { cos: &self.rope_cos, sin: &self.rope_sin }
@@ -206,23 +212,15 @@ impl LanguageModel {
         let (mut mixer, mut attention) = (None, None);
         match &block.mixer {
             TokenMixer::Attention { wqkv, wo } => {
-                // A fresh cache of exactly this block of tokens.
-                let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
+                // A fresh cache of exactly this block of tokens. A hybrid student keeps what the
+                // step makes for its backward; a teacher's block never trains, so nothing is kept.
                 let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
-                if !self.blocks.iter().any(|b| matches!(b.mixer, TokenMixer::Mixer(_))) {
-                    // A teacher's block never trains: nothing kept.
-                    let (kc, vc) = (rec.temp(rows * kvd)?, rec.temp(rows * kvd)?);
-                    self.attention_step(rec, shape, &xn1, wqkv, wo, &kc, &vc, &mixer_out, false)?;
-                } else {
-                    // A hybrid student's attention block: the same steps, what they make kept.
-                    let qkv = rec.temp(rows * (qd + 2 * kvd))?;
-                    let kept = AttentionActs { q: gpu.scratch(rows * qd)?, k_cache: gpu.scratch(rows * kvd)?, v_cache: gpu.scratch(rows * kvd)?, out: gpu.scratch(rows * qd)? };
-                    nn::project(rec, &xn1, wqkv, &qkv, rows, false)?;
-                    nn::rope_qkv_to_cache(rec, shape, &qkv, &self.attention_rope(), &kept.q, &kept.k_cache, &kept.v_cache)?;
-                    nn::attention(rec, shape, &kept.q, &kept.k_cache, &kept.v_cache, &kept.out)?;
-                    nn::project(rec, &kept.out, wo, &mixer_out, rows, false)?;
-                    attention = Some(kept);
-                }
+                let keep = self.blocks.iter().any(|b| matches!(b.mixer, TokenMixer::Mixer(_)));
+                let mut buf = |n: usize| if keep { gpu.scratch(n) } else { rec.temp(n) };
+                let acts = AttentionActs { q: buf(rows * qd)?, k_cache: buf(rows * kvd)?, v_cache: buf(rows * kvd)?, out: buf(rows * qd)? };
+                let bufs = AttentionBufs { q: &acts.q, k_cache: &acts.k_cache, v_cache: &acts.v_cache, att: &acts.out };
+                self.attention_step(rec, self.training_shape(batch, seq), &xn1, wqkv, wo, &bufs, &mixer_out, false)?;
+                attention = keep.then_some(acts);
             }
             TokenMixer::Mixer(m) => {
                 let (rope, _) = self.rope_tables();
@@ -294,9 +292,8 @@ impl LanguageModel {
                 nn::linear_backward_input(rec, &d_mid, wo.whole()?, &d_att, Gemm { m: rows, n: d, k: qd }, false)?;
                 weight_grad(rec, format!("layers.{i}.wo"), &d_mid, &at.out, rows, d, qd)?;
                 let d_qkv = rec.temp(rows * (qd + 2 * kvd))?;
-                let shape = AttnShape { batch, seq, pos0: 0, n_q: cfg.num_attention_heads, n_kv: cfg.n_kv_heads(), head_dim: cfg.head_dim(), cap: seq };
                 let rope = self.attention_rope();
-                nn::attention_backward(rec, shape, &AttentionBackward { q: &at.q, k_cache: &at.k_cache, v_cache: &at.v_cache, out: &at.out, d_out: &d_att, rope: &rope }, &d_qkv)?;
+                nn::attention_backward(rec, self.training_shape(batch, seq), &AttentionBackward { q: &at.q, k_cache: &at.k_cache, v_cache: &at.v_cache, out: &at.out, d_out: &d_att, rope: &rope }, &d_qkv)?;
                 nn::linear_backward_input(rec, &d_qkv, wqkv.whole()?, &d_xn1, Gemm { m: rows, n: qd + 2 * kvd, k: d }, false)?;
                 weight_grad(rec, format!("layers.{i}.wqkv"), &d_qkv, &a.xn1, rows, qd + 2 * kvd, d)?;
             }
