@@ -10,8 +10,8 @@
 //
 // attention_backward_query: a thread per (query, head, batch): logsumexp and D, then ∂L/∂q.
 // attention_backward_key:   a thread per (key, kv head, batch): ∂L/∂k and ∂L/∂v.
-// attention_backward_qkv:   ∂L/∂q and ∂L/∂k rotated back (the inverse of the rotary
-//                           embedding) and packed with ∂L/∂v in the rows of the qkv projection.
+// (nn/rope's rope_qkv_to_cache_backward then takes them back through the rotary embedding
+// into the rows of the qkv projection.)
 
 struct Params {
     batch: u32,
@@ -33,9 +33,6 @@ struct Params {
 @group(0) @binding(7) var<storage, read_write> d_q: array<vec4<f32>>;   // like q
 @group(0) @binding(8) var<storage, read_write> d_k: array<vec4<f32>>;   // like k_cache
 @group(0) @binding(9) var<storage, read_write> d_v: array<vec4<f32>>;
-@group(0) @binding(10) var<storage, read> cos_table: array<f32>;        // [positions, 32]
-@group(0) @binding(11) var<storage, read> sin_table: array<f32>;
-@group(0) @binding(12) var<storage, read_write> d_qkv: array<f32>;      // [batch*seq, (n_q + 2 n_kv)·64]
 
 const D4: u32 = 16u;
 const NEG: f32 = -3.0e38;
@@ -138,43 +135,4 @@ fn attention_backward_key(@builtin(global_invocation_id) gid: vec3<u32>, @builti
         d_k[kb + i] = dk[i] * p.scale;
         d_v[kb + i] = dv[i];
     }
-}
-
-// One thread per (pair i of a head, row): the forward rotated (x1, x2) = (x_i, x_(i+32)) to
-// (c x1 − s x2, s x1 + c x2); its transpose takes the gradient back.
-@compute @workgroup_size(64)
-fn attention_backward_qkv(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let half = p.head_dim / 2u;
-    let heads = p.n_q + 2u * p.n_kv;
-    let jj = gid.x;
-    let row = gid.y;
-    if (jj >= heads * half || row >= p.batch * p.seq) {
-        return;
-    }
-    let head = jj / half;
-    let i = jj % half;
-    let b = row / p.seq;
-    let pos = row % p.seq;
-    let dst = row * heads * p.head_dim + head * p.head_dim;
-    if (head >= p.n_q + p.n_kv) {
-        let src = ((b * p.n_kv + head - p.n_q - p.n_kv) * p.cap + pos) * D4;
-        d_qkv[dst + i] = d_v[src + i / 4u][i % 4u];
-        d_qkv[dst + i + half] = d_v[src + (i + half) / 4u][(i + half) % 4u];
-        return;
-    }
-    var g1: f32;
-    var g2: f32;
-    if (head < p.n_q) {
-        let src = (row * p.n_q + head) * D4;
-        g1 = d_q[src + i / 4u][i % 4u];
-        g2 = d_q[src + (i + half) / 4u][(i + half) % 4u];
-    } else {
-        let src = ((b * p.n_kv + head - p.n_q) * p.cap + pos) * D4;
-        g1 = d_k[src + i / 4u][i % 4u];
-        g2 = d_k[src + (i + half) / 4u][(i + half) % 4u];
-    }
-    let c = cos_table[pos * half + i];
-    let s = sin_table[pos * half + i];
-    d_qkv[dst + i] = c * g1 + s * g2;
-    d_qkv[dst + i + half] = c * g2 - s * g1;
 }

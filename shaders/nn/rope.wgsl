@@ -59,6 +59,47 @@ fn rope_qkv_to_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
+// Backward of rope_qkv_to_cache: the gradients of its outputs (q in binding 4's layout, k and
+// v in the cache's, 5 and 6) into the rows of the fused projection it read, q and k rotated by
+// the transpose of the forward's rotation: (g1, g2) -> (c g1 + s g2, c g2 - s g1).
+@group(0) @binding(8) var<storage, read_write> d_qkv: array<f32>; // like qkv
+
+@compute @workgroup_size(64)
+fn rope_qkv_to_cache_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let half = p.head_dim / 2u;
+    let heads = p.n_q + 2u * p.n_kv;
+    let j = gid.x;
+    let row = gid.y;
+    if (j >= heads * half || row >= p.batch * p.seq) {
+        return;
+    }
+    let head = j / half;
+    let i = j % half;
+    let b = row / p.seq;
+    let pos = p.pos0 + row % p.seq;
+    let dst = row * heads * p.head_dim + head * p.head_dim;
+    var g1: f32;
+    var g2: f32;
+    if (head < p.n_q) {
+        let src = row * p.n_q * p.head_dim + head * p.head_dim;
+        g1 = q_out[src + i];
+        g2 = q_out[src + i + half];
+    } else if (head < p.n_q + p.n_kv) {
+        let src = ((b * p.n_kv + head - p.n_q) * p.cap + pos) * p.head_dim;
+        g1 = k_cache[src + i];
+        g2 = k_cache[src + i + half];
+    } else {
+        let src = ((b * p.n_kv + head - p.n_q - p.n_kv) * p.cap + pos) * p.head_dim;
+        d_qkv[dst + i] = v_cache[src + i];
+        d_qkv[dst + i + half] = v_cache[src + i + half];
+        return;
+    }
+    let c = cos_table[pos * half + i];
+    let s = sin_table[pos * half + i];
+    d_qkv[dst + i] = c * g1 + s * g2;
+    d_qkv[dst + i + half] = c * g2 - s * g1;
+}
+
 // Rotary embedding in place on x [batch*seq, heads, head_dim] (RetNet's q and k), same tables
 // and positions as above. Reuses the parameter block: n_q = heads; n_kv and cap are unused.
 @group(0) @binding(7) var<storage, read_write> x_inplace: array<f32>;

@@ -203,6 +203,24 @@ pub fn rope_qkv_to_cache(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &
     rec.dispatch(&Kernel::new("nn/rope", "rope_qkv_to_cache"), &s.params(), &bufs, groups)
 }
 
+/// Backward of `rope_qkv_to_cache`: the gradients of q [rows, n_q, head_dim] and of the cache's
+/// k and v into d_qkv, the gradient of the fused projection's rows it read.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_qkv_to_cache_backward(rec: &mut Recorder, s: AttnShape, rope: &Rope, d_q: &GpuBuf, d_k_cache: &GpuBuf, d_v_cache: &GpuBuf, d_qkv: &GpuBuf) -> Result<()> {
+    s.check()?;
+    let rows = s.batch * s.seq;
+    let half = s.head_dim / 2;
+    need("rope backward cos", rope.cos, (s.pos0 + s.seq) * half)?;
+    need("rope backward sin", rope.sin, (s.pos0 + s.seq) * half)?;
+    need("rope backward d_q", d_q, rows * s.n_q * s.head_dim)?;
+    need("rope backward d_k cache", d_k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    need("rope backward d_v cache", d_v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    need("rope backward d_qkv", d_qkv, rows * (s.n_q + 2 * s.n_kv) * s.head_dim)?;
+    let groups = [((s.n_q + 2 * s.n_kv) * half).div_ceil(64) as u32, rows as u32, 1];
+    let bindings = [(2, rope.cos), (3, rope.sin), (4, d_q), (5, d_k_cache), (6, d_v_cache), (8, d_qkv)];
+    rec.dispatch_bindings(&Kernel::new("nn/rope", "rope_qkv_to_cache_backward"), &s.params(), &bindings, groups)
+}
+
 /// Head dimension the attention kernel is compiled for.
 pub const ATTENTION_HEAD_DIM: usize = 64;
 
@@ -276,8 +294,6 @@ pub fn attention_backward(rec: &mut Recorder, s: AttnShape, a: &AttentionBackwar
     need("attention backward v cache", a.v_cache, kvn)?;
     need("attention backward out", a.out, qn)?;
     need("attention backward d_out", a.d_out, qn)?;
-    need("attention backward cos", a.rope.cos, s.seq * s.head_dim / 2)?;
-    need("attention backward sin", a.rope.sin, s.seq * s.head_dim / 2)?;
     need("attention backward d_qkv", d_qkv, rows * (s.n_q + 2 * s.n_kv) * s.head_dim)?;
     let params = AttentionBackwardParams { batch: s.batch as u32, seq: s.seq as u32, n_q: s.n_q as u32, n_kv: s.n_kv as u32, head_dim: s.head_dim as u32, cap: s.cap as u32, scale: 1.0 / (s.head_dim as f32).sqrt() };
     let (stats, d_q, d_k, d_v) = (rec.temp(rows * s.n_q * 2)?, rec.temp(qn)?, rec.temp(kvn)?, rec.temp(kvn)?);
@@ -285,8 +301,7 @@ pub fn attention_backward(rec: &mut Recorder, s: AttnShape, a: &AttentionBackwar
     let (q, k, v) = (a.q, a.k_cache, a.v_cache);
     rec.dispatch_bindings(&kernel("attention_backward_query"), &params, &[(1, q), (2, k), (3, v), (4, a.out), (5, a.d_out), (6, &stats), (7, &d_q)], [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32])?;
     rec.dispatch_bindings(&kernel("attention_backward_key"), &params, &[(1, q), (2, k), (3, v), (5, a.d_out), (6, &stats), (8, &d_k), (9, &d_v)], [s.seq.div_ceil(64) as u32, s.n_kv as u32, s.batch as u32])?;
-    let groups = [((s.n_q + 2 * s.n_kv) * s.head_dim / 2).div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch_bindings(&kernel("attention_backward_qkv"), &params, &[(7, &d_q), (8, &d_k), (9, &d_v), (10, a.rope.cos), (11, a.rope.sin), (12, d_qkv)], groups)
+    rope_qkv_to_cache_backward(rec, s, a.rope, &d_q, &d_k, &d_v, d_qkv)
 }
 
 /// out[r, j] = silu(gate_up[r, j]) · gate_up[r, ffn + j].
