@@ -125,6 +125,21 @@ fn losses_and_their_gradients_match_reference() {
         (rtrain::cross_entropy(zz, &targets, vocab).iter().sum::<f64>() + rtrain::kl(zz, &td, vocab).iter().sum::<f64>()) * scale
     });
     assert_close("ce + kl grad", &read(&grad, rows * vocab), &want_total, 1e-6, 1e-3);
+
+    // Instruction tuning's masked targets: rows 1 and 3 skipped (no loss, no gradient).
+    use linearize_core::train::losses::IGNORE;
+    let masked: Vec<u32> = vec![0, IGNORE, 17, IGNORE];
+    let mb = gpu().upload_u32("masked targets", &masked).unwrap();
+    let mut rec = gpu().recorder();
+    train::cross_entropy(&mut rec, &zb, &mb, rows, vocab, &LossOut { loss: &loss, grad: &grad, scale: scale as f32, accumulate: false }).unwrap();
+    rec.submit().unwrap();
+    let want_loss = rtrain::cross_entropy(&zd, &masked, vocab);
+    assert_eq!((want_loss[1], want_loss[3]), (0.0, 0.0));
+    assert_close("masked cross entropy", &read(&loss, rows), &want_loss, 1e-5, 1e-5);
+    let want = numeric_grad(&zd, |zz| rtrain::cross_entropy(zz, &masked, vocab).iter().sum::<f64>() * scale);
+    let got = read(&grad, rows * vocab);
+    assert!(got[vocab..2 * vocab].iter().chain(&got[3 * vocab..]).all(|&g| g == 0.0), "a masked row has a gradient");
+    assert_close("masked cross entropy grad", &got, &want, 1e-6, 1e-3);
 }
 
 #[test]
@@ -455,7 +470,7 @@ fn squared_and_l2_errors_match_finite_differences() {
 #[test]
 fn blocked_head_losses_match_the_whole_logits() {
     use linearize_core::gpu::Dtype;
-    use linearize_core::train::losses::{cross_entropy, head_losses, kl, HeadLosses};
+    use linearize_core::train::losses::{cross_entropy, head_losses, kl, HeadLosses, KlTerm};
     let mut rng = Rng::new(62);
     let (rows, vocab, d) = (150, 300, 64);
     let (ws, wt) = (random(&mut rng, vocab * d, 0.3), random(&mut rng, vocab * d, 0.3));
@@ -479,8 +494,8 @@ fn blocked_head_losses_match_the_whole_logits() {
     let (ce_b, kl_b, dx_b, g_b) = (up(&vec![0.0; rows]), up(&vec![0.0; rows]), up(&vec![0.0; rows * d]), up(&g0));
     let mut rec = gpu().recorder();
     let a = HeadLosses {
-        student_head: &head_s, teacher_head: &head_t, student_x: &xs, teacher_x: &xt, targets: &targets, rows, block_rows: 50,
-        ce: &ce_b, kl: &kl_b, ce_scale, kl_scale, d_x: &dx_b, head_grad: Some(&g_b),
+        student_head: &head_s, student_x: &xs, targets: &targets, rows, block_rows: 50, ce: &ce_b, ce_scale,
+        kl: Some(KlTerm { teacher_head: &head_t, teacher_x: &xt, loss: &kl_b, scale: kl_scale }), d_x: &dx_b, head_grad: Some(&g_b),
     };
     head_losses(&mut rec, &a).unwrap();
     rec.submit().unwrap();

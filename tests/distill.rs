@@ -303,7 +303,7 @@ fn bad_distill_arguments_get_clear_errors() {
     assert!(e.contains("invalid value 'mamba' for '--mixer") && e.contains("mamba2"), "{e}");
     let e = run(&["--out", &o]);
     assert!(e.contains("--mixer is required"), "{e}");
-    let e = run(&["--mixer", "gla", "--stages", "1,4", "--out", &o]);
+    let e = run(&["--mixer", "gla", "--stages", "1,5", "--out", &o]);
     assert!(e.contains("--stages"), "{e}");
     let e = run(&["--mixer", "gla", "--split", "1,2", "--out", &o]);
     assert!(e.contains("--split") && e.contains("three shares"), "{e}");

@@ -1,5 +1,6 @@
-//! `linearize distill`: the three-stage distillation (core::train::distill) with progress bars,
-//! JSON-lines metrics, a TOML run config and flags over it.
+//! `linearize distill`: the three-stage distillation (core::train::distill), and instruction
+//! tuning after it on request, with progress bars, JSON-lines metrics, a TOML run config and
+//! flags over it.
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::gpu::Gpu;
@@ -7,6 +8,7 @@ use linearize_core::mixers::{ConvInit, MixerKind};
 use linearize_core::model::load::linearize_home;
 use linearize_core::train::data::Corpus;
 use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling, Stage2Trains};
+use linearize_core::train::Stage;
 use std::path::PathBuf;
 
 /// Flags of `distill`; each set one overrides the run config.
@@ -30,7 +32,8 @@ pub struct DistillArgs {
     /// Keep only the first N blocks of teacher and student
     #[arg(long)]
     pub layers: Option<usize>,
-    /// Stages to run, comma-separated (1, 2, 3)
+    /// Stages to run, comma-separated: 1, 2, 3 (distillation; the default) and 4 (instruction
+    /// tuning on ChatML conversations, after them)
     #[arg(long)]
     pub stages: Option<String>,
     #[arg(long)]
@@ -90,6 +93,19 @@ pub struct DistillArgs {
     /// tensor cores; adapters with cooperative matrices only), or best [default: best]
     #[arg(long, value_enum)]
     pub precision: Option<crate::PrecisionArg>,
+    /// Stage 4: tokens of conversations it trains on [default: 200000]
+    #[arg(long)]
+    pub sft_tokens: Option<u64>,
+    /// Stage 4: peak learning rate [default: 3e-4, linear decay after 10 % warmup]
+    #[arg(long)]
+    pub sft_lr: Option<f32>,
+    /// Stage 4: a JSONL file of {"messages": [{"role", "content"}, …]} conversations (default:
+    /// conversations synthesised from the training text, answered by the teacher)
+    #[arg(long)]
+    pub sft_data: Option<PathBuf>,
+    /// Stage 4: the longest synthesised answer, tokens [default: 128]
+    #[arg(long)]
+    pub sft_answer_len: Option<usize>,
     /// Also save the student after these token counts, comma-separated, into
     /// OUT/snapshots/<tokens>/ (points of a token-budget curve)
     #[arg(long)]
@@ -197,6 +213,21 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     if let Some(s) = &a.snapshots {
         c.snapshots = crate::parse_list("--snapshots", s)?;
     }
+    if let Some(v) = a.sft_tokens {
+        c.sft_tokens = v;
+    }
+    if let Some(v) = a.sft_lr {
+        c.sft_lr = v;
+    }
+    if let Some(p) = &a.sft_data {
+        if !p.is_file() {
+            bail!("--sft-data {}: no such file (expected a JSONL file of conversations)", p.display());
+        }
+        c.sft_data = Some(p.clone());
+    }
+    if let Some(v) = a.sft_answer_len {
+        c.sft_answer_len = v;
+    }
     c.validate()?;
     Ok(c)
 }
@@ -277,21 +308,11 @@ impl Progress {
                 if let Some(b) = self.bar.as_ref().filter(|_| *after) {
                     b.finish();
                 }
-                println!("{lead}stage {stage} loss on held-out text {}: {loss:.5}", if *after { "after" } else { "before" });
+                let on = if *stage == Stage::Instruct { "conversations" } else { "text" };
+                println!("{lead}stage {stage} loss on held-out {on} {}: {loss:.5}", if *after { "after" } else { "before" });
             }
-            Event::Sampling { tokens, of } => {
-                let b = self.bar.get_or_insert_with(|| {
-                    let b = ProgressBar::new(*of as u64);
-                    b.set_style(ProgressStyle::with_template("{prefix}sampling from the teacher [{bar:30}] {pos}/{len} tokens eta {eta}").expect("template").progress_chars("=> "));
-                    b.set_prefix(lead.clone());
-                    b
-                });
-                b.set_position(*tokens as u64);
-                if tokens >= of {
-                    b.finish();
-                    self.bar = None;
-                }
-            }
+            Event::Sampling { tokens, of } => self.count("sampling from the teacher", *tokens, *of),
+            Event::Conversations { tokens, of } => self.count("conversations answered by the teacher", *tokens, *of),
             Event::Checkpoint { .. } => {}
             Event::Snapshot { tokens, dir, .. } => {
                 if let Some(b) = &self.bar {
@@ -299,6 +320,22 @@ impl Progress {
                 }
             }
             Event::Saved { dir } => println!("{lead}saved the student to {}", dir.display()),
+        }
+    }
+
+    /// A bar of `what` counted in tokens, finished when `tokens` reaches `of`.
+    fn count(&mut self, what: &str, tokens: usize, of: usize) {
+        let lead = self.lead();
+        let b = self.bar.get_or_insert_with(|| {
+            let b = ProgressBar::new(of as u64);
+            b.set_style(ProgressStyle::with_template(&format!("{{prefix}}{what} [{{bar:30}}] {{pos}}/{{len}} tokens eta {{eta}}")).expect("template").progress_chars("=> "));
+            b.set_prefix(lead);
+            b
+        });
+        b.set_position(tokens as u64);
+        if tokens >= of {
+            b.finish();
+            self.bar = None;
         }
     }
 }

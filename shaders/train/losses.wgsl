@@ -1,5 +1,6 @@
 // Losses over rows [rows, vocab] with their gradients (one workgroup per row):
 //   cross_entropy: loss_r = logsumexp(z_r) − z_r[target_r];  dz = (softmax(z) − onehot) · scale
+//                  (0 and 0 where the target is IGNORE)
 //   kl:            loss_r = Σ p_t (log p_t − log p_s), p = softmax;  dz_s = (p_s − p_t) · scale
 //   squared_error: loss_r = Σ (z − t)²;  dz = 2 (z − t) · scale   (stage 1's MSE)
 //   l2_error:      loss_r = ‖z_r − t_r‖;  dz = (z − t) / ‖z − t‖ · scale   (stage 2)
@@ -22,6 +23,8 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> grad: array<f32>; // [rows, vocab]
 
 const THREADS: u32 = 256u;
+// A target the cross entropy skips (chat::IGNORE, PyTorch's ignore_index).
+const IGNORE: u32 = 0xffffffffu;
 var<workgroup> red: array<f32, 256>;
 
 fn reduce_max(t: u32, v: f32) -> f32 {
@@ -65,6 +68,17 @@ fn cross_entropy(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
     let r = wid.x;
     let t = lid.x;
     let base = r * p.vocab;
+    let gold = targets[r];
+    if (gold == IGNORE) {
+        // A masked target (instruction tuning's prompt tokens): no loss, no gradient.
+        if (t == 0u) {
+            loss[r] = 0.0;
+        }
+        for (var c = t; c < p.vocab; c += THREADS) {
+            put_grad(base + c, 0.0);
+        }
+        return;
+    }
     var m = -3.0e38;
     for (var c = t; c < p.vocab; c += THREADS) {
         m = max(m, z[base + c]);
@@ -75,7 +89,6 @@ fn cross_entropy(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         s += exp(z[base + c] - m);
     }
     s = reduce_sum(t, s);
-    let gold = targets[r];
     if (t == 0u) {
         loss[r] = log(s) + m - z[base + gold];
     }

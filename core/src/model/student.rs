@@ -198,16 +198,16 @@ pub fn load_files(files: &ModelFiles) -> Result<(ModelWeights, Tokenizer, Studen
     let weights = ModelWeights::from_hf_tensors(config.clone(), tensors);
     let mut layers = BTreeMap::new();
     for &i in &scfg.mixer_layers {
-        let mut want = new_parameters(scfg.mixer, scfg.shape, &scfg.options, i);
+        // The shapes the file must hold: the mixer's own parameters and the copied projections.
+        let mut want: BTreeMap<String, Vec<usize>> = new_parameters(scfg.mixer, scfg.shape, &scfg.options, i).into_iter().map(|(n, t)| (n, t.shape)).collect();
         let (d, hq) = (config.hidden_size, scfg.shape.heads * scfg.shape.dk);
-        want.insert("q_proj".into(), Tensor::new(vec![hq, d], Vec::new()));
-        want.insert("k_proj".into(), Tensor::new(vec![hq, d], Vec::new()));
-        want.insert("v_proj".into(), Tensor::new(vec![hq, d], Vec::new()));
-        want.insert("o_proj".into(), Tensor::new(vec![d, hq], Vec::new()));
+        for (name, shape) in [("q_proj", [hq, d]), ("k_proj", [hq, d]), ("v_proj", [hq, d]), ("o_proj", [d, hq])] {
+            want.insert(name.into(), shape.to_vec());
+        }
         let mut params = MixerParams::new();
-        for (pname, spec) in want {
-            let data = take(&format!("model.layers.{i}.{MIXER_PREFIX}{pname}"), &spec.shape)?;
-            params.insert(pname, Tensor::new(spec.shape, data));
+        for (pname, shape) in want {
+            let data = take(&format!("model.layers.{i}.{MIXER_PREFIX}{pname}"), &shape)?;
+            params.insert(pname, Tensor::new(shape, data));
         }
         layers.insert(i, params);
     }

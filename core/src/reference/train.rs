@@ -6,9 +6,9 @@ fn log_softmax(z: &[f64]) -> Vec<f64> {
     z.iter().map(|v| v - lse).collect()
 }
 
-/// Per-row cross entropy of logits [rows, vocab].
+/// Per-row cross entropy of logits [rows, vocab]; 0 where the target is `losses::IGNORE`.
 pub fn cross_entropy(z: &[f64], targets: &[u32], vocab: usize) -> Vec<f64> {
-    z.chunks(vocab).zip(targets).map(|(row, &t)| -log_softmax(row)[t as usize]).collect()
+    z.chunks(vocab).zip(targets).map(|(row, &t)| if t == crate::train::losses::IGNORE { 0.0 } else { -log_softmax(row)[t as usize] }).collect()
 }
 
 /// Evaluation's token scores (crate::eval::target_logprob): for each scored row, the target's

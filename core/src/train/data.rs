@@ -135,7 +135,6 @@ pub fn sample_from_teacher(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Token
     if train.len() <= OPENING || batch == 0 || len == 0 {
         return Err(Error::argument("teacher samples", format!("need a training stream longer than {OPENING} tokens and a positive batch and length")));
     }
-    let vocab = teacher.config.vocab_size;
     let sampling = Sampling { max_new_tokens: len, temperature: 1.0, top_p: 0.95, seed, stop_ids: Vec::new() };
     let mut rng = Rng::new(seed ^ 0x5A4D_504C);
     let mut out = Vec::with_capacity(n + batch * (len + 1));
@@ -154,22 +153,7 @@ pub fn sample_from_teacher(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Token
             let ids = tokenizer.encode(&format!("<|im_start|>user\n{request}<|im_end|>\n<|im_start|>assistant\n"))?;
             (0..batch).flat_map(|_| ids.clone()).collect()
         };
-        let prompt_len = prompts.len() / batch;
-        let mut cache = teacher.new_cache(gpu, batch, prompt_len + len)?;
-        let mut logits = teacher.forward(gpu, &mut cache, &prompts, Logits::Last)?;
-        let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(len + 1); batch];
-        for step in 0..len {
-            let host = gpu.read_f32_blocking(&logits, batch * vocab)?;
-            gpu.release(logits);
-            let next: Vec<u32> = host.chunks(vocab).map(|row| sample(row, &sampling, &mut rng)).collect();
-            for (r, &t) in rows.iter_mut().zip(&next) {
-                r.push(t);
-            }
-            if step + 1 == len {
-                break;
-            }
-            logits = teacher.forward(gpu, &mut cache, &next, Logits::Last)?;
-        }
+        let rows = sample_rows(gpu, teacher, &prompts, batch, len, &sampling, &mut rng)?;
         for mut r in rows {
             r.push(SEPARATOR);
             out.extend(r);
@@ -178,6 +162,34 @@ pub fn sample_from_teacher(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Token
         progress(out.len().min(n));
     }
     Ok(out)
+}
+
+/// `batch` continuations of `len` new tokens sampled from the teacher after `prompts` ([batch,
+/// prompt] ids, rows of equal length), all rows a step at a time on the GPU. A row stops after
+/// one of `sampling.stop_ids` (kept as its last token); the batch stops when every row has.
+pub(crate) fn sample_rows(gpu: &Gpu, teacher: &LanguageModel, prompts: &[u32], batch: usize, len: usize, sampling: &Sampling, rng: &mut Rng) -> Result<Vec<Vec<u32>>> {
+    let vocab = teacher.config.vocab_size;
+    let prompt_len = prompts.len() / batch;
+    let mut cache = teacher.new_cache(gpu, batch, prompt_len + len)?;
+    let mut logits = teacher.forward(gpu, &mut cache, prompts, Logits::Last)?;
+    let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(len + 1); batch];
+    let mut stopped = vec![false; batch];
+    for step in 0..len {
+        let host = gpu.read_f32_blocking(&logits, batch * vocab)?;
+        gpu.release(logits);
+        let next: Vec<u32> = host.chunks(vocab).map(|row| sample(row, sampling, rng)).collect();
+        for ((r, &t), done) in rows.iter_mut().zip(&next).zip(stopped.iter_mut()) {
+            if !*done {
+                r.push(t);
+                *done = sampling.stop_ids.contains(&t);
+            }
+        }
+        if step + 1 == len || stopped.iter().all(|&d| d) {
+            break;
+        }
+        logits = teacher.forward(gpu, &mut cache, &next, Logits::Last)?;
+    }
+    Ok(rows)
 }
 
 /// The training stream with the teacher's text mixed in: `share` of its blocks of `block` tokens

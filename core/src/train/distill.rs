@@ -1,15 +1,17 @@
 //! The three-stage distillation of MIXERS.md §5, on one token stream consumed in consecutive
-//! slices:
+//! slices, and instruction tuning after it on conversations (`chat`):
 //!   1. mixer-output alignment: every mixer layer on the teacher's normed residual stream,
 //!      Σ_ℓ MSE against the teacher's attention output (mixer parameters train);
 //!   2. hidden-state alignment: every student block on the teacher's input h_ℓ, Σ_ℓ mean over
 //!      tokens of ‖block(h_ℓ) − h_(ℓ+1)‖ (un-normed at the last layer; mixer parameters train);
-//!   3. end to end: CE(next token) + KL(p_teacher ‖ p_student) (everything trains).
+//!   3. end to end: CE(next token) + KL(p_teacher ‖ p_student) (everything trains);
+//!   4. instruction tuning (on request): CE on the assistant's tokens of ChatML conversations.
 //! Checkpoints (weights, optimizer state, stage, step, data cursor) are written atomically every
 //! few steps; `resume` continues exactly where the last one left off.
 use super::checkpoint::RunState;
 use super::data::{from_bytes, next_rows, to_bytes, Corpus};
-use super::losses::{head_losses, l2_error, squared_error, HeadLosses, LossOut};
+use super::chat::{read_jsonl, render, synthesise, SftData};
+use super::losses::{head_losses, l2_error, squared_error, HeadLosses, KlTerm, LossOut, IGNORE};
 use super::metrics::Metrics;
 use super::optimizer::{AdamW, Optimizer};
 use super::schedule::Schedule;
@@ -108,6 +110,17 @@ pub struct DistillConfig {
     /// Token counts at which the student is saved into `OUT/snapshots/<tokens>/` as well (after
     /// the step that reaches each): the points of a token-budget curve from one run.
     pub snapshots: Vec<u64>,
+    /// Instruction tuning (stage 4, when `stages` has it): tokens of conversations it trains on,
+    /// beyond `tokens`.
+    pub sft_tokens: u64,
+    /// Its peak learning rate and schedule (ours: MIXERS.md gives none; stage 3's).
+    pub sft_lr: f32,
+    pub sft_schedule: Schedule,
+    /// Its conversations: a JSONL file of `messages`, or None for conversations synthesised from
+    /// the training text and answered by the teacher (`chat::synthesise`).
+    pub sft_data: Option<PathBuf>,
+    /// The longest synthesised answer, in tokens.
+    pub sft_answer_len: usize,
 }
 
 impl Default for DistillConfig {
@@ -120,7 +133,7 @@ impl Default for DistillConfig {
             seq: 512,
             batch: 8,
             layers: None,
-            stages: Stage::ALL.to_vec(),
+            stages: Stage::DISTILL.to_vec(),
             lr: [2e-4, 2e-3, 3e-4],
             split: [0.026, 0.053, 0.921],
             schedules: [Schedule::paper_wsd(), Schedule::paper_constant(), Schedule::paper_linear()],
@@ -142,6 +155,11 @@ impl Default for DistillConfig {
             teacher_share: None,
             precision: Precision::Best,
             snapshots: Vec::new(),
+            sft_tokens: 200_000,
+            sft_lr: 3e-4,
+            sft_schedule: Schedule::paper_linear(),
+            sft_data: None,
+            sft_answer_len: 128,
         }
     }
 }
@@ -172,6 +190,9 @@ impl DistillConfig {
         if self.log_every == 0 {
             return Err(Error::argument("--log-every", "must be at least 1"));
         }
+        if self.stages.contains(&Stage::Instruct) && (self.sft_tokens == 0 || self.sft_answer_len == 0) {
+            return Err(Error::argument("--sft-tokens", "instruction tuning (stage 4) needs a budget and an answer length of at least 1 token"));
+        }
         Ok(())
     }
 
@@ -181,16 +202,32 @@ impl DistillConfig {
         match (stage, self.stage2_trains) {
             (Stage::MixerOutputs, _) | (Stage::HiddenStates, Stage2Trains::Mixers) => Scope::Mixers,
             (Stage::HiddenStates, Stage2Trains::Block) => Scope::MixerBlocks,
-            (Stage::EndToEnd, _) => Scope::All,
+            (Stage::EndToEnd | Stage::Instruct, _) => Scope::All,
         }
     }
 
-    /// Optimizer steps of `stage`: its share of the budget in blocks of batch × seq tokens.
+    /// Optimizer steps of `stage`: a distillation stage's share of `tokens`, instruction
+    /// tuning's `sft_tokens`, in blocks of batch × seq tokens.
     pub fn stage_steps(&self, stage: Stage) -> usize {
-        let total: f64 = self.stages.iter().map(|s| self.split[s.index()]).sum();
-        let share = if total > 0.0 { self.split[stage.index()] / total } else { 0.0 };
-        let tokens = (self.tokens as f64 * share).round() as usize;
+        let tokens = match stage.index() {
+            Some(i) => {
+                let total: f64 = self.stages.iter().filter_map(|s| s.index()).map(|s| self.split[s]).sum();
+                let share = if total > 0.0 { self.split[i] / total } else { 0.0 };
+                (self.tokens as f64 * share).round() as usize
+            }
+            None => self.sft_tokens as usize,
+        };
         tokens.div_ceil(self.batch * self.seq).max(1)
+    }
+
+    /// The peak learning rate of `stage`.
+    pub fn stage_lr(&self, stage: Stage) -> f32 {
+        stage.index().map_or(self.sft_lr, |i| self.lr[i])
+    }
+
+    /// The learning-rate schedule of `stage`.
+    pub fn stage_schedule(&self, stage: Stage) -> Schedule {
+        stage.index().map_or(self.sft_schedule, |i| self.schedules[i])
     }
 }
 
@@ -200,6 +237,8 @@ impl DistillConfig {
 pub enum Event {
     /// Text sampled from the teacher so far.
     Sampling { tokens: usize, of: usize },
+    /// Trained tokens of instruction-tuning conversations synthesised so far.
+    Conversations { tokens: usize, of: usize },
     StageStart { stage: Stage, steps: usize, from_step: usize },
     Step(StepReport),
     /// `stage`: after which (0: before the first; none for the teacher).
@@ -283,6 +322,21 @@ impl PendingStep {
 }
 /// The teacher-sampled tokens of a run (u32 little-endian), reused by `--resume`.
 pub const SAMPLES_FILE: &str = "teacher-samples.bin";
+/// The run's synthesised instruction-tuning conversations, packed (`SftData::to_bytes`).
+pub const CONVERSATIONS_FILE: &str = "sft-conversations.bin";
+
+/// One step's sequences: the inputs [batch, seq] and their targets (IGNORE where masked).
+struct Batch {
+    inputs: Vec<u32>,
+    targets: Vec<u32>,
+}
+
+impl Batch {
+    /// From rows of seq + 1 consecutive tokens.
+    fn from_rows(rows: &[u32], seq: usize) -> Self {
+        Batch { inputs: rows.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect(), targets: rows.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect() }
+    }
+}
 
 /// A distillation run: teacher and student on the GPU, the data, and the output directory.
 pub struct Distiller<'g> {
@@ -294,6 +348,8 @@ pub struct Distiller<'g> {
     student_mixers: StudentMixers,
     tokenizer: Tokenizer,
     corpus: Corpus,
+    /// Instruction tuning's conversations, when the run has stage 4.
+    sft: Option<SftData>,
     out: PathBuf,
     state: RunState,
     metrics: Metrics,
@@ -331,12 +387,13 @@ impl<'g> Distiller<'g> {
         let teacher_lm = LanguageModel::upload(gpu, &tw)?;
         let student = LanguageModel::upload_with_mixers(gpu, &sw, Some(&mixers))?;
         let metrics = Metrics::new(out.join(METRICS_FILE));
-        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, out: out.to_path_buf(), state, metrics })
+        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, sft: None, out: out.to_path_buf(), state, metrics })
     }
 
     /// Runs the remaining stages, reporting through `report`.
     pub fn run(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
         self.add_teacher_samples(report)?;
+        self.prepare_conversations(report)?;
         let fresh = self.state.done.is_empty() && self.state.stage.is_none();
         if fresh {
             self.metrics.truncate(0)?;
@@ -381,6 +438,60 @@ impl<'g> Distiller<'g> {
         Ok(())
     }
 
+    /// Instruction tuning's conversations when the run has stage 4: the JSONL file's, or
+    /// synthesised once (about `sft_tokens` trained tokens) and kept in CONVERSATIONS_FILE.
+    fn prepare_conversations(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
+        if !self.config.stages.contains(&Stage::Instruct) || self.state.done.contains(&Stage::Instruct) {
+            return Ok(());
+        }
+        let row = self.config.seq + 1;
+        let data = match &self.config.sft_data {
+            Some(path) => {
+                let conversations = read_jsonl(path)?.iter().map(|c| render(&self.tokenizer, c)).collect::<Result<Vec<_>>>()?;
+                let data = SftData::pack(&conversations, row);
+                if data.rows() < 2 {
+                    return Err(Error::argument("--sft-data", format!("{}: its conversations fill {} row of {row} tokens; instruction tuning needs two (one is held out)", path.display(), data.rows())));
+                }
+                data
+            }
+            None => {
+                let path = self.out.join(CONVERSATIONS_FILE);
+                if path.is_file() {
+                    SftData::from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?, row)?
+                } else {
+                    let n = self.config.sft_tokens as usize;
+                    let mut progress = |done: usize| report(&Event::Conversations { tokens: done, of: n });
+                    let passage = row.saturating_sub(self.config.sft_answer_len + 48).max(16);
+                    let c = synthesise(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, self.config.sample_batch, passage, self.config.sft_answer_len, self.config.options.seed, &mut progress)?;
+                    let mut data = SftData::pack(&c, row);
+                    if data.rows() < 2 {
+                        data = SftData::pack(&[c.clone(), c].concat(), row);
+                    }
+                    write_atomic(&path, &data.to_bytes())?;
+                    data
+                }
+            }
+        };
+        self.sft = Some(data);
+        Ok(())
+    }
+
+    /// Step `step`'s sequences: the next rows of the training stream, or instruction tuning's
+    /// conversations from row step × batch; with the data cursor after them.
+    fn training_batch(&self, stage: Stage, step: usize) -> (Batch, u64) {
+        let (batch, seq) = (self.config.batch, self.config.seq);
+        match (&self.sft, stage) {
+            (Some(sft), Stage::Instruct) => {
+                let (inputs, targets) = sft.batch(step * batch, batch, false);
+                (Batch { inputs, targets }, self.state.cursor)
+            }
+            _ => {
+                let (rows, cursor) = next_rows(&self.corpus.train, self.state.cursor, batch, seq + 1);
+                (Batch::from_rows(&rows, seq), cursor)
+            }
+        }
+    }
+
     fn run_stage(&mut self, stage: Stage, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let gpu = self.gpu;
         let steps = self.config.stage_steps(stage);
@@ -400,16 +511,16 @@ impl<'g> Distiller<'g> {
             let (loss, parts) = self.heldout_stage_loss(stage, &optimizer)?;
             self.emit(report, Event::StageLoss { stage, after: false, loss, parts })?;
         }
-        let hyper = AdamW { lr: self.config.lr[stage.index()], beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
+        let hyper = AdamW { lr: self.config.stage_lr(stage), beta1: self.config.beta1, beta2: self.config.beta2, eps: self.config.adam_eps, weight_decay: self.config.weight_decay };
         let tokens_per_step = self.config.batch * self.config.seq;
         // Steps run back to back on the GPU; their numbers are read every `log_every` steps, before
         // a checkpoint and at the stage's end.
         let mut pending = Vec::new();
         let mut window = Instant::now();
         for step in from..steps {
-            let (rows_ids, cursor) = next_rows(&self.corpus.train, self.state.cursor, self.config.batch, self.config.seq + 1);
-            let losses = self.step_gradients(stage, &rows_ids, &optimizer)?;
-            let lr = hyper.lr as f64 * self.config.schedules[stage.index()].factor(step, steps);
+            let (batch, cursor) = self.training_batch(stage, step);
+            let losses = self.step_gradients(stage, &batch, &optimizer)?;
+            let lr = hyper.lr as f64 * self.config.stage_schedule(stage).factor(step, steps);
             // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
             let partial = optimizer.new_partial(gpu)?;
             optimizer.step(gpu, &AdamW { lr: lr as f32, ..hyper }, (step + 1) as u32, self.config.clip as f32, &partial)?;
@@ -473,7 +584,7 @@ impl<'g> Distiller<'g> {
             // The per-layer (or CE/KL) parts sum to the loss.
             let loss: f64 = parts.iter().sum();
             if let Some(bad) = parts.iter().position(|v| !v.is_finite()).or((!loss.is_finite()).then_some(0)) {
-                let what = if stage == Stage::EndToEnd { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
+                let what = if matches!(stage, Stage::EndToEnd | Stage::Instruct) { ["cross entropy", "KL"][bad.min(1)].to_string() } else { format!("layer {}", self.trained_layers()[bad]) };
                 result = Err(self.diverged(stage, p.step, &format!("the loss of {what} is {}", parts.get(bad).copied().unwrap_or(loss))));
                 continue;
             }
@@ -494,8 +605,14 @@ impl<'g> Distiller<'g> {
     /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
     /// zeroed by the next step).
     fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
-        let (rows_ids, _) = next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1);
-        let losses = self.step_gradients(stage, &rows_ids, optimizer)?;
+        let batch = match (&self.sft, stage) {
+            (Some(sft), Stage::Instruct) => {
+                let (inputs, targets) = sft.batch(0, self.config.batch, true);
+                Batch { inputs, targets }
+            }
+            _ => Batch::from_rows(&next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1).0, self.config.seq),
+        };
+        let losses = self.step_gradients(stage, &batch, optimizer)?;
         let values = self.gpu.read_many_blocking(&losses.iter().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
         let parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| l.value(v)).collect();
         for l in losses {
@@ -510,24 +627,25 @@ impl<'g> Distiller<'g> {
     }
 
     /// Zeroes the gradients and accumulates one step's into them; returns the loss's parts (per
-    /// layer, or CE and KL) as they sit on the GPU.
-    fn step_gradients(&self, stage: Stage, rows_ids: &[u32], optimizer: &Optimizer) -> Result<Vec<LossRows>> {
+    /// layer, CE and KL, or CE) as they sit on the GPU.
+    fn step_gradients(&self, stage: Stage, step: &Batch, optimizer: &Optimizer) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
-        let inputs: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect();
-        let targets: Vec<u32> = rows_ids.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect();
-        let ids = gpu.upload_u32("ids", &inputs)?;
+        let ids = gpu.upload_u32("ids", &step.inputs)?;
         let grads = optimizer.grads()?;
         let mut rec = gpu.recorder();
         optimizer.zero_grads(&mut rec)?;
-        // Stage 3 needs the teacher's final hidden states; its logits are made block by block.
-        let teacher = self.teacher.forward_train(&mut rec, &ids, batch, seq, false)?;
+        // Stage 3 needs the teacher's final hidden states (its logits are made block by block);
+        // instruction tuning has no teacher.
+        let teacher = if stage == Stage::Instruct { None } else { Some(self.teacher.forward_train(&mut rec, &ids, batch, seq, false)?) };
         rec.submit()?;
-        let parts = match stage {
-            Stage::MixerOutputs | Stage::HiddenStates => self.layer_losses(stage, &teacher, &grads)?,
-            Stage::EndToEnd => self.end_to_end_loss(&teacher, &ids, &inputs, &targets, &grads)?,
+        let parts = match (stage, &teacher) {
+            (Stage::MixerOutputs | Stage::HiddenStates, Some(t)) => self.layer_losses(stage, t, &grads)?,
+            (_, teacher) => self.head_loss(teacher.as_ref(), &ids, step, &grads)?,
         };
-        teacher.release(gpu);
+        if let Some(t) = teacher {
+            t.release(gpu);
+        }
         gpu.release(ids);
         Ok(parts)
     }
@@ -572,12 +690,13 @@ impl<'g> Distiller<'g> {
     }
 
     /// Stage 3: the whole student against the teacher's logits, made block by block from both
-    /// final hidden states; [CE, KL].
-    fn end_to_end_loss(&self, teacher: &ModelActs, ids: &GpuBuf, inputs: &[u32], targets: &[u32], grads: &Grads) -> Result<Vec<LossRows>> {
+    /// final hidden states; [CE, KL]. Instruction tuning (no teacher): [CE] over the targets
+    /// that are not masked.
+    fn head_loss(&self, teacher: Option<&ModelActs>, ids: &GpuBuf, step: &Batch, grads: &Grads) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.config.batch, self.config.seq);
         let rows = batch * seq;
-        let target_buf = gpu.upload_u32("targets", targets)?;
+        let target_buf = gpu.upload_u32("targets", &step.targets)?;
         let (ce, klb) = (gpu.unpooled(rows)?, gpu.unpooled(rows)?);
         let mut rec = gpu.recorder();
         let acts = self.student.forward_train(&mut rec, ids, batch, seq, false)?;
@@ -585,29 +704,33 @@ impl<'g> Distiller<'g> {
             KlScaling::TokenMean => 1.0 / rows as f32,
             KlScaling::PaperBatch => 1.0 / batch as f32,
         };
+        // The cross entropy is a mean over the targets it sees.
+        let seen = step.targets.iter().filter(|&&t| t != IGNORE).count();
         let d_x = rec.temp(rows * self.student.config.hidden_size)?;
         let (student_head, head_name) = self.student.head();
         let losses = HeadLosses {
             student_head,
-            teacher_head: self.teacher.head().0,
             student_x: &acts.xnf,
-            teacher_x: &teacher.xnf,
             targets: &target_buf,
             rows,
             block_rows: self.config.loss_rows,
             ce: &ce,
-            kl: &klb,
-            ce_scale: 1.0 / rows as f32,
-            kl_scale,
+            ce_scale: if seen == 0 { 0.0 } else { 1.0 / seen as f32 },
+            kl: teacher.map(|t| KlTerm { teacher_head: self.teacher.head().0, teacher_x: &t.xnf, loss: &klb, scale: kl_scale }),
             d_x: &d_x,
             head_grad: grads.get(head_name),
         };
         head_losses(&mut rec, &losses)?;
-        self.student.backward_from_hidden(&mut rec, inputs, &acts, &d_x, batch, seq, grads)?;
+        self.student.backward_from_hidden(&mut rec, &step.inputs, &acts, &d_x, batch, seq, grads)?;
         rec.retire(target_buf);
         rec.submit()?;
         acts.release(gpu);
-        Ok(vec![LossRows { buf: ce, rows, divisor: rows as f64 }, LossRows { buf: klb, rows, divisor: rows as f64 }])
+        let ce = LossRows { buf: ce, rows, divisor: seen.max(1) as f64 };
+        if teacher.is_none() {
+            gpu.release(klb);
+            return Ok(vec![ce]);
+        }
+        Ok(vec![ce, LossRows { buf: klb, rows, divisor: rows as f64 }])
     }
 
     fn diverged(&self, stage: Stage, step: usize, what: &str) -> Error {

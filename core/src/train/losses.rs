@@ -7,6 +7,10 @@ use crate::gpu::{need, GpuBuf, Kernel, Recorder};
 use crate::nn::{linear_backward_input, linear_backward_weight, project, Gemm, Weight};
 use crate::shaders::LossParams;
 
+/// A target the cross entropy skips (loss and gradient 0), as PyTorch's `ignore_index`:
+/// instruction tuning's prompt tokens (`chat`).
+pub const IGNORE: u32 = u32::MAX;
+
 /// Where a loss goes: the per-row loss [rows], and its gradient times `scale` into `grad` (added
 /// to it with `accumulate`).
 pub struct LossOut<'a> {
@@ -60,47 +64,60 @@ fn row_loss(rec: &mut Recorder, entry: &'static str, y: &GpuBuf, target: &GpuBuf
 }
 
 /// Stage 3's head and losses in blocks of rows, so that no step holds the logits of the whole
-/// batch (B·T × vocabulary floats per model): per block the student's and the teacher's logits
-/// from their final hidden states, cross entropy and KL with their gradient, then the head's
-/// backward — ∂L/∂x for the block's rows, and the head's gradient added to.
+/// batch (B·T × vocabulary floats per model): per block the student's logits (and the teacher's)
+/// from their final hidden states, cross entropy (and KL) with their gradient, then the head's
+/// backward — ∂L/∂x for the block's rows, and the head's gradient added to. Instruction tuning
+/// runs it without the teacher: cross entropy alone.
 pub struct HeadLosses<'a> {
     pub student_head: &'a Weight,
-    pub teacher_head: &'a Weight,
-    /// The final norms' outputs [rows, hidden], the student's and the teacher's.
+    /// The final norm's output [rows, hidden].
     pub student_x: &'a GpuBuf,
-    pub teacher_x: &'a GpuBuf,
+    /// Targets [rows]; IGNORE where the loss skips a row.
     pub targets: &'a GpuBuf,
     pub rows: usize,
     /// Rows per block (rounded up to a multiple of 64, so that every view starts aligned).
     pub block_rows: usize,
-    /// Per-row cross entropy and KL [rows], and the scales of their gradients.
+    /// Per-row cross entropy [rows], and the scale of its gradient.
     pub ce: &'a GpuBuf,
-    pub kl: &'a GpuBuf,
     pub ce_scale: f32,
-    pub kl_scale: f32,
+    /// KL(p_teacher ‖ p_student) added to the loss (stage 3), or none (instruction tuning).
+    pub kl: Option<KlTerm<'a>>,
     /// ∂L/∂student_x [rows, hidden], written.
     pub d_x: &'a GpuBuf,
     /// The student head's gradient, added to (None when the head is frozen).
     pub head_grad: Option<&'a GpuBuf>,
 }
 
+/// The teacher's side of stage 3's loss.
+pub struct KlTerm<'a> {
+    pub teacher_head: &'a Weight,
+    /// The teacher's final norm's output [rows, hidden].
+    pub teacher_x: &'a GpuBuf,
+    /// Per-row KL [rows], and the scale of its gradient.
+    pub loss: &'a GpuBuf,
+    pub scale: f32,
+}
+
 pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
     let (rows, vocab, d) = (a.rows, a.student_head.rows, a.student_head.cols);
-    if a.teacher_head.rows != vocab || a.teacher_head.cols != d {
-        return Err(Error::argument("teacher head", format!("[{}, {}] does not match the student's [{vocab}, {d}]", a.teacher_head.rows, a.teacher_head.cols)));
+    if let Some(t) = a.kl.as_ref().filter(|t| t.teacher_head.rows != vocab || t.teacher_head.cols != d) {
+        return Err(Error::argument("teacher head", format!("[{}, {}] does not match the student's [{vocab}, {d}]", t.teacher_head.rows, t.teacher_head.cols)));
     }
     let block = a.block_rows.max(1).div_ceil(64) * 64;
     let r = block.min(rows);
-    let (student, teacher, d_logits) = (rec.temp(r * vocab)?, rec.temp(r * vocab)?, rec.temp(r * vocab)?);
+    let (student, d_logits) = (rec.temp(r * vocab)?, rec.temp(r * vocab)?);
+    let teacher = if a.kl.is_some() { Some(rec.temp(r * vocab)?) } else { None };
     let head = a.student_head.whole()?;
     for r0 in (0..rows).step_by(block) {
         let n = block.min(rows - r0);
-        let (xs, xt, dx) = (a.student_x.view(r0 * d, n * d)?, a.teacher_x.view(r0 * d, n * d)?, a.d_x.view(r0 * d, n * d)?);
+        let (xs, dx) = (a.student_x.view(r0 * d, n * d)?, a.d_x.view(r0 * d, n * d)?);
         project(rec, &xs, a.student_head, &student, n, false)?;
-        project(rec, &xt, a.teacher_head, &teacher, n, false)?;
         let targets = a.targets.view(r0, n)?;
         cross_entropy(rec, &student, &targets, n, vocab, &LossOut { loss: &a.ce.view(r0, n)?, grad: &d_logits, scale: a.ce_scale, accumulate: false })?;
-        kl(rec, &student, &teacher, n, vocab, &LossOut { loss: &a.kl.view(r0, n)?, grad: &d_logits, scale: a.kl_scale, accumulate: true })?;
+        if let (Some(t), Some(teacher)) = (&a.kl, &teacher) {
+            project(rec, &t.teacher_x.view(r0 * d, n * d)?, t.teacher_head, teacher, n, false)?;
+            kl(rec, &student, teacher, n, vocab, &LossOut { loss: &t.loss.view(r0, n)?, grad: &d_logits, scale: t.scale, accumulate: true })?;
+        }
         linear_backward_input(rec, &d_logits, head, &dx, Gemm { m: n, n: vocab, k: d }, false)?;
         if let Some(g) = a.head_grad {
             linear_backward_weight(rec, &d_logits, &xs, g, Gemm { m: n, n: vocab, k: d }, true)?;

@@ -1,12 +1,14 @@
 //! Training, in parts read top to bottom as llm.c's train loop: the losses with their gradients
 //! (`losses`), AdamW with global-norm clipping (`optimizer`), learning-rate schedules
-//! (`schedule`), the three stages (`stage`), and the run that ties them (`distill`) with its
+//! (`schedule`), the stages (`stage`: three of distillation, then instruction tuning on `chat`), and the run that ties them (`distill`) with its
 //! data, checkpoints and metrics.
 pub mod losses;
 pub mod optimizer;
 pub mod schedule;
 pub mod stage;
 // The run reads files and waits on readbacks: native only (the browser evaluates).
+#[cfg(not(target_arch = "wasm32"))]
+pub mod chat;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod checkpoint;
 #[cfg(not(target_arch = "wasm32"))]
