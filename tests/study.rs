@@ -2,7 +2,8 @@
 //! students, a handful of steps each) is killed in its second job, resumed on two worker
 //! processes sharing the one adapter, and writes its report; each finished job is not run
 //! again and the interrupted one runs each stage once. Also: the arms apply where they change
-//! something, bad settings are refused before any work, and Spearman's ρ.
+//! something, bad settings are refused before any work, Spearman's ρ, and a study that tunes its
+//! students on conversations synthesised once and evaluates them before and after.
 use linearize_core::eval::{ranks, spearman};
 use linearize_tests::{linearize_bin, tempdir};
 use std::path::Path;
@@ -31,6 +32,48 @@ const SETTINGS: [&str; 24] = [
     "--mixers", "gated_deltanet,linear_attn", "--budgets", "128,256", "--layers", "2", "--seq", "32", "--batch", "2", "--heldout-tokens", "64", "--eval-at", "0.5", "--tasks", "winogrande",
     "--limit", "2", "--lengths", "128", "--depths", "0", "--saturation-tokens", "128",
 ];
+
+/// Instruction tuning in a study: the conversations are synthesised once (a shared job, read by
+/// every job through a link), each student is evaluated as distilled and after tuning, and the
+/// report sets the two side by side and judges the paper's claim about tuning.
+#[test]
+fn a_study_tunes_its_students_and_compares_before_and_after() {
+    let dir = tempdir("study-sft");
+    let out = dir.join("s");
+    let config = dir.join("study.toml");
+    std::fs::write(&config, "eval_at = []\n[distill]\nstages = [1, 2, 3, 4]\nsft_tokens = 128\nsft_answer_len = 8\nsample_batch = 4\n").unwrap();
+    let args = [
+        "study", "--config", config.to_str().unwrap(), "--out", out.to_str().unwrap(), "--mixers", "gated_deltanet,linear_attn", "--budgets", "128", "--layers", "2", "--seq", "32", "--batch", "2",
+        "--heldout-tokens", "64", "--tasks", "winogrande", "--limit", "2", "--lengths", "128", "--depths", "0", "--saturation-tokens", "0", "--json",
+    ];
+    let report: serde_json::Value = serde_json::from_str(ok(&run(&args)).lines().last().unwrap()).unwrap();
+    let jobs = out.join("jobs");
+    let conversations = std::fs::read(jobs.join("conversations/sft-conversations.bin")).unwrap();
+    assert!(conversations.len() >= 2 * 33 * 4, "{} bytes of conversations", conversations.len());
+    for j in report["jobs"].as_array().unwrap() {
+        let id = j["id"].as_str().unwrap();
+        assert_eq!(std::fs::read(jobs.join(id).join("sft-conversations.bin")).unwrap(), conversations, "{id}");
+        // As distilled (the snapshot before stage 4) and tuned (the run's end).
+        let points = j["points"].as_array().unwrap();
+        assert_eq!(points.len(), 2, "{j}");
+        assert_eq!((points[0]["tuned"].as_bool(), points[1]["tuned"].as_bool()), (Some(false), Some(true)), "{j}");
+        assert!(points[0]["tokens"].as_u64() < points[1]["tokens"].as_u64(), "{j}");
+        assert!(points[1]["report"]["label"].as_str().unwrap().ends_with("+sft"), "{j}");
+        let starts = std::fs::read_to_string(jobs.join(id).join("metrics.jsonl")).unwrap();
+        assert!(starts.contains("\"stage\":4"), "{id}: no stage 4 in its metrics");
+    }
+    let tuning = report["tuning"].as_array().unwrap();
+    assert_eq!(tuning.len(), 2, "{report}");
+    for t in tuning {
+        assert!(t["before"].as_f64().is_some() && t["after"].as_f64().is_some(), "{t}");
+        assert_eq!((t["niah_before"].as_array().unwrap().len(), t["niah_after"].as_array().unwrap().len()), (1, 1), "{t}");
+    }
+    let finding = report["findings"].as_array().unwrap().iter().find(|f| f["claim"].as_str().unwrap().contains("Instruction tuning")).unwrap();
+    assert!(finding["evidence"].as_str().unwrap().contains("tuned on 128 tokens of conversations"), "{finding}");
+    let html = std::fs::read_to_string(out.join("index.html")).unwrap();
+    assert!(html.contains("Instruction tuning: before and after"), "no tuning table in the report");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
 
 #[test]
 fn a_tiny_study_runs_resumes_after_a_kill_and_reports() {

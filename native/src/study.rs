@@ -3,7 +3,9 @@
 //! the paper's ablations as a named arm) — each a three-stage distillation whose student is
 //! saved at fractions of its budget (`eval_at`) and at its end, and every saved student then
 //! evaluated as `compare` evaluates (zero-shot tasks, NIAH grid, state diagnostics) plus its
-//! held-out perplexity. The teacher is evaluated once. One adapter runs the jobs one after
+//! held-out perplexity. The teacher is evaluated once. With instruction tuning among the stages
+//! (`distill.stages` has 4) each job also tunes its student on conversations synthesised once for
+//! the study, and the student is evaluated before and after. One adapter runs the jobs one after
 //! another in this process; several (`--gpus`) get one worker process each, placed by index.
 //!
 //! DIR/study.json holds the resolved settings; DIR/jobs/<id>/ is each job's distillation
@@ -22,8 +24,10 @@ use linearize_core::model::load::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{LanguageModel, Model, ModelWeights};
 use linearize_core::train::checkpoint::RunState;
 use linearize_core::train::data::Corpus;
+use linearize_core::train::chat::synthesise_packed;
 use linearize_core::train::data::{teacher_text, to_bytes};
-use linearize_core::train::distill::{heldout_perplexity, DistillConfig, Distiller, Event, KlScaling, Stage2Trains, METRICS_FILE, SAMPLES_FILE, SNAPSHOT_DIR};
+use linearize_core::train::distill::{heldout_perplexity, DistillConfig, Distiller, Event, KlScaling, Stage2Trains, CONVERSATIONS_FILE, METRICS_FILE, SAMPLES_FILE, SNAPSHOT_DIR};
+use linearize_core::train::Stage;
 use linearize_core::util::write_atomic;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -313,6 +317,8 @@ pub struct Job {
 pub const TEACHER_JOB: &str = "teacher";
 /// The id of the job that samples the teacher's text once for every job (`distill.teacher_tokens`).
 pub const TEXT_JOB: &str = "teacher-text";
+/// The id of the job that synthesises instruction tuning's conversations once for every job.
+pub const CONVERSATIONS_JOB: &str = "conversations";
 /// Tokens per shard of the teacher's text.
 const TEXT_SHARD: usize = 1 << 20;
 /// The whole teacher's text, each job's SAMPLES_FILE a link to it.
@@ -349,6 +355,15 @@ impl StudyConfig {
         }
         self.eval_plan(false)?;
         Ok(())
+    }
+
+    /// The jobs whose output every distillation reads, in order: the teacher's text, the
+    /// instruction-tuning conversations.
+    pub fn shared_jobs(&self) -> Vec<&'static str> {
+        let d = &self.distill;
+        let text = d.teacher_tokens > 0;
+        let conversations = d.stages.contains(&Stage::Instruct) && d.sft_data.is_none();
+        [(text, TEXT_JOB), (conversations, CONVERSATIONS_JOB)].into_iter().filter(|j| j.0).map(|j| j.1).collect()
     }
 
     /// Every job: budgets × mixers × arms, where the arm changes something for the mixer.
@@ -395,6 +410,9 @@ pub struct Point {
     /// Held-out perplexity (the distillation's held-out text and settings).
     pub perplexity: f64,
     pub report: ModelReport,
+    /// After instruction tuning (the run's end when it has stage 4).
+    #[serde(default)]
+    pub tuned: bool,
 }
 
 /// A finished job: its points in token order (the last is the end of the run) and its
@@ -407,6 +425,23 @@ pub struct JobResult {
     pub budget: u64,
     pub probe: Option<f64>,
     pub points: Vec<Point>,
+}
+
+impl JobResult {
+    /// The points of the distillation, before any instruction tuning.
+    pub fn distilled(&self) -> impl Iterator<Item = &Point> {
+        self.points.iter().filter(|p| !p.tuned)
+    }
+
+    /// The student at the end of its distillation.
+    pub fn distilled_end(&self) -> Option<&Point> {
+        self.distilled().last()
+    }
+
+    /// The student after instruction tuning, if the study tunes.
+    pub fn tuned(&self) -> Option<&Point> {
+        self.points.iter().find(|p| p.tuned)
+    }
 }
 
 /// The config from the TOML file (if any), then the flags.
@@ -527,11 +562,13 @@ pub fn run(a: &StudyArgs) -> Result<()> {
     let gpus = adapters(&a.gpus)?;
     std::fs::create_dir_all(a.out.join("jobs")).with_context(|| format!("--out {}", a.out.display()))?;
     write_json(&a.out.join(STUDY_FILE), &study)?;
-    // The teacher's text first (every distillation reads it), then the teacher's evaluation and
-    // the distillations.
-    let text = (study.distill.teacher_tokens > 0).then(|| TEXT_JOB.to_string());
-    let mut queue: Vec<String> = text.into_iter().chain(std::iter::once(TEACHER_JOB.to_string())).chain(study.jobs().into_iter().map(|j| j.id)).collect();
+    // What every distillation reads first (the teacher's text, the conversations), then the
+    // teacher's evaluation and the distillations.
+    let mut prelude: Vec<String> = study.shared_jobs().into_iter().map(String::from).collect();
+    prelude.retain(|id| !job_dir(&a.out, id).join(RESULT_FILE).is_file());
+    let mut queue: Vec<String> = std::iter::once(TEACHER_JOB.to_string()).chain(study.jobs().into_iter().map(|j| j.id)).collect();
     queue.retain(|id| !job_dir(&a.out, id).join(RESULT_FILE).is_file());
+    let queue: Vec<String> = prelude.iter().cloned().chain(queue).collect();
     if !a.json {
         eprintln!("study in {}: {} jobs and the teacher, {} still to run, on adapter(s) {gpus:?}", a.out.display(), study.jobs().len(), queue.len());
     }
@@ -547,10 +584,11 @@ pub fn run(a: &StudyArgs) -> Result<()> {
             }
         }
         failed
-    } else if queue.first().is_some_and(|id| id == TEXT_JOB) {
-        match schedule(&a.out, &queue[..1], &gpus[..1], a.json)? {
+    } else if !prelude.is_empty() {
+        // The shared jobs one after the other on the first adapter, then the rest on all.
+        match schedule(&a.out, &prelude, &gpus[..1], a.json)? {
             failed if !failed.is_empty() => failed,
-            _ => schedule(&a.out, &queue[1..], &gpus, a.json)?,
+            _ => schedule(&a.out, &queue[prelude.len()..], &gpus, a.json)?,
         }
     } else {
         schedule(&a.out, &queue, &gpus, a.json)?
@@ -678,6 +716,9 @@ impl<'a> Worker<'a> {
         if id == TEXT_JOB {
             return self.teacher_text(&dir);
         }
+        if id == CONVERSATIONS_JOB {
+            return self.conversations(&dir);
+        }
         let job = self.study.jobs().into_iter().find(|j| j.id == id).ok_or_else(|| anyhow!("--job {id}: no such job in {}", self.out.display()))?;
         let config = self.study.job_config(&job);
         self.distill(&dir, &config, id)?;
@@ -694,11 +735,15 @@ impl<'a> Worker<'a> {
         let end = RunState::read(&dir)?.map_or(job.budget, |s| s.tokens);
         points.retain(|p| p.0 < end);
         points.push((end, dir.clone()));
+        let tunes = config.stages.contains(&Stage::Instruct);
         let mut evaluated = Vec::new();
         for (tokens, model_dir) in points {
             let student = Model::load_path(&model_dir)?;
-            let label = format!("{id}@{}", budget_label(tokens));
-            evaluated.push(self.evaluate(&student, &model_dir.display().to_string(), &label, tokens, &dir.join("evals").join(tokens.to_string()))?);
+            let tuned = tunes && tokens == end;
+            let label = format!("{id}@{}{}", budget_label(tokens), if tuned { "+sft" } else { "" });
+            let mut point = self.evaluate(&student, &model_dir.display().to_string(), &label, tokens, &dir.join("evals").join(tokens.to_string()))?;
+            point.tuned = tuned;
+            evaluated.push(point);
         }
         let result = JobResult { id: id.to_string(), mixer: job.mixer.name().to_string(), arm: job.arm, budget: job.budget, probe: probe(&dir)?, points: evaluated };
         write_json(&dir.join(RESULT_FILE), &result)
@@ -727,20 +772,38 @@ impl<'a> Worker<'a> {
         write_json(&dir.join(RESULT_FILE), &settings)
     }
 
+    /// Synthesises instruction tuning's conversations once for every job, from the teacher the
+    /// students are distilled from (`chat::synthesise_packed`, with the study's settings).
+    fn conversations(&self, dir: &Path) -> Result<()> {
+        let c = &self.study.distill;
+        let lm = LanguageModel::upload(&self.gpu, &self.distilled_teacher())?;
+        let mut progress = Progress::new(self.json, CONVERSATIONS_JOB);
+        let n = c.sft_tokens as usize;
+        let mut report = |done: usize| progress.event(&Event::Conversations { tokens: done, of: n });
+        let data = synthesise_packed(&self.gpu, &lm, &self.teacher.tokenizer, &self.corpus.train, n, c.sample_batch, c.seq + 1, c.sft_answer_len, c.options.seed, &mut report)?;
+        write_atomic(&dir.join(CONVERSATIONS_FILE), &data.to_bytes())?;
+        let settings = serde_json::json!({ "rows": data.rows(), "row": data.row, "trained_tokens": data.trained_tokens(), "asked": n, "answer_len": c.sft_answer_len, "sample_batch": c.sample_batch, "seed": c.options.seed, "teacher": self.study.teacher, "layers": c.layers });
+        write_json(&dir.join(RESULT_FILE), &settings)
+    }
+
     /// The job's distillation, continued from its checkpoint if it has one; nothing when all
-    /// its stages are done. A study's teacher text is the job's SAMPLES_FILE, linked.
+    /// its stages are done. The study's teacher text and conversations are the job's
+    /// SAMPLES_FILE and CONVERSATIONS_FILE, linked.
     fn distill(&self, dir: &Path, config: &DistillConfig, id: &str) -> Result<()> {
         let state = RunState::read(dir)?;
         if state.as_ref().is_some_and(|s| config.stages.iter().all(|st| s.done.contains(st))) {
             return Ok(());
         }
-        let samples = dir.join(SAMPLES_FILE);
-        if config.teacher_tokens > 0 && !samples.exists() {
-            let text = job_dir(self.out, TEXT_JOB).join(TEXT_FILE);
-            if std::fs::hard_link(&text, &samples).is_err() {
-                std::fs::copy(&text, &samples).with_context(|| format!("the study's teacher text {}", text.display()))?;
+        let shared = self.study.shared_jobs();
+        let link = |job: &str, from: &str, to: &str| -> Result<()> {
+            let (from, to) = (job_dir(self.out, job).join(from), dir.join(to));
+            if shared.contains(&job) && !to.exists() && std::fs::hard_link(&from, &to).is_err() {
+                std::fs::copy(&from, &to).with_context(|| format!("the study's {job} {}", from.display()))?;
             }
-        }
+            Ok(())
+        };
+        link(TEXT_JOB, TEXT_FILE, SAMPLES_FILE)?;
+        link(CONVERSATIONS_JOB, CONVERSATIONS_FILE, CONVERSATIONS_FILE)?;
         let t = &self.teacher;
         let mut d = Distiller::new(&self.gpu, &t.weights, &t.tokenizer, &t.source.display().to_string(), self.corpus.clone(), config.clone(), dir, state.is_some())?;
         let mut progress = Progress::new(self.json, id);
@@ -761,7 +824,7 @@ impl<'a> Worker<'a> {
                 p
             }
         };
-        Ok(Point { tokens, perplexity, report })
+        Ok(Point { tokens, perplexity, report, tuned: false })
     }
 }
 

@@ -1,6 +1,7 @@
 //! The study's report, from the results its jobs wrote: the hierarchy of mixers at the largest
 //! budget, scores against training tokens, the stage-1 probe's ranking against the final one
-//! (Spearman's ρ), what each arm changes against the paper's recipe, and the paper's findings
+//! (Spearman's ρ), what each arm changes against the paper's recipe, the students before and
+//! after instruction tuning (when the study tunes), and the paper's findings
 //! (MIXERS.md §1) each marked reproduced, not reproduced or not yet testable at this budget.
 //! DIR/report.json, DIR/index.html and DIR/figures/ (built on `compare`'s tables and figures
 //! for the students at the end of their runs).
@@ -60,6 +61,22 @@ pub struct Row {
     pub final_rank: Option<f64>,
 }
 
+/// A mixer of the hierarchy before and after instruction tuning.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tuning {
+    pub mixer: String,
+    pub before: Option<f64>,
+    pub after: Option<f64>,
+    /// Standard errors of the two averages.
+    pub se_before: Option<f64>,
+    pub se_after: Option<f64>,
+    pub perplexity_before: f64,
+    pub perplexity_after: f64,
+    /// NIAH accuracy by length (mean over depths), before and after.
+    pub niah_before: Vec<(usize, f64)>,
+    pub niah_after: Vec<(usize, f64)>,
+}
+
 /// An arm against the paper's recipe for one mixer and budget (arm − paper).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Ablation {
@@ -92,6 +109,9 @@ pub struct StudyReport {
     /// Spearman's ρ of the probe's ranking against the final one in the hierarchy.
     pub probe_rho: Option<f64>,
     pub ablations: Vec<Ablation>,
+    /// The hierarchy's mixers before and after instruction tuning (empty when the study does not tune).
+    #[serde(default)]
+    pub tuning: Vec<Tuning>,
     pub findings: Vec<Finding>,
 }
 
@@ -155,7 +175,7 @@ pub fn build(out: &Path, study: &StudyConfig) -> Result<StudyReport> {
         .iter()
         .filter(|j| j.arm == arm && j.budget == budget)
         .filter_map(|j| {
-            let end = j.points.last()?;
+            let end = j.distilled_end()?;
             Some(Row {
                 mixer: j.mixer.clone(),
                 job: j.id.clone(),
@@ -183,13 +203,32 @@ pub fn build(out: &Path, study: &StudyConfig) -> Result<StudyReport> {
     let mut ablations = Vec::new();
     for j in jobs.iter().filter(|j| j.arm != Arm::Paper) {
         let Some(paper) = jobs.iter().find(|p| p.arm == Arm::Paper && p.mixer == j.mixer && p.budget == j.budget) else { continue };
-        let (Some(a), Some(b)) = (j.points.last(), paper.points.last()) else { continue };
+        let (Some(a), Some(b)) = (j.distilled_end(), paper.distilled_end()) else { continue };
         let delta_average = a.report.average.zip(b.report.average).map(|(x, y)| x - y);
         let se = variance(&a.report).zip(variance(&b.report)).map(|(x, y)| (x + y).sqrt());
         ablations.push(Ablation { mixer: j.mixer.clone(), arm: j.arm, kind: j.arm.kind(), budget: j.budget, delta_average, se, delta_perplexity: a.perplexity - b.perplexity, delta_probe: j.probe.zip(paper.probe).map(|(x, y)| x - y) });
     }
+    let niah = |p: &Point| p.report.niah.as_ref().map(|g| g.by_length()).unwrap_or_default();
+    let tuning: Vec<Tuning> = hierarchy
+        .iter()
+        .filter_map(|row| {
+            let j = jobs.iter().find(|j| j.id == row.job)?;
+            let (b, a) = (j.distilled_end()?, j.tuned()?);
+            Some(Tuning {
+                mixer: row.mixer.clone(),
+                before: b.report.average,
+                after: a.report.average,
+                se_before: variance(&b.report).map(f64::sqrt),
+                se_after: variance(&a.report).map(f64::sqrt),
+                perplexity_before: b.perplexity,
+                perplexity_after: a.perplexity,
+                niah_before: niah(b),
+                niah_after: niah(a),
+            })
+        })
+        .collect();
     let score = if base.is_some() { "recovery" } else { "average" }.to_string();
-    let mut report = StudyReport { config: study.clone(), paper_tokens: PAPER_TOKENS, teacher, jobs, missing, arm, budget, score, hierarchy, probe_rho, ablations, findings: Vec::new() };
+    let mut report = StudyReport { config: study.clone(), paper_tokens: PAPER_TOKENS, teacher, jobs, missing, arm, budget, score, hierarchy, probe_rho, ablations, tuning, findings: Vec::new() };
     report.findings = findings(&report, scale, &score_of);
     Ok(report)
 }
@@ -237,7 +276,7 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
 
     // 3. Gaps early and persisting: the ranking at each job's first point against its last.
     let claim = "The gaps between mixers are established early and persist".to_string();
-    let curves: Vec<(&JobResult, f64, f64)> = r.jobs.iter().filter(|j| j.arm == r.arm && j.budget == r.budget && j.points.len() >= 2).filter_map(|j| Some((j, score_of(j.points.first()?)?, score_of(j.points.last()?)?))).collect();
+    let curves: Vec<(&JobResult, f64, f64)> = r.jobs.iter().filter(|j| j.arm == r.arm && j.budget == r.budget && j.distilled().count() >= 2).filter_map(|j| Some((j, score_of(j.distilled().next()?)?, score_of(j.distilled_end()?)?))).collect();
     out.push(if curves.len() >= 3 {
         let first: Vec<f64> = curves.iter().map(|c| c.1).collect();
         let last: Vec<f64> = curves.iter().map(|c| c.2).collect();
@@ -282,8 +321,27 @@ fn findings(r: &StudyReport, scale: f64, score_of: &dyn Fn(&Point) -> Option<f64
         _ => Finding { claim, status: Status::NotYetTestable, evidence: "needs a NIAH grid with lengths beyond 512 for the teacher, Gated DeltaNet and Linear Attention or RetNet".into() },
     });
 
-    // 5. Instruction tuning.
-    out.push(Finding { claim: "Instruction tuning amplifies the differences between mixers".into(), status: Status::NotYetTestable, evidence: "the study has no instruction-tuning stage yet".into() });
+    // 5. Instruction tuning: the spread of the mixers' averages after tuning against before.
+    let claim = "Instruction tuning amplifies the differences between mixers".to_string();
+    let before: Vec<f64> = r.tuning.iter().filter_map(|t| t.before).collect();
+    let after: Vec<f64> = r.tuning.iter().filter_map(|t| t.after).collect();
+    out.push(if before.len() >= 2 && after.len() == before.len() {
+        let (sb, sa) = (span(&before), span(&after));
+        // A span is a difference of two averages; the difference of two spans, of four.
+        let se = r.tuning.iter().flat_map(|t| [t.se_before, t.se_after]).flatten().fold(0.0, f64::max) * 2.0;
+        let niah = |v: &[(usize, f64)]| if v.is_empty() { "–".to_string() } else { format!("{:.2}", v.iter().map(|p| p.1).sum::<f64>() / v.len() as f64) };
+        let evidence = format!(
+            "{} mixers at {tokens}, tuned on {} tokens of conversations: the zero-shot averages span {sb:.4} before and {sa:.4} after ({:+.4} ± {se:.4}); NIAH accuracy before → after: {}",
+            before.len(),
+            budget_label(r.config.distill.sft_tokens),
+            sa - sb,
+            r.tuning.iter().map(|t| format!("{} {} → {}", t.mixer, niah(&t.niah_before), niah(&t.niah_after))).collect::<Vec<_>>().join(", ")
+        );
+        let status = judged(sa - sb, se);
+        Finding { claim, status, evidence: if status == Status::NotYetTestable { format!("{evidence}; within two standard errors at this budget") } else { evidence } }
+    } else {
+        Finding { claim, status: Status::NotYetTestable, evidence: "needs at least two mixers tuned after distillation (stages 1,2,3,4 in the study's [distill]) and zero-shot tasks".into() }
+    });
 
     // 6. The probe predicts the ranking.
     let claim = "The stage-1 probe predicts the final ranking".to_string();
@@ -329,7 +387,7 @@ pub fn publish(out: &Path, study: &StudyConfig, json: bool) -> Result<()> {
     let curves: Vec<(String, Vec<(f64, f64)>)> = mixers
         .iter()
         .map(|m| {
-            let mut pts: Vec<(f64, f64)> = r.jobs.iter().filter(|j| j.arm == r.arm && j.mixer == *m).flat_map(|j| j.points.iter()).filter_map(|p| Some((p.tokens as f64, score_of(p)?))).collect();
+            let mut pts: Vec<(f64, f64)> = r.jobs.iter().filter(|j| j.arm == r.arm && j.mixer == *m).flat_map(|j| j.distilled()).filter_map(|p| Some((p.tokens as f64, score_of(p)?))).collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             (m.to_string(), pts)
         })
@@ -339,7 +397,7 @@ pub fn publish(out: &Path, study: &StudyConfig, json: bool) -> Result<()> {
     let mut figures = crate::report::study_figures(&figures_dir, &r.score, &curves, &probe, r.probe_rho)?;
     // The students at the end of their runs, and the teacher, through compare's tables and figures.
     let mut models: Vec<ModelReport> = r.teacher.iter().map(|t| t.report.clone()).collect();
-    models.extend(r.jobs.iter().filter_map(|j| j.points.last()).map(|p| ModelReport { label: p.report.label.split('@').next().unwrap_or_default().to_string(), ..p.report.clone() }));
+    models.extend(r.jobs.iter().filter_map(|j| j.distilled_end()).map(|p| ModelReport { label: p.report.label.split('@').next().unwrap_or_default().to_string(), ..p.report.clone() }));
     let compared = Report { tasks: study.eval.tasks.clone(), limit: study.eval.limit, reference: r.teacher.as_ref().map(|t| t.report.label.clone()), models };
     let more = crate::report::figures(&figures_dir, &compared)?;
     let html = html(&r, &figures, &compared, &more);
@@ -408,6 +466,23 @@ fn html(r: &StudyReport, figures: &[crate::report::Figure], compared: &Report, m
         h.push_str("<h2>Arms against the paper's recipe</h2>\n<p>Each arm minus the paper's recipe for the same mixer and budget (± one standard error of the difference).</p>\n<table><tr><th>arm</th><th>whose</th><th>mixer</th><th>budget</th><th>Δ average</th><th>Δ held-out ppl</th><th>Δ probe</th></tr>\n");
         for a in &r.ablations {
             let _ = writeln!(h, "<tr><td>{} <small>({})</small></td><td>{:?}</td><td>{}</td><td>{}</td><td>{} ± {}</td><td>{:+.2}</td><td>{}</td></tr>", a.arm.name(), esc(a.arm.what()), a.kind, esc(&a.mixer), budget_label(a.budget), a.delta_average.map_or("–".into(), |d| format!("{d:+.4}")), fmt(a.se, 4), a.delta_perplexity, a.delta_probe.map_or("–".into(), |d| format!("{d:+.5}")));
+        }
+        h.push_str("</table>\n");
+    }
+    if !r.tuning.is_empty() {
+        let lengths: Vec<usize> = r.tuning.iter().find(|t| !t.niah_before.is_empty()).map(|t| t.niah_before.iter().map(|p| p.0).collect()).unwrap_or_default();
+        let _ = writeln!(h, "<h2>Instruction tuning: before and after</h2>\n<p>Each student of the hierarchy as distilled and after {} tokens of ChatML conversations (cross entropy on the assistant's tokens{}). NIAH: accuracy by length, before → after.</p>", budget_label(c.distill.sft_tokens), if c.distill.sft_data.is_some() { ", from the study's JSONL file" } else { "; conversations synthesised from the training text and answered by the teacher" });
+        h.push_str("<table><tr><th>mixer</th><th>average before</th><th>average after</th><th>held-out ppl before → after</th>");
+        for l in &lengths {
+            let _ = write!(h, "<th>NIAH {l}</th>");
+        }
+        h.push_str("</tr>\n");
+        for t in &r.tuning {
+            let _ = write!(h, "<tr><td>{}</td><td>{} ± {}</td><td>{} ± {}</td><td>{:.2} → {:.2}</td>", esc(&t.mixer), fmt(t.before, 4), fmt(t.se_before, 4), fmt(t.after, 4), fmt(t.se_after, 4), t.perplexity_before, t.perplexity_after);
+            for (b, a) in t.niah_before.iter().zip(&t.niah_after) {
+                let _ = write!(h, "<td>{:.2} → {:.2}</td>", b.1, a.1);
+            }
+            h.push_str("</tr>\n");
         }
         h.push_str("</table>\n");
     }

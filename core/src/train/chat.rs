@@ -263,3 +263,15 @@ pub fn synthesise(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, tra
     }
     Ok(out)
 }
+
+/// `synthesise`'s conversations packed into rows of `row` ids, about `n` trained tokens, each
+/// answer up to `answer` tokens, the passages as long as leaves room for them in a row.
+#[allow(clippy::too_many_arguments)]
+pub fn synthesise_packed(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, train: &[u32], n: usize, batch: usize, row: usize, answer: usize, seed: u64, progress: &mut dyn FnMut(usize)) -> Result<SftData> {
+    // Room in a row for the ChatML headers and the request's words (under 48 ids) and the answer.
+    let passage = row.saturating_sub(answer + 48).max(16);
+    let conversations = synthesise(gpu, teacher, tokenizer, train, n, batch, passage, answer, seed, progress)?;
+    let data = SftData::pack(&conversations, row);
+    // At least two rows: one to train on, one held out.
+    Ok(if data.rows() < 2 { SftData::pack(&[conversations.clone(), conversations].concat(), row) } else { data })
+}

@@ -10,7 +10,7 @@
 //! few steps; `resume` continues exactly where the last one left off.
 use super::checkpoint::RunState;
 use super::data::{from_bytes, next_rows, to_bytes, Corpus};
-use super::chat::{read_jsonl, render, synthesise, SftData};
+use super::chat::{read_jsonl, render, synthesise_packed, SftData};
 use super::losses::{head_losses, l2_error, squared_error, HeadLosses, KlTerm, LossOut, IGNORE};
 use super::metrics::Metrics;
 use super::optimizer::{AdamW, Optimizer};
@@ -392,8 +392,9 @@ impl<'g> Distiller<'g> {
 
     /// Runs the remaining stages, reporting through `report`.
     pub fn run(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
-        self.add_teacher_samples(report)?;
+        // Conversations are built around passages of the real prose, before the teacher's text joins it.
         self.prepare_conversations(report)?;
+        self.add_teacher_samples(report)?;
         let fresh = self.state.done.is_empty() && self.state.stage.is_none();
         if fresh {
             self.metrics.truncate(0)?;
@@ -439,7 +440,8 @@ impl<'g> Distiller<'g> {
     }
 
     /// Instruction tuning's conversations when the run has stage 4: the JSONL file's, or
-    /// synthesised once (about `sft_tokens` trained tokens) and kept in CONVERSATIONS_FILE.
+    /// synthesised once (about `sft_tokens` trained tokens) and kept in CONVERSATIONS_FILE (a
+    /// study's jobs find the study's there).
     fn prepare_conversations(&mut self, report: &mut dyn FnMut(&Event)) -> Result<()> {
         if !self.config.stages.contains(&Stage::Instruct) || self.state.done.contains(&Stage::Instruct) {
             return Ok(());
@@ -461,12 +463,8 @@ impl<'g> Distiller<'g> {
                 } else {
                     let n = self.config.sft_tokens as usize;
                     let mut progress = |done: usize| report(&Event::Conversations { tokens: done, of: n });
-                    let passage = row.saturating_sub(self.config.sft_answer_len + 48).max(16);
-                    let c = synthesise(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, self.config.sample_batch, passage, self.config.sft_answer_len, self.config.options.seed, &mut progress)?;
-                    let mut data = SftData::pack(&c, row);
-                    if data.rows() < 2 {
-                        data = SftData::pack(&[c.clone(), c].concat(), row);
-                    }
+                    let c = &self.config;
+                    let data = synthesise_packed(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, c.sample_batch, row, c.sft_answer_len, c.options.seed, &mut progress)?;
                     write_atomic(&path, &data.to_bytes())?;
                     data
                 }
@@ -507,6 +505,10 @@ impl<'g> Distiller<'g> {
         self.state.stage = Some(stage);
         self.state.step = from;
         self.emit(report, Event::StageStart { stage, steps, from_step: from })?;
+        if stage == Stage::Instruct && !resuming {
+            // The student as distilled, kept beside the tuned one: NIAH before and after SFT.
+            self.snapshot(stage, report)?;
+        }
         if !resuming {
             let (loss, parts) = self.heldout_stage_loss(stage, &optimizer)?;
             self.emit(report, Event::StageLoss { stage, after: false, loss, parts })?;
