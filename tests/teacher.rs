@@ -201,4 +201,35 @@ fn sampling_follows_temperature_and_top_p() {
     // The same seed gives the same draws.
     let draw = |seed| (0..50).map(|_| 0).scan(Rng::new(seed), |r, _: i32| Some(sample(&logits, &s, r))).collect::<Vec<_>>();
     assert_eq!(draw(9), draw(9));
+
+    // Over a vocabulary as wide as SmolLM2's, the nucleus sorted only as far as it reaches picks
+    // what a full stable sort by probability picks: the same draws from the same stream, flat
+    // logits (a nucleus of thousands of tokens), peaked ones and ties included.
+    let full_sort = |logits: &[f32], s: &Sampling, rng: &mut Rng| -> u32 {
+        let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let mut probs: Vec<(u32, f64)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l as f64 - max) / s.temperature as f64).exp())).collect();
+        let z: f64 = probs.iter().map(|p| p.1).sum();
+        probs.iter_mut().for_each(|p| p.1 /= z);
+        probs.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let mut mass = 0.0;
+        let keep = probs.iter().position(|p| { mass += p.1; mass >= s.top_p as f64 }).map_or(probs.len(), |i| i + 1);
+        let total: f64 = probs[..keep].iter().map(|p| p.1).sum();
+        let mut u = rng.next_f64() * total;
+        for p in &probs[..keep] {
+            u -= p.1;
+            if u <= 0.0 {
+                return p.0;
+            }
+        }
+        probs[keep - 1].0
+    };
+    let mut gen = Rng::new(11);
+    for (scale, top_p, temperature) in [(0.01f32, 0.95f32, 1.0f32), (8.0, 0.9, 0.7), (3.0, 1.0, 1.0), (0.0, 0.5, 1.0)] {
+        let wide: Vec<f32> = (0..49_152).map(|_| (gen.next_f64() as f32 - 0.5) * scale).collect();
+        let s = Sampling { temperature, top_p, ..Default::default() };
+        let (mut a, mut b) = (Rng::new(3), Rng::new(3));
+        for _ in 0..20 {
+            assert_eq!(sample(&wide, &s, &mut a), full_sort(&wide, &s, &mut b), "scale {scale}, top_p {top_p}");
+        }
+    }
 }

@@ -82,17 +82,28 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
     let mut probs: Vec<(u32, f64)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l as f64 - max) / t).exp())).collect();
     let z: f64 = probs.iter().map(|p| p.1).sum();
     probs.iter_mut().for_each(|p| p.1 /= z);
-    probs.sort_by(|a, b| b.1.total_cmp(&a.1));
-    // Keep the smallest prefix whose mass reaches top_p.
-    let mut mass = 0.0;
-    let mut keep = probs.len();
-    for (i, p) in probs.iter().enumerate() {
-        mass += p.1;
-        if mass >= s.top_p as f64 {
-            keep = i + 1;
-            break;
+    // Most probable first, ties by id: the order of a stable sort by probability. Only the head
+    // of it is sorted — the k most probable, k growing until their mass reaches top_p — since
+    // sorting the whole vocabulary for every sampled token dominated batched sampling.
+    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let mut k = 256.min(probs.len());
+    let keep = loop {
+        if k < probs.len() {
+            probs.select_nth_unstable_by(k - 1, order);
         }
-    }
+        probs[..k].sort_by(order);
+        // The smallest prefix whose mass reaches top_p.
+        let mut mass = 0.0;
+        let reached = probs[..k].iter().position(|p| {
+            mass += p.1;
+            mass >= s.top_p as f64
+        });
+        match reached {
+            Some(i) => break i + 1,
+            None if k == probs.len() => break k,
+            None => k = (k * 8).min(probs.len()),
+        }
+    };
     let kept = &probs[..keep];
     let total: f64 = kept.iter().map(|p| p.1).sum();
     let mut u = rng.next_f64() * total;

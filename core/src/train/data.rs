@@ -177,12 +177,17 @@ pub(crate) fn sample_rows(gpu: &Gpu, teacher: &LanguageModel, prompts: &[u32], b
     for step in 0..len {
         let host = gpu.read_f32_blocking(&logits, batch * vocab)?;
         gpu.release(logits);
-        let next: Vec<u32> = host.chunks(vocab).map(|row| sample(row, sampling, rng)).collect();
-        for ((r, &t), done) in rows.iter_mut().zip(&next).zip(stopped.iter_mut()) {
-            if !*done {
-                r.push(t);
-                *done = sampling.stop_ids.contains(&t);
+        // A row that has stopped is fed its last token again and not sampled.
+        let mut next = Vec::with_capacity(batch);
+        for ((row, r), done) in host.chunks(vocab).zip(rows.iter_mut()).zip(stopped.iter_mut()) {
+            if *done {
+                next.push(*r.last().expect("a stopped row has its stop id"));
+                continue;
             }
+            let t = sample(row, sampling, rng);
+            r.push(t);
+            *done = sampling.stop_ids.contains(&t);
+            next.push(t);
         }
         if step + 1 == len || stopped.iter().all(|&d| d) {
             break;
