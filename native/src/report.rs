@@ -235,7 +235,7 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
         render!(dir, "effective-rank", lines("effective rank of the mixer state", XAxis::Plain, "position (tokens of held-out prose)", "effective rank (mean over blocks and heads)", &rank, None, false));
         out.push(Figure { stem: "effective-rank".into(), caption: "Effective rank of the state (exp of the entropy of its normalised singular values) over position.".into() });
     }
-    for stage in 1..=3u8 {
+    for stage in 1..=4u8 {
         let series: Vec<(String, Vec<(f64, f64)>)> = report
             .models
             .iter()
@@ -248,7 +248,7 @@ pub fn figures(dir: &Path, report: &Report) -> Result<Vec<Figure>> {
         if series.is_empty() {
             continue;
         }
-        let what = ["mixer-output MSE (sum over layers)", "hidden-state L2 (sum over layers)", "CE + KL"][stage as usize - 1];
+        let what = ["mixer-output MSE (sum over layers)", "hidden-state L2 (sum over layers)", "CE + KL", "instruction tuning: CE on the assistant's tokens"][stage as usize - 1];
         let stem = format!("distill-stage{stage}");
         render!(dir, stem, lines(&format!("distillation stage {stage}: {what}"), XAxis::Plain, "step", "training loss", &series, None, true));
         out.push(Figure { stem, caption: format!("Training loss of distillation stage {stage} ({what}) per step.") });

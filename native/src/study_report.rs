@@ -397,7 +397,12 @@ pub fn publish(out: &Path, study: &StudyConfig, json: bool) -> Result<()> {
     let mut figures = crate::report::study_figures(&figures_dir, &r.score, &curves, &probe, r.probe_rho)?;
     // The students at the end of their runs, and the teacher, through compare's tables and figures.
     let mut models: Vec<ModelReport> = r.teacher.iter().map(|t| t.report.clone()).collect();
-    models.extend(r.jobs.iter().filter_map(|j| j.distilled_end()).map(|p| ModelReport { label: p.report.label.split('@').next().unwrap_or_default().to_string(), ..p.report.clone() }));
+    // (A tuned job's distilled end is its snapshot before stage 4: its training curves are the run's.)
+    models.extend(r.jobs.iter().filter_map(|j| {
+        let p = j.distilled_end()?;
+        let curves = p.report.distillation.clone().or_else(|| j.points.last()?.report.distillation.clone());
+        Some(ModelReport { label: p.report.label.split('@').next().unwrap_or_default().to_string(), distillation: curves, ..p.report.clone() })
+    }));
     let compared = Report { tasks: study.eval.tasks.clone(), limit: study.eval.limit, reference: r.teacher.as_ref().map(|t| t.report.label.clone()), models };
     let more = crate::report::figures(&figures_dir, &compared)?;
     let html = html(&r, &figures, &compared, &more);
