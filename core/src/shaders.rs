@@ -28,6 +28,7 @@ pub const ALL: &[(&str, &str)] = &[
     // Native only: built on adapters that offer cooperative matrices and f16 (Gpu::tensor_cores).
     ("native/matmul_coop", include_str!("../../shaders/native/matmul_coop.wgsl")),
     ("native/chunk_coop", include_str!("../../shaders/native/chunk_coop.wgsl")),
+    ("native/attention_coop", include_str!("../../shaders/native/attention_coop.wgsl")),
 ];
 
 /// Shaders under native/ need features no browser offers; nothing else may.
@@ -75,8 +76,9 @@ shader_params!(
     RopeParams for ["nn/rope"] { batch: u32, seq: u32, pos0: u32, n_q: u32, n_kv: u32, head_dim: u32, cap: u32 }
 );
 shader_params!(
-    /// nn/attention: the rope fields, the score scale, and for the split decode the key ranges.
-    AttentionParams for ["nn/attention"] {
+    /// nn/attention (and its prefill on tensor cores, native/attention_coop): the rope fields,
+    /// the score scale, and for the split decode the key ranges.
+    AttentionParams for ["nn/attention", "native/attention_coop"] {
         batch: u32, seq: u32, pos0: u32, n_q: u32, n_kv: u32, head_dim: u32, cap: u32, scale: f32,
         splits: u32, keys_per_split: u32,
     }

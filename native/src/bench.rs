@@ -144,8 +144,14 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let vc = gpu.upload_f32("v", &rand(b * 3 * s.cap * 64))?;
         let o = gpu.scratch(b * t * 9 * 64)?;
         let flops = 4.0 * (b * 9 * 64) as f64 * (t * (t + 1) / 2) as f64;
-        let v = time(format!("attention b{b} t{t} pos0 {}", s.pos0), "f32", flops, 1, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
-        keep(&mut out, v);
+        // Prefill (more than ATTENTION_DECODE_MAX_SEQ queries) has a tensor-core kernel too.
+        let paths = if t > nn::ATTENTION_DECODE_MAX_SEQ { &precisions[..] } else { &precisions[..1] };
+        for &precision in paths {
+            gpu.set_precision(precision)?;
+            let v = time(format!("attention b{b} t{t} pos0 {}", s.pos0), precision.gemm_path(), flops, 1, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
+            keep(&mut out, v);
+        }
+        gpu.set_precision(Precision::F32)?;
     }
     let (x, w, y) = (gpu.upload_f32("x", &rand(4096 * 576))?, gpu.upload_f32("w", &rand(576))?, gpu.scratch(4096 * 576)?);
     let v = time("rmsnorm 4096x576".into(), "f32", 0.0, 1, &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?;

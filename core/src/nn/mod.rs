@@ -262,8 +262,11 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
         rec.dispatch(&Kernel::new("nn/attention", "attention_decode"), &params, &bufs, groups)
     } else {
+        // Prefill: 64 queries per workgroup; in mixed precision both products on tensor cores
+        // (native/attention_coop.wgsl: f16 operands, the softmax in f32).
         let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
-        rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &bufs, groups)
+        let kernel = if tensor_cores(rec) { Kernel::new("native/attention_coop", "attention_coop") } else { Kernel::new("nn/attention", "attention") };
+        rec.dispatch(&kernel, &params, &bufs, groups)
     }
 }
 
