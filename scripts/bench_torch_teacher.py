@@ -51,7 +51,7 @@ def main():
             with torch.no_grad():
                 s = timed(lambda: m(x, use_cache=False))
             log(what="torch_prefill", dtype=name, batch=b, seq=t, seconds=s, tokens_per_second=b * t / s)
-        for ctx in map(int, a.decode.split(",")):
+        for ctx in map(int, filter(None, a.decode.split(","))):
             x = torch.randint(0, m.config.vocab_size, (1, ctx), device="cuda")
             with torch.no_grad():
                 m.generate(x, max_new_tokens=4, min_new_tokens=4, do_sample=False)

@@ -15,7 +15,11 @@
 //   4. P v on the tensor cores, stored in f32 and added to the output, which each thread keeps in
 //      registers for its row's 32 value columns (cooperative matrices have no element access,
 //      so the rescaling cannot be done on an accumulator).
-// Rows are padded by 8 halves (LD) so that a matrix load's rows fall in different banks.
+// Rows are padded (LD halves, SLD floats) so that a matrix load's rows fall in different banks,
+// and the scalar phases visit their columns in an order that keeps the 32 threads of a subgroup
+// on 32 different banks: in the softmax the thread of row r and half h reads column
+// (j + r / 8 + 2h) mod 32 of its half at step j (with SLD ≡ 4 mod 32, rows r and r + 8 and the
+// two halves fall apart); in the output it owns the vec4 column groups (i mod 4) + 8 (i / 4) + 4h.
 // Loads: coopLoadT reads row-major (element (r, c) at r·stride + c), coopLoad column-major.
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -43,12 +47,13 @@ const D4: u32 = 16u;  // vec4 per head (head_dim 64)
 const BQ: u32 = 64u;  // queries per workgroup
 const BK: u32 = 64u;  // keys per tile
 const LD: u32 = 72u;  // halves per row of an f16 tile
+const SLD: u32 = 68u; // floats per row of s32
 const NEG: f32 = -3.0e38;
 
 var<workgroup> k16: array<f16, 4608>; // [BK][LD]
 var<workgroup> v16: array<f16, 4608>; // [BK][LD]
 var<workgroup> p16: array<f16, 4608>; // [BQ][LD]: scale·q before the tiles, then P
-var<workgroup> s32: array<f32, 4096>; // [BQ][BK]: S, then P v
+var<workgroup> s32: array<f32, 4352>; // [BQ][SLD]: S, then P v
 var<workgroup> red: array<f32, 128>;  // the partner thread's partial max, then sum
 
 fn put4(tile: u32, o: u32, x: vec4<f32>) {
@@ -113,7 +118,7 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     var o6 = vec4<f32>(0.0);
     var o7 = vec4<f32>(0.0);
     let kv0 = (b * p.n_kv + kh) * p.cap;
-    let srow = sg * 16u * BK;
+    let srow = sg * 16u * SLD;
     for (var k0 = 0u; k0 <= last_pos; k0 += BK) {
         // 1. The tile's k and v (keys past the last query's position repeat it; masked below).
         for (var i = 0u; i < BK * D4 / 128u; i++) {
@@ -136,16 +141,18 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             st = coopMultiplyAdd(qa1, kt1, st);
             st = coopMultiplyAdd(qa2, kt2, st);
             st = coopMultiplyAdd(qa3, kt3, st);
-            coopStoreT(st, &s32[srow + c * 16u], BK);
+            coopStoreT(st, &s32[srow + c * 16u], SLD);
         }
         workgroupBarrier();
         // 3. The online softmax over this thread's 32 keys, combined with its partner's.
-        let s0 = r * BK + half * 32u;
+        let s0 = r * SLD + half * 32u;
         let key0 = k0 + half * 32u;
+        let turn = r / 8u + 2u * half;
         var mx = NEG;
         for (var j = 0u; j < 32u; j++) {
-            if (key0 + j <= my_pos) {
-                mx = max(mx, s32[s0 + j]);
+            let jj = (j + turn) % 32u;
+            if (key0 + jj <= my_pos) {
+                mx = max(mx, s32[s0 + jj]);
             }
         }
         red[tid] = mx;
@@ -154,12 +161,13 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         let alpha = exp(m - m_new);
         var sum = 0.0;
         for (var j = 0u; j < 32u; j++) {
+            let jj = (j + turn) % 32u;
             var pj = 0.0;
-            if (key0 + j <= my_pos) {
-                pj = exp(s32[s0 + j] - m_new);
+            if (key0 + jj <= my_pos) {
+                pj = exp(s32[s0 + jj] - m_new);
             }
             sum += pj;
-            p16[r * LD + half * 32u + j] = f16(pj);
+            p16[r * LD + half * 32u + jj] = f16(pj);
         }
         workgroupBarrier();
         red[tid] = sum;
@@ -174,30 +182,31 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
                 let vb = coopLoadT<coop_mat16x16<f16, B>>(&v16[kk * 16u * LD + c * 16u], LD);
                 acc = coopMultiplyAdd(pa, vb, acc);
             }
-            coopStoreT(acc, &s32[srow + c * 16u], BK);
+            coopStoreT(acc, &s32[srow + c * 16u], SLD);
         }
         workgroupBarrier();
-        let ov = r * BK + half * 32u;
+        // Column groups 4h .. 4h + 3 and 8 + 4h .. 11 + 4h.
+        let ov = r * SLD + 16u * half;
         o0 = o0 * alpha + pv4(ov);
         o1 = o1 * alpha + pv4(ov + 4u);
         o2 = o2 * alpha + pv4(ov + 8u);
         o3 = o3 * alpha + pv4(ov + 12u);
-        o4 = o4 * alpha + pv4(ov + 16u);
-        o5 = o5 * alpha + pv4(ov + 20u);
-        o6 = o6 * alpha + pv4(ov + 24u);
-        o7 = o7 * alpha + pv4(ov + 28u);
+        o4 = o4 * alpha + pv4(ov + 32u);
+        o5 = o5 * alpha + pv4(ov + 36u);
+        o6 = o6 * alpha + pv4(ov + 40u);
+        o7 = o7 * alpha + pv4(ov + 44u);
         workgroupBarrier();
     }
     if (t < p.seq) {
-        let ob = ((b * p.seq + t) * p.n_q + h) * D4 + half * 8u;
+        let ob = ((b * p.seq + t) * p.n_q + h) * D4 + half * 4u;
         let inv = 1.0 / l;
         out[ob + 0u] = o0 * inv;
         out[ob + 1u] = o1 * inv;
         out[ob + 2u] = o2 * inv;
         out[ob + 3u] = o3 * inv;
-        out[ob + 4u] = o4 * inv;
-        out[ob + 5u] = o5 * inv;
-        out[ob + 6u] = o6 * inv;
-        out[ob + 7u] = o7 * inv;
+        out[ob + 8u] = o4 * inv;
+        out[ob + 9u] = o5 * inv;
+        out[ob + 10u] = o6 * inv;
+        out[ob + 11u] = o7 * inv;
     }
 }
