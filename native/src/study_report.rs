@@ -423,6 +423,13 @@ fn text(r: &StudyReport) -> String {
         let _ = writeln!(s, "{:16}{:>10}{:>10}{:>14.2}{:>8}{:>8}", x.mixer, fmt(x.average, 4), fmt(x.recovery, 3), x.perplexity, fmt(x.probe_rank, 1), fmt(x.final_rank, 1));
     }
     let _ = writeln!(s, "probe against final ranking: Spearman rho {}", fmt(r.probe_rho, 3));
+    if !r.tuning.is_empty() {
+        let _ = writeln!(s, "instruction tuning, before -> after:");
+        for t in &r.tuning {
+            let niah = |v: &[(usize, f64)]| v.iter().map(|(l, a)| format!("{l}:{a:.2}")).collect::<Vec<_>>().join(" ");
+            let _ = writeln!(s, "  {:16}average {} -> {}  ppl {:.2} -> {:.2}  NIAH {} -> {}", t.mixer, fmt(t.before, 4), fmt(t.after, 4), t.perplexity_before, t.perplexity_after, niah(&t.niah_before), niah(&t.niah_after));
+        }
+    }
     for f in &r.findings {
         let _ = writeln!(s, "[{}] {}: {}", f.status.text(), f.claim, f.evidence);
     }
