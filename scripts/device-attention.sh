@@ -10,9 +10,9 @@
 #      zero-shot scores on five tasks in both precisions (the mixed path must stay within 0.1
 #      points of f32).
 #   `bash scripts/device-attention.sh upload` (carry .stage/gguf.part00) then
-#   `bash scripts/device-attention.sh peer` (carry .gl .exp/peer .stage/gguf.part01): the
-#      teacher's prefill in mixed precision with the binary before (.exp/peer/before.xz) and after
-#      (.exp/peer/after.xz), alternating, two rounds, and PyTorch fp32 and fp16 in the same call.
+#   `bash scripts/device-attention.sh peer` (carry .gl .exp/run .bin .stage/gguf.part01): the
+#      teacher's prefill in mixed precision with the binary before (.bin/linearize.xz) and after
+#      (.exp/run/after.xz), alternating, two rounds, and PyTorch fp32 and fp16 in the same call.
 # Results go to $OUT/res.tgz.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -21,7 +21,6 @@ export LINEARIZE_HOME=/root/lh
 B=/root/linearize
 unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" && chmod +x "$2"; }
 [ -f .exp/run/after.xz ] && unxz .exp/run/after.xz $B
-[ -f .exp/peer/after.xz ] && unxz .exp/peer/after.xz $B
 R=/root/res && mkdir -p $R
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
 teacher_file() {
@@ -36,7 +35,7 @@ upload)
   ;;
 peer)
   teacher_file
-  unxz .exp/peer/before.xz /root/before
+  unxz .bin/linearize.xz /root/before
   for round in 1 2; do
     for v in before linearize; do
       timeout 60 /root/$v bench teacher --precision mixed --prefill 8x512,4x2048 --decode "" --iters 5 --json > $R/prefill-$v-$round.json 2>> $R/prefill.err

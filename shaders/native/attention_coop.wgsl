@@ -3,19 +3,16 @@
 // matrix multiplies, flash-attention's online softmax between them in f32. `Precision::Mixed`
 // only; head dimension 64; same Params and bindings as nn/attention.
 //
-// attention_kv16 first copies the cache's keys and values up to the last query's position to
-// f16 in memory ([batch, n_kv, keys rounded up to 64, 64] each, the rows past the last key
-// zero), so that the attention loads them straight into matrix fragments.
-//
-// attention_coop: one workgroup = 64 consecutive queries of one (batch, head), four subgroups
-// of 32 threads, subgroup s owning query rows 16s .. 16s + 15. Per tile of 64 keys (up to the
-// last query's position):
-//   1. S = (scale·q) kᵀ on the tensor cores (q's fragments loaded once, before the tiles), stored
+// One workgroup = 64 consecutive queries of one (batch, head), four subgroups of 32 threads,
+// subgroup s owning query rows 16s .. 16s + 15. Per tile of 64 keys (up to the last query's
+// position):
+//   1. k and v of the tile from the f32 cache into f16 tiles in workgroup memory;
+//   2. S = (scale·q) kᵀ on the tensor cores (q's fragments loaded once, before the tiles), stored
 //      to workgroup memory in f32;
-//   2. the online softmax in f32, two threads per query row, 32 keys each: the causal mask, the
+//   3. the online softmax in f32, two threads per query row, 32 keys each: the causal mask, the
 //      row's running max m and sum l, P = exp(S − m) written as f16, and the factor
 //      exp(m_old − m_new) by which the row's output so far is rescaled;
-//   3. P v on the tensor cores, stored in f32 and added to the output, which each thread keeps in
+//   4. P v on the tensor cores, stored in f32 and added to the output, which each thread keeps in
 //      registers for its row's 32 value columns (cooperative matrices have no element access,
 //      so the rescaling cannot be done on an accumulator).
 // Rows are padded (LD halves, SLD floats) so that a matrix load's rows fall in different banks,
@@ -45,8 +42,6 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>; // [batch, n_kv, cap, 16]
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>; // [batch*seq, n_q, 16]
-@group(0) @binding(30) var<storage, read_write> kv16_out: array<f16>; // k then v, f16
-@group(0) @binding(31) var<storage, read> kv16: array<f16>;
 
 const D4: u32 = 16u;  // vec4 per head (head_dim 64)
 const BQ: u32 = 64u;  // queries per workgroup
@@ -55,37 +50,28 @@ const LD: u32 = 72u;  // halves per row of an f16 tile
 const SLD: u32 = 68u; // floats per row of s32
 const NEG: f32 = -3.0e38;
 
+var<workgroup> k16: array<f16, 4608>; // [BK][LD]
+var<workgroup> v16: array<f16, 4608>; // [BK][LD]
 var<workgroup> p16: array<f16, 4608>; // [BQ][LD]: scale·q before the tiles, then P
 var<workgroup> s32: array<f32, 4352>; // [BQ][SLD]: S, then P v
 var<workgroup> red: array<f32, 128>;  // the partner thread's partial max, then sum
 
-// Keys per (batch, kv head) in the f16 copies: the last query's position + 1, rounded up to 64.
-fn keys16() -> u32 {
-    return (p.pos0 + p.seq + BK - 1u) / BK * BK;
-}
-
-// ---- attention_kv16: workgroup (block of 64 keys, kv head, batch) ----
-@compute @workgroup_size(128)
-fn attention_kv16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let n_keys = p.pos0 + p.seq;
-    let row0 = (wid.z * p.n_kv + wid.y) * keys16() + wid.x * BK;
-    let cache0 = (wid.z * p.n_kv + wid.y) * p.cap;
-    let v_at = p.batch * p.n_kv * keys16() * 64u;
-    for (var i = 0u; i < BK * D4 / 128u; i++) {
-        let e = tid + 128u * i;
-        let live = wid.x * BK + e / D4 < n_keys;
-        let src = (cache0 + min(wid.x * BK + e / D4, n_keys - 1u)) * D4 + e % D4;
-        let kx = select(vec4<f32>(0.0), k_cache[src], live);
-        let vx = select(vec4<f32>(0.0), v_cache[src], live);
-        let o = (row0 + e / D4) * 64u + 4u * (e % D4);
-        kv16_out[o] = f16(kx.x);
-        kv16_out[o + 1u] = f16(kx.y);
-        kv16_out[o + 2u] = f16(kx.z);
-        kv16_out[o + 3u] = f16(kx.w);
-        kv16_out[v_at + o] = f16(vx.x);
-        kv16_out[v_at + o + 1u] = f16(vx.y);
-        kv16_out[v_at + o + 2u] = f16(vx.z);
-        kv16_out[v_at + o + 3u] = f16(vx.w);
+fn put4(tile: u32, o: u32, x: vec4<f32>) {
+    if (tile == 0u) {
+        k16[o] = f16(x.x);
+        k16[o + 1u] = f16(x.y);
+        k16[o + 2u] = f16(x.z);
+        k16[o + 3u] = f16(x.w);
+    } else if (tile == 1u) {
+        v16[o] = f16(x.x);
+        v16[o + 1u] = f16(x.y);
+        v16[o + 2u] = f16(x.z);
+        v16[o + 3u] = f16(x.w);
+    } else {
+        p16[o] = f16(x.x);
+        p16[o + 1u] = f16(x.y);
+        p16[o + 2u] = f16(x.z);
+        p16[o + 3u] = f16(x.w);
     }
 }
 
@@ -111,12 +97,7 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     for (var i = 0u; i < BQ * D4 / 128u; i++) {
         let e = tid + 128u * i;
         let row = b * p.seq + min(t0 + e / D4, p.seq - 1u);
-        let x = q[(row * p.n_q + h) * D4 + e % D4] * p.scale;
-        let o = (e / D4) * LD + 4u * (e % D4);
-        p16[o] = f16(x.x);
-        p16[o + 1u] = f16(x.y);
-        p16[o + 2u] = f16(x.z);
-        p16[o + 3u] = f16(x.w);
+        put4(2u, (e / D4) * LD + 4u * (e % D4), q[(row * p.n_q + h) * D4 + e % D4] * p.scale);
     }
     workgroupBarrier();
     let qrow = sg * 16u * LD;
@@ -136,18 +117,25 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     var o5 = vec4<f32>(0.0);
     var o6 = vec4<f32>(0.0);
     var o7 = vec4<f32>(0.0);
-    let k_at = (b * p.n_kv + kh) * keys16() * 64u;
-    let v_at = p.batch * p.n_kv * keys16() * 64u + k_at;
+    let kv0 = (b * p.n_kv + kh) * p.cap;
     let srow = sg * 16u * SLD;
     for (var k0 = 0u; k0 <= last_pos; k0 += BK) {
-        // 1. S = q kᵀ for the subgroup's rows, one key block of 16 at a time (kᵀ: element
-        //    (i, s) at s·64 + i of the f16 copy).
+        // 1. The tile's k and v (keys past the last query's position repeat it; masked below).
+        for (var i = 0u; i < BK * D4 / 128u; i++) {
+            let e = tid + 128u * i;
+            let at = (kv0 + min(k0 + e / D4, last_pos)) * D4 + e % D4;
+            let o = (e / D4) * LD + 4u * (e % D4);
+            put4(0u, o, k_cache[at]);
+            put4(1u, o, v_cache[at]);
+        }
+        workgroupBarrier();
+        // 2. S = q kᵀ for the subgroup's rows, one key block of 16 at a time.
         for (var c = 0u; c < BK / 16u; c++) {
-            let kb = k_at + (k0 + c * 16u) * 64u;
-            let kt0 = coopLoad<coop_mat16x16<f16, B>>(&kv16[kb + 0u], 64u);
-            let kt1 = coopLoad<coop_mat16x16<f16, B>>(&kv16[kb + 16u], 64u);
-            let kt2 = coopLoad<coop_mat16x16<f16, B>>(&kv16[kb + 32u], 64u);
-            let kt3 = coopLoad<coop_mat16x16<f16, B>>(&kv16[kb + 48u], 64u);
+            let kb = c * 16u * LD;
+            let kt0 = coopLoad<coop_mat16x16<f16, B>>(&k16[kb + 0u], LD);
+            let kt1 = coopLoad<coop_mat16x16<f16, B>>(&k16[kb + 16u], LD);
+            let kt2 = coopLoad<coop_mat16x16<f16, B>>(&k16[kb + 32u], LD);
+            let kt3 = coopLoad<coop_mat16x16<f16, B>>(&k16[kb + 48u], LD);
             var st = coop_mat16x16<f32, C>();
             st = coopMultiplyAdd(qa0, kt0, st);
             st = coopMultiplyAdd(qa1, kt1, st);
@@ -156,7 +144,7 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             coopStoreT(st, &s32[srow + c * 16u], SLD);
         }
         workgroupBarrier();
-        // 2. The online softmax over this thread's 32 keys, combined with its partner's.
+        // 3. The online softmax over this thread's 32 keys, combined with its partner's.
         let s0 = r * SLD + half * 32u;
         let key0 = k0 + half * 32u;
         let turn = r / 8u + 2u * half;
@@ -186,12 +174,12 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         workgroupBarrier();
         l = l * alpha + sum + red[tid ^ 1u];
         m = m_new;
-        // 3. P v for the subgroup's rows, one value block of 16 at a time, into s32.
+        // 4. P v for the subgroup's rows, one value block of 16 at a time, into s32.
         for (var c = 0u; c < D4 / 4u; c++) {
             var acc = coop_mat16x16<f32, C>();
             for (var kk = 0u; kk < BK / 16u; kk++) {
                 let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[qrow + kk * 16u], LD);
-                let vb = coopLoadT<coop_mat16x16<f16, B>>(&kv16[v_at + (k0 + kk * 16u) * 64u + c * 16u], 64u);
+                let vb = coopLoadT<coop_mat16x16<f16, B>>(&v16[kk * 16u * LD + c * 16u], LD);
                 acc = coopMultiplyAdd(pa, vb, acc);
             }
             coopStoreT(acc, &s32[srow + c * 16u], SLD);

@@ -261,20 +261,12 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         // Few queries: a workgroup per query, its threads splitting the keys.
         let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
         rec.dispatch(&Kernel::new("nn/attention", "attention_decode"), &params, &bufs, groups)
-    } else if tensor_cores(rec) {
-        // Prefill in mixed precision, both products on tensor cores (native/attention_coop.wgsl):
-        // the keys and values to f16 once (k then v, [batch, n_kv, keys rounded up to 64, 64]),
-        // then 64 queries per workgroup, the softmax in f32.
-        let keys16 = n_keys.div_ceil(64) * 64;
-        let kv16 = rec.temp(s.batch * s.n_kv * keys16 * s.head_dim)?;
-        let copy = [(keys16 / 64) as u32, s.n_kv as u32, s.batch as u32];
-        rec.dispatch_bindings(&Kernel::new("native/attention_coop", "attention_kv16"), &params, &[(2, k_cache), (3, v_cache), (30, &kv16)], copy)?;
-        let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
-        rec.dispatch_bindings(&Kernel::new("native/attention_coop", "attention_coop"), &params, &[(1, q), (4, out), (31, &kv16)], groups)
     } else {
-        // Prefill: 64 queries per workgroup.
+        // Prefill: 64 queries per workgroup; in mixed precision both products on tensor cores
+        // (native/attention_coop.wgsl: f16 operands, the softmax in f32).
         let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
-        rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &bufs, groups)
+        let kernel = if tensor_cores(rec) { Kernel::new("native/attention_coop", "attention_coop") } else { Kernel::new("nn/attention", "attention") };
+        rec.dispatch(&kernel, &params, &bufs, groups)
     }
 }
 
