@@ -20,6 +20,23 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> k_cache: array<f32>; // [batch, n_kv, cap, head_dim]
 @group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
 
+// Where a head's values start: of row `row` in the fused projection (heads = n_q + 2 n_kv) and
+// in q_out, and of a key or value head in the cache at the row's position. The forward and its
+// backward read and write the same places through these.
+fn qkv_at(row: u32, head: u32) -> u32 {
+    return (row * (p.n_q + 2u * p.n_kv) + head) * p.head_dim;
+}
+
+fn q_at(row: u32, head: u32) -> u32 {
+    return (row * p.n_q + head) * p.head_dim;
+}
+
+fn cache_at(row: u32, kv_head: u32) -> u32 {
+    let b = row / p.seq;
+    let pos = p.pos0 + row % p.seq;
+    return ((b * p.n_kv + kv_head) * p.cap + pos) * p.head_dim;
+}
+
 @compute @workgroup_size(64)
 fn rope_qkv_to_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
     let half = p.head_dim / 2u;
@@ -31,9 +48,8 @@ fn rope_qkv_to_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let head = j / half;
     let i = j % half;
-    let b = row / p.seq;
     let pos = p.pos0 + row % p.seq;
-    let src = row * heads * p.head_dim + head * p.head_dim;
+    let src = qkv_at(row, head);
     let x1 = qkv[src + i];
     let x2 = qkv[src + i + half];
     if (head < p.n_q + p.n_kv) {
@@ -42,18 +58,16 @@ fn rope_qkv_to_cache(@builtin(global_invocation_id) gid: vec3<u32>) {
         let r1 = x1 * c - x2 * s;
         let r2 = x2 * c + x1 * s;
         if (head < p.n_q) {
-            let dst = row * p.n_q * p.head_dim + head * p.head_dim;
+            let dst = q_at(row, head);
             q_out[dst + i] = r1;
             q_out[dst + i + half] = r2;
         } else {
-            let kh = head - p.n_q;
-            let dst = ((b * p.n_kv + kh) * p.cap + pos) * p.head_dim;
+            let dst = cache_at(row, head - p.n_q);
             k_cache[dst + i] = r1;
             k_cache[dst + i + half] = r2;
         }
     } else {
-        let vh = head - p.n_q - p.n_kv;
-        let dst = ((b * p.n_kv + vh) * p.cap + pos) * p.head_dim;
+        let dst = cache_at(row, head - p.n_q - p.n_kv);
         v_cache[dst + i] = x1;
         v_cache[dst + i + half] = x2;
     }
@@ -75,21 +89,20 @@ fn rope_qkv_to_cache_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let head = j / half;
     let i = j % half;
-    let b = row / p.seq;
     let pos = p.pos0 + row % p.seq;
-    let dst = row * heads * p.head_dim + head * p.head_dim;
+    let dst = qkv_at(row, head);
     var g1: f32;
     var g2: f32;
     if (head < p.n_q) {
-        let src = row * p.n_q * p.head_dim + head * p.head_dim;
+        let src = q_at(row, head);
         g1 = q_out[src + i];
         g2 = q_out[src + i + half];
     } else if (head < p.n_q + p.n_kv) {
-        let src = ((b * p.n_kv + head - p.n_q) * p.cap + pos) * p.head_dim;
+        let src = cache_at(row, head - p.n_q);
         g1 = k_cache[src + i];
         g2 = k_cache[src + i + half];
     } else {
-        let src = ((b * p.n_kv + head - p.n_q - p.n_kv) * p.cap + pos) * p.head_dim;
+        let src = cache_at(row, head - p.n_q - p.n_kv);
         d_qkv[dst + i] = v_cache[src + i];
         d_qkv[dst + i + half] = v_cache[src + i + half];
         return;
@@ -115,7 +128,7 @@ fn rope_inplace(@builtin(global_invocation_id) gid: vec3<u32>) {
     let head = j / half;
     let i = j % half;
     let pos = p.pos0 + row % p.seq;
-    let base = (row * p.n_q + head) * p.head_dim;
+    let base = q_at(row, head);
     let x1 = x_inplace[base + i];
     let x2 = x_inplace[base + i + half];
     let c = cos_table[pos * half + i];
