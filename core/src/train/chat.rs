@@ -78,8 +78,9 @@ impl Rendered {
     }
 }
 
-/// The ChatML pieces as ids.
+/// The ChatML pieces as ids, encoded once: `<|im_start|>role\n` for each role, `<|im_end|>`, `\n`.
 struct ChatMl {
+    headers: [Vec<u32>; 3],
     im_end: u32,
     newline: Vec<u32>,
 }
@@ -87,11 +88,22 @@ struct ChatMl {
 impl ChatMl {
     fn new(tokenizer: &Tokenizer) -> Result<Self> {
         let im_end = tokenizer.token_to_id("<|im_end|>").ok_or_else(|| Error::argument("instruction tuning", "the tokenizer has no <|im_end|> token: ChatML needs an Instruct model's tokenizer"))?;
-        Ok(ChatMl { im_end, newline: tokenizer.encode("\n")? })
+        let header = |role: Role| tokenizer.encode(&format!("<|im_start|>{}\n", role.name()));
+        Ok(ChatMl { headers: [header(Role::System)?, header(Role::User)?, header(Role::Assistant)?], im_end, newline: tokenizer.encode("\n")? })
     }
 
-    fn header(&self, tokenizer: &Tokenizer, role: Role) -> Result<Vec<u32>> {
-        tokenizer.encode(&format!("<|im_start|>{}\n", role.name()))
+    fn header(&self, role: Role) -> &[u32] {
+        &self.headers[role as usize]
+    }
+
+    /// One whole turn, `<|im_start|>role\ncontent<|im_end|>\n`, onto `out`; an assistant's
+    /// content and its <|im_end|> trained, the rest not.
+    fn turn(&self, out: &mut Rendered, role: Role, content: &[u32]) {
+        let assistant = role == Role::Assistant;
+        out.push(self.header(role), false);
+        out.push(content, assistant);
+        out.push(&[self.im_end], assistant);
+        out.push(&self.newline, false);
     }
 }
 
@@ -101,11 +113,7 @@ pub fn render(tokenizer: &Tokenizer, messages: &[Message]) -> Result<Rendered> {
     let chat = ChatMl::new(tokenizer)?;
     let mut out = Rendered::default();
     for m in messages {
-        let assistant = m.role == Role::Assistant;
-        out.push(&chat.header(tokenizer, m.role)?, false);
-        out.push(&tokenizer.encode(&m.content)?, assistant);
-        out.push(&[chat.im_end], assistant);
-        out.push(&chat.newline, false);
+        chat.turn(&mut out, m.role, &tokenizer.encode(&m.content)?);
     }
     Ok(out)
 }
@@ -221,8 +229,7 @@ pub fn synthesise(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, tra
         return Err(Error::argument("instruction tuning data", format!("need a positive batch and answer length and a training stream longer than the passages ({passage} tokens)")));
     }
     let chat = ChatMl::new(tokenizer)?;
-    let user = chat.header(tokenizer, Role::User)?;
-    let assistant: Vec<u32> = [vec![chat.im_end], chat.newline.clone(), chat.header(tokenizer, Role::Assistant)?].concat();
+    let frames = Prompt::ALL.map(|kind| kind.frame()).map(|(before, after)| Ok((tokenizer.encode(before)?, tokenizer.encode(after)?))).into_iter().collect::<Result<Vec<_>>>()?;
     let sampling = Sampling { max_new_tokens: answer, temperature: 0.7, top_p: 0.9, seed, stop_ids: vec![chat.im_end] };
     let mut rng = Rng::new(seed ^ 0x5346_5443);
     let (mut out, mut trained) = (Vec::new(), 0);
@@ -232,24 +239,25 @@ pub fn synthesise(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, tra
             return Err(Error::Training(format!("the teacher gave only empty replies in {empty_rounds} rounds of conversations; is it an Instruct model?")));
         }
         let before_round = trained;
-        let kind = Prompt::ALL[round % Prompt::ALL.len()];
+        let (before, after) = &frames[round % Prompt::ALL.len()];
         let len = (passage * (1 + (round / Prompt::ALL.len()) % 4) / 4).max(4);
-        let (before, after) = kind.frame();
-        let (before, after) = (tokenizer.encode(before)?, tokenizer.encode(after)?);
-        let prompts: Vec<Vec<u32>> = (0..batch)
+        // The user's turn and the assistant's header: what the teacher continues.
+        let prompts: Vec<Rendered> = (0..batch)
             .map(|_| {
                 let start = (rng.next_u64() % (train.len() - len) as u64) as usize;
-                [&user[..], &before, &train[start..start + len], &after, &assistant].concat()
+                let mut c = Rendered::default();
+                chat.turn(&mut c, Role::User, &[&before[..], &train[start..start + len], after].concat());
+                c.push(chat.header(Role::Assistant), false);
+                c
             })
             .collect();
-        let replies = sample_rows(gpu, teacher, &prompts.concat(), batch, answer, &sampling, &mut rng)?;
-        for (prompt, reply) in prompts.iter().zip(replies) {
+        let ids: Vec<u32> = prompts.iter().flat_map(|c| c.ids.iter().copied()).collect();
+        let replies = sample_rows(gpu, teacher, &ids, batch, answer, &sampling, &mut rng)?;
+        for (mut c, reply) in prompts.into_iter().zip(replies) {
             // An empty reply teaches nothing but to stop; a reply cut at `answer` is kept as is.
             if reply.len() < 2 {
                 continue;
             }
-            let mut c = Rendered::default();
-            c.push(prompt, false);
             c.push(&reply, true);
             if reply.last() == Some(&chat.im_end) {
                 c.push(&chat.newline, false);
