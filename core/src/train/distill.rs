@@ -474,15 +474,17 @@ impl<'g> Distiller<'g> {
         Ok(())
     }
 
-    /// Step `step`'s sequences: the next rows of the training stream, or instruction tuning's
-    /// conversations from row step × batch; with the data cursor after them.
-    fn training_batch(&self, stage: Stage, step: usize) -> (Batch, u64) {
+    /// Step `step`'s sequences — the next rows of the training stream, or instruction tuning's
+    /// conversations from row step × batch — or with `heldout` the first held-out block of
+    /// either; with the data cursor after them (held-out rows and conversations leave it).
+    fn batch(&self, stage: Stage, step: usize, heldout: bool) -> (Batch, u64) {
         let (batch, seq) = (self.config.batch, self.config.seq);
         match (&self.sft, stage) {
             (Some(sft), Stage::Instruct) => {
-                let (inputs, targets) = sft.batch(step * batch, batch, false);
+                let (inputs, targets) = sft.batch(if heldout { 0 } else { step * batch }, batch, heldout);
                 (Batch { inputs, targets }, self.state.cursor)
             }
+            _ if heldout => (Batch::from_rows(&next_rows(&self.corpus.heldout, 0, batch, seq + 1).0, seq), self.state.cursor),
             _ => {
                 let (rows, cursor) = next_rows(&self.corpus.train, self.state.cursor, batch, seq + 1);
                 (Batch::from_rows(&rows, seq), cursor)
@@ -520,7 +522,7 @@ impl<'g> Distiller<'g> {
         let mut pending = Vec::new();
         let mut window = Instant::now();
         for step in from..steps {
-            let (batch, cursor) = self.training_batch(stage, step);
+            let (batch, cursor) = self.batch(stage, step, false);
             let losses = self.step_gradients(stage, &batch, &optimizer)?;
             let lr = hyper.lr as f64 * self.config.stage_schedule(stage).factor(step, steps);
             // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
@@ -607,13 +609,7 @@ impl<'g> Distiller<'g> {
     /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
     /// zeroed by the next step).
     fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
-        let batch = match (&self.sft, stage) {
-            (Some(sft), Stage::Instruct) => {
-                let (inputs, targets) = sft.batch(0, self.config.batch, true);
-                Batch { inputs, targets }
-            }
-            _ => Batch::from_rows(&next_rows(&self.corpus.heldout, 0, self.config.batch, self.config.seq + 1).0, self.config.seq),
-        };
+        let (batch, _) = self.batch(stage, 0, true);
         let losses = self.step_gradients(stage, &batch, optimizer)?;
         let values = self.gpu.read_many_blocking(&losses.iter().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
         let parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| l.value(v)).collect();
@@ -699,7 +695,8 @@ impl<'g> Distiller<'g> {
         let (batch, seq) = (self.config.batch, self.config.seq);
         let rows = batch * seq;
         let target_buf = gpu.upload_u32("targets", &step.targets)?;
-        let (ce, klb) = (gpu.unpooled(rows)?, gpu.unpooled(rows)?);
+        let ce = gpu.unpooled(rows)?;
+        let klb = teacher.map(|_| gpu.unpooled(rows)).transpose()?;
         let mut rec = gpu.recorder();
         let acts = self.student.forward_train(&mut rec, ids, batch, seq, false)?;
         let kl_scale = match self.config.kl_scaling {
@@ -718,7 +715,7 @@ impl<'g> Distiller<'g> {
             block_rows: self.config.loss_rows,
             ce: &ce,
             ce_scale: if seen == 0 { 0.0 } else { 1.0 / seen as f32 },
-            kl: teacher.map(|t| KlTerm { teacher_head: self.teacher.head().0, teacher_x: &t.xnf, loss: &klb, scale: kl_scale }),
+            kl: teacher.zip(klb.as_ref()).map(|(t, loss)| KlTerm { teacher_head: self.teacher.head().0, teacher_x: &t.xnf, loss, scale: kl_scale }),
             d_x: &d_x,
             head_grad: grads.get(head_name),
         };
@@ -728,11 +725,7 @@ impl<'g> Distiller<'g> {
         rec.submit()?;
         acts.release(gpu);
         let ce = LossRows { buf: ce, rows, divisor: seen.max(1) as f64 };
-        if teacher.is_none() {
-            gpu.release(klb);
-            return Ok(vec![ce]);
-        }
-        Ok(vec![ce, LossRows { buf: klb, rows, divisor: rows as f64 }])
+        Ok(std::iter::once(ce).chain(klb.map(|buf| LossRows { buf, rows, divisor: rows as f64 })).collect())
     }
 
     fn diverged(&self, stage: Stage, step: usize, what: &str) -> Error {
