@@ -171,6 +171,7 @@ pub fn build(out: &Path, study: &StudyConfig) -> Result<StudyReport> {
     let arm = if study.arms.contains(&Arm::Paper) { Arm::Paper } else { study.arms[0] };
     let budget = *study.budgets.iter().max().expect("validated: at least one budget");
     let scale = base.unwrap_or(1.0);
+    let niah = |p: &Point| p.report.niah.as_ref().map(|g| g.by_length()).unwrap_or_default();
     let mut hierarchy: Vec<Row> = jobs
         .iter()
         .filter(|j| j.arm == arm && j.budget == budget)
@@ -183,7 +184,7 @@ pub fn build(out: &Path, study: &StudyConfig) -> Result<StudyReport> {
                 recovery: end.report.recovery,
                 se: variance(&end.report).map(|v| v.sqrt()),
                 perplexity: end.perplexity,
-                niah: end.report.niah.as_ref().map(|g| g.by_length()).unwrap_or_default(),
+                niah: niah(end),
                 probe: j.probe,
                 probe_rank: None,
                 final_rank: None,
@@ -208,7 +209,6 @@ pub fn build(out: &Path, study: &StudyConfig) -> Result<StudyReport> {
         let se = variance(&a.report).zip(variance(&b.report)).map(|(x, y)| (x + y).sqrt());
         ablations.push(Ablation { mixer: j.mixer.clone(), arm: j.arm, kind: j.arm.kind(), budget: j.budget, delta_average, se, delta_perplexity: a.perplexity - b.perplexity, delta_probe: j.probe.zip(paper.probe).map(|(x, y)| x - y) });
     }
-    let niah = |p: &Point| p.report.niah.as_ref().map(|g| g.by_length()).unwrap_or_default();
     let tuning: Vec<Tuning> = hierarchy
         .iter()
         .filter_map(|row| {
