@@ -2,7 +2,7 @@
 //! multiples of the tiles, several heads, grouped kv heads, and extreme values.
 use linearize_core::util::Rng;
 use linearize_core::gpu::GpuBuf;
-use linearize_core::nn::{self, AttnShape, Gemm, LinearKernel};
+use linearize_core::nn::{self, AttnShape, Gemm, LinearInput, LinearKernel};
 use linearize_core::reference::nn as reference;
 use linearize_tests::{assert_close, f64s, gpu, random};
 
@@ -30,10 +30,10 @@ fn linear_matches_reference() {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
             // Every kernel that accepts the shape, whatever `Auto` would pick on this adapter.
-            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::MatvecLanes, LinearKernel::Tiled, LinearKernel::TiledVec4] {
                 let fits = match kernel {
                     LinearKernel::Matvec => m <= 8,
-                    LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns => m <= 8 && k % 4 == 0,
+                    LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::MatvecLanes => m <= 8 && k % 4 == 0,
                     LinearKernel::TiledVec4 => k % 4 == 0,
                     _ => true,
                 };
@@ -71,9 +71,9 @@ fn linear_reads_packed_f16_weights() {
             if accumulate {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
-            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::MatvecLanes, LinearKernel::Tiled, LinearKernel::TiledVec4] {
                 let fits = match kernel {
-                    LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns => m <= 8,
+                    LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::MatvecLanes => m <= 8,
                     LinearKernel::TiledVec4 | LinearKernel::Auto => true,
                     // The scalar kernels read f32 and refuse f16 weights by name.
                     _ => false,
@@ -96,6 +96,51 @@ fn linear_reads_packed_f16_weights() {
     let mut rec = gpu().recorder();
     let err = nn::rmsnorm(&mut rec, &wb, &up("n", &[1.0; 8]), &yb, 1, 8, 1e-5).unwrap_err().to_string();
     assert!(err.contains("packed f16"), "{err}");
+}
+
+/// Decode's products with the op before them fused (nn/matvec.wgsl's prologues): x itself,
+/// RMSNorm(x)·g and the SwiGLU of a fused gate|up row, against the unfused f64 ops, with f32 and
+/// packed f16 weights. Shapes: one value, a k past one round of loads (k/4 = 257), several rows,
+/// ragged columns, a wide product (16 threads per column); rows of x from 10⁻³ to 10³ (the norm rescales each); the residual add.
+#[test]
+fn linear_input_fuses_norm_and_swiglu() {
+    let mut rng = Rng::new(21);
+    for &(m, n, k) in &[(1, 1, 4), (1, 577, 36), (3, 70, 1028), (8, 5, 576), (5, 130, 12), (2, 2051, 68)] {
+        let mut x = random(&mut rng, m * 2 * k, 1.0);
+        for (r, row) in x.chunks_mut(2 * k).enumerate() {
+            let s = 10f32.powi(r as i32 % 7 - 3);
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        let g = random(&mut rng, k, 2.0);
+        let w = random(&mut rng, n * k, 1.0);
+        let y0 = random(&mut rng, m * n, 1.0);
+        let (xb, gb, yb) = (up("x", &x), up("g", &g), up("y", &y0));
+        let plain: Vec<f64> = f64s(&x[..m * k]);
+        let normed = reference::rmsnorm(&plain, &f64s(&g), m, k, 1e-5);
+        let swiglu = reference::swiglu(&f64s(&x), m, k);
+        for f16 in [false, true] {
+            let (wb, wv) = if f16 { (gpu().upload_f16("w", &w).unwrap(), halves(&w)) } else { (up("w", &w), w.clone()) };
+            for (name, input, x_eff) in [("plain", LinearInput::Plain(&xb), &plain), ("normed", LinearInput::Normed { x: &xb, g: &gb, eps: 1e-5 }, &normed), ("swiglu", LinearInput::SwiGlu(&xb), &swiglu)] {
+                for accumulate in [false, true] {
+                    let mut want = reference::linear(x_eff, &f64s(&wv), m, n, k);
+                    if accumulate {
+                        want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
+                    }
+                    let scale = x_eff.iter().fold(0f64, |a, v| a.max(v.abs())).max(1.0);
+                    gpu().write_f32(&yb, &y0);
+                    let mut rec = gpu().recorder();
+                    nn::linear_input(&mut rec, input, &wb, &yb, Gemm { m, n, k }, accumulate).unwrap();
+                    rec.submit().unwrap();
+                    assert_close(&format!("linear_input {name} f16={f16} m={m} n={n} k={k} acc={accumulate}"), &read(&yb, m * n), &want, 2e-6 * scale * (k as f64).sqrt(), 1e-4);
+                }
+            }
+        }
+    }
+    // More than 8 rows, or k not divisible by 4, is refused by name.
+    let xb = up("x", &[1.0; 9 * 8]);
+    let mut rec = gpu().recorder();
+    let err = nn::linear_input(&mut rec, LinearInput::Plain(&xb), &xb, &up("y", &[0.0; 9]), Gemm { m: 9, n: 1, k: 8 }, false).unwrap_err().to_string();
+    assert!(err.contains("at most 8 rows"), "{err}");
 }
 
 /// A device whose storage bindings hold `bytes`: weights larger than that are split.
@@ -246,15 +291,18 @@ fn attention_matches_reference() {
     let mut rng = Rng::new(6);
     let d = 64;
     // (batch, seq, pos0, n_q, n_kv, scale of q): decode (seq ≤ 8: the split-keys kernel, with
-    // fewer and more keys than threads, and past 512 keys split over workgroups), ragged tiles, prefill after a prefix,
-    // and large scores that would overflow a naive softmax.
+    // fewer and more keys than threads; past 128 keys split over workgroups in ranges of 64,
+    // past 8,192 in longer ranges), ragged tiles, prefill after a prefix, and large scores that
+    // would overflow a naive softmax.
     for &(batch, seq, pos0, n_q, n_kv, q_scale) in &[
         (1, 1, 0, 1, 1, 1.0),
         (1, 1, 40, 3, 1, 1.0),
         (2, 1, 200, 6, 2, 1.0),
         (1, 8, 70, 3, 3, 1.0),
         (1, 1, 100, 2, 1, 40.0),
+        (1, 1, 128, 2, 1, 1.0),
         (1, 1, 1000, 3, 1, 1.0),
+        (1, 1, 8300, 2, 1, 1.0),
         (2, 3, 700, 6, 2, 1.0),
         (1, 2, 513, 2, 2, 30.0),
         (2, 63, 0, 6, 2, 1.0),

@@ -6,6 +6,7 @@ use crate::gpu::{shader_params, ParamsLayout};
 pub const ALL: &[(&str, &str)] = &[
     ("nn/matmul", include_str!("../../shaders/nn/matmul.wgsl")),
     ("nn/matmul_vec4", include_str!("../../shaders/nn/matmul_vec4.wgsl")),
+    ("nn/matvec", include_str!("../../shaders/nn/matvec.wgsl")),
     ("nn/rmsnorm", include_str!("../../shaders/nn/rmsnorm.wgsl")),
     ("nn/embedding", include_str!("../../shaders/nn/embedding.wgsl")),
     ("nn/rope", include_str!("../../shaders/nn/rope.wgsl")),
@@ -65,6 +66,11 @@ shader_params!(
         /// operand_amax / operand_f16: the operand grid row / layer 0 copies (0 a, 1 b).
         first_operand: u32,
     }
+);
+shader_params!(
+    /// nn/matvec: decode's y = x'·wᵀ (m ≤ 8) with x' the input, its RMSNorm (ε = `eps`) or a
+    /// fused gate|up's SwiGLU, as the override PROLOGUE says.
+    MatvecParams for ["nn/matvec"] { m: u32, n: u32, k: u32, accumulate: u32, ldy: u32, y0: u32, eps: f32 }
 );
 shader_params!(RmsNormParams for ["nn/rmsnorm"] { rows: u32, cols: u32, eps: f32 });
 shader_params!(
@@ -132,6 +138,7 @@ shader_params!(ConvParams for ["mixers/common/conv"] { batch: u32, seq: u32, cha
 pub const PARAMS: &[ParamsLayout] = &[
     ParamsLayout::of::<MatmulParams>("MatmulParams"),
     ParamsLayout::of::<CoopGemmParams>("CoopGemmParams"),
+    ParamsLayout::of::<MatvecParams>("MatvecParams"),
     ParamsLayout::of::<RmsNormParams>("RmsNormParams"),
     ParamsLayout::of::<EmbeddingParams>("EmbeddingParams"),
     ParamsLayout::of::<RopeParams>("RopeParams"),

@@ -77,21 +77,27 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     // `reps` copies of the op per submission, so a short kernel's time is not the queue's
     // round trip (CUDA-event timings of the peers see the kernel alone).
     let time = |name: String, path: &str, flops: f64, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
-        let mut times = Vec::new();
+        let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
         for i in 0..iters + 2 {
             let mut rec = gpu.recorder();
             for _ in 0..reps {
                 f(&mut rec)?;
             }
             let start = Instant::now();
-            rec.submit()?;
+            let on_gpu = rec.submit_timed_on_gpu()?;
             gpu.sync()?;
             if i >= 2 {
                 times.push(start.elapsed().as_secs_f64() / reps as f64);
+                gpu_times.extend(on_gpu.map(|s| s / reps as f64));
             }
         }
         let s = median(times);
-        let v = json!({"what": "op", "op": name, "path": path, "seconds": s, "tflops": flops / s / 1e12});
+        let mut v = json!({"what": "op", "op": name, "path": path, "seconds": s, "tflops": flops / s / 1e12});
+        // The host clock above includes recording's encoding and the queue's round trip; the
+        // GPU's clock (one pass between two timestamps) sees the kernels alone.
+        if !gpu_times.is_empty() {
+            v["gpu_seconds"] = json!(median(gpu_times));
+        }
         Ok(v)
     };
     // The linear layer's three products at the training step's shapes (B=8 T=512 of the
@@ -163,7 +169,75 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         Ok(())
     })?;
     keep(&mut out, v);
+    // The floor under any dispatch: 300 dependent one-thread adds.
+    let (a, b, c) = (gpu.upload_f32("a", &rand(64))?, gpu.scratch(64)?, gpu.scratch(64)?);
+    let v = time("300 x add 1 (dispatch floor)".into(), "f32", 0.0, 1, &mut |rec| {
+        for _ in 0..150 {
+            nn::add(rec, &a, &b, &c, 1)?;
+            nn::add(rec, &a, &c, &b, 1)?;
+        }
+        Ok(())
+    })?;
+    keep(&mut out, v);
+    bench_decode_products(gpu, iters, &mut out)?;
     Ok(out)
+}
+
+/// Decode's products at the teacher's shapes (one row), with f32 and packed f16 weights, on the
+/// GPU kernels: matvec_coalesced (16 threads per column) and nn/matvec (64 per column, loads in
+/// flight), alone and with the norm or SwiGLU before it — fused, or as the op's own dispatch.
+fn bench_decode_products(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Result<()> {
+    use linearize_core::gpu::Dtype;
+    use linearize_core::nn::{self, Gemm, LinearInput, LinearKernel};
+    let mut rng = Rng::new(2);
+    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
+    let time = |name: String, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
+        let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
+        for i in 0..iters + 2 {
+            let mut rec = gpu.recorder();
+            for _ in 0..reps {
+                f(&mut rec)?;
+            }
+            let start = Instant::now();
+            let on_gpu = rec.submit_timed_on_gpu()?;
+            gpu.sync()?;
+            if i >= 2 {
+                times.push(start.elapsed().as_secs_f64() / reps as f64);
+                gpu_times.extend(on_gpu.map(|s| s / reps as f64));
+            }
+        }
+        let mut v = json!({"what": "op", "op": name, "path": "decode", "seconds": median(times)});
+        if !gpu_times.is_empty() {
+            v["gpu_seconds"] = json!(median(gpu_times));
+        }
+        eprintln!("{v}");
+        Ok(v)
+    };
+    for &(n, k) in &[(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)] {
+        let (x, g, y) = (gpu.upload_f32("x", &rand(2 * k))?, gpu.upload_f32("g", &rand(k))?, gpu.scratch(n)?);
+        let xn = gpu.scratch(k)?;
+        for dtype in [Dtype::F32, Dtype::F16] {
+            let wh = rand(n * k);
+            let w = if dtype == Dtype::F16 { gpu.upload_f16("w", &wh)? } else { gpu.upload_f32("w", &wh)? };
+            let gemm = Gemm { m: 1, n, k };
+            let tag = format!("1x{n}x{k} {}", dtype.name());
+            for kernel in [LinearKernel::MatvecCoalesced, LinearKernel::MatvecLanes] {
+                out.push(time(format!("decode linear {tag} {kernel:?}"), 50, &mut |rec| nn::linear_with(rec, kernel, &x, &w, &y, gemm, false))?);
+            }
+            // The op before the product: k = 576 follows a norm, k = 1536 the SwiGLU.
+            let (fused, unfused): (LinearInput, &dyn Fn(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>) = if k == 1536 {
+                (LinearInput::SwiGlu(&x), &|rec| nn::swiglu(rec, &x, &xn, 1, k))
+            } else {
+                (LinearInput::Normed { x: &x, g: &g, eps: 1e-5 }, &|rec| nn::rmsnorm(rec, &x, &g, &xn, 1, k, 1e-5))
+            };
+            out.push(time(format!("decode op + linear {tag} separate"), 50, &mut |rec| {
+                unfused(rec)?;
+                nn::linear_with(rec, LinearKernel::MatvecLanes, &xn, &w, &y, gemm, false)
+            })?);
+            out.push(time(format!("decode op + linear {tag} fused"), 50, &mut |rec| nn::linear_input(rec, fused, &w, &y, gemm, false))?);
+        }
+    }
+    Ok(())
 }
 
 /// Times each mixer's recurrence: the chunked forward over B×T tokens (the token-by-token

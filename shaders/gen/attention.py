@@ -113,6 +113,47 @@ fn attention(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id
 var<workgroup> part_m: array<f32, 64>;
 var<workgroup> part_l: array<f32, 64>;
 var<workgroup> part_o: array<vec4<f32>, 1024>; // [thread][D4]
+var<workgroup> quarter_o: array<vec4<f32>, 64>; // [quarter][D4]
+var<workgroup> quarter_l: array<f32, 4>;
+
+struct Merged {{
+    m: f32,
+    num: vec4<f32>,
+    den: f32,
+}}
+
+// The 64 threads' (max, sum, output) in part_* merged into one: each thread rescales 16
+// threads' outputs for one vec4 component (thread = quarter·16 + component), then threads
+// 0..15 add the four quarters. Every thread calls it (it has a barrier); threads 0..15 get the
+// component `tid` of the unnormalised output, all get the max and the sum.
+fn merge_threads(tid: u32) -> Merged {{
+    var m_all = NEG;
+    for (var s = 0u; s < 64u; s++) {{
+        m_all = max(m_all, part_m[s]);
+    }}
+    let c = tid % D4;
+    let quarter = tid / D4;
+    var num = vec4<f32>(0.0);
+    var den = 0.0;
+    for (var s = quarter * 16u; s < quarter * 16u + 16u; s++) {{
+        if (part_l[s] > 0.0) {{
+            let f = exp(part_m[s] - m_all);
+            num = fma(vec4<f32>(f), part_o[s * D4 + c], num);
+            den = fma(f, part_l[s], den);
+        }}
+    }}
+    quarter_o[quarter * D4 + c] = num;
+    if (c == 0u) {{
+        quarter_l[quarter] = den;
+    }}
+    workgroupBarrier();
+    var out = Merged(m_all, vec4<f32>(0.0), 0.0);
+    if (tid < D4) {{
+        out.num = quarter_o[tid] + quarter_o[D4 + tid] + quarter_o[2u * D4 + tid] + quarter_o[3u * D4 + tid];
+        out.den = quarter_l[0] + quarter_l[1] + quarter_l[2] + quarter_l[3];
+    }}
+    return out;
+}}
 
 @compute @workgroup_size(64)
 fn attention_decode(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
@@ -143,22 +184,9 @@ fn attention_decode(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workg
     part_l[tid] = l;
 {lines("part_o[tid * D4 + {i}u] = o{i};", indent=4)}
     workgroupBarrier();
-    // Threads 0..15 each own one vec4 of the output.
+    let merged = merge_threads(tid);
     if (tid < D4) {{
-        var m_all = NEG;
-        for (var s = 0u; s < 64u; s++) {{
-            m_all = max(m_all, part_m[s]);
-        }}
-        var num = vec4<f32>(0.0);
-        var den = 0.0;
-        for (var s = 0u; s < 64u; s++) {{
-            if (part_l[s] > 0.0) {{
-                let f = exp(part_m[s] - m_all);
-                num = fma(vec4<f32>(f), part_o[s * D4 + tid], num);
-                den = fma(f, part_l[s], den);
-            }}
-        }}
-        out[qb + tid] = num / den;
+        out[qb + tid] = merged.num / merged.den;
     }}
 }}
 
@@ -197,24 +225,12 @@ fn attention_decode_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin
     part_l[tid] = l;
 {lines("part_o[tid * D4 + {i}u] = o{i};", indent=4)}
     workgroupBarrier();
+    let merged = merge_threads(tid);
     if (tid < D4) {{
-        var m_all = NEG;
-        for (var s = 0u; s < 64u; s++) {{
-            m_all = max(m_all, part_m[s]);
-        }}
-        var num = vec4<f32>(0.0);
-        var den = 0.0;
-        for (var s = 0u; s < 64u; s++) {{
-            if (part_l[s] > 0.0) {{
-                let f = exp(part_m[s] - m_all);
-                num = fma(vec4<f32>(f), part_o[s * D4 + tid], num);
-                den = fma(f, part_l[s], den);
-            }}
-        }}
         let at = (row * p.n_q + h) * p.splits + split;
-        part_out[at * D4 + tid] = num;
+        part_out[at * D4 + tid] = merged.num;
         if (tid == 0u) {{
-            part_ml[at] = vec2<f32>(m_all, den);
+            part_ml[at] = vec2<f32>(merged.m, merged.den);
         }}
     }}
 }}

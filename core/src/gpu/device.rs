@@ -47,6 +47,9 @@ pub struct Gpu {
     /// The profiler times dispatches with timestamp queries (LINEARIZE_PROFILE set, and the
     /// adapter offers them).
     pub(crate) timestamps: bool,
+    /// The device can time a submission on the GPU's clock (`Recorder::submit_timed_on_gpu`):
+    /// native adapters with timestamp queries.
+    pub(crate) timestamp_query: bool,
     /// Recorders open (`Gpu::open_recorders`).
     pub(crate) open_recorders: std::sync::atomic::AtomicUsize,
 }
@@ -203,7 +206,8 @@ impl Gpu {
         } else {
             (wgpu::Features::empty(), wgpu::ExperimentalFeatures::disabled())
         };
-        let features = if timestamps { features | wgpu::Features::TIMESTAMP_QUERY } else { features };
+        let timestamp_query = !cfg!(target_arch = "wasm32") && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let features = if timestamp_query { features | wgpu::Features::TIMESTAMP_QUERY } else { features };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("linearize"),
@@ -236,6 +240,7 @@ impl Gpu {
             pool: Mutex::new(BufferPool::default()),
             mixed: AtomicBool::new(false),
             timestamps,
+            timestamp_query,
             open_recorders: Default::default(),
         };
         gpu.install_error_handler();

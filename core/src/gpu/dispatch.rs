@@ -509,6 +509,49 @@ impl<'g> Recorder<'g> {
         self.gpu.take_error()
     }
 
+    /// Submits the recording as one compute pass with a timestamp at its start and end, waits,
+    /// and returns the seconds between them on the GPU's clock: what benchmarks time, free of
+    /// the host's recording and of the queue's round trip. None where the device has no
+    /// timestamp queries (the caller then times on the host). A recording longer than
+    /// FLUSH_DISPATCHES has sent its first pieces already; only the rest is timed.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn submit_timed_on_gpu(self) -> Result<Option<f64>> {
+        if !self.gpu.timestamp_query || profile::any() {
+            self.submit()?;
+            return Ok(None);
+        }
+        let device = &self.gpu.device;
+        let bind_groups: Vec<wgpu::BindGroup> = {
+            let mut bindings = self.gpu.pipelines.bindings.lock().unwrap();
+            bindings.write_params(device, &self.gpu.queue, &self.params);
+            self.dispatches.iter().map(|d| bindings.bind_group(device, BindKey { layout: d.pipeline.layout.clone(), params_len: d.params_len, buffers: d.buffers.clone() })).collect()
+        };
+        let set = device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("pass time"), ty: wgpu::QueryType::Timestamp, count: 2 });
+        let resolved = device.create_buffer(&wgpu::BufferDescriptor { label: Some("pass time"), size: 16, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
+        let staging = device.create_buffer(&wgpu::BufferDescriptor { label: Some("pass time back"), size: 16, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
+        let mut encoder = device.create_command_encoder(&Default::default());
+        {
+            let writes = wgpu::ComputePassTimestampWrites { query_set: &set, beginning_of_pass_write_index: Some(0), end_of_pass_write_index: Some(1) };
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize timed"), timestamp_writes: Some(writes) });
+            for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
+                d.encode(&mut pass, bg);
+            }
+        }
+        encoder.resolve_query_set(&set, 0..2, &resolved, 0);
+        encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 16);
+        self.gpu.queue.submit([encoder.finish()]);
+        staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        self.gpu.sync()?;
+        let seconds = {
+            let view = staging.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("timestamps: {e}")))?;
+            let ticks = bytemuck::cast_slice::<u8, u64>(&view);
+            ticks[1].saturating_sub(ticks[0]) as f64 * self.gpu.queue.get_timestamp_period() as f64 * 1e-9
+        };
+        staging.unmap();
+        self.gpu.take_error()?;
+        Ok(Some(seconds))
+    }
+
     /// Profiling on the GPU's clock: each dispatch in a pass of its own that writes timestamps
     /// at its start and end, all in one submission; the seconds between them are the kernel's.
     #[cfg(not(target_arch = "wasm32"))]

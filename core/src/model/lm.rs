@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf};
 use crate::mixers::layer::{LayerTrace, MixerLayer, MixerState, Rope};
 use crate::eval::diagnostics::{Diagnostics, PendingLayer, PendingTrace};
-use crate::nn::{self, AttnShape, Weight};
+use crate::nn::{self, AttnShape, LinearInput, Weight};
 
 pub mod training;
 
@@ -251,11 +251,11 @@ impl LanguageModel {
     /// values into the cache), attention over the cache into `b.att`, then o_proj into `out`
     /// (added to it with `accumulate`).
     #[allow(clippy::too_many_arguments)]
-    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: &GpuBuf, wqkv: &Weight, wo: &Weight, b: &AttentionBufs, out: &GpuBuf, accumulate: bool) -> Result<()> {
+    fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: LinearInput, wqkv: &Weight, wo: &Weight, b: &AttentionBufs, out: &GpuBuf, accumulate: bool) -> Result<()> {
         let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
         let rows = shape.batch * shape.seq;
         let qkv = rec.temp(rows * (qd + 2 * kvd))?;
-        nn::project(rec, xn, wqkv, &qkv, rows, false)?;
+        nn::project_input(rec, xn, wqkv, &qkv, rows, false)?;
         nn::rope_qkv_to_cache(rec, shape, &qkv, &Rope { cos: &self.rope_cos, sin: &self.rope_sin }, b.q, b.k_cache, b.v_cache)?;
         nn::attention(rec, shape, b.q, b.k_cache, b.v_cache, b.att)?;
         nn::project(rec, b.att, wo, out, rows, accumulate)
@@ -312,16 +312,16 @@ impl LanguageModel {
         let x = rec.temp(rows * d)?;
         let xn = rec.temp(rows * d)?;
         let gate_up = rec.temp(rows * 2 * f)?;
-        let act = rec.temp(rows * f)?;
         nn::embed(&mut rec, ids_buf, &self.embed, &x, rows)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
-            nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
+            let attn_in = LinearInput::Normed { x: &x, g: &block.attn_norm, eps };
             match (&block.mixer, layer_cache) {
                 (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
                     let (q, att) = (rec.temp(rows * cfg.q_dim())?, rec.temp(rows * cfg.q_dim())?);
-                    self.attention_step(&mut rec, shape, &xn, wqkv, wo, &AttentionBufs { q: &q, k_cache: kc, v_cache: vc, att: &att }, &x, true)?;
+                    self.attention_step(&mut rec, shape, attn_in, wqkv, wo, &AttentionBufs { q: &q, k_cache: kc, v_cache: vc, att: &att }, &x, true)?;
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
+                    nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
                     let mut t = LayerTrace::default();
                     let want = trace.is_some().then_some(&mut t);
                     layer.forward(&mut rec, &xn, seq, state, &rope, &x, true, want)?;
@@ -331,30 +331,36 @@ impl LanguageModel {
                 }
                 _ => return Err(Error::argument("cache", "the cache was made for another model")),
             }
-            nn::rmsnorm(&mut rec, &x, &block.ffn_norm, &xn, rows, d, eps)?;
-            nn::project(&mut rec, &xn, &block.w_gate_up, &gate_up, rows, false)?;
-            nn::swiglu(&mut rec, &gate_up, &act, rows, f)?;
-            nn::project(&mut rec, &act, &block.w_down, &x, rows, true)?;
+            nn::project_input(&mut rec, LinearInput::Normed { x: &x, g: &block.ffn_norm, eps }, &block.w_gate_up, &gate_up, rows, false)?;
+            nn::project_input(&mut rec, LinearInput::SwiGlu(&gate_up), &block.w_down, &x, rows, true)?;
         }
-        // With `Hidden`, the final norm writes straight into the buffer returned.
-        let hidden = if logits == Logits::Hidden { Some(gpu.scratch(rows * d)?) } else { None };
-        nn::rmsnorm(&mut rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
         let head = self.head.as_ref().unwrap_or(&self.embed);
-        let out = match hidden {
-            Some(h) => h,
-            None if logits == Logits::All => {
-                let out = gpu.scratch(rows * cfg.vocab_size)?;
-                nn::project(&mut rec, &xn, head, &out, rows, false)?;
-                out
-            }
-            None => {
-                let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
-                let last_buf = gpu.upload_u32("last rows", &last)?;
-                let h = rec.temp(batch * d)?;
-                nn::gather_rows(&mut rec, &last_buf, &xn, &h, batch, d, rows)?;
-                let out = gpu.scratch(batch * cfg.vocab_size)?;
-                nn::project(&mut rec, &h, head, &out, batch, false)?;
-                out
+        let out = if seq == 1 && logits != Logits::Hidden {
+            // Decode (one position per sequence, its logits): the head takes the final norm as
+            // its input, fused on GPUs.
+            let out = gpu.scratch(batch * cfg.vocab_size)?;
+            nn::project_input(&mut rec, LinearInput::Normed { x: &x, g: &self.final_norm, eps }, head, &out, batch, false)?;
+            out
+        } else {
+            // With `Hidden`, the final norm writes straight into the buffer returned.
+            let hidden = if logits == Logits::Hidden { Some(gpu.scratch(rows * d)?) } else { None };
+            nn::rmsnorm(&mut rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
+            match hidden {
+                Some(h) => h,
+                None if logits == Logits::All => {
+                    let out = gpu.scratch(rows * cfg.vocab_size)?;
+                    nn::project(&mut rec, &xn, head, &out, rows, false)?;
+                    out
+                }
+                None => {
+                    let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
+                    let last_buf = gpu.upload_u32("last rows", &last)?;
+                    let h = rec.temp(batch * d)?;
+                    nn::gather_rows(&mut rec, &last_buf, &xn, &h, batch, d, rows)?;
+                    let out = gpu.scratch(batch * cfg.vocab_size)?;
+                    nn::project(&mut rec, &h, head, &out, batch, false)?;
+                    out
+                }
             }
         };
         rec.submit()?;

@@ -2,10 +2,10 @@
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
-use crate::shaders::{AttentionBackwardParams, AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
+use crate::shaders::{AttentionBackwardParams, AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, MatvecParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
-pub use weight::{embed, matrix_dtype, project, Weight};
+pub use weight::{embed, matrix_dtype, project, project_input, Weight};
 
 
 /// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
@@ -22,8 +22,12 @@ pub enum LinearKernel {
     /// nn/matmul.wgsl `matvec`: a thread per column, no barriers (m ≤ 8, any k).
     Matvec,
     /// nn/matmul_vec4.wgsl `matvec_coalesced`: 16 threads per column (m ≤ 8, k % 4 = 0): vec4
-    /// loads from consecutive lanes and a reduction in workgroup memory; GPUs take it.
+    /// loads from consecutive lanes and a reduction in workgroup memory.
     MatvecCoalesced,
+    /// nn/matvec.wgsl `matvec`: 64 threads per column (m ≤ 8, k % 4 = 0), each with its weight
+    /// loads in flight at once; GPUs take it, with the norm or SwiGLU before it fused
+    /// (`LinearInput`).
+    MatvecLanes,
     /// nn/matmul_vec4.wgsl `matvec_columns`: a thread per column reading vec4 (m ≤ 8,
     /// k % 4 = 0), no barrier; CPU adapters take it (BENCHMARKS.md: decode on lavapipe).
     MatvecColumns,
@@ -38,8 +42,89 @@ pub fn decode_path(gpu: &crate::gpu::Gpu) -> &'static str {
     if gpu.adapter.is_cpu() {
         "a thread per column (matvec_columns; packed f16 below 2,048 columns: matvec_coalesced)"
     } else {
-        "16 threads per column (matvec_coalesced)"
+        "64 threads per column, the norm and SwiGLU before it fused (nn/matvec)"
     }
+}
+
+/// What a linear layer multiplies: x itself, or what the op before it would have written.
+/// Decode's products on GPUs compute the latter as they load it (nn/matvec.wgsl's prologues),
+/// which saves the op a dispatch of its own; elsewhere the op runs first (`project_input`).
+#[derive(Clone, Copy)]
+pub enum LinearInput<'a> {
+    Plain(&'a GpuBuf),
+    /// RMSNorm(x)·g over rows of k values (`rmsnorm`).
+    Normed { x: &'a GpuBuf, g: &'a GpuBuf, eps: f32 },
+    /// silu(gate)·up of a fused gate|up projection [m, 2k] (`swiglu`).
+    SwiGlu(&'a GpuBuf),
+}
+
+impl LinearInput<'_> {
+    /// nn/matvec.wgsl's override PROLOGUE.
+    fn prologue(&self) -> u32 {
+        match self {
+            LinearInput::Plain(_) => 0,
+            LinearInput::Normed { .. } => 1,
+            LinearInput::SwiGlu(_) => 2,
+        }
+    }
+
+    /// The input as a buffer of [m, k]: x, or the op's output in a temporary of `rec`.
+    pub fn materialize(&self, rec: &mut Recorder, m: usize, k: usize) -> Result<GpuBuf> {
+        match *self {
+            LinearInput::Plain(x) => Ok(x.handle()),
+            LinearInput::Normed { x, g, eps } => {
+                let y = rec.temp(m * k)?;
+                rmsnorm(rec, x, g, &y, m, k, eps)?;
+                Ok(y)
+            }
+            LinearInput::SwiGlu(gate_up) => {
+                let y = rec.temp(m * k)?;
+                swiglu(rec, gate_up, &y, m, k)?;
+                Ok(y)
+            }
+        }
+    }
+}
+
+/// Whether `project_input` fuses the input's op for a product of m rows and k columns here.
+pub(crate) fn fuses_input(rec: &Recorder, m: usize, k: usize) -> bool {
+    m <= 8 && k % 4 == 0 && !rec.gpu().adapter.is_cpu()
+}
+
+/// y[m, n] (+)= x'·wᵀ with x' = `input`, on nn/matvec.wgsl whatever the adapter (m ≤ 8,
+/// k % 4 = 0; `w` f32 or packed f16): what `project_input` runs for decode on GPUs.
+pub fn linear_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuBuf, g: Gemm, accumulate: bool) -> Result<()> {
+    matvec_input(rec, input, w, Columns { y, ldy: g.n, y0: 0 }, g, accumulate)
+}
+
+/// Columns y0 .. y0 + n of y (+)= x'·wᵀ with x' = `input` (m ≤ 8, k % 4 = 0): nn/matvec.wgsl.
+pub(crate) fn matvec_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
+    if m > 8 || k % 4 != 0 {
+        return Err(Error::argument("linear", format!("nn/matvec takes at most 8 rows and k divisible by 4, got {m} rows and k = {k}")));
+    }
+    need_values("matvec w", w, n * k)?;
+    need("matvec y", y, (m.max(1) - 1) * ldy + y0 + n)?;
+    let (x, eps, norm) = match input {
+        LinearInput::Plain(x) => (x, 0.0, None),
+        LinearInput::Normed { x, g, eps } => (x, eps, Some(g)),
+        LinearInput::SwiGlu(gate_up) => (gate_up, 0.0, None),
+    };
+    need("matvec x", x, m * k * if matches!(input, LinearInput::SwiGlu(_)) { 2 } else { 1 })?;
+    let f16 = w.dtype == Dtype::F16;
+    let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps };
+    // Narrow products take 64 threads per column so their few columns still fill the GPU; wide
+    // ones 16 (16 columns per workgroup), which the H200 ran 1.3× faster at 3,072 columns and
+    // 2× at 49,152 (BENCHMARKS.md).
+    let lanes = if n >= 2048 { 16 } else { 64 };
+    let kernel = Kernel::new("nn/matvec", if f16 { "matvec_f16" } else { "matvec" }).with("PROLOGUE", input.prologue() as f64).with("LANES", lanes as f64);
+    let wgs = n.div_ceil(256 / lanes);
+    let groups = [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1];
+    // Every variant's code names binding 5; without a norm it is bound to x and never read.
+    if let Some(g) = norm {
+        need("matvec norm weight", g, k)?;
+    }
+    let w_binding = if f16 { 4 } else { 2 };
+    rec.dispatch_bindings(&kernel, &params, &[(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x))], groups)
 }
 
 /// The shape of a product y[m, n] = x[m, k] · w[n, k]ᵀ.
@@ -82,12 +167,16 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
         // On CPU adapters a thread per column reads weights from memory 1.7–2× faster on
         // lavapipe (BENCHMARKS.md); packed f16 narrow products (n < 2048) are the exception.
         LinearKernel::Auto if m <= 8 && (k % 4 == 0 || f16) && (!f16 || n >= 2048) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecColumns,
-        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) => LinearKernel::MatvecCoalesced,
+        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecCoalesced,
+        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) => LinearKernel::MatvecLanes,
         LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
         LinearKernel::Auto if k % 4 == 0 || f16 => LinearKernel::TiledVec4,
         LinearKernel::Auto => LinearKernel::Tiled,
         chosen => chosen,
     };
+    if kernel == LinearKernel::MatvecLanes {
+        return matvec_input(rec, LinearInput::Plain(x), w, Columns { y, ldy, y0 }, Gemm { m, n, k }, accumulate);
+    }
     if matches!(kernel, LinearKernel::Matvec | LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns) && m > 8 {
         return Err(Error::argument("linear", format!("{kernel:?} takes at most 8 rows, got {m}")));
     }
@@ -109,7 +198,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
         }
         LinearKernel::MatvecColumns => ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [n.min(32768).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1]),
         LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
-        LinearKernel::Tiled | LinearKernel::Auto => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
+        LinearKernel::Tiled | LinearKernel::Auto | LinearKernel::MatvecLanes => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
     let w_binding = if f16 { 4 } else { 2 };
     rec.dispatch_bindings(&Kernel::new(shader, entry), &params, &[(1, x), (w_binding, w), (3, y)], groups)
@@ -227,9 +316,14 @@ pub const ATTENTION_HEAD_DIM: usize = 64;
 /// Up to this many queries per sequence take the split-keys decode kernel.
 pub const ATTENTION_DECODE_MAX_SEQ: usize = 8;
 /// Beyond this many keys, decode splits each query's keys over several workgroups.
-pub const ATTENTION_SPLIT_MIN_KEYS: usize = 512;
-/// Keys per workgroup in the split decode.
-pub const ATTENTION_KEYS_PER_SPLIT: usize = 256;
+pub const ATTENTION_SPLIT_MIN_KEYS: usize = 128;
+/// The split decode's ranges hold a multiple of 64 keys (a key per thread), as few as keep the
+/// ranges of one query within 128: a decoded token then fills the GPU (512 keys × 9 heads: 72
+/// workgroups of one key per thread, where 256-key ranges gave 18 of four) and the merge of
+/// the ranges stays short.
+pub fn attention_keys_per_split(n_keys: usize) -> usize {
+    64 * n_keys.div_ceil(64 * 128).max(1)
+}
 
 /// Causal GQA attention of `seq` queries against cache positions 0..pos0+seq.
 pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf) -> Result<()> {
@@ -244,10 +338,11 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     need("attention out", out, rows * s.n_q * s.head_dim)?;
     let n_keys = s.pos0 + s.seq;
     let split = s.seq <= ATTENTION_DECODE_MAX_SEQ && n_keys > ATTENTION_SPLIT_MIN_KEYS;
-    let splits = if split { n_keys.div_ceil(ATTENTION_KEYS_PER_SPLIT) } else { 1 };
+    let keys_per_split = attention_keys_per_split(n_keys);
+    let splits = if split { n_keys.div_ceil(keys_per_split) } else { 1 };
     let RopeParams { batch, seq, pos0, n_q, n_kv, head_dim, cap } = s.params();
     let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let params = AttentionParams { batch, seq, pos0, n_q, n_kv, head_dim, cap, scale, splits: splits as u32, keys_per_split: ATTENTION_KEYS_PER_SPLIT as u32 };
+    let params = AttentionParams { batch, seq, pos0, n_q, n_kv, head_dim, cap, scale, splits: splits as u32, keys_per_split: keys_per_split as u32 };
     let bufs = [q, k_cache, v_cache, out];
     if split {
         // Long context, few queries: the keys are split over workgroups, then merged.

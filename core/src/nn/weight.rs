@@ -4,7 +4,7 @@
 //! WebGPU and lavapipe bind by default. The two ops that read such a matrix sit beside it:
 //! `project` (y = x·Wᵀ, each part filling its block of columns) and `embed` (row lookup, each
 //! part serving the ids in its rows).
-use super::{gather_part, linear_block, Columns, Gemm, LinearKernel};
+use super::{fuses_input, gather_part, linear_block, matvec_input, Columns, Gemm, LinearInput, LinearKernel};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
 
@@ -103,6 +103,19 @@ impl Weight {
 pub fn project(rec: &mut Recorder, x: &GpuBuf, w: &Weight, y: &GpuBuf, m: usize, accumulate: bool) -> Result<()> {
     for (i, (row0, part)) in w.parts.iter().enumerate() {
         linear_block(rec, LinearKernel::Auto, x, part, Columns { y, ldy: w.rows, y0: *row0 }, Gemm { m, n: w.rows_of(i), k: w.cols }, accumulate)?;
+    }
+    Ok(())
+}
+
+/// y[m, rows] (+)= x'[m, cols] · Wᵀ with x' = `input`: decode's products on GPUs compute the
+/// input's norm or SwiGLU as they load it; elsewhere that op runs first, into a temporary.
+pub fn project_input(rec: &mut Recorder, input: LinearInput, w: &Weight, y: &GpuBuf, m: usize, accumulate: bool) -> Result<()> {
+    if !fuses_input(rec, m, w.cols) {
+        let x = input.materialize(rec, m, w.cols)?;
+        return project(rec, &x, w, y, m, accumulate);
+    }
+    for (i, (row0, part)) in w.parts.iter().enumerate() {
+        matvec_input(rec, input, part, Columns { y, ldy: w.rows, y0: *row0 }, Gemm { m, n: w.rows_of(i), k: w.cols }, accumulate)?;
     }
     Ok(())
 }

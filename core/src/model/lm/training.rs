@@ -219,7 +219,7 @@ impl LanguageModel {
                 let mut buf = |n: usize| if keep { gpu.scratch(n) } else { rec.temp(n) };
                 let acts = AttentionActs { q: buf(rows * qd)?, k_cache: buf(rows * kvd)?, v_cache: buf(rows * kvd)?, out: buf(rows * qd)? };
                 let bufs = AttentionBufs { q: &acts.q, k_cache: &acts.k_cache, v_cache: &acts.v_cache, att: &acts.out };
-                self.attention_step(rec, self.training_shape(batch, seq), &xn1, wqkv, wo, &bufs, &mixer_out, false)?;
+                self.attention_step(rec, self.training_shape(batch, seq), nn::LinearInput::Plain(&xn1), wqkv, wo, &bufs, &mixer_out, false)?;
                 attention = keep.then_some(acts);
             }
             TokenMixer::Mixer(m) => {

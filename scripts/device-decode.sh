@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Batch-1 decode on the lent H200 (issue 14 item 5), in two calls back to back (the teacher's
+# two-part upload of ../shared/DEVICE.md). .exp/dec holds before.xz and after.xz (the binaries).
+#   1. `bash scripts/device-decode.sh ops`: carry .gl .exp/dec .stage/gguf.part00. The after
+#      binary's `bench ops` (decode's products on both GPU kernels, fused and not, the dispatch
+#      floor); stages part00.
+#   2. `bash scripts/device-decode.sh teacher`: carry .gl .exp/dec .stage/gguf.part01.
+#      The teacher's greedy decode after 512 tokens with both binaries, alternating (f32 and f16
+#      weights), the same prompt's continuation from each (must be equal), host and kernel
+#      profiles of the after binary, HF generate on the same weights; then a gated DeltaNet
+#      student (untrained: its speed, not its quality) decoding after 512 and 32,768 tokens.
+# Results go to $OUT/res.tgz as they come.
+set -uo pipefail
+source scripts/device-common.sh
+device_vulkan
+unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" && chmod +x "$2"; }
+for v in before after; do [ -f /root/$v ] || [ ! -f .exp/dec/$v.xz ] || unxz .exp/dec/$v.xz /root/$v; done
+R=/root/res && mkdir -p $R
+save() { tar czf $OUT/res.tgz -C $R .; }
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
+case "$1" in
+ops)
+  mkdir -p /root/stage && cp .stage/gguf.part00 /root/stage/
+  timeout 400 /root/after bench ops --json --iters 10 > $R/ops.json 2> $R/ops.err
+  grep -hE "decode|dispatch|pos0" $R/ops.err | cut -c1-160
+  ;;
+teacher)
+  device_teacher /nonexistent 2>/dev/null
+  cp $OUT/teacher.sha256 $R/
+  for round in 1 2; do
+    for v in before after; do
+      for wt in f32 f16; do
+        timeout 90 /root/$v bench teacher --precision mixed --weights $wt --prefill "" --decode 512 --decode-tokens 128 --iters 1 --json > $R/decode-$v-$wt-$round.json 2>> $R/decode.err
+        echo "$v $wt round $round: $(grep -o '"tokens_per_second":[0-9.]*' $R/decode-$v-$wt-$round.json | tr '\n' ' ')"
+      done
+    done
+  done
+  save
+  P="The history of the printing press begins"
+  for v in before after; do
+    timeout 60 /root/$v generate --prompt "$P" --max-new-tokens 96 --json > $R/generate-$v.json 2>> $R/generate.err
+  done
+  python3 -c "import json,sys; a,b=(json.load(open(f))['ids'] for f in sys.argv[1:]); print('generate:', 'same continuation' if a==b else 'DIFFERENT continuations', len(a), 'tokens')" $R/generate-before.json $R/generate-after.json
+  LINEARIZE_PROFILE=host timeout 90 /root/after bench teacher --precision mixed --prefill "" --decode 512 --decode-tokens 128 --iters 1 > $R/profile-host.txt 2>&1
+  LINEARIZE_PROFILE=1 timeout 90 /root/after bench teacher --precision mixed --prefill "" --decode 512 --decode-tokens 128 --iters 1 > $R/profile-kernels.txt 2>&1
+  grep -E "profile" $R/profile-host.txt | head -12
+  grep -E "profile" $R/profile-kernels.txt | head -16
+  save
+  /root/after convert --from "$G" --to /root/hf > /dev/null 2>> $R/convert.err
+  timeout 120 python3 scripts/bench_torch_teacher.py /root/hf --prefill "" --decode 512 --decode-tokens 64 --dtypes fp32,fp16 > $R/torch-decode.jsonl 2>> $R/torch.err
+  grep decode $R/torch-decode.jsonl | cut -c1-200
+  save
+  /root/after student --mixer gated_deltanet --out /root/student > $R/student.txt 2>&1
+  for v in before after; do
+    timeout 120 /root/$v bench teacher --model /root/student --precision mixed --prefill "" --decode 512,32768 --decode-tokens 128 --iters 1 --json > $R/student-decode-$v.json 2>> $R/student-decode.err
+    echo "student $v: $(grep -o '"context":[0-9]*\|"tokens_per_second":[0-9.]*' $R/student-decode-$v.json | tr '\n' ' ')"
+  done
+  LINEARIZE_PROFILE=1 timeout 90 /root/after bench teacher --model /root/student --precision mixed --prefill "" --decode 512 --decode-tokens 128 --iters 1 > $R/student-profile-kernels.txt 2>&1
+  grep -E "profile" $R/student-profile-kernels.txt | head -20
+  ;;
+esac
+save
