@@ -337,7 +337,7 @@ impl LanguageModel {
         let head = self.head.as_ref().unwrap_or(&self.embed);
         let out = if seq == 1 && logits != Logits::Hidden {
             // Decode (one position per sequence, its logits): the head takes the final norm as
-            // its input, fused on GPUs.
+            // its input (no rows to gather).
             let out = gpu.scratch(batch * cfg.vocab_size)?;
             nn::project_input(&mut rec, LinearInput::Normed { x: &x, g: &self.final_norm, eps }, head, &out, batch, false)?;
             out

@@ -86,9 +86,12 @@ impl LinearInput<'_> {
     }
 }
 
-/// Whether `project_input` fuses the input's op for a product of m rows and k columns here.
-pub(crate) fn fuses_input(rec: &Recorder, m: usize, k: usize) -> bool {
-    m <= 8 && k % 4 == 0 && !rec.gpu().adapter.is_cpu()
+/// Whether `project_input` fuses the input's op for a product of m rows, n columns and k here:
+/// decode on GPUs, where each workgroup recomputing the op costs less than a dispatch — up to
+/// 16,384 columns (1,024 workgroups). The head's 49,152 ran its fused norm 1.5× slower than
+/// the norm's own dispatch and the product (H200, BENCHMARKS.md).
+pub(crate) fn fuses_input(rec: &Recorder, m: usize, n: usize, k: usize) -> bool {
+    m <= 8 && n <= 16384 && k % 4 == 0 && !rec.gpu().adapter.is_cpu()
 }
 
 /// y[m, n] (+)= x'·wᵀ with x' = `input`, on nn/matvec.wgsl whatever the adapter (m ≤ 8,
