@@ -3,6 +3,7 @@
 # the assets. Idempotent: a second run only checks.
 #   - lavapipe (Mesa's Vulkan on the CPU) for machines without a GPU
 #   - Debian's chromium and chromedriver for the browser test
+#   - Open MPI and libclang for data-parallel distillation (tests/parallel.rs)
 #   - the wasm32 target and the wasm-bindgen CLI matching Cargo.lock
 #   - the teacher, evaluation sets and text (`linearize fetch all`)
 set -euo pipefail
@@ -13,6 +14,9 @@ need_apt=()
 command -v chromium >/dev/null || need_apt+=(chromium chromium-driver)
 command -v npm >/dev/null || need_apt+=(npm)
 command -v python3 >/dev/null || need_apt+=(python3 python3-pip)
+# Open MPI and libclang (the mpi crate's bindings) for data-parallel distillation (--features mpi).
+command -v mpicc >/dev/null || need_apt+=(libopenmpi-dev openmpi-bin)
+[ -n "$(ls /usr/lib/llvm-*/lib/libclang.so* 2>/dev/null)" ] || need_apt+=(libclang-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}"
   apt-get update -qq

@@ -78,14 +78,21 @@ pub fn prefill_then_decode(gpu: &Gpu, lm: &linearize_core::model::LanguageModel,
     out
 }
 
-/// The `linearize` binary, built (release) into the nested target directory on first use.
+/// The `linearize` binary, built (release) into the nested target directory on first use;
+/// with data parallelism (`--features mpi`) where Open MPI's compiler wrapper is installed
+/// (tests/parallel.rs needs it; scripts/setup.sh installs Open MPI).
 pub fn linearize_bin() -> std::path::PathBuf {
     static BIN: OnceLock<std::path::PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
+        let mpi = std::process::Command::new("mpicc").arg("--showme:version").output().is_ok_and(|o| o.status.success());
+        let mut args = vec!["build", "-q", "--release", "-p", "linearize"];
+        if mpi {
+            args.extend(["--features", "mpi"]);
+        }
         let status = std::process::Command::new(env!("CARGO"))
             .current_dir(repo_root())
             .env("CARGO_TARGET_DIR", nested_target_dir())
-            .args(["build", "-q", "--release", "-p", "linearize"])
+            .args(&args)
             .status()
             .expect("cargo runs");
         assert!(status.success(), "building the linearize binary failed");

@@ -63,6 +63,29 @@ pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: 
     Ok(out)
 }
 
+/// Seconds per op recorded by `f`, median of `iters` after two warm-ups, `reps` copies of it per
+/// submission (so a short kernel's time is not the queue's round trip; CUDA-event timings of
+/// the peers see the kernel alone): on the host's clock (recording's encoding and the round trip
+/// included) and, where the device has timestamps, on the GPU's (one pass between two: the
+/// kernels alone).
+fn time_op(gpu: &Gpu, iters: usize, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>) -> Result<(f64, Option<f64>)> {
+    let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
+    for i in 0..iters + 2 {
+        let mut rec = gpu.recorder();
+        for _ in 0..reps {
+            f(&mut rec)?;
+        }
+        let start = Instant::now();
+        let on_gpu = rec.submit_timed_on_gpu()?;
+        gpu.sync()?;
+        if i >= 2 {
+            times.push(start.elapsed().as_secs_f64() / reps as f64);
+            gpu_times.extend(on_gpu.map(|s| s / reps as f64));
+        }
+    }
+    Ok((median(times), (!gpu_times.is_empty()).then(|| median(gpu_times))))
+}
+
 /// Times single kernels at the teacher's shapes, to see where a forward pass spends its time.
 pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     use linearize_core::nn::{self, AttnShape, Gemm};
@@ -74,29 +97,11 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         eprintln!("{v}");
         out.push(v);
     };
-    // `reps` copies of the op per submission, so a short kernel's time is not the queue's
-    // round trip (CUDA-event timings of the peers see the kernel alone).
     let time = |name: String, path: &str, flops: f64, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
-        let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
-        for i in 0..iters + 2 {
-            let mut rec = gpu.recorder();
-            for _ in 0..reps {
-                f(&mut rec)?;
-            }
-            let start = Instant::now();
-            let on_gpu = rec.submit_timed_on_gpu()?;
-            gpu.sync()?;
-            if i >= 2 {
-                times.push(start.elapsed().as_secs_f64() / reps as f64);
-                gpu_times.extend(on_gpu.map(|s| s / reps as f64));
-            }
-        }
-        let s = median(times);
+        let (s, gpu_s) = time_op(gpu, iters, reps, f)?;
         let mut v = json!({"what": "op", "op": name, "path": path, "seconds": s, "tflops": flops / s / 1e12});
-        // The host clock above includes recording's encoding and the queue's round trip; the
-        // GPU's clock (one pass between two timestamps) sees the kernels alone.
-        if !gpu_times.is_empty() {
-            v["gpu_seconds"] = json!(median(gpu_times));
+        if let Some(g) = gpu_s {
+            v["gpu_seconds"] = json!(g);
         }
         Ok(v)
     };
@@ -192,23 +197,10 @@ fn bench_decode_products(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Resul
     let mut rng = Rng::new(2);
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
     let time = |name: String, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
-        let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
-        for i in 0..iters + 2 {
-            let mut rec = gpu.recorder();
-            for _ in 0..reps {
-                f(&mut rec)?;
-            }
-            let start = Instant::now();
-            let on_gpu = rec.submit_timed_on_gpu()?;
-            gpu.sync()?;
-            if i >= 2 {
-                times.push(start.elapsed().as_secs_f64() / reps as f64);
-                gpu_times.extend(on_gpu.map(|s| s / reps as f64));
-            }
-        }
-        let mut v = json!({"what": "op", "op": name, "path": "decode", "seconds": median(times)});
-        if !gpu_times.is_empty() {
-            v["gpu_seconds"] = json!(median(gpu_times));
+        let (s, gpu_s) = time_op(gpu, iters, reps, f)?;
+        let mut v = json!({"what": "op", "op": name, "path": "decode", "seconds": s});
+        if let Some(g) = gpu_s {
+            v["gpu_seconds"] = json!(g);
         }
         eprintln!("{v}");
         Ok(v)

@@ -3,7 +3,6 @@
 //! flags over it.
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::gpu::Gpu;
 use linearize_core::mixers::{ConvInit, MixerKind};
 use linearize_core::model::load::linearize_home;
 use linearize_core::train::data::Corpus;
@@ -239,9 +238,15 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
         bail!("--teacher {}: this is a student; give a teacher", a.teacher);
     }
     let corpus = Corpus::load(&linearize_home().join("corpus"), &teacher.tokenizer)?;
-    let gpu = Gpu::new_blocking()?;
-    let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?;
-    eprintln!("precision: {} (GEMMs on {}) on {}", gpu.precision().name(), gpu.precision().gemm_path(), gpu.adapter.name);
+    let (ranks, gpu) = crate::ranks::start()?;
+    let (rank, size) = (ranks.rank(), ranks.size());
+    let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?.with_ranks(ranks)?;
+    if size > 1 {
+        eprintln!("rank {rank} of {size}: {} of {} sequences per step on {}", d.config.batch / size, d.config.batch, gpu.adapter.name);
+    }
+    if rank == 0 {
+        eprintln!("precision: {} (GEMMs on {}) on {}", gpu.precision().name(), gpu.precision().gemm_path(), gpu.adapter.name);
+    }
     let mut progress = Progress::new(a.json, "");
     let mut report = |e: &Event| progress.event(e);
     d.run(&mut report)?;

@@ -5,6 +5,7 @@ mod distill;
 mod eval;
 mod fetch;
 mod niah;
+mod ranks;
 mod report;
 mod saturation;
 mod serve;

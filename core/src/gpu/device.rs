@@ -49,6 +49,7 @@ pub struct Gpu {
     pub(crate) timestamps: bool,
     /// The device can time a submission on the GPU's clock (`Recorder::submit_timed_on_gpu`):
     /// native adapters with timestamp queries.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) timestamp_query: bool,
     /// Recorders open (`Gpu::open_recorders`).
     pub(crate) open_recorders: std::sync::atomic::AtomicUsize,

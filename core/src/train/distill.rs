@@ -14,6 +14,7 @@ use super::chat::{read_jsonl, render, synthesise_packed, SftData};
 use super::losses::{head_losses, l2_error, squared_error, HeadLosses, KlTerm, LossOut, IGNORE};
 use super::metrics::Metrics;
 use super::optimizer::{AdamW, Optimizer};
+use super::parallel::{mean_f64, rank_rows, Collective, Solo};
 use super::schedule::Schedule;
 use super::stage::Stage;
 use crate::error::{Error, Result};
@@ -336,6 +337,12 @@ impl Batch {
     fn from_rows(rows: &[u32], seq: usize) -> Self {
         Batch { inputs: rows.chunks(seq + 1).flat_map(|r| r[..seq].to_vec()).collect(), targets: rows.chunks(seq + 1).flat_map(|r| r[1..].to_vec()).collect() }
     }
+
+    /// Sequences first .. first + count of the batch (a rank's slice).
+    fn rows(self, (first, count): (usize, usize), seq: usize) -> Self {
+        let take = |v: Vec<u32>| v[first * seq..(first + count) * seq].to_vec();
+        Batch { inputs: take(self.inputs), targets: take(self.targets) }
+    }
 }
 
 /// A distillation run: teacher and student on the GPU, the data, and the output directory.
@@ -353,6 +360,9 @@ pub struct Distiller<'g> {
     out: PathBuf,
     state: RunState,
     metrics: Metrics,
+    /// The processes of a data-parallel run (`Solo` without one): each takes its slice of every
+    /// batch, the gradients are averaged, rank 0 alone writes.
+    ranks: Box<dyn Collective>,
 }
 
 impl<'g> Distiller<'g> {
@@ -387,7 +397,27 @@ impl<'g> Distiller<'g> {
         let teacher_lm = LanguageModel::upload(gpu, &tw)?;
         let student = LanguageModel::upload_with_mixers(gpu, &sw, Some(&mixers))?;
         let metrics = Metrics::new(out.join(METRICS_FILE));
-        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, sft: None, out: out.to_path_buf(), state, metrics })
+        Ok(Distiller { gpu, config, teacher: teacher_lm, student, student_weights: sw, student_mixers: mixers, tokenizer: tokenizer.clone(), corpus, sft: None, out: out.to_path_buf(), state, metrics, ranks: Box::new(Solo) })
+    }
+
+    /// Makes this one rank of a data-parallel run: `--batch` sequences per step split evenly
+    /// over the ranks, whose gradients are averaged before every step; rank 0 alone writes the
+    /// metrics, checkpoints and the student (a checkpoint holds no rank's state, so a run resumes
+    /// with any number of ranks that divides its batch).
+    pub fn with_ranks(mut self, ranks: Box<dyn Collective>) -> Result<Self> {
+        rank_rows(self.config.batch, ranks.rank(), ranks.size())?;
+        self.ranks = ranks;
+        Ok(self)
+    }
+
+    /// Whether this process writes (rank 0, or the only one).
+    fn writes(&self) -> bool {
+        self.ranks.rank() == 0
+    }
+
+    /// Sequences per step on this rank.
+    fn local_batch(&self) -> usize {
+        self.config.batch / self.ranks.size()
     }
 
     /// Runs the remaining stages, reporting through `report`.
@@ -397,14 +427,18 @@ impl<'g> Distiller<'g> {
         self.add_teacher_samples(report)?;
         let fresh = self.state.done.is_empty() && self.state.stage.is_none();
         if fresh {
-            self.metrics.truncate(0)?;
+            if self.writes() {
+                self.metrics.truncate(0)?;
+            }
             let ppl = self.perplexity(true)?;
             self.emit(report, Event::Perplexity { model: "teacher".into(), stage: None, perplexity: ppl.0, tokens: ppl.1 })?;
             let ppl = self.perplexity(false)?;
             self.emit(report, Event::Perplexity { model: "student".into(), stage: Some(0), perplexity: ppl.0, tokens: ppl.1 })?;
         } else {
             self.load_checkpoint()?;
-            self.metrics.truncate(self.state.metrics_lines)?;
+            if self.writes() {
+                self.metrics.truncate(self.state.metrics_lines)?;
+            }
         }
         for stage in self.config.stages.clone() {
             if self.state.done.contains(&stage) {
@@ -424,14 +458,14 @@ impl<'g> Distiller<'g> {
             return Ok(());
         }
         let path = self.out.join(SAMPLES_FILE);
-        let samples = if path.is_file() {
-            from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?)?
-        } else {
+        // Rank 0 samples; the others read what it wrote, so every rank trains on one stream.
+        if self.writes() && !path.is_file() {
             let mut progress = |done: usize| report(&Event::Sampling { tokens: done, of: n });
             let s = super::data::sample_from_teacher(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, self.config.sample_batch, self.config.sample_len, self.config.options.seed, &mut progress)?;
             write_atomic(&path, &to_bytes(&s))?;
-            s
-        };
+        }
+        self.ranks.barrier()?;
+        let samples = from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?)?;
         match self.config.teacher_share {
             Some(share) => self.corpus.train = super::data::mix(&self.corpus.train, &samples, share, self.config.seq + 1),
             None => self.corpus.train.extend(samples),
@@ -458,16 +492,16 @@ impl<'g> Distiller<'g> {
             }
             None => {
                 let path = self.out.join(CONVERSATIONS_FILE);
-                if path.is_file() {
-                    SftData::from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?, row)?
-                } else {
+                // Rank 0 synthesises; the others read what it wrote.
+                if self.writes() && !path.is_file() {
                     let n = self.config.sft_tokens as usize;
                     let mut progress = |done: usize| report(&Event::Conversations { tokens: done, of: n });
                     let c = &self.config;
                     let data = synthesise_packed(self.gpu, &self.teacher, &self.tokenizer, &self.corpus.train, n, c.sample_batch, row, c.sft_answer_len, c.options.seed, &mut progress)?;
                     write_atomic(&path, &data.to_bytes())?;
-                    data
                 }
+                self.ranks.barrier()?;
+                SftData::from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?, row)?
             }
         };
         self.sft = Some(data);
@@ -478,6 +512,13 @@ impl<'g> Distiller<'g> {
     /// conversations from row step × batch — or with `heldout` the first held-out block of
     /// either; with the data cursor after them (held-out rows and conversations leave it).
     fn batch(&self, stage: Stage, step: usize, heldout: bool) -> (Batch, u64) {
+        let (global, cursor) = self.global_batch(stage, step, heldout);
+        let slice = rank_rows(self.config.batch, self.ranks.rank(), self.ranks.size()).expect("checked by with_ranks");
+        (global.rows(slice, self.config.seq), cursor)
+    }
+
+    /// `batch` for all ranks together: what a run of one process takes.
+    fn global_batch(&self, stage: Stage, step: usize, heldout: bool) -> (Batch, u64) {
         let (batch, seq) = (self.config.batch, self.config.seq);
         match (&self.sft, stage) {
             (Some(sft), Stage::Instruct) => {
@@ -524,6 +565,7 @@ impl<'g> Distiller<'g> {
         for step in from..steps {
             let (batch, cursor) = self.batch(stage, step, false);
             let losses = self.step_gradients(stage, &batch, &optimizer)?;
+            optimizer.mean_grads(gpu, &*self.ranks)?;
             let lr = hyper.lr as f64 * self.config.stage_schedule(stage).factor(step, steps);
             // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
             let partial = optimizer.new_partial(gpu)?;
@@ -580,7 +622,9 @@ impl<'g> Distiller<'g> {
         let mut values = values.into_iter();
         let mut result = Ok(());
         for p in &pending {
-            let parts: Vec<f64> = p.losses.iter().map(|l| l.value(&values.next().expect("one readback per loss"))).collect();
+            let mut parts: Vec<f64> = p.losses.iter().map(|l| l.value(&values.next().expect("one readback per loss"))).collect();
+            // The step's loss over the global batch: the mean of the ranks' (equal slices).
+            mean_f64(&*self.ranks, &mut parts)?;
             let sums = values.next().expect("one readback per step's partial sums");
             if result.is_err() {
                 continue;
@@ -612,10 +656,11 @@ impl<'g> Distiller<'g> {
         let (batch, _) = self.batch(stage, 0, true);
         let losses = self.step_gradients(stage, &batch, optimizer)?;
         let values = self.gpu.read_many_blocking(&losses.iter().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
-        let parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| l.value(v)).collect();
+        let mut parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| l.value(v)).collect();
         for l in losses {
             self.gpu.release(l.buf);
         }
+        mean_f64(&*self.ranks, &mut parts)?;
         Ok((parts.iter().sum(), parts))
     }
 
@@ -628,7 +673,7 @@ impl<'g> Distiller<'g> {
     /// layer, CE and KL, or CE) as they sit on the GPU.
     fn step_gradients(&self, stage: Stage, step: &Batch, optimizer: &Optimizer) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
-        let (batch, seq) = (self.config.batch, self.config.seq);
+        let (batch, seq) = (self.local_batch(), self.config.seq);
         let ids = gpu.upload_u32("ids", &step.inputs)?;
         let grads = optimizer.grads()?;
         let mut rec = gpu.recorder();
@@ -651,7 +696,7 @@ impl<'g> Distiller<'g> {
     /// Stages 1 and 2, layer by layer against the teacher's activations: the loss of each.
     fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
-        let (batch, seq) = (self.config.batch, self.config.seq);
+        let (batch, seq) = (self.local_batch(), self.config.seq);
         let rows = batch * seq;
         let d = self.student.config.hidden_size;
         let mut parts = Vec::new();
@@ -692,7 +737,7 @@ impl<'g> Distiller<'g> {
     /// that are not masked.
     fn head_loss(&self, teacher: Option<&ModelActs>, ids: &GpuBuf, step: &Batch, grads: &Grads) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
-        let (batch, seq) = (self.config.batch, self.config.seq);
+        let (batch, seq) = (self.local_batch(), self.config.seq);
         let rows = batch * seq;
         let target_buf = gpu.upload_u32("targets", &step.targets)?;
         let ce = gpu.unpooled(rows)?;
@@ -740,8 +785,10 @@ impl<'g> Distiller<'g> {
     }
 
     fn emit(&mut self, report: &mut dyn FnMut(&Event), e: Event) -> Result<()> {
-        self.metrics.append(&e)?;
-        report(&e);
+        if self.writes() {
+            self.metrics.append(&e)?;
+            report(&e);
+        }
         Ok(())
     }
 
@@ -749,6 +796,9 @@ impl<'g> Distiller<'g> {
     fn checkpoint(&mut self, optimizer: &Optimizer, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let stage = self.state.stage.expect("checkpoints are written within a stage");
         self.emit(report, Event::Checkpoint { stage, step: self.state.step })?;
+        if !self.writes() {
+            return Ok(());
+        }
         self.state.metrics_lines = self.metrics.lines;
         let mut tensors: Vec<(String, Vec<f32>)> = Vec::new();
         for p in self.student.parameters(Scope::All)? {
@@ -778,7 +828,7 @@ impl<'g> Distiller<'g> {
     fn snapshot(&mut self, stage: Stage, report: &mut dyn FnMut(&Event)) -> Result<()> {
         let tokens = self.state.tokens;
         let dir = snapshot_dir(&self.out, tokens);
-        if !dir.is_dir() {
+        if self.writes() && !dir.is_dir() {
             let tmp = self.out.join(SNAPSHOT_DIR).join(format!(".{tokens}.partial"));
             if tmp.exists() {
                 std::fs::remove_dir_all(&tmp).map_err(|e| Error::io(&tmp, e))?;
@@ -791,6 +841,9 @@ impl<'g> Distiller<'g> {
 
     /// Reads the trained parameters back and saves the student (sharded) into `dir`.
     fn save_student(&mut self, dir: &Path) -> Result<()> {
+        if !self.writes() {
+            return Ok(());
+        }
         let gpu = self.gpu;
         for p in self.student.parameters(Scope::All)? {
             let data = gpu.read_f32_blocking(p.buf, p.buf.len)?;

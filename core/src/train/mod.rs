@@ -4,6 +4,7 @@
 //! data, checkpoints and metrics.
 pub mod losses;
 pub mod optimizer;
+pub mod parallel;
 pub mod schedule;
 pub mod stage;
 // The run reads files and waits on readbacks: native only (the browser evaluates).

@@ -214,6 +214,21 @@ impl Optimizer {
         self.segments.len()
     }
 
+    /// Every gradient replaced by its mean over the ranks of a data-parallel run, through host
+    /// memory (read back, reduced, written): the ranks then take the same step.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn mean_grads(&self, gpu: &Gpu, ranks: &dyn super::parallel::Collective) -> Result<()> {
+        if ranks.size() == 1 {
+            return Ok(());
+        }
+        for s in &self.segments {
+            let mut g = gpu.read_f32_blocking(&s.grad, s.len)?;
+            super::parallel::mean_f32(ranks, &mut g)?;
+            gpu.write_f32(&s.grad, &g);
+        }
+        Ok(())
+    }
+
     pub fn zero_grads(&self, rec: &mut Recorder) -> Result<()> {
         for s in &self.segments {
             crate::nn::zero(rec, &s.grad, s.len)?;
