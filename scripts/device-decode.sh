@@ -4,6 +4,7 @@
 #   1. `bash scripts/device-decode.sh ops`: carry .gl .exp/dec .stage/gguf.part00. The after
 #      binary's `bench ops` (decode's products on both GPU kernels, fused and not, the dispatch
 #      floor); stages part00.
+#      (`upload` stages part00 alone.)
 #   2. `bash scripts/device-decode.sh teacher`: carry .gl .exp/dec .stage/gguf.part01.
 #      The teacher's greedy decode after 512 tokens with both binaries, alternating (f32 and f16
 #      weights), the same prompt's continuation from each (must be equal), host and kernel
@@ -19,6 +20,9 @@ R=/root/res && mkdir -p $R
 save() { tar czf $OUT/res.tgz -C $R .; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
 case "$1" in
+upload)
+  mkdir -p /root/stage && cp .stage/gguf.part00 /root/stage/
+  ;;
 ops)
   mkdir -p /root/stage && cp .stage/gguf.part00 /root/stage/
   timeout 400 /root/after bench ops --json --iters 10 > $R/ops.json 2> $R/ops.err
