@@ -56,6 +56,10 @@ teacher)
   save
   /root/after student --mixer gated_deltanet --out /root/student > $R/student.txt 2>&1
   for v in before after; do
+    timeout 60 /root/$v generate --model /root/student --prompt "$P" --max-new-tokens 64 --json > $R/student-generate-$v.json 2>> $R/generate.err
+  done
+  python3 -c "import json,sys; a,b=(json.load(open(f))['ids'] for f in sys.argv[1:]); print('student generate:', 'same continuation' if a==b else 'DIFFERENT continuations', len(a), 'tokens')" $R/student-generate-before.json $R/student-generate-after.json
+  for v in before after; do
     timeout 120 /root/$v bench teacher --model /root/student --precision mixed --prefill "" --decode 512,32768 --decode-tokens 128 --iters 1 --json > $R/student-decode-$v.json 2>> $R/student-decode.err
     echo "student $v: $(grep -o '"context":[0-9]*\|"tokens_per_second":[0-9.]*' $R/student-decode-$v.json | tr '\n' ' ')"
   done

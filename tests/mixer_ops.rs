@@ -24,12 +24,13 @@ fn short_conv_matches_reference_across_pieces() {
     for silu in [false, true] {
         let mut want_state = vec![0.0; batch * 3 * channels];
         let want = reference::short_conv(&f64s(&x), &f64s(&w), &mut want_state, batch, total, channels, silu);
-        // The same stream in pieces of 1, 5, 2 and 5 tokens (the decode path is the 1-token case).
+        // The same stream in pieces of 1, 5, 1, 1, 2, 1 and 2 tokens (a 1-token piece takes the
+        // decode kernel, conv_step: after nothing, after a longer piece and after itself).
         let state = up(&vec![0.0; batch * 3 * channels]);
         let wb = up(&w);
         let mut got = vec![0.0f32; batch * total * channels];
         let mut t0 = 0;
-        for len in [1, 5, 2, 5] {
+        for len in [1, 5, 1, 1, 2, 1, 2] {
             let piece: Vec<f32> = (0..batch).flat_map(|b| x[(b * total + t0) * channels..(b * total + t0 + len) * channels].to_vec()).collect();
             let y = gpu().scratch(batch * len * channels).unwrap();
             let mut rec = gpu().recorder();

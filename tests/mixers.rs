@@ -76,7 +76,7 @@ fn every_mixer_layer_matches_reference_across_calls() {
                 let xb = gpu().upload_f32("x", &x).unwrap();
                 let out = gpu().scratch(batch * seq * s.hidden).unwrap();
                 let mut rec = gpu().recorder();
-                layer.forward(&mut rec, &xb, seq, &mut state, &rope, &out, false, None).unwrap();
+                layer.forward(&mut rec, linearize_core::nn::LinearInput::Plain(&xb), seq, &mut state, &rope, &out, false, None).unwrap();
                 rec.submit().unwrap();
                 let got = gpu().read_f32_blocking(&out, batch * seq * s.hidden).unwrap();
                 let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-3);

@@ -8,7 +8,7 @@ use super::spec::{GateDef, GateInput, GatePlace, Hadamard, Layout};
 use super::{MixerKind, MixerOptions, MixerParams, MixerShape};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
-use crate::nn::{self, Gemm};
+use crate::nn::{self, Gemm, LinearInput};
 use std::collections::BTreeMap;
 
 pub struct MixerLayer {
@@ -334,7 +334,7 @@ impl MixerLayer {
     /// Records the layer for x [batch·seq, hidden] into `out` (added to it with `accumulate`),
     /// advancing `state`; its intermediates go back to the pool once the recorder is submitted.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>) -> Result<()> {
+    pub fn forward(&self, rec: &mut Recorder, x: LinearInput, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>) -> Result<()> {
         let acts = self.record_forward(rec, x, seq, state, rope, out, accumulate, trace, false)?;
         acts.retire(rec);
         Ok(())
@@ -344,7 +344,7 @@ impl MixerLayer {
     /// recurrence's sweep too).
     pub fn forward_train(&self, rec: &mut Recorder, x: &GpuBuf, batch: usize, seq: usize, rope: &Rope, out: &GpuBuf) -> Result<Activations> {
         let mut state = self.zeroed_state(rec, batch)?;
-        self.record_forward(rec, x, seq, &mut state, rope, out, false, None, true)
+        self.record_forward(rec, LinearInput::Plain(x), seq, &mut state, rope, out, false, None, true)
     }
 
     /// `new_state` for one training forward, in recorder temporaries zeroed by one dispatch
@@ -366,17 +366,17 @@ impl MixerLayer {
 
     /// x through `input`'s matrices into `pre` [rows, cols]; a bottleneck's x W_downᵀ is returned,
     /// kept for `project_backward` (a fixed input writes nothing).
-    fn project(&self, rec: &mut Recorder, x: &GpuBuf, input: GateInput, pre: &GpuBuf, rows: usize, cols: usize) -> Result<Option<GpuBuf>> {
+    fn project(&self, rec: &mut Recorder, x: LinearInput, input: GateInput, pre: &GpuBuf, rows: usize, cols: usize) -> Result<Option<GpuBuf>> {
         let d = self.shape.hidden;
         match input {
             GateInput::Linear(w) => {
-                nn::linear(rec, x, self.p(w)?, pre, Gemm { m: rows, n: cols, k: d }, false)?;
+                nn::linear_of(rec, x, self.p(w)?, pre, Gemm { m: rows, n: cols, k: d }, false)?;
                 Ok(None)
             }
             GateInput::LowRank { down, up } => {
                 let rank = self.p(down)?.len / d;
                 let low = rec.gpu().scratch(rows * rank)?;
-                nn::linear(rec, x, self.p(down)?, &low, Gemm { m: rows, n: rank, k: d }, false)?;
+                nn::linear_of(rec, x, self.p(down)?, &low, Gemm { m: rows, n: rank, k: d }, false)?;
                 nn::linear(rec, &low, self.p(up)?, pre, Gemm { m: rows, n: cols, k: rank }, false)?;
                 Ok(Some(low))
             }
@@ -403,7 +403,7 @@ impl MixerLayer {
     }
 
     /// A gate's pre-activation and value from x.
-    fn gate_forward(&self, rec: &mut Recorder, x: &GpuBuf, g: &GateDef, rows: usize) -> Result<GateActs> {
+    fn gate_forward(&self, rec: &mut Recorder, x: LinearInput, g: &GateDef, rows: usize) -> Result<GateActs> {
         let gpu = rec.gpu();
         let (cols, per_head) = self.gate_cols(g);
         let (low, pre) = match g.input {
@@ -431,7 +431,7 @@ impl MixerLayer {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn record_forward(&self, rec: &mut Recorder, x: &GpuBuf, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>, train: bool) -> Result<Activations> {
+    fn record_forward(&self, rec: &mut Recorder, input: LinearInput, seq: usize, state: &mut MixerState, rope: &Rope, out: &GpuBuf, accumulate: bool, trace: Option<&mut LayerTrace>, train: bool) -> Result<Activations> {
         let gpu = rec.gpu();
         let l = &self.layout;
         let batch = state.batch;
@@ -439,12 +439,23 @@ impl MixerLayer {
         let MixerShape { hidden: d, heads: h, dk, dv } = self.shape;
         let (hk, hv) = (h * dk, h * dv);
         let keep = |n: usize| gpu.scratch(n);
+        // The block's input: decode on GPUs computes its norm inside each projection that reads
+        // it; elsewhere the norm runs once, here.
+        let normed;
+        let x = match input {
+            LinearInput::Plain(_) => input,
+            _ if nn::fuses_input(rec, rows, hk.max(hv), d) => input,
+            _ => {
+                normed = input.materialize(rec, rows, d)?;
+                LinearInput::Plain(&normed)
+            }
+        };
 
         // Input path: projections, conv, L2 norm, feature map, rotary, step.
         let lin = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };
-        nn::linear(rec, x, self.p("q_proj")?, &lin.q, Gemm { m: rows, n: hk, k: d }, false)?;
-        nn::linear(rec, x, self.p("k_proj")?, &lin.k, Gemm { m: rows, n: hk, k: d }, false)?;
-        nn::linear(rec, x, self.p("v_proj")?, &lin.v, Gemm { m: rows, n: hv, k: d }, false)?;
+        nn::linear_of(rec, x, self.p("q_proj")?, &lin.q, Gemm { m: rows, n: hk, k: d }, false)?;
+        nn::linear_of(rec, x, self.p("k_proj")?, &lin.k, Gemm { m: rows, n: hk, k: d }, false)?;
+        nn::linear_of(rec, x, self.p("v_proj")?, &lin.v, Gemm { m: rows, n: hv, k: d }, false)?;
         let conv = match (&state.conv, l.conv) {
             (Some(st), true) => {
                 let c = Qkv { q: keep(rows * hk)?, k: keep(rows * hk)?, v: keep(rows * hv)? };

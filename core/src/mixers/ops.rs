@@ -32,6 +32,14 @@ impl ShortConv<'_> {
 
 /// y = conv(x), continuing from `state` [B, 3, C] (the last three inputs) and advancing it.
 pub fn short_conv(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &GpuBuf, y: &GpuBuf) -> Result<()> {
+    if c.seq == 1 {
+        // Decode: one dispatch for the conv and the state's advance.
+        need("conv x", x, c.values())?;
+        need("conv w", c.w, c.channels * 4)?;
+        need("conv state", state, c.batch * 3 * c.channels)?;
+        need("conv y", y, c.values())?;
+        return rec.dispatch(&c.kernel("conv_step"), &c.params(), &[x, c.w, state, y], [c.channels.div_ceil(64) as u32, c.batch as u32, 1]);
+    }
     short_conv_from(rec, c, x, state, y)?;
     rec.dispatch_bindings(&c.kernel("conv_state_update"), &c.params(), &[(1, x), (3, state)], [c.channels.div_ceil(64) as u32, c.batch as u32, 1])
 }

@@ -321,10 +321,9 @@ impl LanguageModel {
                     self.attention_step(&mut rec, shape, attn_in, wqkv, wo, &AttentionBufs { q: &q, k_cache: kc, v_cache: vc, att: &att }, &x, true)?;
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
-                    nn::rmsnorm(&mut rec, &x, &block.attn_norm, &xn, rows, d, eps)?;
                     let mut t = LayerTrace::default();
                     let want = trace.is_some().then_some(&mut t);
-                    layer.forward(&mut rec, &xn, seq, state, &rope, &x, true, want)?;
+                    layer.forward(&mut rec, attn_in, seq, state, &rope, &x, true, want)?;
                     if trace.is_some() {
                         traces.push((i, t));
                     }

@@ -94,6 +94,16 @@ pub(crate) fn fuses_input(rec: &Recorder, m: usize, n: usize, k: usize) -> bool 
     m <= 8 && n <= 16384 && k % 4 == 0 && !rec.gpu().adapter.is_cpu()
 }
 
+/// `linear` of an input that may be an op's output made on the fly: Plain takes `linear`, the
+/// others nn/matvec's prologues (m ≤ 8; callers materialise the input where `fuses_input` says
+/// the adapter should not fuse it).
+pub fn linear_of(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuBuf, g: Gemm, accumulate: bool) -> Result<()> {
+    match input {
+        LinearInput::Plain(x) => linear(rec, x, w, y, g, accumulate),
+        _ => linear_input(rec, input, w, y, g, accumulate),
+    }
+}
+
 /// y[m, n] (+)= x'·wᵀ with x' = `input`, on nn/matvec.wgsl whatever the adapter (m ≤ 8,
 /// k % 4 = 0; `w` f32 or packed f16): what `project_input` runs for decode on GPUs.
 pub fn linear_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuBuf, g: Gemm, accumulate: bool) -> Result<()> {

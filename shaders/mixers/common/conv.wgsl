@@ -1,7 +1,7 @@
 // Short causal convolution of the mixers' q/k/v (depthwise, kernel 4, no bias), optionally
 // followed by SiLU: y[b, t, c] = act(Σ_j w[c, j] · x[b, t − 3 + j, c]). Inputs before the first
 // token come from the carried state [B, 3, C] (the last three inputs of the previous call),
-// which `conv_state_update` then advances; so decode runs one token at a time.
+// which `conv_state_update` then advances; decode's single token takes `conv_step`, both in one.
 
 override SILU: bool = true;
 
@@ -58,6 +58,32 @@ fn conv_state_update(@builtin(global_invocation_id) gid: vec3<u32>) {
     state[(b * 3u) * p.channels + c] = v0;
     state[(b * 3u + 1u) * p.channels + c] = v1;
     state[(b * 3u + 2u) * p.channels + c] = v2;
+}
+
+// Decode (one token): the conv and the state's advance in one pass, a thread per (b, c), which
+// reads its three carried inputs before writing them shifted.
+@compute @workgroup_size(64)
+fn conv_step(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c = gid.x;
+    let b = gid.y;
+    if (c >= p.channels || b >= p.batch) {
+        return;
+    }
+    let s0 = state[(b * 3u) * p.channels + c];
+    let s1 = state[(b * 3u + 1u) * p.channels + c];
+    let s2 = state[(b * 3u + 2u) * p.channels + c];
+    let xt = x[b * p.channels + c];
+    var acc = fma(w[c * 4u], s0, 0.0);
+    acc = fma(w[c * 4u + 1u], s1, acc);
+    acc = fma(w[c * 4u + 2u], s2, acc);
+    acc = fma(w[c * 4u + 3u], xt, acc);
+    if (SILU) {
+        acc = acc / (1.0 + exp(-acc));
+    }
+    y[b * p.channels + c] = acc;
+    state[(b * 3u) * p.channels + c] = s1;
+    state[(b * 3u + 1u) * p.channels + c] = s2;
+    state[(b * 3u + 2u) * p.channels + c] = xt;
 }
 
 // Backward (training starts from a zero state, so the carried inputs get no gradient):
