@@ -79,6 +79,10 @@ pub struct DistillArgs {
     /// are held at a time, not of the whole batch
     #[arg(long)]
     pub loss_rows: Option<usize>,
+    /// Forward/backward passes per step (ours; default 1): the batch in this many micro-batches
+    /// whose gradients add up before one update — a batch that does not fit the GPU at once
+    #[arg(long)]
+    pub micro_batches: Option<usize>,
     /// Add this many tokens of text sampled from the teacher to the training stream
     #[arg(long)]
     pub teacher_tokens: Option<usize>,
@@ -196,6 +200,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     }
     if let Some(v) = a.loss_rows {
         c.loss_rows = v;
+    }
+    if let Some(v) = a.micro_batches {
+        c.micro_batches = v;
     }
     if let Some(v) = a.teacher_tokens {
         c.teacher_tokens = v;

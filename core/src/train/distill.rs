@@ -95,6 +95,10 @@ pub struct DistillConfig {
     /// Rows per block of stage 3's head and losses: a step holds the logits of this many rows
     /// at a time, not of the whole batch.
     pub loss_rows: usize,
+    /// Micro-batches per step (ours, `--micro-batches`): each process runs its sequences of a
+    /// step in this many forward/backward passes whose gradients add up before the one update
+    /// (memory for one micro-batch; under MPI one all-reduce per step, not per pass).
+    pub micro_batches: usize,
     /// Tokens of text sampled from the teacher, added to the training stream.
     pub teacher_tokens: usize,
     /// New tokens per sampled sequence.
@@ -150,6 +154,7 @@ impl Default for DistillConfig {
             heldout_tokens: 16_384,
             shard_mb: 16,
             loss_rows: 512,
+            micro_batches: 1,
             teacher_tokens: 0,
             sample_len: 256,
             sample_batch: 32,
@@ -184,6 +189,9 @@ impl DistillConfig {
         }
         if self.loss_rows == 0 {
             return Err(Error::argument("--loss-rows", "must be at least 1"));
+        }
+        if self.micro_batches == 0 || self.batch % self.micro_batches != 0 {
+            return Err(Error::argument("--micro-batches", format!("{}: expected a divisor of the batch of {} sequences", self.micro_batches, self.batch)));
         }
         if let Some(s) = self.teacher_share.filter(|s| !(*s > 0.0 && *s < 1.0)) {
             return Err(Error::argument("--teacher-share", format!("{s}: expected a share between 0 and 1")));
@@ -303,19 +311,32 @@ impl LossRows {
     }
 }
 
+/// The loss parts of a step: each part's mean over the micro-batches (equal slices), from their
+/// rows read back in order.
+fn micro_mean(losses: &[Vec<LossRows>], values: &mut impl Iterator<Item = Vec<f32>>) -> Vec<f64> {
+    let mut parts = vec![0.0; losses.first().map_or(0, |l| l.len())];
+    for micro in losses {
+        for (part, l) in parts.iter_mut().zip(micro) {
+            *part += l.value(&values.next().expect("one readback per loss")) / losses.len() as f64;
+        }
+    }
+    parts
+}
+
 /// A step recorded and submitted whose numbers are not read yet.
 struct PendingStep {
     step: usize,
     lr: f64,
     tokens: u64,
-    losses: Vec<LossRows>,
+    /// Each micro-batch's loss parts.
+    losses: Vec<Vec<LossRows>>,
     /// The optimizer's partial sums of squares of this step's gradients.
     partial: GpuBuf,
 }
 
 impl PendingStep {
     fn release(self, gpu: &Gpu) {
-        for l in self.losses {
+        for l in self.losses.into_iter().flatten() {
             gpu.release(l.buf);
         }
         gpu.release(self.partial);
@@ -327,6 +348,7 @@ pub const SAMPLES_FILE: &str = "teacher-samples.bin";
 pub const CONVERSATIONS_FILE: &str = "sft-conversations.bin";
 
 /// One step's sequences: the inputs [batch, seq] and their targets (IGNORE where masked).
+#[derive(Clone)]
 struct Batch {
     inputs: Vec<u32>,
     targets: Vec<u32>,
@@ -405,7 +427,7 @@ impl<'g> Distiller<'g> {
     /// metrics, checkpoints and the student (a checkpoint holds no rank's state, so a run resumes
     /// with any number of ranks that divides its batch).
     pub fn with_ranks(mut self, ranks: Box<dyn Collective>) -> Result<Self> {
-        rank_rows(self.config.batch, ranks.rank(), ranks.size())?;
+        rank_rows(self.config.batch, ranks.rank() * self.config.micro_batches, ranks.size() * self.config.micro_batches)?;
         self.ranks = ranks;
         Ok(self)
     }
@@ -415,9 +437,9 @@ impl<'g> Distiller<'g> {
         self.ranks.rank() == 0
     }
 
-    /// Sequences per step on this rank.
+    /// Sequences per forward/backward pass: a micro-batch of this rank's share of a step.
     fn local_batch(&self) -> usize {
-        self.config.batch / self.ranks.size()
+        self.config.batch / (self.ranks.size() * self.config.micro_batches)
     }
 
     /// Runs the remaining stages, reporting through `report`.
@@ -511,10 +533,14 @@ impl<'g> Distiller<'g> {
     /// Step `step`'s sequences — the next rows of the training stream, or instruction tuning's
     /// conversations from row step × batch — or with `heldout` the first held-out block of
     /// either; with the data cursor after them (held-out rows and conversations leave it).
-    fn batch(&self, stage: Stage, step: usize, heldout: bool) -> (Batch, u64) {
+    /// This rank's micro-batches of `global_batch`: slices rank · K + m of N · K equal ones, so
+    /// N ranks with K micro-batches each see what one process with the whole batch sees.
+    fn batch(&self, stage: Stage, step: usize, heldout: bool) -> (Vec<Batch>, u64) {
         let (global, cursor) = self.global_batch(stage, step, heldout);
-        let slice = rank_rows(self.config.batch, self.ranks.rank(), self.ranks.size()).expect("checked by with_ranks");
-        (global.rows(slice, self.config.seq), cursor)
+        let k = self.config.micro_batches;
+        let (rank, size) = (self.ranks.rank(), self.ranks.size());
+        let micro = (0..k).map(|m| rank_rows(self.config.batch, rank * k + m, size * k).expect("checked by with_ranks")).map(|slice| global.clone().rows(slice, self.config.seq)).collect();
+        (micro, cursor)
     }
 
     /// `batch` for all ranks together: what a run of one process takes.
@@ -563,8 +589,8 @@ impl<'g> Distiller<'g> {
         let mut pending = Vec::new();
         let mut window = Instant::now();
         for step in from..steps {
-            let (batch, cursor) = self.batch(stage, step, false);
-            let losses = self.step_gradients(stage, &batch, &optimizer)?;
+            let (micro, cursor) = self.batch(stage, step, false);
+            let losses = self.step_gradients(stage, &micro, &optimizer)?;
             optimizer.mean_grads(gpu, &*self.ranks)?;
             let lr = hyper.lr as f64 * self.config.stage_schedule(stage).factor(step, steps);
             // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
@@ -613,7 +639,7 @@ impl<'g> Distiller<'g> {
         let gpu = self.gpu;
         let mut bufs = Vec::new();
         for p in &pending {
-            bufs.extend(p.losses.iter().map(|l| (&l.buf, l.rows)));
+            bufs.extend(p.losses.iter().flatten().map(|l| (&l.buf, l.rows)));
             bufs.push((&p.partial, optimizer.partial_len()));
         }
         let host_s_per_step = window.elapsed().as_secs_f64() / pending.len() as f64;
@@ -622,7 +648,7 @@ impl<'g> Distiller<'g> {
         let mut values = values.into_iter();
         let mut result = Ok(());
         for p in &pending {
-            let mut parts: Vec<f64> = p.losses.iter().map(|l| l.value(&values.next().expect("one readback per loss"))).collect();
+            let mut parts = micro_mean(&p.losses, &mut values);
             // The step's loss over the global batch: the mean of the ranks' (equal slices).
             mean_f64(&*self.ranks, &mut parts)?;
             let sums = values.next().expect("one readback per step's partial sums");
@@ -653,11 +679,11 @@ impl<'g> Distiller<'g> {
     /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
     /// zeroed by the next step).
     fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
-        let (batch, _) = self.batch(stage, 0, true);
-        let losses = self.step_gradients(stage, &batch, optimizer)?;
-        let values = self.gpu.read_many_blocking(&losses.iter().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
-        let mut parts: Vec<f64> = losses.iter().zip(&values).map(|(l, v)| l.value(v)).collect();
-        for l in losses {
+        let (micro, _) = self.batch(stage, 0, true);
+        let losses = self.step_gradients(stage, &micro, optimizer)?;
+        let values = self.gpu.read_many_blocking(&losses.iter().flatten().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
+        let mut parts = micro_mean(&losses, &mut values.into_iter());
+        for l in losses.into_iter().flatten() {
             self.gpu.release(l.buf);
         }
         mean_f64(&*self.ranks, &mut parts)?;
@@ -669,22 +695,32 @@ impl<'g> Distiller<'g> {
         (0..self.student.num_blocks()).filter(|&i| self.student.mixer_layer(i).is_some()).collect()
     }
 
-    /// Zeroes the gradients and accumulates one step's into them; returns the loss's parts (per
-    /// layer, CE and KL, or CE) as they sit on the GPU.
-    fn step_gradients(&self, stage: Stage, step: &Batch, optimizer: &Optimizer) -> Result<Vec<LossRows>> {
+    /// Zeroes the gradients and accumulates one step's into them, a micro-batch at a time (each
+    /// pass's loss gradient scaled by 1 / K, so they add up to the gradient of the step's mean);
+    /// returns each micro-batch's loss parts (per layer, CE and KL, or CE) as they sit on the GPU.
+    fn step_gradients(&self, stage: Stage, micro: &[Batch], optimizer: &Optimizer) -> Result<Vec<Vec<LossRows>>> {
+        let share = 1.0 / micro.len() as f32;
+        micro.iter().enumerate().map(|(m, b)| self.pass_gradients(stage, b, optimizer, m == 0, share)).collect()
+    }
+
+    /// One forward/backward pass of `step`'s sequences adding `share` of its loss's gradient to
+    /// the gradients (zeroed first when `first`).
+    fn pass_gradients(&self, stage: Stage, step: &Batch, optimizer: &Optimizer, first: bool, share: f32) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.local_batch(), self.config.seq);
         let ids = gpu.upload_u32("ids", &step.inputs)?;
         let grads = optimizer.grads()?;
         let mut rec = gpu.recorder();
-        optimizer.zero_grads(&mut rec)?;
+        if first {
+            optimizer.zero_grads(&mut rec)?;
+        }
         // Stage 3 needs the teacher's final hidden states (its logits are made block by block);
         // instruction tuning has no teacher.
         let teacher = if stage == Stage::Instruct { None } else { Some(self.teacher.forward_train(&mut rec, &ids, batch, seq, false)?) };
         rec.submit()?;
         let parts = match (stage, &teacher) {
-            (Stage::MixerOutputs | Stage::HiddenStates, Some(t)) => self.layer_losses(stage, t, &grads)?,
-            (_, teacher) => self.head_loss(teacher.as_ref(), &ids, step, &grads)?,
+            (Stage::MixerOutputs | Stage::HiddenStates, Some(t)) => self.layer_losses(stage, t, &grads, share)?,
+            (_, teacher) => self.head_loss(teacher.as_ref(), &ids, step, &grads, share)?,
         };
         if let Some(t) = teacher {
             t.release(gpu);
@@ -694,7 +730,7 @@ impl<'g> Distiller<'g> {
     }
 
     /// Stages 1 and 2, layer by layer against the teacher's activations: the loss of each.
-    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads) -> Result<Vec<LossRows>> {
+    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads, share: f32) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.local_batch(), self.config.seq);
         let rows = batch * seq;
@@ -711,7 +747,7 @@ impl<'g> Distiller<'g> {
                 let (rope, rope_back) = self.student.rope_tables();
                 let out = rec.temp(rows * d)?;
                 let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out)?;
-                squared_error(&mut rec, &out, &t.mixer_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: 1.0 / (rows * d) as f32, accumulate: false })?;
+                squared_error(&mut rec, &out, &t.mixer_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: share / (rows * d) as f32, accumulate: false })?;
                 let prefix = format!("layers.{i}.mixer.");
                 let args = BackwardArgs { x: &t.xn1, acts: &acts, rope_back: &rope_back, d_out: &grad };
                 m.backward(&mut rec, &args, &dx, false, &LayerGrads { grads, prefix: &prefix })?;
@@ -721,7 +757,7 @@ impl<'g> Distiller<'g> {
                 // The block on the teacher's input, against the teacher's next state.
                 let x = if i == 0 { &teacher.x0 } else { &teacher.blocks[i - 1].x_out };
                 let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq)?;
-                l2_error(&mut rec, &acts.x_out, &t.x_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: 1.0 / rows as f32, accumulate: false })?;
+                l2_error(&mut rec, &acts.x_out, &t.x_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: share / rows as f32, accumulate: false })?;
                 self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, grads)?;
                 rec.submit()?;
                 acts.release(gpu);
@@ -735,7 +771,7 @@ impl<'g> Distiller<'g> {
     /// Stage 3: the whole student against the teacher's logits, made block by block from both
     /// final hidden states; [CE, KL]. Instruction tuning (no teacher): [CE] over the targets
     /// that are not masked.
-    fn head_loss(&self, teacher: Option<&ModelActs>, ids: &GpuBuf, step: &Batch, grads: &Grads) -> Result<Vec<LossRows>> {
+    fn head_loss(&self, teacher: Option<&ModelActs>, ids: &GpuBuf, step: &Batch, grads: &Grads, share: f32) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.local_batch(), self.config.seq);
         let rows = batch * seq;
@@ -744,10 +780,11 @@ impl<'g> Distiller<'g> {
         let klb = teacher.map(|_| gpu.unpooled(rows)).transpose()?;
         let mut rec = gpu.recorder();
         let acts = self.student.forward_train(&mut rec, ids, batch, seq, false)?;
-        let kl_scale = match self.config.kl_scaling {
-            KlScaling::TokenMean => 1.0 / rows as f32,
-            KlScaling::PaperBatch => 1.0 / batch as f32,
-        };
+        let kl_scale = share
+            * match self.config.kl_scaling {
+                KlScaling::TokenMean => 1.0 / rows as f32,
+                KlScaling::PaperBatch => 1.0 / batch as f32,
+            };
         // The cross entropy is a mean over the targets it sees.
         let seen = step.targets.iter().filter(|&&t| t != IGNORE).count();
         let d_x = rec.temp(rows * self.student.config.hidden_size)?;
@@ -759,7 +796,7 @@ impl<'g> Distiller<'g> {
             rows,
             block_rows: self.config.loss_rows,
             ce: &ce,
-            ce_scale: if seen == 0 { 0.0 } else { 1.0 / seen as f32 },
+            ce_scale: if seen == 0 { 0.0 } else { share / seen as f32 },
             kl: teacher.zip(klb.as_ref()).map(|(t, loss)| KlTerm { teacher_head: self.teacher.head().0, teacher_x: &t.xnf, loss, scale: kl_scale }),
             d_x: &d_x,
             head_grad: grads.get(head_name),
