@@ -429,3 +429,18 @@ fn kept_bind_groups_take_each_dispatch_parameters() {
         assert_eq!(got[len..], before[len..], "past the {len} values added");
     }
 }
+
+/// A recording submitted to be timed on the GPU's clock does its work like `submit` and gives
+/// the pass's seconds where the adapter has timestamp queries (None elsewhere).
+#[test]
+fn a_timed_submission_does_the_work_and_reports_its_time() {
+    let (a, b) = (up("a", &[1.0, 2.0, 3.0]), up("b", &[10.0, 20.0, 30.0]));
+    let y = gpu().scratch(3).unwrap();
+    let mut rec = gpu().recorder();
+    nn::add(&mut rec, &a, &b, &y, 3).unwrap();
+    let seconds = rec.submit_timed_on_gpu().unwrap();
+    assert_eq!(read(&y, 3), vec![11.0, 22.0, 33.0]);
+    if let Some(s) = seconds {
+        assert!(s.is_finite() && (0.0..1.0).contains(&s), "{s}");
+    }
+}

@@ -285,6 +285,15 @@ pub struct Recorder<'g> {
     shared: Vec<SharedCopy>,
 }
 
+/// Timestamps at the start and end of a submission's one pass, resolved and copied where the
+/// host can read them (`Recorder::submit_timed_on_gpu`).
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+struct PassTimer {
+    set: wgpu::QuerySet,
+    resolved: wgpu::Buffer,
+    staging: wgpu::Buffer,
+}
+
 /// A copy derived from the bytes start..end of a buffer (nn::coop's f16 copy of a GEMM operand
 /// and the buffer of its scale), valid until a dispatch recorded later may write those bytes.
 struct SharedCopy {
@@ -445,14 +454,19 @@ impl<'g> Recorder<'g> {
 
     /// Sends what is recorded so far to the queue; the temporaries stay until `submit`.
     pub fn flush(&mut self) -> Result<()> {
-        let result = self.submit_dispatches();
+        let result = self.submit_dispatches(None);
         self.dispatches.clear();
         self.params.clear();
         result
     }
 
-    pub fn submit(mut self) -> Result<()> {
-        let result = self.submit_dispatches();
+    pub fn submit(self) -> Result<()> {
+        self.submit_with(None)
+    }
+
+    /// `submit`, the pass timed by `timer` when given.
+    fn submit_with(mut self, timer: Option<&PassTimer>) -> Result<()> {
+        let result = self.submit_dispatches(timer);
         if result.is_ok() {
             self.kept.clear();
         }
@@ -460,7 +474,7 @@ impl<'g> Recorder<'g> {
         result
     }
 
-    fn submit_dispatches(&self) -> Result<()> {
+    fn submit_dispatches(&self, timer: Option<&PassTimer>) -> Result<()> {
         if self.dispatches.is_empty() {
             return Ok(());
         }
@@ -485,10 +499,15 @@ impl<'g> Recorder<'g> {
         }
         let mut encoder = device.create_command_encoder(&Default::default());
         {
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes: None });
+            let timestamp_writes = timer.map(|t| wgpu::ComputePassTimestampWrites { query_set: &t.set, beginning_of_pass_write_index: Some(0), end_of_pass_write_index: Some(1) });
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize"), timestamp_writes });
             for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
                 d.encode(&mut pass, bg);
             }
+        }
+        if let Some(t) = timer {
+            encoder.resolve_query_set(&t.set, 0..2, &t.resolved, 0);
+            encoder.copy_buffer_to_buffer(&t.resolved, 0, &t.staging, 0, 16);
         }
         let command = encoder.finish();
         let started = started.map(|t| {
@@ -520,35 +539,22 @@ impl<'g> Recorder<'g> {
             self.submit()?;
             return Ok(None);
         }
-        let device = &self.gpu.device;
-        let bind_groups: Vec<wgpu::BindGroup> = {
-            let mut bindings = self.gpu.pipelines.bindings.lock().unwrap();
-            bindings.write_params(device, &self.gpu.queue, &self.params);
-            self.dispatches.iter().map(|d| bindings.bind_group(device, BindKey { layout: d.pipeline.layout.clone(), params_len: d.params_len, buffers: d.buffers.clone() })).collect()
+        let gpu = self.gpu;
+        let device = &gpu.device;
+        let timer = PassTimer {
+            set: device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("pass time"), ty: wgpu::QueryType::Timestamp, count: 2 }),
+            resolved: device.create_buffer(&wgpu::BufferDescriptor { label: Some("pass time"), size: 16, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false }),
+            staging: device.create_buffer(&wgpu::BufferDescriptor { label: Some("pass time back"), size: 16, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false }),
         };
-        let set = device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("pass time"), ty: wgpu::QueryType::Timestamp, count: 2 });
-        let resolved = device.create_buffer(&wgpu::BufferDescriptor { label: Some("pass time"), size: 16, usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC, mapped_at_creation: false });
-        let staging = device.create_buffer(&wgpu::BufferDescriptor { label: Some("pass time back"), size: 16, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false });
-        let mut encoder = device.create_command_encoder(&Default::default());
-        {
-            let writes = wgpu::ComputePassTimestampWrites { query_set: &set, beginning_of_pass_write_index: Some(0), end_of_pass_write_index: Some(1) };
-            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("linearize timed"), timestamp_writes: Some(writes) });
-            for (d, bg) in self.dispatches.iter().zip(&bind_groups) {
-                d.encode(&mut pass, bg);
-            }
-        }
-        encoder.resolve_query_set(&set, 0..2, &resolved, 0);
-        encoder.copy_buffer_to_buffer(&resolved, 0, &staging, 0, 16);
-        self.gpu.queue.submit([encoder.finish()]);
-        staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
-        self.gpu.sync()?;
+        self.submit_with(Some(&timer))?;
+        timer.staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        gpu.sync()?;
         let seconds = {
-            let view = staging.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("timestamps: {e}")))?;
+            let view = timer.staging.slice(..).get_mapped_range().map_err(|e| Error::Gpu(format!("timestamps: {e}")))?;
             let ticks = bytemuck::cast_slice::<u8, u64>(&view);
-            ticks[1].saturating_sub(ticks[0]) as f64 * self.gpu.queue.get_timestamp_period() as f64 * 1e-9
+            ticks[1].saturating_sub(ticks[0]) as f64 * gpu.queue.get_timestamp_period() as f64 * 1e-9
         };
-        staging.unmap();
-        self.gpu.take_error()?;
+        timer.staging.unmap();
         Ok(Some(seconds))
     }
 

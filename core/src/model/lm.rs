@@ -310,7 +310,6 @@ impl LanguageModel {
         let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
         let mut rec = gpu.recorder();
         let x = rec.temp(rows * d)?;
-        let xn = rec.temp(rows * d)?;
         let gate_up = rec.temp(rows * 2 * f)?;
         nn::embed(&mut rec, ids_buf, &self.embed, &x, rows)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
@@ -342,6 +341,7 @@ impl LanguageModel {
             out
         } else {
             // With `Hidden`, the final norm writes straight into the buffer returned.
+            let xn = rec.temp(rows * d)?;
             let hidden = if logits == Logits::Hidden { Some(gpu.scratch(rows * d)?) } else { None };
             nn::rmsnorm(&mut rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
             match hidden {

@@ -24,9 +24,9 @@ pub enum LinearKernel {
     /// nn/matmul_vec4.wgsl `matvec_coalesced`: 16 threads per column (m ≤ 8, k % 4 = 0): vec4
     /// loads from consecutive lanes and a reduction in workgroup memory.
     MatvecCoalesced,
-    /// nn/matvec.wgsl `matvec`: 64 threads per column (m ≤ 8, k % 4 = 0), each with its weight
-    /// loads in flight at once; GPUs take it, with the norm or SwiGLU before it fused
-    /// (`LinearInput`).
+    /// nn/matvec.wgsl `matvec`: 64 threads per column, 16 from 2,048 columns (m ≤ 8, k % 4 = 0),
+    /// each with its weight loads in flight at once; GPUs take it, with the norm or SwiGLU
+    /// before it fused (`LinearInput`).
     MatvecLanes,
     /// nn/matmul_vec4.wgsl `matvec_columns`: a thread per column reading vec4 (m ≤ 8,
     /// k % 4 = 0), no barrier; CPU adapters take it (BENCHMARKS.md: decode on lavapipe).
@@ -42,7 +42,7 @@ pub fn decode_path(gpu: &crate::gpu::Gpu) -> &'static str {
     if gpu.adapter.is_cpu() {
         "a thread per column (matvec_columns; packed f16 below 2,048 columns: matvec_coalesced)"
     } else {
-        "64 threads per column, the norm and SwiGLU before it fused (nn/matvec)"
+        "64 threads per column (16 for wide products), the norm and SwiGLU before it fused (nn/matvec)"
     }
 }
 

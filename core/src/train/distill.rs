@@ -348,7 +348,6 @@ pub const SAMPLES_FILE: &str = "teacher-samples.bin";
 pub const CONVERSATIONS_FILE: &str = "sft-conversations.bin";
 
 /// One step's sequences: the inputs [batch, seq] and their targets (IGNORE where masked).
-#[derive(Clone)]
 struct Batch {
     inputs: Vec<u32>,
     targets: Vec<u32>,
@@ -361,9 +360,9 @@ impl Batch {
     }
 
     /// Sequences first .. first + count of the batch (a rank's slice).
-    fn rows(self, (first, count): (usize, usize), seq: usize) -> Self {
-        let take = |v: Vec<u32>| v[first * seq..(first + count) * seq].to_vec();
-        Batch { inputs: take(self.inputs), targets: take(self.targets) }
+    fn rows(&self, (first, count): (usize, usize), seq: usize) -> Self {
+        let take = |v: &[u32]| v[first * seq..(first + count) * seq].to_vec();
+        Batch { inputs: take(&self.inputs), targets: take(&self.targets) }
     }
 }
 
@@ -427,7 +426,11 @@ impl<'g> Distiller<'g> {
     /// metrics, checkpoints and the student (a checkpoint holds no rank's state, so a run resumes
     /// with any number of ranks that divides its batch).
     pub fn with_ranks(mut self, ranks: Box<dyn Collective>) -> Result<Self> {
-        rank_rows(self.config.batch, ranks.rank() * self.config.micro_batches, ranks.size() * self.config.micro_batches)?;
+        let (batch, size, k) = (self.config.batch, ranks.size(), self.config.micro_batches);
+        if k > 1 && batch % (size * k) != 0 {
+            return Err(Error::argument("--batch", format!("{batch} sequences do not split evenly over {size} processes × {k} micro-batches; give a batch that is a multiple of {}", size * k)));
+        }
+        rank_rows(batch, ranks.rank() * k, size * k)?;
         self.ranks = ranks;
         Ok(self)
     }
@@ -539,7 +542,7 @@ impl<'g> Distiller<'g> {
         let (global, cursor) = self.global_batch(stage, step, heldout);
         let k = self.config.micro_batches;
         let (rank, size) = (self.ranks.rank(), self.ranks.size());
-        let micro = (0..k).map(|m| rank_rows(self.config.batch, rank * k + m, size * k).expect("checked by with_ranks")).map(|slice| global.clone().rows(slice, self.config.seq)).collect();
+        let micro = (0..k).map(|m| rank_rows(self.config.batch, rank * k + m, size * k).expect("checked by with_ranks")).map(|slice| global.rows(slice, self.config.seq)).collect();
         (micro, cursor)
     }
 
