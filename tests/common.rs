@@ -43,6 +43,7 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64)
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let g = g as f64;
         assert!(g.is_finite(), "{what}: element {i} is {g}");
+        assert!(w.is_finite(), "{what}: the reference's element {i} is {w}");
         let excess = (g - w).abs() - (atol + rtol * w.abs());
         if excess > worst.1 {
             worst = (i, excess);
@@ -58,9 +59,33 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64)
     );
 }
 
-/// The maximum absolute difference, for reporting.
+/// The maximum absolute difference, for reporting; NaN where either side has a NaN or an
+/// infinity (`f64::max` would skip it), so a comparison against a tolerance fails.
 pub fn max_abs_diff(got: &[f32], want: &[f64]) -> f64 {
-    got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max)
+    assert_eq!(got.len(), want.len(), "max_abs_diff: lengths differ");
+    got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, nan_max)
+}
+
+/// `f64::max` that keeps a NaN (`f64::max` returns the other operand): folds of errors and
+/// scales with it cannot hide a NaN from the tolerance they are compared with.
+pub fn nan_max(m: f64, x: f64) -> f64 {
+    if m.is_nan() || x.is_nan() {
+        f64::NAN
+    } else {
+        m.max(x)
+    }
+}
+
+/// A word-level tokenizer.json of `n` tokens (`t0` … `t{n-1}`, split on whitespace), for tiny
+/// models whose embedding has `n` rows.
+pub fn tiny_tokenizer_json(n: usize) -> String {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..n).map(|i| (format!("t{i}"), serde_json::json!(i))).collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    })
+    .to_string()
 }
 
 /// Logits [ids.len(), vocab] of one sequence: a prefill of the first `prefill` tokens, then

@@ -64,10 +64,10 @@ fn check(gpu: &Gpu, what: &str, (rows, cols, red): (usize, usize, usize), a: &[f
         let rounded = product(&staged(a), &staged(b));
         let exact = product(&f64s(a), &f64s(b));
         let name = format!("{what} {rows}x{cols}x{red} accumulate={accumulate}");
-        let size = rounded.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
+        let size = rounded.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
         assert_close(&name, &got, &rounded, 2e-6 * size * (red as f64).sqrt(), 1e-5);
-        let err = got.iter().zip(&exact).map(|(&g, &e)| (g as f64 - e).abs()).fold(0.0, f64::max);
-        let scale = exact.iter().map(|e| e.abs()).fold(0.0, f64::max);
+        let err = got.iter().zip(&exact).map(|(&g, &e)| (g as f64 - e).abs()).fold(0.0, linearize_tests::nan_max);
+        let scale = exact.iter().map(|e| e.abs()).fold(0.0, linearize_tests::nan_max);
         eprintln!("{name}: max |y − f64| = {err:.2e} (max |y| {scale:.2e})");
     }
 }
@@ -126,7 +126,7 @@ fn check_both_layouts(gpu: &Gpu, what: &str, (m, n, k): (usize, usize, usize), x
     let want_y = reference::linear(&staged(x), &ws, m, n, k);
     let want_dx = reference::linear(&staged(dy), &transpose(&ws, n, k), m, k, n);
     for (name, got, want, red) in [("forward", &y, &want_y, k), ("backward input", &dx, &want_dx, n)] {
-        let size = want.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
+        let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
         let got = gpu.read_f32_blocking(got, want.len()).unwrap();
         assert_close(&format!("{what}: {name}"), &got, want, 2e-6 * size * (red as f64).sqrt(), 1e-5);
     }
@@ -230,7 +230,7 @@ fn tensor_core_gemms_share_activation_copies_until_written() {
         ("x · w2 after the view's write (shared copy)", &ys[5], forward(&x_after, &w2), k),
     ];
     for (name, got, want, red) in wants {
-        let size = want.iter().map(|v| v.abs()).fold(0.0, f64::max).max(1e-30);
+        let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
         let got = gpu.read_f32_blocking(got, want.len()).unwrap();
         assert_close(name, &got, &want, 2e-6 * size * (red as f64).sqrt(), 1e-5);
     }
@@ -249,8 +249,8 @@ fn tensor_core_recurrence_matches_f64() {
     use linearize_tests::recurrence_data::{data, reference_run, run_on, variants};
     let Some(gpu) = mixed_gpu() else { return };
     let mut rng = Rng::new(29);
-    let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
-    let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+    let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
+    let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, linearize_tests::nan_max);
     for (name, r) in variants() {
         for &(batch, seq, heads, regime) in &[(1, 1, 1, 0), (2, 63, 3, 0), (1, 65, 2, 1), (2, 130, 2, 2), (1, 200, 1, 0)] {
             let d = Dims { batch, seq, heads, dk: 128, dv: 128 };
@@ -302,8 +302,8 @@ fn tensor_core_backward_matches_f64() {
     use linearize_tests::recurrence_data::{data, variants};
     let Some(gpu) = mixed_gpu() else { return };
     let mut rng = Rng::new(31);
-    let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-30);
-    let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+    let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1e-30);
+    let err = |got: &[f32], want: &[f64]| got.iter().zip(want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, linearize_tests::nan_max);
     for (name, r) in variants().into_iter().filter(|(_, r)| r.normalizer == Normalizer::None) {
         for &(batch, seq, heads, regime) in &[(1, 1, 1, 0), (2, 63, 3, 0), (1, 65, 2, 1), (1, 130, 2, 2), (2, 200, 1, 0)] {
             let d = Dims { batch, seq, heads, dk: 128, dv: 128 };
@@ -388,7 +388,7 @@ fn tensor_core_attention_matches_f64() {
             let qs = f64s(&q[b * seq * n_q * d..][..seq * n_q * d]);
             want.extend(reference::attention(&qs, &cache_to_seq(&k, b, n_kv, cap, t_k), &cache_to_seq(&v, b, n_kv, cap, t_k), seq, t_k, pos0, n_q, n_kv, d));
         }
-        let err = |o: &[f32]| o.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, f64::max);
+        let err = |o: &[f32]| o.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, linearize_tests::nan_max);
         let tag = format!("tensor-core attention B={batch} T={seq} pos0={pos0} heads={n_q}/{n_kv} q×{q_scale}");
         assert_close(&tag, &got, &want, 2e-2, 0.0);
         eprintln!("{tag}: max |o − f64| = {:.1e} (f32 kernel {:.1e})", err(&got), err(&f32_out));

@@ -79,7 +79,7 @@ fn every_mixer_layer_matches_reference_across_calls() {
                 layer.forward(&mut rec, linearize_core::nn::LinearInput::Plain(&xb), seq, &mut state, &rope, &out, false, None).unwrap();
                 rec.submit().unwrap();
                 let got = gpu().read_f32_blocking(&out, batch * seq * s.hidden).unwrap();
-                let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1e-3);
+                let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1e-3);
                 let tag = format!("{} {:?} call {step} ({seq} tokens)", kind.name(), opts);
                 assert_close(&tag, &got, &want, 1e-4 * scale, 1e-3);
                 // The state read-out: ‖S‖_F per (batch, head) against the reference state.

@@ -18,7 +18,7 @@ fn gpu_run_with(chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState,
 }
 
 fn tolerance(want: &[f64]) -> f64 {
-    let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+    let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
     2e-5 * scale
 }
 
@@ -102,17 +102,17 @@ fn chunked_kernels_match_recurrent_and_reference() {
             let state = GpuState::zeros(gpu(), d).unwrap();
             let got = gpu_run_with(true, r, d, &x, &state, 0, seq);
             let tag = format!("chunked {name} B={batch} T={seq} H={heads} D={dh} gates regime {regime}");
-            let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+            let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
             assert_close(&format!("{tag}: outputs vs f64"), &got, &want, 1e-4 * scale, 1e-3);
             let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
-            let s_scale = want_state.s.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+            let s_scale = want_state.s.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
             assert_close(&format!("{tag}: final state vs f64"), &s, &want_state.s, 1e-4 * s_scale, 1e-3);
             if r.normalizer != Normalizer::None {
                 // n is kept once per block of 64 value channels; compare the first copy.
                 let blocks = dh / 64;
                 let (n_all, _) = pollster::block_on(state.read_normaliser(gpu())).unwrap();
                 let n: Vec<f32> = n_all.chunks(blocks * dh).flat_map(|c| c[..dh].to_vec()).collect();
-                let n_scale = want_state.n.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+                let n_scale = want_state.n.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
                 assert_close(&format!("{tag}: final normaliser vs f64"), &n, &want_state.n, 1e-4 * n_scale, 1e-3);
             }
             if r.normalizer == Normalizer::Mlstm {
@@ -138,7 +138,7 @@ fn chunked_kernels_match_recurrent_and_reference() {
             joined.extend_from_slice(&first[b * 70 * per..(b + 1) * 70 * per]);
             joined.extend_from_slice(&second[b * 80 * per..(b + 1) * 80 * per]);
         }
-        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0);
+        let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
         assert_close(&format!("chunked {name}: two pieces vs f64"), &joined, &want, 1e-4 * scale, 1e-3);
         // A chunked prefill, then decode token by token from the state it leaves. mLSTM with
         // forget gates near 1 and input gates below the carried stabiliser, so that m comes from
@@ -191,7 +191,7 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
             let tag = format!("backward {name} B={batch} T={seq} H={heads} D={dk} gates regime {regime}");
             let check = |what: &str, got: Vec<f32>, want: &[f64]| {
-                let tol = want.iter().fold(0.0f64, |a, b| a.max(b.abs())).max(1.0) * 1e-4;
+                let tol = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0) * 1e-4;
                 assert_close(&format!("{tag}: d{what}"), &got, want, tol, 1e-3);
             };
             check("q", read(&grads.q, rows * dk), &want.q);

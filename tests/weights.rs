@@ -61,7 +61,7 @@ fn f16_models_compute_the_f64_model_of_their_halves() {
         let (rw, rm) = rounded(w, m);
         let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
         let got = logits(gpu(), &f16_lm, &ids);
-        let scale = want.iter().fold(0.0f64, |a, b| a.max(b.abs()));
+        let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
         assert_close(&format!("{what} in f16"), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
         // Training takes whole f32 tensors: an f16 model says so instead of training halves.
         let err = f16_lm.parameters(Scope::All).err().expect("f16 weights are not trainable").to_string();
@@ -78,7 +78,10 @@ fn the_teacher_in_f16_keeps_its_answers_at_half_the_memory() {
     let f16_lm = pollster::block_on(LanguageModel::upload_checked(gpu(), &t.weights, None, Dtype::F16)).unwrap();
     let (a, b) = (logits(gpu(), &f32_lm, &ids), logits(gpu(), &f16_lm, &ids));
     let vocab = t.weights.config.vocab_size;
-    let argmax = |v: &[f32]| v.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    let argmax = |v: &[f32]| {
+        assert!(v.iter().all(|x| x.is_finite()), "a logit is not finite");
+        v.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0
+    };
     for (pos, (ra, rb)) in a.chunks(vocab).zip(b.chunks(vocab)).enumerate() {
         assert_eq!(argmax(ra), argmax(rb), "greedy token at position {pos}");
     }

@@ -4,6 +4,7 @@
 //! Everything lands in DIR: report.json, index.html, figures/*.png and *.svg (crate::report),
 //! and each model's raw results in DIR/models/<label>/, which a rerun reuses (eval records per
 //! document, niah.json and saturation.json when their settings match).
+use crate::{outln, out};
 use crate::eval::{average, evaluate_on, parse_tasks};
 use crate::niah::{progress, Grid, GridArgs};
 use anyhow::{anyhow, bail, Result};
@@ -173,10 +174,10 @@ fn publish(out: &Path, report: &Report, json: bool, redrawing: bool) -> Result<(
     let html = crate::report::html(report, &figures);
     std::fs::write(out.join("index.html"), html).map_err(|e| anyhow!("{}: {e}", out.join("index.html").display()))?;
     if json {
-        println!("{}", serde_json::to_string(report)?);
+        outln!("{}", serde_json::to_string(report)?);
     } else {
-        print!("{}", crate::report::text_table(report));
-        println!("report: {}", out.join("index.html").display());
+        out!("{}", crate::report::text_table(report));
+        outln!("report: {}", out.join("index.html").display());
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! `linearize distill`: the three-stage distillation (core::train::distill), and instruction
 //! tuning after it on request, with progress bars, JSON-lines metrics, a TOML run config and
 //! flags over it.
+use crate::outln;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::mixers::{ConvInit, MixerKind};
@@ -259,7 +260,7 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
     d.run(&mut report)?;
     crate::print_profile(&gpu);
     if !a.json {
-        println!("metrics: {}", a.out.join(linearize_core::train::distill::METRICS_FILE).display());
+        outln!("metrics: {}", a.out.join(linearize_core::train::distill::METRICS_FILE).display());
     }
     Ok(())
 }
@@ -287,7 +288,7 @@ impl Progress {
             if !self.label.is_empty() {
                 v["job"] = self.label.clone().into();
             }
-            println!("{v}");
+            outln!("{v}");
             return;
         }
         let lead = self.lead();
@@ -314,14 +315,14 @@ impl Progress {
                     Some(0) => " before training".into(),
                     Some(s) => format!(" after stage {s}"),
                 };
-                println!("{lead}held-out perplexity of the {model}{when}: {perplexity:.3} ({tokens} tokens)");
+                outln!("{lead}held-out perplexity of the {model}{when}: {perplexity:.3} ({tokens} tokens)");
             }
             Event::StageLoss { stage, after, loss, .. } => {
                 if let Some(b) = self.bar.as_ref().filter(|_| *after) {
                     b.finish();
                 }
                 let on = if *stage == Stage::Instruct { "conversations" } else { "text" };
-                println!("{lead}stage {stage} loss on held-out {on} {}: {loss:.5}", if *after { "after" } else { "before" });
+                outln!("{lead}stage {stage} loss on held-out {on} {}: {loss:.5}", if *after { "after" } else { "before" });
             }
             Event::Sampling { tokens, of } => self.count("sampling from the teacher", *tokens, *of),
             Event::Conversations { tokens, of } => self.count("conversations answered by the teacher", *tokens, *of),
@@ -331,7 +332,7 @@ impl Progress {
                     b.println(format!("{lead}after {tokens} tokens: saved {}", dir.display()));
                 }
             }
-            Event::Saved { dir } => println!("{lead}saved the student to {}", dir.display()),
+            Event::Saved { dir } => outln!("{lead}saved the student to {}", dir.display()),
         }
     }
 

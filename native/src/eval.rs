@@ -1,5 +1,6 @@
 //! `linearize eval`: zero-shot tasks scored as lm-evaluation-harness scores them
 //! (core::eval), and perplexity of a text file.
+use crate::outln;
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::eval::{load_task, loglikelihoods, request_file, score_task, Scored, TaskResult, TASKS};
@@ -137,7 +138,7 @@ pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &
         if !json_out {
             let norm = r.acc_norm.map(|v| format!("  acc_norm {v:.4}")).unwrap_or_default();
             let ppl = r.perplexity.map(|v| format!("  perplexity {v:.3}")).unwrap_or_default();
-            println!("{:14} {:5} docs  acc {:.4}{norm}{ppl}", r.task, r.docs, r.acc);
+            outln!("{:14} {:5} docs  acc {:.4}{norm}{ppl}", r.task, r.docs, r.acc);
         }
         out.push(r);
     }
@@ -147,7 +148,13 @@ pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &
 /// The `--tasks` list, each name checked.
 pub(crate) fn parse_tasks(list: &str) -> Result<Vec<String>> {
     let tasks: Vec<String> = list.split(',').map(|t| t.trim().to_string()).filter(|t| !t.is_empty()).collect();
-    for t in &tasks {
+    if tasks.is_empty() {
+        bail!("invalid argument --tasks: '{list}' names no task");
+    }
+    for (i, t) in tasks.iter().enumerate() {
+        if tasks[..i].contains(t) {
+            bail!("invalid argument --tasks: '{t}' is listed twice");
+        }
         if !TASKS.iter().any(|(n, _)| n == t) {
             let names: Vec<&str> = TASKS.iter().map(|t| t.0).collect();
             bail!("--tasks: unknown task '{t}'; expected some of {}", names.join(", "));
@@ -158,8 +165,11 @@ pub(crate) fn parse_tasks(list: &str) -> Result<Vec<String>> {
 
 pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     let tasks = parse_tasks(&a.tasks)?;
+    if a.limit == Some(0) {
+        bail!("invalid argument --limit: 0 documents would score nothing; give at least 1");
+    }
     let ppl_text = match &a.ppl {
-        Some(file) => Some(std::fs::read_to_string(file).map_err(|e| anyhow::anyhow!("--ppl {}: {e}", file.display()))?),
+        Some(file) => Some(linearize_core::util::read_text(file).map_err(|e| anyhow::anyhow!("--ppl: {e}"))?),
         None => None,
     };
     let model = load(&a.model)?;
@@ -176,9 +186,9 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         let rows = (tokens.len() - 1) / seq;
         let (ppl, n) = linearize_core::eval::heldout_perplexity(&gpu, &lm, &tokens, seq, 1, rows)?;
         if a.json {
-            println!("{}", json!({ "file": file, "perplexity": ppl, "tokens": n }));
+            outln!("{}", json!({ "file": file, "perplexity": ppl, "tokens": n }));
         } else {
-            println!("perplexity of {} on {}: {ppl:.3} ({n} tokens)", a.model, file.display());
+            outln!("perplexity of {} on {}: {ppl:.3} ({n} tokens)", a.model, file.display());
         }
         return Ok(());
     }
@@ -198,11 +208,11 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
     if a.json {
-        println!("{}", json!({ "model": a.model, "weights": a.weights.dtype().name(), "precision": precision, "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
+        outln!("{}", json!({ "model": a.model, "weights": a.weights.dtype().name(), "precision": precision, "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
     } else {
-        println!("average {avg:.4}");
+        outln!("average {avg:.4}");
         if let Some(r) = recovery {
-            println!("recovery (model / teacher average) {r:.4}");
+            outln!("recovery (model / teacher average) {r:.4}");
         }
     }
     Ok(())

@@ -12,6 +12,33 @@ mod serve;
 mod study;
 mod study_report;
 
+/// Writes a line to standard output; once the reader has gone (a closed pipe, as in
+/// `linearize info | head -1`) the rest is dropped instead of panicking, so a long run piped
+/// into a reader that stops early finishes its work (its files keep everything).
+macro_rules! outln {
+    () => { $crate::write_stdout(format_args!("\n")) };
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+/// `outln!` without the newline, flushed (streamed text).
+macro_rules! out {
+    ($($arg:tt)*) => { $crate::write_stdout(format_args!($($arg)*)) };
+}
+pub(crate) use {out, outln};
+
+/// Whether standard output's reader has gone.
+static STDOUT_CLOSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+pub(crate) fn write_stdout(args: std::fmt::Arguments) {
+    use std::sync::atomic::Ordering;
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if stdout.write_fmt(args).and_then(|_| stdout.flush()).is_err() {
+        STDOUT_CLOSED.store(true, Ordering::Relaxed);
+    }
+}
+
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use linearize_core::generate::Sampling;
@@ -24,7 +51,17 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 #[derive(Parser)]
-#[command(name = "linearize", version, about = "Turn a Transformer LM into a linear-time student, on any GPU through WGSL.")]
+#[command(
+    name = "linearize",
+    version,
+    about = "Turn a Transformer LM into a linear-time student, on any GPU through WGSL.",
+    after_help = "Environment:\n  \
+        LINEARIZE_HOME     where models, evaluation sets and text live [default: ~/.cache/linearize]\n  \
+        LINEARIZE_PROFILE  set: time every kernel and print seconds per kernel on standard error\n  \
+        LINEARIZE_ADAPTER  the index of the adapter to use (the GPUs of one machine share a name)\n  \
+        WGPU_BACKEND       restrict the backends tried: vulkan, metal, dx12, gl\n  \
+        WGPU_ADAPTER_NAME  use the adapter whose name contains this text"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -146,6 +183,12 @@ enum Command {
 }
 
 fn main() {
+    // Mesa's Vulkan device-select layer opens a Wayland connection to find the display's GPU
+    // and prints "XDG_RUNTIME_DIR is invalid" twice on a machine without a display; we choose
+    // adapters ourselves, so the layer is switched off where there is no display to ask.
+    if std::env::var_os("WAYLAND_DISPLAY").is_none() && std::env::var_os("DISPLAY").is_none() && std::env::var_os("NODEVICE_SELECT").is_none() {
+        std::env::set_var("NODEVICE_SELECT", "1");
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Fetch { what, json } => cmd_fetch(&what, json),
@@ -188,15 +231,15 @@ fn cmd_fetch(what: &str, json: bool) -> Result<()> {
         let done = fetch::fetch(asset, &home)?;
         if !json {
             if done.already_present {
-                println!("{}: already present in {} ({} files), nothing to do", done.asset, done.path.display(), done.files);
+                outln!("{}: already present in {} ({} files), nothing to do", done.asset, done.path.display(), done.files);
             } else {
-                println!("{}: fetched {} files into {}", done.asset, done.files, done.path.display());
+                outln!("{}: fetched {} files into {}", done.asset, done.files, done.path.display());
             }
         }
         report.push(done);
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
 }
@@ -293,38 +336,38 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
             v["teacher_kv_bytes_per_layer"] = json!({"512": per_layer_kv * 512, "4096": per_layer_kv * 4096, "32768": per_layer_kv * 32768});
             v["memory_bytes_per_sequence"] = json!({"512": memory_at(512), "4096": memory_at(4096), "32768": memory_at(32768)});
         }
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
     }
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
-    println!("model        {}", model.source.display());
+    outln!("model        {}", model.source.display());
     match student {
         Some((m, state, _)) => {
             let n = m.config.mixer_layers.len();
-            println!("kind         student: {} in {n} of {} blocks (from {})", m.config.mixer.name(), c.num_hidden_layers, m.config.teacher);
-            println!(
+            outln!("kind         student: {} in {n} of {} blocks (from {})", m.config.mixer.name(), c.num_hidden_layers, m.config.teacher);
+            outln!(
                 "state        {:.1} KiB per mixer layer per sequence, at any context; the teacher's KV cache per layer: {:.2} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k",
                 state as f64 / 1024.0,
                 mib(per_layer_kv * 512),
                 mib(per_layer_kv * 4096),
                 mib(per_layer_kv * 32768)
             );
-            println!("memory/seq   {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k (teacher: {:.1} / {:.1} / {:.1})", mib(memory_at(512)), mib(memory_at(4096)), mib(memory_at(32768)), mib(at(512)), mib(at(4096)), mib(at(32768)));
+            outln!("memory/seq   {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k (teacher: {:.1} / {:.1} / {:.1})", mib(memory_at(512)), mib(memory_at(4096)), mib(memory_at(32768)), mib(at(512)), mib(at(4096)), mib(at(32768)));
         }
-        None => println!("kind         teacher (softmax attention, Llama architecture)"),
+        None => outln!("kind         teacher (softmax attention, Llama architecture)"),
     }
-    println!("parameters   {:.1} M", parameters as f64 / 1e6);
-    println!(
+    outln!("parameters   {:.1} M", parameters as f64 / 1e6);
+    outln!(
         "layers {}  hidden {}  ffn {}  heads {} q / {} kv x {}  vocab {}",
         c.num_hidden_layers, c.hidden_size, c.intermediate_size, c.num_attention_heads, c.n_kv_heads(), c.head_dim(), c.vocab_size
     );
-    println!("rope θ {}  rms eps {:e}  context {}  tied head {}", c.rope_theta, c.rms_norm_eps as f32, c.max_position_embeddings, c.tie_word_embeddings);
+    outln!("rope θ {}  rms eps {:e}  context {}  tied head {}", c.rope_theta, c.rms_norm_eps as f32, c.max_position_embeddings, c.tie_word_embeddings);
     if student.is_none() {
-        println!("KV cache     {} KiB per token (f32): {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k", kv / 1024, mib(at(512)), mib(at(4096)), mib(at(32768)));
+        outln!("KV cache     {} KiB per token (f32): {:.1} MiB at 512, {:.1} MiB at 4k, {:.1} MiB at 32k", kv / 1024, mib(at(512)), mib(at(4096)), mib(at(32768)));
     }
     match device {
-        Ok(d) => println!("device       {} ({}, {}): GEMMs on {}; decode products by {}", d["adapter"]["name"].as_str().unwrap_or(""), d["adapter"]["backend"].as_str().unwrap_or(""), d["adapter"]["device_type"].as_str().unwrap_or(""), d["gemm_path"].as_str().unwrap_or(""), d["decode_path"].as_str().unwrap_or("")),
-        Err(e) => println!("device       none usable here: {e}"),
+        Ok(d) => outln!("device       {} ({}, {}): GEMMs on {}; decode products by {}", d["adapter"]["name"].as_str().unwrap_or(""), d["adapter"]["backend"].as_str().unwrap_or(""), d["adapter"]["device_type"].as_str().unwrap_or(""), d["gemm_path"].as_str().unwrap_or(""), d["decode_path"].as_str().unwrap_or("")),
+        Err(e) => outln!("device       none usable here: {e}"),
     }
     Ok(())
 }
@@ -347,8 +390,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     let mut shown = String::new();
     let mut ids_so_far = Vec::new();
     if !json {
-        print!("{prompt}");
-        std::io::stdout().flush()?;
+        out!("{prompt}");
     }
     if diagnostics.is_some() && model.mixers.is_none() {
         bail!("--diagnostics: {spec} is a teacher; state diagnostics are for students");
@@ -363,8 +405,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
         // Decode the whole continuation so multi-byte characters split across tokens print whole.
         if let Ok(text) = model.tokenizer.decode(&ids_so_far) {
             if text.len() > shown.len() && text.starts_with(&shown) && !text.ends_with('\u{FFFD}') {
-                print!("{}", &text[shown.len()..]);
-                let _ = std::io::stdout().flush();
+                out!("{}", &text[shown.len()..]);
                 shown = text;
             }
         }
@@ -377,12 +418,12 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
             "model": model.source, "adapter": gpu.adapter, "prompt": prompt, "prompt_ids": prompt_ids,
             "ids": ids, "text": text, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         if text.len() > shown.len() && text.starts_with(&shown) {
-            print!("{}", &text[shown.len()..]);
+            out!("{}", &text[shown.len()..]);
         }
-        println!();
+        outln!();
         eprintln!("{} tokens in {:.2} s ({:.1} tokens/s)", ids.len(), secs, ids.len() as f64 / secs);
     }
     if let Some(path) = diagnostics {
@@ -398,16 +439,21 @@ fn cmd_convert(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
     }
     let model = Model::load_path(from)?;
     hf::save_dir(to, &model.weights, &model.tokenizer)?;
-    println!("wrote {} (config.json, model.safetensors, tokenizer.json)", to.display());
+    outln!("wrote {} (config.json, model.safetensors, tokenizer.json)", to.display());
     Ok(())
 }
 
-/// A comma-separated list of numbers for flag `arg` (empty entries skipped).
+/// A comma-separated, non-empty list of numbers for flag `arg` (empty entries skipped).
 pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
-    text.split(',')
-        .filter(|s| !s.is_empty())
-        .map(|s| s.trim().parse::<T>().map_err(|_| anyhow::anyhow!("{arg}: '{s}' is not a valid number")))
-        .collect()
+    let list = text
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse::<T>().map_err(|_| anyhow::anyhow!("invalid argument {arg}: '{s}' is not a valid number")))
+        .collect::<Result<Vec<T>>>()?;
+    if list.is_empty() {
+        bail!("invalid argument {arg}: '{text}' is an empty list; give at least one number, comma-separated");
+    }
+    Ok(list)
 }
 
 #[derive(clap::Args)]
@@ -467,6 +513,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     if !["teacher", "ops", "mixers"].contains(&what) {
         bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
     }
+    if iters == 0 {
+        bail!("invalid argument --iters: must be at least 1");
+    }
     if what == "ops" || what == "mixers" {
         use linearize_core::mixers::MixerKind;
         // Names clap has checked against the registry; none given: every mixer.
@@ -481,7 +530,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward)?
         };
         if json {
-            println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
+            outln!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
         }
         print_profile(&gpu);
         return Ok(());
@@ -489,15 +538,12 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let shapes = prefill
         .split(',')
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            let (b, t) = s.split_once('x').ok_or_else(|| anyhow::anyhow!("--prefill: '{s}' is not BxT"))?;
-            Ok((parse_list::<usize>("--prefill", b)?[0], parse_list::<usize>("--prefill", t)?[0]))
+        .map(|s| match s.trim().split_once('x').map(|(b, t)| (b.parse::<usize>(), t.parse::<usize>())) {
+            Some((Ok(b), Ok(t))) if b > 0 && t > 0 => Ok((b, t)),
+            _ => bail!("invalid argument --prefill: '{s}' is not BxT with positive sizes (e.g. 8x512)"),
         })
         .collect::<Result<Vec<_>>>()?;
     let decode = parse_list::<usize>("--decode", decode)?;
-    if iters == 0 {
-        bail!("--iters must be at least 1");
-    }
     let model = load(spec)?;
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
@@ -506,10 +552,10 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "precision": precision, "results": results}))?);
+        outln!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "precision": precision, "results": results}))?);
     } else {
         for r in &results {
-            println!("{r}");
+            outln!("{r}");
         }
     }
     print_profile(&gpu);
@@ -552,7 +598,7 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
     let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, ..Default::default() };
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;
-    println!(
+    outln!(
         "wrote {} ({} in {} of {} blocks)",
         out.display(),
         kind.name(),

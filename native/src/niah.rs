@@ -1,5 +1,6 @@
 //! `linearize niah`: RULER-style single-needle retrieval over a length × depth grid
 //! (core::niah), greedy decoding, exact match.
+use crate::{outln, out};
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use linearize_core::generate::{generate, Sampling};
@@ -138,21 +139,21 @@ pub fn run(a: &NiahArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     bar.finish_and_clear();
     if a.json {
         let cells: Vec<_> = grid.cells.iter().map(|c| json!({ "length": c.length, "depth": c.depth, "correct": c.correct, "samples": grid.samples, "accuracy": c.accuracy })).collect();
-        println!("{}", json!({ "model": a.model, "task": grid.task, "grid": cells }));
+        outln!("{}", json!({ "model": a.model, "task": grid.task, "grid": cells }));
         return Ok(());
     }
-    println!("{} on {} (accuracy over {} sample(s) per cell)", grid.task, a.model, grid.samples);
-    print!("{:>8}", "length");
+    outln!("{} on {} (accuracy over {} sample(s) per cell)", grid.task, a.model, grid.samples);
+    out!("{:>8}", "length");
     for d in &grid.depths {
-        print!("{:>7}", format!("{d}%"));
+        out!("{:>7}", format!("{d}%"));
     }
-    println!();
+    outln!();
     for &length in &grid.lengths {
-        print!("{length:>8}");
+        out!("{length:>8}");
         for c in grid.cells.iter().filter(|c| c.length == length) {
-            print!("{:>7.2}", c.accuracy);
+            out!("{:>7.2}", c.accuracy);
         }
-        println!();
+        outln!();
     }
     Ok(())
 }

@@ -3,6 +3,7 @@
 //! read, with the mean decay and β‖k‖² of the chunk's tokens (MIXERS.md §1: additive states
 //! saturate, gated delta rules keep theirs bounded). Retrieval against haystack length is
 //! `linearize niah`.
+use crate::outln;
 use anyhow::{bail, Result};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::load::linearize_home;
@@ -72,10 +73,10 @@ pub fn run(a: &SaturationArgs, load: impl Fn(&str) -> Result<Model>) -> Result<(
         std::fs::write(path, serde_json::to_string(&diag)?).map_err(|e| anyhow::anyhow!("--out {}: {e}", path.display()))?;
     }
     if a.json {
-        println!("{}", serde_json::to_string(&diag)?);
+        outln!("{}", serde_json::to_string(&diag)?);
         return Ok(());
     }
-    println!("{:>6} {:>9} {:>12} {:>15} {:>11} {:>9}", "layer", "position", "state norm", "effective rank", "mean decay", "β‖k‖²");
+    outln!("{:>6} {:>9} {:>12} {:>15} {:>11} {:>9}", "layer", "position", "state norm", "effective rank", "mean decay", "β‖k‖²");
     for l in &diag.layers {
         let mut token = 0;
         for (i, &pos) in l.position.iter().enumerate() {
@@ -84,7 +85,7 @@ pub fn run(a: &SaturationArgs, load: impl Fn(&str) -> Result<Model>) -> Result<(
             token = pos;
             let d: Vec<f32> = span.iter().flatten().copied().collect();
             let b: Vec<f32> = bk.iter().flatten().copied().collect();
-            println!("{:>6} {:>9} {:>12.3} {:>15.2} {:>11.4} {:>9.4}", l.layer, pos, mean(&l.state_norm[i]), mean(&l.effective_rank[i]), mean(&d), mean(&b));
+            outln!("{:>6} {:>9} {:>12.3} {:>15.2} {:>11.4} {:>9.4}", l.layer, pos, mean(&l.state_norm[i]), mean(&l.effective_rank[i]), mean(&d), mean(&b));
         }
     }
     Ok(())

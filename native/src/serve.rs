@@ -2,6 +2,7 @@
 //! built by scripts/build-web.sh when missing) and the models in $LINEARIZE_HOME: the fetched
 //! teacher and every student or HF directory in $LINEARIZE_HOME/students/. Nothing else is
 //! served: paths outside these folders, and files a model does not list, are 404.
+use crate::outln;
 use anyhow::{anyhow, bail, Result};
 use linearize_core::model::load::{linearize_home, teacher_path, TEACHER_ALIAS};
 use serde_json::json;
@@ -116,7 +117,7 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let server = tiny_http::Server::http(("127.0.0.1", a.port)).map_err(|e| anyhow!("--port {}: cannot listen on 127.0.0.1: {e}", a.port))?;
     let port = server.server_addr().to_ip().map(|s| s.port()).unwrap_or(a.port);
     let listed = models(&home);
-    println!("serving http://127.0.0.1:{port}/ (pages: {}, models: {} in {})", www.display(), listed.len(), home.display());
+    outln!("serving http://127.0.0.1:{port}/ (pages: {}, models: {} in {})", www.display(), listed.len(), home.display());
     for request in server.incoming_requests() {
         // Models are listed afresh so that a student distilled meanwhile shows up.
         let models = models(&home);

@@ -13,6 +13,7 @@
 //! evals/<tokens>/ and, when the job is complete, result.json. Every step writes what it has
 //! done before going on, so `--resume` continues each job where it stopped. The report
 //! (report.json, index.html, figures/) is built from the results: crate::study_report.
+use crate::outln;
 use crate::compare::{reuse, write_json, EvalPlan, ModelReport};
 use crate::distill::Progress;
 use crate::niah::Grid;
@@ -540,7 +541,7 @@ pub fn run(a: &StudyArgs) -> Result<()> {
     if a.list_arms {
         for arm in Arm::ALL {
             let mixers: Vec<&str> = MixerKind::all().filter(|m| arm.applies_to(*m)).map(|m| m.name()).collect();
-            println!("{:24} {:9} {} [{}]", arm.name(), format!("{:?}", arm.kind()).to_lowercase(), arm.what(), mixers.join(", "));
+            outln!("{:24} {:9} {} [{}]", arm.name(), format!("{:?}", arm.kind()).to_lowercase(), arm.what(), mixers.join(", "));
         }
         return Ok(());
     }
@@ -662,7 +663,7 @@ fn schedule(out: &Path, queue: &[String], gpus: &[usize], json: bool) -> Result<
 
 fn announce(json: bool, job: &str, what: &str) {
     if json {
-        println!("{}", serde_json::json!({"event": "job", "job": job, "status": what}));
+        outln!("{}", serde_json::json!({"event": "job", "job": job, "status": what}));
     } else {
         eprintln!("job {job}: {what}");
     }

@@ -5,6 +5,7 @@
 //! (MIXERS.md §1) each marked reproduced, not reproduced or not yet testable at this budget.
 //! DIR/report.json, DIR/index.html and DIR/figures/ (built on `compare`'s tables and figures
 //! for the students at the end of their runs).
+use crate::{outln, out};
 use crate::compare::{write_json, ModelReport, Report};
 use crate::report::{esc, fmt};
 use crate::study::{budget_label, job_dir, Arm, ArmKind, JobResult, Point, StudyConfig, TEACHER_JOB};
@@ -409,10 +410,10 @@ pub fn publish(out: &Path, study: &StudyConfig, json: bool) -> Result<()> {
     figures.extend(more);
     std::fs::write(out.join("index.html"), html).map_err(|e| anyhow!("{}: {e}", out.join("index.html").display()))?;
     if json {
-        println!("{}", serde_json::to_string(&r)?);
+        outln!("{}", serde_json::to_string(&r)?);
     } else {
-        print!("{}", text(&r));
-        println!("report: {}", out.join("index.html").display());
+        out!("{}", text(&r));
+        outln!("report: {}", out.join("index.html").display());
     }
     Ok(())
 }

@@ -86,6 +86,7 @@ pub fn load_docs(path: &Path) -> Result<Vec<Doc>> {
 /// document's `query` and `choices` (checked against the request: its context must end with
 /// the query and its continuation be the choice, so a file of another shape is refused).
 fn read_docs(path: &Path, zero_shot: bool) -> Result<Vec<Doc>> {
+    crate::util::check_regular_file(path)?;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut text = String::new();
     flate2::read::GzDecoder::new(file).read_to_string(&mut text).map_err(|e| Error::format(path, format!("not a gzip of JSON lines: {e}")))?;

@@ -76,13 +76,27 @@ impl LlamaConfig {
         2 * self.num_hidden_layers * self.kv_dim() * 4
     }
 
+    /// Checks the shape before anything is allocated from it: every size positive and within
+    /// bounds no Llama-family model comes near (a corrupt count must not become a terabyte
+    /// allocation), heads that divide, and finite positive ε and rotary base.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |msg: String| Err(Error::ConfigMismatch { path: path.into(), msg });
         if self.model_type != "llama" {
             return bad(format!("model_type is '{}', expected 'llama'", self.model_type));
         }
-        if self.hidden_size == 0 || self.num_hidden_layers == 0 || self.vocab_size == 0 || self.num_attention_heads == 0 {
-            return bad("hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be positive".into());
+        let sizes = [
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("intermediate_size", self.intermediate_size, 1 << 18),
+            ("num_hidden_layers", self.num_hidden_layers, 1 << 10),
+            ("num_attention_heads", self.num_attention_heads, 1 << 10),
+            ("num_key_value_heads", self.n_kv_heads(), 1 << 10),
+            ("head_dim", self.head_dim(), 1 << 10),
+            ("vocab_size", self.vocab_size, 1 << 22),
+        ];
+        for (name, value, max) in sizes {
+            if value == 0 || value > max {
+                return bad(format!("{name} is {value}, expected 1 to {max}"));
+            }
         }
         if self.num_attention_heads % self.n_kv_heads() != 0 {
             return bad(format!(
@@ -97,11 +111,17 @@ impl LlamaConfig {
         if self.head_dim() % 2 != 0 {
             return bad(format!("head_dim {} must be even for rotary embeddings", self.head_dim()));
         }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return bad(format!("rms_norm_eps is {}, expected a number in (0, 1)", self.rms_norm_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return bad(format!("rope_theta is {}, expected a finite number above 1", self.rope_theta));
+        }
         Ok(())
     }
 
     pub fn from_json_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let text = crate::util::read_text(path)?;
         Self::from_json(&text, path)
     }
 

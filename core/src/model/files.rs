@@ -52,7 +52,7 @@ impl ModelFiles {
         match self {
             ModelFiles::Dir(d) => {
                 let path = d.join(name);
-                std::fs::read(&path).map(Cow::Owned).map_err(|e| Error::io(&path, e))
+                crate::util::read_file(&path).map(Cow::Owned)
             }
             ModelFiles::Memory { files, origin } => files.get(name).map(|b| Cow::Borrowed(b.as_slice())).ok_or_else(|| Error::Missing { path: origin.join(name), what: name.into() }),
         }

@@ -69,8 +69,13 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
+    /// The number of weights; the dimensions were checked when the file was parsed, so the
+    /// product fits (see `GgufFile::tensor_range`).
     pub fn numel(&self) -> usize {
         self.dims.iter().product::<u64>() as usize
+    }
+    fn checked_numel(&self) -> Option<u64> {
+        self.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
     }
     /// Row-major (PyTorch) shape: outermost first.
     pub fn shape(&self) -> Vec<usize> {
@@ -156,7 +161,7 @@ impl<'a> Reader<'a> {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let bytes = crate::util::read_file(path)?;
         Self::parse(path, bytes)
     }
 
@@ -194,13 +199,43 @@ impl GgufFile {
             let offset = r.u64(&format!("the offset of '{name}'"))?;
             tensors.push(TensorInfo { name, dims, ty, offset });
         }
-        let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32).max(1) as usize;
+        let align = match metadata.get("general.alignment") {
+            None => 32,
+            Some(v) => match v.as_u64() {
+                Some(a) if a.is_power_of_two() && a <= 1 << 16 => a as usize,
+                _ => return Err(Error::format(path, format!("corrupt GGUF: general.alignment is {v:?}, expected a power of two"))),
+            },
+        };
         let data_start = r.pos.div_ceil(align) * align;
         let file = GgufFile { path: path.into(), version, metadata, tensors, data_start, bytes };
-        for t in &file.tensors {
-            file.tensor_range(t)?;
-        }
+        file.check_tensor_ranges(align)?;
         Ok(file)
+    }
+
+    /// Every tensor's bytes lie inside the file, start on the alignment and overlap no other
+    /// tensor's: a type or offset changed by corruption is named here rather than read as
+    /// another tensor's bytes.
+    fn check_tensor_ranges(&self, align: usize) -> Result<()> {
+        let mut ranges = Vec::with_capacity(self.tensors.len());
+        for t in &self.tensors {
+            if t.offset % align as u64 != 0 {
+                return Err(Error::format(&self.path, format!("corrupt GGUF: tensor '{}' starts at offset {}, not a multiple of the alignment {align}", t.name, t.offset)));
+            }
+            ranges.push((self.tensor_range(t)?, &t.name));
+        }
+        ranges.sort_by_key(|(r, _)| r.start);
+        for pair in ranges.windows(2) {
+            let ((a, a_name), (b, b_name)) = (&pair[0], &pair[1]);
+            if b.start < a.end {
+                return Err(Error::format(&self.path, format!("corrupt GGUF: tensors '{a_name}' (bytes {}..{}) and '{b_name}' (bytes {}..{}) overlap", a.start, a.end, b.start, b.end)));
+            }
+        }
+        let mut names: Vec<&String> = self.tensors.iter().map(|t| &t.name).collect();
+        names.sort();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::format(&self.path, format!("corrupt GGUF: tensor '{}' is listed twice", w[0])));
+        }
+        Ok(())
     }
 
     pub fn get(&self, key: &str) -> Option<&Value> {
@@ -210,20 +245,24 @@ impl GgufFile {
     fn tensor_range(&self, t: &TensorInfo) -> Result<std::ops::Range<usize>> {
         let (per_block, block_bytes) = quant::block_layout(t.ty)
             .ok_or_else(|| Error::UnknownQuant { path: self.path.clone(), tensor: t.name.clone(), ty: t.ty })?;
-        let n = t.numel();
-        if n % per_block != 0 {
+        let corrupt = |what: String| Error::format(&self.path, format!("corrupt GGUF: tensor '{}' {what}", t.name));
+        let n = t.checked_numel().ok_or_else(|| corrupt(format!("has dimensions {:?} whose product overflows", t.dims)))?;
+        if n % per_block as u64 != 0 {
             return Err(Error::format(&self.path, format!("tensor '{}' has {n} weights, not a multiple of the block size {per_block}", t.name)));
         }
-        let len = n / per_block * block_bytes;
-        let start = self.data_start as u64 + t.offset;
-        let end = start + len as u64;
-        if end > self.bytes.len() as u64 {
-            return Err(Error::format(
+        let len = (n / per_block as u64).checked_mul(block_bytes as u64);
+        let start = (self.data_start as u64).checked_add(t.offset);
+        let end = len.zip(start).and_then(|(len, start)| start.checked_add(len));
+        match (start, end) {
+            (Some(start), Some(end)) if end <= self.bytes.len() as u64 => Ok(start as usize..end as usize),
+            _ => Err(Error::format(
                 &self.path,
-                format!("truncated GGUF: tensor '{}' needs bytes {start}..{end}, the file has {}", t.name, self.bytes.len()),
-            ));
+                format!(
+                    "truncated GGUF: tensor '{}' ({:?}, type {}) at offset {} does not fit in the file's {} bytes",
+                    t.name, t.dims, t.ty, t.offset, self.bytes.len()
+                ),
+            )),
         }
-        Ok(start as usize..end as usize)
     }
 
     pub fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {

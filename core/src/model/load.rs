@@ -66,17 +66,17 @@ impl Model {
             return Err(Error::Missing { path: files.origin().into(), what: "a model: student.json, config.json or one .gguf file".into() });
         };
         let gguf = super::gguf::GgufFile::parse(&files.path(name), files.read(name)?.into_owned())?;
-        Ok(Model { weights: gguf.llama_weights()?, tokenizer: Tokenizer::from_gguf(&gguf)?, source: files.path(name), mixers: None })
+        Model::assemble(gguf.llama_weights()?, Tokenizer::from_gguf(&gguf)?, files.path(name), None)
     }
 
     /// A student directory (student.json beside the rest) or an HF directory.
     fn from_model_dir(files: &super::files::ModelFiles) -> Result<Self> {
         if files.exists(super::student::STUDENT_FILE) {
             let (weights, tokenizer, mixers) = super::student::load_files(files)?;
-            return Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: Some(mixers) });
+            return Model::assemble(weights, tokenizer, files.origin().into(), Some(mixers));
         }
         let (weights, tokenizer) = super::hf::load_files(files)?;
-        Ok(Model { weights, tokenizer, source: files.origin().into(), mixers: None })
+        Model::assemble(weights, tokenizer, files.origin().into(), None)
     }
 
     #[cfg(not(target_arch = "wasm32"))]
@@ -88,8 +88,22 @@ impl Model {
             return Err(Error::Missing { path: path.into(), what: "model (expected a .gguf file, an HF directory or the alias 'smollm2-135m')".into() });
         }
         let gguf = super::gguf::GgufFile::open(path)?;
-        let weights = gguf.llama_weights()?;
-        let tokenizer = Tokenizer::from_gguf(&gguf)?;
-        Ok(Model { weights, tokenizer, source: path.into(), mixers: None })
+        Model::assemble(gguf.llama_weights()?, Tokenizer::from_gguf(&gguf)?, path.into(), None)
+    }
+
+    /// A model from its parts, once the tokenizer is known to fit the embedding: every id it
+    /// produces must have a row, and an embedding far larger than the tokenizer's vocabulary
+    /// means the tokenizer of another model (checkpoints pad the embedding by at most a few
+    /// hundred rows).
+    pub fn assemble(weights: ModelWeights, tokenizer: Tokenizer, source: PathBuf, mixers: Option<StudentMixers>) -> Result<Self> {
+        const MAX_PADDING_ROWS: usize = 1024;
+        let (tokens, rows) = (tokenizer.vocab_size(), weights.config.vocab_size);
+        if tokens > rows || tokens + MAX_PADDING_ROWS < rows {
+            return Err(Error::ConfigMismatch {
+                path: source,
+                msg: format!("the tokenizer has {tokens} tokens but the embedding has {rows} rows: the tokenizer of another model?"),
+            });
+        }
+        Ok(Model { weights, tokenizer, source, mixers })
     }
 }

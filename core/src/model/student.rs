@@ -45,8 +45,14 @@ pub fn from_teacher(teacher: &ModelWeights, kind: MixerKind, layers: Option<Vec<
     let c = &teacher.config;
     let n = c.num_hidden_layers;
     let layers = layers.unwrap_or_else(|| (0..n).collect());
+    if layers.is_empty() {
+        return Err(Error::argument("--mixer-layers", "no block given: name at least one block to replace"));
+    }
     if let Some(&bad) = layers.iter().find(|&&l| l >= n) {
         return Err(Error::argument("--mixer-layers", format!("layer {bad} does not exist; the model has layers 0..{}", n - 1)));
+    }
+    if let Some((i, &dup)) = layers.iter().enumerate().find(|(i, l)| layers[..*i].contains(l)) {
+        return Err(Error::argument("--mixer-layers", format!("block {dup} is listed twice (entry {})", i + 1)));
     }
     let hd = c.head_dim();
     if !(hd == 64 || hd == 128) {

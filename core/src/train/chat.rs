@@ -49,7 +49,7 @@ struct Line {
 /// The conversations of a JSONL file, one `{"messages": [{"role": …, "content": …}, …]}` per
 /// line (blank lines skipped); each must have an assistant message, the only thing SFT trains on.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Vec<Message>>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = crate::util::read_text(path)?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let parsed: Line = serde_json::from_str(line).map_err(|e| Error::format(path, format!("line {}: expected {{\"messages\": [{{\"role\": \"system|user|assistant\", \"content\": \"…\"}}, …]}}: {e}", i + 1)))?;

@@ -45,7 +45,7 @@ impl RunState {
         if !path.exists() {
             return Ok(None);
         }
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::util::read_text(&path)?;
         serde_json::from_str(&text).map(Some).map_err(|e| Error::format(&path, format!("not a checkpoint state: {e}")))
     }
 
@@ -71,7 +71,7 @@ impl RunState {
     /// The bytes of this state's weights file, and its path.
     pub fn read_weights(&self, out: &Path) -> Result<(PathBuf, Vec<u8>)> {
         let path = out.join(CHECKPOINT_DIR).join(&self.weights);
-        let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let bytes = crate::util::read_file(&path)?;
         Ok((path, bytes))
     }
 }

@@ -33,7 +33,7 @@ fn files(dir: &Path, suffix: &str) -> Result<Vec<PathBuf>> {
 }
 
 fn read(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let bytes = crate::util::read_file(path)?;
     // Some Gutenberg files are Latin-1; keep what decodes.
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
@@ -64,7 +64,7 @@ impl Corpus {
         let cache = |name: &str| corpus_dir.join(format!(".tokens-{name}-{key:016x}.bin"));
         let (train_cache, heldout_cache) = (cache("train"), cache("heldout"));
         if train_cache.is_file() && heldout_cache.is_file() {
-            let read_cache = |p: &Path| -> Result<Vec<u32>> { from_bytes(p, &std::fs::read(p).map_err(|e| Error::io(p, e))?) };
+            let read_cache = |p: &Path| -> Result<Vec<u32>> { from_bytes(p, &crate::util::read_file(p)?) };
             return Ok(Corpus { train: read_cache(&train_cache)?, heldout: read_cache(&heldout_cache)? });
         }
         let sotu = corpus_dir.join("sotu");
@@ -229,7 +229,7 @@ pub fn teacher_text(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Tokenizer, t
     for (i, start) in (0..n).step_by(shard).enumerate() {
         let path = dir.join(format!("shard-{i:05}.bin"));
         let tokens = if path.is_file() {
-            from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?)?
+            from_bytes(&path, &crate::util::read_file(&path)?)?
         } else {
             let done = out.len();
             let mut inner = |t: usize| progress(done + t);

@@ -202,6 +202,30 @@ impl DistillConfig {
         if self.stages.contains(&Stage::Instruct) && (self.sft_tokens == 0 || self.sft_answer_len == 0) {
             return Err(Error::argument("--sft-tokens", "instruction tuning (stage 4) needs a budget and an answer length of at least 1 token"));
         }
+        for (arg, lr) in [("--lr1", self.lr[0]), ("--lr2", self.lr[1]), ("--lr3", self.lr[2]), ("--sft-lr", self.sft_lr)] {
+            if !(lr.is_finite() && lr > 0.0) {
+                return Err(Error::argument(arg, format!("{lr}: a learning rate must be a positive number")));
+            }
+        }
+        if !(self.clip.is_finite() && self.clip > 0.0) || !(self.adam_eps > 0.0) || !(0.0..1.0).contains(&self.beta1) || !(0.0..1.0).contains(&self.beta2) || !(self.weight_decay >= 0.0) {
+            return Err(Error::argument("optimizer", format!("clip {}, adam_eps {}, beta1 {}, beta2 {}, weight_decay {}: expected a positive clip and ε, betas in [0, 1), a non-negative decay", self.clip, self.adam_eps, self.beta1, self.beta2, self.weight_decay)));
+        }
+        // Sampling runs at thousands of tokens per second: more than 2^30 is a typo, not a plan,
+        // and would be an allocation of terabytes.
+        if self.teacher_tokens > 1 << 30 {
+            return Err(Error::argument("--teacher-tokens", format!("{}: at most {} tokens of teacher text", self.teacher_tokens, 1u64 << 30)));
+        }
+        if self.shard_mb == 0 {
+            return Err(Error::argument("--shard-mb", "must be at least 1"));
+        }
+        let mut layers = self.mixer_layers.clone();
+        layers.sort_unstable();
+        if let Some(w) = layers.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::argument("--mixer-layers", format!("block {} is listed twice", w[0])));
+        }
+        if self.stages.iter().any(|s| s.index().is_some()) && self.stages.iter().filter_map(|s| s.index()).map(|i| self.split[i]).sum::<f64>() <= 0.0 {
+            return Err(Error::argument("--split", format!("{:?}: the stages run ({:?}) have no share of the budget", self.split, self.stages)));
+        }
         Ok(())
     }
 
@@ -490,7 +514,7 @@ impl<'g> Distiller<'g> {
             write_atomic(&path, &to_bytes(&s))?;
         }
         self.ranks.barrier()?;
-        let samples = from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?)?;
+        let samples = from_bytes(&path, &crate::util::read_file(&path)?)?;
         match self.config.teacher_share {
             Some(share) => self.corpus.train = super::data::mix(&self.corpus.train, &samples, share, self.config.seq + 1),
             None => self.corpus.train.extend(samples),
@@ -526,7 +550,7 @@ impl<'g> Distiller<'g> {
                     write_atomic(&path, &data.to_bytes())?;
                 }
                 self.ranks.barrier()?;
-                SftData::from_bytes(&path, &std::fs::read(&path).map_err(|e| Error::io(&path, e))?, row)?
+                SftData::from_bytes(&path, &crate::util::read_file(&path)?, row)?
             }
         };
         self.sft = Some(data);
