@@ -33,7 +33,7 @@ mkdir -p "$LINEARIZE_HOME/teacher" && ln -sf "$T" "$LINEARIZE_HOME/teacher/SmolL
 case "${1:-students}" in
 students)
   for m in $(.bin/linearize student --help | sed -n 's/.*possible values: \(.*\)\]/\1/p' | tr -d ','); do
-    .bin/linearize student --mixer "$m" --out "/root/s-$m" > /dev/null 2>> "$OUT/log.txt" || continue
+    .bin/linearize student --mixer "$m" --force --out "/root/s-$m" > /dev/null 2>> "$OUT/log.txt" || continue
     for round in 1 2; do
       for bin in "${BEFORE:-.before/linearize}" .bin/linearize; do
         [ -x "$bin" ] || continue

@@ -5,80 +5,10 @@ use linearize_core::model::gguf::{unpermute_rope_rows, GgufFile};
 use linearize_core::model::hf;
 use linearize_core::model::load::{linearize_home, teacher_path};
 use linearize_core::model::Model;
+use linearize_tests::gguf_writer::{write_gguf, Meta};
 use linearize_tests::{teacher, tempdir};
 use std::path::{Path, PathBuf};
 
-
-// ---- a small GGUF writer (just enough for tests) ----
-
-enum Meta {
-    U32(u32),
-    F32(f32),
-    Str(&'static str),
-    Strs(Vec<String>),
-    I32s(Vec<i32>),
-}
-
-fn put_str(b: &mut Vec<u8>, s: &str) {
-    b.extend((s.len() as u64).to_le_bytes());
-    b.extend(s.as_bytes());
-}
-
-/// tensors: (name, dims innermost first, ggml type, raw bytes)
-fn write_gguf(meta: &[(&str, Meta)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
-    let mut b = b"GGUF".to_vec();
-    b.extend(3u32.to_le_bytes());
-    b.extend((tensors.len() as u64).to_le_bytes());
-    b.extend((meta.len() as u64).to_le_bytes());
-    for (k, v) in meta {
-        put_str(&mut b, k);
-        match v {
-            Meta::U32(x) => {
-                b.extend(4u32.to_le_bytes());
-                b.extend(x.to_le_bytes());
-            }
-            Meta::F32(x) => {
-                b.extend(6u32.to_le_bytes());
-                b.extend(x.to_le_bytes());
-            }
-            Meta::Str(s) => {
-                b.extend(8u32.to_le_bytes());
-                put_str(&mut b, s);
-            }
-            Meta::Strs(v) => {
-                b.extend(9u32.to_le_bytes());
-                b.extend(8u32.to_le_bytes());
-                b.extend((v.len() as u64).to_le_bytes());
-                v.iter().for_each(|s| put_str(&mut b, s));
-            }
-            Meta::I32s(v) => {
-                b.extend(9u32.to_le_bytes());
-                b.extend(5u32.to_le_bytes());
-                b.extend((v.len() as u64).to_le_bytes());
-                v.iter().for_each(|x| b.extend(x.to_le_bytes()));
-            }
-        }
-    }
-    let mut offset = 0u64;
-    for (name, dims, ty, data) in tensors {
-        put_str(&mut b, name);
-        b.extend((dims.len() as u32).to_le_bytes());
-        dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
-        b.extend(ty.to_le_bytes());
-        b.extend(offset.to_le_bytes());
-        offset += (data.len() as u64).div_ceil(32) * 32;
-    }
-    while b.len() % 32 != 0 {
-        b.push(0);
-    }
-    for (_, _, _, data) in tensors {
-        b.extend(data);
-        while b.len() % 32 != 0 {
-            b.push(0);
-        }
-    }
-    b
-}
 
 fn f16(v: f32) -> [u8; 2] {
     half::f16::from_f32(v).to_le_bytes()

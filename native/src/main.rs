@@ -155,6 +155,9 @@ enum Command {
         retnet_teacher_rope: bool,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Replace the model files of a non-empty --out directory
+        #[arg(long)]
+        force: bool,
     },
     /// Distil a teacher into a student: stage 1 (mixer outputs), 2 (hidden states), 3 (end to end)
     Distill(distill::DistillArgs),
@@ -175,10 +178,15 @@ enum Command {
     Bench(BenchArgs),
     /// Write an HF directory (config.json, model.safetensors, tokenizer.json) from a GGUF file.
     Convert {
+        /// The GGUF file to convert
         #[arg(long)]
         from: PathBuf,
+        /// The directory to write (new or empty, unless --force)
         #[arg(long)]
         to: PathBuf,
+        /// Replace the model files of a non-empty --to directory
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -197,10 +205,10 @@ fn main() {
             let sampling = Sampling { max_new_tokens, temperature, top_p, seed, stop_ids: Vec::new() };
             cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), weights, json)
         }
-        Command::Convert { from, to } => cmd_convert(&from, &to),
-        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed } => {
+        Command::Convert { from, to, force } => cmd_convert(&from, &to, force),
+        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, force } => {
             let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope };
-            cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed)
+            cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed, force)
         }
         Command::Distill(args) => distill::run(&args, load),
         Command::Eval(args) => eval::run(&args, load),
@@ -433,11 +441,40 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     Ok(())
 }
 
-fn cmd_convert(from: &std::path::Path, to: &std::path::Path) -> Result<()> {
+/// The files a model directory consists of (a student's or an HF one).
+fn is_model_file(name: &str) -> bool {
+    matches!(name, "config.json" | "student.json" | "tokenizer.json" | "model.safetensors" | "model.safetensors.index.json")
+        || (name.starts_with("model-") && name.ends_with(".safetensors"))
+}
+
+/// Makes `dir` ready to receive a model: new or empty, or with `force` a directory whose model
+/// files are removed first, so old and new files never mix into a directory that does not load.
+pub(crate) fn prepare_model_dir(arg: &str, dir: &std::path::Path, force: bool) -> Result<()> {
+    let entries: Vec<_> = match std::fs::read_dir(dir) {
+        Ok(r) => r.filter_map(|e| e.ok()).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => bail!("{arg} {}: {e}", dir.display()),
+    };
+    if entries.is_empty() {
+        return Ok(());
+    }
+    if !force {
+        bail!("{arg} {}: the directory is not empty ({} entries); choose a new one, or pass --force to replace the model in it", dir.display(), entries.len());
+    }
+    for e in entries {
+        if is_model_file(&e.file_name().to_string_lossy()) {
+            std::fs::remove_file(e.path()).with_context(|| format!("{arg}: removing {}", e.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn cmd_convert(from: &std::path::Path, to: &std::path::Path, force: bool) -> Result<()> {
     if from.is_dir() || from.extension().and_then(|e| e.to_str()) != Some("gguf") {
         bail!("--from {}: expected a .gguf file", from.display());
     }
     let model = Model::load_path(from)?;
+    prepare_model_dir("--to", to, force)?;
     hf::save_dir(to, &model.weights, &model.tokenizer)?;
     outln!("wrote {} (config.json, model.safetensors, tokenizer.json)", to.display());
     Ok(())
@@ -574,7 +611,8 @@ struct StudentFlags {
     retnet_teacher_rope: bool,
 }
 
-fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, flags: StudentFlags, seed: u64) -> Result<()> {
+#[allow(clippy::too_many_arguments)]
+fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, flags: StudentFlags, seed: u64, force: bool) -> Result<()> {
     use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
     let kind = MixerKind::from_name(mixer)?;
     let conv_init = match conv_init {
@@ -597,6 +635,7 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
     let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope } = flags;
     let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, ..Default::default() };
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
+    prepare_model_dir("--out", out, force)?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;
     outln!(
         "wrote {} ({} in {} of {} blocks)",

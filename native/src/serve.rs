@@ -44,7 +44,7 @@ fn models(home: &Path) -> Vec<Served> {
         let mut files: Vec<String> = std::fs::read_dir(&dir)
             .map(|r| r.filter_map(|e| e.ok()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
             .unwrap_or_default();
-        files.retain(|f| f.ends_with(".json") || f.ends_with(".safetensors"));
+        files.retain(|f| (f.ends_with(".json") || f.ends_with(".safetensors")) && std::fs::symlink_metadata(dir.join(f)).is_ok_and(|m| m.is_file()));
         files.sort();
         out.push(Served { name: dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(), kind, dir, files });
     }
@@ -91,21 +91,34 @@ fn ensure_package(www: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The file a request path names, if it is one the server hands out.
-fn resolve(www: &Path, models: &[Served], path: &str) -> Option<PathBuf> {
+/// The file a request path names, if it is one the server hands out: a regular file whose
+/// real path (links followed) lies inside the served root it was asked under — www/, the
+/// teacher's folder or $LINEARIZE_HOME/students — so a link in any of them serves nothing
+/// from elsewhere, and a FIFO or device named like a model file is never opened.
+fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<PathBuf> {
     let path = path.split('?').next().unwrap_or("");
     if path.contains("..") || path.contains('\\') {
         return None;
     }
-    if let Some(rest) = path.strip_prefix("/models/") {
+    let (file, root) = if let Some(rest) = path.strip_prefix("/models/") {
         let (name, file) = rest.split_once('/')?;
         let m = models.iter().find(|m| m.name == name)?;
-        return m.files.iter().any(|f| f == file).then(|| m.dir.join(file));
-    }
-    let rel = path.trim_start_matches('/');
-    let file = www.join(if rel.is_empty() { "index.html" } else { rel });
-    file.is_file().then_some(file)
+        if !m.files.iter().any(|f| f == file) {
+            return None;
+        }
+        let root = if m.kind == "teacher" { m.dir.clone() } else { home.join("students") };
+        (m.dir.join(file), root)
+    } else {
+        let rel = path.trim_start_matches('/');
+        (www.join(if rel.is_empty() { "index.html" } else { rel }), www.to_path_buf())
+    };
+    let (real, root) = (file.canonicalize().ok()?, root.canonicalize().ok()?);
+    (real.starts_with(&root) && real.metadata().ok()?.is_file()).then_some(real)
 }
+
+/// Requests answered at once; more wait in the listener's queue. Each has a thread of its own,
+/// so a client that stops reading holds up only its own response.
+const MAX_CONCURRENT_REQUESTS: usize = 32;
 
 pub fn run(a: &ServeArgs) -> Result<()> {
     let www = a.www.clone().unwrap_or_else(default_www);
@@ -118,25 +131,46 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     let port = server.server_addr().to_ip().map(|s| s.port()).unwrap_or(a.port);
     let listed = models(&home);
     outln!("serving http://127.0.0.1:{port}/ (pages: {}, models: {} in {})", www.display(), listed.len(), home.display());
-    for request in server.incoming_requests() {
-        // Models are listed afresh so that a student distilled meanwhile shows up.
-        let models = models(&home);
-        let url = request.url().to_string();
-        let response = if url == "/models.json" {
-            let list: Vec<_> = models.iter().map(|m| json!({ "name": m.name, "kind": m.kind, "base": format!("/models/{}/", m.name), "files": m.files })).collect();
-            let body = json!({ "models": list }).to_string();
-            tiny_http::Response::from_data(body).with_header(header("application/json")).boxed()
-        } else if let Some(file) = resolve(&www, &models, &url) {
-            match std::fs::File::open(&file) {
-                Ok(f) => tiny_http::Response::from_file(f).with_header(header(content_type(&file))).boxed(),
-                Err(_) => tiny_http::Response::from_string("not found").with_status_code(404).boxed(),
-            }
-        } else {
-            tiny_http::Response::from_string("not found").with_status_code(404).boxed()
-        };
-        let _ = request.respond(response);
+    let server = std::sync::Arc::new(server);
+    let workers: Vec<_> = (0..MAX_CONCURRENT_REQUESTS)
+        .map(|_| {
+            let (server, www, home) = (server.clone(), www.clone(), home.clone());
+            std::thread::spawn(move || {
+                for request in server.incoming_requests() {
+                    respond(request, &www, &home);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        let _ = w.join();
     }
     Ok(())
+}
+
+fn respond(request: tiny_http::Request, www: &Path, home: &Path) {
+    use tiny_http::Method;
+    if !matches!(request.method(), Method::Get | Method::Head) {
+        let allow = tiny_http::Header::from_bytes(&b"Allow"[..], &b"GET, HEAD"[..]).expect("a valid header");
+        let _ = request.respond(tiny_http::Response::from_string("method not allowed").with_status_code(405).with_header(allow));
+        return;
+    }
+    // Models are listed afresh so that a student distilled meanwhile shows up.
+    let models = models(home);
+    let url = request.url().to_string();
+    let response = if url == "/models.json" {
+        let list: Vec<_> = models.iter().map(|m| json!({ "name": m.name, "kind": m.kind, "base": format!("/models/{}/", m.name), "files": m.files })).collect();
+        let body = json!({ "models": list }).to_string();
+        tiny_http::Response::from_data(body).with_header(header("application/json")).boxed()
+    } else if let Some(file) = resolve(www, home, &models, &url) {
+        match std::fs::File::open(&file) {
+            Ok(f) => tiny_http::Response::from_file(f).with_header(header(content_type(&file))).boxed(),
+            Err(_) => tiny_http::Response::from_string("not found").with_status_code(404).boxed(),
+        }
+    } else {
+        tiny_http::Response::from_string("not found").with_status_code(404).boxed()
+    };
+    let _ = request.respond(response);
 }
 
 fn header(value: &str) -> tiny_http::Header {

@@ -9,6 +9,10 @@ fn default_rope_theta() -> f64 {
 fn default_eps() -> f64 {
     1e-5
 }
+/// config.json's model type in a student directory: no library that knows only Llama takes it
+/// for a plain Llama (whose attention tensors it lacks).
+pub const STUDENT_MODEL_TYPE: &str = "linearize_student";
+
 fn default_model_type() -> String {
     "llama".into()
 }
@@ -81,8 +85,8 @@ impl LlamaConfig {
     /// allocation), heads that divide, and finite positive ε and rotary base.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |msg: String| Err(Error::ConfigMismatch { path: path.into(), msg });
-        if self.model_type != "llama" {
-            return bad(format!("model_type is '{}', expected 'llama'", self.model_type));
+        if self.model_type != "llama" && self.model_type != STUDENT_MODEL_TYPE {
+            return bad(format!("model_type is '{}', expected 'llama' (or '{STUDENT_MODEL_TYPE}' beside a student.json)", self.model_type));
         }
         let sizes = [
             ("hidden_size", self.hidden_size, 1 << 16),

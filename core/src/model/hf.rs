@@ -62,6 +62,9 @@ pub fn load_dir(dir: &Path) -> Result<(ModelWeights, Tokenizer)> {
 
 pub fn load_files(files: &ModelFiles) -> Result<(ModelWeights, Tokenizer)> {
     let config = LlamaConfig::from_json(&files.read_string("config.json")?, &files.path("config.json"))?;
+    if config.model_type == super::config::STUDENT_MODEL_TYPE {
+        return Err(Error::Missing { path: files.path(super::student::STUDENT_FILE), what: "student.json: config.json says this is a student directory".into() });
+    }
     let tokenizer = tokenizer(files)?;
     let mut found: HashMap<String, Vec<f32>> = HashMap::new();
     let expected = hf_tensor_shapes(&config);

@@ -97,11 +97,11 @@ impl Model {
     /// hundred rows).
     pub fn assemble(weights: ModelWeights, tokenizer: Tokenizer, source: PathBuf, mixers: Option<StudentMixers>) -> Result<Self> {
         const MAX_PADDING_ROWS: usize = 1024;
-        let (tokens, rows) = (tokenizer.vocab_size(), weights.config.vocab_size);
-        if tokens > rows || tokens + MAX_PADDING_ROWS < rows {
+        let (tokens, ids, rows) = (tokenizer.vocab_size(), tokenizer.id_bound(), weights.config.vocab_size);
+        if ids > rows || tokens + MAX_PADDING_ROWS < rows {
             return Err(Error::ConfigMismatch {
                 path: source,
-                msg: format!("the tokenizer has {tokens} tokens but the embedding has {rows} rows: the tokenizer of another model?"),
+                msg: format!("the tokenizer has {tokens} tokens (ids up to {}) but the embedding has {rows} rows: the tokenizer of another model?", ids.saturating_sub(1)),
             });
         }
         Ok(Model { weights, tokenizer, source, mixers })

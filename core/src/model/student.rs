@@ -148,7 +148,8 @@ pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokeniz
             std::fs::remove_file(&single).map_err(|e| Error::io(&single, e))?;
         }
     }
-    write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(&w.config).expect("json").as_bytes())?;
+    let config = LlamaConfig { model_type: super::config::STUDENT_MODEL_TYPE.into(), ..w.config.clone() };
+    write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
     write_atomic(&dir.join(STUDENT_FILE), serde_json::to_string_pretty(&m.config).expect("json").as_bytes())?;
     write_atomic(&dir.join("tokenizer.json"), tokenizer.json().as_bytes())?;
     Ok(())
@@ -216,6 +217,16 @@ pub fn load_files(files: &ModelFiles) -> Result<(ModelWeights, Tokenizer, Studen
             params.insert(pname, Tensor::new(shape, data));
         }
         layers.insert(i, params);
+    }
+    // Tensors nothing took: student.json describes another student than the weights hold.
+    if !found.is_empty() {
+        let mut left: Vec<&String> = found.keys().collect();
+        left.sort();
+        let shown: Vec<&str> = left.iter().take(4).map(|s| s.as_str()).collect();
+        return Err(Error::ConfigMismatch {
+            path: st_path,
+            msg: format!("{} tensor(s) that student.json ({} in blocks {:?}) does not use, e.g. {shown:?}", left.len(), scfg.mixer.name(), scfg.mixer_layers),
+        });
     }
     Ok((weights, tokenizer, StudentMixers { config: scfg, layers }))
 }

@@ -79,6 +79,12 @@ impl Tokenizer {
         self.inner.get_vocab_size(true)
     }
 
+    /// One past the largest id the tokenizer can produce (its vocabulary's ids need not be
+    /// dense): the embedding rows it needs.
+    pub fn id_bound(&self) -> usize {
+        self.inner.get_vocab(true).values().map(|&id| id as usize + 1).max().unwrap_or(0)
+    }
+
     /// Token ids of `text`; no BOS is added (SmolLM2 adds none).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let enc = self.inner.encode(text, false).map_err(|e| Error::Tokenizer(format!("encoding failed: {e}")))?;

@@ -28,11 +28,21 @@ pub struct RunState {
     pub weights: String,
     /// Lines of the metrics file written up to this state.
     pub metrics_lines: usize,
+    /// SHA-256 of the weights file, hex: a file changed on disk after it was written (a flipped
+    /// byte, a tensor cut short) is refused on resume. Empty in states of earlier versions.
+    #[serde(default)]
+    pub weights_sha256: String,
+}
+
+/// SHA-256 of `bytes` in lower-case hex.
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl RunState {
     pub fn new(config: DistillConfig) -> Self {
-        RunState { config, done: Vec::new(), stage: None, step: 0, cursor: 0, tokens: 0, weights: String::new(), metrics_lines: 0 }
+        RunState { config, done: Vec::new(), stage: None, step: 0, cursor: 0, tokens: 0, weights: String::new(), metrics_lines: 0, weights_sha256: String::new() }
     }
 
     pub fn path(out: &Path) -> PathBuf {
@@ -46,7 +56,45 @@ impl RunState {
             return Ok(None);
         }
         let text = crate::util::read_text(&path)?;
-        serde_json::from_str(&text).map(Some).map_err(|e| Error::format(&path, format!("not a checkpoint state: {e}")))
+        let state: RunState = serde_json::from_str(&text).map_err(|e| Error::format(&path, format!("not a checkpoint state: {e}")))?;
+        state.validate(&path)?;
+        Ok(Some(state))
+    }
+
+    /// A state is one this program could have written: stages of its config in order, a step
+    /// within its stage, the data cursor and token count within what the steps so far read,
+    /// and a weights file inside the checkpoint directory.
+    fn validate(&self, path: &Path) -> Result<()> {
+        let bad = |msg: String| Err(Error::format(path, format!("not a state this program wrote ({msg}); the checkpoint is damaged or was edited")));
+        let c = &self.config;
+        if let Err(e) = c.validate() {
+            return bad(format!("its config: {e}"));
+        }
+        let order = |s: &Stage| c.stages.iter().position(|x| x == s);
+        if self.done.iter().any(|s| order(s).is_none()) || self.done.windows(2).any(|w| order(&w[0]) >= order(&w[1])) {
+            return bad(format!("stages done {:?} are not stages {:?} in order", self.done, c.stages));
+        }
+        if let Some(stage) = self.stage {
+            if order(&stage).is_none() {
+                return bad(format!("stage {} is not one of {:?}", stage.number(), c.stages));
+            }
+            if self.step > c.stage_steps(stage) {
+                return bad(format!("step {} is past stage {}'s {} steps", self.step, stage.number(), c.stage_steps(stage)));
+            }
+        } else if self.step != 0 || !self.done.is_empty() {
+            return bad(format!("step {} and stages done {:?} before any stage began", self.step, self.done));
+        }
+        // Every step reads at most batch rows of seq + 1 tokens (the teacher's text included).
+        let steps: u64 = c.stages.iter().map(|&s| c.stage_steps(s) as u64).sum();
+        let rows = steps * c.batch as u64;
+        if self.cursor > rows * (c.seq as u64 + 1) || self.tokens > rows * c.seq as u64 {
+            return bad(format!("data cursor {} / tokens {} beyond the {rows} rows of the run", self.cursor, self.tokens));
+        }
+        let plain = Path::new(&self.weights).file_name().is_some_and(|n| n == self.weights.as_str());
+        if self.stage.is_some() && !(plain && self.weights.ends_with(".safetensors")) {
+            return bad(format!("weights file '{}' is not a file of the checkpoint directory", self.weights));
+        }
+        Ok(())
     }
 
     /// Writes `tensors` as this state's weights file, then the state; removes the previous file.
@@ -61,6 +109,7 @@ impl RunState {
         let name = format!("weights-stage{stage}-step{}.safetensors", self.step);
         let previous = std::mem::replace(&mut self.weights, name.clone());
         write_atomic(&dir.join(&name), &bytes)?;
+        self.weights_sha256 = sha256_hex(&bytes);
         write_atomic(&Self::path(out), serde_json::to_string_pretty(self).expect("state serialises").as_bytes())?;
         if !previous.is_empty() && previous != name {
             let _ = std::fs::remove_file(dir.join(previous));
@@ -72,6 +121,9 @@ impl RunState {
     pub fn read_weights(&self, out: &Path) -> Result<(PathBuf, Vec<u8>)> {
         let path = out.join(CHECKPOINT_DIR).join(&self.weights);
         let bytes = crate::util::read_file(&path)?;
+        if !self.weights_sha256.is_empty() && sha256_hex(&bytes) != self.weights_sha256 {
+            return Err(Error::format(&path, format!("the checkpoint's weights changed on disk after they were written (SHA-256 differs from {}'s); resume from an intact copy or start again", STATE_FILE)));
+        }
         Ok((path, bytes))
     }
 }
@@ -91,4 +143,13 @@ mod stage_or_zero {
             n => Stage::from_number(n).map(Some).map_err(serde::de::Error::custom),
         }
     }
+}
+
+/// The f32 values of a checkpoint tensor, copied (a file's bytes need not be 4-byte aligned);
+/// `what` names it in errors.
+pub fn f32_values(path: &Path, what: &str, view: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
+    if view.dtype() != safetensors::Dtype::F32 || view.data().len() % 4 != 0 {
+        return Err(Error::format(path, format!("{what} is {:?} of {} bytes, expected F32", view.dtype(), view.data().len())));
+    }
+    Ok(view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
 }

@@ -436,7 +436,10 @@ impl<'g> Distiller<'g> {
             (Some(_), false) => {
                 return Err(Error::argument("--out", format!("{} holds a checkpoint; pass --resume to continue it or choose another directory", out.display())));
             }
-            (None, _) => RunState::new(config.clone()),
+            (None, true) => {
+                return Err(Error::argument("--resume", format!("{} holds no checkpoint ({} is missing); run without --resume to start", out.display(), RunState::path(out).display())));
+            }
+            (None, false) => RunState::new(config.clone()),
         };
         std::fs::create_dir_all(out.join(CHECKPOINT_DIR)).map_err(|e| Error::io(out, e))?;
         let teacher_lm = LanguageModel::upload(gpu, &tw)?;
@@ -877,11 +880,11 @@ impl<'g> Distiller<'g> {
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
         for p in self.student.parameters(Scope::All)? {
             let view = st.tensor(&format!("param.{}", p.name)).map_err(|_| Error::format(&path, format!("missing parameter '{}'", p.name)))?;
-            let data: &[f32] = bytemuck::cast_slice(view.data());
+            let data = super::checkpoint::f32_values(&path, &format!("parameter '{}'", p.name), &view)?;
             if data.len() != p.buf.len {
                 return Err(Error::format(&path, format!("parameter '{}' has {} values, expected {}", p.name, data.len(), p.buf.len)));
             }
-            self.gpu.write_f32(p.buf, data);
+            self.gpu.write_f32(p.buf, &data);
         }
         Ok(())
     }

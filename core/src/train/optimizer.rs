@@ -299,12 +299,12 @@ impl Optimizer {
         for (name, s) in &self.slots {
             for what in ["m", "v"] {
                 let view = st.tensor(&format!("{what}.{name}")).map_err(|_| Error::format(path, format!("missing optimizer state {what}.{name}")))?;
-                let data: &[f32] = bytemuck::cast_slice(view.data());
+                let data = super::checkpoint::f32_values(path, &format!("optimizer state {what}.{name}"), &view)?;
                 if data.len() != s.len {
                     return Err(Error::format(path, format!("optimizer state {what}.{name} has {} values, expected {}", data.len(), s.len)));
                 }
                 let buf = self.view(name, |g| if what == "m" { &g.m } else { &g.v })?;
-                gpu.write_f32(&buf, data);
+                gpu.write_f32(&buf, &data);
             }
         }
         Ok(())
