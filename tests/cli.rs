@@ -174,7 +174,7 @@ fn an_interrupted_evaluation_resumes_without_rescoring() {
     let o = run(&["eval", "--tasks", "winogrande", "--limit", "2", "--out", out.to_str().unwrap(), "--json"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let first: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(first["tasks"][0]["docs"], 2);
+    assert_eq!(first["n-samples"]["winogrande"]["effective"], 2);
     // Cut the record as an interruption would: one whole line and half of the next.
     let record = out.join("winogrande.jsonl");
     let text = std::fs::read_to_string(&record).unwrap();
@@ -210,3 +210,63 @@ fn the_profiler_names_its_clock_and_totals_its_kernels() {
     }
 }
 
+
+/// `eval --json` in lm-evaluation-harness's shape, read the way its `make_table` reads results
+/// (lm_eval/utils.py: results keyed by task with "metric,filter" entries and their
+/// "metric_stderr,filter", versions, n-shot, higher_is_better), and every number recomputed
+/// from the per-document records `--log-samples` writes.
+#[test]
+fn eval_results_have_lm_evaluation_harness_shape_and_match_their_samples() {
+    let dir = linearize_tests::tempdir("cli-lm-eval");
+    let out = dir.join("scores");
+    let o = run(&["eval", "--tasks", "lambada,arc_easy,winogrande", "--limit", "6", "--out", out.to_str().unwrap(), "--log-samples", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let printed: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(printed["results"], written["results"], "--out's results.json is what --json prints");
+    let results = printed["results"].as_object().unwrap();
+    assert_eq!(results.keys().collect::<Vec<_>>(), ["arc_easy", "lambada_openai", "winogrande"], "lm-eval's task names");
+    for (task, dic) in results {
+        assert!(printed["versions"][task].is_number() && printed["n-shot"][task] == 0, "{task}");
+        assert_eq!(dic["alias"], task.as_str());
+        // make_table: each "metric,filter" but the stderrs, with higher_is_better and its stderr.
+        let metrics: Vec<&str> = dic.as_object().unwrap().keys().filter(|k| *k != "alias" && !k.split(',').next().unwrap().ends_with("_stderr")).map(|k| k.as_str()).collect();
+        assert!(!metrics.is_empty(), "{task}");
+        for mf in &metrics {
+            let (m, f) = mf.split_once(',').expect("metric,filter");
+            assert_eq!(f, "none");
+            assert!(dic[mf].is_f64(), "{task} {mf}");
+            assert!(dic[format!("{m}_stderr,{f}")].is_f64(), "{task}: {m} has no stderr");
+            assert!(printed["higher_is_better"][task][m].is_boolean(), "{task}: higher_is_better of {m}");
+        }
+        // The samples: one record per document whose metrics average to the reported value.
+        let samples = std::fs::read_to_string(out.join(format!("samples_{task}.jsonl"))).unwrap();
+        let records: Vec<serde_json::Value> = samples.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(records.len(), 6, "{task}");
+        for r in &records {
+            for key in ["doc_id", "doc", "target", "arguments", "resps", "filtered_resps", "filter", "metrics", "doc_hash", "prompt_hash", "target_hash"] {
+                assert!(!r[key].is_null(), "{task}: a sample without {key}: {r}");
+            }
+        }
+        let n = records.len() as f64;
+        let mean = |m: &str| records.iter().map(|r| r[m].as_f64().unwrap()).sum::<f64>() / n;
+        for metric in ["acc", "acc_norm"] {
+            if let Some(v) = dic.get(format!("{metric},none")) {
+                let want = mean(metric);
+                assert!((v.as_f64().unwrap() - want).abs() < 1e-12, "{task} {metric}: {v} vs {want} from the samples");
+                let var = records.iter().map(|r| (r[metric].as_f64().unwrap() - want).powi(2)).sum::<f64>() / (n - 1.0);
+                let se = dic[format!("{metric}_stderr,none")].as_f64().unwrap();
+                assert!((se - (var / n).sqrt()).abs() < 1e-12, "{task} {metric}_stderr: {se}");
+            }
+        }
+        if task == "lambada_openai" {
+            let ppl = (-mean("perplexity")).exp();
+            assert!((dic["perplexity,none"].as_f64().unwrap() - ppl).abs() < 1e-9 * ppl, "lambada perplexity from the samples");
+            assert_eq!(printed["higher_is_better"][task]["perplexity"], false);
+        }
+    }
+    let avg = printed["linearize"]["average"].as_f64().unwrap();
+    let want = (results["arc_easy"]["acc_norm,none"].as_f64().unwrap() + results["lambada_openai"]["acc,none"].as_f64().unwrap() + results["winogrande"]["acc,none"].as_f64().unwrap()) / 3.0;
+    assert!((avg - want).abs() < 1e-12, "the average over tasks of acc_norm where there is one, acc otherwise: {avg} vs {want}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

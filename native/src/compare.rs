@@ -200,7 +200,7 @@ impl EvalPlan {
     #[allow(clippy::too_many_arguments)]
     pub fn evaluate(&self, gpu: &Gpu, spec: &str, label: &str, model: &Model, lm: &LanguageModel, dir: &Path) -> Result<ModelReport> {
         std::fs::create_dir_all(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
-        let results = if self.tasks.is_empty() { Vec::new() } else { evaluate_on(gpu, model, lm, &self.tasks, self.limit, self.json, Some(&dir.join("eval")))? };
+        let results = if self.tasks.is_empty() { Vec::new() } else { evaluate_on(gpu, model, lm, &self.tasks, self.limit, self.json, Some(&dir.join("eval")), false)? };
         let niah = match &self.niah {
             None => None,
             Some(plan) => {

@@ -3,7 +3,7 @@
 use crate::outln;
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::eval::{load_task, loglikelihoods, request_file, score_task, Scored, TaskResult, TASKS};
+use linearize_core::eval::{doc_metrics, lm_eval_name, load_task, loglikelihoods, request_file, score_task, Doc, Scored, TaskResult, TASKS};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::load::linearize_home;
 use linearize_core::model::{LanguageModel, Model};
@@ -38,8 +38,84 @@ pub struct EvalArgs {
     /// accumulation); with --out, mixed records go to DIR/mixed/ (DIR/f16-mixed/ with f16)
     #[arg(long, value_enum, default_value_t = crate::PrecisionArg::F32)]
     pub precision: crate::PrecisionArg,
+    /// With --out: every scored document in DIR/samples_<task>.jsonl as lm-evaluation-harness's
+    /// --log_samples writes them (arguments, responses, metrics, hashes)
+    #[arg(long, requires = "out")]
+    pub log_samples: bool,
+    /// Print the results as lm-evaluation-harness's results JSON (with --out also written to
+    /// DIR/results.json), with our average and recovery under "linearize"
     #[arg(long)]
     pub json: bool,
+}
+
+/// SHA-256 of `text` in hex, as lm-evaluation-harness hashes documents, prompts and targets.
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// One document as lm-evaluation-harness's --log_samples records it: the requests' arguments,
+/// the (log-likelihood, is-greedy) responses, the metrics and the hashes.
+fn sample_record(task: &str, doc: &Doc, scores: &[Scored]) -> serde_json::Value {
+    let choices: Vec<&str> = doc.requests.iter().map(|r| r.continuation.as_str()).collect();
+    let target = if task == "lambada" { json!(choices[0]) } else { json!(doc.gold) };
+    let doc_json = json!({ "choices": choices, "gold": doc.gold });
+    let arguments: serde_json::Map<String, serde_json::Value> =
+        doc.requests.iter().enumerate().map(|(i, r)| (format!("gen_args_{i}"), json!({ "arg_0": r.context, "arg_1": r.continuation }))).collect();
+    let resps: Vec<_> = scores.iter().map(|s| json!([[s.ll, s.greedy]])).collect();
+    let filtered: Vec<_> = scores.iter().map(|s| json!([s.ll, s.greedy])).collect();
+    let metrics = doc_metrics(task, doc, scores);
+    let mut v = json!({
+        "doc_id": doc.doc_id, "doc": doc_json, "target": target, "arguments": arguments, "resps": resps,
+        "filtered_resps": filtered, "filter": "none", "metrics": metrics.iter().map(|m| m.0).collect::<Vec<_>>(),
+        "doc_hash": sha256_hex(&doc_json.to_string()), "prompt_hash": sha256_hex(&doc.requests[0].context),
+        "target_hash": sha256_hex(&target.to_string()),
+    });
+    for (name, value) in metrics {
+        v[name] = json!(value);
+    }
+    v
+}
+
+/// Results in lm-evaluation-harness's shape: `results` keyed by its task names with
+/// "metric,none" and "metric_stderr,none" entries, `versions`, `n-shot`, `higher_is_better`,
+/// `n-samples` and `config`; what is ours (the average, recovery, the arithmetic) under
+/// "linearize".
+pub(crate) fn lm_eval_json(model: &str, results: &[TaskResult], limit: Option<usize>, ours: serde_json::Value) -> serde_json::Value {
+    let mut res = serde_json::Map::new();
+    let (mut versions, mut nshot, mut better, mut samples, mut configs) = (serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new(), serde_json::Map::new());
+    for r in results {
+        let name = lm_eval_name(&r.task).to_string();
+        let mut m = serde_json::Map::new();
+        m.insert("alias".into(), json!(name));
+        let mut metrics = vec![("acc", r.acc, r.acc_stderr)];
+        if let (Some(v), Some(se)) = (r.acc_norm, r.acc_norm_stderr) {
+            metrics.push(("acc_norm", v, se));
+        }
+        if let (Some(v), Some(se)) = (r.perplexity, r.perplexity_stderr) {
+            metrics.push(("perplexity", v, se));
+        }
+        for (metric, value, se) in &metrics {
+            m.insert(format!("{metric},none"), json!(value));
+            m.insert(format!("{metric}_stderr,none"), json!(se));
+        }
+        better.insert(name.clone(), metrics.iter().map(|(k, _, _)| (k.to_string(), json!(*k != "perplexity"))).collect::<serde_json::Map<_, _>>().into());
+        res.insert(name.clone(), m.into());
+        versions.insert(name.clone(), json!(1.0));
+        nshot.insert(name.clone(), json!(0));
+        samples.insert(name.clone(), json!({ "original": r.docs, "effective": r.docs }));
+        configs.insert(
+            name.clone(),
+            json!({ "task": name, "output_type": if r.task == "lambada" { "loglikelihood" } else { "multiple_choice" }, "num_fewshot": 0, "metric_list": metrics.iter().map(|(k, _, _)| json!({ "metric": k })).collect::<Vec<_>>() }),
+        );
+    }
+    let date = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+    json!({
+        "results": res, "group_subtasks": {}, "configs": configs, "versions": versions, "n-shot": nshot,
+        "higher_is_better": better, "n-samples": samples,
+        "config": { "model": "linearize", "model_args": format!("model={model}"), "batch_size": "auto", "limit": limit, "bootstrap_iters": 0 },
+        "git_hash": null, "date": date, "linearize_version": env!("CARGO_PKG_VERSION"), "linearize": ours,
+    })
 }
 
 /// The average over tasks of acc_norm where a task has it, acc otherwise.
@@ -66,13 +142,16 @@ fn scored_docs(path: &std::path::Path) -> Result<std::collections::HashMap<u64, 
 /// Documents scored together (their requests share batched forwards).
 const DOCS_PER_GROUP: usize = 64;
 
-pub(crate) fn evaluate(gpu: &Gpu, model: &Model, weights: crate::Weights, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn evaluate(gpu: &Gpu, model: &Model, weights: crate::Weights, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>, log_samples: bool) -> Result<Vec<TaskResult>> {
     let lm = crate::upload(gpu, model, weights)?;
-    evaluate_on(gpu, model, &lm, tasks, limit, json_out, record_dir)
+    evaluate_on(gpu, model, &lm, tasks, limit, json_out, record_dir, log_samples)
 }
 
-/// `evaluate` with the model already on the GPU.
-pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>) -> Result<Vec<TaskResult>> {
+/// `evaluate` with the model already on the GPU; with `log_samples`, each task's documents also
+/// go to `record_dir/samples_<task>.jsonl` as lm-evaluation-harness's `--log_samples` writes them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &[String], limit: Option<usize>, json_out: bool, record_dir: Option<&std::path::Path>, log_samples: bool) -> Result<Vec<TaskResult>> {
     let eval_dir = linearize_home().join("eval");
     let mut out = Vec::new();
     for task in tasks {
@@ -135,6 +214,11 @@ pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &
         }
         bar.finish_and_clear();
         let r = score_task(task, &docs, &scores);
+        if let (true, Some(dir)) = (log_samples, record_dir) {
+            let path = dir.join(format!("samples_{}.jsonl", lm_eval_name(task)));
+            let lines: String = docs.iter().zip(&scores).map(|(d, s)| format!("{}\n", sample_record(task, d, s))).collect();
+            linearize_core::util::write_atomic(&path, lines.as_bytes())?;
+        }
         if !json_out {
             let norm = r.acc_norm.map(|v| format!("  acc_norm {v:.4}")).unwrap_or_default();
             let ppl = r.perplexity.map(|v| format!("  perplexity {v:.3}")).unwrap_or_default();
@@ -200,15 +284,21 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         (crate::Weights::F32, true) => a.out.as_ref().map(|d| d.join("mixed")),
         (crate::Weights::F16, true) => a.out.as_ref().map(|d| d.join("f16-mixed")),
     };
-    let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref())?;
+    let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref(), a.log_samples)?;
     let avg = average(&results);
     let teacher = match &a.teacher {
-        Some(t) => Some(evaluate(&gpu, &load(t)?, a.weights, &tasks, a.limit, a.json, out.as_ref().map(|d| d.join("teacher")).as_deref())?),
+        Some(t) => Some(evaluate(&gpu, &load(t)?, a.weights, &tasks, a.limit, a.json, out.as_ref().map(|d| d.join("teacher")).as_deref(), a.log_samples)?),
         None => None,
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
+    let ours = json!({ "weights": a.weights.dtype().name(), "precision": precision, "average": avg, "recovery": recovery, "adapter": gpu.adapter,
+        "teacher": teacher.as_ref().map(|t| lm_eval_json(a.teacher.as_deref().unwrap_or(""), t, a.limit, json!({ "average": average(t) }))) });
+    let report = lm_eval_json(&a.model, &results, a.limit, ours);
+    if let Some(dir) = &out {
+        linearize_core::util::write_atomic(&dir.join("results.json"), serde_json::to_string_pretty(&report)?.as_bytes())?;
+    }
     if a.json {
-        outln!("{}", json!({ "model": a.model, "weights": a.weights.dtype().name(), "precision": precision, "tasks": results, "average": avg, "teacher": teacher, "recovery": recovery }));
+        outln!("{report}");
     } else {
         outln!("average {avg:.4}");
         if let Some(r) = recovery {

@@ -144,34 +144,83 @@ pub fn multiple_choice(doc: &Doc, scores: &[Scored]) -> (bool, bool) {
     (acc, argmax(per_char) == doc.gold)
 }
 
-/// Per-task results.
+/// Per-task results; each mean with its standard error as lm-evaluation-harness reports it
+/// (the sample standard deviation over documents / √n).
 #[derive(Clone, Debug, Default, Serialize, serde::Deserialize)]
 pub struct TaskResult {
     pub task: String,
     pub docs: usize,
     pub acc: f64,
+    #[serde(default)]
+    pub acc_stderr: f64,
     /// Multiple choice only.
     pub acc_norm: Option<f64>,
-    /// LAMBADA only.
+    #[serde(default)]
+    pub acc_norm_stderr: Option<f64>,
+    /// LAMBADA only: exp(−mean log-likelihood of the last word).
     pub perplexity: Option<f64>,
+    /// Its standard error by the delta method: perplexity × stderr(mean log-likelihood).
+    #[serde(default)]
+    pub perplexity_stderr: Option<f64>,
+}
+
+/// lm-evaluation-harness's name of `task` (its results and sample files are keyed by it).
+pub fn lm_eval_name(task: &str) -> &str {
+    match task {
+        "lambada" => "lambada_openai",
+        other => other,
+    }
+}
+
+/// Mean and standard error of the mean (sample standard deviation, n − 1, over √n) of `x`.
+pub fn mean_stderr(x: &[f64]) -> (f64, f64) {
+    let n = x.len() as f64;
+    if x.is_empty() {
+        return (0.0, 0.0);
+    }
+    let mean = x.iter().sum::<f64>() / n;
+    if x.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt())
+}
+
+/// The metrics of one document, by lm-evaluation-harness's metric names: acc (and acc_norm for
+/// multiple choice but WinoGrande), or LAMBADA's acc and the last word's log-likelihood.
+pub fn doc_metrics(task: &str, doc: &Doc, scores: &[Scored]) -> Vec<(&'static str, f64)> {
+    if task == "lambada" {
+        return vec![("acc", scores[0].greedy as u8 as f64), ("perplexity", scores[0].ll)];
+    }
+    let (acc, norm) = multiple_choice(doc, scores);
+    let mut m = vec![("acc", acc as u8 as f64)];
+    if task != "winogrande" {
+        m.push(("acc_norm", norm as u8 as f64));
+    }
+    m
 }
 
 /// Scores `docs` of `task` from their requests' scores (aligned with the docs' requests).
 pub fn score_task(task: &str, docs: &[Doc], scores: &[Vec<Scored>]) -> TaskResult {
-    let n = docs.len().max(1) as f64;
-    if task == "lambada" {
-        let acc = scores.iter().filter(|s| s[0].greedy).count() as f64 / n;
-        let mean_ll = scores.iter().map(|s| s[0].ll).sum::<f64>() / n;
-        return TaskResult { task: task.into(), docs: docs.len(), acc, acc_norm: None, perplexity: Some((-mean_ll).exp()) };
+    let per_doc: Vec<Vec<(&str, f64)>> = docs.iter().zip(scores).map(|(d, s)| doc_metrics(task, d, s)).collect();
+    let column = |name: &str| -> Option<Vec<f64>> { per_doc.iter().map(|m| m.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)).collect() };
+    let (acc, acc_stderr) = mean_stderr(&column("acc").unwrap_or_default());
+    let norm = column("acc_norm").filter(|_| !docs.is_empty()).map(|v| mean_stderr(&v));
+    let ppl = column("perplexity").filter(|_| !docs.is_empty()).map(|ll| {
+        let (mean_ll, se) = mean_stderr(&ll);
+        let ppl = (-mean_ll).exp();
+        (ppl, ppl * se)
+    });
+    TaskResult {
+        task: task.into(),
+        docs: docs.len(),
+        acc,
+        acc_stderr,
+        acc_norm: norm.map(|v| v.0),
+        acc_norm_stderr: norm.map(|v| v.1),
+        perplexity: ppl.map(|v| v.0),
+        perplexity_stderr: ppl.map(|v| v.1),
     }
-    let (mut acc, mut norm) = (0.0, 0.0);
-    for (d, s) in docs.iter().zip(scores) {
-        let (a, b) = multiple_choice(d, s);
-        acc += a as u8 as f64;
-        norm += b as u8 as f64;
-    }
-    let acc_norm = (task != "winogrande").then_some(norm / n);
-    TaskResult { task: task.into(), docs: docs.len(), acc: acc / n, acc_norm, perplexity: None }
 }
 
 /// Context and continuation tokens as lm-evaluation-harness splits them: a trailing space of the

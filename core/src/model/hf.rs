@@ -20,6 +20,15 @@ fn to_f32(path: &Path, name: &str, view: &safetensors::tensor::TensorView) -> Re
     })
 }
 
+/// A tensor stored in F32 (students, checkpoints), copied out (a file's bytes need not be 4-byte
+/// aligned); `name` says what it is in errors.
+pub fn f32_tensor(path: &Path, name: &str, view: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
+    if view.dtype() != Dtype::F32 {
+        return Err(Error::format(path, format!("{name} is {:?}; expected F32", view.dtype())));
+    }
+    to_f32(path, name, view)
+}
+
 /// The safetensors files of a directory: one `model.safetensors`, or the shards named by
 /// `model.safetensors.index.json`.
 pub fn shard_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {

@@ -178,10 +178,7 @@ pub fn load_files(files: &ModelFiles) -> Result<(ModelWeights, Tokenizer, Studen
         let bytes = files.read(name)?;
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&file, format!("not a valid safetensors file: {e}")))?;
         for (name, view) in st.tensors() {
-            if view.dtype() != safetensors::Dtype::F32 {
-                return Err(Error::format(&file, format!("tensor '{name}' is {:?}; students are stored in F32", view.dtype())));
-            }
-            let data = view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let data = super::hf::f32_tensor(&file, &format!("tensor '{name}' (students are stored in F32)"), &view)?;
             found.insert(name.clone(), (view.shape().to_vec(), data));
         }
     }

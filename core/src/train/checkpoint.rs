@@ -145,11 +145,3 @@ mod stage_or_zero {
     }
 }
 
-/// The f32 values of a checkpoint tensor, copied (a file's bytes need not be 4-byte aligned);
-/// `what` names it in errors.
-pub fn f32_values(path: &Path, what: &str, view: &safetensors::tensor::TensorView) -> Result<Vec<f32>> {
-    if view.dtype() != safetensors::Dtype::F32 || view.data().len() % 4 != 0 {
-        return Err(Error::format(path, format!("{what} is {:?} of {} bytes, expected F32", view.dtype(), view.data().len())));
-    }
-    Ok(view.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-}

@@ -880,7 +880,7 @@ impl<'g> Distiller<'g> {
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| Error::format(&path, format!("not a valid checkpoint: {e}")))?;
         for p in self.student.parameters(Scope::All)? {
             let view = st.tensor(&format!("param.{}", p.name)).map_err(|_| Error::format(&path, format!("missing parameter '{}'", p.name)))?;
-            let data = super::checkpoint::f32_values(&path, &format!("parameter '{}'", p.name), &view)?;
+            let data = crate::model::hf::f32_tensor(&path, &format!("parameter '{}'", p.name), &view)?;
             if data.len() != p.buf.len {
                 return Err(Error::format(&path, format!("parameter '{}' has {} values, expected {}", p.name, data.len(), p.buf.len)));
             }

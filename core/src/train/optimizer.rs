@@ -299,7 +299,7 @@ impl Optimizer {
         for (name, s) in &self.slots {
             for what in ["m", "v"] {
                 let view = st.tensor(&format!("{what}.{name}")).map_err(|_| Error::format(path, format!("missing optimizer state {what}.{name}")))?;
-                let data = super::checkpoint::f32_values(path, &format!("optimizer state {what}.{name}"), &view)?;
+                let data = crate::model::hf::f32_tensor(path, &format!("optimizer state {what}.{name}"), &view)?;
                 if data.len() != s.len {
                     return Err(Error::format(path, format!("optimizer state {what}.{name} has {} values, expected {}", data.len(), s.len)));
                 }
