@@ -8,7 +8,7 @@ pub enum Error {
     Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {msg}")]
     Format { path: PathBuf, msg: String },
-    #[error("{path}: tensor '{tensor}' has quantisation type {ty}, which is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0)")]
+    #[error("{path}: tensor '{tensor}' has quantisation type {ty}, which is not supported (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)")]
     UnknownQuant { path: PathBuf, tensor: String, ty: u32 },
     #[error("{path}: config does not match the weights: {msg}")]
     ConfigMismatch { path: PathBuf, msg: String },

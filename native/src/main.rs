@@ -176,6 +176,28 @@ enum Command {
     Saturation(saturation::SaturationArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench(BenchArgs),
+    /// Re-quantise a llama GGUF into one of llama.cpp's mixes (Q4_K_M and friends)
+    Quantize {
+        /// The GGUF file to re-quantise
+        #[arg(long)]
+        from: PathBuf,
+        /// The GGUF file to write (refused if it exists, unless --force)
+        #[arg(long)]
+        to: PathBuf,
+        /// The mix: q4_k_m (llama.cpp's default), q4_k_s, q6_k or q8_0
+        #[arg(long = "type", value_enum, default_value_t = QuantArg::Q4KM)]
+        mix: QuantArg,
+        /// What Q4_K matrices with rows that are not whole super-blocks of 256 become:
+        /// llama-cpp (Q5_0, as llama.cpp writes them) or asymmetric (ours: Q5_1 with a searched
+        /// scale, which finds a Q4_1 file's grid again)
+        #[arg(long, value_enum, default_value_t = FallbackArg::LlamaCpp)]
+        fallback: FallbackArg,
+        /// Replace an existing --to file
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Write an HF directory (config.json, model.safetensors, tokenizer.json) from a GGUF file.
     Convert {
         /// The GGUF file to convert
@@ -206,6 +228,7 @@ fn main() {
             cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), weights, json)
         }
         Command::Convert { from, to, force } => cmd_convert(&from, &to, force),
+        Command::Quantize { from, to, mix, fallback, force, json } => cmd_quantize(&from, &to, mix, fallback, force, json),
         Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, force } => {
             let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope };
             cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed, force)
@@ -437,6 +460,59 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     if let Some(path) = diagnostics {
         std::fs::write(path, serde_json::to_string(&trace)?).with_context(|| format!("{}: cannot write", path.display()))?;
         eprintln!("diagnostics of {} mixer blocks written to {}", trace.layers.len(), path.display());
+    }
+    Ok(())
+}
+
+/// `quantize --type`: llama.cpp's file types that the writer produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum QuantArg {
+    /// Q4_K, with Q6_K for the output and for some value and down projections
+    #[value(name = "q4_k_m")]
+    Q4KM,
+    /// Q4_K, with Q6_K for the output
+    #[value(name = "q4_k_s")]
+    Q4KS,
+    #[value(name = "q6_k")]
+    Q6K,
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+/// `quantize --fallback`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum FallbackArg {
+    LlamaCpp,
+    Asymmetric,
+}
+
+fn cmd_quantize(from: &std::path::Path, to: &std::path::Path, mix: QuantArg, fallback: FallbackArg, force: bool, json: bool) -> Result<()> {
+    use linearize_core::model::gguf::{quantize, Fallback, GgufFile, QuantMix};
+    use linearize_core::model::quant;
+    if to.exists() && !force {
+        bail!("--to {}: exists; choose another name or pass --force to replace it", to.display());
+    }
+    let mix = match mix {
+        QuantArg::Q4KM => QuantMix::Q4KM,
+        QuantArg::Q4KS => QuantMix::Q4KS,
+        QuantArg::Q6K => QuantMix::Q6K,
+        QuantArg::Q8_0 => QuantMix::Q8_0,
+    };
+    let fallback = match fallback {
+        FallbackArg::LlamaCpp => Fallback::LlamaCpp,
+        FallbackArg::Asymmetric => Fallback::Asymmetric,
+    };
+    let src = GgufFile::open(from)?;
+    let done = quantize(&src, mix, fallback, to)?;
+    let mut counts = std::collections::BTreeMap::new();
+    for (_, ty) in &done.tensors {
+        *counts.entry(quant::type_name(*ty)).or_insert(0usize) += 1;
+    }
+    if json {
+        outln!("{}", json!({ "from": from, "to": to, "type": mix.name(), "bytes": done.bytes, "tensors_by_type": counts }));
+    } else {
+        let by_type: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
+        outln!("wrote {} ({}, {:.1} MiB): {}", to.display(), mix.name(), done.bytes as f64 / (1 << 20) as f64, by_type.join(", "));
     }
     Ok(())
 }

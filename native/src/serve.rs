@@ -92,9 +92,10 @@ fn ensure_package(www: &Path) -> Result<()> {
 }
 
 /// The file a request path names, if it is one the server hands out: a regular file whose
-/// real path (links followed) lies inside the served root it was asked under — www/, the
-/// teacher's folder or $LINEARIZE_HOME/students — so a link in any of them serves nothing
-/// from elsewhere, and a FIFO or device named like a model file is never opened.
+/// real path (links followed) lies inside the served root it was asked under — www/ or
+/// $LINEARIZE_HOME/students — so a link in either serves nothing from elsewhere, and a FIFO or
+/// device named like a model file is never opened. The teacher is one fixed file name, which
+/// may be a link to where the fetched file is kept.
 fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<PathBuf> {
     let path = path.split('?').next().unwrap_or("");
     if path.contains("..") || path.contains('\\') {
@@ -106,8 +107,11 @@ fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<Pat
         if !m.files.iter().any(|f| f == file) {
             return None;
         }
-        let root = if m.kind == "teacher" { m.dir.clone() } else { home.join("students") };
-        (m.dir.join(file), root)
+        if m.kind == "teacher" {
+            let path = m.dir.join(file);
+            return path.metadata().ok()?.is_file().then_some(path);
+        }
+        (m.dir.join(file), home.join("students"))
     } else {
         let rel = path.trim_start_matches('/');
         (www.join(if rel.is_empty() { "index.html" } else { rel }), www.to_path_buf())

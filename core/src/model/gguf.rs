@@ -368,3 +368,195 @@ pub fn unpermute_rope_rows(w: &[f32], heads: usize, head_dim: usize, cols: usize
     }
     out
 }
+
+// ---- writing ----
+
+/// A GGUF value's type code.
+fn value_type(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::Str(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn put_string(b: &mut Vec<u8>, s: &str) {
+    b.extend((s.len() as u64).to_le_bytes());
+    b.extend(s.as_bytes());
+}
+
+fn put_value(b: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => b.push(*x),
+        Value::I8(x) => b.push(*x as u8),
+        Value::U16(x) => b.extend(x.to_le_bytes()),
+        Value::I16(x) => b.extend(x.to_le_bytes()),
+        Value::U32(x) => b.extend(x.to_le_bytes()),
+        Value::I32(x) => b.extend(x.to_le_bytes()),
+        Value::F32(x) => b.extend(x.to_le_bytes()),
+        Value::Bool(x) => b.push(*x as u8),
+        Value::Str(s) => put_string(b, s),
+        Value::Array(a) => {
+            // An empty array keeps no element type; u32 is as good as any.
+            b.extend(a.first().map_or(4, value_type).to_le_bytes());
+            b.extend((a.len() as u64).to_le_bytes());
+            a.iter().for_each(|x| put_value(b, x));
+        }
+        Value::U64(x) => b.extend(x.to_le_bytes()),
+        Value::I64(x) => b.extend(x.to_le_bytes()),
+        Value::F64(x) => b.extend(x.to_le_bytes()),
+    }
+}
+
+/// A tensor to write: its name, GGUF dimensions (innermost first), type and block bytes.
+pub struct TensorData {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ty: u32,
+    pub bytes: Vec<u8>,
+}
+
+/// A GGUF (version 3) of `metadata` and `tensors`, each tensor aligned to `general.alignment`
+/// (32 unless the metadata says otherwise).
+pub fn to_bytes(metadata: &BTreeMap<String, Value>, tensors: &[TensorData]) -> Vec<u8> {
+    let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32) as usize;
+    let mut b = b"GGUF".to_vec();
+    b.extend(3u32.to_le_bytes());
+    b.extend((tensors.len() as u64).to_le_bytes());
+    b.extend((metadata.len() as u64).to_le_bytes());
+    for (k, v) in metadata {
+        put_string(&mut b, k);
+        b.extend(value_type(v).to_le_bytes());
+        put_value(&mut b, v);
+    }
+    let mut offset = 0u64;
+    for t in tensors {
+        put_string(&mut b, &t.name);
+        b.extend((t.dims.len() as u32).to_le_bytes());
+        t.dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
+        b.extend(t.ty.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        offset += (t.bytes.len() as u64).div_ceil(align as u64) * align as u64;
+    }
+    b.resize(b.len().div_ceil(align) * align, 0);
+    for t in tensors {
+        b.extend(&t.bytes);
+        b.resize(b.len().div_ceil(align) * align, 0);
+    }
+    b
+}
+
+/// The quantisation mixes `quantize` writes, named as llama.cpp names its file types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantMix {
+    /// Every matrix Q8_0.
+    Q8_0,
+    /// Every matrix Q6_K.
+    Q6K,
+    /// Q4_K, the output (or tied embedding) Q6_K.
+    Q4KS,
+    /// Q4_K_S with Q6_K for the value projections and the MLP's down projections of the first
+    /// and last eighth of the blocks and every third block between (llama.cpp's
+    /// `use_more_bits`).
+    Q4KM,
+}
+
+impl QuantMix {
+    pub fn name(self) -> &'static str {
+        match self {
+            QuantMix::Q8_0 => "Q8_0",
+            QuantMix::Q6K => "Q6_K",
+            QuantMix::Q4KS => "Q4_K_S",
+            QuantMix::Q4KM => "Q4_K_M",
+        }
+    }
+
+    /// llama.cpp's `general.file_type` of the mix.
+    fn file_type(self) -> u32 {
+        match self {
+            QuantMix::Q8_0 => 7,
+            QuantMix::Q4KS => 14,
+            QuantMix::Q4KM => 15,
+            QuantMix::Q6K => 18,
+        }
+    }
+
+    /// The type of matrix `name` of block `layer` among `layers` (None: not a block's tensor),
+    /// before the fallback for rows that are not whole super-blocks.
+    fn choose(self, name: &str, layer: Option<usize>, layers: usize, tied: bool) -> u32 {
+        let more_bits = |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
+        let is_output = name == "output.weight" || (tied && name == "token_embd.weight");
+        match self {
+            QuantMix::Q8_0 => quant::Q8_0,
+            QuantMix::Q6K => quant::Q6_K,
+            _ if is_output => quant::Q6_K,
+            QuantMix::Q4KM if (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight")) && layer.is_some_and(more_bits) => quant::Q6_K,
+            _ => quant::Q4_K,
+        }
+    }
+}
+
+/// What a Q4_K matrix whose rows are not whole super-blocks (SmolLM2's 576-wide ones) becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallback {
+    /// Q5_0, as llama.cpp does (symmetric: weights quantised before on an asymmetric grid, a
+    /// Q4_1 file's, are quantised a second time, which costs the teacher 5–8 % of perplexity).
+    LlamaCpp,
+    /// Q5_1 (ours): asymmetric, and its scale searched, so a Q4_1 file's grid is found again
+    /// (+0.1 % perplexity for the teacher).
+    Asymmetric,
+}
+
+/// The type a matrix with rows of `row` weights gets for `wanted`: a K-quant needs whole
+/// super-blocks of 256 (otherwise a 32-weight type: Q4_K → `fallback`'s, Q6_K → Q8_0, as
+/// llama.cpp substitutes), a 32-weight block type whole blocks (otherwise F16).
+fn fit_to_rows(wanted: u32, row: usize, fallback: Fallback) -> u32 {
+    let ty = match wanted {
+        quant::Q4_K if row % quant::QK_K != 0 => match fallback {
+            Fallback::LlamaCpp => quant::Q5_0,
+            Fallback::Asymmetric => quant::Q5_1,
+        },
+        quant::Q6_K if row % quant::QK_K != 0 => quant::Q8_0,
+        t => t,
+    };
+    if row % quant::block_layout(ty).expect("a writer type").0 != 0 {
+        quant::F16
+    } else {
+        ty
+    }
+}
+
+/// What `quantize` wrote: each tensor's name and type, and the file's size.
+pub struct Quantized {
+    pub tensors: Vec<(String, u32)>,
+    pub bytes: usize,
+}
+
+/// Re-quantises a llama GGUF into `mix`: its metadata kept (the file type updated), vectors in
+/// F32, matrices in the mix's types. The tensors stay in llama.cpp's layout, so the file loads
+/// wherever a GGUF of the mix does.
+pub fn quantize(src: &GgufFile, mix: QuantMix, fallback: Fallback, out: &Path) -> Result<Quantized> {
+    let cfg = src.llama_config()?;
+    let mut metadata = src.metadata.clone();
+    metadata.insert("general.file_type".into(), Value::U32(mix.file_type()));
+    let mut tensors = Vec::with_capacity(src.tensors.len());
+    for t in &src.tensors {
+        let (_, x) = src.tensor_f32(&t.name)?;
+        let layer = t.name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|i| i.parse::<usize>().ok());
+        let ty = if t.dims.len() < 2 { quant::F32 } else { fit_to_rows(mix.choose(&t.name, layer, cfg.num_hidden_layers, cfg.tie_word_embeddings), t.dims[0] as usize, fallback) };
+        tensors.push(TensorData { name: t.name.clone(), dims: t.dims.clone(), ty, bytes: quant::quantize(ty, &x) });
+    }
+    let bytes = to_bytes(&metadata, &tensors);
+    crate::util::write_atomic(out, &bytes)?;
+    Ok(Quantized { tensors: tensors.into_iter().map(|t| (t.name, t.ty)).collect(), bytes: bytes.len() })
+}
