@@ -403,3 +403,57 @@ fn optimizer_segments_hold_every_parameter_and_step_like_the_reference() {
     assert_eq!(opt.norm_of(&sums), Err(name0.clone()));
     assert_eq!(read_all(&lm), after, "a step with a NaN gradient left the parameters as they were");
 }
+
+/// `export --to fla`: a gated DeltaNet hybrid's directory read back with the safetensors crate
+/// under flash-linear-attention's names holds every tensor of the student, conv taps as
+/// nn.Conv1d's [C, 1, 4]; its config is fla's GatedDeltaNetConfig with the attention blocks in
+/// `attn`; a mixer whose fla layer differs is refused with the reason.
+#[test]
+fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
+    use linearize_core::model::export::{export, Target};
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(3);
+    let opts = MixerOptions { seed: 3, ..Default::default() };
+    let (w, m) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &opts, "test").unwrap();
+    let dir = tempdir("export-fla");
+    let names = export(&w, &m, &t.tokenizer, Target::Fla, &dir).unwrap();
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.names().len(), names.len());
+    let values = |name: &str| -> (Vec<usize>, Vec<f32>) {
+        let v = st.tensor(name).unwrap_or_else(|_| panic!("{name} missing"));
+        assert_eq!(v.dtype(), safetensors::Dtype::F32);
+        (v.shape().to_vec(), v.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect())
+    };
+    let c = &w.config;
+    assert_eq!(values("model.embeddings.weight"), (vec![c.vocab_size, c.hidden_size], w.embed.clone()));
+    assert_eq!(values("model.norm.weight").1, w.final_norm);
+    assert!(st.tensor("lm_head.weight").is_err(), "SmolLM2 ties its head to the embedding");
+    for i in [0, 2] {
+        let p = &m.layers[&i];
+        for (ours, theirs) in [("q_proj", "q_proj.weight"), ("k_proj", "k_proj.weight"), ("a_proj", "a_proj.weight"), ("b_proj", "b_proj.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"), ("g_proj", "g_proj.weight"), ("o_norm", "o_norm.weight"), ("o_proj", "o_proj.weight")] {
+            assert_eq!(values(&format!("model.layers.{i}.attn.{theirs}")), (p[ours].shape.clone(), p[ours].data.clone()), "block {i} {ours}");
+        }
+        let (shape, conv) = values(&format!("model.layers.{i}.attn.k_conv1d.weight"));
+        assert_eq!((shape, conv), (vec![c.num_attention_heads * c.head_dim(), 1, 4], p["conv_k"].data.clone()));
+    }
+    // The hybrid's attention block: the teacher's projections, grouped key/value heads.
+    assert_eq!(values("model.layers.1.attn.k_proj.weight"), (vec![c.kv_dim(), c.hidden_size], w.layers[1].k.clone()));
+    assert_eq!(values("model.layers.1.mlp.down_proj.weight").1, w.layers[1].down);
+    assert_eq!(values("model.layers.2.mlp_norm.weight").1, w.layers[2].ffn_norm);
+    let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(cfg["model_type"], "gated_deltanet");
+    assert_eq!((cfg["num_heads"].as_u64(), cfg["head_dim"].as_u64(), cfg["expand_v"].as_f64()), (Some(9), Some(64), Some(1.0)));
+    assert_eq!(cfg["attn"]["layers"], serde_json::json!([1]));
+    assert_eq!((cfg["attn"]["num_kv_heads"].as_u64(), cfg["attn"]["rope_theta"].as_f64()), (Some(3), Some(100000.0)));
+    assert_eq!(cfg["tie_word_embeddings"], true);
+    let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
+    assert!(tok["chat_template"].as_str().unwrap().contains("<|im_start|>"));
+    assert_eq!(tok["eos_token"], "<|im_end|>");
+    // A mixer whose fla layer is not mapped is refused, saying why.
+    let (gw, gm) = from_teacher(&small, mixer("gla"), None, &opts, "test").unwrap();
+    let e = export(&gw, &gm, &t.tokenizer, Target::Fla, &tempdir("export-gla")).err().expect("gla is refused").to_string();
+    assert!(e.contains("gla student is not exported") && e.contains("gk_proj"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -102,6 +102,10 @@ enum Command {
         /// decay, β‖k‖²) to this JSON file
         #[arg(long)]
         diagnostics: Option<PathBuf>,
+        /// Write the prompt's logits, every position, to this file: f32 little-endian
+        /// [prompt tokens, vocabulary] (for comparisons with other implementations)
+        #[arg(long)]
+        logits: Option<PathBuf>,
         #[arg(long, value_enum, default_value_t = Weights::F32)]
         weights: Weights,
         #[arg(long)]
@@ -176,6 +180,20 @@ enum Command {
     Saturation(saturation::SaturationArgs),
     /// Time the teacher: prefill of B×T tokens and batch-1 decode after a context.
     Bench(BenchArgs),
+    /// Write a student for PyTorch: a directory flash-linear-attention's model classes load
+    Export {
+        /// What to write: fla (flash-linear-attention's GatedDeltaNetForCausalLM and its attn
+        /// layers for a hybrid's attention blocks)
+        #[arg(long, value_enum, default_value_t = ExportArg::Fla)]
+        to: ExportArg,
+        /// The student directory
+        student: PathBuf,
+        /// The directory to write (new or empty, unless --force)
+        out: PathBuf,
+        /// Replace the model files of a non-empty OUT
+        #[arg(long)]
+        force: bool,
+    },
     /// Re-quantise a llama GGUF into one of llama.cpp's mixes (Q4_K_M and friends)
     Quantize {
         /// The GGUF file to re-quantise
@@ -223,11 +241,12 @@ fn main() {
     let result = match cli.command {
         Command::Fetch { what, json } => cmd_fetch(&what, json),
         Command::Info { model, json } => cmd_info(&model, json),
-        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, diagnostics, weights, json } => {
+        Command::Generate { model, prompt, max_new_tokens, temperature, top_p, seed, diagnostics, logits, weights, json } => {
             let sampling = Sampling { max_new_tokens, temperature, top_p, seed, stop_ids: Vec::new() };
-            cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), weights, json)
+            cmd_generate(&model, &prompt, sampling, diagnostics.as_deref(), logits.as_deref(), weights, json)
         }
         Command::Convert { from, to, force } => cmd_convert(&from, &to, force),
+        Command::Export { to, student, out, force } => cmd_export(to, &student, &out, force),
         Command::Quantize { from, to, mix, fallback, force, json } => cmd_quantize(&from, &to, mix, fallback, force, json),
         Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, force } => {
             let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope };
@@ -403,7 +422,7 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Option<&std::path::Path>, weights: Weights, json: bool) -> Result<()> {
+fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Option<&std::path::Path>, logits_file: Option<&std::path::Path>, weights: Weights, json: bool) -> Result<()> {
     if prompt.is_empty() {
         bail!("--prompt is empty: give some text to continue");
     }
@@ -417,6 +436,15 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
     let lm = upload(&gpu, &model, weights)?;
+    if let Some(path) = logits_file {
+        let mut cache = lm.new_cache(&gpu, 1, prompt_ids.len())?;
+        let logits = lm.forward(&gpu, &mut cache, &prompt_ids, linearize_core::model::Logits::All)?;
+        let values = gpu.read_f32_blocking(&logits, prompt_ids.len() * model.weights.config.vocab_size)?;
+        gpu.release(logits);
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        linearize_core::util::write_atomic(path, &bytes)?;
+        eprintln!("logits of the {} prompt tokens written to {}", prompt_ids.len(), path.display());
+    }
     let start = Instant::now();
     let mut shown = String::new();
     let mut ids_so_far = Vec::new();
@@ -461,6 +489,27 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
         std::fs::write(path, serde_json::to_string(&trace)?).with_context(|| format!("{}: cannot write", path.display()))?;
         eprintln!("diagnostics of {} mixer blocks written to {}", trace.layers.len(), path.display());
     }
+    Ok(())
+}
+
+/// `export --to`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExportArg {
+    Fla,
+}
+
+fn cmd_export(to: ExportArg, student: &std::path::Path, out: &std::path::Path, force: bool) -> Result<()> {
+    use linearize_core::model::export::{export, Target};
+    let model = Model::load_path(student)?;
+    let Some(mixers) = &model.mixers else {
+        bail!("{}: a teacher, not a student (export writes students; convert writes teachers as HF directories)", student.display());
+    };
+    let target = match to {
+        ExportArg::Fla => Target::Fla,
+    };
+    prepare_model_dir("OUT", out, force)?;
+    let names = export(&model.weights, mixers, &model.tokenizer, target, out)?;
+    outln!("wrote {} ({} tensors for flash-linear-attention's {}; load with `import fla` then transformers' AutoModelForCausalLM.from_pretrained)", out.display(), names.len(), "GatedDeltaNetForCausalLM");
     Ok(())
 }
 
@@ -556,13 +605,18 @@ fn cmd_convert(from: &std::path::Path, to: &std::path::Path, force: bool) -> Res
     Ok(())
 }
 
-/// A comma-separated, non-empty list of numbers for flag `arg` (empty entries skipped).
-pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
-    let list = text
-        .split(',')
+/// A comma-separated list of numbers for flag `arg` that may be empty (`bench --decode ""`:
+/// no decode runs); empty entries skipped.
+pub(crate) fn parse_list_or_none<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
+    text.split(',')
         .filter(|s| !s.trim().is_empty())
         .map(|s| s.trim().parse::<T>().map_err(|_| anyhow::anyhow!("invalid argument {arg}: '{s}' is not a valid number")))
-        .collect::<Result<Vec<T>>>()?;
+        .collect()
+}
+
+/// A comma-separated, non-empty list of numbers for flag `arg` (empty entries skipped).
+pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<Vec<T>> {
+    let list = parse_list_or_none(arg, text)?;
     if list.is_empty() {
         bail!("invalid argument {arg}: '{text}' is an empty list; give at least one number, comma-separated");
     }
@@ -656,7 +710,13 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             _ => bail!("invalid argument --prefill: '{s}' is not BxT with positive sizes (e.g. 8x512)"),
         })
         .collect::<Result<Vec<_>>>()?;
-    let decode = parse_list::<usize>("--decode", decode)?;
+    let decode = parse_list_or_none::<usize>("--decode", decode)?;
+    if shapes.is_empty() && decode.is_empty() {
+        bail!("invalid argument --prefill/--decode: both are empty; nothing to time");
+    }
+    if !decode.is_empty() && decode_tokens == 0 {
+        bail!("invalid argument --decode-tokens: must be at least 1 to time a decode");
+    }
     let model = load(spec)?;
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);

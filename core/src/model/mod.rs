@@ -2,6 +2,7 @@
 //! directories), the tokenizer, students built from a teacher, and the GPU language model that
 //! runs either.
 pub mod config;
+pub mod export;
 pub mod files;
 pub mod gguf;
 pub mod hf;
