@@ -585,3 +585,62 @@ fn a_config_is_checked_wherever_it_comes_from() {
         assert!(e.contains(want), "{e}");
     }
 }
+
+/// Every flag of every subcommand says what it does (`-h` lists each with its first line of
+/// help), and the top-level help names the environment and the exit statuses.
+#[test]
+fn every_flag_of_every_command_has_help() {
+    let top = String::from_utf8(run(&["--help"], &[]).stdout).unwrap();
+    for want in ["LINEARIZE_HOME", "WGPU_BACKEND", "Exit status", "2 bad argument"] {
+        assert!(top.contains(want), "--help lacks {want}: {top}");
+    }
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(String::from))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 15, "{commands:?}");
+    let mut bare = Vec::new();
+    for c in &commands {
+        let help = String::from_utf8(run(&[c, "-h"], &[]).stdout).unwrap();
+        let lines: Vec<&str> = help.lines().skip_while(|l| !l.starts_with("Options:")).skip(1).collect();
+        for (i, line) in lines.iter().enumerate() {
+            let t = line.trim_start();
+            if !t.starts_with('-') {
+                continue;
+            }
+            // "--flag <VALUE>  what it does", or clap's long layout with the help indented on
+            // the next line; a flag followed by another flag (or nothing) has no help.
+            let inline = t.split("  ").filter(|w| !w.trim().is_empty()).count() >= 2;
+            let next = lines.get(i + 1).map(|l| l.trim_start()).unwrap_or("");
+            if !inline && (next.is_empty() || next.starts_with('-')) {
+                bare.push(format!("{c} {t}"));
+            }
+        }
+    }
+    assert!(bare.is_empty(), "flags without help: {bare:#?}");
+}
+
+/// Failures say what kind they are by their exit status: 2 a bad argument, 3 a bad input file,
+/// 4 no GPU; a name in $LINEARIZE_HOME/students is a model.
+#[test]
+fn exit_statuses_and_student_names() {
+    let status = |args: &[&str], env: &[(&str, &str)]| run(args, env).status.code();
+    assert_eq!(status(&["bench", "nothing"], &[]), Some(2));
+    assert_eq!(status(&["eval", "--limit", "0"], &[]), Some(2));
+    assert_eq!(status(&["info", "--model", "/nonexistent/model.gguf"], &[]), Some(3));
+    assert_eq!(status(&["generate"], &[("WGPU_ADAPTER_NAME", "no-such-gpu")]), Some(4));
+    let home = tempdir("robust-names");
+    let t = linearize_core::model::load::teacher_path();
+    let out = home.join("students").join("mine");
+    let o = run(&["student", "--teacher", t.to_str().unwrap(), "--mixer", "gla", "--layers", "1", "--out", out.to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["info", "--model", "mine", "--json"], &[("LINEARIZE_HOME", home.to_str().unwrap())]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!((v["kind"].as_str(), v["student"]["mixer"].as_str()), (Some("student"), Some("gla")));
+    std::fs::remove_dir_all(&home).unwrap();
+}

@@ -48,6 +48,7 @@ pub struct CompareArgs {
     /// Only redraw the figures and index.html from DIR/report.json (no model is evaluated)
     #[arg(long)]
     pub redraw: bool,
+    /// Print the report as one JSON document
     #[arg(long)]
     pub json: bool,
 }

@@ -4,10 +4,10 @@
 use crate::outln;
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use linearize_core::mixers::{ConvInit, MixerKind};
+use linearize_core::mixers::MixerKind;
 use linearize_core::model::load::linearize_home;
 use linearize_core::train::data::Corpus;
-use linearize_core::train::distill::{DistillConfig, Distiller, Event, KlScaling, Stage2Trains};
+use linearize_core::train::distill::{DistillConfig, Distiller, Event};
 use linearize_core::train::Stage;
 use std::path::PathBuf;
 
@@ -36,15 +36,19 @@ pub struct DistillArgs {
     /// tuning on ChatML conversations, after them)
     #[arg(long)]
     pub stages: Option<String>,
+    /// Tokens per training sequence [default: 512]
     #[arg(long)]
     pub seq: Option<usize>,
+    /// Sequences per optimizer step [default: 8]
     #[arg(long)]
     pub batch: Option<usize>,
     /// Peak learning rates of stages 1, 2, 3
     #[arg(long)]
     pub lr1: Option<f32>,
+    /// Peak learning rate of stage 2
     #[arg(long)]
     pub lr2: Option<f32>,
+    /// Peak learning rate of stage 3
     #[arg(long)]
     pub lr3: Option<f32>,
     /// Shares of the budget of stages 1, 2, 3, comma-separated
@@ -53,17 +57,14 @@ pub struct DistillArgs {
     /// Blocks to replace, comma-separated (default: all)
     #[arg(long)]
     pub mixer_layers: Option<String>,
-    /// random (the paper's, default) or identity (ours)
-    #[arg(long)]
-    pub conv_init: Option<String>,
-    /// KL reduction: paper-batch (the paper's, default: summed over positions / batch) or
-    /// token-mean (ours)
-    #[arg(long)]
-    pub kl_scaling: Option<String>,
-    /// What stage 2 trains: block (the paper's, default: each mixer block whole, mixer, norms
-    /// and MLP) or mixers (ours: the mixers only)
-    #[arg(long)]
-    pub stage2_trains: Option<String>,
+    #[command(flatten)]
+    pub mixer_flags: crate::args::MixerFlags,
+    /// The KL term's reduction [default: paper-batch]
+    #[arg(long, value_enum)]
+    pub kl_scaling: Option<crate::args::KlScalingArg>,
+    /// What stage 2 trains [default: block]
+    #[arg(long, value_enum)]
+    pub stage2_trains: Option<crate::args::Stage2Arg>,
     /// Steps between checkpoints (default 50)
     #[arg(long)]
     pub checkpoint_every: Option<usize>,
@@ -71,6 +72,7 @@ pub struct DistillArgs {
     /// trip (default 10; 1 reports every step as it ends)
     #[arg(long)]
     pub log_every: Option<usize>,
+    /// Held-out tokens for the stage losses and perplexity
     #[arg(long)]
     pub heldout_tokens: Option<usize>,
     /// Largest student shard, MB
@@ -91,6 +93,7 @@ pub struct DistillArgs {
     /// stream (default: the teacher's text follows the real text)
     #[arg(long)]
     pub teacher_share: Option<f64>,
+    /// Seed of the mixers' initialisation and the data order [default: 0]
     #[arg(long)]
     pub seed: Option<u64>,
     /// The GEMMs' arithmetic: f32, mixed (f16 operands scaled per tensor, f32 accumulation, on
@@ -166,26 +169,12 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     if let Some(s) = &a.mixer_layers {
         c.mixer_layers = crate::parse_list("--mixer-layers", s)?;
     }
-    if let Some(s) = &a.conv_init {
-        c.options.conv_init = match s.as_str() {
-            "identity" => ConvInit::Identity,
-            "random" => ConvInit::Random,
-            other => bail!("--conv-init '{other}': expected identity or random"),
-        };
+    a.mixer_flags.apply(&mut c.options);
+    if let Some(k) = a.kl_scaling {
+        c.kl_scaling = k.into();
     }
-    if let Some(s) = &a.kl_scaling {
-        c.kl_scaling = match s.as_str() {
-            "token-mean" => KlScaling::TokenMean,
-            "paper-batch" => KlScaling::PaperBatch,
-            other => bail!("--kl-scaling '{other}': expected token-mean or paper-batch"),
-        };
-    }
-    if let Some(s) = &a.stage2_trains {
-        c.stage2_trains = match s.as_str() {
-            "block" => Stage2Trains::Block,
-            "mixers" => Stage2Trains::Mixers,
-            other => bail!("--stage2-trains '{other}': expected block or mixers"),
-        };
+    if let Some(t) = a.stage2_trains {
+        c.stage2_trains = t.into();
     }
     if let Some(v) = a.checkpoint_every {
         c.checkpoint_every = v;

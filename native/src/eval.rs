@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct EvalArgs {
+    /// The model: alias, .gguf, HF or student directory, or a name in $LINEARIZE_HOME/students
     #[arg(long, default_value = linearize_core::model::load::TEACHER_ALIAS)]
     pub model: String,
     /// Comma-separated: lambada, winogrande, arc_easy, arc_challenge, piqa, hellaswag

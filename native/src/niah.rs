@@ -14,6 +14,7 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct NiahArgs {
+    /// The model: alias, .gguf, HF or student directory, or a name in $LINEARIZE_HOME/students
     #[arg(long, default_value = linearize_core::model::load::TEACHER_ALIAS)]
     pub model: String,
     #[command(flatten)]
@@ -21,6 +22,7 @@ pub struct NiahArgs {
     /// The weight matrices as f32 or packed f16 (half the memory)
     #[arg(long, value_enum, default_value_t = crate::Weights::F32)]
     pub weights: crate::Weights,
+    /// Print the grid as one JSON document
     #[arg(long)]
     pub json: bool,
 }
@@ -29,7 +31,7 @@ pub struct NiahArgs {
 #[derive(clap::Args, Clone)]
 pub struct GridArgs {
     /// s_niah_1 (filler sentences) or s_niah_2 (held-out prose)
-    #[arg(long, default_value = "s_niah_1")]
+    #[arg(long, default_value = "s_niah_1", value_parser = clap::builder::PossibleValuesParser::new(["s_niah_1", "s_niah_2"]))]
     pub task: String,
     /// Prompt lengths in tokens, comma-separated
     #[arg(long, default_value = "256,512,1024,2048,4096,8192")]
@@ -40,6 +42,7 @@ pub struct GridArgs {
     /// Samples per cell
     #[arg(long, default_value_t = 1)]
     pub samples: usize,
+    /// Seed of the haystacks and needles
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
 }

@@ -26,6 +26,7 @@ pub struct SaturationArgs {
     /// Write the diagnostics as JSON here
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Print the diagnostics as one JSON document
     #[arg(long)]
     pub json: bool,
 }

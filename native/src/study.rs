@@ -63,8 +63,10 @@ pub struct StudyArgs {
     /// Keep only the first N blocks of teacher and students (small studies)
     #[arg(long)]
     pub layers: Option<usize>,
+    /// Tokens per training sequence of every job
     #[arg(long)]
     pub seq: Option<usize>,
+    /// Sequences per optimizer step of every job
     #[arg(long)]
     pub batch: Option<usize>,
     /// Held-out tokens for the perplexities
@@ -108,6 +110,7 @@ pub struct StudyArgs {
     /// Run one job of the study in --out (how a worker process is started)
     #[arg(long, hide = true)]
     pub job: Option<String>,
+    /// Print progress and the summary as JSON lines
     #[arg(long)]
     pub json: bool,
 }

@@ -37,7 +37,8 @@ pub fn teacher_path() -> PathBuf {
 }
 
 impl Model {
-    /// Loads `spec`: the alias `smollm2-135m`, a `.gguf` file, or an HF directory.
+    /// Loads `spec`: the alias `smollm2-135m`, a `.gguf` file, an HF or student directory, or the
+    /// name of a directory in `$LINEARIZE_HOME/students`.
     #[cfg(not(target_arch = "wasm32"))]
     pub fn load(spec: &str) -> Result<Self> {
         let path = if spec == TEACHER_ALIAS {
@@ -50,7 +51,14 @@ impl Model {
             }
             p
         } else {
-            PathBuf::from(spec)
+            // A bare name that is no file here: a student in $LINEARIZE_HOME/students.
+            let named = linearize_home().join("students").join(spec);
+            let bare = !spec.is_empty() && !spec.contains(std::path::MAIN_SEPARATOR) && !spec.contains('/');
+            if bare && !Path::new(spec).exists() && named.is_dir() {
+                named
+            } else {
+                PathBuf::from(spec)
+            }
         };
         Self::load_path(&path)
     }
@@ -85,7 +93,7 @@ impl Model {
             return Self::from_model_dir(&super::files::ModelFiles::dir(path));
         }
         if !path.exists() {
-            return Err(Error::Missing { path: path.into(), what: "model (expected a .gguf file, an HF directory or the alias 'smollm2-135m')".into() });
+            return Err(Error::Missing { path: path.into(), what: "model (expected a .gguf file, an HF or student directory, a name in $LINEARIZE_HOME/students or the alias 'smollm2-135m')".into() });
         }
         let gguf = super::gguf::GgufFile::open(path)?;
         Model::assemble(gguf.llama_weights()?, Tokenizer::from_gguf(&gguf)?, path.into(), None)
