@@ -144,37 +144,19 @@ fn mime(path: &std::path::Path) -> &'static str {
 }
 
 pub fn serve(routes: Vec<(String, std::path::PathBuf)>, fixed: Vec<(String, String)>) -> TestServer {
-    use std::io::{BufRead, BufReader, Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
+    let server = tiny_http::Server::http("127.0.0.1:0").expect("a local port");
+    let port = server.server_addr().to_ip().expect("an IP address").port();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut line = String::new();
-            if reader.read_line(&mut line).is_err() {
-                continue;
-            }
-            let mut parts = line.split_whitespace();
-            let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("/").to_string());
-            let mut length = 0usize;
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).is_err() || h.trim().is_empty() {
-                    break;
-                }
-                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap_or(0);
-                }
-            }
-            let (status, ctype, body): (&str, &str, Vec<u8>) = if method == "POST" {
-                let mut body = vec![0u8; length];
-                let _ = reader.read_exact(&mut body);
-                let _ = tx.send(String::from_utf8_lossy(&body).to_string());
-                ("200 OK", "text/plain", b"ok".to_vec())
+        for mut request in server.incoming_requests() {
+            let path = request.url().to_string();
+            let (status, ctype, body): (u16, &str, Vec<u8>) = if *request.method() == tiny_http::Method::Post {
+                let mut body = String::new();
+                let _ = std::io::Read::read_to_string(request.as_reader(), &mut body);
+                let _ = tx.send(body);
+                (200, "text/plain", b"ok".to_vec())
             } else if let Some((_, b)) = fixed.iter().find(|(p, _)| *p == path) {
-                ("200 OK", "application/json", b.clone().into_bytes())
+                (200, "application/json", b.clone().into_bytes())
             } else {
                 let found = routes.iter().find_map(|(prefix, dir)| {
                     let rest = path.strip_prefix(prefix.as_str())?;
@@ -185,13 +167,12 @@ pub fn serve(routes: Vec<(String, std::path::PathBuf)>, fixed: Vec<(String, Stri
                     std::fs::read(&file).ok().map(|b| (mime(&file), b))
                 });
                 match found {
-                    Some((m, b)) => ("200 OK", m, b),
-                    None => ("404 Not Found", "text/plain", b"not found".to_vec()),
+                    Some((m, b)) => (200, m, b),
+                    None => (404, "text/plain", b"not found".to_vec()),
                 }
             };
-            let head = format!("HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n", body.len());
-            let _ = stream.write_all(head.as_bytes());
-            let _ = stream.write_all(&body);
+            let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()).expect("a valid header");
+            let _ = request.respond(tiny_http::Response::from_data(body).with_status_code(status).with_header(header));
         }
     });
     TestServer { port, posts: rx }

@@ -644,3 +644,122 @@ fn exit_statuses_and_student_names() {
     assert_eq!((v["kind"].as_str(), v["student"]["mixer"].as_str()), (Some("student"), Some("gla")));
     std::fs::remove_dir_all(&home).unwrap();
 }
+
+/// Applies one seeded corruption to `text`: a flipped bit, a cut, a digit turned into a run of
+/// nines, or a structural character dropped in.
+fn corrupt_text(rng: &mut Rng, text: &[u8], case: usize) -> Vec<u8> {
+    let pick = |rng: &mut Rng, n: usize| (rng.next_f64() * n as f64) as usize % n.max(1);
+    let mut b = text.to_vec();
+    match case % 4 {
+        0 => {
+            let at = pick(rng, b.len());
+            b[at] ^= 1 << pick(rng, 7);
+        }
+        1 => b.truncate(pick(rng, b.len())),
+        2 => {
+            if let Some(at) = (0..b.len()).map(|_| pick(rng, b.len())).find(|&i| b[i].is_ascii_digit()) {
+                b.splice(at..at + 1, *b"99999999999999999999");
+            }
+        }
+        _ => {
+            let at = pick(rng, b.len());
+            b[at] = b"\"{}[],:-0e.=\n"[pick(rng, 13)];
+        }
+    }
+    b
+}
+
+/// A tiny student directory: a 1-block gated DeltaNet student of a random Llama (hidden 128,
+/// two heads of 64, vocabulary 10).
+fn tiny_student_dir(name: &str) -> PathBuf {
+    use linearize_core::mixers::MixerOptions;
+    use linearize_core::model::{LayerWeights, ModelWeights, Tokenizer};
+    let mut rng = Rng::new(7);
+    let config: LlamaConfig = serde_json::from_value(serde_json::json!({
+        "hidden_size": 128, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "num_key_value_heads": 1, "vocab_size": VOCAB, "tie_word_embeddings": true
+    }))
+    .unwrap();
+    let mut r = |n: usize| linearize_tests::random(&mut rng, n, 0.1);
+    let layer = LayerWeights { attn_norm: r(128), q: r(128 * 128), k: r(64 * 128), v: r(64 * 128), o: r(128 * 128), ffn_norm: r(128), gate: r(32 * 128), up: r(32 * 128), down: r(128 * 32) };
+    let teacher = ModelWeights { embed: r(VOCAB * 128), final_norm: r(128), lm_head: None, layers: vec![layer], config };
+    let (w, m) = linearize_core::model::student::from_teacher(&teacher, linearize_tests::mixer("gated_deltanet"), None, &MixerOptions::default(), "tiny").unwrap();
+    let tok = Tokenizer::from_json(tiny_tokenizer_json(VOCAB), Path::new("tiny")).unwrap();
+    let dir = tempdir(name);
+    linearize_core::model::student::save_dir(&dir, &w, &m, &tok).unwrap();
+    dir
+}
+
+/// Seeded corruptions of the other files users hand us: a student's student.json, a
+/// checkpoint's state.json, a TOML run config and an evaluation request file. No panic, no
+/// hang; each refusal names the file.
+#[test]
+fn seeded_corruptions_of_students_checkpoints_configs_and_requests_never_panic() {
+    let mut rng = Rng::new(31);
+    let mut counts = std::collections::BTreeMap::new();
+    let mut check = |what: &'static str, case: usize, result: std::thread::Result<Result<(), String>>, name: &str| {
+        let e = match result {
+            Err(_) => panic!("{what}, case {case}: panicked"),
+            Ok(Ok(())) => {
+                counts.entry(what).or_insert((0, 0)).0 += 1;
+                return;
+            }
+            Ok(Err(e)) => e,
+        };
+        assert!(e.contains(name), "{what}, case {case}: the error does not name {name}: {e}");
+        counts.entry(what).or_insert((0, 0)).1 += 1;
+    };
+    // student.json
+    let dir = tiny_student_dir("robust-student-fuzz");
+    Model::load_path(&dir).expect("the tiny student loads");
+    let original = std::fs::read(dir.join("student.json")).unwrap();
+    for case in 0..120 {
+        std::fs::write(dir.join("student.json"), corrupt_text(&mut rng, &original, case)).unwrap();
+        let r = std::panic::catch_unwind(|| Model::load_path(&dir).map(|_| ()).map_err(|e| e.to_string()));
+        check("student.json", case, r, &dir.display().to_string());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    // state.json
+    let out = tempdir("robust-state-fuzz");
+    tiny_checkpoint(&out);
+    let state = std::fs::read(RunState::path(&out)).unwrap();
+    for case in 0..120 {
+        std::fs::write(RunState::path(&out), corrupt_text(&mut rng, &state, case)).unwrap();
+        let r = std::panic::catch_unwind(|| match RunState::read(&out) {
+            Ok(Some(s)) => s.read_weights(&out).map(|_| ()).map_err(|e| e.to_string()),
+            Ok(None) => Err("state.json vanished".into()),
+            Err(e) => Err(e.to_string()),
+        });
+        check("state.json", case, r, "checkpoint");
+    }
+    std::fs::remove_dir_all(&out).unwrap();
+    // A TOML run config, read as `distill --config` reads it: parsed, then validated.
+    let toml_text = "mixer = \"gated_deltanet\"\ntokens = 600000\nseq = 512\nbatch = 8\nlr = [0.001, 0.0001, 0.00002]\nsplit = [0.1, 0.1, 0.8]\nstages = [1, 2, 3]\n";
+    toml::from_str::<DistillConfig>(toml_text).expect("the uncorrupted run config parses").validate().expect("and is valid");
+    for case in 0..120 {
+        let text = corrupt_text(&mut rng, toml_text.as_bytes(), case);
+        let r = std::panic::catch_unwind(|| {
+            let text = String::from_utf8(text).map_err(|_| "run.toml: not UTF-8".to_string())?;
+            let c: DistillConfig = toml::from_str(&text).map_err(|e| format!("run.toml: {e}"))?;
+            c.validate().map_err(|e| format!("run.toml: {e}"))
+        });
+        check("run.toml", case, r, "run.toml");
+    }
+    // An evaluation request file: the first documents of PIQA's, gzipped again.
+    let piqa = linearize_core::model::load::linearize_home().join("eval/oe_eval_tasks/piqa/rc_0shot/requests.jsonl.gz");
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(std::fs::File::open(&piqa).expect("the fetched evaluation sets")), &mut text).unwrap();
+    let head: String = text.lines().take(12).map(|l| format!("{l}\n")).collect();
+    let dir = tempdir("robust-requests-fuzz");
+    let path = dir.join("requests.jsonl.gz");
+    for case in 0..120 {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, &corrupt_text(&mut rng, head.as_bytes(), case)).unwrap();
+        std::fs::write(&path, gz.finish().unwrap()).unwrap();
+        let r = std::panic::catch_unwind(|| linearize_core::eval::load_docs(&path).map(|_| ()).map_err(|e| e.to_string()));
+        check("requests.jsonl.gz", case, r, "requests.jsonl.gz");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    eprintln!("seeded corruptions (loaded, refused naming the file), 0 panics: {counts:?}");
+    assert!(counts.values().all(|&(_, refused)| refused > 30), "{counts:?}");
+}

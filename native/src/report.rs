@@ -265,8 +265,9 @@ fn headline(m: &ModelReport, task: &str) -> Option<f64> {
     m.tasks.iter().find(|t| t.task == task).map(|t| t.acc_norm.unwrap_or(t.acc))
 }
 
+/// `s` as HTML text or a quoted attribute value.
 pub fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
 }
 
 /// The start of a report page, up to and including its heading.
