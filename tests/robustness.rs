@@ -179,6 +179,18 @@ fn the_tiny_gguf_loads_and_its_corrupt_forms_are_refused_by_name() {
     let mut b = good.clone();
     b[ty..ty + 4].copy_from_slice(&99u32.to_le_bytes());
     refused("type.gguf", b, &["type 99"]);
+    // What other Llama-family GGUFs carry and we do not compute: refused by name.
+    let with_extra = |key: &'static str, value: Meta| {
+        let mut meta = tiny_meta(&|_, v| Some(v));
+        meta.push((key, value));
+        write_gguf(&meta, &tiny_tensors())
+    };
+    refused("llama3-pre.gguf", with_extra("tokenizer.ggml.pre", Meta::Str("llama-bpe")), &["tokenizer.ggml.pre is 'llama-bpe'"]);
+    refused("yarn.gguf", with_extra("llama.rope.scaling.type", Meta::Str("yarn")), &["llama.rope.scaling.type is 'yarn'"]);
+    refused("partial-rope.gguf", with_extra("llama.rope.dimension_count", Meta::U32(2)), &["partial rotary"]);
+    let mut tensors = tiny_tensors();
+    tensors.push(("rope_freqs.weight", vec![2], 0, f32_bytes(2, 12)));
+    refused("rope-freqs.gguf", write_gguf(&tiny_meta(&|_, v| Some(v)), &tensors), &["rope_freqs.weight"]);
     // A vocabulary of 12 tokens for an embedding of 10 rows.
     let tokens: Vec<String> = "abcdefghijkl".chars().map(String::from).collect();
     refused("tokens.gguf", with_meta("tokenizer.ggml.tokens", Meta::Strs(tokens)), &["token_embd.weight", "[12, 8]"]);
@@ -293,6 +305,9 @@ fn hf_configs_out_of_bounds_are_refused_before_anything_is_allocated() {
         ("rope_theta", serde_json::json!(0.0), "rope_theta is 0"),
         ("model_type", serde_json::json!("mistral"), "model_type is 'mistral'"),
         ("model_type", serde_json::json!("linearize_student"), "student.json"),
+        ("rope_scaling", serde_json::json!({"rope_type": "llama3", "factor": 32.0}), "rope_scaling"),
+        ("attention_bias", serde_json::json!(true), "biases"),
+        ("hidden_act", serde_json::json!("gelu"), "hidden_act is 'gelu'"),
     ];
     for (i, (key, value, want)) in cases.into_iter().enumerate() {
         let dir = tiny_hf_dir(&format!("robust-hf-{i}"), |c| c[key] = value.clone());

@@ -24,6 +24,10 @@ fn tiny_model(seed: u64) -> ModelWeights {
         tie_word_embeddings: false,
         bos_token_id: None,
         eos_token_id: None,
+        rope_scaling: None,
+        attention_bias: None,
+        mlp_bias: None,
+        hidden_act: None,
     };
     let mut rng = Rng::new(seed);
     let (d, f) = (cfg.hidden_size, cfg.intermediate_size);

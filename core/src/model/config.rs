@@ -43,6 +43,16 @@ pub struct LlamaConfig {
     pub bos_token_id: Option<u32>,
     #[serde(default)]
     pub eos_token_id: Option<serde_json::Value>,
+    /// Features of Llama-family configs the model does not implement; read only to refuse a
+    /// model that needs them (`validate`), never written.
+    #[serde(default, skip_serializing)]
+    pub rope_scaling: Option<serde_json::Value>,
+    #[serde(default, skip_serializing)]
+    pub attention_bias: Option<bool>,
+    #[serde(default, skip_serializing)]
+    pub mlp_bias: Option<bool>,
+    #[serde(default, skip_serializing)]
+    pub hidden_act: Option<String>,
 }
 
 impl LlamaConfig {
@@ -114,6 +124,15 @@ impl LlamaConfig {
         }
         if self.head_dim() % 2 != 0 {
             return bad(format!("head_dim {} must be even for rotary embeddings", self.head_dim()));
+        }
+        if let Some(r) = self.rope_scaling.as_ref().filter(|r| !r.is_null()) {
+            return bad(format!("rope_scaling {r} is not supported (rotary positions are computed unscaled): a model that needs it would run with the wrong positions"));
+        }
+        if self.attention_bias == Some(true) || self.mlp_bias == Some(true) {
+            return bad("attention_bias / mlp_bias: biases on the projections are not supported".into());
+        }
+        if let Some(act) = self.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return bad(format!("hidden_act is '{act}'; the MLP is SwiGLU (silu)"));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
             return bad(format!("rms_norm_eps is {}, expected a number in (0, 1)", self.rms_norm_eps));

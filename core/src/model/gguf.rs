@@ -293,6 +293,14 @@ impl GgufFile {
             None => self.meta_u64("llama.vocab_size")? as usize,
         };
         let heads = self.meta_u64("llama.attention.head_count")? as usize;
+        // What llama.cpp's llama models may carry that we do not compute: refused by name
+        // rather than run with the wrong positions.
+        if let Some(kind) = self.get("llama.rope.scaling.type").and_then(Value::as_str).filter(|k| *k != "none") {
+            return Err(Error::format(&self.path, format!("llama.rope.scaling.type is '{kind}': scaled rotary positions are not supported")));
+        }
+        if self.tensor_info("rope_freqs.weight").is_some() {
+            return Err(Error::format(&self.path, "tensor 'rope_freqs.weight' (Llama 3's rotary frequency factors) is not supported"));
+        }
         let cfg = LlamaConfig {
             model_type: "llama".into(),
             hidden_size: self.meta_u64("llama.embedding_length")? as usize,
@@ -308,7 +316,14 @@ impl GgufFile {
             tie_word_embeddings: self.tensor_info("output.weight").is_none(),
             bos_token_id: self.get("tokenizer.ggml.bos_token_id").and_then(Value::as_u64).map(|v| v as u32),
             eos_token_id: self.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64).map(|v| serde_json::json!(v)),
+            rope_scaling: None,
+            attention_bias: None,
+            mlp_bias: None,
+            hidden_act: None,
         };
+        if let Some(dims) = self.get("llama.rope.dimension_count").and_then(Value::as_u64).filter(|&d| d as usize != cfg.head_dim()) {
+            return Err(Error::format(&self.path, format!("llama.rope.dimension_count is {dims}, the heads have {}: partial rotary embeddings are not supported", cfg.head_dim())));
+        }
         cfg.validate(&self.path)?;
         Ok(cfg)
     }

@@ -31,6 +31,13 @@ impl Tokenizer {
         if model != "gpt2" {
             return Err(Error::format(&gguf.path, format!("tokenizer.ggml.model is '{model}'; only byte-level BPE ('gpt2') is supported")));
         }
+        // The pre-tokeniser is named, not described, in a GGUF: only SmolLM2's is built here.
+        if let Some(pre) = gguf.get("tokenizer.ggml.pre").and_then(Value::as_str).filter(|p| *p != "smollm") {
+            return Err(Error::format(
+                &gguf.path,
+                format!("tokenizer.ggml.pre is '{pre}': only SmolLM2's pre-tokeniser ('smollm') is built from a GGUF vocabulary; load the model's HF directory (its tokenizer.json) instead"),
+            ));
+        }
         let tokens = gguf.get("tokenizer.ggml.tokens").and_then(Value::as_array).ok_or_else(|| missing("tokenizer.ggml.tokens"))?;
         let merges = gguf.get("tokenizer.ggml.merges").and_then(Value::as_array).ok_or_else(|| missing("tokenizer.ggml.merges"))?;
         let types = gguf.get("tokenizer.ggml.token_type").and_then(Value::as_array);
