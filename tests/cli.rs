@@ -34,7 +34,7 @@ fn fetch_twice_does_nothing_the_second_time() {
     assert!(stdout(&o).contains("already present"), "{}", stdout(&o));
     let o = run(&["fetch", "weights"], &[]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("unknown asset 'weights'"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("invalid value 'weights'") && stderr(&o).contains("teacher, eval, corpus, all"), "{}", stderr(&o));
 }
 
 #[test]
