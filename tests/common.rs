@@ -76,6 +76,24 @@ pub fn nan_max(m: f64, x: f64) -> f64 {
     }
 }
 
+/// The HF tensors of the tiny Llama the loader tests write (hidden 8, two heads of 4 with one
+/// key/value head, MLP 16, one block, a tied head) with an embedding of `rows`.
+pub fn tiny_hf_shapes(rows: usize) -> Vec<(&'static str, Vec<usize>)> {
+    vec![
+        ("model.embed_tokens.weight", vec![rows, 8]),
+        ("model.layers.0.input_layernorm.weight", vec![8]),
+        ("model.layers.0.self_attn.q_proj.weight", vec![8, 8]),
+        ("model.layers.0.self_attn.k_proj.weight", vec![4, 8]),
+        ("model.layers.0.self_attn.v_proj.weight", vec![4, 8]),
+        ("model.layers.0.self_attn.o_proj.weight", vec![8, 8]),
+        ("model.layers.0.post_attention_layernorm.weight", vec![8]),
+        ("model.layers.0.mlp.gate_proj.weight", vec![16, 8]),
+        ("model.layers.0.mlp.up_proj.weight", vec![16, 8]),
+        ("model.layers.0.mlp.down_proj.weight", vec![8, 16]),
+        ("model.norm.weight", vec![8]),
+    ]
+}
+
 /// A word-level tokenizer.json of `n` tokens (`t0` … `t{n-1}`, split on whitespace), for tiny
 /// models whose embedding has `n` rows.
 pub fn tiny_tokenizer_json(n: usize) -> String {
@@ -331,9 +349,10 @@ pub mod recurrence_data {
     }
 }
 
-/// A small GGUF writer, just enough for tests: metadata of a few types and tensors at aligned
-/// offsets.
+/// GGUF files for tests, written by the project's writer (`gguf::to_bytes`) from a few kinds of
+/// metadata and raw tensor bytes of any type (valid or not).
 pub mod gguf_writer {
+    use linearize_core::model::gguf::{to_bytes, TensorData, Value};
 
     pub enum Meta {
         U32(u32),
@@ -344,68 +363,23 @@ pub mod gguf_writer {
         I32s(Vec<i32>),
     }
 
-    fn put_str(b: &mut Vec<u8>, s: &str) {
-        b.extend((s.len() as u64).to_le_bytes());
-        b.extend(s.as_bytes());
-    }
-
     /// tensors: (name, dims innermost first, ggml type, raw bytes)
     pub fn write_gguf(meta: &[(&str, Meta)], tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
-        let mut b = b"GGUF".to_vec();
-        b.extend(3u32.to_le_bytes());
-        b.extend((tensors.len() as u64).to_le_bytes());
-        b.extend((meta.len() as u64).to_le_bytes());
-        for (k, v) in meta {
-            put_str(&mut b, k);
-            match v {
-                Meta::U32(x) => {
-                    b.extend(4u32.to_le_bytes());
-                    b.extend(x.to_le_bytes());
-                }
-                Meta::U64(x) => {
-                    b.extend(10u32.to_le_bytes());
-                    b.extend(x.to_le_bytes());
-                }
-                Meta::F32(x) => {
-                    b.extend(6u32.to_le_bytes());
-                    b.extend(x.to_le_bytes());
-                }
-                Meta::Str(s) => {
-                    b.extend(8u32.to_le_bytes());
-                    put_str(&mut b, s);
-                }
-                Meta::Strs(v) => {
-                    b.extend(9u32.to_le_bytes());
-                    b.extend(8u32.to_le_bytes());
-                    b.extend((v.len() as u64).to_le_bytes());
-                    v.iter().for_each(|s| put_str(&mut b, s));
-                }
-                Meta::I32s(v) => {
-                    b.extend(9u32.to_le_bytes());
-                    b.extend(5u32.to_le_bytes());
-                    b.extend((v.len() as u64).to_le_bytes());
-                    v.iter().for_each(|x| b.extend(x.to_le_bytes()));
-                }
-            }
-        }
-        let mut offset = 0u64;
-        for (name, dims, ty, data) in tensors {
-            put_str(&mut b, name);
-            b.extend((dims.len() as u32).to_le_bytes());
-            dims.iter().for_each(|d| b.extend(d.to_le_bytes()));
-            b.extend(ty.to_le_bytes());
-            b.extend(offset.to_le_bytes());
-            offset += (data.len() as u64).div_ceil(32) * 32;
-        }
-        while b.len() % 32 != 0 {
-            b.push(0);
-        }
-        for (_, _, _, data) in tensors {
-            b.extend(data);
-            while b.len() % 32 != 0 {
-                b.push(0);
-            }
-        }
-        b
+        let metadata = meta
+            .iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Meta::U32(x) => Value::U32(*x),
+                    Meta::F32(x) => Value::F32(*x),
+                    Meta::Str(x) => Value::Str(x.to_string()),
+                    Meta::U64(x) => Value::U64(*x),
+                    Meta::Strs(x) => Value::Array(x.iter().map(|s| Value::Str(s.clone())).collect()),
+                    Meta::I32s(x) => Value::Array(x.iter().map(|&i| Value::I32(i)).collect()),
+                };
+                (k.to_string(), v)
+            })
+            .collect();
+        let tensors: Vec<TensorData> = tensors.iter().map(|(n, dims, ty, bytes)| TensorData { name: n.to_string(), dims: dims.clone(), ty: *ty, bytes: bytes.clone() }).collect();
+        to_bytes(&metadata, &tensors)
     }
 }

@@ -270,19 +270,7 @@ fn tiny_hf_dir(name: &str, dtype: safetensors::Dtype, hidden_in_config: usize) -
     });
     std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
     std::fs::write(dir.join("tokenizer.json"), linearize_tests::tiny_tokenizer_json(10)).unwrap();
-    let shapes: Vec<(&str, Vec<usize>)> = vec![
-        ("model.embed_tokens.weight", vec![10, 8]),
-        ("model.layers.0.input_layernorm.weight", vec![8]),
-        ("model.layers.0.self_attn.q_proj.weight", vec![8, 8]),
-        ("model.layers.0.self_attn.k_proj.weight", vec![4, 8]),
-        ("model.layers.0.self_attn.v_proj.weight", vec![4, 8]),
-        ("model.layers.0.self_attn.o_proj.weight", vec![8, 8]),
-        ("model.layers.0.post_attention_layernorm.weight", vec![8]),
-        ("model.layers.0.mlp.gate_proj.weight", vec![16, 8]),
-        ("model.layers.0.mlp.up_proj.weight", vec![16, 8]),
-        ("model.layers.0.mlp.down_proj.weight", vec![8, 16]),
-        ("model.norm.weight", vec![8]),
-    ];
+    let shapes = linearize_tests::tiny_hf_shapes(10);
     let mut values = Vec::new();
     let mut bytes = Vec::new();
     for (i, (name, shape)) in shapes.iter().enumerate() {

@@ -273,19 +273,7 @@ fn tiny_hf_dir(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf
     std::fs::write(dir.join("tokenizer.json"), tiny_tokenizer_json(VOCAB)).unwrap();
     // The embedding as config.json says where that is a sane size (the bounds cases keep 10).
     let rows = cfg["vocab_size"].as_u64().filter(|&v| v < 1 << 16).unwrap_or(VOCAB as u64) as usize;
-    let shapes: [(&str, Vec<usize>); 11] = [
-        ("model.embed_tokens.weight", vec![rows, 8]),
-        ("model.layers.0.input_layernorm.weight", vec![8]),
-        ("model.layers.0.self_attn.q_proj.weight", vec![8, 8]),
-        ("model.layers.0.self_attn.k_proj.weight", vec![4, 8]),
-        ("model.layers.0.self_attn.v_proj.weight", vec![4, 8]),
-        ("model.layers.0.self_attn.o_proj.weight", vec![8, 8]),
-        ("model.layers.0.post_attention_layernorm.weight", vec![8]),
-        ("model.layers.0.mlp.gate_proj.weight", vec![16, 8]),
-        ("model.layers.0.mlp.up_proj.weight", vec![16, 8]),
-        ("model.layers.0.mlp.down_proj.weight", vec![8, 16]),
-        ("model.norm.weight", vec![8]),
-    ];
+    let shapes = linearize_tests::tiny_hf_shapes(rows);
     let data: Vec<(String, Vec<usize>, Vec<u8>)> = shapes.iter().enumerate().map(|(i, (n, s))| (n.to_string(), s.clone(), f32_bytes(s.iter().product(), i))).collect();
     let views: Vec<_> = data.iter().map(|(n, s, b)| (n.clone(), safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), b).unwrap())).collect();
     std::fs::write(dir.join("model.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
