@@ -3,6 +3,7 @@
 use crate::outln;
 use anyhow::{bail, Result};
 use indicatif::{ProgressBar, ProgressStyle};
+use linearize_core::util::sha256_hex;
 use linearize_core::eval::{doc_metrics, lm_eval_name, load_task, loglikelihoods, request_file, score_task, Doc, Scored, TaskResult, TASKS};
 use linearize_core::gpu::Gpu;
 use linearize_core::model::load::linearize_home;
@@ -49,11 +50,6 @@ pub struct EvalArgs {
     pub json: bool,
 }
 
-/// SHA-256 of `text` in hex, as lm-evaluation-harness hashes documents, prompts and targets.
-fn sha256_hex(text: &str) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 /// One document as lm-evaluation-harness's --log_samples records it: the requests' arguments,
 /// the (log-likelihood, is-greedy) responses, the metrics and the hashes.
@@ -69,8 +65,8 @@ fn sample_record(task: &str, doc: &Doc, scores: &[Scored]) -> serde_json::Value 
     let mut v = json!({
         "doc_id": doc.doc_id, "doc": doc_json, "target": target, "arguments": arguments, "resps": resps,
         "filtered_resps": filtered, "filter": "none", "metrics": metrics.iter().map(|m| m.0).collect::<Vec<_>>(),
-        "doc_hash": sha256_hex(&doc_json.to_string()), "prompt_hash": sha256_hex(&doc.requests[0].context),
-        "target_hash": sha256_hex(&target.to_string()),
+        "doc_hash": sha256_hex(doc_json.to_string().as_bytes()), "prompt_hash": sha256_hex(doc.requests[0].context.as_bytes()),
+        "target_hash": sha256_hex(target.to_string().as_bytes()),
     });
     for (name, value) in metrics {
         v[name] = json!(value);

@@ -4,7 +4,7 @@
 use super::distill::DistillConfig;
 use super::stage::Stage;
 use crate::error::{Error, Result};
-use crate::util::write_atomic;
+use crate::util::{sha256_hex, write_atomic};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
@@ -34,11 +34,6 @@ pub struct RunState {
     pub weights_sha256: String,
 }
 
-/// SHA-256 of `bytes` in lower-case hex.
-fn sha256_hex(bytes: &[u8]) -> String {
-    use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
-}
 
 impl RunState {
     pub fn new(config: DistillConfig) -> Self {

@@ -40,3 +40,9 @@ pub fn read_file(path: &Path) -> Result<Vec<u8>> {
 pub fn read_text(path: &Path) -> Result<String> {
     String::from_utf8(read_file(path)?).map_err(|_| Error::format(path, "not UTF-8 text"))
 }
+
+/// SHA-256 of `bytes` in lower-case hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}

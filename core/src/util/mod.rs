@@ -3,5 +3,5 @@
 mod fs;
 mod rng;
 
-pub use fs::{check_regular_file, read_file, read_text, write_atomic};
+pub use fs::{check_regular_file, read_file, read_text, sha256_hex, write_atomic};
 pub use rng::Rng;
