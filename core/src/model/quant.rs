@@ -237,27 +237,27 @@ fn quantize_q8_0(x: &[f32]) -> Vec<u8> {
 /// best scale for its codes, Σxq / Σq²; the trial with the least squared error wins. (ggml's
 /// reference quantisers take the first trial only; this is ours, as llama.cpp's
 /// make_qx_quants searches.)
-fn fit_symmetric(x: &[f32], lo: i32, hi: i32) -> (f32, Vec<i32>) {
+fn fit_symmetric(x: &[f32], lo: i32, hi: i32) -> f32 {
     let m = signed_max(x);
     if m == 0.0 {
-        return (0.0, vec![0; x.len()]);
+        return 0.0;
     }
     let trials = (0..8).map(|k| m / (lo as f32 * (1.0 - k as f32 / 40.0))).chain([m / hi as f32]);
-    let mut best = (f32::INFINITY, 0.0, Vec::new());
+    let mut best = (f32::INFINITY, 0.0);
     for s in trials {
         let q: Vec<i32> = x.iter().map(|v| (v / s).round().clamp(lo as f32, hi as f32) as i32).collect();
         let (xq, qq) = x.iter().zip(&q).fold((0f64, 0f64), |(a, b), (v, &q)| (a + (*v as f64) * q as f64, b + (q * q) as f64));
         let d = if qq > 0.0 { (xq / qq) as f32 } else { s };
         let err: f32 = x.iter().zip(&q).map(|(v, &q)| (v - d * q as f32).powi(2)).sum();
         if err < best.0 {
-            best = (err, d, q);
+            best = (err, d);
         }
     }
-    (best.1, best.2)
+    best.1
 }
 
 fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
-    let d = f16::from_f32(fit_symmetric(x, -16, 15).0).to_f32();
+    let d = f16::from_f32(fit_symmetric(x, -16, 15)).to_f32();
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let q: Vec<u8> = x.iter().map(|v| ((v * id).round() as i32 + 16).clamp(0, 31) as u8).collect();
     let qh = (0..32).fold(0u32, |h, j| h | (((q[j] >> 4) & 1) as u32) << j);
@@ -363,7 +363,7 @@ fn fit_affine(x: &[f32]) -> (f32, f32) {
 
 /// Q6_K: sixteen sub-blocks of 16 with a signed 8-bit scale each (x ≈ d·scale·q, q in −32…31).
 fn quantize_q6_k(x: &[f32]) -> Vec<u8> {
-    let sub: Vec<f32> = x.chunks_exact(16).map(|s| fit_symmetric(s, -32, 31).0).collect();
+    let sub: Vec<f32> = x.chunks_exact(16).map(|s| fit_symmetric(s, -32, 31)).collect();
     let d = sub.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
     let d = f16::from_f32(d).to_f32();
     let sc: Vec<i8> = sub.iter().map(|&s| if d > 0.0 { (s / d).round().clamp(-127.0, 127.0) as i8 } else { 0 }).collect();
