@@ -8,10 +8,14 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 /// Opens `page` of `server` in headless Chromium and returns the JSON the page posts to /result
-/// (within `secs`); a page that posts nothing fails the test.
+/// (within `secs`); a page that posts nothing fails the test, printing the end of Chromium's
+/// own log (the page's progress lines are printed by the server as they come).
 fn run_page(server: &TestServer, page: &str, secs: u64) -> serde_json::Value {
     let url = format!("http://127.0.0.1:{}/{page}", server.port);
-    let profile = tempdir("chromium-profile");
+    // One profile per page: two Chromiums started on one profile are one browser (the second
+    // hands its page to the first and exits), and the first test to finish would kill both.
+    let profile = tempdir(&format!("chromium-profile-{}", page.trim_end_matches(".html")));
+    let chromium_log = profile.with_extension("log");
     let mut child = Command::new(chromium())
         .args([
             "--headless=new",
@@ -22,18 +26,41 @@ fn run_page(server: &TestServer, page: &str, secs: u64) -> serde_json::Value {
             "--disable-component-update",
             "--disable-sync",
             "--disable-quic",
+            "--enable-logging=stderr",
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .arg(&url)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&chromium_log).expect("a file for Chromium's log"))
         .spawn()
         .expect("chromium starts");
-    let posted = server.posts.recv_timeout(Duration::from_secs(secs));
+    // Wait for the result, or for Chromium to exit without one (a crash, a refused profile).
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    let mut exited = None;
+    let posted = loop {
+        match server.posts.recv_timeout(Duration::from_secs(1)) {
+            Ok(body) => break Some(body),
+            Err(_) if std::time::Instant::now() >= deadline => break None,
+            Err(_) => {}
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            exited = Some(status);
+            break server.posts.recv_timeout(Duration::from_secs(1)).ok();
+        }
+    };
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&profile);
-    let posted = posted.unwrap_or_else(|_| panic!("{page} posted no result within {secs} s"));
+    let log = std::fs::read_to_string(&chromium_log).unwrap_or_default();
+    let _ = std::fs::remove_file(&chromium_log);
+    let posted = posted.unwrap_or_else(|| {
+        let tail: Vec<&str> = log.lines().rev().take(60).collect::<Vec<_>>().into_iter().rev().collect();
+        let why = match exited {
+            Some(status) => format!("Chromium exited ({status}) before {page} posted a result"),
+            None => format!("{page} posted no result within {secs} s"),
+        };
+        panic!("{why}; the end of Chromium's log:\n{}", tail.join("\n"))
+    });
     serde_json::from_str(&posted).expect("the page posts JSON")
 }
 

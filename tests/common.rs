@@ -145,7 +145,10 @@ pub fn linearize_bin() -> std::path::PathBuf {
 }
 
 /// A minimal HTTP/1.1 server on 127.0.0.1 for browser tests: GET serves files from `routes`
-/// (URL prefix → directory) or fixed bodies; each POST body is sent to the returned channel.
+/// (URL prefix → directory) or fixed bodies; a POST to /log is a progress line of the page,
+/// printed with the seconds since the server started (so a page that hangs shows where); any
+/// other POST body is sent to the returned channel. Each request is answered on its own thread,
+/// so a large file or a slow connection holds up nothing else.
 pub struct TestServer {
     pub port: u16,
     pub posts: std::sync::mpsc::Receiver<String>,
@@ -165,35 +168,53 @@ pub fn serve(routes: Vec<(String, std::path::PathBuf)>, fixed: Vec<(String, Stri
     let server = tiny_http::Server::http("127.0.0.1:0").expect("a local port");
     let port = server.server_addr().to_ip().expect("an IP address").port();
     let (tx, rx) = std::sync::mpsc::channel();
+    let started = std::time::Instant::now();
+    let shared = std::sync::Arc::new((routes, fixed));
     std::thread::spawn(move || {
-        for mut request in server.incoming_requests() {
-            let path = request.url().to_string();
-            let (status, ctype, body): (u16, &str, Vec<u8>) = if *request.method() == tiny_http::Method::Post {
-                let mut body = String::new();
-                let _ = std::io::Read::read_to_string(request.as_reader(), &mut body);
-                let _ = tx.send(body);
-                (200, "text/plain", b"ok".to_vec())
-            } else if let Some((_, b)) = fixed.iter().find(|(p, _)| *p == path) {
-                (200, "application/json", b.clone().into_bytes())
-            } else {
-                let found = routes.iter().find_map(|(prefix, dir)| {
-                    let rest = path.strip_prefix(prefix.as_str())?;
-                    if rest.contains("..") {
-                        return None;
-                    }
-                    let file = dir.join(rest.trim_start_matches('/'));
-                    std::fs::read(&file).ok().map(|b| (mime(&file), b))
-                });
-                match found {
-                    Some((m, b)) => (200, m, b),
-                    None => (404, "text/plain", b"not found".to_vec()),
-                }
-            };
-            let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()).expect("a valid header");
-            let _ = request.respond(tiny_http::Response::from_data(body).with_status_code(status).with_header(header));
+        for request in server.incoming_requests() {
+            let (tx, shared) = (tx.clone(), shared.clone());
+            std::thread::spawn(move || answer(request, &shared.0, &shared.1, &tx, started));
         }
     });
     TestServer { port, posts: rx }
+}
+
+fn answer(
+    mut request: tiny_http::Request,
+    routes: &[(String, std::path::PathBuf)],
+    fixed: &[(String, String)],
+    posts: &std::sync::mpsc::Sender<String>,
+    started: std::time::Instant,
+) {
+    let path = request.url().to_string();
+    let (status, ctype, body): (u16, &str, Vec<u8>) = if *request.method() == tiny_http::Method::Post {
+        let mut body = Vec::new();
+        let _ = std::io::Read::read_to_end(request.as_reader(), &mut body);
+        let body = String::from_utf8_lossy(&body).into_owned();
+        if path == "/log" {
+            eprintln!("[page {:7.1} s] {body}", started.elapsed().as_secs_f64());
+        } else {
+            let _ = posts.send(body);
+        }
+        (200, "text/plain", b"ok".to_vec())
+    } else if let Some((_, b)) = fixed.iter().find(|(p, _)| *p == path) {
+        (200, "application/json", b.clone().into_bytes())
+    } else {
+        let found = routes.iter().find_map(|(prefix, dir)| {
+            let rest = path.strip_prefix(prefix.as_str())?;
+            if rest.contains("..") {
+                return None;
+            }
+            let file = dir.join(rest.trim_start_matches('/'));
+            std::fs::read(&file).ok().map(|b| (mime(&file), b))
+        });
+        match found {
+            Some((m, b)) => (200, m, b),
+            None => (404, "text/plain", b"not found".to_vec()),
+        }
+    };
+    let header = tiny_http::Header::from_bytes(&b"Content-Type"[..], ctype.as_bytes()).expect("a valid header");
+    let _ = request.respond(tiny_http::Response::from_data(body).with_status_code(status).with_header(header));
 }
 
 /// The repository root.
