@@ -3,11 +3,12 @@
 # item 1), in two calls back to back (the teacher's two-part upload of ../shared/DEVICE.md):
 #   1. `bash scripts/device-export.sh upload`: carry .gl .stage/gguf.part00 .whl .exp/export
 #      (.exp/export/linearize.xz: the binary); stages them in /root/stage.
-#   2. `bash scripts/device-export.sh check`: carry .gl .stage/gguf.part01 .stage/tok.
-#      Distils a gated DeltaNet student and a hybrid (softmax attention kept in blocks 7, 15
-#      and 23) briefly, exports both with `linearize export --to fla`, and compares each with
-#      fla 0.6.0 + transformers (scripts/check_fla_export.py): the prompt's logits and the
-#      greedy continuation. Results in $OUT/res.tgz as they come.
+#   2. `bash scripts/device-export.sh check [STUDENT…]`: carry .gl .stage/gguf.part01 .stage/tok.
+#      Distils each student briefly — gdn (gated DeltaNet), hybrid (gated DeltaNet with softmax
+#      attention kept in blocks 7, 15 and 23), gla, gla-conv (GLA with --conv-all-mixers),
+#      deltanet, retnet, kda; all by default — exports it with `linearize export --to fla`, and
+#      compares it with fla 0.6.0 + transformers (scripts/check_fla_export.py): the prompt's
+#      logits and the greedy continuation. Results in $OUT/res.tgz as they come.
 set -uo pipefail
 source scripts/device-common.sh
 device_vulkan
@@ -27,9 +28,16 @@ check)
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
   HYBRID=$(python3 -c "print(','.join(str(i) for i in range(30) if i not in (7, 15, 23)))")
   P="The capital of France is Paris. The history of the printing press begins"
-  for s in gdn hybrid; do
-    extra=(); [ $s = hybrid ] && extra=(--mixer-layers "$HYBRID")
-    timeout 200 $B distill --mixer gated_deltanet "${extra[@]}" --tokens 600000 --heldout-tokens 4096 --checkpoint-every 1000 --json --out /root/$s > $R/distill-$s.jsonl 2> $R/distill-$s.err
+  shift
+  students=("$@"); [ ${#students[@]} -eq 0 ] && students=(gdn hybrid gla gla-conv deltanet retnet kda)
+  for s in "${students[@]}"; do
+    case $s in
+      gdn) flags=(--mixer gated_deltanet) ;;
+      hybrid) flags=(--mixer gated_deltanet --mixer-layers "$HYBRID") ;;
+      gla-conv) flags=(--mixer gla --conv-all-mixers) ;;
+      *) flags=(--mixer $s) ;;
+    esac
+    timeout 200 $B distill "${flags[@]}" --tokens ${TOKENS:-600000} --heldout-tokens 4096 --checkpoint-every 1000 --json --out /root/$s > $R/distill-$s.jsonl 2> $R/distill-$s.err
     tail -c 300 $R/distill-$s.jsonl; echo
     $B export /root/$s /root/$s-fla > $R/export-$s.txt 2>&1; cat $R/export-$s.txt
     $B generate --model /root/$s --prompt "$P" --max-new-tokens 24 --logits $R/logits-$s.bin --json > $R/ours-$s.json 2>> $R/generate.err

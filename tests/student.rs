@@ -407,7 +407,8 @@ fn optimizer_segments_hold_every_parameter_and_step_like_the_reference() {
 /// `export --to fla`: a gated DeltaNet hybrid's directory read back with the safetensors crate
 /// under flash-linear-attention's names holds every tensor of the student, conv taps as
 /// nn.Conv1d's [C, 1, 4]; its config is fla's GatedDeltaNetConfig with the attention blocks in
-/// `attn`; a mixer whose fla layer differs is refused with the reason.
+/// `attn`; GLA, DeltaNet, RetNet and KDA students carry fla's names for their layers; a student
+/// whose fla layer differs (its mixer, or an option of ours) is refused with the reason.
 #[test]
 fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
     use linearize_core::model::export::{export, Target};
@@ -417,7 +418,7 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
     let opts = MixerOptions { seed: 3, ..Default::default() };
     let (w, m) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &opts, "test").unwrap();
     let dir = tempdir("export-fla");
-    let names = export(&w, &m, &t.tokenizer, Target::Fla, &dir).unwrap();
+    let names = export(&w, &m, &t.tokenizer, Target::Fla, &dir).unwrap().tensors;
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     assert_eq!(st.names().len(), names.len());
@@ -451,9 +452,55 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
     let tok: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("tokenizer_config.json")).unwrap()).unwrap();
     assert!(tok["chat_template"].as_str().unwrap().contains("<|im_start|>"));
     assert_eq!(tok["eos_token"], "<|im_end|>");
-    // A mixer whose fla layer is not mapped is refused, saying why.
-    let (gw, gm) = from_teacher(&small, mixer("gla"), None, &opts, "test").unwrap();
-    let e = export(&gw, &gm, &t.tokenizer, Target::Fla, &tempdir("export-gla")).err().expect("gla is refused").to_string();
-    assert!(e.contains("gla student is not exported") && e.contains("gk_proj"), "{e}");
+    // The other mixers fla has a layer for: every parameter under the name fla's layer gives it
+    // (checked against fla 0.6's layers/*.py by hand), with the model type fla registers.
+    let qkvo = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"];
+    let convs = ["q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"];
+    let cases: [(&str, MixerOptions, &str, Vec<&str>); 5] = [
+        ("gla", opts.clone(), "gla", vec!["gk_proj.0.weight", "gk_proj.1.weight", "gk_proj.1.bias", "g_proj.weight", "g_norm_swish_gate.weight"]),
+        ("gla", MixerOptions { conv_all_mixers: true, ..opts.clone() }, "gla", [&["gk_proj.0.weight", "gk_proj.1.weight", "gk_proj.1.bias", "g_proj.weight", "g_norm_swish_gate.weight"][..], &convs].concat()),
+        ("deltanet", opts.clone(), "delta_net", [&["b_proj.weight", "o_norm.weight"][..], &convs].concat()),
+        ("retnet", opts.clone(), "retnet", vec!["g_proj.weight", "g_norm_swish_gate.weight"]),
+        ("kda", MixerOptions { kda_full_rank_gate: false, ..opts.clone() }, "kda", [&["b_proj.weight", "f_proj.0.weight", "f_proj.1.weight", "A_log", "dt_bias", "g_proj.0.weight", "g_proj.1.weight", "g_proj.1.bias", "o_norm.weight"][..], &convs].concat()),
+    ];
+    for (name, o, model_type, own) in cases {
+        let (mw, mm) = from_teacher(&small, mixer(name), None, &o, "test").unwrap();
+        let d = tempdir(&format!("export-{name}"));
+        let written = export(&mw, &mm, &t.tokenizer, Target::Fla, &d).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let names = written.tensors;
+        let mut want: Vec<String> = qkvo.iter().chain(&own).map(|n| format!("model.layers.0.attn.{n}")).collect();
+        let mut got: Vec<String> = names.iter().filter(|n| n.starts_with("model.layers.0.attn.")).cloned().collect();
+        want.sort();
+        got.sort();
+        assert_eq!(got, want, "{name}: fla's names of block 0's mixer");
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["model_type"], model_type, "{name}");
+        assert!(cfg["attn"].is_null(), "{name}: no attention blocks");
+        if name == "gla" {
+            assert_eq!(cfg["use_short_conv"], o.conv_all_mixers);
+            assert_eq!((cfg["expand_k"].as_f64(), cfg["expand_v"].as_f64(), cfg["num_heads"].as_u64()), (Some(1.0), Some(1.0), Some(9)));
+        }
+        if name == "kda" {
+            let st_bytes = std::fs::read(d.join("model.safetensors")).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&st_bytes).unwrap();
+            assert_eq!(st.tensor("model.layers.0.attn.g_proj.0.weight").unwrap().shape(), &[64, c.hidden_size], "the gate's low-rank pair");
+            assert_eq!(st.tensor("model.layers.0.attn.dt_bias").unwrap().shape(), &[c.hidden_size], "one bias per key channel");
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+    // A student whose fla layer computes something else is refused, saying why.
+    for (name, o, why) in [
+        ("linear_attn", opts.clone(), "feature-map"),
+        ("mlstm", opts.clone(), "no mLSTM layer"),
+        ("mamba2", opts.clone(), "fused in_proj"),
+        ("retnet", MixerOptions { retnet_teacher_rope: true, ..opts.clone() }, "teacher's base"),
+        ("retnet", MixerOptions { conv_all_mixers: true, ..opts.clone() }, "short convs"),
+        ("kda", MixerOptions { kda_full_rank_gate: true, ..opts.clone() }, "full-rank"),
+        ("kda", MixerOptions { kda_full_rank_gate: false, kda_gate_mixup: true, ..opts.clone() }, "mix-up"),
+    ] {
+        let (mw, mm) = from_teacher(&small, mixer(name), None, &o, "test").unwrap();
+        let e = export(&mw, &mm, &t.tokenizer, Target::Fla, &tempdir("export-refused")).err().unwrap_or_else(|| panic!("{name} with {o:?} is refused")).to_string();
+        assert!(e.contains(&format!("{name} student is not exported")) && e.contains(why), "{e}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

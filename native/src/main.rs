@@ -170,8 +170,9 @@ enum Command {
     Bench(BenchArgs),
     /// Write a student for PyTorch: a directory flash-linear-attention's model classes load
     Export {
-        /// What to write: fla (flash-linear-attention's GatedDeltaNetForCausalLM and its attn
-        /// layers for a hybrid's attention blocks)
+        /// What to write: fla (flash-linear-attention's model class of the mixer — gated
+        /// DeltaNet, GLA, DeltaNet, RetNet, KDA — with its attn layers for a hybrid's attention
+        /// blocks)
         #[arg(long, value_enum, default_value_t = ExportArg::Fla)]
         to: ExportArg,
         /// The student directory
@@ -513,8 +514,8 @@ fn cmd_export(to: ExportArg, student: &std::path::Path, out: &std::path::Path, f
         ExportArg::Fla => Target::Fla,
     };
     prepare_model_dir("OUT", out, force)?;
-    let names = export(&model.weights, mixers, &model.tokenizer, target, out)?;
-    outln!("wrote {} ({} tensors for flash-linear-attention's {}; load with `import fla` then transformers' AutoModelForCausalLM.from_pretrained)", out.display(), names.len(), "GatedDeltaNetForCausalLM");
+    let written = export(&model.weights, mixers, &model.tokenizer, target, out)?;
+    outln!("wrote {} ({} tensors for flash-linear-attention's {}; load with `import fla` then transformers' AutoModelForCausalLM.from_pretrained)", out.display(), written.tensors.len(), written.architecture);
     Ok(())
 }
 

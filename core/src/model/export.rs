@@ -3,18 +3,28 @@
 //! and layouts, the tokenizer with the chat template — or a refusal that says why the mixer's
 //! fla layer would compute something else.
 //!
-//! Mapping of a gated DeltaNet student onto fla 0.6's `GatedDeltaNetForCausalLM` (fla's
-//! `layers/gated_deltanet.py`, `models/gated_deltanet/`): the same block (RMSNorm, mixer,
-//! RMSNorm, SwiGLU MLP, residuals), the same mixer (q, k, v projections, short convs with SiLU,
-//! L2-normed q and k, scale 1/√d_k, β = σ(b_proj x), g = −exp(A_log)·softplus(a_proj x +
-//! dt_bias), RMSNorm(o)·w ⊙ SiLU(g_proj x)), one value head per key head (`expand_v` 1). A
-//! hybrid's softmax-attention blocks become fla's `attn` layers (rotary at the teacher's base,
-//! grouped key/value heads).
+//! Every fla 0.6 model class used here has our block (RMSNorm, mixer, RMSNorm, SwiGLU MLP,
+//! residuals) under the names `attn_norm`, `attn`, `mlp_norm`, `mlp`; a hybrid's softmax-attention
+//! blocks become fla's `attn` layers (rotary at the teacher's base, grouped key/value heads).
+//! Per mixer, what fla's layer computes and why it is ours (fla's `layers/*.py`):
+//! - gated DeltaNet (`GatedDeltaNetForCausalLM`): short convs with SiLU, L2-normed q and k, scale
+//!   1/√d_k, β = σ(b_proj x), g = −exp(A_log)·softplus(a_proj x + dt_bias),
+//!   RMSNorm(o)·w ⊙ SiLU(g_proj x).
+//! - GLA (`GLAForCausalLM`): q, k without feature map, gk = logσ(W₂W₁x + b)/16 from the rank-16
+//!   `gk_proj` pair, RMSNorm(o)·w ⊙ SiLU(g_proj x) (`g_norm_swish_gate`); short convs only with
+//!   `--conv-all-mixers` (fla's `use_short_conv`).
+//! - DeltaNet (`DeltaNetForCausalLM`): short convs with SiLU, L2-normed q and k, β = σ(b_proj x),
+//!   RMSNorm(o)·w, no output gate.
+//! - RetNet (`RetNetForCausalLM`): rotary q, k (rotate-half, base 10,000), fixed decays
+//!   γ_h = 1 − 2^(−5−h), RMSNorm(o)·w ⊙ SiLU(g_proj x). fla's RetNet model passes no short conv
+//!   to its layer, and its rotary base is fixed.
+//! - Kimi delta attention (`KDAForCausalLM`): short convs, L2-normed q and k, β = σ(b_proj x),
+//!   per-channel g = −exp(A_log)·softplus(f_proj x + dt_bias) from the f_proj pair (rank d_v),
+//!   RMSNorm(o)·w ⊙ σ(g_proj x) with the g_proj pair (rank d_v, bias on the second).
 use super::config::LlamaConfig;
 use super::tokenizer::Tokenizer;
 use super::weights::{ModelWeights, StudentMixers};
 use crate::error::{Error, Result};
-use crate::mixers::MixerKind;
 use crate::util::write_atomic;
 use serde_json::json;
 use std::path::Path;
@@ -26,21 +36,98 @@ pub enum Target {
     Fla,
 }
 
-/// Why a mixer's student is not exported to fla: its fla layer differs from ours, or the
-/// mapping is not written and checked yet (export refuses rather than write a directory that
-/// loads and computes something else).
-fn fla_refusal(kind: MixerKind) -> Option<&'static str> {
-    match kind.name() {
-        "gated_deltanet" => None,
-        "gla" => Some("fla's GatedLinearAttention takes its gate from a low-rank gk_proj pair with a logsigmoid/16 normaliser and no short conv by default; the mapping from our gate is not written yet"),
-        "deltanet" => Some("fla's DeltaNet layer is exported once its feature map and output norm options are mapped and checked against ours; not yet"),
-        "retnet" => Some("fla's MultiScaleRetention uses fixed per-head decays and its own rotary layout (xPos-style); the mapping is not written yet"),
-        "kda" => Some("fla's KimiDeltaAttention's low-rank gate (f_a/f_b) and output gate (g_a/g_b) are mapped once checked against ours; not yet"),
-        "linear_attn" => Some("fla's LinearAttention has no short conv and another feature-map parameterisation; the mapping is not written yet"),
-        "mlstm" => Some("fla has no mLSTM layer of the xLSTM form we implement (mlstm-kernels' is not an fla model class)"),
-        "mamba2" => Some("fla's Mamba2 class (and transformers') has a fused in_proj and its own block without an MLP, unlike our Llama-shaped student"),
-        _ => Some("no fla mapping for this mixer"),
-    }
+/// A mixer's fla model: its model type and class, the mixer's fields of fla's config, and our
+/// parameter names with fla's under `attn.` (short convs added where the student has them).
+struct FlaMixer {
+    model_type: &'static str,
+    architecture: &'static str,
+    config: serde_json::Value,
+    params: &'static [(&'static str, &'static str)],
+}
+
+/// The short convs: ours [C, 4], fla's nn.Conv1d weights [C, 1, 4].
+const CONVS: [(&str, &str); 3] = [("conv_q", "q_conv1d.weight"), ("conv_k", "k_conv1d.weight"), ("conv_v", "v_conv1d.weight")];
+
+/// The projections every mixer has.
+const QKVO: [(&str, &str); 4] = [("q_proj", "q_proj.weight"), ("k_proj", "k_proj.weight"), ("v_proj", "v_proj.weight"), ("o_proj", "o_proj.weight")];
+
+/// `m`'s fla model (for a teacher of `hidden` channels), or why its fla layer would compute
+/// something else than the student.
+fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, String> {
+    let (o, s) = (&m.config.options, m.config.shape);
+    let conv = m.config.mixer.layout(o).conv;
+    // fla sizes some layers by head (value head = expand_v · head_dim), others by the model
+    // (key and value widths = expand · hidden_size).
+    let per_head_v = s.dv as f64 / s.dk as f64;
+    let (expand_k, expand_v) = ((s.heads * s.dk) as f64 / hidden as f64, (s.heads * s.dv) as f64 / hidden as f64);
+    Ok(match m.config.mixer.name() {
+        "gated_deltanet" => FlaMixer {
+            model_type: "gated_deltanet",
+            architecture: "GatedDeltaNetForCausalLM",
+            config: json!({ "expand_v": per_head_v, "use_gate": true, "use_short_conv": true, "allow_neg_eigval": false, "conv_size": 4,
+                            "head_dim": s.dk, "num_heads": s.heads, "num_v_heads": null, "output_gate_activation": "swish" }),
+            params: &[("a_proj", "a_proj.weight"), ("b_proj", "b_proj.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"), ("g_proj", "g_proj.weight"), ("o_norm", "o_norm.weight")],
+        },
+        "gla" => FlaMixer {
+            model_type: "gla",
+            architecture: "GLAForCausalLM",
+            config: json!({ "expand_k": expand_k, "expand_v": expand_v, "num_heads": s.heads, "num_kv_heads": null, "feature_map": null,
+                            "use_short_conv": conv, "conv_size": 4, "use_output_gate": true, "clamp_min": null, "elementwise_affine": true,
+                            "use_gk": true, "use_gv": false, "fuse_norm": true }),
+            params: &[("gk_w1", "gk_proj.0.weight"), ("gk_w2", "gk_proj.1.weight"), ("gk_b", "gk_proj.1.bias"), ("g_proj", "g_proj.weight"), ("o_norm", "g_norm_swish_gate.weight")],
+        },
+        "deltanet" => FlaMixer {
+            model_type: "delta_net",
+            architecture: "DeltaNetForCausalLM",
+            config: json!({ "expand_k": expand_k, "expand_v": expand_v, "use_gate": false, "use_short_conv": true, "allow_neg_eigval": false,
+                            "conv_size": 4, "use_beta": true, "use_output_norm": true, "num_heads": s.heads, "qk_norm": "l2", "qk_activation": "silu" }),
+            params: &[("b_proj", "b_proj.weight"), ("o_norm", "o_norm.weight")],
+        },
+        "retnet" => {
+            if o.retnet_teacher_rope {
+                return Err(format!("its rotary positions use the teacher's base (--retnet-teacher-rope); fla's MultiScaleRetention fixes its base at {}", crate::mixers::MIXER_ROPE_THETA));
+            }
+            if conv {
+                return Err("it has short convs (--conv-all-mixers), which fla's RetNet model does not pass to its layer".into());
+            }
+            FlaMixer {
+                model_type: "retnet",
+                architecture: "RetNetForCausalLM",
+                config: json!({ "expand_k": expand_k, "expand_v": expand_v, "num_heads": s.heads, "num_kv_heads": null, "feature_map": null,
+                                "use_short_conv": false, "use_output_gate": true, "elementwise_affine": true, "fuse_norm": true }),
+                params: &[("g_proj", "g_proj.weight"), ("o_norm", "g_norm_swish_gate.weight")],
+            }
+        }
+        "kda" => {
+            if o.kda_full_rank_gate {
+                return Err("its output gate is one full-rank matrix (--kda-full-rank-gate); fla's KimiDeltaAttention has the low-rank g_proj pair".into());
+            }
+            if o.kda_gate_mixup {
+                return Err("it reproduces the paper's gate mix-up (--kda-gate-mixup), RMSNorm(o + gate); fla's layer gates after the norm".into());
+            }
+            FlaMixer {
+                model_type: "kda",
+                architecture: "KDAForCausalLM",
+                config: json!({ "expand_v": per_head_v, "use_short_conv": true, "allow_neg_eigval": false, "safe_gate": false, "lower_bound": null,
+                                "conv_size": 4, "head_dim": s.dk, "num_heads": s.heads, "num_v_heads": null }),
+                params: &[
+                    ("b_proj", "b_proj.weight"),
+                    ("f_w1", "f_proj.0.weight"),
+                    ("f_w2", "f_proj.1.weight"),
+                    ("A_log", "A_log"),
+                    ("dt_bias", "dt_bias"),
+                    ("g_down", "g_proj.0.weight"),
+                    ("g_proj", "g_proj.1.weight"),
+                    ("g_bias", "g_proj.1.bias"),
+                    ("o_norm", "o_norm.weight"),
+                ],
+            }
+        }
+        "linear_attn" => return Err("fla's LinearAttention has no short conv and another feature-map parameterisation (its own hedgehog/t2r modules and normalisation)".into()),
+        "mlstm" => return Err("fla has no mLSTM layer of the xLSTM form we implement (mlstm-kernels' is not an fla model class)".into()),
+        "mamba2" => return Err("fla's Mamba2 class (and transformers') has a fused in_proj and its own block without an MLP, unlike our Llama-shaped student".into()),
+        other => return Err(format!("no fla mapping for the mixer {other}")),
+    })
 }
 
 /// A tensor of the export: fla's name, shape and values.
@@ -50,26 +137,19 @@ struct Named<'a> {
     data: &'a [f32],
 }
 
-/// fla's config.json for `w` with `m`'s mixers.
-fn fla_config(c: &LlamaConfig, m: &StudentMixers) -> serde_json::Value {
+/// fla's config.json for `w` with `m`'s mixers: the block's fields, the hybrid's attention
+/// blocks, then the mixer's own.
+fn fla_config(c: &LlamaConfig, m: &StudentMixers, fla: &FlaMixer) -> serde_json::Value {
     let attention: Vec<usize> = (0..c.num_hidden_layers).filter(|i| !m.layers.contains_key(i)).collect();
     let attn = (!attention.is_empty()).then(|| {
         json!({ "layers": attention, "num_heads": c.num_attention_heads, "num_kv_heads": c.n_kv_heads(), "qkv_bias": false, "window_size": null, "rope_theta": c.rope_theta })
     });
     let eos = c.eos_ids();
-    json!({
-        "model_type": "gated_deltanet",
-        "architectures": ["GatedDeltaNetForCausalLM"],
+    let mut config = json!({
+        "model_type": fla.model_type,
+        "architectures": [fla.architecture],
         "attn_mode": "chunk",
         "hidden_size": c.hidden_size,
-        "expand_v": 1.0,
-        "use_gate": true,
-        "use_short_conv": true,
-        "allow_neg_eigval": false,
-        "conv_size": 4,
-        "head_dim": m.config.shape.dk,
-        "num_heads": m.config.shape.heads,
-        "num_v_heads": null,
         "max_position_embeddings": c.max_position_embeddings,
         "hidden_ratio": null,
         "intermediate_size": c.intermediate_size,
@@ -81,15 +161,18 @@ fn fla_config(c: &LlamaConfig, m: &StudentMixers) -> serde_json::Value {
         "tie_word_embeddings": c.tie_word_embeddings,
         "bos_token_id": c.bos_token_id,
         "eos_token_id": eos.first(),
-        "output_gate_activation": "swish",
         "torch_dtype": "float32",
         "exported_by": format!("linearize {} from a {} student of {}", env!("CARGO_PKG_VERSION"), m.config.mixer.name(), m.config.teacher),
-    })
+    });
+    for (k, v) in fla.config.as_object().expect("an object") {
+        config[k] = v.clone();
+    }
+    config
 }
 
 /// The student's tensors under fla's names (conv taps [C, 4] → [C, 1, 4], as nn.Conv1d holds
 /// them).
-fn fla_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Result<Vec<Named<'a>>> {
+fn fla_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers, fla: &FlaMixer) -> Result<Vec<Named<'a>>> {
     let c = &w.config;
     let (d, hd) = (c.hidden_size, c.head_dim());
     let mut out = vec![Named { name: "model.embeddings.weight".into(), shape: vec![c.vocab_size, d], data: &w.embed }];
@@ -98,28 +181,16 @@ fn fla_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Result<Vec<Name
         out.push(Named { name: at("attn_norm.weight"), shape: vec![d], data: &l.attn_norm });
         match m.layers.get(&i) {
             Some(params) => {
-                for (ours, theirs) in [
-                    ("q_proj", "q_proj.weight"),
-                    ("k_proj", "k_proj.weight"),
-                    ("v_proj", "v_proj.weight"),
-                    ("a_proj", "a_proj.weight"),
-                    ("b_proj", "b_proj.weight"),
-                    ("A_log", "A_log"),
-                    ("dt_bias", "dt_bias"),
-                    ("g_proj", "g_proj.weight"),
-                    ("o_norm", "o_norm.weight"),
-                    ("o_proj", "o_proj.weight"),
-                    ("conv_q", "q_conv1d.weight"),
-                    ("conv_k", "k_conv1d.weight"),
-                    ("conv_v", "v_conv1d.weight"),
-                ] {
+                let convs: &[(&str, &str)] = if params.contains_key("conv_q") { &CONVS } else { &[] };
+                let mapping: Vec<&(&str, &str)> = QKVO.iter().chain(fla.params).chain(convs).collect();
+                for &&(ours, theirs) in &mapping {
                     let t = params.get(ours).ok_or_else(|| Error::format("student", format!("block {i} has no mixer parameter '{ours}'")))?;
                     let shape = if ours.starts_with("conv_") { vec![t.shape[0], 1, t.shape[1]] } else { t.shape.clone() };
                     out.push(Named { name: at(&format!("attn.{theirs}")), shape, data: &t.data });
                 }
-                if params.len() != 13 {
+                if params.len() != mapping.len() {
                     let names: Vec<&String> = params.keys().collect();
-                    return Err(Error::format("student", format!("block {i}'s mixer has parameters {names:?}; the fla mapping knows 13")));
+                    return Err(Error::format("student", format!("block {i}'s mixer has parameters {names:?}; the fla mapping knows {}", mapping.len())));
                 }
             }
             None => {
@@ -152,14 +223,20 @@ fn fla_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Result<Vec<Name
 /// (`tokenizer.chat_template`) and tokenizer_config.json wants it.
 const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// What an export wrote.
+pub struct Exported {
+    /// The model class that loads it (fla's, registered with transformers by `import fla`).
+    pub architecture: &'static str,
+    /// The tensors' names.
+    pub tensors: Vec<String>,
+}
+
 /// Writes the student (`w`, `m`, `tokenizer`) for `target` into `out` (an empty or new
 /// directory; the caller checks). Refuses, naming the reason, where the target's layer for the
 /// mixer would compute something else.
-pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target: Target, out: &Path) -> Result<Vec<String>> {
+pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target: Target, out: &Path) -> Result<Exported> {
     let Target::Fla = target;
-    if let Some(why) = fla_refusal(m.config.mixer) {
-        return Err(Error::argument("--to fla", format!("a {} student is not exported: {why}", m.config.mixer.name())));
-    }
+    let fla = fla_mixer(m, w.config.hidden_size).map_err(|why| Error::argument("--to fla", format!("a {} student is not exported: {why}", m.config.mixer.name())))?;
     let c = &w.config;
     if (m.config.options.norm_eps - c.rms_norm_eps).abs() > 1e-12 {
         return Err(Error::argument("--to fla", format!("fla's config has one norm_eps; this student's block norms use {} and its mixer norm {}", c.rms_norm_eps, m.config.options.norm_eps)));
@@ -168,7 +245,7 @@ pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target
         return Err(Error::argument("--to fla", format!("mixer shape {:?} is not fla's heads × head_dim with expand_v 1", m.config.shape)));
     }
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
-    let tensors = fla_tensors(w, m)?;
+    let tensors = fla_tensors(w, m, &fla)?;
     let views = tensors
         .iter()
         .map(|t| {
@@ -180,7 +257,7 @@ pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target
     let metadata = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
     let bytes = safetensors::serialize(views, Some(metadata)).map_err(|e| Error::format(out, format!("serialising: {e}")))?;
     write_atomic(&out.join("model.safetensors"), &bytes)?;
-    let config = fla_config(c, m);
+    let config = fla_config(c, m, &fla);
     write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
     write_atomic(&out.join("tokenizer.json"), tokenizer.json().as_bytes())?;
     let token = |id: Option<u32>| id.and_then(|i| tokenizer.decode(&[i]).ok());
@@ -193,5 +270,5 @@ pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target
         "model_max_length": c.max_position_embeddings,
     });
     write_atomic(&out.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config).expect("json").as_bytes())?;
-    Ok(tensors.into_iter().map(|t| t.name).collect())
+    Ok(Exported { architecture: fla.architecture, tensors: tensors.into_iter().map(|t| t.name).collect() })
 }
