@@ -116,16 +116,30 @@ pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
     kept[kept.len() - 1].0
 }
 
+/// What a token callback says: go on, or stop after this token (a user's stop button). A
+/// callback that returns nothing goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
+}
+
+impl From<()> for Flow {
+    fn from(_: ()) -> Flow {
+        Flow::Continue
+    }
+}
+
 /// Generates up to `s.max_new_tokens` after `prompt`, calling `on_token` with each new id as
-/// soon as it is known. Memory is bounded by a KV cache of prompt + max_new_tokens positions.
-pub async fn generate(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+/// soon as it is known (it may return `Flow::Stop` to end there). Memory is bounded by a KV cache of prompt + max_new_tokens positions.
+pub async fn generate<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, on_token: impl FnMut(u32) -> F) -> Result<Vec<u32>> {
     let mut on_token = on_token;
     generate_traced(gpu, model, prompt, s, |id, _| on_token(id), None).await
 }
 
 /// `generate`, recording the mixer blocks' state diagnostics after the prompt and after every
 /// generated token when `trace` is given; `on_token` sees them as they grow.
-pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32, Option<&Diagnostics>), mut trace: Option<&mut Diagnostics>) -> Result<Vec<u32>> {
+pub async fn generate_traced<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, mut on_token: impl FnMut(u32, Option<&Diagnostics>) -> F, mut trace: Option<&mut Diagnostics>) -> Result<Vec<u32>> {
     if prompt.is_empty() {
         return Err(Error::argument("--prompt", "the prompt is empty; give at least one token of text"));
     }
@@ -161,8 +175,8 @@ pub async fn generate_traced(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s
             sample(&row, s, &mut rng)
         };
         out.push(next);
-        on_token(next, trace.as_deref());
-        if s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
+        let flow = on_token(next, trace.as_deref()).into();
+        if flow == Flow::Stop || s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
             break;
         }
         logits = model.forward_traced(gpu, &mut cache, &[next], Logits::Last, trace.as_deref_mut())?;
@@ -182,7 +196,7 @@ pub const GREEDY_BURST: usize = 16;
 /// forward embeds it, and the host reads a burst of picks at once. After a stop id the rest of
 /// its burst is dropped (computed, never shown), so the tokens are those of one-at-a-time
 /// decoding; the cache has then advanced past them.
-pub async fn decode_greedy(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, mut on_token: impl FnMut(u32)) -> Result<Vec<u32>> {
+pub async fn decode_greedy<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, mut on_token: impl FnMut(u32) -> F) -> Result<Vec<u32>> {
     // One pick per slot; a slot starts where a storage binding may.
     let stride = (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(2);
     let mut out = Vec::new();
@@ -197,7 +211,7 @@ pub async fn decode_greedy(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, 
 
 /// `decode_greedy`'s loop: bursts of picks into `out` until `s.max_new_tokens` or a stop id.
 #[allow(clippy::too_many_arguments)]
-async fn greedy_bursts(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, stride: usize, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32)) -> Result<()> {
+async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, stride: usize, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32) -> F) -> Result<()> {
     let mut burst = 1;
     while out.len() < s.max_new_tokens {
         let n = burst.min(s.max_new_tokens - out.len());
@@ -215,8 +229,8 @@ async fn greedy_bursts(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logi
                 return Err(Error::Gpu(format!("non-finite logit after {} generated tokens", out.len())));
             }
             out.push(id);
-            on_token(id);
-            if s.stop_ids.contains(&id) {
+            let flow = on_token(id).into();
+            if flow == Flow::Stop || s.stop_ids.contains(&id) {
                 return Ok(());
             }
         }

@@ -9,7 +9,7 @@
 //! await model.generate('The capital of France is', 16, (text, id) => …);
 //! model.state_norms(0);                                // Float32Array [reads × heads]
 //! ```
-use linearize_core::generate::{generate_traced, Sampling};
+use linearize_core::generate::{generate_traced, Flow, Sampling};
 use linearize_core::gpu::{Dtype, Gpu};
 use linearize_core::model::files::ModelFiles as CoreFiles;
 use linearize_core::eval::Diagnostics;
@@ -181,7 +181,8 @@ impl WebModel {
     /// Greedy generation of up to `max_new_tokens` after `prompt`; `on_token(text, id, norms)` is
     /// called as each token arrives: text is what the token adds to the decoded output, norms the
     /// latest ‖S‖ of every mixer block and head ([mixer blocks × heads], empty for a teacher).
-    /// The states are read after the prompt and after every token (`state_norms`).
+    /// The states are read after the prompt and after every token (`state_norms`). An
+    /// `on_token` that returns `false` stops the generation after that token (a stop button).
     pub async fn generate(&mut self, prompt: String, max_new_tokens: usize, on_token: js_sys::Function) -> Result<String, JsValue> {
         let ids = self.tokenizer.encode(&prompt).map_err(js_err)?;
         self.lm.check_fits(&self.gpu, ids.len(), 1, "prompt").map_err(js_err)?;
@@ -199,8 +200,13 @@ impl WebModel {
                 shown = text;
             }
             let norms = js_sys::Float32Array::from(norms.as_slice());
-            if let Err(e) = on_token.call3(&JsValue::NULL, &JsValue::from_str(&piece), &JsValue::from(id), &norms) {
-                failed.get_or_insert(e);
+            match on_token.call3(&JsValue::NULL, &JsValue::from_str(&piece), &JsValue::from(id), &norms) {
+                Ok(v) if v.as_bool() == Some(false) => Flow::Stop,
+                Ok(_) => Flow::Continue,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    Flow::Stop
+                }
             }
         };
         let generated = generate_traced(&self.gpu, &self.lm, &ids, &sampling, emit, Some(&mut self.diagnostics)).await.map_err(js_err)?;

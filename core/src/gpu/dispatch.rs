@@ -262,6 +262,8 @@ const FLUSH_DISPATCHES: usize = 512;
 
 struct Dispatch {
     pipeline: Arc<Pipeline>,
+    // Read by the profiler, which the browser build never turns on.
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     label: &'static str,
     /// Byte offset of this dispatch's parameters in the shared uniform buffer.
     params_at: u64,
@@ -634,6 +636,7 @@ pub mod profile {
     /// What LINEARIZE_PROFILE asks for: nothing, each kernel's GPU time, or the host's time
     /// recording and submitting (`host`).
     #[derive(Clone, Copy, PartialEq, Eq)]
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     enum Mode {
         Off,
         Kernels,
