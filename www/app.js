@@ -1,13 +1,22 @@
 // The demo page: models from `linearize serve` (/models.json), loaded into WebGPU through the
 // wasm package, generating side by side while each mixer block's state norm per head is drawn
 // as it streams; a needle probe as the haystack grows; memory against context length.
+//
+// Every input is checked before any work; a run locks the controls and can be stopped; each
+// model has one panel, replaced when it runs again and removed (its GPU memory freed) when it
+// is unticked; the inputs survive a reload.
 import init, { WebGpu, ModelFiles } from './pkg/linearize_web.js';
 
 const $ = (id) => document.getElementById(id);
 const MAX_MODELS = 4;
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728'];
+const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000 };
+const SAVED = 'linearize.demo.inputs';
+const MEMORY_CONTEXT = 8192;
+
 let gpu = null;
-const loaded = new Map(); // name → { model, info, panel }
+let stopRequested = false;
+const loaded = new Map(); // model name → { model, info, weights, panel, columns, positions, color }
 
 function status(text, state = 'busy') {
   const s = $('status');
@@ -16,36 +25,143 @@ function status(text, state = 'busy') {
   s.className = state === 'error' || state === 'nowebgpu' ? 'error' : '';
 }
 
+// An error of the wasm package in the page's words: no command-line argument names.
+function pageWords(e) {
+  const text = String((e && e.message) || e);
+  const short = text.match(/(\d+) tokens do not hold the prompt's (\d+) fixed tokens/);
+  if (short) return `${short[1]} tokens is too short: the probe's instructions and question alone take ${short[2]} tokens`;
+  return text.replace(/^invalid argument [^:]+: /, '');
+}
+
+// ---- inputs: checked before any work, remembered across reloads ----
+
 function selected() {
   return [...document.querySelectorAll('#models input:checked')].map((c) => JSON.parse(c.value));
 }
 
-function listModels(models) {
+function wholeNumber(text, what, [lo, hi]) {
+  const t = String(text).trim();
+  if (!/^[-+]?[0-9]+$/.test(t)) throw new Error(`${what}: '${t}' is not a whole number (${lo}–${hi})`);
+  const n = Number(t);
+  if (n < lo || n > hi) throw new Error(`${what}: ${n} is outside ${lo}–${hi}`);
+  return n;
+}
+
+// The run's inputs, or an Error naming the field and what it takes.
+function checkedInputs(kind) {
+  const models = selected();
+  if (models.length === 0) throw new Error('Pick at least one model.');
+  if (models.length > MAX_MODELS) throw new Error(`Pick at most ${MAX_MODELS} models.`);
+  const inputs = { models, weights: $('weights').value };
+  if (kind === 'generate') {
+    inputs.prompt = $('prompt').value;
+    if (inputs.prompt.trim() === '') throw new Error('Prompt: write some text to continue.');
+    if (inputs.prompt.length > LIMITS.promptChars) throw new Error(`Prompt: ${inputs.prompt.length} characters; at most ${LIMITS.promptChars}.`);
+    inputs.tokens = wholeNumber($('tokens').value, 'New tokens', LIMITS.tokens);
+  } else {
+    const parts = $('lengths').value.split(',').map((s) => s.trim()).filter((s) => s !== '');
+    if (parts.length === 0) throw new Error(`Lengths: give one or more whole numbers (${LIMITS.length.join('–')}), separated by commas.`);
+    inputs.lengths = parts.map((p) => wholeNumber(p, 'Lengths', LIMITS.length));
+  }
+  return inputs;
+}
+
+function saveInputs() {
+  const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, weights: $('weights').value,
+              shared: $('shared').checked, models: selected().map((m) => m.name) };
+  try { localStorage.setItem(SAVED, JSON.stringify(v)); } catch (_) { /* storage may be off */ }
+}
+
+function savedInputs() {
+  try { return JSON.parse(localStorage.getItem(SAVED) || 'null'); } catch (_) { return null; }
+}
+
+function restoreInputs(v) {
+  if (!v) return;
+  for (const k of ['prompt', 'tokens', 'lengths', 'weights']) if (typeof v[k] === 'string') $(k).value = v[k];
+  if (typeof v.shared === 'boolean') $('shared').checked = v.shared;
+}
+
+function listModels(models, saved) {
   const box = $('models');
   box.textContent = '';
   if (models.length === 0) {
     box.textContent = 'No models in $LINEARIZE_HOME: run `linearize fetch teacher`, and distil students into $LINEARIZE_HOME/students/NAME.';
     return;
   }
+  const ticked = saved && Array.isArray(saved.models) ? new Set(saved.models) : null;
   models.forEach((m, i) => {
     const label = document.createElement('label');
     const check = document.createElement('input');
     check.type = 'checkbox';
     check.value = JSON.stringify(m);
-    check.checked = i < 2;
-    check.addEventListener('change', () => {
-      const n = selected().length;
-      document.querySelectorAll('#models input').forEach((c) => { c.disabled = !c.checked && n >= MAX_MODELS; });
-    });
+    check.checked = ticked ? ticked.has(m.name) && [...ticked].indexOf(m.name) < MAX_MODELS : i < 2;
+    check.addEventListener('change', () => { limitTicks(); dropUnticked(); saveInputs(); });
     label.append(check, ` ${m.name} (${m.kind})`);
     box.append(label);
   });
+  limitTicks();
 }
 
-async function load(entry) {
-  const weights = $('weights').value;
-  const key = `${entry.name} ${weights}`;
-  if (loaded.has(key)) return loaded.get(key);
+function limitTicks() {
+  const n = selected().length;
+  document.querySelectorAll('#models input').forEach((c) => { c.disabled = !c.checked && n >= MAX_MODELS; });
+}
+
+// ---- a run: controls locked, a stop button, progress ----
+
+function setBusy(busy) {
+  document.querySelectorAll('#controls input, #controls select, #controls textarea, #controls button, #models input')
+    .forEach((el) => { el.disabled = busy; });
+  $('stop').disabled = !busy;
+  if (!busy) limitTicks();
+}
+
+function run(kind, work) {
+  return async () => {
+    let inputs;
+    try {
+      inputs = checkedInputs(kind);
+    } catch (e) {
+      return status(e.message, 'error');
+    }
+    saveInputs();
+    stopRequested = false;
+    setBusy(true);
+    try {
+      const done = await work(inputs);
+      status(stopRequested ? `stopped: ${done}` : `ready: ${done}`, stopRequested ? 'stopped' : 'ready');
+    } catch (e) {
+      status(pageWords(e), 'error');
+    }
+    setBusy(false);
+  };
+}
+
+// ---- models and their panels ----
+
+function free(name) {
+  const it = loaded.get(name);
+  if (!it) return;
+  it.model.free();
+  it.panel.remove();
+  loaded.delete(name);
+}
+
+// Panels of unticked models go, and their weights leave the GPU.
+function dropUnticked() {
+  const keep = new Set(selected().map((m) => m.name));
+  for (const name of [...loaded.keys()]) if (!keep.has(name)) free(name);
+  drawMemory();
+}
+
+async function load(entry, weights, color) {
+  const have = loaded.get(entry.name);
+  if (have && have.weights === weights) {
+    have.color = color;
+    return have;
+  }
+  free(entry.name); // other weights: this model's one panel is replaced
   const files = new ModelFiles(entry.base);
   let bytes = 0;
   for (const name of entry.files) {
@@ -61,11 +177,11 @@ async function load(entry) {
   try {
     model = await gpu.load_model_as(files, weights);
   } catch (e) {
-    throw new Error(`${entry.name} could not be loaded: ${e.message || e}`);
+    throw new Error(`${entry.name} could not be loaded: ${pageWords(e)}`);
   }
   const info = JSON.parse(model.info_json());
-  const it = { model, info, panel: makePanel(entry.name, info), columns: [], color: COLORS[loaded.size % COLORS.length] };
-  loaded.set(key, it);
+  const it = { model, info, weights, panel: makePanel(entry.name, info), columns: [], positions: [], color };
+  loaded.set(entry.name, it);
   return it;
 }
 
@@ -73,28 +189,35 @@ function makePanel(name, info) {
   const panel = document.createElement('div');
   panel.className = 'panel';
   panel.dataset.model = name;
-  const title = document.createElement('h3');
+  const el = (tag, cls) => { const e = document.createElement(tag); e.className = cls; return e; };
+  const title = el('h3', 'title');
   title.textContent = `${name} — ${info.kind === 'teacher' ? 'softmax attention (teacher)' : info.mixer}`
     + ` · ${info.weights} weights, ${(info.weight_bytes / 2 ** 20).toFixed(0)} MiB`;
-  const text = document.createElement('pre');
-  text.className = 'text';
-  const heat = document.createElement('canvas');
-  heat.className = 'heatmap';
-  heat.width = 320;
-  heat.height = 180;
-  const caption = document.createElement('div');
-  caption.className = 'note';
+  const progress = el('div', 'progress note');
+  const text = el('pre', 'text');
+  const heat = el('canvas', 'heatmap');
+  heat.width = 420;
+  heat.height = info.kind === 'teacher' ? 80 : Math.max(200, info.mixer_layers.length * info.heads + 40);
+  const caption = el('div', 'note caption');
   caption.textContent = info.kind === 'teacher'
-    ? 'no fixed state: the KV cache grows with every token'
-    : `‖S‖ per head (rows: ${info.mixer_layers.length} blocks × ${info.heads} heads; columns: tokens; log colour scale)`;
-  const needles = document.createElement('div');
-  needles.className = 'needles';
-  panel.append(title, text, heat, caption, needles);
+    ? 'Attention keeps every past key and value: its cache grows by '
+      + `${(info.kv_bytes_per_token / 1024).toFixed(0)} KiB with each token.`
+    : `‖S‖, the size of each head's state, after the prompt and after each token: rows are heads grouped by block `
+      + `(${info.mixer_layers.length} blocks × ${info.heads} heads), columns tokens, colours log-scaled (bar on the right).`;
+  const lines = el('canvas', 'lines');
+  lines.width = 420;
+  lines.height = 150;
+  const needles = el('div', 'needles');
+  panel.append(title, progress, text, heat, caption);
+  if (info.kind !== 'teacher') panel.append(lines);
+  panel.append(needles);
   $('panels').append(panel);
   return panel;
 }
 
-// log10 of a norm mapped onto dark blue → teal → yellow.
+// ---- drawing ----
+
+// t in [0, 1] onto dark blue → teal → yellow.
 function shade(t) {
   const stops = [[68, 1, 84], [33, 145, 140], [253, 231, 37]];
   const x = Math.min(Math.max(t, 0), 1) * 2;
@@ -104,110 +227,251 @@ function shade(t) {
   return `rgb(${c[0]},${c[1]},${c[2]})`;
 }
 
+const log10 = (v) => Math.log10(Math.max(v, 1e-6));
+
+// The colour scale's range (log10 ‖S‖): this model's, or every student's with "shared scale".
+function scaleOf(it) {
+  const pool = $('shared').checked ? [...loaded.values()].filter((o) => o.info.kind !== 'teacher') : [it];
+  const logs = pool.flatMap((o) => o.columns.flatMap((c) => Array.from(c, log10)));
+  if (logs.length === 0) return [0, 1];
+  let lo = Infinity, hi = -Infinity;
+  for (const v of logs) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+  return hi > lo ? [lo, hi] : [lo - 0.5, hi + 0.5];
+}
+
 function drawHeatmap(it) {
   const canvas = it.panel.querySelector('canvas.heatmap');
   const g = canvas.getContext('2d');
   g.fillStyle = '#fff';
   g.fillRect(0, 0, canvas.width, canvas.height);
   canvas.dataset.columns = it.columns.length;
-  if (it.info.kind === 'teacher' || it.columns.length === 0) {
+  g.font = '11px sans-serif';
+  if (it.info.kind === 'teacher') return drawKvCache(it, canvas, g);
+  if (it.columns.length === 0) {
     g.fillStyle = '#888';
-    g.font = '13px sans-serif';
-    g.fillText(it.info.kind === 'teacher' ? 'attention: no fixed-size state' : 'waiting for tokens…', 10, 20);
+    g.fillText('waiting for tokens…', 10, 20);
     return;
   }
-  const rows = it.columns[0].length;
-  const logs = it.columns.flatMap((c) => Array.from(c, (v) => Math.log10(Math.max(v, 1e-6))));
-  const lo = Math.min(...logs), hi = Math.max(...logs);
-  const w = canvas.width / it.columns.length, h = canvas.height / rows;
+  const [L, R, T, B] = [34, 64, 6, 28]; // margins: block labels, colour bar, top, token axis
+  const rows = it.columns[0].length, heads = it.info.heads, blocks = rows / heads;
+  const [lo, hi] = scaleOf(it);
+  canvas.dataset.scale = `${lo.toFixed(3)},${hi.toFixed(3)}`;
+  const w = (canvas.width - L - R) / it.columns.length, h = (canvas.height - T - B) / rows;
   it.columns.forEach((col, x) => {
     col.forEach((v, y) => {
-      g.fillStyle = shade(hi > lo ? (Math.log10(Math.max(v, 1e-6)) - lo) / (hi - lo) : 0.5);
-      g.fillRect(x * w, y * h, Math.ceil(w), Math.ceil(h));
+      g.fillStyle = shade((log10(v) - lo) / (hi - lo));
+      g.fillRect(L + x * w, T + y * h, Math.ceil(w), Math.ceil(h));
     });
   });
+  // Block separators and labels (every block when they fit, else every few).
+  g.strokeStyle = '#fff';
+  g.fillStyle = '#333';
+  const every = Math.max(1, Math.ceil(12 / (heads * h)));
+  for (let b = 0; b < blocks; b++) {
+    const y = T + b * heads * h;
+    if (b > 0) { g.beginPath(); g.moveTo(L, y); g.lineTo(canvas.width - R, y); g.stroke(); }
+    if (b % every === 0) g.fillText(`L${it.info.mixer_layers[b]}`, 2, y + Math.min(heads * h, 12) - 1);
+  }
+  // Token axis: the position each column was read at (prompt, then one per token).
+  const labels = Math.min(it.columns.length, 6);
+  for (let k = 0; k < labels; k++) {
+    const x = labels === 1 ? 0 : Math.round((k * (it.columns.length - 1)) / (labels - 1));
+    const pos = it.positions[x];
+    g.fillText(pos === undefined ? '' : String(pos), L + (x + 0.5) * w - 6, canvas.height - B + 12);
+  }
+  g.fillText(`tokens seen → (first column: after the prompt)`, L, canvas.height - 4);
+  // The colour bar in ‖S‖ units.
+  const bx = canvas.width - R + 8, bh = canvas.height - T - B;
+  for (let y = 0; y < bh; y++) {
+    g.fillStyle = shade(1 - y / bh);
+    g.fillRect(bx, T + y, 10, 1);
+  }
+  g.fillStyle = '#333';
+  const fmt = (l) => { const v = 10 ** l; return v >= 100 ? v.toFixed(0) : v >= 1 ? v.toFixed(1) : v.toPrecision(2); };
+  g.fillText(fmt(hi), bx + 13, T + 9);
+  g.fillText(fmt((lo + hi) / 2), bx + 13, T + bh / 2 + 4);
+  g.fillText(fmt(lo), bx + 13, T + bh);
+  g.fillText('‖S‖', bx - 2, canvas.height - B + 12);
 }
 
+// The teacher's cache against the tokens seen so far. Drawn while the model generates, when
+// the model itself cannot be called: the cache's size comes from its info.
+function drawKvCache(it, canvas, g) {
+  const seen = it.positions.length ? it.positions[it.positions.length - 1] : 0;
+  const bytes = it.info.kv_bytes_per_token * seen;
+  const full = it.info.kv_bytes_per_token * Math.max(seen, 1) * 2;
+  g.fillStyle = '#333';
+  g.fillText(`KV cache after ${seen} tokens: ${unit(bytes)} — no fixed-size state`, 10, 18);
+  g.fillStyle = it.color;
+  g.fillRect(10, 30, (canvas.width - 20) * (full > 0 ? bytes / full : 0), 22);
+  g.strokeStyle = '#999';
+  g.strokeRect(10, 30, canvas.width - 20, 22);
+  g.fillStyle = '#666';
+  g.fillText(`(the bar's full width: the cache at twice this context, ${unit(full)})`, 10, 70);
+  canvas.dataset.kvBytes = bytes;
+}
+
+// Each block's mean ‖S‖ over its heads against position: saturation shows as a line that
+// stops growing.
+function drawLines(it) {
+  const canvas = it.panel.querySelector('canvas.lines');
+  if (!canvas) return;
+  const g = canvas.getContext('2d');
+  g.fillStyle = '#fff';
+  g.fillRect(0, 0, canvas.width, canvas.height);
+  const heads = it.info.heads, blocks = it.info.mixer_layers.length;
+  const means = it.columns.map((col) => Array.from({ length: blocks }, (_, b) => {
+    let s = 0;
+    for (let k = 0; k < heads; k++) s += col[b * heads + k];
+    return s / heads;
+  }));
+  canvas.dataset.points = means.length;
+  const [L, R, T, B] = [44, 10, 14, 22];
+  g.strokeStyle = '#999';
+  g.beginPath(); g.moveTo(L, T); g.lineTo(L, canvas.height - B); g.lineTo(canvas.width - R, canvas.height - B); g.stroke();
+  g.fillStyle = '#333';
+  g.font = '11px sans-serif';
+  g.fillText('mean ‖S‖ per block against tokens seen', L + 4, 10);
+  if (means.length === 0) return;
+  const all = means.flat();
+  const top = Math.max(...all) * 1.05 || 1;
+  g.fillText(top.toPrecision(3), 2, T + 8);
+  g.fillText('0', L - 10, canvas.height - B);
+  const p0 = it.positions[0] ?? 0, p1 = it.positions[it.positions.length - 1] ?? 1;
+  g.fillText(String(p0), L, canvas.height - 6);
+  g.fillText(String(p1), canvas.width - R - 20, canvas.height - 6);
+  for (let b = 0; b < blocks; b++) {
+    g.strokeStyle = `hsl(${(b * 360) / blocks}, 60%, 45%)`;
+    g.beginPath();
+    means.forEach((m, i) => {
+      const x = L + (means.length === 1 ? 0 : (i / (means.length - 1)) * (canvas.width - L - R));
+      const y = canvas.height - B - (m[b] / top) * (canvas.height - B - T);
+      if (i === 0) g.moveTo(x, y); else g.lineTo(x, y);
+    });
+    g.stroke();
+  }
+}
+
+// Bytes as the page writes them: 4 KiB, 1.3 MiB, 2 GiB.
+function unit(b) {
+  const [v, u] = b >= 2 ** 30 ? [b / 2 ** 30, 'GiB'] : b >= 2 ** 20 ? [b / 2 ** 20, 'MiB'] : [b / 1024, 'KiB'];
+  return `${v >= 10 ? v.toFixed(0) : v.toFixed(1).replace(/\.0$/, '')} ${u}`;
+}
+
+// Memory held against context on a log axis (ticks at every factor of 8 from 1 KiB); the legend
+// sits right of the plot.
 function drawMemory() {
   const canvas = $('memory');
   const g = canvas.getContext('2d');
-  const [W, H, L, B] = [canvas.width, canvas.height, 70, 30];
+  const [W, H, L, R, T, B] = [canvas.width, canvas.height, 64, 250, 12, 34];
   g.fillStyle = '#fff';
   g.fillRect(0, 0, W, H);
   const models = [...loaded.entries()];
   canvas.dataset.lines = models.length;
-  const maxT = 8192;
-  const maxY = Math.max(1, ...models.map(([, it]) => it.model.memory_bytes(maxT))) / 2 ** 20;
+  // From the first sampled context on: at 0 tokens the teacher holds nothing, off a log axis.
+  const samples = (it) => Array.from({ length: 64 }, (_, k) => it.model.memory_bytes(((k + 1) / 64) * MEMORY_CONTEXT));
+  const all = models.flatMap(([, it]) => samples(it)).filter((b) => b > 0);
+  const lo = Math.min(10, Math.floor(Math.log2(Math.min(...all, 2 ** 20)))), hi = Math.max(20, Math.ceil(Math.log2(Math.max(...all, 1))));
+  const y = (bytes) => H - B - ((Math.log2(Math.max(bytes, 2 ** lo)) - lo) / (hi - lo)) * (H - B - T);
+  const x = (k) => L + ((k + 1) / 64) * (W - L - R);
   g.strokeStyle = '#999';
-  g.beginPath();
-  g.moveTo(L, 10);
-  g.lineTo(L, H - B);
-  g.lineTo(W - 10, H - B);
-  g.stroke();
-  g.fillStyle = '#333';
+  g.beginPath(); g.moveTo(L, T); g.lineTo(L, H - B); g.lineTo(W - R, H - B); g.stroke();
   g.font = '12px sans-serif';
-  g.fillText(`${maxY.toFixed(0)} MiB`, 5, 16);
-  g.fillText('0', L - 12, H - B);
-  g.fillText('context (tokens) →', W / 2 - 50, H - 8);
-  g.fillText(`${maxT}`, W - 40, H - B + 14);
+  g.fillStyle = '#333';
+  for (let e = lo; e <= hi; e++) {
+    if ((e - 10) % 3 !== 0) continue;
+    g.strokeStyle = '#eee';
+    g.beginPath(); g.moveTo(L + 1, y(2 ** e)); g.lineTo(W - R, y(2 ** e)); g.stroke();
+    g.fillText(unit(2 ** e), 2, y(2 ** e) + 4);
+  }
+  for (const t of [0, 2048, 4096, 6144, 8192]) g.fillText(String(t), L + (t / MEMORY_CONTEXT) * (W - L - R) - 10, H - B + 14);
+  g.fillText('context (tokens) →', (W - R) / 2 - 30, H - 4);
   models.forEach(([name, it], i) => {
+    const pts = samples(it);
     g.strokeStyle = it.color;
     g.lineWidth = 2;
     g.beginPath();
-    for (let k = 0; k <= 64; k++) {
-      const t = (k / 64) * maxT;
-      const x = L + (k / 64) * (W - L - 10), y = H - B - (it.model.memory_bytes(t) / 2 ** 20 / maxY) * (H - B - 10);
-      if (k === 0) g.moveTo(x, y); else g.lineTo(x, y);
-    }
+    pts.forEach((b, k) => (k === 0 ? g.moveTo(x(k), y(b)) : g.lineTo(x(k), y(b))));
     g.stroke();
+    g.lineWidth = 1;
     g.fillStyle = it.color;
-    const kind = it.info.kind === 'teacher' ? 'KV cache' : 'fixed state';
-    g.fillText(`${name}: ${kind}`, L + 10, 24 + 16 * i);
+    g.fillRect(W - R + 12, T + 4 + 34 * i, 14, 4);
+    g.fillStyle = '#333';
+    g.fillText(name, W - R + 32, T + 10 + 34 * i);
+    const at = it.model.memory_bytes(MEMORY_CONTEXT);
+    g.fillText(`${it.info.kind === 'teacher' ? 'KV cache' : 'fixed state'}: ${unit(at)} at ${MEMORY_CONTEXT}`, W - R + 32, T + 24 + 34 * i);
   });
 }
 
-async function generate() {
-  const models = selected();
-  if (models.length === 0) return status('Pick at least one model.', 'error');
-  const prompt = $('prompt').value;
-  const tokens = Number($('tokens').value) || 16;
-  for (const entry of models) {
-    const it = await load(entry);
-    drawMemory();
-    status(`${entry.name}: generating…`);
-    const pre = it.panel.querySelector('pre.text');
-    pre.textContent = prompt;
-    it.columns = [];
-    await it.model.generate(prompt, tokens, (piece, id, norms) => {
-      pre.textContent += piece;
-      if (norms.length) it.columns.push(norms);
-      drawHeatmap(it);
-    });
-    drawHeatmap(it);
-  }
-  status(`ready: ${models.map((m) => m.name).join(', ')} generated ${tokens} tokens each`, 'ready');
+function redrawAll() {
+  for (const it of loaded.values()) { drawHeatmap(it); drawLines(it); }
 }
 
-async function needles() {
-  const lengths = $('lengths').value.split(',').map(Number).filter((n) => n > 0);
-  for (const entry of selected()) {
-    const it = await load(entry);
+// ---- the two runs ----
+
+async function generate({ models, weights, prompt, tokens }) {
+  dropUnticked();
+  for (const [i, entry] of models.entries()) {
+    if (stopRequested) break;
+    const it = await load(entry, weights, COLORS[i]);
+    drawMemory();
+    const pre = it.panel.querySelector('pre.text');
+    const progress = it.panel.querySelector('.progress');
+    pre.textContent = prompt;
+    it.columns = [];
+    it.positions = [];
+    const started = performance.now();
+    const promptTokens = it.model.encode(prompt).length;
+    let n = 0;
+    status(`${entry.name}: generating…`);
+    await it.model.generate(prompt, tokens, (piece, id, norms) => {
+      n += 1;
+      pre.textContent += piece;
+      if (norms.length) it.columns.push(norms);
+      it.positions.push(promptTokens + n - 1);
+      const s = (performance.now() - started) / 1000;
+      progress.textContent = `token ${n}/${tokens} · ${(n / s).toFixed(1)} tokens/s · ${s.toFixed(1)} s`;
+      drawHeatmap(it);
+      drawLines(it);
+      return !stopRequested;
+    });
+    progress.dataset.tokens = n;
+    redrawAll();
+  }
+  return `${models.map((m) => m.name).join(', ')} generated up to ${tokens} tokens each`;
+}
+
+async function needles({ models, weights, lengths }) {
+  dropUnticked();
+  for (const [i, entry] of models.entries()) {
+    const it = await load(entry, weights, COLORS[i]);
+    drawMemory();
     const box = it.panel.querySelector('.needles');
-    box.textContent = 'needle at 50 %: ';
+    box.textContent = '';
+    const head = document.createElement('div');
+    head.textContent = 'Needle probe (a 7-digit number hidden half way into filler text, then asked for):';
+    box.append(head);
     for (const n of lengths) {
+      if (stopRequested) break;
       status(`${entry.name}: needle in ${n} tokens…`);
-      const r = JSON.parse(await it.model.niah(n, 50, 1));
-      const span = document.createElement('span');
-      span.className = r.correct ? 'hit' : 'miss';
-      span.title = `answer ${r.answer}, generated ${JSON.stringify(r.generated)}`;
-      span.textContent = `${n}: ${r.correct ? '✓' : '✗'}`;
-      box.append(span);
+      const row = document.createElement('div');
+      row.dataset.length = n;
+      try {
+        const r = JSON.parse(await it.model.niah(n, 50, 1));
+        row.className = r.correct ? 'hit' : 'miss';
+        row.textContent = `${n} tokens: ${r.correct ? '✓ found' : '✗ missed'} — the number ${r.answer}, the model said “${r.generated.trim()}”`;
+      } catch (e) {
+        row.className = 'bad';
+        row.textContent = `${n} tokens: not run — ${pageWords(e)}`;
+      }
+      box.append(row);
     }
   }
-  status('ready: needle probe done', 'ready');
+  return 'needle probe done';
 }
 
 async function main() {
+  restoreInputs(savedInputs());
   if (!navigator.gpu) {
     status('This browser has no WebGPU (navigator.gpu is missing). Use a recent Chrome or Edge, or Firefox with WebGPU enabled; nothing can run here without it.', 'nowebgpu');
     return;
@@ -216,20 +480,24 @@ async function main() {
   try {
     gpu = await WebGpu.create();
   } catch (e) {
-    status(`WebGPU is present but no adapter could be used: ${e.message || e}`, 'nowebgpu');
+    status(`WebGPU is present but no adapter could be used: ${pageWords(e)}`, 'nowebgpu');
     return;
   }
   const list = await (await fetch('/models.json')).json();
-  listModels(list.models);
-  const guard = (f) => async () => {
-    $('run').disabled = $('needle').disabled = true;
-    try { await f(); } catch (e) { status(String(e.message || e), 'error'); }
-    $('run').disabled = $('needle').disabled = false;
-  };
-  $('run').addEventListener('click', guard(generate));
-  $('needle').addEventListener('click', guard(needles));
-  $('run').disabled = $('needle').disabled = list.models.length === 0;
-  status(`ready on ${JSON.parse(gpu.adapter_json()).name}`, 'ready');
+  listModels(list.models, savedInputs());
+  for (const id of ['prompt', 'tokens', 'lengths', 'weights']) $(id).addEventListener('change', saveInputs);
+  $('shared').addEventListener('change', () => { saveInputs(); redrawAll(); });
+  $('run').addEventListener('click', run('generate', generate));
+  $('needle').addEventListener('click', run('needles', needles));
+  $('stop').addEventListener('click', () => { stopRequested = true; status('stopping after the current token…'); });
+  setBusy(false);
+  if (list.models.length === 0) $('run').disabled = $('needle').disabled = true;
+  const adapter = JSON.parse(gpu.adapter_json());
+  const name = adapter.name || 'an unnamed adapter';
+  $('adapter').textContent = `WebGPU adapter: ${name} (${adapter.device_type || 'unknown type'})`
+    + (adapter.device_type === 'Cpu' ? ' — a software adapter: expect seconds per token, not milliseconds.' : '');
+  drawMemory();
+  status(`ready on ${name}`, 'ready');
 }
 
-main().catch((e) => status(String(e.message || e), 'error'));
+main().catch((e) => status(pageWords(e), 'error'));
