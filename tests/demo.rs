@@ -182,17 +182,18 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
         (set("tokens", "10000"), "run", "New tokens: 10000 is outside 1–256"),
         (set("lengths", "abc"), "needle", "Lengths: 'abc' is not a whole number"),
         (set("lengths", " , "), "needle", "Lengths: give one or more whole numbers"),
+        (set("depths", "101"), "needle", "Depths: 101 is outside 0–100"),
         ("for (const c of document.querySelectorAll('#models input')) c.checked = false;".into(), "run", "Pick at least one model."),
     ];
     for (setup, button, want) in refusals {
         let state = b.script(&format!(
-            "const keep = {{ prompt: document.getElementById('prompt').value, tokens: document.getElementById('tokens').value, lengths: document.getElementById('lengths').value,
+            "const keep = {{ prompt: document.getElementById('prompt').value, tokens: document.getElementById('tokens').value, lengths: document.getElementById('lengths').value, depths: document.getElementById('depths').value,
                              ticks: [...document.querySelectorAll('#models input')].map((c) => c.checked) }};
              {setup}
              document.getElementById('{button}').click();
              const s = document.getElementById('status');
              const out = [s.dataset.state, s.textContent];
-             document.getElementById('prompt').value = keep.prompt; document.getElementById('tokens').value = keep.tokens; document.getElementById('lengths').value = keep.lengths;
+             document.getElementById('prompt').value = keep.prompt; document.getElementById('tokens').value = keep.tokens; document.getElementById('lengths').value = keep.lengths; document.getElementById('depths').value = keep.depths;
              document.querySelectorAll('#models input').forEach((c, i) => {{ c.checked = keep.ticks[i]; }});
              return out;"
         ));
@@ -280,24 +281,42 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     assert_eq!(titles.as_array().unwrap().len(), 2, "{titles}");
     assert!(titles.as_array().unwrap().iter().all(|t| t.as_str().unwrap().contains("f32 weights")), "{titles}");
 
-    // The needle probe as the haystack grows: a length too short for the probe fails alone, in
-    // the page's words; the teacher retrieves the needle, the untrained student not.
-    b.script("document.getElementById('lengths').value = '64,128'; document.getElementById('needle').click(); return 0;");
+    // The needle grid (lengths × depths): a length too short for the probe fails alone, in the
+    // page's words; every cell of the teacher is what the native build says of the same sample.
+    b.script("document.getElementById('lengths').value = '64,128'; document.getElementById('depths').value = '0,100'; document.getElementById('needle').click(); return 0;");
     let (_, text) = b.wait_status(&["ready"], 600);
     assert!(text.contains("needle probe done"), "{text}");
-    let needles = b.script("const o = {}; for (const p of document.querySelectorAll('.panel')) o[p.dataset.model] = [...p.querySelectorAll('.needles div[data-length]')].map((s) => [s.className, s.textContent]); return o;");
-    let teacher_rows = needles["smollm2-135m"].as_array().unwrap();
-    assert_eq!(teacher_rows.iter().map(|r| r[0].as_str().unwrap()).collect::<Vec<_>>(), ["bad", "hit"], "{needles}");
-    let short = teacher_rows[0][1].as_str().unwrap();
-    assert!(short.starts_with("64 tokens: not run — 64 tokens is too short") && !short.contains("--"), "{short}");
-    assert!(teacher_rows[1][1].as_str().unwrap().contains("✓ found"), "{needles}");
-    assert_eq!(needles["gated_deltanet"].as_array().unwrap().len(), 2, "{needles}");
+    let grid = b.script(
+        "const o = {};
+         for (const p of document.querySelectorAll('.panel'))
+           o[p.dataset.model] = [...p.querySelectorAll('.needles td[data-length]')].map((c) => ({ length: Number(c.dataset.length), depth: c.dataset.depth === undefined ? null : Number(c.dataset.depth),
+                                   class: c.className, text: c.textContent, answer: c.dataset.answer || null, generated: c.dataset.generated ?? null }));
+         return o;",
+    );
+    let cells = grid["smollm2-135m"].as_array().unwrap();
+    assert_eq!(cells.len(), 3, "one refusal for 64 tokens, two depths at 128: {grid}");
+    assert_eq!(cells[0]["class"], "bad", "{grid}");
+    let short = cells[0]["text"].as_str().unwrap();
+    assert!(short.starts_with("not run — 64 tokens is too short") && !short.contains("--"), "{short}");
+    let native = linearize_core::model::LanguageModel::upload_as(linearize_tests::gpu(), &t.weights, None, linearize_core::gpu::Dtype::F32).unwrap();
+    for cell in &cells[1..] {
+        use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};
+        let depth = cell["depth"].as_f64().unwrap();
+        let sample = make_sample(NiahTask::SNiah1, &t.tokenizer, &[], 128, depth / 100.0, &mut linearize_core::util::Rng::new(1)).unwrap();
+        let greedy = linearize_core::generate::Sampling { max_new_tokens: ANSWER_TOKENS, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
+        let out = pollster::block_on(linearize_core::generate::generate(linearize_tests::gpu(), &native, &sample.prompt, &greedy, |_| {})).unwrap();
+        let said = t.tokenizer.decode(&out).unwrap();
+        assert_eq!((cell["answer"].as_str(), cell["generated"].as_str()), (Some(sample.answer.as_str()), Some(said.as_str())), "depth {depth}: {cell}");
+        assert_eq!(cell["class"], if is_correct(&said, &sample.answer) { "hit" } else { "miss" }, "{cell}");
+        assert_eq!(cell["class"], "hit", "the teacher finds a needle in 128 tokens: {cell}");
+    }
+    assert_eq!(grid["gated_deltanet"].as_array().unwrap().len(), 3, "{grid}");
 
     // A reload keeps the inputs.
     b.post("/url", json!({ "url": url }));
     b.wait_status(&["ready"], 120);
-    let kept = b.script("return ['tokens', 'lengths', 'weights'].map((id) => document.getElementById(id).value).concat([[...document.querySelectorAll('#models input:checked')].length]);");
-    assert_eq!(kept, json!(["2", "64,128", "f32", 2]), "inputs remembered across a reload");
+    let kept = b.script("return ['tokens', 'lengths', 'depths', 'weights'].map((id) => document.getElementById(id).value).concat([[...document.querySelectorAll('#models input:checked')].length]);");
+    assert_eq!(kept, json!(["2", "64,128", "0,100", "f32", 2]), "inputs remembered across a reload");
 
     // A bad file: the page names the model and what is wrong.
     b.script("for (const c of document.querySelectorAll('#models input')) { c.checked = JSON.parse(c.value).name === 'zz_broken'; } document.getElementById('run').click(); return 0;");

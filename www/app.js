@@ -62,12 +62,15 @@ function checkedInputs(kind) {
     const parts = $('lengths').value.split(',').map((s) => s.trim()).filter((s) => s !== '');
     if (parts.length === 0) throw new Error(`Lengths: give one or more whole numbers (${LIMITS.length.join('–')}), separated by commas.`);
     inputs.lengths = parts.map((p) => wholeNumber(p, 'Lengths', LIMITS.length));
+    const depths = $('depths').value.split(',').map((s) => s.trim()).filter((s) => s !== '');
+    if (depths.length === 0) throw new Error('Depths: give one or more whole numbers (0–100), separated by commas.');
+    inputs.depths = depths.map((p) => wholeNumber(p, 'Depths', [0, 100]));
   }
   return inputs;
 }
 
 function saveInputs() {
-  const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, weights: $('weights').value,
+  const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, depths: $('depths').value, weights: $('weights').value,
               shared: $('shared').checked, models: selected().map((m) => m.name) };
   try { localStorage.setItem(SAVED, JSON.stringify(v)); } catch (_) { /* storage may be off */ }
 }
@@ -78,7 +81,7 @@ function savedInputs() {
 
 function restoreInputs(v) {
   if (!v) return;
-  for (const k of ['prompt', 'tokens', 'lengths', 'weights']) if (typeof v[k] === 'string') $(k).value = v[k];
+  for (const k of ['prompt', 'tokens', 'lengths', 'depths', 'weights']) if (typeof v[k] === 'string') $(k).value = v[k];
   if (typeof v.shared === 'boolean') $('shared').checked = v.shared;
 }
 
@@ -441,7 +444,9 @@ async function generate({ models, weights, prompt, tokens }) {
   return `${models.map((m) => m.name).join(', ')} generated up to ${tokens} tokens each`;
 }
 
-async function needles({ models, weights, lengths }) {
+// The needle grid: a row per haystack length, a column per depth; each cell the probe's
+// verdict and what the model said. A length too short for the probe fails alone.
+async function needles({ models, weights, lengths, depths }) {
   dropUnticked();
   for (const [i, entry] of models.entries()) {
     const it = await load(entry, weights, COLORS[i]);
@@ -449,22 +454,37 @@ async function needles({ models, weights, lengths }) {
     const box = it.panel.querySelector('.needles');
     box.textContent = '';
     const head = document.createElement('div');
-    head.textContent = 'Needle probe (a 7-digit number hidden half way into filler text, then asked for):';
-    box.append(head);
+    head.textContent = 'Needle probe: a 7-digit number hidden at each depth of filler text, then asked for (rows: tokens; columns: depth).';
+    const table = document.createElement('table');
+    table.className = 'grid';
+    const top = table.insertRow();
+    top.insertCell().textContent = 'tokens ↓ depth →';
+    for (const d of depths) top.insertCell().textContent = `${d} %`;
+    box.append(head, table);
     for (const n of lengths) {
       if (stopRequested) break;
-      status(`${entry.name}: needle in ${n} tokens…`);
-      const row = document.createElement('div');
+      const row = table.insertRow();
       row.dataset.length = n;
-      try {
-        const r = JSON.parse(await it.model.niah(n, 50, 1));
-        row.className = r.correct ? 'hit' : 'miss';
-        row.textContent = `${n} tokens: ${r.correct ? '✓ found' : '✗ missed'} — the number ${r.answer}, the model said “${r.generated.trim()}”`;
-      } catch (e) {
-        row.className = 'bad';
-        row.textContent = `${n} tokens: not run — ${pageWords(e)}`;
+      row.insertCell().textContent = String(n);
+      for (const d of depths) {
+        if (stopRequested) break;
+        status(`${entry.name}: needle at ${d} % of ${n} tokens…`);
+        try {
+          const r = JSON.parse(await it.model.niah(n, d, 1));
+          const cell = row.insertCell();
+          Object.assign(cell.dataset, { length: n, depth: d, answer: r.answer, generated: r.generated });
+          cell.className = r.correct ? 'hit' : 'miss';
+          cell.textContent = r.correct ? `✓ ${r.answer}` : `✗ “${r.generated.trim()}” (was ${r.answer})`;
+        } catch (e) {
+          while (row.cells.length > 1) row.deleteCell(1);
+          const cell = row.insertCell();
+          cell.colSpan = depths.length;
+          cell.className = 'bad';
+          cell.dataset.length = n;
+          cell.textContent = `not run — ${pageWords(e)}`;
+          break;
+        }
       }
-      box.append(row);
     }
   }
   return 'needle probe done';
@@ -485,7 +505,7 @@ async function main() {
   }
   const list = await (await fetch('/models.json')).json();
   listModels(list.models, savedInputs());
-  for (const id of ['prompt', 'tokens', 'lengths', 'weights']) $(id).addEventListener('change', saveInputs);
+  for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'weights']) $(id).addEventListener('change', saveInputs);
   $('shared').addEventListener('change', () => { saveInputs(); redrawAll(); });
   $('run').addEventListener('click', run('generate', generate));
   $('needle').addEventListener('click', run('needles', needles));
