@@ -39,7 +39,7 @@ impl Browser {
         let root = format!("http://127.0.0.1:{port}");
         let caps = json!({ "capabilities": { "alwaysMatch": { "goog:chromeOptions": {
             "binary": chromium(),
-            "args": ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--window-size=1400,1500", "--no-first-run",
+            "args": ["--headless=new", "--no-sandbox", "--enable-unsafe-webgpu", "--window-size=1400,2400", "--no-first-run",
                      "--disable-background-networking", "--disable-component-update", "--disable-sync", "--disable-quic",
                      format!("--user-data-dir={}", profile.display())],
         }}}});
@@ -133,6 +133,9 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     let teacher_file = linearize_core::model::load::teacher_path();
     std::fs::create_dir_all(home.join("teacher")).unwrap();
     std::os::unix::fs::symlink(&teacher_file, home.join("teacher").join(teacher_file.file_name().unwrap())).unwrap();
+    // The fetched zero-shot request files, for evaluation in the page.
+    let eval_dir = linearize_core::model::load::linearize_home().join("eval");
+    std::os::unix::fs::symlink(&eval_dir, home.join("eval")).unwrap();
     let mut small = t.weights.clone();
     small.truncate_layers(2);
     let (w, m) = from_teacher(&small, mixer("gated_deltanet"), None, &MixerOptions::default(), "demo test").unwrap();
@@ -160,6 +163,9 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     let listed: Value = ureq::get(&format!("{url}models.json")).call().unwrap().into_json().unwrap();
     let names: Vec<&str> = listed["models"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["smollm2-135m", "gated_deltanet", "zz_broken"]);
+    assert_eq!(listed["tasks"], json!(["lambada", "winogrande", "arc_easy", "arc_challenge", "piqa", "hellaswag"]), "the fetched tasks");
+    assert!(ureq::get(&format!("{url}eval/arc_easy.jsonl.gz")).call().is_ok(), "a task's request file is served");
+    assert!(ureq::get(&format!("{url}eval/nothing.jsonl.gz")).call().is_err(), "only a task's request file");
     for bad in ["models/gated_deltanet/../../teacher", "models/nobody/config.json", "../Cargo.toml", "models/gated_deltanet/checkpoint"] {
         assert!(ureq::get(&format!("{url}{bad}")).call().is_err(), "{bad} was served");
     }
@@ -183,17 +189,19 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
         (set("lengths", "abc"), "needle", "Lengths: 'abc' is not a whole number"),
         (set("lengths", " , "), "needle", "Lengths: give one or more whole numbers"),
         (set("depths", "101"), "needle", "Depths: 101 is outside 0–100"),
+        (set("docs", "0"), "evaluate", "Documents: 0 is outside 1–500"),
+        (set("ppltext", " "), "score", "Text: paste some text to score."),
         ("for (const c of document.querySelectorAll('#models input')) c.checked = false;".into(), "run", "Pick at least one model."),
     ];
     for (setup, button, want) in refusals {
         let state = b.script(&format!(
-            "const keep = {{ prompt: document.getElementById('prompt').value, tokens: document.getElementById('tokens').value, lengths: document.getElementById('lengths').value, depths: document.getElementById('depths').value,
+            "const keep = {{ prompt: document.getElementById('prompt').value, tokens: document.getElementById('tokens').value, lengths: document.getElementById('lengths').value, depths: document.getElementById('depths').value, docs: document.getElementById('docs').value, ppltext: document.getElementById('ppltext').value,
                              ticks: [...document.querySelectorAll('#models input')].map((c) => c.checked) }};
              {setup}
              document.getElementById('{button}').click();
              const s = document.getElementById('status');
              const out = [s.dataset.state, s.textContent];
-             document.getElementById('prompt').value = keep.prompt; document.getElementById('tokens').value = keep.tokens; document.getElementById('lengths').value = keep.lengths; document.getElementById('depths').value = keep.depths;
+             document.getElementById('prompt').value = keep.prompt; document.getElementById('tokens').value = keep.tokens; document.getElementById('lengths').value = keep.lengths; document.getElementById('depths').value = keep.depths; document.getElementById('docs').value = keep.docs; document.getElementById('ppltext').value = keep.ppltext;
              document.querySelectorAll('#models input').forEach((c, i) => {{ c.checked = keep.ticks[i]; }});
              return out;"
         ));
@@ -311,6 +319,37 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
         assert_eq!(cell["class"], "hit", "the teacher finds a needle in 128 tokens: {cell}");
     }
     assert_eq!(grid["gated_deltanet"].as_array().unwrap().len(), 3, "{grid}");
+
+    // Zero-shot ARC-Easy on 3 documents and the perplexity of the page's text, in the page
+    // (f32 weights), equal to the native build on the same documents and text.
+    b.script("document.getElementById('task').value = 'arc_easy'; document.getElementById('docs').value = '3'; document.getElementById('evaluate').click(); return 0;");
+    let (_, text) = b.wait_status(&["ready"], 600);
+    assert!(text.contains("arc_easy scored on 3 documents"), "{text}");
+    b.script("document.getElementById('score').click(); return 0;");
+    let (_, text) = b.wait_status(&["ready"], 600);
+    assert!(text.contains("text scored"), "{text}");
+    let evals = b.script("const o = {}; for (const p of document.querySelectorAll('.panel')) o[p.dataset.model] = Object.fromEntries([...p.querySelectorAll('.evals [data-key]')].map((l) => [l.dataset.key, JSON.parse(l.dataset.result)])); return o;");
+    let ppl_text = b.script("return document.getElementById('ppltext').value;").as_str().unwrap().to_string();
+    let docs: Vec<_> = linearize_core::eval::load_task(&eval_dir, "arc_easy").unwrap().into_iter().take(3).collect();
+    let student_lm = linearize_core::model::LanguageModel::upload_with_mixers(linearize_tests::gpu(), &w, Some(&m)).unwrap();
+    for (name, lm) in [("smollm2-135m", &native), ("gated_deltanet", &student_lm)] {
+        use linearize_core::eval::{doc_metrics, loglikelihoods, score_task};
+        let scores: Vec<_> = docs.iter().map(|d| pollster::block_on(loglikelihoods(linearize_tests::gpu(), lm, &t.tokenizer, &d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect::<Vec<_>>())).unwrap()).collect();
+        let per_doc: Vec<_> = docs.iter().zip(&scores).map(|(d, s)| doc_metrics("arc_easy", d, s)).collect();
+        let want = score_task("arc_easy", &docs, &scores);
+        let got = &evals[name]["arc_easy"];
+        // As numbers: the browser's JSON writes 1.0 as 1.
+        let got_per_doc: Vec<Vec<(String, f64)>> = got["per_doc"].as_array().unwrap().iter().map(|d| d.as_array().unwrap().iter().map(|p| (p[0].as_str().unwrap().to_string(), p[1].as_f64().unwrap())).collect()).collect();
+        let want_per_doc: Vec<Vec<(String, f64)>> = per_doc.iter().map(|d| d.iter().map(|(k, v)| (k.to_string(), *v)).collect()).collect();
+        assert_eq!(got_per_doc, want_per_doc, "{name}: each document's acc and acc_norm");
+        assert_eq!((got["result"]["docs"].as_u64(), got["result"]["acc"].as_f64(), got["result"]["acc_norm"].as_f64()), (Some(3), Some(want.acc), want.acc_norm), "{name}: {got}");
+        let ll = pollster::block_on(loglikelihoods(linearize_tests::gpu(), lm, &t.tokenizer, &[("", ppl_text.as_str())])).unwrap()[0].ll;
+        let tokens = linearize_core::eval::encode_pair(&t.tokenizer, "", &ppl_text).unwrap().1.len();
+        let want_ppl = (-ll / tokens as f64).exp();
+        let got_ppl = evals[name]["perplexity"]["perplexity"].as_f64().unwrap();
+        assert_eq!(evals[name]["perplexity"]["tokens"].as_u64(), Some(tokens as u64), "{name}");
+        assert!((got_ppl - want_ppl).abs() <= 1e-3 * want_ppl, "{name}: perplexity {got_ppl} in the page, {want_ppl} native");
+    }
 
     // A reload keeps the inputs.
     b.post("/url", json!({ "url": url }));

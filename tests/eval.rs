@@ -125,7 +125,7 @@ fn loglikelihood_equals_the_f64_teacher() {
     let t = teacher();
     let lm = LanguageModel::upload(gpu(), &t.weights).unwrap();
     let (context, continuation) = ("The capital of France is", " Paris, a city");
-    let got = loglikelihood(gpu(), &lm, &t.tokenizer, context, continuation).unwrap();
+    let got = pollster::block_on(loglikelihood(gpu(), &lm, &t.tokenizer, context, continuation)).unwrap();
     let (ctx, cont) = encode_pair(&t.tokenizer, context, continuation).unwrap();
     let ids: Vec<u32> = ctx.iter().chain(&cont).copied().collect();
     let logits = linearize_core::reference::teacher::forward(&t.weights, &ids[..ids.len() - 1]);
@@ -155,11 +155,11 @@ fn a_few_documents_of_the_short_tasks_on_the_real_teacher() {
         docs.truncate(2);
         let scores: Vec<Vec<Scored>> = docs
             .iter()
-            .map(|d| loglikelihoods(gpu(), &lm, &t.tokenizer, &d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect::<Vec<_>>()).unwrap())
+            .map(|d| pollster::block_on(loglikelihoods(gpu(), &lm, &t.tokenizer, &d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect::<Vec<_>>())).unwrap())
             .collect();
         // Batched (padded) scoring equals one request at a time.
         let r0 = &docs[0].requests[0];
-        let single = loglikelihood(gpu(), &lm, &t.tokenizer, &r0.context, &r0.continuation).unwrap();
+        let single = pollster::block_on(loglikelihood(gpu(), &lm, &t.tokenizer, &r0.context, &r0.continuation)).unwrap();
         assert!((single.ll - scores[0][0].ll).abs() < 1e-3 && single.greedy == scores[0][0].greedy, "{task}: batched {:?} vs single {single:?}", scores[0][0]);
         assert!(scores.iter().flatten().all(|s| s.ll.is_finite() && s.ll < 0.0), "{task}: {scores:?}");
         let r = score_task(task, &docs, &scores);

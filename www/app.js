@@ -10,7 +10,8 @@ import init, { WebGpu, ModelFiles } from './pkg/linearize_web.js';
 const $ = (id) => document.getElementById(id);
 const MAX_MODELS = 4;
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728'];
-const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000 };
+const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000, docs: [1, 500], textChars: 20000 };
+const requestFiles = new Map(); // task → its request file's JSON lines
 const SAVED = 'linearize.demo.inputs';
 const MEMORY_CONTEXT = 8192;
 
@@ -58,6 +59,14 @@ function checkedInputs(kind) {
     if (inputs.prompt.trim() === '') throw new Error('Prompt: write some text to continue.');
     if (inputs.prompt.length > LIMITS.promptChars) throw new Error(`Prompt: ${inputs.prompt.length} characters; at most ${LIMITS.promptChars}.`);
     inputs.tokens = wholeNumber($('tokens').value, 'New tokens', LIMITS.tokens);
+  } else if (kind === 'zeroshot') {
+    inputs.task = $('task').value;
+    if (!inputs.task) throw new Error('Task: no request files are fetched here (run `linearize fetch eval`).');
+    inputs.docs = wholeNumber($('docs').value, 'Documents', LIMITS.docs);
+  } else if (kind === 'perplexity') {
+    inputs.text = $('ppltext').value;
+    if (inputs.text.trim() === '') throw new Error('Text: paste some text to score.');
+    if (inputs.text.length > LIMITS.textChars) throw new Error(`Text: ${inputs.text.length} characters; at most ${LIMITS.textChars}.`);
   } else {
     const parts = $('lengths').value.split(',').map((s) => s.trim()).filter((s) => s !== '');
     if (parts.length === 0) throw new Error(`Lengths: give one or more whole numbers (${LIMITS.length.join('–')}), separated by commas.`);
@@ -70,7 +79,7 @@ function checkedInputs(kind) {
 }
 
 function saveInputs() {
-  const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, depths: $('depths').value, weights: $('weights').value,
+  const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, depths: $('depths').value, docs: $('docs').value, task: $('task').value, weights: $('weights').value,
               shared: $('shared').checked, models: selected().map((m) => m.name) };
   try { localStorage.setItem(SAVED, JSON.stringify(v)); } catch (_) { /* storage may be off */ }
 }
@@ -81,7 +90,7 @@ function savedInputs() {
 
 function restoreInputs(v) {
   if (!v) return;
-  for (const k of ['prompt', 'tokens', 'lengths', 'depths', 'weights']) if (typeof v[k] === 'string') $(k).value = v[k];
+  for (const k of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'weights']) if (typeof v[k] === 'string') $(k).value = v[k];
   if (typeof v.shared === 'boolean') $('shared').checked = v.shared;
 }
 
@@ -211,9 +220,10 @@ function makePanel(name, info) {
   lines.width = 420;
   lines.height = 150;
   const needles = el('div', 'needles');
+  const evals = el('div', 'evals');
   panel.append(title, progress, text, heat, caption);
   if (info.kind !== 'teacher') panel.append(lines);
-  panel.append(needles);
+  panel.append(needles, evals);
   $('panels').append(panel);
   return panel;
 }
@@ -490,6 +500,73 @@ async function needles({ models, weights, lengths, depths }) {
   return 'needle probe done';
 }
 
+// ---- evaluation in the page: zero-shot tasks and perplexity, scored as `linearize eval` ----
+
+function listTasks(tasks, saved) {
+  const sel = $('task');
+  sel.textContent = '';
+  for (const t of tasks) sel.add(new Option(t, t));
+  if (saved && tasks.includes(saved.task)) sel.value = saved.task;
+}
+
+// The task's request file as served by `linearize serve`, decompressed here.
+async function requestFile(task) {
+  if (!requestFiles.has(task)) {
+    const r = await fetch(`/eval/${task}.jsonl.gz`);
+    if (!r.ok) throw new Error(`the request file of ${task}: HTTP ${r.status}`);
+    const text = await new Response(r.body.pipeThrough(new DecompressionStream('gzip'))).text();
+    requestFiles.set(task, text);
+  }
+  return requestFiles.get(task);
+}
+
+// A line of a model's evaluation results, replacing the earlier one of the same key.
+function evalLine(it, key, text, data) {
+  const box = it.panel.querySelector('.evals');
+  let line = box.querySelector(`[data-key="${key}"]`);
+  if (!line) {
+    line = document.createElement('div');
+    line.dataset.key = key;
+    box.append(line);
+  }
+  line.textContent = text;
+  line.dataset.result = JSON.stringify(data);
+}
+
+async function zeroShot({ models, weights, task, docs }) {
+  dropUnticked();
+  status(`${task}: fetching its request file…`);
+  const jsonl = await requestFile(task);
+  for (const [i, entry] of models.entries()) {
+    if (stopRequested) break;
+    const it = await load(entry, weights, COLORS[i]);
+    drawMemory();
+    status(`${entry.name}: ${task} on ${docs} documents…`);
+    const started = performance.now();
+    const out = JSON.parse(await it.model.zero_shot(task, jsonl, docs));
+    const r = out.result;
+    const pm = (v, e) => `${v.toFixed(3)} ± ${(e || 0).toFixed(3)}`;
+    const parts = [`acc ${pm(r.acc, r.acc_stderr)}`];
+    if (r.acc_norm !== null) parts.push(`acc_norm ${pm(r.acc_norm, r.acc_norm_stderr)}`);
+    if (r.perplexity !== null) parts.push(`perplexity ${r.perplexity.toFixed(2)}`);
+    evalLine(it, task, `${task} (${r.docs} documents, 0-shot): ${parts.join(', ')} · ${((performance.now() - started) / 1000).toFixed(1)} s`, out);
+  }
+  return `${task} scored on ${docs} documents`;
+}
+
+async function perplexity({ models, weights, text }) {
+  dropUnticked();
+  for (const [i, entry] of models.entries()) {
+    if (stopRequested) break;
+    const it = await load(entry, weights, COLORS[i]);
+    drawMemory();
+    status(`${entry.name}: scoring the text…`);
+    const r = JSON.parse(await it.model.perplexity(text));
+    evalLine(it, 'perplexity', `perplexity of the pasted text: ${r.perplexity.toFixed(2)} over ${r.tokens} tokens`, r);
+  }
+  return 'text scored';
+}
+
 async function main() {
   restoreInputs(savedInputs());
   if (!navigator.gpu) {
@@ -505,13 +582,16 @@ async function main() {
   }
   const list = await (await fetch('/models.json')).json();
   listModels(list.models, savedInputs());
-  for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'weights']) $(id).addEventListener('change', saveInputs);
+  for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'task', 'weights']) $(id).addEventListener('change', saveInputs);
+  listTasks(list.tasks || [], savedInputs());
   $('shared').addEventListener('change', () => { saveInputs(); redrawAll(); });
   $('run').addEventListener('click', run('generate', generate));
   $('needle').addEventListener('click', run('needles', needles));
+  $('evaluate').addEventListener('click', run('zeroshot', zeroShot));
+  $('score').addEventListener('click', run('perplexity', perplexity));
   $('stop').addEventListener('click', () => { stopRequested = true; status('stopping after the current token…'); });
   setBusy(false);
-  if (list.models.length === 0) $('run').disabled = $('needle').disabled = true;
+  if (list.models.length === 0) $('run').disabled = $('needle').disabled = $('evaluate').disabled = $('score').disabled = true;
   const adapter = JSON.parse(gpu.adapter_json());
   const name = adapter.name || 'an unnamed adapter';
   $('adapter').textContent = `WebGPU adapter: ${name} (${adapter.device_type || 'unknown type'})`

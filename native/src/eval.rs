@@ -192,7 +192,7 @@ pub(crate) fn evaluate_on(gpu: &Gpu, model: &Model, lm: &LanguageModel, tasks: &
         let todo: Vec<usize> = (0..docs.len()).filter(|&i| scores[i].is_none()).collect();
         for group in todo.chunks(DOCS_PER_GROUP) {
             let pairs: Vec<(&str, &str)> = group.iter().flat_map(|&i| docs[i].requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str()))).collect();
-            let mut s = loglikelihoods(gpu, lm, &model.tokenizer, &pairs)?.into_iter();
+            let mut s = pollster::block_on(loglikelihoods(gpu, lm, &model.tokenizer, &pairs))?.into_iter();
             for &i in group {
                 let d = &docs[i];
                 let doc_scores: Vec<Scored> = s.by_ref().take(d.requests.len()).collect();

@@ -1,6 +1,7 @@
 //! `linearize serve`: the browser demo on 127.0.0.1 — the pages in www/ (with the wasm package
 //! built by scripts/build-web.sh when missing) and the models in $LINEARIZE_HOME: the fetched
-//! teacher and every student or HF directory in $LINEARIZE_HOME/students/. Nothing else is
+//! teacher and every student or HF directory in $LINEARIZE_HOME/students/, and the fetched
+//! zero-shot request files (`/eval/TASK.jsonl.gz`) for evaluation in the page. Nothing else is
 //! served: paths outside these folders, and files a model does not list, are 404.
 use crate::outln;
 use anyhow::{anyhow, bail, Result};
@@ -92,8 +93,9 @@ fn ensure_package(www: &Path) -> Result<()> {
 }
 
 /// The file a request path names, if it is one the server hands out: a regular file whose
-/// real path (links followed) lies inside the served root it was asked under — www/ or
-/// $LINEARIZE_HOME/students — so a link in either serves nothing from elsewhere, and a FIFO or
+/// real path (links followed) lies inside the served root it was asked under — www/,
+/// $LINEARIZE_HOME/students or $LINEARIZE_HOME/eval (`/eval/TASK.jsonl.gz`, a task's request
+/// file) — so a link in either serves nothing from elsewhere, and a FIFO or
 /// device named like a model file is never opened. The teacher is one fixed file name, which
 /// may be a link to where the fetched file is kept.
 fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<PathBuf> {
@@ -101,7 +103,11 @@ fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<Pat
     if path.contains("..") || path.contains('\\') {
         return None;
     }
-    let (file, root) = if let Some(rest) = path.strip_prefix("/models/") {
+    let (file, root) = if let Some(task) = path.strip_prefix("/eval/").and_then(|r| r.strip_suffix(".jsonl.gz")) {
+        // A task's request file, for evaluation in the page.
+        let task = linearize_core::eval::TASKS.iter().find(|(t, _)| *t == task)?.0;
+        (linearize_core::eval::request_file(&home.join("eval"), task).ok()?, home.join("eval"))
+    } else if let Some(rest) = path.strip_prefix("/models/") {
         let (name, file) = rest.split_once('/')?;
         let m = models.iter().find(|m| m.name == name)?;
         if !m.files.iter().any(|f| f == file) {
@@ -164,7 +170,9 @@ fn respond(request: tiny_http::Request, www: &Path, home: &Path) {
     let url = request.url().to_string();
     let response = if url == "/models.json" {
         let list: Vec<_> = models.iter().map(|m| json!({ "name": m.name, "kind": m.kind, "base": format!("/models/{}/", m.name), "files": m.files })).collect();
-        let body = json!({ "models": list }).to_string();
+        // The tasks whose request files are fetched: the page evaluates on them.
+        let tasks: Vec<&str> = linearize_core::eval::TASKS.iter().map(|(t, _)| *t).filter(|t| resolve(www, home, &models, &format!("/eval/{t}.jsonl.gz")).is_some()).collect();
+        let body = json!({ "models": list, "tasks": tasks }).to_string();
         tiny_http::Response::from_data(body).with_header(header("application/json")).boxed()
     } else if let Some(file) = resolve(www, home, &models, &url) {
         match std::fs::File::open(&file) {

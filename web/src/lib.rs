@@ -216,6 +216,42 @@ impl WebModel {
         tokenizer.decode(&generated).map_err(js_err)
     }
 
+    /// Zero-shot `task` (lambada, winogrande, arc_easy, arc_challenge, piqa, hellaswag) on the
+    /// first `docs` documents of its request file's JSON lines (`jsonl`, decompressed by the
+    /// page), scored as `linearize eval` scores it. JSON: the task's result (acc, acc_norm,
+    /// perplexity with their standard errors) and `per_doc`: [acc, acc_norm] of each document.
+    pub async fn zero_shot(&self, task: String, jsonl: String, docs: usize) -> Result<String, JsValue> {
+        use linearize_core::eval::{doc_metrics, loglikelihoods, parse_docs, score_task, zero_shot_from_doc, TASKS};
+        if !TASKS.iter().any(|(t, _)| *t == task) {
+            return Err(js_err(format!("no task '{task}'; the tasks are {}", TASKS.iter().map(|(t, _)| *t).collect::<Vec<_>>().join(", "))));
+        }
+        if docs == 0 {
+            return Err(js_err("evaluate at least one document"));
+        }
+        let mut all = parse_docs(&jsonl, zero_shot_from_doc(&task), std::path::Path::new(&format!("/eval/{task}.jsonl.gz"))).map_err(js_err)?;
+        all.truncate(docs);
+        let mut scores = Vec::with_capacity(all.len());
+        for doc in &all {
+            let pairs: Vec<(&str, &str)> = doc.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect();
+            scores.push(loglikelihoods(&self.gpu, &self.lm, &self.tokenizer, &pairs).await.map_err(js_err)?);
+        }
+        let per_doc: Vec<Vec<(&str, f64)>> = all.iter().zip(&scores).map(|(d, s)| doc_metrics(&task, d, s)).collect();
+        let result = score_task(&task, &all, &scores);
+        Ok(serde_json::json!({ "result": result, "per_doc": per_doc }).to_string())
+    }
+
+    /// Perplexity of `text`: exp(−mean log p(token | the tokens before it)) over its tokens, the
+    /// first conditioned on <|endoftext|>. JSON: {tokens, perplexity}.
+    pub async fn perplexity(&self, text: String) -> Result<String, JsValue> {
+        use linearize_core::eval::{encode_pair, loglikelihoods};
+        if text.trim().is_empty() {
+            return Err(js_err("no text to score"));
+        }
+        let tokens = encode_pair(&self.tokenizer, "", &text).map_err(js_err)?.1.len();
+        let scored = loglikelihoods(&self.gpu, &self.lm, &self.tokenizer, &[("", text.as_str())]).await.map_err(js_err)?;
+        Ok(serde_json::json!({ "tokens": tokens, "perplexity": (-scored[0].ll / tokens as f64).exp() }).to_string())
+    }
+
     /// One RULER s_niah_1 probe: a prompt of exactly `length` tokens (filler sentences with a
     /// 7-digit number for a word key at `depth_percent` of the haystack), greedy answer, exact
     /// match. JSON: {length, depth, answer, generated, correct}.

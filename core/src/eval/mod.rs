@@ -5,12 +5,10 @@ pub mod diagnostics;
 pub mod rank;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod perplexity;
-#[cfg(not(target_arch = "wasm32"))]
 pub mod tasks;
 
 pub use diagnostics::{effective_rank, Diagnostics, LayerDiagnostics};
 pub use rank::{ranks, spearman};
 #[cfg(not(target_arch = "wasm32"))]
 pub use perplexity::heldout_perplexity;
-#[cfg(not(target_arch = "wasm32"))]
 pub use tasks::*;

@@ -10,8 +10,11 @@ use crate::error::{Error, Result};
 use crate::gpu::{need, Gpu, GpuBuf, Kernel, Recorder};
 use crate::model::{LanguageModel, Logits, Tokenizer};
 use serde::Serialize;
+#[cfg(not(target_arch = "wasm32"))]
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+#[cfg(not(target_arch = "wasm32"))]
+use std::path::PathBuf;
 
 /// The tasks and the request file each is scored on.
 pub const TASKS: &[(&str, &str)] = &[
@@ -53,6 +56,7 @@ pub struct Scored {
 }
 
 /// The request file of `task` under the eval cache ($LINEARIZE_HOME/eval).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn request_file(eval_dir: &Path, task: &str) -> Result<PathBuf> {
     let (_, sub) = TASKS.iter().find(|(t, _)| *t == task).ok_or_else(|| {
         let names: Vec<&str> = TASKS.iter().map(|t| t.0).collect();
@@ -72,24 +76,36 @@ pub fn zero_shot_from_doc(task: &str) -> bool {
 
 /// The documents of `task` as zero-shot scoring reads them (request_file, load_docs, and the
 /// 0-shot prompts of `zero_shot_from_doc`).
+#[cfg(not(target_arch = "wasm32"))]
 pub fn load_task(eval_dir: &Path, task: &str) -> Result<Vec<Doc>> {
     let path = request_file(eval_dir, task)?;
     read_docs(&path, zero_shot_from_doc(task))
 }
 
 /// Reads a requests.jsonl.gz into documents (in file order), skipping unconditional requests.
+#[cfg(not(target_arch = "wasm32"))]
 pub fn load_docs(path: &Path) -> Result<Vec<Doc>> {
     read_docs(path, false)
 }
 
 /// `load_docs`; with `zero_shot`, each request's context and continuation rendered from its
-/// document's `query` and `choices` (checked against the request: its context must end with
-/// the query and its continuation be the choice, so a file of another shape is refused).
+/// document's `query` and `choices` (`parse_docs`).
+#[cfg(not(target_arch = "wasm32"))]
 fn read_docs(path: &Path, zero_shot: bool) -> Result<Vec<Doc>> {
     crate::util::check_regular_file(path)?;
     let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
     let mut text = String::new();
     flate2::read::GzDecoder::new(file).read_to_string(&mut text).map_err(|e| Error::format(path, format!("not a gzip of JSON lines: {e}")))?;
+    parse_docs(&text, zero_shot, path)
+}
+
+/// Documents (in order) from the JSON lines of a request file (`origin` names it in errors),
+/// skipping unconditional requests. With `zero_shot`, each request's context and continuation
+/// are rendered from its document's `query` and `choices` (checked against the request: its
+/// context must end with the query and its continuation be the choice, so a file of another
+/// shape is refused). The browser hands the decompressed text straight here.
+pub fn parse_docs(text: &str, zero_shot: bool, origin: &Path) -> Result<Vec<Doc>> {
+    let path = origin;
     let mut docs: Vec<Doc> = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |what: &str| Error::format(path, format!("line {}: {what}", n + 1));
@@ -237,8 +253,8 @@ pub fn encode_pair(tokenizer: &Tokenizer, context: &str, continuation: &str) -> 
 
 /// The log-likelihood of `continuation` after `context` under `model`, and whether it is the
 /// greedy continuation. An empty context is conditioned on <|endoftext|>.
-pub fn loglikelihood(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, context: &str, continuation: &str) -> Result<Scored> {
-    Ok(loglikelihoods(gpu, model, tokenizer, &[(context, continuation)])?[0])
+pub async fn loglikelihood(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, context: &str, continuation: &str) -> Result<Scored> {
+    Ok(loglikelihoods(gpu, model, tokenizer, &[(context, continuation)]).await?[0])
 }
 
 /// Tokens of one batched forward at most: large enough to fill a big GPU, small enough that the
@@ -250,7 +266,7 @@ const BATCH_TOKENS: usize = 8192;
 /// nothing before it) and run together, as many at a time as the logits of one binding hold. The
 /// continuation tokens are scored on the GPU (shaders/eval/logprob.wgsl); two numbers per token
 /// come back.
-pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, requests: &[(&str, &str)]) -> Result<Vec<Scored>> {
+pub async fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, requests: &[(&str, &str)]) -> Result<Vec<Scored>> {
     let vocab = model.config.vocab_size;
     let mut encoded = Vec::with_capacity(requests.len());
     for (context, continuation) in requests {
@@ -297,10 +313,11 @@ pub fn loglikelihoods(gpu: &Gpu, model: &LanguageModel, tokenizer: &Tokenizer, r
         let mut rec = gpu.recorder();
         target_logprob(&mut rec, &LogitRows { logits: &logits, rows: ids.len(), vocab }, &row_buf, &target_buf, &scores, rows.len())?;
         rec.submit()?;
-        let host = gpu.read_f32_blocking(&scores, 2 * rows.len())?;
+        let host = gpu.read_f32(&scores, 2 * rows.len()).await;
         for b in [logits, row_buf, target_buf, scores] {
             gpu.release(b);
         }
+        let host = host?;
         let mut at = 0;
         for &i in batch {
             let n = encoded[i].1.len();
