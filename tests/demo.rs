@@ -3,7 +3,8 @@
 //! $LINEARIZE_HOME holding the real teacher and a 2-layer gated DeltaNet student; the page loads
 //! both, streams tokens, draws the state-norm heatmap and the memory chart (checked in the DOM
 //! and in a screenshot); bad inputs are refused before any work, a run stops on request, a
-//! rerun replaces each model's one panel, the inputs survive a reload, and a browser without
+//! rerun replaces each model's one panel, the needle grid, a zero-shot task and a text's
+//! perplexity equal the native build's, the inputs survive a reload, and a browser without
 //! WebGPU is told so.
 use linearize_core::mixers::MixerOptions;
 use linearize_core::model::student::{from_teacher, save_dir};
