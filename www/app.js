@@ -420,14 +420,23 @@ function redrawAll() {
   for (const it of loaded.values()) { drawHeatmap(it); drawLines(it); }
 }
 
-// ---- the two runs ----
+// ---- the runs ----
 
-async function generate({ models, weights, prompt, tokens }) {
+// `work(entry, it)` for each ticked model in turn until Stop, the model loaded with `weights`
+// (its panel kept, or replaced for other weights) and drawn on the memory chart; the panels of
+// unticked models go first.
+async function eachModel(models, weights, work) {
   dropUnticked();
   for (const [i, entry] of models.entries()) {
     if (stopRequested) break;
     const it = await load(entry, weights, COLORS[i]);
     drawMemory();
+    await work(entry, it);
+  }
+}
+
+async function generate({ models, weights, prompt, tokens }) {
+  await eachModel(models, weights, async (entry, it) => {
     const pre = it.panel.querySelector('pre.text');
     const progress = it.panel.querySelector('.progress');
     pre.textContent = prompt;
@@ -450,17 +459,14 @@ async function generate({ models, weights, prompt, tokens }) {
     });
     progress.dataset.tokens = n;
     redrawAll();
-  }
+  });
   return `${models.map((m) => m.name).join(', ')} generated up to ${tokens} tokens each`;
 }
 
 // The needle grid: a row per haystack length, a column per depth; each cell the probe's
 // verdict and what the model said. A length too short for the probe fails alone.
 async function needles({ models, weights, lengths, depths }) {
-  dropUnticked();
-  for (const [i, entry] of models.entries()) {
-    const it = await load(entry, weights, COLORS[i]);
-    drawMemory();
+  await eachModel(models, weights, async (entry, it) => {
     const box = it.panel.querySelector('.needles');
     box.textContent = '';
     const head = document.createElement('div');
@@ -496,7 +502,7 @@ async function needles({ models, weights, lengths, depths }) {
         }
       }
     }
-  }
+  });
   return 'needle probe done';
 }
 
@@ -534,13 +540,9 @@ function evalLine(it, key, text, data) {
 }
 
 async function zeroShot({ models, weights, task, docs }) {
-  dropUnticked();
   status(`${task}: fetching its request file…`);
   const jsonl = await requestFile(task);
-  for (const [i, entry] of models.entries()) {
-    if (stopRequested) break;
-    const it = await load(entry, weights, COLORS[i]);
-    drawMemory();
+  await eachModel(models, weights, async (entry, it) => {
     status(`${entry.name}: ${task} on ${docs} documents…`);
     const started = performance.now();
     const out = JSON.parse(await it.model.zero_shot(task, jsonl, docs));
@@ -550,20 +552,16 @@ async function zeroShot({ models, weights, task, docs }) {
     if (r.acc_norm !== null) parts.push(`acc_norm ${pm(r.acc_norm, r.acc_norm_stderr)}`);
     if (r.perplexity !== null) parts.push(`perplexity ${r.perplexity.toFixed(2)}`);
     evalLine(it, task, `${task} (${r.docs} documents, 0-shot): ${parts.join(', ')} · ${((performance.now() - started) / 1000).toFixed(1)} s`, out);
-  }
+  });
   return `${task} scored on ${docs} documents`;
 }
 
 async function perplexity({ models, weights, text }) {
-  dropUnticked();
-  for (const [i, entry] of models.entries()) {
-    if (stopRequested) break;
-    const it = await load(entry, weights, COLORS[i]);
-    drawMemory();
+  await eachModel(models, weights, async (entry, it) => {
     status(`${entry.name}: scoring the text…`);
     const r = JSON.parse(await it.model.perplexity(text));
     evalLine(it, 'perplexity', `perplexity of the pasted text: ${r.perplexity.toFixed(2)} over ${r.tokens} tokens`, r);
-  }
+  });
   return 'text scored';
 }
 

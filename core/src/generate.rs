@@ -131,7 +131,8 @@ impl From<()> for Flow {
 }
 
 /// Generates up to `s.max_new_tokens` after `prompt`, calling `on_token` with each new id as
-/// soon as it is known (it may return `Flow::Stop` to end there). Memory is bounded by a KV cache of prompt + max_new_tokens positions.
+/// soon as it is known (it may return `Flow::Stop` to end there). Memory is bounded by a KV
+/// cache of prompt + max_new_tokens positions.
 pub async fn generate<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, prompt: &[u32], s: &Sampling, on_token: impl FnMut(u32) -> F) -> Result<Vec<u32>> {
     let mut on_token = on_token;
     generate_traced(gpu, model, prompt, s, |id, _| on_token(id), None).await

@@ -221,10 +221,8 @@ impl WebModel {
     /// page), scored as `linearize eval` scores it. JSON: the task's result (acc, acc_norm,
     /// perplexity with their standard errors) and `per_doc`: [acc, acc_norm] of each document.
     pub async fn zero_shot(&self, task: String, jsonl: String, docs: usize) -> Result<String, JsValue> {
-        use linearize_core::eval::{doc_metrics, loglikelihoods, parse_docs, score_task, zero_shot_from_doc, TASKS};
-        if !TASKS.iter().any(|(t, _)| *t == task) {
-            return Err(js_err(format!("no task '{task}'; the tasks are {}", TASKS.iter().map(|(t, _)| *t).collect::<Vec<_>>().join(", "))));
-        }
+        use linearize_core::eval::{doc_metrics, loglikelihoods, parse_docs, score_task, task_folder, zero_shot_from_doc};
+        task_folder(&task).map_err(js_err)?;
         if docs == 0 {
             return Err(js_err("evaluate at least one document"));
         }

