@@ -111,6 +111,50 @@ fn every_mixer_runs_within_webgpus_default_storage_buffers() {
     }
 }
 
+/// Decode as GPUs run it — the block's norm inside each product, every matrix that reads a
+/// mixer block's input in one stacked product with the convs of q, k and v inside it, q's and
+/// k's norms in one dispatch — forced on lavapipe (which otherwise takes kernels without
+/// barriers), within WebGPU's 8 storage buffers, f32 and packed f16 weights: the same logits
+/// as the f64 reference for every mixer, with and without the convs on every mixer.
+#[test]
+fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(2);
+    let ids = t.tokenizer.encode("The capital of France is Paris, and the capital of Italy").unwrap();
+    let forced = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap().with_gpu_kernels();
+    for kind in MixerKind::all() {
+        // The convs on every mixer change the layouts that have none.
+        let conv_variants = if kind.layout(&MixerOptions::default()).conv { vec![false] } else { vec![false, true] };
+        for conv_all_mixers in conv_variants {
+            let opts = MixerOptions { conv_all_mixers, ..Default::default() };
+            // Block 1 keeps attention for one mixer: the teacher's decode path runs beside it.
+            let layers = (kind == mixer("gated_deltanet")).then(|| vec![0]);
+            let (w, m) = from_teacher(&small, kind, layers, &opts, "test").unwrap();
+            let want = reference::forward_with_mixers(&w, Some(&m), &ids);
+            let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
+            let dtypes = if conv_all_mixers { vec![linearize_core::gpu::Dtype::F32] } else { vec![linearize_core::gpu::Dtype::F32, linearize_core::gpu::Dtype::F16] };
+            for dtype in dtypes {
+                let lm = LanguageModel::upload_as(&forced, &w, Some(&m), dtype).unwrap();
+                let what = format!("{} (conv on every mixer: {conv_all_mixers}, {dtype:?} weights)", kind.name());
+                let layer = lm.mixer_layer(0).expect("block 0 is a mixer");
+                let has_conv = kind.layout(&opts).conv;
+                assert_eq!(layer.stacked_decode(), (true, has_conv), "{what}: decode's stacked product");
+                let got = prefill_then_decode(&forced, &lm, &ids, ids.len() - 4);
+                if dtype == linearize_core::gpu::Dtype::F32 {
+                    assert_close(&what, &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+                } else {
+                    // The same halves through lavapipe's own kernels (tests/weights.rs checks
+                    // those against the f64 model of the halves).
+                    let halves = LanguageModel::upload_as(gpu(), &w, Some(&m), dtype).unwrap();
+                    let want: Vec<f64> = prefill_then_decode(gpu(), &halves, &ids, ids.len() - 4).iter().map(|&v| v as f64).collect();
+                    assert_close(&what, &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn student_directory_round_trips_and_bad_ones_fail_clearly() {
     let t = teacher();

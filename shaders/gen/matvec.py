@@ -52,6 +52,10 @@ struct Params {{
     y0: u32,
     /// RMSNorm's ε (PROLOGUE 1)
     eps: f32,
+    /// The `_conv` entries: channels of q and k each, and of v; columns 0 .. 2·conv_qk + conv_v
+    /// go through their short conv (m rows = the batch, one token each)
+    conv_qk: u32,
+    conv_v: u32,
 }}
 
 override PROLOGUE: u32 = 0u;
@@ -65,6 +69,10 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
 @group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1
+// The `_conv` entries: the taps of q's, k's and v's short convs [2·conv_qk + conv_v, 4], and
+// their carried inputs, each tensor's [m, 3, channels] after the one before.
+@group(0) @binding(6) var<storage, read> taps: array<f32>;
+@group(0) @binding(7) var<storage, read_write> conv_state: array<f32>;
 
 var<workgroup> partial: array<f32, 2048>; // [256 threads][8 rows]
 var<workgroup> reduced: array<f32, 256>;
@@ -129,6 +137,31 @@ fn row_norms(tid: u32, k4: u32) {{
     }}
 }}
 
+// Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
+// inputs advanced; columns past the convs' pass unchanged.
+fn conv_y(r: u32, c: u32, v: f32) -> f32 {{
+    let c_qk = p.conv_qk;
+    if (c >= 2u * c_qk + p.conv_v) {{
+        return v;
+    }}
+    // The tensor (q, k or v), its channel, its width and where its state starts.
+    let t = min(c / c_qk, 2u);
+    let ch = c - t * c_qk;
+    let width = select(c_qk, p.conv_v, t == 2u);
+    let base = 3u * p.m * t * c_qk + r * 3u * width + ch;
+    let s0 = conv_state[base];
+    let s1 = conv_state[base + width];
+    let s2 = conv_state[base + 2u * width];
+    var acc = fma(taps[c * 4u], s0, 0.0);
+    acc = fma(taps[c * 4u + 1u], s1, acc);
+    acc = fma(taps[c * 4u + 2u], s2, acc);
+    acc = fma(taps[c * 4u + 3u], v, acc);
+    conv_state[base] = s1;
+    conv_state[base + width] = s2;
+    conv_state[base + 2u * width] = v;
+    return acc / (1.0 + exp(-acc));
+}}
+
 fn put_y(r: u32, c: u32, v: f32) {{
     let idx = r * p.ldy + p.y0 + c;
     if (p.accumulate != 0u) {{
@@ -178,13 +211,21 @@ fn matvec{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             for (var i = 0u; i < parts; i++) {{
                 s += reduced[c * LANES + r * parts + i];
             }}
-            put_y(r, col0 + c, s);
+            put_y(r, col0 + c, EPILOGUE(r, col0 + c, s));
         }}
     }}
 }}
 """
-for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
-    src += KERNEL.replace("{SUFFIX}", suffix).format(acc_decl=acc_decl, w_loads=w_loads.replace("READ", read), x_loads=x_loads, partials=partials)
+src += """fn no_epilogue(r: u32, c: u32, v: f32) -> f32 {
+    return v;
+}
+
+"""
+# The `_conv` entries run the short convs of q, k and v on their columns (decode's stacked
+# input product, mixers::layer); separate entries, so the others bind no conv buffers.
+for conv, epilogue in (("", "no_epilogue"), ("_conv", "conv_y")):
+    for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+        src += KERNEL.replace("{SUFFIX}", conv + suffix).replace("EPILOGUE", epilogue).format(acc_decl=acc_decl, w_loads=w_loads.replace("READ", read), x_loads=x_loads, partials=partials)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matvec.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

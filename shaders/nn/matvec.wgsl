@@ -21,6 +21,10 @@ struct Params {
     y0: u32,
     /// RMSNorm's ε (PROLOGUE 1)
     eps: f32,
+    /// The `_conv` entries: channels of q and k each, and of v; columns 0 .. 2·conv_qk + conv_v
+    /// go through their short conv (m rows = the batch, one token each)
+    conv_qk: u32,
+    conv_v: u32,
 }
 
 override PROLOGUE: u32 = 0u;
@@ -34,6 +38,10 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
 @group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1
+// The `_conv` entries: the taps of q's, k's and v's short convs [2·conv_qk + conv_v, 4], and
+// their carried inputs, each tensor's [m, 3, channels] after the one before.
+@group(0) @binding(6) var<storage, read> taps: array<f32>;
+@group(0) @binding(7) var<storage, read_write> conv_state: array<f32>;
 
 var<workgroup> partial: array<f32, 2048>; // [256 threads][8 rows]
 var<workgroup> reduced: array<f32, 256>;
@@ -119,6 +127,31 @@ fn row_norms(tid: u32, k4: u32) {
     }
 }
 
+// Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
+// inputs advanced; columns past the convs' pass unchanged.
+fn conv_y(r: u32, c: u32, v: f32) -> f32 {
+    let c_qk = p.conv_qk;
+    if (c >= 2u * c_qk + p.conv_v) {
+        return v;
+    }
+    // The tensor (q, k or v), its channel, its width and where its state starts.
+    let t = min(c / c_qk, 2u);
+    let ch = c - t * c_qk;
+    let width = select(c_qk, p.conv_v, t == 2u);
+    let base = 3u * p.m * t * c_qk + r * 3u * width + ch;
+    let s0 = conv_state[base];
+    let s1 = conv_state[base + width];
+    let s2 = conv_state[base + 2u * width];
+    var acc = fma(taps[c * 4u], s0, 0.0);
+    acc = fma(taps[c * 4u + 1u], s1, acc);
+    acc = fma(taps[c * 4u + 2u], s2, acc);
+    acc = fma(taps[c * 4u + 3u], v, acc);
+    conv_state[base] = s1;
+    conv_state[base + width] = s2;
+    conv_state[base + 2u * width] = v;
+    return acc / (1.0 + exp(-acc));
+}
+
 fn put_y(r: u32, c: u32, v: f32) {
     let idx = r * p.ldy + p.y0 + c;
     if (p.accumulate != 0u) {
@@ -126,6 +159,10 @@ fn put_y(r: u32, c: u32, v: f32) {
     } else {
         y[idx] = v;
     }
+}
+
+fn no_epilogue(r: u32, c: u32, v: f32) -> f32 {
+    return v;
 }
 
 @compute @workgroup_size(256)
@@ -198,7 +235,7 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
             for (var i = 0u; i < parts; i++) {
                 s += reduced[c * LANES + r * parts + i];
             }
-            put_y(r, col0 + c, s);
+            put_y(r, col0 + c, no_epilogue(r, col0 + c, s));
         }
     }
 }
@@ -272,7 +309,155 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
             for (var i = 0u; i < parts; i++) {
                 s += reduced[c * LANES + r * parts + i];
             }
-            put_y(r, col0 + c, s);
+            put_y(r, col0 + c, no_epilogue(r, col0 + c, s));
+        }
+    }
+}
+@compute @workgroup_size(256)
+fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    let col0 = (wid.y * 8192u + wid.x) * COLS;
+    let col = col0 + tid / LANES;
+    let lane = tid % LANES;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
+        let kq0 = base + 0u * LANES;
+        var w0 = vec4<f32>(0.0);
+        if (kq0 < k4) { w0 = w_f32(col * k4 + kq0); }
+        let kq1 = base + 1u * LANES;
+        var w1 = vec4<f32>(0.0);
+        if (kq1 < k4) { w1 = w_f32(col * k4 + kq1); }
+        let kq2 = base + 2u * LANES;
+        var w2 = vec4<f32>(0.0);
+        if (kq2 < k4) { w2 = w_f32(col * k4 + kq2); }
+        let kq3 = base + 3u * LANES;
+        var w3 = vec4<f32>(0.0);
+        if (kq3 < k4) { w3 = w_f32(col * k4 + kq3); }
+        if (0u < p.m) { acc0 += dot(x_at(0u, kq0, k4), w0) + dot(x_at(0u, kq1, k4), w1) + dot(x_at(0u, kq2, k4), w2) + dot(x_at(0u, kq3, k4), w3); }
+        if (1u < p.m) { acc1 += dot(x_at(1u, kq0, k4), w0) + dot(x_at(1u, kq1, k4), w1) + dot(x_at(1u, kq2, k4), w2) + dot(x_at(1u, kq3, k4), w3); }
+        if (2u < p.m) { acc2 += dot(x_at(2u, kq0, k4), w0) + dot(x_at(2u, kq1, k4), w1) + dot(x_at(2u, kq2, k4), w2) + dot(x_at(2u, kq3, k4), w3); }
+        if (3u < p.m) { acc3 += dot(x_at(3u, kq0, k4), w0) + dot(x_at(3u, kq1, k4), w1) + dot(x_at(3u, kq2, k4), w2) + dot(x_at(3u, kq3, k4), w3); }
+        if (4u < p.m) { acc4 += dot(x_at(4u, kq0, k4), w0) + dot(x_at(4u, kq1, k4), w1) + dot(x_at(4u, kq2, k4), w2) + dot(x_at(4u, kq3, k4), w3); }
+        if (5u < p.m) { acc5 += dot(x_at(5u, kq0, k4), w0) + dot(x_at(5u, kq1, k4), w1) + dot(x_at(5u, kq2, k4), w2) + dot(x_at(5u, kq3, k4), w3); }
+        if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
+        if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
+    }
+    }
+    partial[tid * 8u + 0u] = acc0;
+    partial[tid * 8u + 1u] = acc1;
+    partial[tid * 8u + 2u] = acc2;
+    partial[tid * 8u + 3u] = acc3;
+    partial[tid * 8u + 4u] = acc4;
+    partial[tid * 8u + 5u] = acc5;
+    partial[tid * 8u + 6u] = acc6;
+    partial[tid * 8u + 7u] = acc7;
+    workgroupBarrier();
+    // Column c's lanes, row r: LANES / 8 sums of 8 lanes each, then their sum.
+    {
+        let parts = LANES / 8u;
+        let c = tid / LANES;
+        let r = (tid % LANES) / parts;
+        let part = tid % parts;
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[(c * LANES + part * 8u + i) * 8u + r];
+        }
+        reduced[tid] = s;
+    }
+    workgroupBarrier();
+    if (tid < COLS * 8u) {
+        let parts = LANES / 8u;
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, conv_y(r, col0 + c, s));
+        }
+    }
+}
+@compute @workgroup_size(256)
+fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    let col0 = (wid.y * 8192u + wid.x) * COLS;
+    let col = col0 + tid / LANES;
+    let lane = tid % LANES;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
+        let kq0 = base + 0u * LANES;
+        var w0 = vec4<f32>(0.0);
+        if (kq0 < k4) { w0 = w_half(col * k4 + kq0); }
+        let kq1 = base + 1u * LANES;
+        var w1 = vec4<f32>(0.0);
+        if (kq1 < k4) { w1 = w_half(col * k4 + kq1); }
+        let kq2 = base + 2u * LANES;
+        var w2 = vec4<f32>(0.0);
+        if (kq2 < k4) { w2 = w_half(col * k4 + kq2); }
+        let kq3 = base + 3u * LANES;
+        var w3 = vec4<f32>(0.0);
+        if (kq3 < k4) { w3 = w_half(col * k4 + kq3); }
+        if (0u < p.m) { acc0 += dot(x_at(0u, kq0, k4), w0) + dot(x_at(0u, kq1, k4), w1) + dot(x_at(0u, kq2, k4), w2) + dot(x_at(0u, kq3, k4), w3); }
+        if (1u < p.m) { acc1 += dot(x_at(1u, kq0, k4), w0) + dot(x_at(1u, kq1, k4), w1) + dot(x_at(1u, kq2, k4), w2) + dot(x_at(1u, kq3, k4), w3); }
+        if (2u < p.m) { acc2 += dot(x_at(2u, kq0, k4), w0) + dot(x_at(2u, kq1, k4), w1) + dot(x_at(2u, kq2, k4), w2) + dot(x_at(2u, kq3, k4), w3); }
+        if (3u < p.m) { acc3 += dot(x_at(3u, kq0, k4), w0) + dot(x_at(3u, kq1, k4), w1) + dot(x_at(3u, kq2, k4), w2) + dot(x_at(3u, kq3, k4), w3); }
+        if (4u < p.m) { acc4 += dot(x_at(4u, kq0, k4), w0) + dot(x_at(4u, kq1, k4), w1) + dot(x_at(4u, kq2, k4), w2) + dot(x_at(4u, kq3, k4), w3); }
+        if (5u < p.m) { acc5 += dot(x_at(5u, kq0, k4), w0) + dot(x_at(5u, kq1, k4), w1) + dot(x_at(5u, kq2, k4), w2) + dot(x_at(5u, kq3, k4), w3); }
+        if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
+        if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
+    }
+    }
+    partial[tid * 8u + 0u] = acc0;
+    partial[tid * 8u + 1u] = acc1;
+    partial[tid * 8u + 2u] = acc2;
+    partial[tid * 8u + 3u] = acc3;
+    partial[tid * 8u + 4u] = acc4;
+    partial[tid * 8u + 5u] = acc5;
+    partial[tid * 8u + 6u] = acc6;
+    partial[tid * 8u + 7u] = acc7;
+    workgroupBarrier();
+    // Column c's lanes, row r: LANES / 8 sums of 8 lanes each, then their sum.
+    {
+        let parts = LANES / 8u;
+        let c = tid / LANES;
+        let r = (tid % LANES) / parts;
+        let part = tid % parts;
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[(c * LANES + part * 8u + i) * 8u + r];
+        }
+        reduced[tid] = s;
+    }
+    workgroupBarrier();
+    if (tid < COLS * 8u) {
+        let parts = LANES / 8u;
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, conv_y(r, col0 + c, s));
         }
     }
 }

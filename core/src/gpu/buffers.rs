@@ -73,6 +73,18 @@ impl GpuBuf {
         Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F32, offset: self.offset + (at * 4) as u64, shared: true, unpooled: false, kept: self.kept.clone() })
     }
 
+    /// `len` values from value `at` on, in this buffer's dtype: `view` for f32; for packed f16
+    /// pairs `at` must be even (a view starts on a word).
+    pub fn view_values(&self, at: usize, len: usize) -> Result<GpuBuf> {
+        match self.dtype {
+            Dtype::F32 => self.view(at, len),
+            Dtype::F16 if at % 2 == 0 && at + len <= self.len => {
+                Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F16, offset: self.offset + (at * 2) as u64, shared: true, unpooled: false, kept: self.kept.clone() })
+            }
+            Dtype::F16 => Err(Error::Gpu(format!("a view of halves {at}..{} of a buffer of {} f16 values (views start on a word)", at + len, self.len))),
+        }
+    }
+
     /// Byte offset of the first value in `buffer`.
     pub fn offset(&self) -> u64 {
         self.offset

@@ -138,6 +138,14 @@ impl Gpu {
         Self::from_adapter(adapter, limits).await
     }
 
+    /// Takes the kernels meant for GPUs even on a CPU adapter — decode's fused norms and stacked
+    /// products, which CPU adapters otherwise skip for kernels without barriers — so that tests
+    /// run them on lavapipe.
+    pub fn with_gpu_kernels(mut self) -> Self {
+        self.adapter.cpu = false;
+        self
+    }
+
     #[cfg(not(target_arch = "wasm32"))]
     async fn choose_adapter(instance: &wgpu::Instance, backends: wgpu::Backends) -> Result<wgpu::Adapter> {
         let (adapters, seen) = Self::candidates(instance, backends).await;

@@ -219,6 +219,19 @@ impl Layout {
         out.dedup();
         out
     }
+
+    /// Every matrix that reads the block's input x: q, k and v, then each gate's (a bottleneck's
+    /// first) and the output gate's, each once — what decode multiplies in one product.
+    pub fn input_matrices(&self) -> Vec<&'static str> {
+        let inputs = self.gates().map(|g| g.input).chain(self.output.gate.as_ref().map(|g| g.input));
+        let mut out = vec!["q_proj", "k_proj", "v_proj"];
+        for m in inputs.filter_map(|i| i.matrices().first().copied()) {
+            if !out.contains(&m) {
+                out.push(m);
+            }
+        }
+        out
+    }
 }
 
 impl GateDef {

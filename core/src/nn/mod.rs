@@ -111,7 +111,38 @@ pub fn linear_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuB
 }
 
 /// Columns y0 .. y0 + n of y (+)= x'·wᵀ with x' = `input` (m ≤ 8, k % 4 = 0): nn/matvec.wgsl.
-pub(crate) fn matvec_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
+pub(crate) fn matvec_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, columns: Columns, g: Gemm, accumulate: bool) -> Result<()> {
+    matvec_with(rec, input, w, columns, g, accumulate, None)
+}
+
+/// The short convs of q, k and v that `matvec_conv` runs on the first columns of its product:
+/// taps [2·qk + v, 4] and the carried inputs, each tensor's [m, 3, channels] after the one
+/// before (mixers::layer's stacked decode).
+#[derive(Clone, Copy)]
+pub struct QkvConvs<'a> {
+    pub taps: &'a GpuBuf,
+    pub state: &'a GpuBuf,
+    /// Channels of q and of k each.
+    pub qk: usize,
+    /// Channels of v.
+    pub v: usize,
+}
+
+/// y[m, n] = x'·wᵀ with columns 0 .. 2·qk + v each through its short conv and SiLU, the convs'
+/// state advanced: decode's stacked product of every matrix that reads a mixer block's input
+/// (m rows = the batch, one token each; nn/matvec.wgsl `matvec_conv`).
+pub fn matvec_conv(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuBuf, g: Gemm, convs: QkvConvs) -> Result<()> {
+    let channels = 2 * convs.qk + convs.v;
+    if channels > g.n {
+        return Err(Error::argument("matvec conv", format!("{channels} conv channels exceed the product's {} columns", g.n)));
+    }
+    need("matvec conv taps", convs.taps, channels * 4)?;
+    need("matvec conv state", convs.state, g.m * 3 * channels)?;
+    matvec_with(rec, input, w, Columns { y, ldy: g.n, y0: 0 }, g, false, Some(convs))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool, convs: Option<QkvConvs>) -> Result<()> {
     if m > 8 || k % 4 != 0 {
         return Err(Error::argument("linear", format!("nn/matvec takes at most 8 rows and k divisible by 4, got {m} rows and k = {k}")));
     }
@@ -124,12 +155,19 @@ pub(crate) fn matvec_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, C
     };
     need("matvec x", x, m * k * if matches!(input, LinearInput::SwiGlu(_)) { 2 } else { 1 })?;
     let f16 = w.dtype == Dtype::F16;
-    let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps };
+    let (conv_qk, conv_v) = convs.map_or((0, 0), |c| (c.qk as u32, c.v as u32));
+    let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v };
     // Narrow products take 64 threads per column so their few columns still fill the GPU; wide
     // ones 16 (16 columns per workgroup), which the H200 ran 1.3× faster at 3,072 columns and
     // 2× at 49,152 (BENCHMARKS.md).
     let lanes = if n >= 2048 { 16 } else { 64 };
-    let kernel = Kernel::new("nn/matvec", if f16 { "matvec_f16" } else { "matvec" }).with("PROLOGUE", input.prologue() as f64).with("LANES", lanes as f64);
+    let entry = match (convs.is_some(), f16) {
+        (false, false) => "matvec",
+        (false, true) => "matvec_f16",
+        (true, false) => "matvec_conv",
+        (true, true) => "matvec_conv_f16",
+    };
+    let kernel = Kernel::new("nn/matvec", entry).with("PROLOGUE", input.prologue() as f64).with("LANES", lanes as f64);
     let wgs = n.div_ceil(256 / lanes);
     let groups = [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1];
     // Every variant's code names binding 5; without a norm it is bound to x and never read.
@@ -137,7 +175,11 @@ pub(crate) fn matvec_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, C
         need("matvec norm weight", g, k)?;
     }
     let w_binding = if f16 { 4 } else { 2 };
-    rec.dispatch_bindings(&kernel, &params, &[(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x))], groups)
+    let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x))];
+    if let Some(c) = &convs {
+        bindings.extend([(6, c.taps), (7, c.state)]);
+    }
+    rec.dispatch_bindings(&kernel, &params, &bindings, groups)
 }
 
 /// The shape of a product y[m, n] = x[m, k] · w[n, k]ᵀ.
