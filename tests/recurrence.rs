@@ -231,3 +231,46 @@ fn backward_kernel_matches_reference_for_every_mixer() {
 }
 
 
+
+/// Decode's fused form (`recurrent_normalizing_qk`): the kernel L2-normalises each head's raw q
+/// and k as it loads them, x / sqrt(Σ x² + 1e-6) as ops::head_norm does; against the f64
+/// recurrence on the f64-normalised rows, at head sizes 64 and 128, several heads and tokens,
+/// rows of very different lengths (one of them zero).
+#[test]
+fn recurrent_kernel_normalises_q_and_k_as_it_loads_them() {
+    let mut rng = Rng::new(24);
+    for (name, r) in variants() {
+        for &(batch, seq, heads, dk, dv) in &[(1, 1, 1, 64, 64), (2, 5, 3, 128, 64), (1, 3, 2, 64, 128)] {
+            let d = Dims { batch, seq, heads, dk, dv };
+            let mut x = data(&mut rng, r, d, 0);
+            // Raw rows: lengths from 0 to ~30.
+            let rows = batch * seq * heads;
+            let lengths = random(&mut rng, rows, 1.0);
+            for (i, (qr, kr)) in x.q.chunks_mut(dk).zip(x.k.chunks_mut(dk)).enumerate() {
+                let f = if i == 1 { 0.0 } else { 30.0f32.powf(lengths[i]) };
+                qr.iter_mut().for_each(|v| *v *= f);
+                kr.iter_mut().for_each(|v| *v *= 1.0 / f.max(1e-3));
+            }
+            let normalised = |a: &[f32]| -> Vec<f32> {
+                a.chunks(dk).flat_map(|row| {
+                    let n = (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() + 1e-6).sqrt();
+                    row.iter().map(move |&v| (v as f64 / n) as f32).collect::<Vec<_>>()
+                }).collect()
+            };
+            let want_x = linearize_tests::recurrence_data::Data { q: normalised(&x.q), k: normalised(&x.k), v: x.v.clone(), g: x.g.clone(), beta: x.beta.clone(), igate: x.igate.clone() };
+            let (want, _) = reference_run(r, d, &want_x);
+            let up = |n: &str, a: &[f32]| gpu().upload_f32(n, a).unwrap();
+            let (q, k, v, g, beta, igate) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate));
+            let state = GpuState::zeros(gpu(), d).unwrap();
+            let out = gpu().scratch(rows * dv).unwrap();
+            let mut rec = gpu().recorder();
+            let gates = Gates { g: Some(&g), beta: Some(&beta), igate: Some(&igate) };
+            let args = RecurrenceArgs { r, dims: d, scale: 1.0 / (dk as f32).sqrt(), q: &q, k: &k, v: &v, gates };
+            recurrence::recurrent_normalizing_qk(&mut rec, &args, &state, &out).unwrap();
+            rec.submit().unwrap();
+            let got = gpu().read_f32_blocking(&out, rows * dv).unwrap();
+            let tag = format!("{name} B={batch} T={seq} H={heads} K={dk} V={dv}, q and k normalised in the kernel");
+            assert_close(&tag, &got, &want, tolerance(&want), 1e-4);
+        }
+    }
+}

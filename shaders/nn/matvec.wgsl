@@ -22,7 +22,8 @@ struct Params {
     /// RMSNorm's ε (PROLOGUE 1)
     eps: f32,
     /// The `_conv` entries: channels of q and k each, and of v; columns 0 .. 2·conv_qk + conv_v
-    /// go through their short conv (m rows = the batch, one token each)
+    /// go through their short conv (m rows = the batch, one token each), the others through
+    /// their gate's activation (gate_y)
     conv_qk: u32,
     conv_v: u32,
 }
@@ -38,8 +39,10 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
 @group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1
-// The `_conv` entries: the taps of q's, k's and v's short convs [2·conv_qk + conv_v, 4], and
-// their carried inputs, each tensor's [m, 3, channels] after the one before.
+// The `_conv` entries: per column of the product four words — the taps of q's, k's and v's
+// short convs on their columns (the first 2·conv_qk + conv_v), a gate's activation on the
+// others (gate_y) — and the convs' carried inputs, each tensor's [m, 3, channels] after the one
+// before.
 @group(0) @binding(6) var<storage, read> taps: array<f32>;
 @group(0) @binding(7) var<storage, read_write> conv_state: array<f32>;
 
@@ -127,12 +130,53 @@ fn row_norms(tid: u32, k4: u32) {
     }
 }
 
+fn softplus(v: f32) -> f32 {
+    if (v > 20.0) {
+        return v;
+    }
+    return log(1.0 + exp(v));
+}
+
+// A gate's activation of column c (its row of `taps`: MODE + 1 of mixers/common/gates.wgsl, 0
+// for none; the column's bias; its head's parameter), written as gates.wgsl writes it.
+fn gate_y(c: u32, v: f32) -> f32 {
+    let mode = u32(taps[c * 4u]);
+    let bias = taps[c * 4u + 1u];
+    let param = taps[c * 4u + 2u];
+    switch mode {
+        case 1u: {
+            return 1.0 / (1.0 + exp(-v));
+        }
+        case 2u: {
+            return -softplus(-(v + bias)) / 16.0;
+        }
+        case 3u: {
+            return -exp(param) * softplus(v + bias);
+        }
+        case 4u: {
+            return -softplus(-(15.0 * tanh((v + bias) / 15.0)));
+        }
+        case 5u: {
+            return 15.0 * tanh((v + bias) / 15.0);
+        }
+        case 8u: {
+            return v + bias;
+        }
+        case 10u: {
+            return softplus(v + bias);
+        }
+        default: {
+            return v;
+        }
+    }
+}
+
 // Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
-// inputs advanced; columns past the convs' pass unchanged.
+// inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
 fn conv_y(r: u32, c: u32, v: f32) -> f32 {
     let c_qk = p.conv_qk;
     if (c >= 2u * c_qk + p.conv_v) {
-        return v;
+        return gate_y(c, v);
     }
     // The tensor (q, k or v), its channel, its width and where its state starts.
     let t = min(c / c_qk, 2u);

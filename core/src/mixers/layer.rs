@@ -30,18 +30,25 @@ pub struct MixerLayer {
 /// Decode's single product for a block's input, one token of one sequence on a GPU: every
 /// matrix that reads x (`Layout::input_matrices`: q, k, v, the gates' and the output gate's)
 /// stacked in one buffer, each padded to a multiple of 64 rows so that its result starts on an
-/// aligned word and is a view of the product's output; with a conv, q's, k's and v's taps
-/// stacked likewise and run by the product (nn::matvec_conv). The layer's per-name parameters
-/// are views of these buffers, so nothing is held twice. A decode step of a gated DeltaNet
-/// block ran 18 dispatches without it, 9 with it.
+/// aligned word and is a view of the product's output. Its epilogue (nn::matvec_conv) runs the
+/// short convs of q, k and v and the activations of the gates that only read x
+/// (`Layout::gates_in_product`) on their columns. The layer's per-name parameters are views of
+/// these buffers, so nothing is held twice. A decode step of a gated DeltaNet block ran 18
+/// dispatches without it.
 struct StackedInputs {
     w: GpuBuf,
     /// Rows of `w`, padding included.
     rows: usize,
     /// Each matrix's first row and rows.
     at: BTreeMap<&'static str, (usize, usize)>,
-    /// [2·H·d_k + H·d_v, 4]: conv_q, conv_k, conv_v.
-    conv_taps: Option<GpuBuf>,
+    /// [rows, 4], the product's epilogue (nn::ProductEpilogue): conv_q, conv_k and conv_v on
+    /// the first columns where `convs`, then each activated gate's (mode, bias, parameter) on
+    /// its columns. None where there is neither.
+    epilogue: Option<GpuBuf>,
+    /// The convs' taps lead `epilogue`.
+    convs: bool,
+    /// The gate matrices whose columns the product leaves activated.
+    activated: Vec<&'static str>,
 }
 
 /// Words between aligned views: 256 bytes, the largest storage offset alignment WebGPU allows.
@@ -50,7 +57,8 @@ const VIEW_ALIGN: usize = 64;
 impl StackedInputs {
     /// Uploads the stack and puts a view of it into `bufs` under each stacked name. None, with
     /// nothing put, where the matrices cannot be stacked (one missing or not [rows, hidden], or
-    /// the stack past what one binding holds); the convs' taps are stacked where they can be.
+    /// the stack past what one binding holds); the convs' taps and the gates' activations go into
+    /// the epilogue where they can.
     fn upload(gpu: &Gpu, layout: &Layout, shape: MixerShape, params: &MixerParams, dtype: Dtype, bufs: &mut BTreeMap<String, GpuBuf>) -> Result<Option<Self>> {
         let d = shape.hidden;
         let names = layout.input_matrices();
@@ -86,20 +94,67 @@ impl StackedInputs {
         for (name, &(row0, r)) in &at {
             bufs.insert(name.to_string(), w.view_values(row0 * d, r * d)?);
         }
+
+        // The epilogue: q's, k's and v's taps where they lead the product, q, k and v each
+        // filling whole aligned blocks (so their columns are contiguous)…
         let (hk, hv) = (shape.heads * shape.dk, shape.heads * shape.dv);
         let taps = ["conv_q", "conv_k", "conv_v"];
         let tap_shapes_fit = taps.iter().zip([hk, hk, hv]).all(|(n, c)| params.get(*n).is_some_and(|t| t.shape == [c, 4]));
-        let conv_taps = if layout.conv && tap_shapes_fit && (4 * hk) % VIEW_ALIGN == 0 {
-            let data: Vec<f32> = taps.iter().flat_map(|n| params[*n].data.iter().copied()).collect();
-            let all = gpu.upload_f32("stacked conv taps", &data)?;
-            for (n, (at, len)) in taps.iter().zip([(0, 4 * hk), (4 * hk, 4 * hk), (8 * hk, 4 * hv)]) {
-                bufs.insert(n.to_string(), all.view(at, len)?);
+        let contiguous = at.get("q_proj") == Some(&(0, hk)) && at.get("k_proj") == Some(&(hk, hk)) && at.get("v_proj") == Some(&(2 * hk, hv));
+        let convs = layout.conv && tap_shapes_fit && contiguous && hk % VIEW_ALIGN == 0;
+        let mut table = vec![0.0f32; rows * 4];
+        if convs {
+            let all: Vec<f32> = taps.iter().flat_map(|n| params[*n].data.iter().copied()).collect();
+            table[..all.len()].copy_from_slice(&all);
+        }
+        // …and each gate that reads x alone: its mode, bias and head's parameter per column.
+        let mut activated = Vec::new();
+        for g in layout.gates_in_product() {
+            let (GateInput::Linear(wname), Some(mode)) = (g.input, g.f.product_epilogue_mode()) else { continue };
+            let (cols, per_head) = gate_cols(shape, g);
+            let values = |name: Option<&str>, len: usize| match name {
+                None => Some(vec![0.0; len]),
+                Some(n) => params.get(n).filter(|t| t.data.len() == len).map(|t| t.data.clone()),
+            };
+            let (Some(&(row0, n)), Some(bias), Some(param)) = (at.get(wname), values(g.bias, cols), values(g.param, cols / per_head)) else { continue };
+            if n != cols {
+                continue;
             }
-            Some(all)
+            for j in 0..cols {
+                table[(row0 + j) * 4..(row0 + j) * 4 + 3].copy_from_slice(&[mode as f32, bias[j], param[j / per_head]]);
+            }
+            activated.push(wname);
+        }
+        let epilogue = if convs || !activated.is_empty() {
+            let t = gpu.upload_f32("stacked input epilogue", &table)?;
+            if convs {
+                for (n, (at, len)) in taps.iter().zip([(0, 4 * hk), (4 * hk, 4 * hk), (8 * hk, 4 * hv)]) {
+                    bufs.insert(n.to_string(), t.view(at, len)?);
+                }
+            }
+            Some(t)
         } else {
             None
         };
-        Ok(Some(StackedInputs { w, rows, at, conv_taps }))
+        Ok(Some(StackedInputs { w, rows, at, epilogue, convs, activated }))
+    }
+}
+
+/// What decode's stacked product runs inside it, besides the products.
+#[derive(Debug, PartialEq, Eq)]
+pub struct StackedDecode {
+    /// The short convs of q, k and v.
+    pub convs: bool,
+    /// The gate matrices whose gates' activations it applies.
+    pub gates: Vec<&'static str>,
+}
+
+/// Columns of a gate and how many make a head.
+fn gate_cols(shape: MixerShape, g: &GateDef) -> (usize, usize) {
+    if g.per_channel {
+        (shape.heads * shape.dk, shape.dk)
+    } else {
+        (shape.heads, 1)
     }
 }
 
@@ -109,6 +164,8 @@ impl StackedInputs {
 struct LayerInput<'a> {
     x: LinearInput<'a>,
     stacked: Option<(&'a GpuBuf, &'a StackedInputs)>,
+    /// The stacked product's epilogue activated `StackedInputs::activated`'s gates.
+    gates_activated: bool,
 }
 
 /// What a mixer layer carries between calls; its size does not depend on the context length.
@@ -348,10 +405,10 @@ impl MixerLayer {
         Ok(MixerLayer { kind, opts: opts.clone(), shape, layout, params: bufs, trainable, matrices, no_decay, stacked })
     }
 
-    /// Whether decode multiplies x by every matrix that reads it in one product, and with the
-    /// convs of q, k and v inside it (`StackedInputs`).
-    pub fn stacked_decode(&self) -> (bool, bool) {
-        self.stacked.as_ref().map_or((false, false), |s| (true, s.conv_taps.is_some()))
+    /// How decode multiplies x by every matrix that reads it in one product (`StackedInputs`);
+    /// None where it takes separate products.
+    pub fn stacked_decode(&self) -> Option<StackedDecode> {
+        self.stacked.as_ref().map(|s| StackedDecode { convs: s.convs, gates: s.activated.clone() })
     }
 
     /// Device memory of the projection matrices.
@@ -425,11 +482,7 @@ impl MixerLayer {
 
     /// Columns of a gate and how many make a head.
     fn gate_cols(&self, g: &GateDef) -> (usize, usize) {
-        if g.per_channel {
-            (self.shape.heads * self.shape.dk, self.shape.dk)
-        } else {
-            (self.shape.heads, 1)
-        }
+        gate_cols(self.shape, g)
     }
 
     /// The heads and width the output norm works on: each head, or all heads as one group.
@@ -523,6 +576,20 @@ impl MixerLayer {
     /// A gate's pre-activation and value from x.
     fn gate_forward(&self, rec: &mut Recorder, x: LayerInput, g: &GateDef, rows: usize) -> Result<GateActs> {
         let (cols, per_head) = self.gate_cols(g);
+        if let (Some((y, s)), true, GateInput::Linear(w)) = (x.stacked, x.gates_activated, g.input) {
+            if s.activated.contains(&w) {
+                // Decode's stacked product activated it (decode keeps no pre-activation).
+                let &(row0, n) = s.at.get(w).expect("an activated gate's matrix is stacked");
+                return Ok(GateActs { low: None, pre: None, value: y.view(row0, n)? });
+            }
+        }
+        if let (GateInput::Fixed, GateFn::Constant, 1, Some(param)) = (g.input, g.f, rows, g.param) {
+            // One token: the gate is its parameter (RetNet's log γ), read in place.
+            let p = self.p(param)?;
+            if p.len == cols && p.dtype == Dtype::F32 {
+                return Ok(GateActs { low: None, pre: None, value: p.view(0, cols)? });
+            }
+        }
         let (low, pre) = self.project(rec, x, g.input, rows, cols)?;
         let value = rec.gpu().scratch(rows * cols)?;
         // A fixed gate reads no input; the kernel still binds one.
@@ -564,24 +631,29 @@ impl MixerLayer {
 
         // Decode of one token on a GPU: one product for every matrix that reads x, the convs of
         // q, k and v inside it where their taps and state are stacked (StackedInputs).
+        // Its epilogue runs the gates that read x alone where it runs (no convs without their
+        // stacked state).
         let stacked = match &self.stacked {
             Some(s) if !train && rows == 1 && nn::fuses_input(rec, rows, s.rows, d) => {
                 let y = rec.temp(s.rows)?;
                 let g = Gemm { m: 1, n: s.rows, k: d };
-                let convs = match (&s.conv_taps, &state.conv_stacked) {
-                    (Some(taps), Some(st)) if l.conv => Some(nn::QkvConvs { taps, state: st, qk: hk, v: hv }),
+                // The kernel binds a conv state even where it runs no convs.
+                let no_convs = if s.convs { None } else { Some(rec.temp(1)?) };
+                let epilogue = match (&s.epilogue, &state.conv_stacked, &no_convs) {
+                    (Some(table), Some(conv_state), None) if l.conv => Some(nn::ProductEpilogue { table, conv_state, qk: hk, v: hv }),
+                    (Some(table), _, Some(placeholder)) => Some(nn::ProductEpilogue { table, conv_state: placeholder, qk: 0, v: 0 }),
                     _ => None,
                 };
-                match convs {
-                    Some(c) => nn::matvec_conv(rec, x, &s.w, &y, g, c)?,
+                match epilogue {
+                    Some(e) => nn::matvec_conv(rec, x, &s.w, &y, g, e)?,
                     None => nn::linear_input(rec, x, &s.w, &y, g, false)?,
                 }
-                Some((y, s, convs.is_some()))
+                Some((y, s, epilogue.is_some_and(|e| e.qk > 0), epilogue.is_some()))
             }
             _ => None,
         };
-        let input = LayerInput { x, stacked: stacked.as_ref().map(|(y, s, _)| (y, *s)) };
-        let convs_done = stacked.as_ref().is_some_and(|(_, _, c)| *c);
+        let input = LayerInput { x, stacked: stacked.as_ref().map(|(y, s, _, _)| (y, *s)), gates_activated: stacked.as_ref().is_some_and(|t| t.3) };
+        let convs_done = stacked.as_ref().is_some_and(|t| t.2);
 
         // Input path: projections, conv, L2 norm, feature map, rotary, step.
         let lin = Qkv { q: self.product(rec, input, "q_proj", rows, hk)?, k: self.product(rec, input, "k_proj", rows, hk)?, v: self.product(rec, input, "v_proj", rows, hv)? };
@@ -622,9 +694,13 @@ impl MixerLayer {
             combined: None,
             normed: None,
         };
+        // Decode's recurrence normalises q and k as it loads them where nothing else reads them
+        // (no feature map, rotary or step; no trace of k's statistics).
+        let l2_in_recurrence = stacked.is_some() && l.qk_l2 && l.feature_map.is_none() && !l.rotary && l.key_step.is_none() && trace.is_none();
         match &stacked {
+            _ if l2_in_recurrence => {}
             // q and k side by side in the stacked product: their norms in one dispatch.
-            Some((y, s, _)) if l.qk_l2 && s.at.get("k_proj") == Some(&(hk, hk)) => {
+            Some((y, s, _, _)) if l.qk_l2 && s.at.get("k_proj") == Some(&(hk, hk)) => {
                 let qk = rec.temp(2 * hk)?;
                 ops::head_norm(rec, &HeadNormArgs::l2(y, 1, 2 * h, dk), &qk)?;
                 a.l2 = Some([qk.view(0, hk)?, qk.view(hk, hk)?]);
@@ -684,6 +760,8 @@ impl MixerLayer {
             } else {
                 recurrence::chunked(rec, &args, &state.rec, &a.o)?;
             }
+        } else if l2_in_recurrence {
+            recurrence::recurrent_normalizing_qk(rec, &args, &state.rec, &a.o)?;
         } else {
             recurrence::recurrent(rec, &args, &state.rec, &a.o)?;
         }

@@ -280,6 +280,16 @@ impl GateFn {
         }
     }
 
+    /// The mode of nn/matvec.wgsl's `gate_y` (this MODE + 1) for the activations that read x,
+    /// a bias and a per-head parameter only: decode's stacked product runs those in its
+    /// epilogue. None for the others.
+    pub fn product_epilogue_mode(self) -> Option<u32> {
+        match self {
+            GateFn::Sigmoid | GateFn::LogSigmoidOver16 | GateFn::NegExpSoftplus | GateFn::MlstmForget | GateFn::MlstmInput | GateFn::AddBias | GateFn::Softplus => Some(self.code() + 1),
+            _ => None,
+        }
+    }
+
     /// Whether the backward yields a gradient for x2, the bias and the parameter.
     pub fn has_x2(self) -> bool {
         self.operands().0 != Operand::None

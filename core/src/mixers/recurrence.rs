@@ -68,11 +68,12 @@ impl Normalizer {
 }
 
 impl Recurrence {
-    fn kernel(&self, dk: usize) -> Kernel {
+    /// The token-by-token kernel; with `qk_l2` it L2-normalises q and k per head as it loads them.
+    fn kernel(&self, dk: usize, qk_l2: bool) -> Kernel {
         let entry = if dk == 64 { "recurrent_k64" } else { "recurrent_k128" };
         let gate = self.gate.code() as f64;
         let norm = self.normalizer.code() as f64;
-        Kernel::new("mixers/common/recurrent", entry).with("GATE", gate).with("DELTA", self.delta as u8 as f64).with("NORM", norm)
+        Kernel::new("mixers/common/recurrent", entry).with("GATE", gate).with("DELTA", self.delta as u8 as f64).with("NORM", norm).with("QK_L2", qk_l2 as u8 as f64)
     }
 }
 
@@ -190,6 +191,17 @@ fn checked_inputs<'a>(a: &RecurrenceArgs<'a>, state: Dims, out: &GpuBuf, dummy: 
 
 /// Runs `d.seq` tokens of the recurrence from `state` (updated in place) into `out` [B, T, H, V].
 pub fn recurrent(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf) -> Result<()> {
+    recurrent_kernel(rec, a, state, out, false)
+}
+
+/// `recurrent` on q and k before their L2 norm (`Layout::qk_l2`): the kernel normalises each
+/// head's q and k as it loads them (x / sqrt(Σ x² + 1e-6), ops::head_norm's L2), so decode
+/// needs no dispatch for the norms.
+pub fn recurrent_normalizing_qk(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf) -> Result<()> {
+    recurrent_kernel(rec, a, state, out, true)
+}
+
+fn recurrent_kernel(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: &GpuBuf, qk_l2: bool) -> Result<()> {
     let (r, d, scale, q, k, v) = (a.r, a.dims, a.scale, a.q, a.k, a.v);
     if !(d.dk == 64 || d.dk == 128) || d.dv % 64 != 0 || d.dv == 0 {
         return Err(Error::argument("head size", format!("the recurrent kernel takes key size 64 or 128 and a value size that is a multiple of 64, got {}×{}", d.dk, d.dv)));
@@ -201,7 +213,7 @@ pub fn recurrent(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, out: 
     let beta_or_igate = if r.normalizer == Normalizer::Mlstm { igate } else { beta };
     let bufs = [(1, q), (2, k), (3, v), (4, g), (5, beta_or_igate), (7, &state.s), (8, &state.nm), (10, out)];
     let groups = [(d.dv / 64) as u32, d.heads as u32, d.batch as u32];
-    rec.dispatch_bindings(&r.kernel(d.dk), &params, &bufs, groups)
+    rec.dispatch_bindings(&r.kernel(d.dk, qk_l2), &params, &bufs, groups)
 }
 
 /// Up to this many tokens per call, mixer layers run the token-by-token kernel.

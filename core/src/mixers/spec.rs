@@ -220,6 +220,19 @@ impl Layout {
         out
     }
 
+    /// The gates whose activation can run in decode's stacked product (nn::matvec_conv's
+    /// epilogue): x W ᵀ of a matrix no other gate reads, activated by a `GateFn` of x, a bias and
+    /// a per-head parameter.
+    pub fn gates_in_product(&self) -> Vec<&GateDef> {
+        let readers = |w: &str| self.gates().map(|g| g.input).chain(self.output.gate.as_ref().map(|g| g.input)).filter(|i| i.matrices().contains(&w)).count();
+        self.gates()
+            .filter(|g| match g.input {
+                GateInput::Linear(w) => readers(w) == 1 && g.f.product_epilogue_mode().is_some(),
+                _ => false,
+            })
+            .collect()
+    }
+
     /// Every matrix that reads the block's input x: q, k and v, then each gate's (a bottleneck's
     /// first) and the output gate's, each once — what decode multiplies in one product.
     pub fn input_matrices(&self) -> Vec<&'static str> {

@@ -115,34 +115,36 @@ pub(crate) fn matvec_input(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, c
     matvec_with(rec, input, w, columns, g, accumulate, None)
 }
 
-/// The short convs of q, k and v that `matvec_conv` runs on the first columns of its product:
-/// taps [2·qk + v, 4] and the carried inputs, each tensor's [m, 3, channels] after the one
-/// before (mixers::layer's stacked decode).
+/// What `matvec_conv` does to its product's columns (mixers::layer's stacked decode): `table`
+/// holds four words per column — the short conv's taps on the first 2·qk + v columns (q's, k's
+/// and v's, each through SiLU, the carried inputs in `conv_state` advanced: each tensor's
+/// [m, 3, channels] after the one before), and on every other column a gate's activation
+/// (gates.wgsl's MODE + 1, 0 for none; its bias; its head's parameter).
 #[derive(Clone, Copy)]
-pub struct QkvConvs<'a> {
-    pub taps: &'a GpuBuf,
-    pub state: &'a GpuBuf,
-    /// Channels of q and of k each.
+pub struct ProductEpilogue<'a> {
+    pub table: &'a GpuBuf,
+    pub conv_state: &'a GpuBuf,
+    /// Conv channels of q and of k each (0: no convs).
     pub qk: usize,
-    /// Channels of v.
+    /// Conv channels of v.
     pub v: usize,
 }
 
-/// y[m, n] = x'·wᵀ with columns 0 .. 2·qk + v each through its short conv and SiLU, the convs'
-/// state advanced: decode's stacked product of every matrix that reads a mixer block's input
-/// (m rows = the batch, one token each; nn/matvec.wgsl `matvec_conv`).
-pub fn matvec_conv(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuBuf, g: Gemm, convs: QkvConvs) -> Result<()> {
-    let channels = 2 * convs.qk + convs.v;
+/// y[m, n] = x'·wᵀ with each column through `epilogue` (m rows = the batch, one token each;
+/// nn/matvec.wgsl `matvec_conv`): decode's stacked product of every matrix that reads a mixer
+/// block's input, its convs and gate activations inside it.
+pub fn matvec_conv(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, y: &GpuBuf, g: Gemm, epilogue: ProductEpilogue) -> Result<()> {
+    let channels = 2 * epilogue.qk + epilogue.v;
     if channels > g.n {
         return Err(Error::argument("matvec conv", format!("{channels} conv channels exceed the product's {} columns", g.n)));
     }
-    need("matvec conv taps", convs.taps, channels * 4)?;
-    need("matvec conv state", convs.state, g.m * 3 * channels)?;
-    matvec_with(rec, input, w, Columns { y, ldy: g.n, y0: 0 }, g, false, Some(convs))
+    need("matvec epilogue table", epilogue.table, g.n * 4)?;
+    need("matvec conv state", epilogue.conv_state, (g.m * 3 * channels).max(1))?;
+    matvec_with(rec, input, w, Columns { y, ldy: g.n, y0: 0 }, g, false, Some(epilogue))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool, convs: Option<QkvConvs>) -> Result<()> {
+fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool, epilogue: Option<ProductEpilogue>) -> Result<()> {
     if m > 8 || k % 4 != 0 {
         return Err(Error::argument("linear", format!("nn/matvec takes at most 8 rows and k divisible by 4, got {m} rows and k = {k}")));
     }
@@ -155,13 +157,13 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
     };
     need("matvec x", x, m * k * if matches!(input, LinearInput::SwiGlu(_)) { 2 } else { 1 })?;
     let f16 = w.dtype == Dtype::F16;
-    let (conv_qk, conv_v) = convs.map_or((0, 0), |c| (c.qk as u32, c.v as u32));
+    let (conv_qk, conv_v) = epilogue.map_or((0, 0), |c| (c.qk as u32, c.v as u32));
     let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v };
     // Narrow products take 64 threads per column so their few columns still fill the GPU; wide
     // ones 16 (16 columns per workgroup), which the H200 ran 1.3× faster at 3,072 columns and
     // 2× at 49,152 (BENCHMARKS.md).
     let lanes = if n >= 2048 { 16 } else { 64 };
-    let entry = match (convs.is_some(), f16) {
+    let entry = match (epilogue.is_some(), f16) {
         (false, false) => "matvec",
         (false, true) => "matvec_f16",
         (true, false) => "matvec_conv",
@@ -176,8 +178,8 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
     }
     let w_binding = if f16 { 4 } else { 2 };
     let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x))];
-    if let Some(c) = &convs {
-        bindings.extend([(6, c.taps), (7, c.state)]);
+    if let Some(e) = &epilogue {
+        bindings.extend([(6, e.table), (7, e.conv_state)]);
     }
     rec.dispatch_bindings(&kernel, &params, &bindings, groups)
 }

@@ -6,6 +6,7 @@
 // GATE: 0 none, 1 one log-decay per head, 2 one per key channel. DELTA: u = beta (v - S^T k),
 // S += k u^T after the decay. NORM: 0 none, 1 running-sum denominator (linear attention),
 // 2 mLSTM (input gate, stabiliser m, normaliser n; g holds log sigmoid of the forget gate).
+// QK_L2: q and k are normalised here (x / sqrt(Σ x² + 1e-6) per head) rather than before.
 //
 // One workgroup per (64 value channels, head, batch): thread (x, y) owns value channel x and
 // a quarter of the key rows, in registers. The state is read from and written back to
@@ -15,6 +16,8 @@
 override GATE: u32 = 0u;
 override DELTA: bool = false;
 override NORM: u32 = 0u;
+// q and k L2-normalised per head as they are loaded (decode's fused path, mixers::layer).
+override QK_L2: bool = false;
 
 struct Params {
     batch: u32,
@@ -79,10 +82,43 @@ fn recurrent_k64(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgrou
         let row = (b * p.seq + t) * p.heads + h;
         if (flat < p.dk) {
             k_sh[flat] = k[row * p.dk + flat];
-            q_sh[flat] = q[row * p.dk + flat] * p.scale;
+            q_sh[flat] = q[row * p.dk + flat];
             if (GATE == 2u) {
                 a_sh[flat] = exp(g[row * p.dk + flat]);
             }
+        }
+        var inv_q = 1.0;
+        if (QK_L2) {
+            // q, k ← x / sqrt(Σ x² + 1e-6) per head (headnorm's L2): 16 partial sums of
+            // 4 channels, then every thread adds them.
+            workgroupBarrier();
+            if (flat < 16u) {
+                var sk = 0.0;
+                var sq = 0.0;
+                for (var i = flat * 4u; i < flat * 4u + 4u; i++) {
+                    sk = fma(k_sh[i], k_sh[i], sk);
+                    sq = fma(q_sh[i], q_sh[i], sq);
+                }
+                red_a[flat] = sk;
+                red_b[flat] = sq;
+            }
+            workgroupBarrier();
+            var sk = 0.0;
+            var sq = 0.0;
+            for (var i = 0u; i < 16u; i++) {
+                sk += red_a[i];
+                sq += red_b[i];
+            }
+            inv_q = inverseSqrt(sq + 1e-6);
+            let inv_k = inverseSqrt(sk + 1e-6);
+            // Each key channel's owner rescales it (the sums above read k_sh before the last
+            // barrier); the barrier after the loads publishes it.
+            if (flat < p.dk) {
+                k_sh[flat] = k_sh[flat] * inv_k;
+            }
+        }
+        if (flat < p.dk) {
+            q_sh[flat] = q_sh[flat] * inv_q * p.scale;
         }
         if (flat < 64u) {
             v_sh[flat] = v[row * p.dv + wid.x * 64u + flat];
@@ -251,10 +287,43 @@ fn recurrent_k128(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgro
         let row = (b * p.seq + t) * p.heads + h;
         if (flat < p.dk) {
             k_sh[flat] = k[row * p.dk + flat];
-            q_sh[flat] = q[row * p.dk + flat] * p.scale;
+            q_sh[flat] = q[row * p.dk + flat];
             if (GATE == 2u) {
                 a_sh[flat] = exp(g[row * p.dk + flat]);
             }
+        }
+        var inv_q = 1.0;
+        if (QK_L2) {
+            // q, k ← x / sqrt(Σ x² + 1e-6) per head (headnorm's L2): 16 partial sums of
+            // 8 channels, then every thread adds them.
+            workgroupBarrier();
+            if (flat < 16u) {
+                var sk = 0.0;
+                var sq = 0.0;
+                for (var i = flat * 8u; i < flat * 8u + 8u; i++) {
+                    sk = fma(k_sh[i], k_sh[i], sk);
+                    sq = fma(q_sh[i], q_sh[i], sq);
+                }
+                red_a[flat] = sk;
+                red_b[flat] = sq;
+            }
+            workgroupBarrier();
+            var sk = 0.0;
+            var sq = 0.0;
+            for (var i = 0u; i < 16u; i++) {
+                sk += red_a[i];
+                sq += red_b[i];
+            }
+            inv_q = inverseSqrt(sq + 1e-6);
+            let inv_k = inverseSqrt(sk + 1e-6);
+            // Each key channel's owner rescales it (the sums above read k_sh before the last
+            // barrier); the barrier after the loads publishes it.
+            if (flat < p.dk) {
+                k_sh[flat] = k_sh[flat] * inv_k;
+            }
+        }
+        if (flat < p.dk) {
+            q_sh[flat] = q_sh[flat] * inv_q * p.scale;
         }
         if (flat < 64u) {
             v_sh[flat] = v[row * p.dv + wid.x * 64u + flat];
