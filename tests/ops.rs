@@ -143,6 +143,61 @@ fn linear_input_fuses_norm_and_swiglu() {
     assert!(err.contains("at most 8 rows"), "{err}");
 }
 
+/// A mixer's output norm fused into o_proj's product (nn/matvec.wgsl's PROLOGUE 3): RMSNorm or
+/// LayerNorm per group (a head, or all of k), its weight, and no gate, silu(gate) or
+/// sigmoid(gate) after it, against the f64 head norm and product, f32 and packed f16 weights.
+/// Groups: 9 heads of 64, one group of 576, 256 groups of 4 (one thread each), 65 groups of 8
+/// (two threads each), one group of 4; groups of values from 10⁻³ to 10³.
+#[test]
+fn linear_input_fuses_a_mixers_output_norm() {
+    use linearize_core::mixers::ops::{HeadNorm, OutputGate};
+    use linearize_core::reference::mixer_ops;
+    let mut rng = Rng::new(25);
+    for &(n, k, group) in &[(577, 576, 64), (70, 576, 576), (33, 1024, 4), (5, 520, 8), (3, 4, 4)] {
+        let mut x = random(&mut rng, k, 1.0);
+        for (i, chunk) in x.chunks_mut(group).enumerate() {
+            let s = 10f32.powi(i as i32 % 7 - 3);
+            chunk.iter_mut().for_each(|v| *v = *v * s + 0.3 * s);
+        }
+        let w_norm = random(&mut rng, group, 2.0);
+        let gate = random(&mut rng, k, 4.0);
+        let w = random(&mut rng, n * k, 1.0);
+        let y0 = random(&mut rng, n, 1.0);
+        let (xb, nb, gb, yb) = (up("x", &x), up("norm", &w_norm), up("gate", &gate), up("y", &y0));
+        for centered in [false, true] {
+            for act in [None, Some(nn::GroupGate::Silu), Some(nn::GroupGate::Sigmoid)] {
+                let norm = if centered { HeadNorm::Layer } else { HeadNorm::Rms };
+                let out_gate = match act {
+                    None => OutputGate::None,
+                    Some(nn::GroupGate::Silu) => OutputGate::Silu,
+                    Some(nn::GroupGate::Sigmoid) => OutputGate::Sigmoid,
+                };
+                let normed = mixer_ops::head_norm(norm, out_gate, &f64s(&x), &f64s(&w_norm), &f64s(&gate), 1, k / group, group, 1e-5);
+                let scale = normed.iter().fold(0f64, |a, v| a.max(v.abs())).max(1.0);
+                for f16 in [false, true] {
+                    let (wb, wv) = if f16 { (gpu().upload_f16("w", &w).unwrap(), halves(&w)) } else { (up("w", &w), w.clone()) };
+                    let mut want = reference::linear(&normed, &f64s(&wv), 1, n, k);
+                    want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
+                    gpu().write_f32(&yb, &y0);
+                    let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &nb, centered, gate: act.map(|a| (a, &gb)), group, eps: 1e-5 });
+                    let mut rec = gpu().recorder();
+                    nn::linear_input(&mut rec, input, &wb, &yb, Gemm { m: 1, n, k }, true).unwrap();
+                    rec.submit().unwrap();
+                    assert_close(&format!("o_proj after {norm:?} per {group} of {k}, gate {act:?}, f16={f16}, n={n}"), &read(&yb, n), &want, 4e-6 * scale * (k as f64).sqrt(), 1e-4);
+                }
+            }
+        }
+    }
+    // Groups that do not divide k, or more than one row, are refused by name.
+    let xb = up("x", &[1.0; 24]);
+    for (m, k, group) in [(1, 24, 5), (2, 12, 4)] {
+        let mut rec = gpu().recorder();
+        let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &xb, centered: false, gate: None, group, eps: 1e-5 });
+        let err = nn::linear_input(&mut rec, input, &xb, &up("y", &[0.0; 2]), Gemm { m, n: 1, k }, false).unwrap_err().to_string();
+        assert!(err.contains("group norm"), "{err}");
+    }
+}
+
 /// A device whose storage bindings hold `bytes`: weights larger than that are split.
 fn small_binding_gpu(bytes: u32) -> linearize_core::gpu::Gpu {
     pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffer_binding_size = bytes.into())).unwrap()

@@ -70,7 +70,7 @@ shader_params!(
 shader_params!(
     /// nn/matvec: decode's y = x'·wᵀ (m ≤ 8) with x' the input, its RMSNorm (ε = `eps`) or a
     /// fused gate|up's SwiGLU, as the override PROLOGUE says.
-    MatvecParams for ["nn/matvec"] { m: u32, n: u32, k: u32, accumulate: u32, ldy: u32, y0: u32, eps: f32, conv_qk: u32, conv_v: u32 }
+    MatvecParams for ["nn/matvec"] { m: u32, n: u32, k: u32, accumulate: u32, ldy: u32, y0: u32, eps: f32, conv_qk: u32, conv_v: u32, group: u32 }
 );
 shader_params!(RmsNormParams for ["nn/rmsnorm"] { rows: u32, cols: u32, eps: f32 });
 shader_params!(

@@ -5,6 +5,9 @@
 //   0  x' = x                                  (x: [m, k])
 //   1  x' = RMSNorm(x) · g                       (x: [m, k], g: [k]; the norm of nn/rmsnorm)
 //   2  x' = silu(x[:, :k]) · x[:, k:]           (x: [m, 2k], the fused gate|up; nn/swiglu)
+//   3  x' = norm(x per group of p.group values) · g · act(gate)   (m = 1; a mixer's output
+//      norm, mixers/common/headnorm: RMS, or LayerNorm with GROUP_CENTERED; g: [group];
+//      GROUP_GATE 0 none, 1 silu(gate), 2 sigmoid(gate), gate: [k])
 // 256 threads per workgroup: LANES threads per column (override: 64 for narrow products, whose
 // few columns must still fill the GPU; 16 for wide ones) reading consecutive vec4 of its weight
 // row (coalesced), each with 4 loads in flight before the first product; partial sums reduced
@@ -26,9 +29,13 @@ struct Params {
     /// their gate's activation (gate_y)
     conv_qk: u32,
     conv_v: u32,
+    /// PROLOGUE 3: values per group (a head, or all of k)
+    group: u32,
 }
 
 override PROLOGUE: u32 = 0u;
+override GROUP_CENTERED: bool = false;
+override GROUP_GATE: u32 = 0u;
 override LANES: u32 = 64u;
 override COLS: u32 = 256u / LANES; // columns per workgroup
 
@@ -38,7 +45,8 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, ldy]
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
-@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1
+@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1; [group/4], 3
+@group(0) @binding(8) var<storage, read> gate_in: array<vec4<f32>>; // [k/4], PROLOGUE 3's gate
 // The `_conv` entries: per column of the product four words — the taps of q's, k's and v's
 // short convs on their columns (the first 2·conv_qk + conv_v), a gate's activation on the
 // others (gate_y) — and the convs' carried inputs, each tensor's [m, 3, channels] after the one
@@ -49,6 +57,7 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 var<workgroup> partial: array<f32, 2048>; // [256 threads][8 rows]
 var<workgroup> reduced: array<f32, 256>;
 var<workgroup> inv_rms: array<f32, 8>;
+var<workgroup> group_stats: array<vec2<f32>, 256>; // PROLOGUE 3: (mean, 1/σ) per group
 
 fn w_f32(i: u32) -> vec4<f32> {
     return w[i];
@@ -73,6 +82,17 @@ fn x_at(r: u32, kq: u32, k4: u32) -> vec4<f32> {
     }
     if (PROLOGUE == 2u) {
         return silu(x[r * 2u * k4 + kq]) * x[r * 2u * k4 + k4 + kq];
+    }
+    if (PROLOGUE == 3u) {
+        let st = group_stats[4u * kq / p.group];
+        var v = (x[kq] - st.x) * st.y * g[kq % (p.group / 4u)];
+        if (GROUP_GATE == 1u) {
+            let gt = gate_in[kq];
+            v = v * gt / (vec4<f32>(1.0) + exp(-gt));
+        } else if (GROUP_GATE == 2u) {
+            v = v / (vec4<f32>(1.0) + exp(-gate_in[kq]));
+        }
+        return v;
     }
     return x[r * k4 + kq];
 }
@@ -171,6 +191,64 @@ fn gate_y(c: u32, v: f32) -> f32 {
     }
 }
 
+fn x_scalar(i: u32) -> f32 {
+    return x[i / 4u][i % 4u];
+}
+
+// The sum of v over the `lanes` threads of tid's group (lanes a power of two), in `reduced`.
+fn lane_sum(tid: u32, lanes: u32, v: f32) -> f32 {
+    reduced[tid] = v;
+    workgroupBarrier();
+    for (var s = lanes / 2u; s > 0u; s = s / 2u) {
+        if (tid % lanes < s) {
+            reduced[tid] += reduced[tid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = reduced[tid - tid % lanes];
+    workgroupBarrier();
+    return total;
+}
+
+// PROLOGUE 3: each group's mean (0 for RMS) and 1/sqrt(mean square + ε) of row 0 into
+// group_stats, as mixers/common/headnorm computes them; every workgroup for itself (k ≤ a few
+// thousand values, from cache), the groups' values split over up to 256 threads.
+fn group_norms(tid: u32) {
+    if (PROLOGUE == 3u) {
+        let groups = p.k / p.group;
+        var lanes = 256u;
+        while (lanes * groups > 256u && lanes > 1u) {
+            lanes = lanes / 2u;
+        }
+        let grp = tid / lanes;
+        let lane = tid % lanes;
+        let live = grp < groups;
+        let base = grp * p.group;
+        var mean = 0.0;
+        if (GROUP_CENTERED) {
+            var sum = 0.0;
+            if (live) {
+                for (var i = lane; i < p.group; i += lanes) {
+                    sum += x_scalar(base + i);
+                }
+            }
+            mean = lane_sum(tid, lanes, sum) / f32(p.group);
+        }
+        var ss = 0.0;
+        if (live) {
+            for (var i = lane; i < p.group; i += lanes) {
+                let c = x_scalar(base + i) - mean;
+                ss = fma(c, c, ss);
+            }
+        }
+        ss = lane_sum(tid, lanes, ss);
+        if (live && lane == 0u) {
+            group_stats[grp] = vec2<f32>(mean, inverseSqrt(ss / f32(p.group) + p.eps));
+        }
+        workgroupBarrier();
+    }
+}
+
 // Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
 // inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
 fn conv_y(r: u32, c: u32, v: f32) -> f32 {
@@ -213,6 +291,7 @@ fn no_epilogue(r: u32, c: u32, v: f32) -> f32 {
 fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
     row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -287,6 +366,7 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
 fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
     row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -361,6 +441,7 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
 fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
     row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -435,6 +516,7 @@ fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
 fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
     row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;

@@ -56,6 +56,28 @@ pub enum LinearInput<'a> {
     Normed { x: &'a GpuBuf, g: &'a GpuBuf, eps: f32 },
     /// silu(gate)·up of a fused gate|up projection [m, 2k] (`swiglu`).
     SwiGlu(&'a GpuBuf),
+    /// A mixer's output norm over groups of x's values (`GroupNormed`).
+    GroupNormed(GroupNormed<'a>),
+}
+
+/// A mixer's output norm (mixers::ops::head_norm): RMSNorm, or LayerNorm where `centered`, of
+/// each group of `group` values of x [1, k] (a head, or all of k), times `w` [group], times
+/// act(gate) [1, k] where a gate is given.
+#[derive(Clone, Copy)]
+pub struct GroupNormed<'a> {
+    pub x: &'a GpuBuf,
+    pub w: &'a GpuBuf,
+    pub centered: bool,
+    pub gate: Option<(GroupGate, &'a GpuBuf)>,
+    pub group: usize,
+    pub eps: f32,
+}
+
+/// The output gate after a mixer's norm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupGate {
+    Silu,
+    Sigmoid,
 }
 
 impl LinearInput<'_> {
@@ -65,6 +87,7 @@ impl LinearInput<'_> {
             LinearInput::Plain(_) => 0,
             LinearInput::Normed { .. } => 1,
             LinearInput::SwiGlu(_) => 2,
+            LinearInput::GroupNormed(_) => 3,
         }
     }
 
@@ -80,6 +103,14 @@ impl LinearInput<'_> {
             LinearInput::SwiGlu(gate_up) => {
                 let y = rec.temp(m * k)?;
                 swiglu(rec, gate_up, &y, m, k)?;
+                Ok(y)
+            }
+            LinearInput::GroupNormed(n) => {
+                use crate::mixers::ops::{head_norm, HeadNorm, HeadNormArgs, OutputGate};
+                let y = rec.temp(m * k)?;
+                let gate = n.gate.map(|(act, g)| (if act == GroupGate::Silu { OutputGate::Silu } else { OutputGate::Sigmoid }, g));
+                let norm = if n.centered { HeadNorm::Layer } else { HeadNorm::Rms };
+                head_norm(rec, &HeadNormArgs { norm, x: n.x, weight: Some(n.w), gate, rows: m, heads: k / n.group, dim: n.group, eps: n.eps }, &y)?;
                 Ok(y)
             }
         }
@@ -154,11 +185,25 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         LinearInput::Plain(x) => (x, 0.0, None),
         LinearInput::Normed { x, g, eps } => (x, eps, Some(g)),
         LinearInput::SwiGlu(gate_up) => (gate_up, 0.0, None),
+        LinearInput::GroupNormed(n) => (n.x, n.eps, Some(n.w)),
+    };
+    let (group, centered, gate) = match input {
+        LinearInput::GroupNormed(n) => {
+            if m != 1 || n.group == 0 || n.group % 4 != 0 || k % n.group != 0 || k / n.group > 256 {
+                return Err(Error::argument("linear", format!("nn/matvec's group norm takes one row and at most 256 groups of a multiple of 4 values dividing k = {k}, got {m} rows and groups of {}", n.group)));
+            }
+            need("matvec group norm weight", n.w, n.group)?;
+            if let Some((_, g)) = n.gate {
+                need("matvec group norm gate", g, k)?;
+            }
+            (n.group, n.centered, n.gate)
+        }
+        _ => (0, false, None),
     };
     need("matvec x", x, m * k * if matches!(input, LinearInput::SwiGlu(_)) { 2 } else { 1 })?;
     let f16 = w.dtype == Dtype::F16;
     let (conv_qk, conv_v) = epilogue.map_or((0, 0), |c| (c.qk as u32, c.v as u32));
-    let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v };
+    let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v, group: group as u32 };
     // Narrow products take 64 threads per column so their few columns still fill the GPU; wide
     // ones 16 (16 columns per workgroup), which the H200 ran 1.3× faster at 3,072 columns and
     // 2× at 49,152 (BENCHMARKS.md).
@@ -169,15 +214,21 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         (true, false) => "matvec_conv",
         (true, true) => "matvec_conv_f16",
     };
-    let kernel = Kernel::new("nn/matvec", entry).with("PROLOGUE", input.prologue() as f64).with("LANES", lanes as f64);
+    let gate_code = match gate {
+        None => 0,
+        Some((GroupGate::Silu, _)) => 1,
+        Some((GroupGate::Sigmoid, _)) => 2,
+    };
+    let kernel = Kernel::new("nn/matvec", entry).with("PROLOGUE", input.prologue() as f64).with("LANES", lanes as f64).with("GROUP_CENTERED", centered as u8 as f64).with("GROUP_GATE", gate_code as f64);
     let wgs = n.div_ceil(256 / lanes);
     let groups = [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1];
-    // Every variant's code names binding 5; without a norm it is bound to x and never read.
-    if let Some(g) = norm {
+    // Every variant's code names bindings 5 and 8; without a norm or gate they are bound to x
+    // and never read.
+    if let (Some(g), 0) = (norm, group) {
         need("matvec norm weight", g, k)?;
     }
     let w_binding = if f16 { 4 } else { 2 };
-    let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x))];
+    let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x)), (8, gate.map_or(x, |(_, g)| g))];
     if let Some(e) = &epilogue {
         bindings.extend([(6, e.table), (7, e.conv_state)]);
     }
