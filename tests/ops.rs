@@ -386,6 +386,47 @@ fn attention_matches_reference() {
     }
 }
 
+/// Decode's o_proj merging the split attention's key ranges as it loads them
+/// (LinearInput::AttentionRanges): the f64 attention then product, f32 and packed f16 weights,
+/// at 129 keys (3 ranges, the last of one key), 700 (11), 1,024 (16, the most it takes), with
+/// large scores; and no ranges where the split decode does not run or has more than 16.
+#[test]
+fn o_proj_merges_the_attention_key_ranges() {
+    let mut rng = Rng::new(26);
+    let d = 64;
+    for &(pos0, n_q, n_kv, q_scale) in &[(128, 9, 3, 1.0), (699, 6, 2, 30.0), (1023, 3, 1, 1.0)] {
+        let cap = pos0 + 4;
+        let s = AttnShape { batch: 1, seq: 1, pos0, n_q, n_kv, head_dim: d, cap };
+        let q = random(&mut rng, n_q * d, q_scale);
+        let k = random(&mut rng, n_kv * cap * d, 1.0);
+        let v = random(&mut rng, n_kv * cap * d, 1.0);
+        let n = 70;
+        let w = random(&mut rng, n * n_q * d, 1.0);
+        let att = reference::attention(&f64s(&q), &cache_to_seq(&k, 0, n_kv, cap, d, pos0 + 1), &cache_to_seq(&v, 0, n_kv, cap, d, pos0 + 1), 1, pos0 + 1, pos0, n_q, n_kv, d);
+        let (qb, kb, vb) = (up("q", &q), up("k", &k), up("v", &v));
+        for f16 in [false, true] {
+            let (wb, wv) = if f16 { (gpu().upload_f16("w", &w).unwrap(), halves(&w)) } else { (up("w", &w), w.clone()) };
+            let want = reference::linear(&att, &f64s(&wv), 1, n, n_q * d);
+            let yb = gpu().scratch(n).unwrap();
+            let mut rec = gpu().recorder();
+            let ranges = nn::attention_ranges(&mut rec, s, &qb, &kb, &vb, nn::ATTENTION_RANGES_IN_PRODUCT).unwrap().expect("the split decode's ranges");
+            assert_eq!(ranges.splits, (pos0 + 1).div_ceil(64));
+            nn::linear_input(&mut rec, LinearInput::AttentionRanges(&ranges), &wb, &yb, Gemm { m: 1, n, k: n_q * d }, false).unwrap();
+            rec.submit().unwrap();
+            assert_close(&format!("o_proj of the merged ranges, {} keys, heads {n_q}/{n_kv}, q×{q_scale}, f16={f16}", pos0 + 1), &read(&yb, n), &want, 1e-5 * (n_q as f64 * 64.0).sqrt(), 1e-4);
+        }
+    }
+    let none = |pos0: usize, seq: usize| {
+        let s = AttnShape { batch: 1, seq, pos0, n_q: 2, n_kv: 1, head_dim: d, cap: pos0 + seq };
+        let big = gpu().scratch(2 * (pos0 + seq) * d).unwrap();
+        let mut rec = gpu().recorder();
+        nn::attention_ranges(&mut rec, s, &big, &big, &big, nn::ATTENTION_RANGES_IN_PRODUCT).unwrap().is_none()
+    };
+    assert!(none(127, 1), "128 keys take the unsplit kernel");
+    assert!(none(1024, 1), "1,025 keys are 17 ranges");
+    assert!(none(300, 2), "two queries");
+}
+
 #[test]
 fn shape_errors_are_reported_not_dispatched() {
     let small = gpu().scratch(4).unwrap();

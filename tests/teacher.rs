@@ -94,6 +94,27 @@ fn tiny_llama_prefill_and_decode_match_reference() {
     assert!(err.contains("outside the vocabulary"), "{err}");
 }
 
+/// Decode as GPUs run it (forced on lavapipe): past 128 keys the split attention's key ranges
+/// are merged inside o_proj's product, the norms inside the products; the logits of every
+/// decoded position against the f64 model, from 129 keys (3 ranges) to 200 (4), and beyond the
+/// 16 ranges o_proj takes at 1,100 keys (attention_combine again).
+#[test]
+fn tiny_llama_decodes_with_the_gpu_kernels_past_128_keys() {
+    let mut w = tiny_model(8);
+    w.config.max_position_embeddings = 1200;
+    let vocab = w.config.vocab_size;
+    let forced = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap().with_gpu_kernels();
+    let t = Teacher::upload(&forced, &w).unwrap();
+    let ids: Vec<u32> = (0..1100).map(|i| (i * 37 % 101) as u32).collect();
+    for (prefill, end) in [(128, 200), (1096, 1100)] {
+        let want = reference::forward(&w, &ids[..end]);
+        let got = linearize_tests::prefill_then_decode(&forced, &t, &ids[..end], prefill);
+        for pos in prefill..end {
+            assert_close(&format!("tiny decode with the GPU kernels at position {pos}"), &got[pos * vocab..][..vocab], &want[pos * vocab..][..vocab], 1e-4, 1e-4);
+        }
+    }
+}
+
 /// Greedy decoding with the picks kept on the GPU (read back in bursts of 1, 2, 4, 8, 16, …)
 /// gives the tokens of host-side greedy decoding one token at a time, also when the count ends
 /// inside a burst, and stops at a stop id found in the middle of one.

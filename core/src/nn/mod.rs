@@ -58,6 +58,8 @@ pub enum LinearInput<'a> {
     SwiGlu(&'a GpuBuf),
     /// A mixer's output norm over groups of x's values (`GroupNormed`).
     GroupNormed(GroupNormed<'a>),
+    /// The split decode attention's key ranges, merged (`attention_ranges`).
+    AttentionRanges(&'a AttentionRanges),
 }
 
 /// A mixer's output norm (mixers::ops::head_norm): RMSNorm, or LayerNorm where `centered`, of
@@ -88,6 +90,7 @@ impl LinearInput<'_> {
             LinearInput::Normed { .. } => 1,
             LinearInput::SwiGlu(_) => 2,
             LinearInput::GroupNormed(_) => 3,
+            LinearInput::AttentionRanges(_) => 4,
         }
     }
 
@@ -111,6 +114,11 @@ impl LinearInput<'_> {
                 let gate = n.gate.map(|(act, g)| (if act == GroupGate::Silu { OutputGate::Silu } else { OutputGate::Sigmoid }, g));
                 let norm = if n.centered { HeadNorm::Layer } else { HeadNorm::Rms };
                 head_norm(rec, &HeadNormArgs { norm, x: n.x, weight: Some(n.w), gate, rows: m, heads: k / n.group, dim: n.group, eps: n.eps }, &y)?;
+                Ok(y)
+            }
+            LinearInput::AttentionRanges(r) => {
+                let y = rec.temp(m * k)?;
+                attention_combine(rec, r, &y)?;
                 Ok(y)
             }
         }
@@ -186,6 +194,7 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         LinearInput::Normed { x, g, eps } => (x, eps, Some(g)),
         LinearInput::SwiGlu(gate_up) => (gate_up, 0.0, None),
         LinearInput::GroupNormed(n) => (n.x, n.eps, Some(n.w)),
+        LinearInput::AttentionRanges(r) => (&r.out, 0.0, None),
     };
     let (group, centered, gate) = match input {
         LinearInput::GroupNormed(n) => {
@@ -198,9 +207,22 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
             }
             (n.group, n.centered, n.gate)
         }
+        LinearInput::AttentionRanges(r) => {
+            let s = r.shape;
+            if m != 1 || s.batch * s.seq != 1 || k != s.n_q * s.head_dim || s.head_dim != ATTENTION_HEAD_DIM || s.n_q > 256 {
+                return Err(Error::argument("linear", format!("nn/matvec merges the attention's ranges of one query of at most 256 heads of {ATTENTION_HEAD_DIM} (k = {k}), got {m} rows and {} heads of {}", s.n_q, s.head_dim)));
+            }
+            need("matvec attention ranges", &r.ml, s.n_q * r.splits * 2)?;
+            (r.splits, false, None)
+        }
         _ => (0, false, None),
     };
-    need("matvec x", x, m * k * if matches!(input, LinearInput::SwiGlu(_)) { 2 } else { 1 })?;
+    let x_len = match input {
+        LinearInput::SwiGlu(_) => 2 * m * k,
+        LinearInput::AttentionRanges(r) => r.splits * m * k,
+        _ => m * k,
+    };
+    need("matvec x", x, x_len)?;
     let f16 = w.dtype == Dtype::F16;
     let (conv_qk, conv_v) = epilogue.map_or((0, 0), |c| (c.qk as u32, c.v as u32));
     let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v, group: group as u32 };
@@ -228,7 +250,11 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         need("matvec norm weight", g, k)?;
     }
     let w_binding = if f16 { 4 } else { 2 };
-    let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x)), (8, gate.map_or(x, |(_, g)| g))];
+    let gate_in = match input {
+        LinearInput::AttentionRanges(r) => &r.ml,
+        _ => gate.map_or(x, |(_, g)| g),
+    };
+    let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x)), (8, gate_in)];
     if let Some(e) = &epilogue {
         bindings.extend([(6, e.table), (7, e.conv_state)]);
     }
@@ -454,12 +480,8 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     let bufs = [q, k_cache, v_cache, out];
     if split {
         // Long context, few queries: the keys are split over workgroups, then merged.
-        let parts = rows * s.n_q * splits;
-        let (ml, po) = (rec.temp(parts * 2)?, rec.temp(parts * s.head_dim)?);
-        let groups = [(s.seq * splits) as u32, s.n_q as u32, s.batch as u32];
-        rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &params, &[(1, q), (2, k_cache), (3, v_cache), (5, &ml), (6, &po)], groups)?;
-        let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
-        rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_combine"), &params, &[(4, out), (5, &ml), (6, &po)], groups)
+        let ranges = attention_split(rec, s, q, k_cache, v_cache, splits)?;
+        attention_combine(rec, &ranges, out)
     } else if s.seq <= ATTENTION_DECODE_MAX_SEQ {
         // Few queries: a workgroup per query, its threads splitting the keys.
         let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
@@ -471,6 +493,60 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         let kernel = if tensor_cores(rec) { Kernel::new("native/attention_coop", "attention_coop") } else { Kernel::new("nn/attention", "attention") };
         rec.dispatch(&kernel, &params, &bufs, groups)
     }
+}
+
+/// Up to this many key ranges, decode's o_proj merges the split attention's ranges as it loads
+/// them (LinearInput::AttentionRanges; each of its workgroups reads every range, 9 heads × 16
+/// ranges × 66 words at most); past that, attention_combine merges them first.
+pub const ATTENTION_RANGES_IN_PRODUCT: usize = 16;
+
+/// The split decode attention's results before their merge: per (row, head, key range) its
+/// (max, sum) in `ml` (padded to whole vec4) and its unnormalised output [.., 64] in `out`.
+pub struct AttentionRanges {
+    pub ml: GpuBuf,
+    pub out: GpuBuf,
+    pub shape: AttnShape,
+    pub splits: usize,
+}
+
+/// `attention` of one query without the merge of its key ranges, where it takes the split
+/// decode with at most `max_splits` ranges; None (nothing recorded) elsewhere.
+pub fn attention_ranges(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, max_splits: usize) -> Result<Option<AttentionRanges>> {
+    let n_keys = s.pos0 + s.seq;
+    let splits = n_keys.div_ceil(attention_keys_per_split(n_keys));
+    if s.batch * s.seq != 1 || n_keys <= ATTENTION_SPLIT_MIN_KEYS || splits > max_splits || s.head_dim != ATTENTION_HEAD_DIM {
+        return Ok(None);
+    }
+    s.check()?;
+    need("attention q", q, s.n_q * s.head_dim)?;
+    need("attention k cache", k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    need("attention v cache", v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
+    attention_split(rec, s, q, k_cache, v_cache, splits).map(Some)
+}
+
+fn attention_params(s: AttnShape, splits: usize) -> AttentionParams {
+    let n_keys = s.pos0 + s.seq;
+    let RopeParams { batch, seq, pos0, n_q, n_kv, head_dim, cap } = s.params();
+    let scale = 1.0 / (s.head_dim as f32).sqrt();
+    AttentionParams { batch, seq, pos0, n_q, n_kv, head_dim, cap, scale, splits: splits as u32, keys_per_split: attention_keys_per_split(n_keys) as u32 }
+}
+
+/// attention_decode_split: each query's keys in `splits` ranges, a workgroup each.
+fn attention_split(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, splits: usize) -> Result<AttentionRanges> {
+    let parts = s.batch * s.seq * s.n_q * splits;
+    // (max, sum) pairs, whole vec4 (o_proj's prologue reads them as such).
+    let (ml, out) = (rec.temp((parts * 2).next_multiple_of(4))?, rec.temp(parts * s.head_dim)?);
+    let groups = [(s.seq * splits) as u32, s.n_q as u32, s.batch as u32];
+    rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &attention_params(s, splits), &[(1, q), (2, k_cache), (3, v_cache), (5, &ml), (6, &out)], groups)?;
+    Ok(AttentionRanges { ml, out, shape: s, splits })
+}
+
+/// attention_combine: the ranges of `r` merged into out [rows, n_q, 64].
+fn attention_combine(rec: &mut Recorder, r: &AttentionRanges, out: &GpuBuf) -> Result<()> {
+    let s = r.shape;
+    need("attention out", out, s.batch * s.seq * s.n_q * s.head_dim)?;
+    let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
+    rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_combine"), &attention_params(s, r.splits), &[(4, out), (5, &r.ml), (6, &r.out)], groups)
 }
 
 /// What the backward of training's attention reads: the rotated queries [rows, n_q, 64], the
