@@ -94,8 +94,9 @@ fn tiny_llama_prefill_and_decode_match_reference() {
     assert!(err.contains("outside the vocabulary"), "{err}");
 }
 
-/// Decode as GPUs run it (forced on lavapipe): past 128 keys the split attention's key ranges
-/// are merged inside o_proj's product, the norms inside the products; the logits of every
+/// Decode as GPUs run it (forced on lavapipe): past 128 keys the split attention rotates q and
+/// the new key and fills the cache itself, its key ranges are merged inside o_proj's product,
+/// the norms inside the products; the logits of every
 /// decoded position against the f64 model, from 129 keys (3 ranges) to 200 (4), and beyond the
 /// 16 ranges o_proj takes at 1,100 keys (attention_combine again).
 #[test]

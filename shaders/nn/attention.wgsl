@@ -10,6 +10,11 @@
 // attention_decode: few queries. One workgroup per (query, head, batch); the 64 threads split
 //                   the keys, each with its own running max, sum and accumulator, merged at
 //                   the end through workgroup memory.
+// attention_decode_split(_rope): one query's keys in ranges, a workgroup each, merged by
+//                   attention_combine or by the next product (nn/matvec's PROLOGUE 4); the
+//                   _rope entry also rotates the query and the new key from the qkv
+//                   projection and writes the new key and value into the cache (nn/rope's
+//                   rope_qkv_to_cache, done here).
 
 struct Params {
     batch: u32,
@@ -33,6 +38,14 @@ struct Params {
 // Split decode: per (row, head, split) the running max, sum and unnormalised output.
 @group(0) @binding(5) var<storage, read_write> part_ml: array<vec2<f32>>; // [rows, n_q, splits]
 @group(0) @binding(6) var<storage, read_write> part_out: array<vec4<f32>>; // [rows, n_q, splits, 16]
+
+// attention_decode_split_rope: one query per sequence, the qkv projection's rows [batch,
+// n_q + 2 n_kv, 16], the rotary tables [positions, 32], the cache read and written.
+@group(0) @binding(7) var<storage, read> qkv: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> k_cache_rw: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> v_cache_rw: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read> rope_cos: array<f32>;
+@group(0) @binding(11) var<storage, read> rope_sin: array<f32>;
 
 const D4: u32 = 16u;  // vec4 per head (head_dim 64; the host rejects others)
 const BQ: u32 = 64u;  // queries per workgroup
@@ -392,6 +405,186 @@ fn attention_decode_split(@builtin(local_invocation_id) lid: vec3<u32>, @builtin
     let merged = merge_threads(tid);
     if (tid < D4) {
         let at = (row * p.n_q + h) * p.splits + split;
+        part_out[at * D4 + tid] = merged.num;
+        if (tid == 0u) {
+            part_ml[at] = vec2<f32>(merged.m, merged.den);
+        }
+    }
+}
+
+// attention_decode_split for one new token per sequence (grid: splits, heads, batch), from the
+// qkv projection: q and the new key rotated at position pos0 (rope_qkv_to_cache's r1 = x1 c −
+// x2 s, r2 = x2 c + x1 s on the halves), the new key taken from there by the thread whose keys
+// reach it (the cache's other positions are read as before), and the new key and value written
+// into the cache by the first query head of each group in the last range, which alone covers
+// that position.
+@compute @workgroup_size(64)
+fn attention_decode_split_rope(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let split = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let group = p.n_q / p.n_kv;
+    let kh = h / group;
+    let tid = lid.x;
+    let pos = p.pos0;
+    let n_keys = pos + 1u;
+    let j0 = split * p.keys_per_split;
+    let j1 = min(n_keys, j0 + p.keys_per_split);
+    let width = (p.n_q + 2u * p.n_kv) * D4;
+    let qb = b * width + h * D4;
+    let kq = b * width + (p.n_q + kh) * D4;
+    let vq = b * width + (p.n_q + p.n_kv + kh) * D4;
+    let cs = pos * 32u;
+    let kv_base = (b * p.n_kv + kh) * p.cap * D4;
+    let c0 = vec4<f32>(rope_cos[cs + 0u], rope_cos[cs + 1u], rope_cos[cs + 2u], rope_cos[cs + 3u]);
+    let s0 = vec4<f32>(rope_sin[cs + 0u], rope_sin[cs + 1u], rope_sin[cs + 2u], rope_sin[cs + 3u]);
+    let c1 = vec4<f32>(rope_cos[cs + 4u], rope_cos[cs + 5u], rope_cos[cs + 6u], rope_cos[cs + 7u]);
+    let s1 = vec4<f32>(rope_sin[cs + 4u], rope_sin[cs + 5u], rope_sin[cs + 6u], rope_sin[cs + 7u]);
+    let c2 = vec4<f32>(rope_cos[cs + 8u], rope_cos[cs + 9u], rope_cos[cs + 10u], rope_cos[cs + 11u]);
+    let s2 = vec4<f32>(rope_sin[cs + 8u], rope_sin[cs + 9u], rope_sin[cs + 10u], rope_sin[cs + 11u]);
+    let c3 = vec4<f32>(rope_cos[cs + 12u], rope_cos[cs + 13u], rope_cos[cs + 14u], rope_cos[cs + 15u]);
+    let s3 = vec4<f32>(rope_sin[cs + 12u], rope_sin[cs + 13u], rope_sin[cs + 14u], rope_sin[cs + 15u]);
+    let c4 = vec4<f32>(rope_cos[cs + 16u], rope_cos[cs + 17u], rope_cos[cs + 18u], rope_cos[cs + 19u]);
+    let s4 = vec4<f32>(rope_sin[cs + 16u], rope_sin[cs + 17u], rope_sin[cs + 18u], rope_sin[cs + 19u]);
+    let c5 = vec4<f32>(rope_cos[cs + 20u], rope_cos[cs + 21u], rope_cos[cs + 22u], rope_cos[cs + 23u]);
+    let s5 = vec4<f32>(rope_sin[cs + 20u], rope_sin[cs + 21u], rope_sin[cs + 22u], rope_sin[cs + 23u]);
+    let c6 = vec4<f32>(rope_cos[cs + 24u], rope_cos[cs + 25u], rope_cos[cs + 26u], rope_cos[cs + 27u]);
+    let s6 = vec4<f32>(rope_sin[cs + 24u], rope_sin[cs + 25u], rope_sin[cs + 26u], rope_sin[cs + 27u]);
+    let c7 = vec4<f32>(rope_cos[cs + 28u], rope_cos[cs + 29u], rope_cos[cs + 30u], rope_cos[cs + 31u]);
+    let s7 = vec4<f32>(rope_sin[cs + 28u], rope_sin[cs + 29u], rope_sin[cs + 30u], rope_sin[cs + 31u]);
+    let q0 = (qkv[qb + 0u] * c0 - qkv[qb + 8u] * s0) * p.scale;
+    let q8 = (qkv[qb + 8u] * c0 + qkv[qb + 0u] * s0) * p.scale;
+    let q1 = (qkv[qb + 1u] * c1 - qkv[qb + 9u] * s1) * p.scale;
+    let q9 = (qkv[qb + 9u] * c1 + qkv[qb + 1u] * s1) * p.scale;
+    let q2 = (qkv[qb + 2u] * c2 - qkv[qb + 10u] * s2) * p.scale;
+    let q10 = (qkv[qb + 10u] * c2 + qkv[qb + 2u] * s2) * p.scale;
+    let q3 = (qkv[qb + 3u] * c3 - qkv[qb + 11u] * s3) * p.scale;
+    let q11 = (qkv[qb + 11u] * c3 + qkv[qb + 3u] * s3) * p.scale;
+    let q4 = (qkv[qb + 4u] * c4 - qkv[qb + 12u] * s4) * p.scale;
+    let q12 = (qkv[qb + 12u] * c4 + qkv[qb + 4u] * s4) * p.scale;
+    let q5 = (qkv[qb + 5u] * c5 - qkv[qb + 13u] * s5) * p.scale;
+    let q13 = (qkv[qb + 13u] * c5 + qkv[qb + 5u] * s5) * p.scale;
+    let q6 = (qkv[qb + 6u] * c6 - qkv[qb + 14u] * s6) * p.scale;
+    let q14 = (qkv[qb + 14u] * c6 + qkv[qb + 6u] * s6) * p.scale;
+    let q7 = (qkv[qb + 7u] * c7 - qkv[qb + 15u] * s7) * p.scale;
+    let q15 = (qkv[qb + 15u] * c7 + qkv[qb + 7u] * s7) * p.scale;
+    var o0 = vec4<f32>(0.0);
+    var o1 = vec4<f32>(0.0);
+    var o2 = vec4<f32>(0.0);
+    var o3 = vec4<f32>(0.0);
+    var o4 = vec4<f32>(0.0);
+    var o5 = vec4<f32>(0.0);
+    var o6 = vec4<f32>(0.0);
+    var o7 = vec4<f32>(0.0);
+    var o8 = vec4<f32>(0.0);
+    var o9 = vec4<f32>(0.0);
+    var o10 = vec4<f32>(0.0);
+    var o11 = vec4<f32>(0.0);
+    var o12 = vec4<f32>(0.0);
+    var o13 = vec4<f32>(0.0);
+    var o14 = vec4<f32>(0.0);
+    var o15 = vec4<f32>(0.0);
+    var m = NEG;
+    var l = 0.0;
+    for (var j = j0 + tid; j < min(j1, pos); j += 64u) {
+        let kb = kv_base + j * D4;
+        let s = dot(q0, k_cache_rw[kb + 0u]) + dot(q1, k_cache_rw[kb + 1u]) + dot(q2, k_cache_rw[kb + 2u]) + dot(q3, k_cache_rw[kb + 3u]) + dot(q4, k_cache_rw[kb + 4u]) + dot(q5, k_cache_rw[kb + 5u]) + dot(q6, k_cache_rw[kb + 6u]) + dot(q7, k_cache_rw[kb + 7u]) + dot(q8, k_cache_rw[kb + 8u]) + dot(q9, k_cache_rw[kb + 9u]) + dot(q10, k_cache_rw[kb + 10u]) + dot(q11, k_cache_rw[kb + 11u]) + dot(q12, k_cache_rw[kb + 12u]) + dot(q13, k_cache_rw[kb + 13u]) + dot(q14, k_cache_rw[kb + 14u]) + dot(q15, k_cache_rw[kb + 15u]);
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let pj = exp(s - m_new);
+        l = l * corr + pj;
+        o0 = fma(vec4<f32>(pj), v_cache_rw[kb + 0u], o0 * corr);
+        o1 = fma(vec4<f32>(pj), v_cache_rw[kb + 1u], o1 * corr);
+        o2 = fma(vec4<f32>(pj), v_cache_rw[kb + 2u], o2 * corr);
+        o3 = fma(vec4<f32>(pj), v_cache_rw[kb + 3u], o3 * corr);
+        o4 = fma(vec4<f32>(pj), v_cache_rw[kb + 4u], o4 * corr);
+        o5 = fma(vec4<f32>(pj), v_cache_rw[kb + 5u], o5 * corr);
+        o6 = fma(vec4<f32>(pj), v_cache_rw[kb + 6u], o6 * corr);
+        o7 = fma(vec4<f32>(pj), v_cache_rw[kb + 7u], o7 * corr);
+        o8 = fma(vec4<f32>(pj), v_cache_rw[kb + 8u], o8 * corr);
+        o9 = fma(vec4<f32>(pj), v_cache_rw[kb + 9u], o9 * corr);
+        o10 = fma(vec4<f32>(pj), v_cache_rw[kb + 10u], o10 * corr);
+        o11 = fma(vec4<f32>(pj), v_cache_rw[kb + 11u], o11 * corr);
+        o12 = fma(vec4<f32>(pj), v_cache_rw[kb + 12u], o12 * corr);
+        o13 = fma(vec4<f32>(pj), v_cache_rw[kb + 13u], o13 * corr);
+        o14 = fma(vec4<f32>(pj), v_cache_rw[kb + 14u], o14 * corr);
+        o15 = fma(vec4<f32>(pj), v_cache_rw[kb + 15u], o15 * corr);
+        m = m_new;
+    }
+    let last = j1 == n_keys;
+    if (last && tid == (pos - j0) % 64u) {
+        // The new key, rotated, and its value: from the projection, not the cache.
+            let k0 = qkv[kq + 0u] * c0 - qkv[kq + 8u] * s0;
+            let k8 = qkv[kq + 8u] * c0 + qkv[kq + 0u] * s0;
+            let k1 = qkv[kq + 1u] * c1 - qkv[kq + 9u] * s1;
+            let k9 = qkv[kq + 9u] * c1 + qkv[kq + 1u] * s1;
+            let k2 = qkv[kq + 2u] * c2 - qkv[kq + 10u] * s2;
+            let k10 = qkv[kq + 10u] * c2 + qkv[kq + 2u] * s2;
+            let k3 = qkv[kq + 3u] * c3 - qkv[kq + 11u] * s3;
+            let k11 = qkv[kq + 11u] * c3 + qkv[kq + 3u] * s3;
+            let k4 = qkv[kq + 4u] * c4 - qkv[kq + 12u] * s4;
+            let k12 = qkv[kq + 12u] * c4 + qkv[kq + 4u] * s4;
+            let k5 = qkv[kq + 5u] * c5 - qkv[kq + 13u] * s5;
+            let k13 = qkv[kq + 13u] * c5 + qkv[kq + 5u] * s5;
+            let k6 = qkv[kq + 6u] * c6 - qkv[kq + 14u] * s6;
+            let k14 = qkv[kq + 14u] * c6 + qkv[kq + 6u] * s6;
+            let k7 = qkv[kq + 7u] * c7 - qkv[kq + 15u] * s7;
+            let k15 = qkv[kq + 15u] * c7 + qkv[kq + 7u] * s7;
+        let s = dot(q0, k0) + dot(q1, k1) + dot(q2, k2) + dot(q3, k3) + dot(q4, k4) + dot(q5, k5) + dot(q6, k6) + dot(q7, k7) + dot(q8, k8) + dot(q9, k9) + dot(q10, k10) + dot(q11, k11) + dot(q12, k12) + dot(q13, k13) + dot(q14, k14) + dot(q15, k15);
+        let m_new = max(m, s);
+        let corr = exp(m - m_new);
+        let pj = exp(s - m_new);
+        l = l * corr + pj;
+        o0 = fma(vec4<f32>(pj), qkv[vq + 0u], o0 * corr);
+        o1 = fma(vec4<f32>(pj), qkv[vq + 1u], o1 * corr);
+        o2 = fma(vec4<f32>(pj), qkv[vq + 2u], o2 * corr);
+        o3 = fma(vec4<f32>(pj), qkv[vq + 3u], o3 * corr);
+        o4 = fma(vec4<f32>(pj), qkv[vq + 4u], o4 * corr);
+        o5 = fma(vec4<f32>(pj), qkv[vq + 5u], o5 * corr);
+        o6 = fma(vec4<f32>(pj), qkv[vq + 6u], o6 * corr);
+        o7 = fma(vec4<f32>(pj), qkv[vq + 7u], o7 * corr);
+        o8 = fma(vec4<f32>(pj), qkv[vq + 8u], o8 * corr);
+        o9 = fma(vec4<f32>(pj), qkv[vq + 9u], o9 * corr);
+        o10 = fma(vec4<f32>(pj), qkv[vq + 10u], o10 * corr);
+        o11 = fma(vec4<f32>(pj), qkv[vq + 11u], o11 * corr);
+        o12 = fma(vec4<f32>(pj), qkv[vq + 12u], o12 * corr);
+        o13 = fma(vec4<f32>(pj), qkv[vq + 13u], o13 * corr);
+        o14 = fma(vec4<f32>(pj), qkv[vq + 14u], o14 * corr);
+        o15 = fma(vec4<f32>(pj), qkv[vq + 15u], o15 * corr);
+        m = m_new;
+    }
+    if (last && h % group == 0u && tid < D4) {
+        let i = tid % 8u;
+        let c = vec4<f32>(rope_cos[cs + 4u * i], rope_cos[cs + 4u * i + 1u], rope_cos[cs + 4u * i + 2u], rope_cos[cs + 4u * i + 3u]);
+        let sn = vec4<f32>(rope_sin[cs + 4u * i], rope_sin[cs + 4u * i + 1u], rope_sin[cs + 4u * i + 2u], rope_sin[cs + 4u * i + 3u]);
+        let x1 = qkv[kq + i];
+        let x2 = qkv[kq + i + 8u];
+        let at = kv_base + pos * D4 + tid;
+        k_cache_rw[at] = select(x2 * c + x1 * sn, x1 * c - x2 * sn, tid < 8u);
+        v_cache_rw[at] = qkv[vq + tid];
+    }
+    part_m[tid] = m;
+    part_l[tid] = l;
+    part_o[tid * D4 + 0u] = o0;
+    part_o[tid * D4 + 1u] = o1;
+    part_o[tid * D4 + 2u] = o2;
+    part_o[tid * D4 + 3u] = o3;
+    part_o[tid * D4 + 4u] = o4;
+    part_o[tid * D4 + 5u] = o5;
+    part_o[tid * D4 + 6u] = o6;
+    part_o[tid * D4 + 7u] = o7;
+    part_o[tid * D4 + 8u] = o8;
+    part_o[tid * D4 + 9u] = o9;
+    part_o[tid * D4 + 10u] = o10;
+    part_o[tid * D4 + 11u] = o11;
+    part_o[tid * D4 + 12u] = o12;
+    part_o[tid * D4 + 13u] = o13;
+    part_o[tid * D4 + 14u] = o14;
+    part_o[tid * D4 + 15u] = o15;
+    workgroupBarrier();
+    let merged = merge_threads(tid);
+    if (tid < D4) {
+        let at = (b * p.n_q + h) * p.splits + split;
         part_out[at * D4 + tid] = merged.num;
         if (tid == 0u) {
             part_ml[at] = vec2<f32>(merged.m, merged.den);

@@ -524,6 +524,33 @@ pub fn attention_ranges(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &
     attention_split(rec, s, q, k_cache, v_cache, splits).map(Some)
 }
 
+/// `rope_qkv_to_cache` then `attention_ranges`, in one dispatch for one new token of one
+/// sequence: the split decode rotates q and the new key from the qkv projection [1, (n_q +
+/// 2 n_kv)·64] itself and writes the new key and value into the cache
+/// (nn/attention's attention_decode_split_rope). None (nothing recorded) where `attention_ranges`
+/// would give none.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_ranges_from_qkv(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &Rope, k_cache: &GpuBuf, v_cache: &GpuBuf, max_splits: usize) -> Result<Option<AttentionRanges>> {
+    let n_keys = s.pos0 + s.seq;
+    let splits = n_keys.div_ceil(attention_keys_per_split(n_keys));
+    if s.batch * s.seq != 1 || n_keys <= ATTENTION_SPLIT_MIN_KEYS || splits > max_splits || s.head_dim != ATTENTION_HEAD_DIM {
+        return Ok(None);
+    }
+    s.check()?;
+    let half = s.head_dim / 2;
+    need("attention qkv", qkv, (s.n_q + 2 * s.n_kv) * s.head_dim)?;
+    need("rope cos", rope.cos, n_keys * half)?;
+    need("rope sin", rope.sin, n_keys * half)?;
+    need("attention k cache", k_cache, s.n_kv * s.cap * s.head_dim)?;
+    need("attention v cache", v_cache, s.n_kv * s.cap * s.head_dim)?;
+    let parts = s.n_q * splits;
+    let (ml, out) = (rec.temp((parts * 2).next_multiple_of(4))?, rec.temp(parts * s.head_dim)?);
+    let groups = [splits as u32, s.n_q as u32, 1];
+    let bindings = [(5, &ml), (6, &out), (7, qkv), (8, k_cache), (9, v_cache), (10, rope.cos), (11, rope.sin)];
+    rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split_rope"), &attention_params(s, splits), &bindings, groups)?;
+    Ok(Some(AttentionRanges { ml, out, shape: s, splits }))
+}
+
 fn attention_params(s: AttnShape, splits: usize) -> AttentionParams {
     let n_keys = s.pos0 + s.seq;
     let RopeParams { batch, seq, pos0, n_q, n_kv, head_dim, cap } = s.params();
