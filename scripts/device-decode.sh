@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Batch-1 decode on the lent H200 (issue 14 item 5), in two calls back to back (the teacher's
-# two-part upload of ../shared/DEVICE.md). .exp/dec holds before.xz and after.xz (the binaries).
-#   1. `bash scripts/device-decode.sh ops`: carry .gl .exp/dec .stage/gguf.part00. The after
-#      binary's `bench ops` (decode's products on both GPU kernels, fused and not, the dispatch
-#      floor); stages part00.
-#      (`upload` stages part00 alone.)
-#   2. `bash scripts/device-decode.sh teacher`: carry .gl .exp/dec .stage/gguf.part01.
-#      The teacher's greedy decode after 512 tokens with both binaries, alternating (f32 and f16
-#      weights), the same prompt's continuation from each (must be equal), host and kernel
-#      profiles of the after binary, HF generate on the same weights; then a gated DeltaNet
-#      student (untrained: its speed, not its quality) decoding after 512 and 32,768 tokens.
-# Results go to $OUT/res.tgz as they come.
+# Batch-1 decode on the lent H200 (issue 14 item 5). .exp/dec holds before.xz and after.xz (the
+# binaries); the teacher travels in three parts (`split -b 34M -d GGUF .stage/p3.`) so that each
+# call stays under 64 MiB:
+#   1. `bash scripts/device-decode.sh upload`, carrying .gl .exp/dec .stage/p3.00: unpacks the
+#      binaries, stages p3.00 (`ops` also runs the after binary's `bench ops`: decode's products
+#      on both GPU kernels, fused and not, the dispatch floor);
+#   2. `bash scripts/device-decode.sh upload`, carrying .stage/p3.01: stages it;
+#   3. `bash scripts/device-decode.sh teacher`, carrying .gl .stage/p3.02: the teacher's greedy
+#      decode after 512 tokens with both binaries, alternating (f32 and f16 weights), the same
+#      prompt's continuation from each (must be equal), host and kernel profiles of the after
+#      binary, HF generate on the same weights; then a gated DeltaNet student (untrained: its
+#      speed, not its quality) decoding after 512 and 32,768 tokens.
+# The calls must follow each other within the machine's warm time. Results go to $OUT/res.tgz.
 set -uo pipefail
 source scripts/device-common.sh
 device_vulkan
@@ -21,16 +22,17 @@ save() { tar czf $OUT/res.tgz -C $R .; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
 case "$1" in
 upload)
-  mkdir -p /root/stage && cp .stage/gguf.part00 /root/stage/
+  mkdir -p /root/stage && cp .stage/p3.0* /root/stage/
   ;;
 ops)
-  mkdir -p /root/stage && cp .stage/gguf.part00 /root/stage/
+  mkdir -p /root/stage && cp .stage/p3.0* /root/stage/
   timeout 400 /root/after bench ops --json --iters 10 > $R/ops.json 2> $R/ops.err
   grep -hE "decode|dispatch|pos0" $R/ops.err | cut -c1-160
   ;;
 teacher)
-  device_teacher /nonexistent 2>/dev/null
-  cp $OUT/teacher.sha256 $R/
+  export LINEARIZE_HOME=/root/lh && mkdir -p /root/lh/teacher && G=/root/lh/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f $G ] || cat /root/stage/p3.00 /root/stage/p3.01 .stage/p3.02 > $G
+  sha256sum $G > $R/teacher.sha256
   for round in 1 2; do
     for v in before after; do
       for wt in f32 f16; do
