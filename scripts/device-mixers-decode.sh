@@ -17,7 +17,7 @@ sha256sum $G | cut -c1-16
 R=$OUT && P="The history of the printing press begins"
 for m in linear_attn retnet gla deltanet gated_deltanet kda mlstm mamba2; do
   /root/after student --mixer $m --out /root/s-$m > /dev/null 2>> $R/student.err
-  for round in 1 2; do for v in before after; do
+  for round in $(seq ${ROUNDS:-2}); do for v in before after; do
     timeout 60 /root/$v bench teacher --model /root/s-$m --precision mixed --prefill "" --decode 512 --decode-tokens 128 --iters 1 --json > $R/$m-$v-$round.json 2>> $R/bench.err
     echo "$m $v $round $(grep -o '"tokens_per_second":[0-9.]*' $R/$m-$v-$round.json)"
   done; done

@@ -386,44 +386,49 @@ fn attention_matches_reference() {
     }
 }
 
-/// Decode's o_proj merging the split attention's key ranges as it loads them
-/// (LinearInput::AttentionRanges): the f64 attention then product, f32 and packed f16 weights,
-/// at 129 keys (3 ranges, the last of one key), 700 (11), 1,024 (16, the most it takes), with
-/// large scores; and no ranges where the split decode does not run or has more than 16.
+/// Decode's attention of one token straight from the qkv projection
+/// (nn::attention_decode_from_qkv: the split decode rotates q and the new key and writes the new
+/// key and value into the cache itself): the same output and cache as rope_qkv_to_cache then
+/// attention (both checked against f64 above), at 129 keys (3 ranges, the last of one key), 700
+/// and 8,300 (ranges of 128), grouped heads, large scores; no fused form for 128 keys or two
+/// queries.
 #[test]
-fn o_proj_merges_the_attention_key_ranges() {
+fn attention_from_the_qkv_projection_rotates_and_fills_the_cache() {
     let mut rng = Rng::new(26);
     let d = 64;
-    for &(pos0, n_q, n_kv, q_scale) in &[(128, 9, 3, 1.0), (699, 6, 2, 30.0), (1023, 3, 1, 1.0)] {
+    for &(pos0, n_q, n_kv, q_scale) in &[(128, 9, 3, 1.0), (699, 6, 2, 30.0), (8299, 3, 1, 1.0)] {
         let cap = pos0 + 4;
         let s = AttnShape { batch: 1, seq: 1, pos0, n_q, n_kv, head_dim: d, cap };
-        let q = random(&mut rng, n_q * d, q_scale);
-        let k = random(&mut rng, n_kv * cap * d, 1.0);
-        let v = random(&mut rng, n_kv * cap * d, 1.0);
-        let n = 70;
-        let w = random(&mut rng, n * n_q * d, 1.0);
-        let att = reference::attention(&f64s(&q), &cache_to_seq(&k, 0, n_kv, cap, d, pos0 + 1), &cache_to_seq(&v, 0, n_kv, cap, d, pos0 + 1), 1, pos0 + 1, pos0, n_q, n_kv, d);
-        let (qb, kb, vb) = (up("q", &q), up("k", &k), up("v", &v));
-        for f16 in [false, true] {
-            let (wb, wv) = if f16 { (gpu().upload_f16("w", &w).unwrap(), halves(&w)) } else { (up("w", &w), w.clone()) };
-            let want = reference::linear(&att, &f64s(&wv), 1, n, n_q * d);
-            let yb = gpu().scratch(n).unwrap();
+        let qkv = random(&mut rng, (n_q + 2 * n_kv) * d, q_scale);
+        let cache: Vec<Vec<f32>> = (0..2).map(|_| random(&mut rng, n_kv * cap * d, 1.0)).collect();
+        let (cos, sin) = linearize_core::model::lm::rope_tables(cap, d, 10000.0);
+        let rope = nn::Rope { cos: &up("cos", &cos), sin: &up("sin", &sin) };
+        let run = |fused: bool| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+            let (kc, vc, out, qb) = (up("k", &cache[0]), up("v", &cache[1]), gpu().scratch(n_q * d).unwrap(), gpu().scratch(n_q * d).unwrap());
             let mut rec = gpu().recorder();
-            let ranges = nn::attention_ranges(&mut rec, s, &qb, &kb, &vb, nn::ATTENTION_RANGES_IN_PRODUCT).unwrap().expect("the split decode's ranges");
-            assert_eq!(ranges.splits, (pos0 + 1).div_ceil(64));
-            nn::linear_input(&mut rec, LinearInput::AttentionRanges(&ranges), &wb, &yb, Gemm { m: 1, n, k: n_q * d }, false).unwrap();
+            if fused {
+                assert!(nn::attention_decode_from_qkv(&mut rec, s, &up("qkv", &qkv), &rope, &kc, &vc, &out).unwrap());
+            } else {
+                nn::rope_qkv_to_cache(&mut rec, s, &up("qkv", &qkv), &rope, &qb, &kc, &vc).unwrap();
+                nn::attention(&mut rec, s, &qb, &kc, &vc, &out).unwrap();
+            }
             rec.submit().unwrap();
-            assert_close(&format!("o_proj of the merged ranges, {} keys, heads {n_q}/{n_kv}, q×{q_scale}, f16={f16}", pos0 + 1), &read(&yb, n), &want, 1e-5 * (n_q as f64 * 64.0).sqrt(), 1e-4);
-        }
+            (read(&out, n_q * d), read(&kc, n_kv * cap * d), read(&vc, n_kv * cap * d))
+        };
+        let (want, want_k, want_v) = run(false);
+        let (got, got_k, got_v) = run(true);
+        let tag = format!("{} keys, heads {n_q}/{n_kv}, q×{q_scale}", pos0 + 1);
+        assert_close(&format!("attention from qkv, {tag}"), &got, &f64s(&want), 1e-6, 1e-5);
+        assert_close(&format!("k cache, {tag}"), &got_k, &f64s(&want_k), 1e-7, 1e-6);
+        assert_eq!(got_v, want_v, "v cache, {tag}");
     }
     let none = |pos0: usize, seq: usize| {
         let s = AttnShape { batch: 1, seq, pos0, n_q: 2, n_kv: 1, head_dim: d, cap: pos0 + seq };
-        let big = gpu().scratch(2 * (pos0 + seq) * d).unwrap();
+        let big = gpu().scratch(4 * (pos0 + seq) * d).unwrap();
         let mut rec = gpu().recorder();
-        nn::attention_ranges(&mut rec, s, &big, &big, &big, nn::ATTENTION_RANGES_IN_PRODUCT).unwrap().is_none()
+        !nn::attention_decode_from_qkv(&mut rec, s, &big, &nn::Rope { cos: &big, sin: &big }, &big, &big, &big).unwrap()
     };
     assert!(none(127, 1), "128 keys take the unsplit kernel");
-    assert!(none(1024, 1), "1,025 keys are 17 ranges");
     assert!(none(300, 2), "two queries");
 }
 

@@ -95,10 +95,8 @@ fn tiny_llama_prefill_and_decode_match_reference() {
 }
 
 /// Decode as GPUs run it (forced on lavapipe): past 128 keys the split attention rotates q and
-/// the new key and fills the cache itself, its key ranges are merged inside o_proj's product,
-/// the norms inside the products; the logits of every
-/// decoded position against the f64 model, from 129 keys (3 ranges) to 200 (4), and beyond the
-/// 16 ranges o_proj takes at 1,100 keys (attention_combine again).
+/// the new key and fills the cache itself, the norms inside the products; the logits of every
+/// decoded position against the f64 model, from 129 keys (3 ranges) to 200 (4), and at 1,100.
 #[test]
 fn tiny_llama_decodes_with_the_gpu_kernels_past_128_keys() {
     let mut w = tiny_model(8);

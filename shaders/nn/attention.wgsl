@@ -11,10 +11,9 @@
 //                   the keys, each with its own running max, sum and accumulator, merged at
 //                   the end through workgroup memory.
 // attention_decode_split(_rope): one query's keys in ranges, a workgroup each, merged by
-//                   attention_combine or by the next product (nn/matvec's PROLOGUE 4); the
-//                   _rope entry also rotates the query and the new key from the qkv
-//                   projection and writes the new key and value into the cache (nn/rope's
-//                   rope_qkv_to_cache, done here).
+//                   attention_combine; the _rope entry also rotates the query and the new key
+//                   from the qkv projection and writes the new key and value into the cache
+//                   (nn/rope's rope_qkv_to_cache, done here).
 
 struct Params {
     batch: u32,

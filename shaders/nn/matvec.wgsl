@@ -8,9 +8,6 @@
 //   3  x' = norm(x per group of p.group values) · g · act(gate)   (m = 1; a mixer's output
 //      norm, mixers/common/headnorm: RMS, or LayerNorm with GROUP_CENTERED; g: [group];
 //      GROUP_GATE 0 none, 1 silu(gate), 2 sigmoid(gate), gate: [k])
-//   4  x' = the split decode attention's key ranges merged (nn/attention's attention_combine;
-//      m = 1; x: each range's unnormalised output [heads, p.group ranges, 16] vec4, gate_in:
-//      its (max, sum) pairs, two per vec4; heads of 64 values)
 // 256 threads per workgroup: LANES threads per column (override: 64 for narrow products, whose
 // few columns must still fill the GPU; 16 for wide ones) reading consecutive vec4 of its weight
 // row (coalesced), each with 4 loads in flight before the first product; partial sums reduced
@@ -32,7 +29,7 @@ struct Params {
     /// their gate's activation (gate_y)
     conv_qk: u32,
     conv_v: u32,
-    /// PROLOGUE 3: values per group (a head, or all of k); 4: key ranges per head
+    /// PROLOGUE 3: values per group (a head, or all of k)
     group: u32,
 }
 
@@ -60,7 +57,7 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 var<workgroup> partial: array<f32, 2048>; // [256 threads][8 rows]
 var<workgroup> reduced: array<f32, 256>;
 var<workgroup> inv_rms: array<f32, 8>;
-var<workgroup> group_stats: array<vec2<f32>, 256>; // PROLOGUE 3: (mean, 1/σ) per group; 4: (max, sum) per head
+var<workgroup> group_stats: array<vec2<f32>, 256>; // PROLOGUE 3: (mean, 1/σ) per group
 
 fn w_f32(i: u32) -> vec4<f32> {
     return w[i];
@@ -85,20 +82,6 @@ fn x_at(r: u32, kq: u32, k4: u32) -> vec4<f32> {
     }
     if (PROLOGUE == 2u) {
         return silu(x[r * 2u * k4 + kq]) * x[r * 2u * k4 + k4 + kq];
-    }
-    if (PROLOGUE == 4u) {
-        // attention_combine's sums, in its order.
-        let h = kq / 16u;
-        let st = group_stats[h];
-        var num = vec4<f32>(0.0);
-        for (var s = 0u; s < p.group; s++) {
-            let ml = range_ml(h * p.group + s);
-            if (ml.y > 0.0) {
-                let f = exp(ml.x - st.x);
-                num = fma(vec4<f32>(f), x[(h * p.group + s) * 16u + kq % 16u], num);
-            }
-        }
-        return num / st.y;
     }
     if (PROLOGUE == 3u) {
         let st = group_stats[4u * kq / p.group];
@@ -266,38 +249,6 @@ fn group_norms(tid: u32) {
     }
 }
 
-// PROLOGUE 4: key range i's (max, sum), packed two per vec4.
-fn range_ml(i: u32) -> vec2<f32> {
-    let v = gate_in[i / 2u];
-    return select(v.zw, v.xy, i % 2u == 0u);
-}
-
-// PROLOGUE 4: each head's maximum over its ranges and the softmax's sum (attention_combine's),
-// every workgroup for itself (heads × ranges pairs, ranges few: nn::attention_parts).
-fn head_ranges(tid: u32) {
-    if (PROLOGUE == 4u) {
-        if (tid < p.k / 64u) {
-            let base = tid * p.group;
-            var m_all = -3.0e38;
-            for (var s = 0u; s < p.group; s++) {
-                let ml = range_ml(base + s);
-                if (ml.y > 0.0) {
-                    m_all = max(m_all, ml.x);
-                }
-            }
-            var den = 0.0;
-            for (var s = 0u; s < p.group; s++) {
-                let ml = range_ml(base + s);
-                if (ml.y > 0.0) {
-                    den = fma(exp(ml.x - m_all), ml.y, den);
-                }
-            }
-            group_stats[tid] = vec2<f32>(m_all, den);
-        }
-        workgroupBarrier();
-    }
-}
-
 // Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
 // inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
 fn conv_y(r: u32, c: u32, v: f32) -> f32 {
@@ -341,7 +292,6 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
-    head_ranges(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -417,7 +367,6 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
-    head_ranges(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -493,7 +442,6 @@ fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
-    head_ranges(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -569,7 +517,6 @@ fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
-    head_ranges(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;

@@ -257,15 +257,12 @@ impl LanguageModel {
         let qkv = rec.temp(rows * (qd + 2 * kvd))?;
         nn::project_input(rec, xn, wqkv, &qkv, rows, false)?;
         let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
-        // Decode on GPUs over a few key ranges: the attention rotates q and k and fills the
-        // cache itself, and o_proj merges its ranges as it loads them.
-        if rows == 1 && nn::fuses_input(rec, rows, wo.rows, wo.cols) {
-            if let Some(ranges) = nn::attention_ranges_from_qkv(rec, shape, &qkv, &rope, b.k_cache, b.v_cache, nn::ATTENTION_RANGES_IN_PRODUCT)? {
-                return nn::project_input(rec, LinearInput::AttentionRanges(&ranges), wo, out, rows, accumulate);
-            }
+        // Decode on GPUs: the split attention rotates q and k and fills the cache itself.
+        let fused = rows == 1 && nn::fuses_input(rec, rows, wo.rows, wo.cols) && nn::attention_decode_from_qkv(rec, shape, &qkv, &rope, b.k_cache, b.v_cache, b.att)?;
+        if !fused {
+            nn::rope_qkv_to_cache(rec, shape, &qkv, &rope, b.q, b.k_cache, b.v_cache)?;
+            nn::attention(rec, shape, b.q, b.k_cache, b.v_cache, b.att)?;
         }
-        nn::rope_qkv_to_cache(rec, shape, &qkv, &rope, b.q, b.k_cache, b.v_cache)?;
-        nn::attention(rec, shape, b.q, b.k_cache, b.v_cache, b.att)?;
         nn::project(rec, b.att, wo, out, rows, accumulate)
     }
 

@@ -58,8 +58,6 @@ pub enum LinearInput<'a> {
     SwiGlu(&'a GpuBuf),
     /// A mixer's output norm over groups of x's values (`GroupNormed`).
     GroupNormed(GroupNormed<'a>),
-    /// The split decode attention's key ranges, merged (`attention_ranges`).
-    AttentionRanges(&'a AttentionRanges),
 }
 
 /// A mixer's output norm (mixers::ops::head_norm): RMSNorm, or LayerNorm where `centered`, of
@@ -90,7 +88,6 @@ impl LinearInput<'_> {
             LinearInput::Normed { .. } => 1,
             LinearInput::SwiGlu(_) => 2,
             LinearInput::GroupNormed(_) => 3,
-            LinearInput::AttentionRanges(_) => 4,
         }
     }
 
@@ -114,11 +111,6 @@ impl LinearInput<'_> {
                 let gate = n.gate.map(|(act, g)| (if act == GroupGate::Silu { OutputGate::Silu } else { OutputGate::Sigmoid }, g));
                 let norm = if n.centered { HeadNorm::Layer } else { HeadNorm::Rms };
                 head_norm(rec, &HeadNormArgs { norm, x: n.x, weight: Some(n.w), gate, rows: m, heads: k / n.group, dim: n.group, eps: n.eps }, &y)?;
-                Ok(y)
-            }
-            LinearInput::AttentionRanges(r) => {
-                let y = rec.temp(m * k)?;
-                attention_combine(rec, r, &y)?;
                 Ok(y)
             }
         }
@@ -194,7 +186,6 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         LinearInput::Normed { x, g, eps } => (x, eps, Some(g)),
         LinearInput::SwiGlu(gate_up) => (gate_up, 0.0, None),
         LinearInput::GroupNormed(n) => (n.x, n.eps, Some(n.w)),
-        LinearInput::AttentionRanges(r) => (&r.out, 0.0, None),
     };
     let (group, centered, gate) = match input {
         LinearInput::GroupNormed(n) => {
@@ -207,19 +198,10 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
             }
             (n.group, n.centered, n.gate)
         }
-        LinearInput::AttentionRanges(r) => {
-            let s = r.shape;
-            if m != 1 || s.batch * s.seq != 1 || k != s.n_q * s.head_dim || s.head_dim != ATTENTION_HEAD_DIM || s.n_q > 256 {
-                return Err(Error::argument("linear", format!("nn/matvec merges the attention's ranges of one query of at most 256 heads of {ATTENTION_HEAD_DIM} (k = {k}), got {m} rows and {} heads of {}", s.n_q, s.head_dim)));
-            }
-            need("matvec attention ranges", &r.ml, s.n_q * r.splits * 2)?;
-            (r.splits, false, None)
-        }
         _ => (0, false, None),
     };
     let x_len = match input {
         LinearInput::SwiGlu(_) => 2 * m * k,
-        LinearInput::AttentionRanges(r) => r.splits * m * k,
         _ => m * k,
     };
     need("matvec x", x, x_len)?;
@@ -250,10 +232,7 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         need("matvec norm weight", g, k)?;
     }
     let w_binding = if f16 { 4 } else { 2 };
-    let gate_in = match input {
-        LinearInput::AttentionRanges(r) => &r.ml,
-        _ => gate.map_or(x, |(_, g)| g),
-    };
+    let gate_in = gate.map_or(x, |(_, g)| g);
     let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x)), (8, gate_in)];
     if let Some(e) = &epilogue {
         bindings.extend([(6, e.table), (7, e.conv_state)]);
@@ -495,46 +474,17 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     }
 }
 
-/// Up to this many key ranges, decode's o_proj merges the split attention's ranges as it loads
-/// them (LinearInput::AttentionRanges; each of its workgroups reads every range, 9 heads × 16
-/// ranges × 66 words at most); past that, attention_combine merges them first.
-pub const ATTENTION_RANGES_IN_PRODUCT: usize = 16;
-
-/// The split decode attention's results before their merge: per (row, head, key range) its
-/// (max, sum) in `ml` (padded to whole vec4) and its unnormalised output [.., 64] in `out`.
-pub struct AttentionRanges {
-    pub ml: GpuBuf,
-    pub out: GpuBuf,
-    pub shape: AttnShape,
-    pub splits: usize,
-}
-
-/// `attention` of one query without the merge of its key ranges, where it takes the split
-/// decode with at most `max_splits` ranges; None (nothing recorded) elsewhere.
-pub fn attention_ranges(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, max_splits: usize) -> Result<Option<AttentionRanges>> {
-    let n_keys = s.pos0 + s.seq;
-    let splits = n_keys.div_ceil(attention_keys_per_split(n_keys));
-    if s.batch * s.seq != 1 || n_keys <= ATTENTION_SPLIT_MIN_KEYS || splits > max_splits || s.head_dim != ATTENTION_HEAD_DIM {
-        return Ok(None);
-    }
-    s.check()?;
-    need("attention q", q, s.n_q * s.head_dim)?;
-    need("attention k cache", k_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
-    need("attention v cache", v_cache, s.batch * s.n_kv * s.cap * s.head_dim)?;
-    attention_split(rec, s, q, k_cache, v_cache, splits).map(Some)
-}
-
-/// `rope_qkv_to_cache` then `attention_ranges`, in one dispatch for one new token of one
-/// sequence: the split decode rotates q and the new key from the qkv projection [1, (n_q +
-/// 2 n_kv)·64] itself and writes the new key and value into the cache
-/// (nn/attention's attention_decode_split_rope). None (nothing recorded) where `attention_ranges`
-/// would give none.
+/// `rope_qkv_to_cache` then `attention` in two dispatches for one new token of one sequence
+/// past ATTENTION_SPLIT_MIN_KEYS keys: the split decode rotates q and the new key from the qkv
+/// projection [1, (n_q + 2 n_kv)·64] itself and writes the new key and value into the cache
+/// (nn/attention's attention_decode_split_rope), then attention_combine merges its ranges into
+/// out [1, n_q·64]. False, with nothing recorded, for other shapes.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_ranges_from_qkv(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &Rope, k_cache: &GpuBuf, v_cache: &GpuBuf, max_splits: usize) -> Result<Option<AttentionRanges>> {
+pub fn attention_decode_from_qkv(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &Rope, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf) -> Result<bool> {
     let n_keys = s.pos0 + s.seq;
     let splits = n_keys.div_ceil(attention_keys_per_split(n_keys));
-    if s.batch * s.seq != 1 || n_keys <= ATTENTION_SPLIT_MIN_KEYS || splits > max_splits || s.head_dim != ATTENTION_HEAD_DIM {
-        return Ok(None);
+    if s.batch * s.seq != 1 || n_keys <= ATTENTION_SPLIT_MIN_KEYS || s.head_dim != ATTENTION_HEAD_DIM {
+        return Ok(false);
     }
     s.check()?;
     let half = s.head_dim / 2;
@@ -543,12 +493,23 @@ pub fn attention_ranges_from_qkv(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf,
     need("rope sin", rope.sin, n_keys * half)?;
     need("attention k cache", k_cache, s.n_kv * s.cap * s.head_dim)?;
     need("attention v cache", v_cache, s.n_kv * s.cap * s.head_dim)?;
+    need("attention out", out, s.n_q * s.head_dim)?;
     let parts = s.n_q * splits;
-    let (ml, out) = (rec.temp((parts * 2).next_multiple_of(4))?, rec.temp(parts * s.head_dim)?);
+    let (ml, parts_out) = (rec.temp(parts * 2)?, rec.temp(parts * s.head_dim)?);
     let groups = [splits as u32, s.n_q as u32, 1];
-    let bindings = [(5, &ml), (6, &out), (7, qkv), (8, k_cache), (9, v_cache), (10, rope.cos), (11, rope.sin)];
+    let bindings = [(5, &ml), (6, &parts_out), (7, qkv), (8, k_cache), (9, v_cache), (10, rope.cos), (11, rope.sin)];
     rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split_rope"), &attention_params(s, splits), &bindings, groups)?;
-    Ok(Some(AttentionRanges { ml, out, shape: s, splits }))
+    attention_combine(rec, &AttentionRanges { ml, out: parts_out, shape: s, splits }, out)?;
+    Ok(true)
+}
+
+/// The split decode attention's results before their merge: per (row, head, key range) its
+/// (max, sum) in `ml` and its unnormalised output [.., 64] in `out`.
+struct AttentionRanges {
+    ml: GpuBuf,
+    out: GpuBuf,
+    shape: AttnShape,
+    splits: usize,
 }
 
 fn attention_params(s: AttnShape, splits: usize) -> AttentionParams {
@@ -561,8 +522,7 @@ fn attention_params(s: AttnShape, splits: usize) -> AttentionParams {
 /// attention_decode_split: each query's keys in `splits` ranges, a workgroup each.
 fn attention_split(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, splits: usize) -> Result<AttentionRanges> {
     let parts = s.batch * s.seq * s.n_q * splits;
-    // (max, sum) pairs, whole vec4 (o_proj's prologue reads them as such).
-    let (ml, out) = (rec.temp((parts * 2).next_multiple_of(4))?, rec.temp(parts * s.head_dim)?);
+    let (ml, out) = (rec.temp(parts * 2)?, rec.temp(parts * s.head_dim)?);
     let groups = [(s.seq * splits) as u32, s.n_q as u32, s.batch as u32];
     rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &attention_params(s, splits), &[(1, q), (2, k_cache), (3, v_cache), (5, &ml), (6, &out)], groups)?;
     Ok(AttentionRanges { ml, out, shape: s, splits })
