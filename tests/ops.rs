@@ -164,14 +164,8 @@ fn linear_input_fuses_a_mixers_output_norm() {
         let w = random(&mut rng, n * k, 1.0);
         let y0 = random(&mut rng, n, 1.0);
         let (xb, nb, gb, yb) = (up("x", &x), up("norm", &w_norm), up("gate", &gate), up("y", &y0));
-        for centered in [false, true] {
-            for act in [None, Some(nn::GroupGate::Silu), Some(nn::GroupGate::Sigmoid)] {
-                let norm = if centered { HeadNorm::Layer } else { HeadNorm::Rms };
-                let out_gate = match act {
-                    None => OutputGate::None,
-                    Some(nn::GroupGate::Silu) => OutputGate::Silu,
-                    Some(nn::GroupGate::Sigmoid) => OutputGate::Sigmoid,
-                };
+        for norm in [HeadNorm::Rms, HeadNorm::Layer] {
+            for out_gate in [OutputGate::None, OutputGate::Silu, OutputGate::Sigmoid] {
                 let normed = mixer_ops::head_norm(norm, out_gate, &f64s(&x), &f64s(&w_norm), &f64s(&gate), 1, k / group, group, 1e-5);
                 let scale = normed.iter().fold(0f64, |a, v| a.max(v.abs())).max(1.0);
                 for f16 in [false, true] {
@@ -179,11 +173,12 @@ fn linear_input_fuses_a_mixers_output_norm() {
                     let mut want = reference::linear(&normed, &f64s(&wv), 1, n, k);
                     want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
                     gpu().write_f32(&yb, &y0);
-                    let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &nb, centered, gate: act.map(|a| (a, &gb)), group, eps: 1e-5 });
+                    let gate = (out_gate != OutputGate::None).then_some((out_gate, &gb));
+                    let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &nb, norm, gate, group, eps: 1e-5 });
                     let mut rec = gpu().recorder();
                     nn::linear_input(&mut rec, input, &wb, &yb, Gemm { m: 1, n, k }, true).unwrap();
                     rec.submit().unwrap();
-                    assert_close(&format!("o_proj after {norm:?} per {group} of {k}, gate {act:?}, f16={f16}, n={n}"), &read(&yb, n), &want, 4e-6 * scale * (k as f64).sqrt(), 1e-4);
+                    assert_close(&format!("o_proj after {norm:?} per {group} of {k}, gate {out_gate:?}, f16={f16}, n={n}"), &read(&yb, n), &want, 4e-6 * scale * (k as f64).sqrt(), 1e-4);
                 }
             }
         }
@@ -192,10 +187,15 @@ fn linear_input_fuses_a_mixers_output_norm() {
     let xb = up("x", &[1.0; 24]);
     for (m, k, group) in [(1, 24, 5), (2, 12, 4)] {
         let mut rec = gpu().recorder();
-        let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &xb, centered: false, gate: None, group, eps: 1e-5 });
+        let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &xb, norm: HeadNorm::Rms, gate: None, group, eps: 1e-5 });
         let err = nn::linear_input(&mut rec, input, &xb, &up("y", &[0.0; 2]), Gemm { m, n: 1, k }, false).unwrap_err().to_string();
         assert!(err.contains("group norm"), "{err}");
     }
+    // An L2 norm (the delta rules' q and k) is not an output norm.
+    let mut rec = gpu().recorder();
+    let input = LinearInput::GroupNormed(nn::GroupNormed { x: &xb, w: &xb, norm: HeadNorm::L2, gate: None, group: 4, eps: 1e-5 });
+    let err = nn::linear_input(&mut rec, input, &xb, &up("y", &[0.0; 2]), Gemm { m: 1, n: 1, k: 24 }, false).unwrap_err().to_string();
+    assert!(err.contains("not L2"), "{err}");
 }
 
 /// A device whose storage bindings hold `bytes`: weights larger than that are split.

@@ -2,7 +2,7 @@
 //! the steps of its `spec::Layout` in order, each a kernel of `ops`, `recurrence` or
 //! `crate::nn`. The forward and its backward sit side by side; crate::reference::mixers is the
 //! f64 twin of the forward, and the tests check the backward against its finite differences.
-use super::ops::{self, GateArgs, GateFn, GateGrads, HeadNorm, HeadNormArgs, OutputGate, ShortConv};
+use super::ops::{self, GateArgs, GateFn, GateGrads, HeadNorm, HeadNormArgs, ShortConv};
 use super::recurrence::{self, Dims, Gates, GpuState, RecurrenceArgs};
 use super::spec::{GateDef, GateInput, GatePlace, Hadamard, Layout};
 use super::{MixerKind, MixerOptions, MixerParams, MixerShape};
@@ -820,12 +820,7 @@ impl MixerLayer {
             // Decode on GPUs: the norm (and its gate) inside o_proj's product.
             let in_product = !train && rows == 1 && n.kind != HeadNorm::L2 && nn::fuses_input(rec, rows, d, hv);
             if in_product {
-                let gate = gate.and_then(|(act, g)| match act {
-                    OutputGate::Silu => Some((nn::GroupGate::Silu, g)),
-                    OutputGate::Sigmoid => Some((nn::GroupGate::Sigmoid, g)),
-                    OutputGate::None => None,
-                });
-                let normed = nn::GroupNormed { x: a.norm_input(), w: self.p(n.weight)?, centered: n.kind == HeadNorm::Layer, gate, group: dim, eps };
+                let normed = nn::GroupNormed { x: a.norm_input(), w: self.p(n.weight)?, norm: n.kind, gate, group: dim, eps };
                 nn::linear_input(rec, LinearInput::GroupNormed(normed), self.p("o_proj")?, out, o_proj, accumulate)?;
                 return Ok(a);
             }

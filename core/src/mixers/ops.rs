@@ -101,8 +101,8 @@ impl HeadNorm {
 }
 
 impl OutputGate {
-    /// headnorm.wgsl's GATE constant.
-    fn code(self) -> u32 {
+    /// headnorm.wgsl's GATE constant (also nn/matvec.wgsl's GROUP_GATE).
+    pub(crate) fn code(self) -> u32 {
         match self {
             OutputGate::None => 0,
             OutputGate::Silu => 1,

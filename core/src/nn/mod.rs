@@ -2,6 +2,7 @@
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
 use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
+use crate::mixers::ops::{HeadNorm, HeadNormArgs, OutputGate};
 use crate::shaders::{AttentionBackwardParams, AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, MatvecParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
 mod weight;
@@ -60,24 +61,17 @@ pub enum LinearInput<'a> {
     GroupNormed(GroupNormed<'a>),
 }
 
-/// A mixer's output norm (mixers::ops::head_norm): RMSNorm, or LayerNorm where `centered`, of
-/// each group of `group` values of x [1, k] (a head, or all of k), times `w` [group], times
-/// act(gate) [1, k] where a gate is given.
+/// A mixer's output norm (mixers::ops::head_norm, RMS or Layer) of each group of `group`
+/// values of x [1, k] (a head, or all of k), times `w` [group], times act(gate) [1, k] where a
+/// gate is given.
 #[derive(Clone, Copy)]
 pub struct GroupNormed<'a> {
     pub x: &'a GpuBuf,
     pub w: &'a GpuBuf,
-    pub centered: bool,
-    pub gate: Option<(GroupGate, &'a GpuBuf)>,
+    pub norm: HeadNorm,
+    pub gate: Option<(OutputGate, &'a GpuBuf)>,
     pub group: usize,
     pub eps: f32,
-}
-
-/// The output gate after a mixer's norm.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GroupGate {
-    Silu,
-    Sigmoid,
 }
 
 impl LinearInput<'_> {
@@ -106,11 +100,9 @@ impl LinearInput<'_> {
                 Ok(y)
             }
             LinearInput::GroupNormed(n) => {
-                use crate::mixers::ops::{head_norm, HeadNorm, HeadNormArgs, OutputGate};
                 let y = rec.temp(m * k)?;
-                let gate = n.gate.map(|(act, g)| (if act == GroupGate::Silu { OutputGate::Silu } else { OutputGate::Sigmoid }, g));
-                let norm = if n.centered { HeadNorm::Layer } else { HeadNorm::Rms };
-                head_norm(rec, &HeadNormArgs { norm, x: n.x, weight: Some(n.w), gate, rows: m, heads: k / n.group, dim: n.group, eps: n.eps }, &y)?;
+                let args = HeadNormArgs { norm: n.norm, x: n.x, weight: Some(n.w), gate: n.gate, rows: m, heads: k / n.group, dim: n.group, eps: n.eps };
+                crate::mixers::ops::head_norm(rec, &args, &y)?;
                 Ok(y)
             }
         }
@@ -192,11 +184,14 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
             if m != 1 || n.group == 0 || n.group % 4 != 0 || k % n.group != 0 || k / n.group > 256 {
                 return Err(Error::argument("linear", format!("nn/matvec's group norm takes one row and at most 256 groups of a multiple of 4 values dividing k = {k}, got {m} rows and groups of {}", n.group)));
             }
+            if n.norm == HeadNorm::L2 {
+                return Err(Error::argument("linear", "nn/matvec's group norm is RMSNorm or LayerNorm, not L2"));
+            }
             need("matvec group norm weight", n.w, n.group)?;
             if let Some((_, g)) = n.gate {
                 need("matvec group norm gate", g, k)?;
             }
-            (n.group, n.centered, n.gate)
+            (n.group, n.norm == HeadNorm::Layer, n.gate)
         }
         _ => (0, false, None),
     };
@@ -218,11 +213,8 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         (true, false) => "matvec_conv",
         (true, true) => "matvec_conv_f16",
     };
-    let gate_code = match gate {
-        None => 0,
-        Some((GroupGate::Silu, _)) => 1,
-        Some((GroupGate::Sigmoid, _)) => 2,
-    };
+    // headnorm's GATE codes: 0 none, 1 silu, 2 sigmoid.
+    let gate_code = gate.map_or(0, |(act, _)| act.code());
     let kernel = Kernel::new("nn/matvec", entry).with("PROLOGUE", input.prologue() as f64).with("LANES", lanes as f64).with("GROUP_CENTERED", centered as u8 as f64).with("GROUP_GATE", gate_code as f64);
     let wgs = n.div_ceil(256 / lanes);
     let groups = [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1];
@@ -451,11 +443,8 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     need("attention out", out, rows * s.n_q * s.head_dim)?;
     let n_keys = s.pos0 + s.seq;
     let split = s.seq <= ATTENTION_DECODE_MAX_SEQ && n_keys > ATTENTION_SPLIT_MIN_KEYS;
-    let keys_per_split = attention_keys_per_split(n_keys);
-    let splits = if split { n_keys.div_ceil(keys_per_split) } else { 1 };
-    let RopeParams { batch, seq, pos0, n_q, n_kv, head_dim, cap } = s.params();
-    let scale = 1.0 / (s.head_dim as f32).sqrt();
-    let params = AttentionParams { batch, seq, pos0, n_q, n_kv, head_dim, cap, scale, splits: splits as u32, keys_per_split: keys_per_split as u32 };
+    let splits = if split { n_keys.div_ceil(attention_keys_per_split(n_keys)) } else { 1 };
+    let params = attention_params(s, splits);
     let bufs = [q, k_cache, v_cache, out];
     if split {
         // Long context, few queries: the keys are split over workgroups, then merged.
