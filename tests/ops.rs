@@ -545,3 +545,22 @@ fn a_timed_submission_does_the_work_and_reports_its_time() {
         assert!(s.is_finite() && (0.0..1.0).contains(&s), "{s}");
     }
 }
+
+/// A readback started before later work reads the words as they were when it started, and
+/// finishes while that work is still on the queue; reads finished out of order each get
+/// their own words.
+#[test]
+fn a_started_readback_sees_the_words_of_its_moment() {
+    let (first, second): (Vec<f32>, Vec<f32>) = ((0..300).map(|i| i as f32).collect(), (0..300).map(|i| -(i as f32) - 0.5).collect());
+    let (buf, other) = (up("read", &first), up("overwrite", &second));
+    let early = gpu().start_read(&[(&buf, 300)]).unwrap();
+    // Work submitted after the read began overwrites the buffer.
+    let mut rec = gpu().recorder();
+    nn::gather_rows(&mut rec, &gpu().upload_u32("rows", &[0]).unwrap(), &other, &buf, 1, 300, 1).unwrap();
+    rec.submit().unwrap();
+    let late = gpu().start_read(&[(&buf, 300), (&other, 7)]).unwrap();
+    let late = pollster::block_on(gpu().finish_read(late)).unwrap();
+    let early = pollster::block_on(gpu().finish_read(early)).unwrap();
+    assert_eq!(early, vec![first]);
+    assert_eq!(late, vec![second.clone(), second[..7].to_vec()]);
+}

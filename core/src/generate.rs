@@ -2,7 +2,7 @@
 //! attention blocks and the fixed-size state of mixer blocks.
 //! Greedy by default; temperature and nucleus (top-p) sampling on request.
 use crate::error::{Error, Result};
-use crate::gpu::{need, Gpu, GpuBuf, Kernel};
+use crate::gpu::{need, Gpu, GpuBuf, Kernel, PendingRead, Recorder};
 use crate::eval::Diagnostics;
 use crate::model::lm::{Cache, LanguageModel, Logits};
 
@@ -50,19 +50,18 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// Records `argmax` of one row of logits [vocab] on the GPU (eval/logprob.wgsl's `greedy`) into
 /// `pick`: the id in word 0 (where the embedding can read it), whether some logit was not
 /// finite in word 1.
-fn record_greedy(gpu: &Gpu, logits: &GpuBuf, vocab: usize, pick: &GpuBuf) -> Result<()> {
+fn record_greedy(rec: &mut Recorder, logits: &GpuBuf, vocab: usize, pick: &GpuBuf) -> Result<()> {
     need("greedy logits", logits, vocab)?;
     need("greedy pick", pick, 2)?;
-    let mut rec = gpu.recorder();
     let params = crate::shaders::LogprobParams { rows: 1, vocab: vocab as u32 };
-    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, pick)], [1, 1, 1])?;
-    rec.submit()
+    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, pick)], [1, 1, 1])
 }
 
 /// `argmax` of one row of logits [vocab] on the GPU: the id, and whether every logit was finite.
 pub async fn greedy_on_gpu(gpu: &Gpu, logits: &GpuBuf, vocab: usize) -> Result<(u32, bool)> {
     let out = gpu.scratch(2)?;
-    let recorded = record_greedy(gpu, logits, vocab, &out);
+    let mut rec = gpu.recorder();
+    let recorded = record_greedy(&mut rec, logits, vocab, &out).and_then(|()| rec.submit());
     let v = match recorded {
         Ok(()) => gpu.read_f32(&out, 2).await,
         Err(e) => Err(e),
@@ -194,36 +193,55 @@ pub const GREEDY_BURST: usize = 16;
 
 /// Greedy decoding after a forward that left `first` (the logits of the last position; taken)
 /// and `cache`, with the picks kept on the GPU: each token's argmax is written where the next
-/// forward embeds it, and the host reads a burst of picks at once. After a stop id the rest of
-/// its burst is dropped (computed, never shown), so the tokens are those of one-at-a-time
-/// decoding; the cache has then advanced past them.
+/// forward embeds it, and the host reads a burst of picks at once, while the next burst is
+/// already on the queue. After a stop id the rest of its burst, and the burst after it, are
+/// dropped (computed, never shown), so the tokens are those of one-at-a-time decoding; the
+/// cache has then advanced past them.
 pub async fn decode_greedy<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, mut on_token: impl FnMut(u32) -> F) -> Result<Vec<u32>> {
-    // One pick per slot; a slot starts where a storage binding may.
-    let stride = (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(2);
     let mut out = Vec::new();
     let mut logits = Some(first);
-    let result = greedy_bursts(gpu, model, cache, &mut logits, s, stride, &mut out, &mut on_token).await;
-    // Logits of a step computed past a stop id, an error or the last pick.
+    let mut in_flight = Vec::new();
+    let result = greedy_bursts(gpu, model, cache, &mut logits, s, &mut in_flight, &mut out, &mut on_token).await;
+    // Logits of a step computed past a stop id, an error or the last pick; picks not read.
     if let Some(l) = logits.take() {
         gpu.release(l);
+    }
+    for (picks, _, _) in in_flight {
+        gpu.release(picks);
     }
     result.map(|()| out)
 }
 
-/// `decode_greedy`'s loop: bursts of picks into `out` until `s.max_new_tokens` or a stop id.
+/// A burst on the queue: its picks, how many, and their readback.
+type Burst = (GpuBuf, usize, PendingRead);
+
+/// `decode_greedy`'s loop: bursts of picks into `out` until `s.max_new_tokens` or a stop id,
+/// each burst recorded and submitted before the previous one is read, so the GPU does not wait
+/// for the host between bursts.
 #[allow(clippy::too_many_arguments)]
-async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, stride: usize, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32) -> F) -> Result<()> {
-    let mut burst = 1;
+async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, in_flight: &mut Vec<Burst>, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32) -> F) -> Result<()> {
+    // One pick per slot; a slot starts where a storage binding may.
+    let stride = (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(2);
+    let (mut recorded, mut burst) = (0, 1);
     while out.len() < s.max_new_tokens {
-        let n = burst.min(s.max_new_tokens - out.len());
-        let picks = gpu.scratch(n * stride)?;
-        let recorded = record_burst(gpu, model, cache, logits, &picks, n, stride, out.len() + n < s.max_new_tokens);
-        let read = match recorded {
-            Ok(()) => gpu.read_f32(&picks, n * stride).await,
-            Err(e) => Err(e),
-        };
+        // Two bursts on the queue: the GPU runs one while the host reads the other.
+        while recorded < s.max_new_tokens && in_flight.len() < 2 {
+            let n = burst.min(s.max_new_tokens - recorded);
+            let picks = gpu.scratch(n * stride)?;
+            let read = record_burst(gpu, model, cache, logits, &picks, n, stride, recorded + n < s.max_new_tokens).and_then(|()| gpu.start_read(&[(&picks, n * stride)]));
+            match read {
+                Ok(read) => in_flight.push((picks, n, read)),
+                Err(e) => {
+                    gpu.release(picks);
+                    return Err(e);
+                }
+            }
+            recorded += n;
+            burst = (burst * 2).min(GREEDY_BURST);
+        }
+        let (picks, n, read) = in_flight.remove(0);
         gpu.release(picks);
-        let words = read?;
+        let words = gpu.finish_read(read).await?.remove(0);
         for j in 0..n {
             let (id, bad) = (words[j * stride].to_bits(), words[j * stride + 1].to_bits());
             if bad != 0 {
@@ -235,26 +253,29 @@ async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &
                 return Ok(());
             }
         }
-        burst = (burst * 2).min(GREEDY_BURST);
     }
     Ok(())
 }
 
-/// Records `n` greedy steps: the pick of `logits` into slot 0 of `picks`, then a forward of that
-/// pick and its pick into slot 1, and so on; the last pick is followed by a forward only with
-/// `more` (tokens still to come), whose logits are left in `logits` for the next burst.
+/// Records `n` greedy steps into one recorder: the pick of `logits` into slot 0 of `picks`,
+/// then a forward of that pick and its pick into slot 1, and so on; the last pick is followed
+/// by a forward only with `more` (tokens still to come), whose logits are left in `logits` for
+/// the next burst. Each step goes to the queue as soon as it is recorded.
 #[allow(clippy::too_many_arguments)]
 fn record_burst(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, picks: &GpuBuf, n: usize, stride: usize, more: bool) -> Result<()> {
     let vocab = model.config.vocab_size;
+    let mut rec = gpu.recorder();
     for j in 0..n {
         let slot = picks.view(j * stride, 2)?;
         let current = logits.take().ok_or_else(|| Error::Gpu("greedy decoding lost its logits".into()))?;
-        let picked = record_greedy(gpu, &current, vocab, &slot);
-        gpu.release(current);
+        let picked = record_greedy(&mut rec, &current, vocab, &slot);
+        // Back to the pool once the recording is submitted.
+        rec.retire(current);
         picked?;
         if j + 1 < n || more {
-            *logits = Some(model.forward_gpu_ids(gpu, cache, &slot, 1, Logits::Last, None)?);
+            *logits = Some(model.record_forward(&mut rec, cache, &slot, 1, Logits::Last, None)?);
         }
+        rec.flush()?;
     }
-    Ok(())
+    rec.submit()
 }

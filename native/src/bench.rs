@@ -56,11 +56,33 @@ pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: 
             runs.push(start.elapsed().as_secs_f64());
         }
         let s = runs[runs.len() - 1];
-        let v = json!({"what": "teacher_decode", "batch": 1, "context": ctx, "new_tokens": decode_tokens, "seconds": s, "tokens_per_second": decode_tokens as f64 / s});
+        let gpu_s = decode_gpu_seconds(gpu, teacher, &ids)?;
+        let v = json!({"what": "teacher_decode", "batch": 1, "context": ctx, "new_tokens": decode_tokens, "seconds": s, "tokens_per_second": decode_tokens as f64 / s,
+            "gpu_tokens_per_second": gpu_s.map(|g| DECODE_TIMED as f64 / g)});
         eprintln!("{v}");
         out.push(v);
     }
     Ok(out)
+}
+
+/// Tokens whose decode `decode_gpu_seconds` times in one pass.
+const DECODE_TIMED: usize = 16;
+
+/// The GPU's own seconds for DECODE_TIMED decode steps after `ids`, recorded into one pass and
+/// timed by timestamps at its ends: what decoding would take if the host never made the GPU
+/// wait (None where the device has no timestamps). The steps embed a fixed id: the same work
+/// as greedy decoding, less one argmax each.
+fn decode_gpu_seconds(gpu: &Gpu, model: &LanguageModel, ids: &[u32]) -> Result<Option<f64>> {
+    let mut cache = model.new_cache(gpu, 1, ids.len() + DECODE_TIMED)?;
+    let logits = model.forward(gpu, &mut cache, ids, Logits::Last)?;
+    gpu.release(logits);
+    let next = gpu.upload_u32("next id", &ids[..1])?;
+    let mut rec = gpu.recorder().whole();
+    for _ in 0..DECODE_TIMED {
+        let logits = model.record_forward(&mut rec, &mut cache, &next, 1, Logits::Last, None)?;
+        rec.retire(logits);
+    }
+    Ok(rec.submit_timed_on_gpu()?)
 }
 
 /// Seconds per op recorded by `f`, median of `iters` after two warm-ups, `reps` copies of it per

@@ -300,6 +300,15 @@ impl Gpu {
     /// The first words of several buffers in one round trip: one copy each into one staging
     /// buffer, one submission, one map.
     pub async fn read_many(&self, bufs: &[(&GpuBuf, usize)]) -> Result<Vec<Vec<f32>>> {
+        let pending = self.start_read(bufs)?;
+        self.finish_read(pending).await
+    }
+
+    /// Starts a readback of the first words of `bufs`: their copies go to the queue now, behind
+    /// the work already submitted, and `finish_read` waits for that submission alone — work
+    /// submitted in between keeps the GPU busy meanwhile (decoding reads one burst's picks
+    /// while the next burst runs).
+    pub fn start_read(&self, bufs: &[(&GpuBuf, usize)]) -> Result<PendingRead> {
         for &(buf, len) in bufs {
             need("readback", buf, len)?;
         }
@@ -318,16 +327,27 @@ impl Gpu {
             }
             at += (len * 4) as u64;
         }
-        self.queue.submit([encoder.finish()]);
+        let submission = self.queue.submit([encoder.finish()]);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
+        Ok(PendingRead { staging, lens: bufs.iter().map(|&(_, len)| len).collect(), submission, mapped: rx })
+    }
+
+    /// The words `start_read` asked for, one vector per buffer. Never blocks on the web: the
+    /// map callback completes a future; natively the device is polled until the readback's
+    /// own submission has finished.
+    pub async fn finish_read(&self, read: PendingRead) -> Result<Vec<Vec<f32>>> {
+        let PendingRead { staging, lens, submission, mapped } = read;
         #[cfg(not(target_arch = "wasm32"))]
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait { submission_index: Some(submission), timeout: None })
             .map_err(|e| Error::Gpu(format!("device poll failed: {e}")))?;
-        rx.await
+        #[cfg(target_arch = "wasm32")]
+        drop(submission);
+        mapped
+            .await
             .map_err(|_| Error::Gpu("readback was cancelled".into()))?
             .map_err(|e| Error::Gpu(format!("readback failed: {e}")))?;
         self.take_error()?;
@@ -336,9 +356,9 @@ impl Gpu {
             .get_mapped_range()
             .map_err(|e| Error::Gpu(format!("readback map failed: {e}")))?;
         let words = bytemuck::cast_slice::<u8, f32>(&view);
-        let mut out = Vec::with_capacity(bufs.len());
+        let mut out = Vec::with_capacity(lens.len());
         let mut at = 0;
-        for &(_, len) in bufs {
+        for len in lens {
             out.push(words[at..at + len].to_vec());
             at += len;
         }
@@ -379,4 +399,13 @@ impl Gpu {
             .map_err(|e| Error::Gpu(format!("device poll failed: {e}")))?;
         self.take_error()
     }
+}
+
+/// A readback on its way (`Gpu::start_read`): the staging copy, the words of each buffer, the
+/// submission that fills it, and its map's completion.
+pub struct PendingRead {
+    staging: wgpu::Buffer,
+    lens: Vec<usize>,
+    submission: wgpu::SubmissionIndex,
+    mapped: futures_channel::oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
 }

@@ -20,13 +20,29 @@ impl Kernel {
         self.constants.push((name, value));
         self
     }
-    fn key(&self) -> String {
+    /// A readable name: shader, entry point and constants (labels and errors).
+    fn name(&self) -> String {
         let mut k = format!("{}::{}", self.shader, self.entry);
         for (n, v) in &self.constants {
             k.push_str(&format!(";{n}={v}"));
         }
         k
     }
+
+    /// The pipeline cache's key with the storage bindings given: built per dispatch, so no
+    /// text (formatting the constants cost the host more than recording the dispatch).
+    fn key(&self, bindings: u64) -> PipelineKey {
+        PipelineKey { shader: self.shader, entry: self.entry, constants: self.constants.iter().map(|&(n, v)| (n, v.to_bits())).collect(), bindings }
+    }
+}
+
+/// Shader, entry point, each constant's name and bits, and the storage bindings (a bit each).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct PipelineKey {
+    shader: &'static str,
+    entry: &'static str,
+    constants: Vec<(&'static str, u64)>,
+    bindings: u64,
 }
 
 /// A compute pipeline with the bind group layout it was built on (its own, so that bind groups
@@ -41,7 +57,7 @@ pub(crate) struct Pipeline {
 #[derive(Default)]
 pub(crate) struct PipelineCache {
     modules: Mutex<HashMap<&'static str, wgpu::ShaderModule>>,
-    pipelines: Mutex<HashMap<(String, u64), Arc<Pipeline>>>,
+    pipelines: Mutex<HashMap<PipelineKey, Arc<Pipeline>>>,
     /// Bind group layouts by shader file and the bindings given (a bit per binding number).
     layouts: Mutex<HashMap<(&'static str, u64), Layout>>,
     /// The uniform buffer every submission's parameters go to, and the bind groups made on it.
@@ -182,7 +198,7 @@ impl Gpu {
     /// The pipeline of `kernel` on a layout of its own for the storage bindings in `bindings`
     /// (a bit per binding number): binding 0 the parameters at a dynamic offset.
     pub(crate) fn pipeline(&self, kernel: &Kernel, bindings: u64) -> Result<Arc<Pipeline>> {
-        let key = (kernel.key(), bindings);
+        let key = kernel.key(bindings);
         if let Some(p) = self.pipelines.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
@@ -196,8 +212,9 @@ impl Gpu {
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             })
         });
+        let name = kernel.name();
         let compute = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&key.0),
+            label: Some(&name),
             layout: Some(&layout.pipeline),
             module,
             entry_point: Some(kernel.entry),
@@ -208,7 +225,7 @@ impl Gpu {
             cache: None,
         });
         drop(modules);
-        self.take_error().map_err(|e| Error::Gpu(format!("building {}: {e}", key.0)))?;
+        self.take_error().map_err(|e| Error::Gpu(format!("building {name}: {e}")))?;
         let pipeline = Arc::new(Pipeline { compute, layout: layout.bind_group, writable: layout.writable });
         self.pipelines.pipelines.lock().unwrap().insert(key, pipeline.clone());
         Ok(pipeline)
@@ -248,7 +265,7 @@ impl Gpu {
 
     pub fn recorder(&self) -> Recorder<'_> {
         self.open_recorders.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new(), kept: Vec::new(), shared: Vec::new() }
+        Recorder { gpu: self, params: Vec::new(), dispatches: Vec::new(), retired: Vec::new(), kept: Vec::new(), shared: Vec::new(), whole: false }
     }
 
     /// Recorders made and not yet submitted or dropped.
@@ -285,6 +302,8 @@ pub struct Recorder<'g> {
     kept: Vec<GpuBuf>,
     /// Copies of activations made in this recording for later dispatches of it to share.
     shared: Vec<SharedCopy>,
+    /// Kept in one piece until submitted (`whole`), however long.
+    whole: bool,
 }
 
 /// Timestamps at the start and end of a submission's one pass, resolved and copied where the
@@ -322,6 +341,13 @@ impl Drop for Recorder<'_> {
 impl<'g> Recorder<'g> {
     pub fn gpu(&self) -> &'g Gpu {
         self.gpu
+    }
+
+    /// This recorder, sending nothing to the queue before `submit`: a long recording is
+    /// otherwise sent in pieces as it grows. For `submit_timed_on_gpu` to time all of it.
+    pub fn whole(mut self) -> Self {
+        self.whole = true;
+        self
     }
 
     /// The copy of `src` noted under `key` (with its companion buffer) if no dispatch recorded
@@ -376,7 +402,7 @@ impl<'g> Recorder<'g> {
         }
         // Long recordings go to the queue in pieces, so the GPU starts on the first while the
         // host records the rest (a CPU adapter waits for each submission: none there).
-        if self.dispatches.len() >= FLUSH_DISPATCHES && !self.gpu.adapter.is_cpu() {
+        if self.dispatches.len() >= FLUSH_DISPATCHES && !self.whole && !self.gpu.adapter.is_cpu() {
             self.flush()?;
         }
         Ok(())

@@ -5,7 +5,7 @@ mod device;
 mod dispatch;
 mod params;
 
-pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf};
+pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf, PendingRead};
 pub use device::{AdapterReport, Gpu, Precision, ADAPTER_INDEX_VAR};
 pub use dispatch::{declared_storage, profile, Kernel, Recorder};
 pub(crate) use params::shader_params;

@@ -289,6 +289,47 @@ impl LanguageModel {
         if trace.as_ref().is_some_and(|d| !d.pending.is_empty()) {
             return Err(Error::argument("diagnostics", "the previous forward's diagnostics are not settled; await Diagnostics::settle first"));
         }
+        let mut rec = gpu.recorder();
+        let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
+        let out = self.record_forward(&mut rec, cache, ids_buf, rows, logits, trace.is_some().then_some(&mut traces))?;
+        if let Err(e) = rec.submit() {
+            gpu.release(out);
+            return Err(e);
+        }
+        match trace {
+            Some(d) => {
+                // The readbacks wait in `d` until settled: natively right here; on the web, where
+                // nothing may block, the caller awaits `Diagnostics::settle` before the next forward.
+                let mut layers = Vec::new();
+                for (i, t) in traces {
+                    let state = match &cache.layers[i] {
+                        LayerCache::Mixer(state) => Some((state.rec.s.buffer.clone(), state.rec.dims)),
+                        LayerCache::Kv { .. } => None,
+                    };
+                    layers.push(PendingLayer { layer: i, trace: t, state });
+                }
+                d.pending.push(PendingTrace { batch: cache.batch, seq: rows / cache.batch, heads: self.config.num_attention_heads, layers });
+                #[cfg(not(target_arch = "wasm32"))]
+                pollster::block_on(d.settle(gpu))?;
+            }
+            None => {
+                for (_, t) in traces {
+                    for b in t.state_norm.into_iter().chain(t.token_stats) {
+                        gpu.release(b);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records into `rec` the forward of `rows` token ids already on the GPU, advancing
+    /// `cache` (its length counts the recorded tokens: what is recorded must be submitted
+    /// before the cache is read on the host). Returns the logits (or hidden states) in a
+    /// buffer of the caller's; each mixer block's diagnostics go to `traces` when given.
+    /// Decoding records several tokens into one recorder this way (`generate::decode_greedy`).
+    pub fn record_forward(&self, rec: &mut crate::gpu::Recorder, cache: &mut Cache, ids_buf: &GpuBuf, rows: usize, logits: Logits, mut traces: Option<&mut Vec<(usize, LayerTrace)>>) -> Result<GpuBuf> {
+        let gpu = rec.gpu();
         let cfg = &self.config;
         let batch = cache.batch;
         if rows == 0 || rows % batch != 0 {
@@ -312,87 +353,60 @@ impl LanguageModel {
         let eps = cfg.rms_norm_eps as f32;
         let (rope, _) = self.rope_tables();
 
-        let mut traces: Vec<(usize, LayerTrace)> = Vec::new();
-        let mut rec = gpu.recorder();
         let x = rec.temp(rows * d)?;
         let gate_up = rec.temp(rows * 2 * f)?;
-        nn::embed(&mut rec, ids_buf, &self.embed, &x, rows)?;
+        nn::embed(rec, ids_buf, &self.embed, &x, rows)?;
         for (i, (block, layer_cache)) in self.blocks.iter().zip(cache.layers.iter_mut()).enumerate() {
             let attn_in = LinearInput::Normed { x: &x, g: &block.attn_norm, eps };
             match (&block.mixer, layer_cache) {
                 (TokenMixer::Attention { wqkv, wo }, LayerCache::Kv { k: kc, v: vc }) => {
                     let (q, att) = (rec.temp(rows * cfg.q_dim())?, rec.temp(rows * cfg.q_dim())?);
-                    self.attention_step(&mut rec, shape, attn_in, wqkv, wo, &AttentionBufs { q: &q, k_cache: kc, v_cache: vc, att: &att }, &x, true)?;
+                    self.attention_step(rec, shape, attn_in, wqkv, wo, &AttentionBufs { q: &q, k_cache: kc, v_cache: vc, att: &att }, &x, true)?;
                 }
                 (TokenMixer::Mixer(layer), LayerCache::Mixer(state)) => {
                     let mut t = LayerTrace::default();
-                    let want = trace.is_some().then_some(&mut t);
-                    layer.forward(&mut rec, attn_in, seq, state, &rope, &x, true, want)?;
-                    if trace.is_some() {
+                    let want = traces.is_some().then_some(&mut t);
+                    layer.forward(rec, attn_in, seq, state, &rope, &x, true, want)?;
+                    if let Some(traces) = traces.as_deref_mut() {
                         traces.push((i, t));
                     }
                 }
                 _ => return Err(Error::argument("cache", "the cache was made for another model")),
             }
-            nn::project_input(&mut rec, LinearInput::Normed { x: &x, g: &block.ffn_norm, eps }, &block.w_gate_up, &gate_up, rows, false)?;
-            nn::project_input(&mut rec, LinearInput::SwiGlu(&gate_up), &block.w_down, &x, rows, true)?;
+            nn::project_input(rec, LinearInput::Normed { x: &x, g: &block.ffn_norm, eps }, &block.w_gate_up, &gate_up, rows, false)?;
+            nn::project_input(rec, LinearInput::SwiGlu(&gate_up), &block.w_down, &x, rows, true)?;
         }
         let head = self.head.as_ref().unwrap_or(&self.embed);
         let out = if seq == 1 && logits != Logits::Hidden {
             // Decode (one position per sequence, its logits): the head takes the final norm as
             // its input (no rows to gather).
             let out = gpu.scratch(batch * cfg.vocab_size)?;
-            nn::project_input(&mut rec, LinearInput::Normed { x: &x, g: &self.final_norm, eps }, head, &out, batch, false)?;
+            nn::project_input(rec, LinearInput::Normed { x: &x, g: &self.final_norm, eps }, head, &out, batch, false)?;
             out
         } else {
             // With `Hidden`, the final norm writes straight into the buffer returned.
             let xn = rec.temp(rows * d)?;
             let hidden = if logits == Logits::Hidden { Some(gpu.scratch(rows * d)?) } else { None };
-            nn::rmsnorm(&mut rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
+            nn::rmsnorm(rec, &x, &self.final_norm, hidden.as_ref().unwrap_or(&xn), rows, d, eps)?;
             match hidden {
                 Some(h) => h,
                 None if logits == Logits::All => {
                     let out = gpu.scratch(rows * cfg.vocab_size)?;
-                    nn::project(&mut rec, &xn, head, &out, rows, false)?;
+                    nn::project(rec, &xn, head, &out, rows, false)?;
                     out
                 }
                 None => {
                     let last: Vec<u32> = (0..batch).map(|b| (b * seq + seq - 1) as u32).collect();
                     let last_buf = gpu.upload_u32("last rows", &last)?;
                     let h = rec.temp(batch * d)?;
-                    nn::gather_rows(&mut rec, &last_buf, &xn, &h, batch, d, rows)?;
+                    nn::gather_rows(rec, &last_buf, &xn, &h, batch, d, rows)?;
                     let out = gpu.scratch(batch * cfg.vocab_size)?;
-                    nn::project(&mut rec, &h, head, &out, batch, false)?;
+                    nn::project(rec, &h, head, &out, batch, false)?;
                     out
                 }
             }
         };
-        rec.submit()?;
         cache.len += seq;
-        match trace {
-            Some(d) => {
-                // The readbacks wait in `d` until settled: natively right here; on the web, where
-                // nothing may block, the caller awaits `Diagnostics::settle` before the next forward.
-                let mut layers = Vec::new();
-                for (i, t) in traces {
-                    let state = match &cache.layers[i] {
-                        LayerCache::Mixer(state) => Some((state.rec.s.buffer.clone(), state.rec.dims)),
-                        LayerCache::Kv { .. } => None,
-                    };
-                    layers.push(PendingLayer { layer: i, trace: t, state });
-                }
-                d.pending.push(PendingTrace { batch, seq, heads: cfg.num_attention_heads, layers });
-                #[cfg(not(target_arch = "wasm32"))]
-                pollster::block_on(d.settle(gpu))?;
-            }
-            None => {
-                for (_, t) in traces {
-                    for b in t.state_norm.into_iter().chain(t.token_stats) {
-                        gpu.release(b);
-                    }
-                }
-            }
-        }
         Ok(out)
     }
 }
