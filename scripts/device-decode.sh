@@ -37,7 +37,7 @@ teacher)
     for v in before after; do
       for wt in f32 f16; do
         timeout 90 /root/$v bench teacher --precision mixed --weights $wt --prefill "" --decode 512 --decode-tokens 128 --iters 1 --json > $R/decode-$v-$wt-$round.json 2>> $R/decode.err
-        echo "$v $wt round $round: $(grep -o '"tokens_per_second":[0-9.]*' $R/decode-$v-$wt-$round.json | tr '\n' ' ')"
+        echo "$v $wt round $round: $(grep -o '"[a-z_]*tokens_per_second":[0-9.]*' $R/decode-$v-$wt-$round.json | tr '\n' ' ')"
       done
     done
   done
@@ -63,7 +63,7 @@ teacher)
   python3 -c "import json,sys; a,b=(json.load(open(f))['ids'] for f in sys.argv[1:]); print('student generate:', 'same continuation' if a==b else 'DIFFERENT continuations', len(a), 'tokens')" $R/student-generate-before.json $R/student-generate-after.json
   for v in before after; do
     timeout 120 /root/$v bench teacher --model /root/student --precision mixed --prefill "" --decode 512,32768 --decode-tokens 128 --iters 1 --json > $R/student-decode-$v.json 2>> $R/student-decode.err
-    echo "student $v: $(grep -o '"context":[0-9]*\|"tokens_per_second":[0-9.]*' $R/student-decode-$v.json | tr '\n' ' ')"
+    echo "student $v: $(grep -o '"context":[0-9]*\|"[a-z_]*tokens_per_second":[0-9.]*' $R/student-decode-$v.json | tr '\n' ' ')"
   done
   LINEARIZE_PROFILE=1 timeout 90 /root/after bench teacher --model /root/student --precision mixed --prefill "" --decode 512 --decode-tokens 128 --iters 1 > $R/student-profile-kernels.txt 2>&1
   grep -E "profile" $R/student-profile-kernels.txt | head -20
