@@ -201,13 +201,22 @@ fn heldout_perplexity_in_row_blocks_equals_the_f64_teacher() {
 fn greedy_pick_on_the_gpu_is_the_first_maximum() {
     use linearize_core::generate::{argmax, greedy_on_gpu};
     let mut rng = Rng::new(9);
-    for vocab in [1usize, 100, 256, 1000, 49_152] {
+    // 2,048 and 2,049: one thread's eight loads per round end at, and just past, the row.
+    for vocab in [1usize, 100, 256, 1000, 2048, 2049, 49_152] {
         let mut rows = vec![random(&mut rng, vocab, 3.0)];
         let mut tie = random(&mut rng, vocab, 1.0);
         for c in [vocab / 3, vocab - 1, vocab / 2] {
             tie[c] = 5.0;
         }
         rows.push(tie);
+        // A tie among one thread's columns of one round and of the next round.
+        let mut own = random(&mut rng, vocab, 1.0);
+        for c in [7 + 2048, 7 + 256, 7 + 3 * 256] {
+            if c < vocab {
+                own[c] = 5.0;
+            }
+        }
+        rows.push(own);
         let mut last = random(&mut rng, vocab, 1.0);
         last[vocab - 1] = 9.0;
         rows.push(last);

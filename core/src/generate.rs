@@ -257,25 +257,27 @@ async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &
     Ok(())
 }
 
-/// Records `n` greedy steps into one recorder: the pick of `logits` into slot 0 of `picks`,
-/// then a forward of that pick and its pick into slot 1, and so on; the last pick is followed
-/// by a forward only with `more` (tokens still to come), whose logits are left in `logits` for
-/// the next burst. Each step goes to the queue as soon as it is recorded.
+/// Records `n` greedy steps, each submitted as soon as it is recorded: the pick of `logits`
+/// into slot 0 of `picks`, then a forward of that pick and its pick into slot 1, and so on; the
+/// last pick is followed by a forward only with `more` (tokens still to come), whose logits are
+/// left in `logits` for the next burst. A step is one recording (its pick and its forward), so
+/// its temporaries go back to the pool when it is submitted and the next step binds the same
+/// buffers (and finds its bind groups kept).
 #[allow(clippy::too_many_arguments)]
 fn record_burst(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, picks: &GpuBuf, n: usize, stride: usize, more: bool) -> Result<()> {
     let vocab = model.config.vocab_size;
-    let mut rec = gpu.recorder();
     for j in 0..n {
         let slot = picks.view(j * stride, 2)?;
         let current = logits.take().ok_or_else(|| Error::Gpu("greedy decoding lost its logits".into()))?;
+        let mut rec = gpu.recorder();
         let picked = record_greedy(&mut rec, &current, vocab, &slot);
-        // Back to the pool once the recording is submitted.
+        // Back to the pool once this step is submitted.
         rec.retire(current);
         picked?;
         if j + 1 < n || more {
             *logits = Some(model.record_forward(&mut rec, cache, &slot, 1, Logits::Last, None)?);
         }
-        rec.flush()?;
+        rec.submit()?;
     }
-    rec.submit()
+    Ok(())
 }
