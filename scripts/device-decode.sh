@@ -16,7 +16,9 @@ set -uo pipefail
 source scripts/device-common.sh
 device_vulkan
 unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" && chmod +x "$2"; }
-for v in before after; do [ -f /root/$v ] || [ ! -f .exp/dec/$v.xz ] || unxz .exp/dec/$v.xz /root/$v; done
+# VERSIONS: the binaries to compare (default "before after"; each .exp/dec/NAME.xz).
+V=${VERSIONS:-before after}
+for v in $V; do [ -f /root/$v ] || [ ! -f .exp/dec/$v.xz ] || unxz .exp/dec/$v.xz /root/$v; done
 R=/root/res && mkdir -p $R
 save() { tar czf $OUT/res.tgz -C $R .; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
@@ -34,7 +36,7 @@ teacher)
   [ -f $G ] || cat /root/stage/p3.00 /root/stage/p3.01 .stage/p3.02 > $G
   sha256sum $G > $R/teacher.sha256
   for round in 1 2; do
-    for v in before after; do
+    for v in $V; do
       for wt in f32 f16; do
         timeout 90 /root/$v bench teacher --precision mixed --weights $wt --prefill "" --decode 512 --decode-tokens 128 --iters 1 --json > $R/decode-$v-$wt-$round.json 2>> $R/decode.err
         echo "$v $wt round $round: $(grep -o '"[a-z_]*tokens_per_second":[0-9.]*' $R/decode-$v-$wt-$round.json | tr '\n' ' ')"
@@ -61,7 +63,7 @@ teacher)
     timeout 60 /root/$v generate --model /root/student --prompt "$P" --max-new-tokens 64 --json > $R/student-generate-$v.json 2>> $R/generate.err
   done
   python3 -c "import json,sys; a,b=(json.load(open(f))['ids'] for f in sys.argv[1:]); print('student generate:', 'same continuation' if a==b else 'DIFFERENT continuations', len(a), 'tokens')" $R/student-generate-before.json $R/student-generate-after.json
-  for v in before after; do
+  for v in $V; do
     timeout 120 /root/$v bench teacher --model /root/student --precision mixed --prefill "" --decode 512,32768 --decode-tokens 128 --iters 1 --json > $R/student-decode-$v.json 2>> $R/student-decode.err
     echo "student $v: $(grep -o '"context":[0-9]*\|"[a-z_]*tokens_per_second":[0-9.]*' $R/student-decode-$v.json | tr '\n' ' ')"
   done
