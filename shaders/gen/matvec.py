@@ -24,15 +24,6 @@ w_loads = "\n".join(
 x_loads = "\n".join(
     f"        if ({r}u < p.m) {{ acc{r} += " + " + ".join(f"dot(x_at({r}u, kq{j}, k4), w{j})" for j in j_) + "; }"
     for r in r_)
-# The first round's weight loads, issued before the prologue's reductions (they do not depend
-# on them), and that round's products once x' is known.
-w_first = "\n".join(
-    f"    let kp{j} = lane + {j}u * LANES;\n"
-    f"    var u{j} = vec4<f32>(0.0);\n"
-    f"    if (col < p.n && kp{j} < k4) {{ u{j} = READ(col * k4 + kp{j}); }}" for j in j_)
-x_first = "\n".join(
-    f"        if ({r}u < p.m) {{ acc{r} += " + " + ".join(f"dot(x_at({r}u, kp{j}, k4), u{j})" for j in j_) + "; }"
-    for r in r_)
 partials = "\n".join(f"    partial[tid * 8u + {r}u] = acc{r};" for r in r_)
 sq_decl = "\n".join(f"        var sq{r} = 0.0;" for r in r_)
 sq_acc = "\n".join(f"            if ({r}u < p.m) {{ let v = x[{r}u * k4 + kq]; sq{r} += dot(v, v); }}" for r in r_)
@@ -176,12 +167,12 @@ fn softplus(v: f32) -> f32 {{
     return log(1.0 + exp(v));
 }}
 
-// A gate's activation of a column from its row of `taps` (MODE + 1 of mixers/common/gates.wgsl,
-// 0 for none; the column's bias; its head's parameter), written as gates.wgsl writes it.
-fn gate_y(row: vec4<f32>, v: f32) -> f32 {{
-    let mode = u32(row.x);
-    let bias = row.y;
-    let param = row.z;
+// A gate's activation of column c (its row of `taps`: MODE + 1 of mixers/common/gates.wgsl, 0
+// for none; the column's bias; its head's parameter), written as gates.wgsl writes it.
+fn gate_y(c: u32, v: f32) -> f32 {{
+    let mode = u32(taps[c * 4u]);
+    let bias = taps[c * 4u + 1u];
+    let param = taps[c * 4u + 2u];
     switch mode {{
         case 1u: {{
             return 1.0 / (1.0 + exp(-v));
@@ -268,67 +259,38 @@ fn group_norms(tid: u32) {{
     }}
 }}
 
-// What an output's epilogue reads besides the product: the value it adds to (the residual),
-// its column's row of `taps` and, on a conv column, the conv's three carried inputs. Loaded at
-// the start of the kernel, so that these loads wait alongside the weights', not after the sum.
-struct EpilogueIn {{
-    y_old: f32,
-    row: vec4<f32>,
-    state: vec3<f32>,
-}}
-
-// Where column c's carried conv inputs of row r start, and their stride; (0, 0) for a column
-// past the convs.
-fn conv_at(r: u32, c: u32) -> vec2<u32> {{
+// Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
+// inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
+fn conv_y(r: u32, c: u32, v: f32) -> f32 {{
     let c_qk = p.conv_qk;
     if (c >= 2u * c_qk + p.conv_v) {{
-        return vec2<u32>(0u, 0u);
+        return gate_y(c, v);
     }}
-    // The tensor (q, k or v), its channel and its width.
+    // The tensor (q, k or v), its channel, its width and where its state starts.
     let t = min(c / c_qk, 2u);
     let ch = c - t * c_qk;
     let width = select(c_qk, p.conv_v, t == 2u);
-    return vec2<u32>(3u * p.m * t * c_qk + r * 3u * width + ch, width);
-}}
-
-// The plain entries' epilogue reads the residual alone (they bind no taps or conv state).
-fn plain_in(r: u32, c: u32) -> EpilogueIn {{
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (p.accumulate != 0u) {{
-        e.y_old = y[r * p.ldy + p.y0 + c];
-    }}
-    return e;
-}}
-
-fn conv_in(r: u32, c: u32) -> EpilogueIn {{
-    var e = plain_in(r, c);
-    e.row = vec4<f32>(taps[c * 4u], taps[c * 4u + 1u], taps[c * 4u + 2u], taps[c * 4u + 3u]);
-    let at = conv_at(r, c);
-    if (at.y != 0u) {{
-        e.state = vec3<f32>(conv_state[at.x], conv_state[at.x + at.y], conv_state[at.x + 2u * at.y]);
-    }}
-    return e;
-}}
-
-// Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
-// inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
-fn conv_y(r: u32, c: u32, v: f32, e: EpilogueIn) -> f32 {{
-    let at = conv_at(r, c);
-    if (at.y == 0u) {{
-        return gate_y(e.row, v);
-    }}
-    var acc = fma(e.row.x, e.state.x, 0.0);
-    acc = fma(e.row.y, e.state.y, acc);
-    acc = fma(e.row.z, e.state.z, acc);
-    acc = fma(e.row.w, v, acc);
-    conv_state[at.x] = e.state.y;
-    conv_state[at.x + at.y] = e.state.z;
-    conv_state[at.x + 2u * at.y] = v;
+    let base = 3u * p.m * t * c_qk + r * 3u * width + ch;
+    let s0 = conv_state[base];
+    let s1 = conv_state[base + width];
+    let s2 = conv_state[base + 2u * width];
+    var acc = fma(taps[c * 4u], s0, 0.0);
+    acc = fma(taps[c * 4u + 1u], s1, acc);
+    acc = fma(taps[c * 4u + 2u], s2, acc);
+    acc = fma(taps[c * 4u + 3u], v, acc);
+    conv_state[base] = s1;
+    conv_state[base + width] = s2;
+    conv_state[base + 2u * width] = v;
     return acc / (1.0 + exp(-acc));
 }}
 
-fn put_y(r: u32, c: u32, v: f32, e: EpilogueIn) {{
-    y[r * p.ldy + p.y0 + c] = v + e.y_old;
+fn put_y(r: u32, c: u32, v: f32) {{
+    let idx = r * p.ldy + p.y0 + c;
+    if (p.accumulate != 0u) {{
+        y[idx] = y[idx] + v;
+    }} else {{
+        y[idx] = v;
+    }}
 }}
 
 """
@@ -336,24 +298,14 @@ fn put_y(r: u32, c: u32, v: f32, e: EpilogueIn) {{
 KERNEL = """@compute @workgroup_size(256)
 fn matvec{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
-    // The output this thread stores at the end (if any) and what its epilogue reads.
-    let out_c = tid / 8u;
-    let out_r = tid % 8u;
-    let stores = tid < COLS * 8u && col0 + out_c < p.n && out_r < p.m;
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (stores) {{
-        e = EPILOGUE_IN(out_r, col0 + out_c);
-    }}
-{w_first}
-    row_norms(tid, k4);
-    group_norms(tid);
 {acc_decl}
     if (col < p.n) {{
-{x_first}
-    for (var base = lane + 4u * LANES; base < k4; base += 4u * LANES) {{
+    for (var base = lane; base < k4; base += 4u * LANES) {{
 {w_loads}
 {x_loads}
     }}
@@ -373,17 +325,21 @@ fn matvec{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         reduced[tid] = s;
     }}
     workgroupBarrier();
-    if (stores) {{
+    if (tid < COLS * 8u) {{
         let parts = LANES / 8u;
-        var s = 0.0;
-        for (var i = 0u; i < parts; i++) {{
-            s += reduced[out_c * LANES + out_r * parts + i];
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {{
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {{
+                s += reduced[c * LANES + r * parts + i];
+            }}
+            put_y(r, col0 + c, EPILOGUE(r, col0 + c, s));
         }}
-        put_y(out_r, col0 + out_c, EPILOGUE(out_r, col0 + out_c, s, e), e);
     }}
 }}
 """
-src += """fn no_epilogue(r: u32, c: u32, v: f32, e: EpilogueIn) -> f32 {
+src += """fn no_epilogue(r: u32, c: u32, v: f32) -> f32 {
     return v;
 }
 
@@ -392,7 +348,7 @@ src += """fn no_epilogue(r: u32, c: u32, v: f32, e: EpilogueIn) -> f32 {
 # input product, mixers::layer); separate entries, so the others bind no conv buffers.
 for conv, epilogue in (("", "no_epilogue"), ("_conv", "conv_y")):
     for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
-        src += KERNEL.replace("{SUFFIX}", conv + suffix).replace("EPILOGUE(", epilogue + "(").replace("EPILOGUE_IN", "conv_in" if conv else "plain_in").format(acc_decl=acc_decl, w_first=w_first.replace("READ", read), x_first=x_first, w_loads=w_loads.replace("READ", read), x_loads=x_loads, partials=partials)
+        src += KERNEL.replace("{SUFFIX}", conv + suffix).replace("EPILOGUE", epilogue).format(acc_decl=acc_decl, w_loads=w_loads.replace("READ", read), x_loads=x_loads, partials=partials)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matvec.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

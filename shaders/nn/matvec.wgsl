@@ -157,12 +157,12 @@ fn softplus(v: f32) -> f32 {
     return log(1.0 + exp(v));
 }
 
-// A gate's activation of a column from its row of `taps` (MODE + 1 of mixers/common/gates.wgsl,
-// 0 for none; the column's bias; its head's parameter), written as gates.wgsl writes it.
-fn gate_y(row: vec4<f32>, v: f32) -> f32 {
-    let mode = u32(row.x);
-    let bias = row.y;
-    let param = row.z;
+// A gate's activation of column c (its row of `taps`: MODE + 1 of mixers/common/gates.wgsl, 0
+// for none; the column's bias; its head's parameter), written as gates.wgsl writes it.
+fn gate_y(c: u32, v: f32) -> f32 {
+    let mode = u32(taps[c * 4u]);
+    let bias = taps[c * 4u + 1u];
+    let param = taps[c * 4u + 2u];
     switch mode {
         case 1u: {
             return 1.0 / (1.0 + exp(-v));
@@ -249,101 +249,52 @@ fn group_norms(tid: u32) {
     }
 }
 
-// What an output's epilogue reads besides the product: the value it adds to (the residual),
-// its column's row of `taps` and, on a conv column, the conv's three carried inputs. Loaded at
-// the start of the kernel, so that these loads wait alongside the weights', not after the sum.
-struct EpilogueIn {
-    y_old: f32,
-    row: vec4<f32>,
-    state: vec3<f32>,
-}
-
-// Where column c's carried conv inputs of row r start, and their stride; (0, 0) for a column
-// past the convs.
-fn conv_at(r: u32, c: u32) -> vec2<u32> {
+// Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
+// inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
+fn conv_y(r: u32, c: u32, v: f32) -> f32 {
     let c_qk = p.conv_qk;
     if (c >= 2u * c_qk + p.conv_v) {
-        return vec2<u32>(0u, 0u);
+        return gate_y(c, v);
     }
-    // The tensor (q, k or v), its channel and its width.
+    // The tensor (q, k or v), its channel, its width and where its state starts.
     let t = min(c / c_qk, 2u);
     let ch = c - t * c_qk;
     let width = select(c_qk, p.conv_v, t == 2u);
-    return vec2<u32>(3u * p.m * t * c_qk + r * 3u * width + ch, width);
-}
-
-// The plain entries' epilogue reads the residual alone (they bind no taps or conv state).
-fn plain_in(r: u32, c: u32) -> EpilogueIn {
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (p.accumulate != 0u) {
-        e.y_old = y[r * p.ldy + p.y0 + c];
-    }
-    return e;
-}
-
-fn conv_in(r: u32, c: u32) -> EpilogueIn {
-    var e = plain_in(r, c);
-    e.row = vec4<f32>(taps[c * 4u], taps[c * 4u + 1u], taps[c * 4u + 2u], taps[c * 4u + 3u]);
-    let at = conv_at(r, c);
-    if (at.y != 0u) {
-        e.state = vec3<f32>(conv_state[at.x], conv_state[at.x + at.y], conv_state[at.x + 2u * at.y]);
-    }
-    return e;
-}
-
-// Column c of row r through its short conv and SiLU (ops::short_conv's conv_step), the carried
-// inputs advanced; columns past the convs through their gate's activation, if any (gate_y).
-fn conv_y(r: u32, c: u32, v: f32, e: EpilogueIn) -> f32 {
-    let at = conv_at(r, c);
-    if (at.y == 0u) {
-        return gate_y(e.row, v);
-    }
-    var acc = fma(e.row.x, e.state.x, 0.0);
-    acc = fma(e.row.y, e.state.y, acc);
-    acc = fma(e.row.z, e.state.z, acc);
-    acc = fma(e.row.w, v, acc);
-    conv_state[at.x] = e.state.y;
-    conv_state[at.x + at.y] = e.state.z;
-    conv_state[at.x + 2u * at.y] = v;
+    let base = 3u * p.m * t * c_qk + r * 3u * width + ch;
+    let s0 = conv_state[base];
+    let s1 = conv_state[base + width];
+    let s2 = conv_state[base + 2u * width];
+    var acc = fma(taps[c * 4u], s0, 0.0);
+    acc = fma(taps[c * 4u + 1u], s1, acc);
+    acc = fma(taps[c * 4u + 2u], s2, acc);
+    acc = fma(taps[c * 4u + 3u], v, acc);
+    conv_state[base] = s1;
+    conv_state[base + width] = s2;
+    conv_state[base + 2u * width] = v;
     return acc / (1.0 + exp(-acc));
 }
 
-fn put_y(r: u32, c: u32, v: f32, e: EpilogueIn) {
-    y[r * p.ldy + p.y0 + c] = v + e.y_old;
+fn put_y(r: u32, c: u32, v: f32) {
+    let idx = r * p.ldy + p.y0 + c;
+    if (p.accumulate != 0u) {
+        y[idx] = y[idx] + v;
+    } else {
+        y[idx] = v;
+    }
 }
 
-fn no_epilogue(r: u32, c: u32, v: f32, e: EpilogueIn) -> f32 {
+fn no_epilogue(r: u32, c: u32, v: f32) -> f32 {
     return v;
 }
 
 @compute @workgroup_size(256)
 fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
-    // The output this thread stores at the end (if any) and what its epilogue reads.
-    let out_c = tid / 8u;
-    let out_r = tid % 8u;
-    let stores = tid < COLS * 8u && col0 + out_c < p.n && out_r < p.m;
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (stores) {
-        e = plain_in(out_r, col0 + out_c);
-    }
-    let kp0 = lane + 0u * LANES;
-    var u0 = vec4<f32>(0.0);
-    if (col < p.n && kp0 < k4) { u0 = w_f32(col * k4 + kp0); }
-    let kp1 = lane + 1u * LANES;
-    var u1 = vec4<f32>(0.0);
-    if (col < p.n && kp1 < k4) { u1 = w_f32(col * k4 + kp1); }
-    let kp2 = lane + 2u * LANES;
-    var u2 = vec4<f32>(0.0);
-    if (col < p.n && kp2 < k4) { u2 = w_f32(col * k4 + kp2); }
-    let kp3 = lane + 3u * LANES;
-    var u3 = vec4<f32>(0.0);
-    if (col < p.n && kp3 < k4) { u3 = w_f32(col * k4 + kp3); }
-    row_norms(tid, k4);
-    group_norms(tid);
     var acc0 = 0.0;
     var acc1 = 0.0;
     var acc2 = 0.0;
@@ -353,15 +304,7 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
     var acc6 = 0.0;
     var acc7 = 0.0;
     if (col < p.n) {
-        if (0u < p.m) { acc0 += dot(x_at(0u, kp0, k4), u0) + dot(x_at(0u, kp1, k4), u1) + dot(x_at(0u, kp2, k4), u2) + dot(x_at(0u, kp3, k4), u3); }
-        if (1u < p.m) { acc1 += dot(x_at(1u, kp0, k4), u0) + dot(x_at(1u, kp1, k4), u1) + dot(x_at(1u, kp2, k4), u2) + dot(x_at(1u, kp3, k4), u3); }
-        if (2u < p.m) { acc2 += dot(x_at(2u, kp0, k4), u0) + dot(x_at(2u, kp1, k4), u1) + dot(x_at(2u, kp2, k4), u2) + dot(x_at(2u, kp3, k4), u3); }
-        if (3u < p.m) { acc3 += dot(x_at(3u, kp0, k4), u0) + dot(x_at(3u, kp1, k4), u1) + dot(x_at(3u, kp2, k4), u2) + dot(x_at(3u, kp3, k4), u3); }
-        if (4u < p.m) { acc4 += dot(x_at(4u, kp0, k4), u0) + dot(x_at(4u, kp1, k4), u1) + dot(x_at(4u, kp2, k4), u2) + dot(x_at(4u, kp3, k4), u3); }
-        if (5u < p.m) { acc5 += dot(x_at(5u, kp0, k4), u0) + dot(x_at(5u, kp1, k4), u1) + dot(x_at(5u, kp2, k4), u2) + dot(x_at(5u, kp3, k4), u3); }
-        if (6u < p.m) { acc6 += dot(x_at(6u, kp0, k4), u0) + dot(x_at(6u, kp1, k4), u1) + dot(x_at(6u, kp2, k4), u2) + dot(x_at(6u, kp3, k4), u3); }
-        if (7u < p.m) { acc7 += dot(x_at(7u, kp0, k4), u0) + dot(x_at(7u, kp1, k4), u1) + dot(x_at(7u, kp2, k4), u2) + dot(x_at(7u, kp3, k4), u3); }
-    for (var base = lane + 4u * LANES; base < k4; base += 4u * LANES) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
         let kq0 = base + 0u * LANES;
         var w0 = vec4<f32>(0.0);
         if (kq0 < k4) { w0 = w_f32(col * k4 + kq0); }
@@ -406,43 +349,27 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
         reduced[tid] = s;
     }
     workgroupBarrier();
-    if (stores) {
+    if (tid < COLS * 8u) {
         let parts = LANES / 8u;
-        var s = 0.0;
-        for (var i = 0u; i < parts; i++) {
-            s += reduced[out_c * LANES + out_r * parts + i];
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, no_epilogue(r, col0 + c, s));
         }
-        put_y(out_r, col0 + out_c, no_epilogue(out_r, col0 + out_c, s, e), e);
     }
 }
 @compute @workgroup_size(256)
 fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
-    // The output this thread stores at the end (if any) and what its epilogue reads.
-    let out_c = tid / 8u;
-    let out_r = tid % 8u;
-    let stores = tid < COLS * 8u && col0 + out_c < p.n && out_r < p.m;
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (stores) {
-        e = plain_in(out_r, col0 + out_c);
-    }
-    let kp0 = lane + 0u * LANES;
-    var u0 = vec4<f32>(0.0);
-    if (col < p.n && kp0 < k4) { u0 = w_half(col * k4 + kp0); }
-    let kp1 = lane + 1u * LANES;
-    var u1 = vec4<f32>(0.0);
-    if (col < p.n && kp1 < k4) { u1 = w_half(col * k4 + kp1); }
-    let kp2 = lane + 2u * LANES;
-    var u2 = vec4<f32>(0.0);
-    if (col < p.n && kp2 < k4) { u2 = w_half(col * k4 + kp2); }
-    let kp3 = lane + 3u * LANES;
-    var u3 = vec4<f32>(0.0);
-    if (col < p.n && kp3 < k4) { u3 = w_half(col * k4 + kp3); }
-    row_norms(tid, k4);
-    group_norms(tid);
     var acc0 = 0.0;
     var acc1 = 0.0;
     var acc2 = 0.0;
@@ -452,15 +379,7 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     var acc6 = 0.0;
     var acc7 = 0.0;
     if (col < p.n) {
-        if (0u < p.m) { acc0 += dot(x_at(0u, kp0, k4), u0) + dot(x_at(0u, kp1, k4), u1) + dot(x_at(0u, kp2, k4), u2) + dot(x_at(0u, kp3, k4), u3); }
-        if (1u < p.m) { acc1 += dot(x_at(1u, kp0, k4), u0) + dot(x_at(1u, kp1, k4), u1) + dot(x_at(1u, kp2, k4), u2) + dot(x_at(1u, kp3, k4), u3); }
-        if (2u < p.m) { acc2 += dot(x_at(2u, kp0, k4), u0) + dot(x_at(2u, kp1, k4), u1) + dot(x_at(2u, kp2, k4), u2) + dot(x_at(2u, kp3, k4), u3); }
-        if (3u < p.m) { acc3 += dot(x_at(3u, kp0, k4), u0) + dot(x_at(3u, kp1, k4), u1) + dot(x_at(3u, kp2, k4), u2) + dot(x_at(3u, kp3, k4), u3); }
-        if (4u < p.m) { acc4 += dot(x_at(4u, kp0, k4), u0) + dot(x_at(4u, kp1, k4), u1) + dot(x_at(4u, kp2, k4), u2) + dot(x_at(4u, kp3, k4), u3); }
-        if (5u < p.m) { acc5 += dot(x_at(5u, kp0, k4), u0) + dot(x_at(5u, kp1, k4), u1) + dot(x_at(5u, kp2, k4), u2) + dot(x_at(5u, kp3, k4), u3); }
-        if (6u < p.m) { acc6 += dot(x_at(6u, kp0, k4), u0) + dot(x_at(6u, kp1, k4), u1) + dot(x_at(6u, kp2, k4), u2) + dot(x_at(6u, kp3, k4), u3); }
-        if (7u < p.m) { acc7 += dot(x_at(7u, kp0, k4), u0) + dot(x_at(7u, kp1, k4), u1) + dot(x_at(7u, kp2, k4), u2) + dot(x_at(7u, kp3, k4), u3); }
-    for (var base = lane + 4u * LANES; base < k4; base += 4u * LANES) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
         let kq0 = base + 0u * LANES;
         var w0 = vec4<f32>(0.0);
         if (kq0 < k4) { w0 = w_half(col * k4 + kq0); }
@@ -505,43 +424,27 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
         reduced[tid] = s;
     }
     workgroupBarrier();
-    if (stores) {
+    if (tid < COLS * 8u) {
         let parts = LANES / 8u;
-        var s = 0.0;
-        for (var i = 0u; i < parts; i++) {
-            s += reduced[out_c * LANES + out_r * parts + i];
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, no_epilogue(r, col0 + c, s));
         }
-        put_y(out_r, col0 + out_c, no_epilogue(out_r, col0 + out_c, s, e), e);
     }
 }
 @compute @workgroup_size(256)
 fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
-    // The output this thread stores at the end (if any) and what its epilogue reads.
-    let out_c = tid / 8u;
-    let out_r = tid % 8u;
-    let stores = tid < COLS * 8u && col0 + out_c < p.n && out_r < p.m;
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (stores) {
-        e = conv_in(out_r, col0 + out_c);
-    }
-    let kp0 = lane + 0u * LANES;
-    var u0 = vec4<f32>(0.0);
-    if (col < p.n && kp0 < k4) { u0 = w_f32(col * k4 + kp0); }
-    let kp1 = lane + 1u * LANES;
-    var u1 = vec4<f32>(0.0);
-    if (col < p.n && kp1 < k4) { u1 = w_f32(col * k4 + kp1); }
-    let kp2 = lane + 2u * LANES;
-    var u2 = vec4<f32>(0.0);
-    if (col < p.n && kp2 < k4) { u2 = w_f32(col * k4 + kp2); }
-    let kp3 = lane + 3u * LANES;
-    var u3 = vec4<f32>(0.0);
-    if (col < p.n && kp3 < k4) { u3 = w_f32(col * k4 + kp3); }
-    row_norms(tid, k4);
-    group_norms(tid);
     var acc0 = 0.0;
     var acc1 = 0.0;
     var acc2 = 0.0;
@@ -551,15 +454,7 @@ fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     var acc6 = 0.0;
     var acc7 = 0.0;
     if (col < p.n) {
-        if (0u < p.m) { acc0 += dot(x_at(0u, kp0, k4), u0) + dot(x_at(0u, kp1, k4), u1) + dot(x_at(0u, kp2, k4), u2) + dot(x_at(0u, kp3, k4), u3); }
-        if (1u < p.m) { acc1 += dot(x_at(1u, kp0, k4), u0) + dot(x_at(1u, kp1, k4), u1) + dot(x_at(1u, kp2, k4), u2) + dot(x_at(1u, kp3, k4), u3); }
-        if (2u < p.m) { acc2 += dot(x_at(2u, kp0, k4), u0) + dot(x_at(2u, kp1, k4), u1) + dot(x_at(2u, kp2, k4), u2) + dot(x_at(2u, kp3, k4), u3); }
-        if (3u < p.m) { acc3 += dot(x_at(3u, kp0, k4), u0) + dot(x_at(3u, kp1, k4), u1) + dot(x_at(3u, kp2, k4), u2) + dot(x_at(3u, kp3, k4), u3); }
-        if (4u < p.m) { acc4 += dot(x_at(4u, kp0, k4), u0) + dot(x_at(4u, kp1, k4), u1) + dot(x_at(4u, kp2, k4), u2) + dot(x_at(4u, kp3, k4), u3); }
-        if (5u < p.m) { acc5 += dot(x_at(5u, kp0, k4), u0) + dot(x_at(5u, kp1, k4), u1) + dot(x_at(5u, kp2, k4), u2) + dot(x_at(5u, kp3, k4), u3); }
-        if (6u < p.m) { acc6 += dot(x_at(6u, kp0, k4), u0) + dot(x_at(6u, kp1, k4), u1) + dot(x_at(6u, kp2, k4), u2) + dot(x_at(6u, kp3, k4), u3); }
-        if (7u < p.m) { acc7 += dot(x_at(7u, kp0, k4), u0) + dot(x_at(7u, kp1, k4), u1) + dot(x_at(7u, kp2, k4), u2) + dot(x_at(7u, kp3, k4), u3); }
-    for (var base = lane + 4u * LANES; base < k4; base += 4u * LANES) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
         let kq0 = base + 0u * LANES;
         var w0 = vec4<f32>(0.0);
         if (kq0 < k4) { w0 = w_f32(col * k4 + kq0); }
@@ -604,43 +499,27 @@ fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         reduced[tid] = s;
     }
     workgroupBarrier();
-    if (stores) {
+    if (tid < COLS * 8u) {
         let parts = LANES / 8u;
-        var s = 0.0;
-        for (var i = 0u; i < parts; i++) {
-            s += reduced[out_c * LANES + out_r * parts + i];
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, conv_y(r, col0 + c, s));
         }
-        put_y(out_r, col0 + out_c, conv_y(out_r, col0 + out_c, s, e), e);
     }
 }
 @compute @workgroup_size(256)
 fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
-    // The output this thread stores at the end (if any) and what its epilogue reads.
-    let out_c = tid / 8u;
-    let out_r = tid % 8u;
-    let stores = tid < COLS * 8u && col0 + out_c < p.n && out_r < p.m;
-    var e = EpilogueIn(0.0, vec4<f32>(0.0), vec3<f32>(0.0));
-    if (stores) {
-        e = conv_in(out_r, col0 + out_c);
-    }
-    let kp0 = lane + 0u * LANES;
-    var u0 = vec4<f32>(0.0);
-    if (col < p.n && kp0 < k4) { u0 = w_half(col * k4 + kp0); }
-    let kp1 = lane + 1u * LANES;
-    var u1 = vec4<f32>(0.0);
-    if (col < p.n && kp1 < k4) { u1 = w_half(col * k4 + kp1); }
-    let kp2 = lane + 2u * LANES;
-    var u2 = vec4<f32>(0.0);
-    if (col < p.n && kp2 < k4) { u2 = w_half(col * k4 + kp2); }
-    let kp3 = lane + 3u * LANES;
-    var u3 = vec4<f32>(0.0);
-    if (col < p.n && kp3 < k4) { u3 = w_half(col * k4 + kp3); }
-    row_norms(tid, k4);
-    group_norms(tid);
     var acc0 = 0.0;
     var acc1 = 0.0;
     var acc2 = 0.0;
@@ -650,15 +529,7 @@ fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var acc6 = 0.0;
     var acc7 = 0.0;
     if (col < p.n) {
-        if (0u < p.m) { acc0 += dot(x_at(0u, kp0, k4), u0) + dot(x_at(0u, kp1, k4), u1) + dot(x_at(0u, kp2, k4), u2) + dot(x_at(0u, kp3, k4), u3); }
-        if (1u < p.m) { acc1 += dot(x_at(1u, kp0, k4), u0) + dot(x_at(1u, kp1, k4), u1) + dot(x_at(1u, kp2, k4), u2) + dot(x_at(1u, kp3, k4), u3); }
-        if (2u < p.m) { acc2 += dot(x_at(2u, kp0, k4), u0) + dot(x_at(2u, kp1, k4), u1) + dot(x_at(2u, kp2, k4), u2) + dot(x_at(2u, kp3, k4), u3); }
-        if (3u < p.m) { acc3 += dot(x_at(3u, kp0, k4), u0) + dot(x_at(3u, kp1, k4), u1) + dot(x_at(3u, kp2, k4), u2) + dot(x_at(3u, kp3, k4), u3); }
-        if (4u < p.m) { acc4 += dot(x_at(4u, kp0, k4), u0) + dot(x_at(4u, kp1, k4), u1) + dot(x_at(4u, kp2, k4), u2) + dot(x_at(4u, kp3, k4), u3); }
-        if (5u < p.m) { acc5 += dot(x_at(5u, kp0, k4), u0) + dot(x_at(5u, kp1, k4), u1) + dot(x_at(5u, kp2, k4), u2) + dot(x_at(5u, kp3, k4), u3); }
-        if (6u < p.m) { acc6 += dot(x_at(6u, kp0, k4), u0) + dot(x_at(6u, kp1, k4), u1) + dot(x_at(6u, kp2, k4), u2) + dot(x_at(6u, kp3, k4), u3); }
-        if (7u < p.m) { acc7 += dot(x_at(7u, kp0, k4), u0) + dot(x_at(7u, kp1, k4), u1) + dot(x_at(7u, kp2, k4), u2) + dot(x_at(7u, kp3, k4), u3); }
-    for (var base = lane + 4u * LANES; base < k4; base += 4u * LANES) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
         let kq0 = base + 0u * LANES;
         var w0 = vec4<f32>(0.0);
         if (kq0 < k4) { w0 = w_half(col * k4 + kq0); }
@@ -703,12 +574,16 @@ fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         reduced[tid] = s;
     }
     workgroupBarrier();
-    if (stores) {
+    if (tid < COLS * 8u) {
         let parts = LANES / 8u;
-        var s = 0.0;
-        for (var i = 0u; i < parts; i++) {
-            s += reduced[out_c * LANES + out_r * parts + i];
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, conv_y(r, col0 + c, s));
         }
-        put_y(out_r, col0 + out_c, conv_y(out_r, col0 + out_c, s, e), e);
     }
 }
