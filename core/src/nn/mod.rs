@@ -205,8 +205,9 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
     let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v, group: group as u32 };
     // Narrow products take 64 threads per column so their few columns still fill the GPU; wide
     // ones 16 (16 columns per workgroup), which the H200 ran 1.3× faster at 3,072 columns and
-    // 2× at 49,152 (BENCHMARKS.md).
-    let lanes = if n >= 2048 { 16 } else { 64 };
+    // 2× at 49,152; those between 32 (a student decoded 2 % faster than with 16 there, 64 was
+    // 20 % slower; BENCHMARKS.md).
+    let lanes = if n >= 8192 { 16 } else if n >= 2048 { 32 } else { 64 };
     let entry = match (epilogue.is_some(), f16) {
         (false, false) => "matvec",
         (false, true) => "matvec_f16",
