@@ -501,7 +501,10 @@ fn cmd_generate(spec: &str, prompt: &str, sampling: Sampling, diagnostics: Optio
 /// `export --to`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 enum ExportArg {
+    /// flash-linear-attention's model classes (gated DeltaNet, GLA, DeltaNet, RetNet, KDA, hybrids)
     Fla,
+    /// transformers with trust_remote_code: every mixer and option, linearize's own layer in PyTorch
+    Hf,
 }
 
 fn cmd_export(to: ExportArg, student: &std::path::Path, out: &std::path::Path, force: bool) -> Result<()> {
@@ -512,10 +515,14 @@ fn cmd_export(to: ExportArg, student: &std::path::Path, out: &std::path::Path, f
     };
     let target = match to {
         ExportArg::Fla => Target::Fla,
+        ExportArg::Hf => Target::Hf,
     };
     prepare_model_dir("OUT", out, force)?;
     let written = export(&model.weights, mixers, &model.tokenizer, target, out)?;
-    outln!("wrote {} ({} tensors for flash-linear-attention's {}; load with `import fla` then transformers' AutoModelForCausalLM.from_pretrained)", out.display(), written.tensors.len(), written.architecture);
+    match target {
+        Target::Fla => outln!("wrote {} ({} tensors for flash-linear-attention's {}; load with `import fla` then transformers' AutoModelForCausalLM.from_pretrained)", out.display(), written.tensors.len(), written.architecture),
+        Target::Hf => outln!("wrote {} ({} tensors and modeling_linearize.py's {}; load with transformers' AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True))", out.display(), written.tensors.len(), written.architecture),
+    }
     Ok(())
 }
 

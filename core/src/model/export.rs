@@ -1,7 +1,12 @@
-//! Students for PyTorch: a directory that flash-linear-attention's model classes load
-//! (`AutoModelForCausalLM.from_pretrained` once `fla` is imported) — fla's config, tensor names
-//! and layouts, the tokenizer with the chat template — or a refusal that says why the mixer's
-//! fla layer would compute something else.
+//! Students for PyTorch, two ways:
+//! - `Target::Fla`: a directory that flash-linear-attention's model classes load
+//!   (`AutoModelForCausalLM.from_pretrained` once `fla` is imported) — fla's config, tensor names
+//!   and layouts, the tokenizer with the chat template — or a refusal that says why the mixer's
+//!   fla layer would compute something else.
+//! - `Target::Hf`: transformers' remote code, for every mixer and option: the student directory
+//!   itself (our tensor names, still loadable by linearize) with python/modeling_linearize.py
+//!   beside it and config.json naming its classes (`auto_map`) and carrying the mixer's `Layout`
+//!   as JSON, which that file follows step by step as our GPU layer and f64 reference do.
 //!
 //! Every fla 0.6 model class used here has our block (RMSNorm, mixer, RMSNorm, SwiGLU MLP,
 //! residuals) under the names `attn_norm`, `attn`, `mlp_norm`, `mlp`; a hybrid's softmax-attention
@@ -25,6 +30,9 @@ use super::config::LlamaConfig;
 use super::tokenizer::Tokenizer;
 use super::weights::{ModelWeights, StudentMixers};
 use crate::error::{Error, Result};
+use crate::mixers::ops::{GateFn, HeadNorm, OutputGate};
+use crate::mixers::recurrence::Normalizer;
+use crate::mixers::spec::{GateDef, GateInput, GatePlace, Hadamard, Layout};
 use crate::util::write_atomic;
 use serde_json::json;
 use std::path::Path;
@@ -34,6 +42,8 @@ use std::path::Path;
 pub enum Target {
     /// flash-linear-attention's model classes.
     Fla,
+    /// transformers with `trust_remote_code=True` (python/modeling_linearize.py).
+    Hf,
 }
 
 /// A mixer's fla model: its model type and class, the mixer's fields of fla's config, and our
@@ -225,7 +235,8 @@ const CHATML_TEMPLATE: &str = "{% for message in messages %}{% if loop.first and
 
 /// What an export wrote.
 pub struct Exported {
-    /// The model class that loads it (fla's, registered with transformers by `import fla`).
+    /// The model class that loads it (fla's, registered with transformers by `import fla`, or
+    /// ours from the directory's modeling_linearize.py).
     pub architecture: &'static str,
     /// The tensors' names.
     pub tensors: Vec<String>,
@@ -235,7 +246,13 @@ pub struct Exported {
 /// directory; the caller checks). Refuses, naming the reason, where the target's layer for the
 /// mixer would compute something else.
 pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target: Target, out: &Path) -> Result<Exported> {
-    let Target::Fla = target;
+    match target {
+        Target::Fla => export_fla(w, m, tokenizer, out),
+        Target::Hf => export_hf(w, m, tokenizer, out),
+    }
+}
+
+fn export_fla(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, out: &Path) -> Result<Exported> {
     let fla = fla_mixer(m, w.config.hidden_size).map_err(|why| Error::argument("--to fla", format!("a {} student is not exported: {why}", m.config.mixer.name())))?;
     let c = &w.config;
     if (m.config.options.norm_eps - c.rms_norm_eps).abs() > 1e-12 {
@@ -260,6 +277,13 @@ pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target
     let config = fla_config(c, m, &fla);
     write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
     write_atomic(&out.join("tokenizer.json"), tokenizer.json().as_bytes())?;
+    write_tokenizer_config(c, tokenizer, out)?;
+    Ok(Exported { architecture: fla.architecture, tensors: tensors.into_iter().map(|t| t.name).collect() })
+}
+
+/// tokenizer_config.json: transformers' fast tokenizer with the teacher's special tokens and
+/// chat template.
+fn write_tokenizer_config(c: &LlamaConfig, tokenizer: &Tokenizer, out: &Path) -> Result<()> {
     let token = |id: Option<u32>| id.and_then(|i| tokenizer.decode(&[i]).ok());
     let tokenizer_config = json!({
         "tokenizer_class": "PreTrainedTokenizerFast",
@@ -269,6 +293,129 @@ pub fn export(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, target
         "chat_template": CHATML_TEMPLATE,
         "model_max_length": c.max_position_embeddings,
     });
-    write_atomic(&out.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config).expect("json").as_bytes())?;
-    Ok(Exported { architecture: fla.architecture, tensors: tensors.into_iter().map(|t| t.name).collect() })
+    write_atomic(&out.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config).expect("json").as_bytes())
+}
+
+/// The remote code `Target::Hf` writes beside the weights.
+pub const HF_MODELING_FILE: &str = "modeling_linearize.py";
+const HF_MODELING: &str = include_str!("../../../python/modeling_linearize.py");
+
+/// The student directory (`student::save_dir`) with transformers' remote code: config.json
+/// gains `architectures`, `auto_map` and `linearize` (the mixer's blocks, shape, parameter
+/// shapes, fixed constants and `Layout`), and modeling_linearize.py follows that layout.
+fn export_hf(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, out: &Path) -> Result<Exported> {
+    let c = &w.config;
+    let first = m.layers.values().next().ok_or_else(|| Error::format("student", "no mixer block"))?;
+    if let Some((i, _)) = m.layers.iter().find(|(_, p)| p.keys().ne(first.keys()) || p.values().zip(first.values()).any(|(a, b)| a.shape != b.shape)) {
+        return Err(Error::format("student", format!("block {i}'s mixer parameters differ from the first mixer block's; the export describes them once")));
+    }
+    super::student::save_dir(out, w, m, tokenizer)?;
+    let (kind, opts, s) = (m.config.mixer, &m.config.options, m.config.shape);
+    let parameters: serde_json::Map<String, serde_json::Value> = first.iter().map(|(name, t)| (name.clone(), json!(t.shape))).collect();
+    let constants: serde_json::Map<String, serde_json::Value> = (kind.def().constants)(s).into_iter().map(|(name, v)| (name.to_string(), json!(v))).collect();
+    let mut config = serde_json::to_value(super::config::LlamaConfig { model_type: super::config::STUDENT_MODEL_TYPE.into(), ..c.clone() }).expect("json");
+    let fields = json!({
+        "architectures": ["LinearizeForCausalLM"],
+        "auto_map": { "AutoConfig": "modeling_linearize.LinearizeConfig", "AutoModelForCausalLM": "modeling_linearize.LinearizeForCausalLM" },
+        "hidden_act": "silu",
+        "torch_dtype": "float32",
+        "linearize": {
+            "mixer": kind.name(),
+            "layers": m.config.mixer_layers,
+            "heads": s.heads,
+            "dk": s.dk,
+            "dv": s.dv,
+            "norm_eps": opts.norm_eps,
+            "rope_theta": opts.rope_theta(c.rope_theta),
+            "parameters": parameters,
+            "constants": constants,
+            "layout": layout_json(&kind.layout(opts)),
+            "exported_by": format!("linearize {} from a {} student of {}", env!("CARGO_PKG_VERSION"), kind.name(), m.config.teacher),
+        },
+    });
+    for (k, v) in fields.as_object().expect("an object") {
+        config[k] = v.clone();
+    }
+    write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
+    write_tokenizer_config(c, tokenizer, out)?;
+    write_atomic(&out.join(HF_MODELING_FILE), HF_MODELING.as_bytes())?;
+    let tensors = super::student::tensor_names(w, m);
+    Ok(Exported { architecture: "LinearizeForCausalLM", tensors })
+}
+
+/// A mixer's `Layout` as modeling_linearize.py reads it: every step named, matrices and
+/// parameters by their names in the student's tensors.
+pub fn layout_json(l: &Layout) -> serde_json::Value {
+    let hadamard = |h: &Hadamard| json!({ "w1": h.w1, "b1": h.b1, "w2": h.w2, "b2": h.b2 });
+    let gate = |g: &Option<GateDef>| g.as_ref().map(|g| json!({ "input": input_json(g.input), "f": gate_fn_name(g.f), "param": g.param, "bias": g.bias, "per_channel": g.per_channel }));
+    let out = &l.output;
+    let output_gate = out.gate.as_ref().map(|g| {
+        let (place, activation) = match g.place {
+            GatePlace::AfterNorm(act) => ("after_norm", output_gate_name(act)),
+            GatePlace::BeforeNorm => ("before_norm", "silu"),
+            GatePlace::Added => ("added", "none"),
+        };
+        json!({ "input": input_json(g.input), "bias": g.bias, "place": place, "activation": activation })
+    });
+    json!({
+        "conv": l.conv,
+        "qk_l2": l.qk_l2,
+        "feature_map": l.feature_map.as_ref().map(|f| json!({ "q": hadamard(&f.q), "k": hadamard(&f.k) })),
+        "rotary": l.rotary,
+        "key_step": gate(&l.key_step),
+        "decay": gate(&l.decay),
+        "beta": gate(&l.beta),
+        "input_gate": gate(&l.input_gate),
+        "normalizer": match l.normalizer { Normalizer::None => "none", Normalizer::Sum => "sum", Normalizer::Mlstm => "mlstm" },
+        "scale_q": l.scale_q,
+        "output": {
+            "skip": out.skip,
+            "gate": output_gate,
+            "norm": out.norm.as_ref().map(|n| json!({ "kind": head_norm_name(n.kind), "weight": n.weight, "per_head": n.per_head })),
+        },
+    })
+}
+
+fn input_json(i: GateInput) -> serde_json::Value {
+    match i {
+        GateInput::Linear(w) => json!({ "kind": "linear", "matrix": w }),
+        GateInput::LowRank { down, up } => json!({ "kind": "low_rank", "down": down, "up": up }),
+        GateInput::Fixed => json!({ "kind": "fixed" }),
+    }
+}
+
+/// The names modeling_linearize.py's `gate_activation` knows (the activations a `GateDef` uses;
+/// the others are the layer's internal modes).
+fn gate_fn_name(f: GateFn) -> &'static str {
+    match f {
+        GateFn::Sigmoid => "sigmoid",
+        GateFn::LogSigmoidOver16 => "log_sigmoid_over_16",
+        GateFn::NegExpSoftplus => "neg_exp_softplus",
+        GateFn::MlstmForget => "mlstm_forget",
+        GateFn::MlstmInput => "mlstm_input",
+        GateFn::Constant => "constant",
+        GateFn::Softplus => "softplus",
+        GateFn::Hadamard => "hadamard",
+        GateFn::AddBias => "add_bias",
+        GateFn::Add => "add",
+        GateFn::ScaleHeads => "scale_heads",
+        GateFn::SkipPerHead => "skip_per_head",
+        GateFn::SiluGated => "silu_gated",
+    }
+}
+
+fn output_gate_name(g: OutputGate) -> &'static str {
+    match g {
+        OutputGate::None => "none",
+        OutputGate::Silu => "silu",
+        OutputGate::Sigmoid => "sigmoid",
+    }
+}
+
+fn head_norm_name(n: HeadNorm) -> &'static str {
+    match n {
+        HeadNorm::L2 => "l2",
+        HeadNorm::Rms => "rms",
+        HeadNorm::Layer => "layer",
+    }
 }

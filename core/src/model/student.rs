@@ -98,6 +98,11 @@ fn student_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Vec<(String
     out
 }
 
+/// The tensor names `save_dir` writes, in its order.
+pub fn tensor_names(w: &ModelWeights, m: &StudentMixers) -> Vec<String> {
+    student_tensors(w, m).into_iter().map(|t| t.0).collect()
+}
+
 pub fn save_dir(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer) -> Result<()> {
     save_dir_sharded(dir, w, m, tokenizer, None)
 }
