@@ -558,3 +558,59 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `export --to hf`: for every mixer (and a hybrid, and the options that leave fla's layers) the
+/// directory is the student directory — linearize loads it back to the same tensors — with
+/// transformers' remote code beside it: config.json names modeling_linearize.py's classes and
+/// carries the mixer's layout as that file reads it (each gate function it names handled
+/// there), its parameter shapes as the tensors have them and RetNet's fixed decays. (That the
+/// file computes our logits is checked in PyTorch by scripts/check_hf_export.py: BENCHMARKS.md.)
+#[test]
+fn export_to_hf_is_the_student_directory_with_remote_code_for_every_mixer() {
+    use linearize_core::model::export::{export, layout_json, Target, HF_MODELING_FILE};
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(3);
+    let python = include_str!("../python/modeling_linearize.py");
+    let base = MixerOptions { seed: 5, ..Default::default() };
+    let mut cases: Vec<(MixerKind, MixerOptions, Option<Vec<usize>>)> = MixerKind::all().map(|k| (k, base.clone(), None)).collect();
+    cases.push((mixer("gated_deltanet"), base.clone(), Some(vec![0, 2])));
+    cases.push((mixer("linear_attn"), MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, conv_all_mixers: true, ..base.clone() }, None));
+    cases.push((mixer("kda"), MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..base.clone() }, None));
+    cases.push((mixer("retnet"), MixerOptions { retnet_teacher_rope: true, ..base.clone() }, None));
+    for (kind, o, layers) in cases {
+        let what = format!("{} {layers:?} {o:?}", kind.name());
+        let (w, m) = from_teacher(&small, kind, layers.clone(), &o, "test").unwrap();
+        let dir = tempdir("export-hf");
+        let written = export(&w, &m, &t.tokenizer, Target::Hf, &dir).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(written.architecture, "LinearizeForCausalLM");
+        let back = Model::load_path(&dir).unwrap_or_else(|e| panic!("{what}: linearize loads its hf export: {e}"));
+        let bm = back.mixers.as_ref().unwrap();
+        assert_eq!((&bm.config, &bm.layers), (&m.config, &m.layers), "{what}");
+        assert_eq!(back.weights.layers[1].up, w.layers[1].up, "{what}");
+        assert_eq!(std::fs::read_to_string(dir.join(HF_MODELING_FILE)).unwrap(), python);
+        let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["auto_map"]["AutoModelForCausalLM"], "modeling_linearize.LinearizeForCausalLM", "{what}");
+        assert_eq!(cfg["model_type"], "linearize_student", "{what}");
+        let lin = &cfg["linearize"];
+        assert_eq!(lin["mixer"], kind.name());
+        assert_eq!(lin["layers"], serde_json::json!(m.config.mixer_layers));
+        assert_eq!(lin["layout"], layout_json(&kind.layout(&o)), "{what}");
+        let want_theta = if o.retnet_teacher_rope { w.config.rope_theta } else { linearize_core::mixers::MIXER_ROPE_THETA };
+        assert_eq!(lin["rope_theta"].as_f64(), Some(want_theta), "{what}");
+        let first = m.layers.values().next().unwrap();
+        let shapes: serde_json::Map<String, serde_json::Value> = first.iter().map(|(n, t)| (n.clone(), serde_json::json!(t.shape))).collect();
+        assert_eq!(lin["parameters"], serde_json::Value::Object(shapes), "{what}");
+        if kind.name() == "retnet" {
+            let gammas: Vec<f64> = lin["constants"]["log_gamma"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            assert_eq!(gammas.len(), 9);
+            assert!((gammas[0] - (1.0 - 2f64.powi(-5)).ln()).abs() < 1e-7 && (gammas[8] - (1.0 - 2f64.powi(-13)).ln()).abs() < 1e-9, "{gammas:?}");
+        }
+        // Every gate function the layout names is one the python file handles.
+        let text = lin["layout"].to_string();
+        for f in text.split("\"f\":\"").skip(1).map(|r| &r[..r.find('"').unwrap()]) {
+            assert!(python.contains(&format!("if f == \"{f}\":")), "{what}: modeling_linearize.py has no gate function {f}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
