@@ -515,8 +515,10 @@ fn a_closed_stdout_or_a_fifo_neither_panics_nor_hangs() {
     std::fs::remove_dir_all(&hf).unwrap();
 }
 
-/// `serve`: links never lead outside the served folders, other methods get 405, and a client
-/// that does not read its response holds up no one else.
+/// `serve`: links never lead outside the served folders, other methods get 405, a client
+/// that does not read its response holds up no one else, and clients that stall — more of them
+/// than the server serves at once, some never reading, some never sending — are dropped after
+/// `--client-timeout`, so the server answers again.
 #[test]
 fn serve_keeps_to_its_folders_and_serves_clients_concurrently() {
     use std::io::{Read, Write};
@@ -536,7 +538,7 @@ fn serve_keeps_to_its_folders_and_serves_clients_concurrently() {
     std::os::unix::fs::symlink(&outside, students.join("evil")).unwrap();
     std::os::unix::fs::symlink(outside.join("secret.json"), www.join("leak.json")).unwrap();
     let mut server = Command::new(linearize_bin())
-        .args(["serve", "--port", "0", "--www", www.to_str().unwrap()])
+        .args(["serve", "--port", "0", "--client-timeout", "1", "--www", www.to_str().unwrap()])
         .env("LINEARIZE_HOME", &home)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -566,6 +568,35 @@ fn serve_keeps_to_its_folders_and_serves_clients_concurrently() {
     }
     assert!(request("POST", "/").contains("405"));
     assert!(request("DELETE", "/models/s1/config.json").contains("405"));
+    assert!(request("HEAD", "/models/s1/config.json").contains("200"));
+    // 80 clients at once (the server serves 64): half ask for the large file and never read,
+    // half connect and send nothing. Within the timeout the server is busy; after it, every
+    // one of them has been dropped and the server answers again.
+    let mut crowd = Vec::new();
+    for i in 0..80 {
+        let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        if i % 2 == 0 {
+            // Those past the 64th may already have had their 503 and been closed.
+            let _ = write!(c, "GET /models/s1/model.safetensors HTTP/1.1\r\nHost: x\r\n\r\n");
+        }
+        crowd.push(c);
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let start = Instant::now();
+    assert!(request("GET", "/models/s1/config.json").contains("200"), "stalled clients were dropped after the timeout");
+    assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+    // The ones that never read got a head and part of the file, then the connection closed.
+    let mut got = vec![0u8; 1 << 16];
+    let mut total = 0;
+    crowd[0].set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    while let Ok(n) = crowd[0].read(&mut got) {
+        if n == 0 {
+            break;
+        }
+        total += n;
+    }
+    assert!(total > 0 && total < (64 << 20), "a dropped reader got {total} bytes");
+    drop(crowd);
     drop(stalled);
     server.kill().unwrap();
     server.wait().unwrap();

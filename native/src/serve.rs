@@ -7,7 +7,12 @@ use crate::outln;
 use anyhow::{anyhow, bail, Result};
 use linearize_core::model::load::{linearize_home, teacher_path, TEACHER_ALIAS};
 use serde_json::json;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub struct ServeArgs {
@@ -17,6 +22,17 @@ pub struct ServeArgs {
     /// The pages to serve (default: the repository's www/)
     #[arg(long)]
     pub www: Option<PathBuf>,
+    /// Seconds a client has to send its request, and each write to it may wait for the client
+    /// to read; a client that takes longer is dropped
+    #[arg(long, default_value_t = 20.0, value_parser = positive_seconds)]
+    pub client_timeout: f64,
+}
+
+fn positive_seconds(v: &str) -> std::result::Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => Ok(s),
+        _ => Err(format!("'{v}' is not a number of seconds in (0, 86400]")),
+    }
 }
 
 /// A model the page can load: its name, folder and the files it is made of.
@@ -125,9 +141,12 @@ fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<Pat
     (real.starts_with(&root) && real.metadata().ok()?.is_file()).then_some(real)
 }
 
-/// Requests answered at once; more wait in the listener's queue. Each has a thread of its own,
-/// so a client that stops reading holds up only its own response.
-const MAX_CONCURRENT_REQUESTS: usize = 32;
+/// Clients served at once, each on a thread of its own (a client that stops reading holds up
+/// only its own thread, until the timeout drops it); more are answered 503 at once.
+const MAX_CLIENTS: usize = 64;
+
+/// The most a request's head may take (its body, if any, is not read).
+const MAX_HEAD_BYTES: usize = 16 << 10;
 
 pub fn run(a: &ServeArgs) -> Result<()> {
     let www = a.www.clone().unwrap_or_else(default_www);
@@ -136,54 +155,109 @@ pub fn run(a: &ServeArgs) -> Result<()> {
     }
     ensure_package(&www)?;
     let home = linearize_home();
-    let server = tiny_http::Server::http(("127.0.0.1", a.port)).map_err(|e| anyhow!("--port {}: cannot listen on 127.0.0.1: {e}", a.port))?;
-    let port = server.server_addr().to_ip().map(|s| s.port()).unwrap_or(a.port);
+    let listener = TcpListener::bind(("127.0.0.1", a.port)).map_err(|e| anyhow!("--port {}: cannot listen on 127.0.0.1: {e}", a.port))?;
+    let port = listener.local_addr()?.port();
     let listed = models(&home);
     outln!("serving http://127.0.0.1:{port}/ (pages: {}, models: {} in {})", www.display(), listed.len(), home.display());
-    let server = std::sync::Arc::new(server);
-    let workers: Vec<_> = (0..MAX_CONCURRENT_REQUESTS)
-        .map(|_| {
-            let (server, www, home) = (server.clone(), www.clone(), home.clone());
-            std::thread::spawn(move || {
-                for request in server.incoming_requests() {
-                    respond(request, &www, &home);
-                }
-            })
-        })
-        .collect();
-    for w in workers {
-        let _ = w.join();
+    let timeout = Duration::from_secs_f64(a.client_timeout);
+    let clients = Arc::new(AtomicUsize::new(0));
+    for stream in listener.incoming() {
+        let Ok(mut stream) = stream else { continue };
+        if clients.fetch_add(1, Ordering::SeqCst) >= MAX_CLIENTS {
+            clients.fetch_sub(1, Ordering::SeqCst);
+            let _ = stream.set_write_timeout(Some(timeout));
+            let _ = write_response(&mut stream, "503 Service Unavailable", "text/plain", Body::Text("busy: too many clients".into()), false);
+            continue;
+        }
+        let (www, home, clients) = (www.clone(), home.clone(), clients.clone());
+        std::thread::spawn(move || {
+            let _ = serve_client(stream, &www, &home, timeout);
+            clients.fetch_sub(1, Ordering::SeqCst);
+        });
     }
     Ok(())
 }
 
-fn respond(request: tiny_http::Request, www: &Path, home: &Path) {
-    use tiny_http::Method;
-    if !matches!(request.method(), Method::Get | Method::Head) {
-        let allow = tiny_http::Header::from_bytes(&b"Allow"[..], &b"GET, HEAD"[..]).expect("a valid header");
-        let _ = request.respond(tiny_http::Response::from_string("method not allowed").with_status_code(405).with_header(allow));
-        return;
+/// What a response carries.
+enum Body {
+    Text(String),
+    File(std::fs::File, u64),
+}
+
+/// One request on `stream` (one per connection), answered and closed. The client has `timeout`
+/// to send the request's head, and every write waits at most `timeout` for it to read.
+fn serve_client(mut stream: TcpStream, www: &Path, home: &Path, timeout: Duration) -> std::io::Result<()> {
+    stream.set_write_timeout(Some(timeout))?;
+    let Some(head) = read_head(&mut stream, timeout)? else {
+        return write_response(&mut stream, "400 Bad Request", "text/plain", Body::Text("bad request".into()), false);
+    };
+    let mut parts = head.lines().next().unwrap_or("").split(' ');
+    let (method, url) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    if method != "GET" && method != "HEAD" {
+        return write_response(&mut stream, "405 Method Not Allowed", "text/plain", Body::Text("method not allowed".into()), false);
     }
+    let (status, kind, body) = respond(url, www, home);
+    write_response(&mut stream, status, kind, body, method == "HEAD")
+}
+
+/// The request's head (up to the blank line), or None for one that is not text or too long;
+/// an error where the client sends too slowly or hangs up.
+fn read_head(stream: &mut TcpStream, timeout: Duration) -> std::io::Result<Option<String>> {
+    let deadline = Instant::now() + timeout;
+    let mut head = Vec::new();
+    let mut buf = [0u8; 2048];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        stream.set_read_timeout(Some(left))?;
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        head.extend_from_slice(&buf[..n]);
+        if head.len() > MAX_HEAD_BYTES {
+            return Ok(None);
+        }
+    }
+    Ok(String::from_utf8(head).ok())
+}
+
+fn write_response(stream: &mut TcpStream, status: &str, kind: &str, body: Body, head_only: bool) -> std::io::Result<()> {
+    let len = match &body {
+        Body::Text(t) => t.len() as u64,
+        Body::File(_, n) => *n,
+    };
+    let allow = if status.starts_with("405") { "Allow: GET, HEAD\r\n" } else { "" };
+    // The head in one write, so a client sees it whole in its first read.
+    let head = format!("HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len}\r\n{allow}Connection: close\r\n\r\n");
+    stream.write_all(head.as_bytes())?;
+    if !head_only {
+        match body {
+            Body::Text(t) => stream.write_all(t.as_bytes())?,
+            Body::File(mut f, _) => {
+                std::io::copy(&mut f, stream)?;
+            }
+        }
+    }
+    stream.flush()
+}
+
+/// The answer to GET `url`: status, content type and body.
+fn respond(url: &str, www: &Path, home: &Path) -> (&'static str, &'static str, Body) {
     // Models are listed afresh so that a student distilled meanwhile shows up.
     let models = models(home);
-    let url = request.url().to_string();
-    let response = if url == "/models.json" {
+    let not_found = || ("404 Not Found", "text/plain", Body::Text("not found".into()));
+    if url == "/models.json" {
         let list: Vec<_> = models.iter().map(|m| json!({ "name": m.name, "kind": m.kind, "base": format!("/models/{}/", m.name), "files": m.files })).collect();
         // The tasks whose request files are fetched: the page evaluates on them.
         let tasks: Vec<&str> = linearize_core::eval::TASKS.iter().map(|(t, _)| *t).filter(|t| resolve(www, home, &models, &format!("/eval/{t}.jsonl.gz")).is_some()).collect();
-        let body = json!({ "models": list, "tasks": tasks }).to_string();
-        tiny_http::Response::from_data(body).with_header(header("application/json")).boxed()
-    } else if let Some(file) = resolve(www, home, &models, &url) {
-        match std::fs::File::open(&file) {
-            Ok(f) => tiny_http::Response::from_file(f).with_header(header(content_type(&file))).boxed(),
-            Err(_) => tiny_http::Response::from_string("not found").with_status_code(404).boxed(),
-        }
-    } else {
-        tiny_http::Response::from_string("not found").with_status_code(404).boxed()
-    };
-    let _ = request.respond(response);
-}
-
-fn header(value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(&b"Content-Type"[..], value.as_bytes()).expect("a valid header")
+        return ("200 OK", "application/json", Body::Text(json!({ "models": list, "tasks": tasks }).to_string()));
+    }
+    let Some(file) = resolve(www, home, &models, url) else { return not_found() };
+    match std::fs::File::open(&file).and_then(|f| Ok((f.metadata()?.len(), f))) {
+        Ok((len, f)) => ("200 OK", content_type(&file), Body::File(f, len)),
+        Err(_) => not_found(),
+    }
 }
