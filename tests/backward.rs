@@ -248,10 +248,11 @@ fn short_conv_backward_matches_finite_differences() {
     use linearize_core::mixers::ops;
     use linearize_core::reference::mixer_ops as rops;
     let mut rng = Rng::new(57);
-    let (batch, seq, channels) = (2, 9, 70);
-    let (x, w, dy) = (random(&mut rng, batch * seq * channels, 1.0), random(&mut rng, channels * 4, 1.0), random(&mut rng, batch * seq * channels, 1.0));
-    let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
-    for silu in [false, true] {
+    // One token; part of one 16-token tile; three tiles, the last part-filled (70 channels: two
+    // groups of 64, the second part-filled).
+    for ((batch, seq, channels), silu) in [(1, 1, 5), (2, 9, 70), (2, 37, 70)].into_iter().flat_map(|s| [(s, false), (s, true)]) {
+        let (x, w, dy) = (random(&mut rng, batch * seq * channels, 1.0), random(&mut rng, channels * 4, 1.0), random(&mut rng, batch * seq * channels, 1.0));
+        let (xd, wd, dyd) = (f64s(&x), f64s(&w), f64s(&dy));
         let loss = |xx: &[f64], ww: &[f64]| {
             let mut st = vec![0.0; batch * 3 * channels];
             dot(&dyd, &rops::short_conv(xx, ww, &mut st, batch, seq, channels, silu))
@@ -263,8 +264,8 @@ fn short_conv_backward_matches_finite_differences() {
         let wb = up(&w);
         ops::short_conv_backward(&mut rec, &ops::ShortConv { w: &wb, batch, seq, channels, silu }, &up(&x), &up(&dy), &dx, &dw).unwrap();
         rec.submit().unwrap();
-        assert_close(&format!("conv dx silu={silu}"), &read(&dx, x.len()), &want_dx, 1e-4, 1e-3);
-        assert_close(&format!("conv dw silu={silu}"), &read(&dw, channels * 4), &want_dw, 1e-4, 1e-3);
+        assert_close(&format!("conv dx {batch}x{seq}x{channels} silu={silu}"), &read(&dx, x.len()), &want_dx, 1e-4, 1e-3);
+        assert_close(&format!("conv dw {batch}x{seq}x{channels} silu={silu}"), &read(&dw, channels * 4), &want_dw, 1e-4, 1e-3);
     }
 }
 

@@ -461,7 +461,19 @@ fn column_sums_match_reference_across_row_blocks() {
             nn::column_sum(&mut rec, &sb, &db, rows, cols, accumulate).unwrap();
             rec.submit().unwrap();
             let want: Vec<f64> = (0..cols).map(|c| (0..rows).map(|r| src[r * cols + c] as f64).sum::<f64>() + if accumulate { dst0[c] as f64 } else { 0.0 }).collect();
-            assert_close(&format!("column sum {rows}x{cols} acc={accumulate}"), &read(&db, cols), &want, 1e-5 * (rows as f64).sqrt(), 1e-5);
+            let got = read(&db, cols);
+            assert_close(&format!("column sum {rows}x{cols} acc={accumulate}"), &got, &want, 1e-5 * (rows as f64).sqrt(), 1e-5);
+            // Bit for bit the f32 sum in its documented order: each block's rows in order, then
+            // the blocks' sums in order, then dst.
+            let (per_block, blocks) = nn::column_blocks(rows);
+            for c in 0..cols {
+                let block_sum = |b: usize| (b * per_block..((b + 1) * per_block).min(rows)).fold(0.0f32, |acc, r| acc + src[r * cols + c]);
+                let mut v = (0..blocks).fold(0.0f32, |acc, b| acc + block_sum(b));
+                if accumulate {
+                    v += dst0[c];
+                }
+                assert_eq!(got[c].to_bits(), v.to_bits(), "column sum {rows}x{cols} column {c}: {} vs the in-order f32 sum {v}", got[c]);
+            }
         }
     }
 }

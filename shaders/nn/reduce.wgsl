@@ -25,8 +25,30 @@ fn column_sums(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let r0 = block * p.rows_per_block;
     let r1 = min(r0 + p.rows_per_block, p.rows);
+    // Eight rows' loads in flight, added in row order (the same sum, bit for bit, as one at a
+    // time): a lone thread's walk down a column waits on memory, not on adds.
     var acc = 0.0;
-    for (var r = r0; r < r1; r++) {
+    var r = r0;
+    for (; r + 8u <= r1; r += 8u) {
+        let at = r * p.cols + c;
+        let v0 = src[at];
+        let v1 = src[at + p.cols];
+        let v2 = src[at + 2u * p.cols];
+        let v3 = src[at + 3u * p.cols];
+        let v4 = src[at + 4u * p.cols];
+        let v5 = src[at + 5u * p.cols];
+        let v6 = src[at + 6u * p.cols];
+        let v7 = src[at + 7u * p.cols];
+        acc += v0;
+        acc += v1;
+        acc += v2;
+        acc += v3;
+        acc += v4;
+        acc += v5;
+        acc += v6;
+        acc += v7;
+    }
+    for (; r < r1; r++) {
         acc += src[r * p.cols + c];
     }
     let i = block * p.cols + c;

@@ -55,23 +55,20 @@ pub fn short_conv_from(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &Gp
     rec.dispatch(&c.kernel("conv"), &c.params(), &[x, c.w, state, y], groups)
 }
 
+/// Tokens per workgroup of conv.wgsl's `conv_backward`.
+const CONV_BACKWARD_TILE: usize = 16;
+
 /// Backward of `short_conv` from a zero state (training): dx = ∂L/∂x and dw (+)= ∂L/∂w for
-/// dy = ∂L/∂y.
+/// dy = ∂L/∂y, in one pass (dx and each tile's partial dw) and the partials' column sum.
 pub fn short_conv_backward(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf) -> Result<()> {
     for (what, b, n) in [("x", x, c.values()), ("dy", dy, c.values()), ("dx", dx, c.values()), ("w", c.w, c.channels * 4), ("dw", dw, c.channels * 4)] {
         need(&format!("conv backward {what}"), b, n)?;
     }
-    let zero_state = rec.temp(c.batch * 3 * c.channels)?;
-    crate::nn::zero(rec, &zero_state, c.batch * 3 * c.channels)?;
-    let common = [(1, x), (2, c.w), (3, &zero_state), (5, dy)];
-    let mut bx = common.to_vec();
-    bx.push((6, dx));
-    rec.dispatch_bindings(&c.kernel("conv_backward_x"), &c.params(), &bx, [c.channels.div_ceil(64) as u32, c.seq as u32, c.batch as u32])?;
-    let splits = (c.batch * c.seq).div_ceil(64);
+    let tiles = c.seq.div_ceil(CONV_BACKWARD_TILE);
+    let splits = c.batch * tiles;
     let partial = rec.temp(splits * c.channels * 4)?;
-    let mut bw = common.to_vec();
-    bw.push((7, &partial));
-    rec.dispatch_bindings(&c.kernel("conv_backward_w"), &c.params(), &bw, [c.channels.div_ceil(64) as u32, splits as u32, 1])?;
+    let bindings = [(1, x), (2, c.w), (5, dy), (6, dx), (7, &partial)];
+    rec.dispatch_bindings(&c.kernel("conv_backward"), &c.params(), &bindings, [c.channels.div_ceil(64) as u32, tiles as u32, c.batch as u32])?;
     crate::nn::column_sum(rec, &partial, dw, splits, c.channels * 4, true)
 }
 

@@ -86,65 +86,85 @@ fn conv_step(@builtin(global_invocation_id) gid: vec3<u32>) {
     state[(b * 3u + 2u) * p.channels + c] = xt;
 }
 
-// Backward (training starts from a zero state, so the carried inputs get no gradient):
+// Backward (training starts from a zero state, so the carried inputs get no gradient and are
+// read as zeros):
 //   a = Σ_j w[c, j] x[t − 3 + j],  y = act(a),  ga = dy · act'(a)
 //   dx[t] = Σ_j w[c, j] · ga[t + 3 − j]          (t + 3 − j < T)
 //   dw[c, j] += Σ_(b, t) ga[t] · x[t − 3 + j]
+// One pass: a workgroup takes 64 channels × TILE_T tokens of one sequence, stages the x rows
+// its tokens read and the ga rows they need (ga of each token computed once, not once per
+// output that reads it) in workgroup memory, then writes dx and its tile's partial sums of dw
+// (summed over tiles by the host's column sum). 10.5 KiB of workgroup memory: within WebGPU's
+// default limit.
 @group(0) @binding(5) var<storage, read> dy: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dw: array<f32>; // [splits, channels, 4]
+@group(0) @binding(7) var<storage, read_write> dw: array<f32>; // [B · tiles, channels, 4]
 
-fn grad_pre(b: u32, t: u32, c: u32) -> f32 {
-    var a = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        a = fma(w[c * 4u + j], input_at(b, i32(t) - 3 + i32(j), c), a);
-    }
-    let g = dy[(b * p.seq + t) * p.channels + c];
-    if (SILU) {
-        let s = 1.0 / (1.0 + exp(-a));
-        return g * s * (1.0 + a * (1.0 - s));
-    }
-    return g;
-}
+const TILE_T: u32 = 16u;
+// x rows t0 − 3 .. t0 + TILE_T + 3 and ga rows t0 .. t0 + TILE_T + 3, 64 channels each.
+var<workgroup> xs: array<f32, 1408>;
+var<workgroup> gas: array<f32, 1216>;
 
-@compute @workgroup_size(64)
-fn conv_backward_x(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let c = gid.x;
-    let t = gid.y;
-    let b = gid.z;
-    if (c >= p.channels || t >= p.seq) {
-        return;
-    }
-    var acc = 0.0;
-    for (var j = 0u; j < 4u; j++) {
-        let tt = t + 3u - j;
-        if (tt < p.seq) {
-            acc = fma(w[c * 4u + j], grad_pre(b, tt, c), acc);
+@compute @workgroup_size(64, 4)
+fn conv_backward(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let i = lid.x;
+    let c = wid.x * 64u + i;
+    let t0 = wid.y * TILE_T;
+    let b = wid.z;
+    let inside = c < p.channels;
+    for (var r = lid.y; r < TILE_T + 6u; r += 4u) {
+        let t = i32(t0 + r) - 3;
+        var v = 0.0;
+        if (inside && t >= 0 && u32(t) < p.seq) {
+            v = x[(b * p.seq + u32(t)) * p.channels + c];
         }
+        xs[r * 64u + i] = v;
     }
-    dx[(b * p.seq + t) * p.channels + c] = acc;
-}
-
-@compute @workgroup_size(64)
-fn conv_backward_w(@builtin(global_invocation_id) gid: vec3<u32>) {
-    // Partial sums over 64 tokens (of the flattened batch x seq) per workgroup row; the host
-    // adds the partials: dw_partial [splits, channels, 4].
-    let c = gid.x;
-    if (c >= p.channels) {
-        return;
+    workgroupBarrier();
+    // ga of token t0 + r, whose inputs x[t − 3 + j] are xs rows r + j; zero past the sequence.
+    for (var r = lid.y; r < TILE_T + 3u; r += 4u) {
+        let t = t0 + r;
+        var g = 0.0;
+        if (inside && t < p.seq) {
+            var a = 0.0;
+            for (var j = 0u; j < 4u; j++) {
+                a = fma(w[c * 4u + j], xs[(r + j) * 64u + i], a);
+            }
+            g = dy[(b * p.seq + t) * p.channels + c];
+            if (SILU) {
+                let s = 1.0 / (1.0 + exp(-a));
+                g = g * s * (1.0 + a * (1.0 - s));
+            }
+        }
+        gas[r * 64u + i] = g;
     }
+    workgroupBarrier();
     var acc = vec4<f32>(0.0);
-    let first = gid.y * 64u;
-    let last = min(first + 64u, p.batch * p.seq);
-    for (var bt = first; bt < last; bt++) {
-        let b = bt / p.seq;
-        let t = bt % p.seq;
-        let g = grad_pre(b, t, c);
-        for (var j = 0u; j < 4u; j++) {
-            acc[j] = fma(g, input_at(b, i32(t) - 3 + i32(j), c), acc[j]);
+    for (var r = lid.y; r < TILE_T; r += 4u) {
+        let t = t0 + r;
+        if (inside && t < p.seq) {
+            var d = 0.0;
+            for (var j = 0u; j < 4u; j++) {
+                d = fma(w[c * 4u + j], gas[(r + 3u - j) * 64u + i], d);
+            }
+            dx[(b * p.seq + t) * p.channels + c] = d;
+            let g = gas[r * 64u + i];
+            for (var j = 0u; j < 4u; j++) {
+                acc[j] = fma(g, xs[(r + j) * 64u + i], acc[j]);
+            }
         }
     }
+    // The four token rows' sums of each channel, through xs (no longer read).
+    workgroupBarrier();
     for (var j = 0u; j < 4u; j++) {
-        dw[(gid.y * p.channels + c) * 4u + j] = acc[j];
+        xs[(lid.y * 4u + j) * 64u + i] = acc[j];
+    }
+    workgroupBarrier();
+    if (lid.y == 0u && inside) {
+        let split = b * ((p.seq + TILE_T - 1u) / TILE_T) + wid.y;
+        for (var j = 0u; j < 4u; j++) {
+            let sum = xs[j * 64u + i] + xs[(4u + j) * 64u + i] + xs[(8u + j) * 64u + i] + xs[(12u + j) * 64u + i];
+            dw[(split * p.channels + c) * 4u + j] = sum;
+        }
     }
 }
