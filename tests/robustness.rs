@@ -603,6 +603,19 @@ fn serve_keeps_to_its_folders_and_serves_clients_concurrently() {
     std::fs::remove_dir_all(&home).unwrap();
 }
 
+/// `serve --builtin` on a binary built without the browser package (`--features embed-web`)
+/// says how to get one instead of serving pages that cannot run; `--www` and `--builtin`
+/// together are a usage error.
+#[test]
+fn serve_without_a_built_in_package_says_how_to_get_one() {
+    let out = Command::new(linearize_bin()).args(["serve", "--port", "0", "--builtin"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("without the browser package") && err.contains("--features embed-web") && err.contains("--www DIR"), "{err}");
+    let out = Command::new(linearize_bin()).args(["serve", "--port", "0", "--builtin", "--www", "www"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error: {}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// `LlamaConfig` itself: the bounds hold for configs built in code too.
 #[test]
 fn a_config_is_checked_wherever_it_comes_from() {

@@ -1,5 +1,6 @@
 //! `linearize serve`: the browser demo on 127.0.0.1 — the pages in www/ (with the wasm package
-//! built by scripts/build-web.sh when missing) and the models in $LINEARIZE_HOME: the fetched
+//! built by scripts/build-web.sh when missing), or those built into the binary (build.rs; the
+//! package with `--features embed-web`) where there is no checkout and the models in $LINEARIZE_HOME: the fetched
 //! teacher and every student or HF directory in $LINEARIZE_HOME/students/, and the fetched
 //! zero-shot request files (`/eval/TASK.jsonl.gz`) for evaluation in the page. Nothing else is
 //! served: paths outside these folders, and files a model does not list, are 404.
@@ -19,9 +20,14 @@ pub struct ServeArgs {
     /// Port on 127.0.0.1 (0 picks a free one)
     #[arg(long, default_value_t = 8080)]
     pub port: u16,
-    /// The pages to serve (default: the repository's www/)
-    #[arg(long)]
+    /// The pages to serve (default: the repository's www/ when run from a checkout, else the
+    /// pages built into the binary)
+    #[arg(long, conflicts_with = "builtin")]
     pub www: Option<PathBuf>,
+    /// Serve the pages built into the binary even from a checkout (the wasm package is built in
+    /// with `--features embed-web`)
+    #[arg(long)]
+    pub builtin: bool,
     /// Seconds a client has to send its request, and each write to it may wait for the client
     /// to read; a client that takes longer is dropped
     #[arg(long, default_value_t = 20.0, value_parser = positive_seconds)]
@@ -81,14 +87,60 @@ fn content_type(path: &Path) -> &'static str {
     }
 }
 
-/// The repository's www/ (beside the native crate) or ./www.
-fn default_www() -> PathBuf {
-    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../www");
-    if repo.exists() {
-        repo
-    } else {
-        PathBuf::from("www")
+mod builtin {
+    include!(concat!(env!("OUT_DIR"), "/web_pages.rs"));
+}
+
+/// Where the pages come from.
+#[derive(Clone)]
+enum Pages {
+    /// A www/ directory on disk.
+    Dir(PathBuf),
+    /// build.rs's `PAGES`, in the binary.
+    Builtin,
+}
+
+impl Pages {
+    /// `--www DIR`, `--builtin`, or by default the repository's www/ (beside the native crate,
+    /// where the binary was built from a checkout that is still there), else ./www, else the
+    /// pages in the binary.
+    fn choose(a: &ServeArgs) -> Result<Pages> {
+        if a.builtin {
+            return Self::builtin();
+        }
+        if let Some(dir) = &a.www {
+            return Ok(Pages::Dir(dir.clone()));
+        }
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../www");
+        for dir in [repo, PathBuf::from("www")] {
+            if dir.join("index.html").is_file() {
+                return Ok(Pages::Dir(dir));
+            }
+        }
+        Self::builtin()
     }
+
+    fn builtin() -> Result<Pages> {
+        if builtin_page("pkg/linearize_web.js").is_none() {
+            bail!("this binary was built without the browser package: pass --www DIR (a www/ with index.html), run it from a checkout, or install it with `cargo install --path native --features embed-web` (which needs the wasm32-unknown-unknown target and the wasm-bindgen CLI: scripts/setup.sh)");
+        }
+        Ok(Pages::Builtin)
+    }
+
+    /// The directory of pages on disk (None for the built-in ones).
+    fn dir(&self) -> Option<&Path> {
+        match self {
+            Pages::Dir(d) => Some(d),
+            Pages::Builtin => None,
+        }
+    }
+}
+
+/// A page built into the binary, by its path under / (query stripped; "" is index.html).
+fn builtin_page(path: &str) -> Option<&'static [u8]> {
+    let rel = path.split('?').next().unwrap_or("").trim_start_matches('/');
+    let rel = if rel.is_empty() { "index.html" } else { rel };
+    builtin::PAGES.iter().find(|(name, _)| *name == rel).map(|(_, bytes)| *bytes)
 }
 
 /// Builds www/pkg with scripts/build-web.sh when it is missing.
@@ -114,7 +166,7 @@ fn ensure_package(www: &Path) -> Result<()> {
 /// file) — so a link in either serves nothing from elsewhere, and a FIFO or
 /// device named like a model file is never opened. The teacher is one fixed file name, which
 /// may be a link to where the fetched file is kept.
-fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<PathBuf> {
+fn resolve(www: Option<&Path>, home: &Path, models: &[Served], path: &str) -> Option<PathBuf> {
     let path = path.split('?').next().unwrap_or("");
     if path.contains("..") || path.contains('\\') {
         return None;
@@ -134,6 +186,7 @@ fn resolve(www: &Path, home: &Path, models: &[Served], path: &str) -> Option<Pat
         }
         (m.dir.join(file), home.join("students"))
     } else {
+        let www = www?;
         let rel = path.trim_start_matches('/');
         (www.join(if rel.is_empty() { "index.html" } else { rel }), www.to_path_buf())
     };
@@ -149,16 +202,19 @@ const MAX_CLIENTS: usize = 64;
 const MAX_HEAD_BYTES: usize = 16 << 10;
 
 pub fn run(a: &ServeArgs) -> Result<()> {
-    let www = a.www.clone().unwrap_or_else(default_www);
-    if !www.join("index.html").exists() {
-        bail!("--www {}: no index.html there", www.display());
+    let pages = Pages::choose(a)?;
+    if let Pages::Dir(www) = &pages {
+        if !www.join("index.html").exists() {
+            bail!("--www {}: no index.html there", www.display());
+        }
+        ensure_package(www)?;
     }
-    ensure_package(&www)?;
     let home = linearize_home();
     let listener = TcpListener::bind(("127.0.0.1", a.port)).map_err(|e| anyhow!("--port {}: cannot listen on 127.0.0.1: {e}", a.port))?;
     let port = listener.local_addr()?.port();
     let listed = models(&home);
-    outln!("serving http://127.0.0.1:{port}/ (pages: {}, models: {} in {})", www.display(), listed.len(), home.display());
+    let shown = pages.dir().map_or_else(|| "built in".to_string(), |d| d.display().to_string());
+    outln!("serving http://127.0.0.1:{port}/ (pages: {shown}, models: {} in {})", listed.len(), home.display());
     let timeout = Duration::from_secs_f64(a.client_timeout);
     let clients = Arc::new(AtomicUsize::new(0));
     for stream in listener.incoming() {
@@ -169,9 +225,9 @@ pub fn run(a: &ServeArgs) -> Result<()> {
             let _ = write_response(&mut stream, "503 Service Unavailable", "text/plain", Body::Text("busy: too many clients".into()), false);
             continue;
         }
-        let (www, home, clients) = (www.clone(), home.clone(), clients.clone());
+        let (pages, home, clients) = (pages.clone(), home.clone(), clients.clone());
         std::thread::spawn(move || {
-            let _ = serve_client(stream, &www, &home, timeout);
+            let _ = serve_client(stream, &pages, &home, timeout);
             clients.fetch_sub(1, Ordering::SeqCst);
         });
     }
@@ -181,12 +237,13 @@ pub fn run(a: &ServeArgs) -> Result<()> {
 /// What a response carries.
 enum Body {
     Text(String),
+    Static(&'static [u8]),
     File(std::fs::File, u64),
 }
 
 /// One request on `stream` (one per connection), answered and closed. The client has `timeout`
 /// to send the request's head, and every write waits at most `timeout` for it to read.
-fn serve_client(mut stream: TcpStream, www: &Path, home: &Path, timeout: Duration) -> std::io::Result<()> {
+fn serve_client(mut stream: TcpStream, pages: &Pages, home: &Path, timeout: Duration) -> std::io::Result<()> {
     stream.set_write_timeout(Some(timeout))?;
     let Some(head) = read_head(&mut stream, timeout)? else {
         return write_response(&mut stream, "400 Bad Request", "text/plain", Body::Text("bad request".into()), false);
@@ -196,7 +253,7 @@ fn serve_client(mut stream: TcpStream, www: &Path, home: &Path, timeout: Duratio
     if method != "GET" && method != "HEAD" {
         return write_response(&mut stream, "405 Method Not Allowed", "text/plain", Body::Text("method not allowed".into()), false);
     }
-    let (status, kind, body) = respond(url, www, home);
+    let (status, kind, body) = respond(url, pages, home);
     write_response(&mut stream, status, kind, body, method == "HEAD")
 }
 
@@ -227,6 +284,7 @@ fn read_head(stream: &mut TcpStream, timeout: Duration) -> std::io::Result<Optio
 fn write_response(stream: &mut TcpStream, status: &str, kind: &str, body: Body, head_only: bool) -> std::io::Result<()> {
     let len = match &body {
         Body::Text(t) => t.len() as u64,
+        Body::Static(b) => b.len() as u64,
         Body::File(_, n) => *n,
     };
     let allow = if status.starts_with("405") { "Allow: GET, HEAD\r\n" } else { "" };
@@ -236,6 +294,7 @@ fn write_response(stream: &mut TcpStream, status: &str, kind: &str, body: Body, 
     if !head_only {
         match body {
             Body::Text(t) => stream.write_all(t.as_bytes())?,
+            Body::Static(b) => stream.write_all(b)?,
             Body::File(mut f, _) => {
                 std::io::copy(&mut f, stream)?;
             }
@@ -245,7 +304,8 @@ fn write_response(stream: &mut TcpStream, status: &str, kind: &str, body: Body, 
 }
 
 /// The answer to GET `url`: status, content type and body.
-fn respond(url: &str, www: &Path, home: &Path) -> (&'static str, &'static str, Body) {
+fn respond(url: &str, pages: &Pages, home: &Path) -> (&'static str, &'static str, Body) {
+    let www = pages.dir();
     // Models are listed afresh so that a student distilled meanwhile shows up.
     let models = models(home);
     let not_found = || ("404 Not Found", "text/plain", Body::Text("not found".into()));
@@ -254,6 +314,13 @@ fn respond(url: &str, www: &Path, home: &Path) -> (&'static str, &'static str, B
         // The tasks whose request files are fetched: the page evaluates on them.
         let tasks: Vec<&str> = linearize_core::eval::TASKS.iter().map(|(t, _)| *t).filter(|t| resolve(www, home, &models, &format!("/eval/{t}.jsonl.gz")).is_some()).collect();
         return ("200 OK", "application/json", Body::Text(json!({ "models": list, "tasks": tasks }).to_string()));
+    }
+    if matches!(pages, Pages::Builtin) && !url.starts_with("/models/") && !url.starts_with("/eval/") {
+        let path = url.split('?').next().unwrap_or("");
+        return match builtin_page(path) {
+            Some(bytes) => ("200 OK", content_type(Path::new(if path.ends_with('/') { "index.html" } else { path })), Body::Static(bytes)),
+            None => not_found(),
+        };
     }
     let Some(file) = resolve(www, home, &models, url) else { return not_found() };
     match std::fs::File::open(&file).and_then(|f| Ok((f.metadata()?.len(), f))) {
