@@ -1,20 +1,23 @@
-//! The browser demo built into the binary, so that an installed `linearize serve` needs no
-//! checkout: www/'s pages always, and with `--features embed-web` the wasm package too, built
-//! here by scripts/build-web.sh (the wasm32-unknown-unknown target and the wasm-bindgen CLI,
-//! which scripts/setup.sh installs) into this build's own directory. Writes
-//! $OUT_DIR/web_pages.rs: `PAGES`, each served path with its bytes.
+//! The browser demo built into the binary with `--features embed-web`, so that an installed
+//! `linearize serve` needs no checkout: www/'s pages and the wasm package, built here by
+//! scripts/build-web.sh (the wasm32-unknown-unknown target and the wasm-bindgen CLI, which
+//! scripts/setup.sh installs) into this build's own directory. Writes $OUT_DIR/web_pages.rs:
+//! `PAGES`, each served path with its bytes (none without the feature: the pages alone cannot
+//! run, so `serve` asks for a checkout, `--www` or the feature).
 use std::path::{Path, PathBuf};
 
 fn main() {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
     let root = manifest.parent().expect("native/ lies in the workspace").to_path_buf();
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
-    let www = root.join("www");
-    let mut pages: Vec<(String, PathBuf)> = ["index.html", "app.js"].iter().map(|f| (f.to_string(), www.join(f))).collect();
-    for (_, path) in &pages {
-        println!("cargo:rerun-if-changed={}", path.display());
-    }
+    println!("cargo:rerun-if-changed=build.rs");
+    let mut pages: Vec<(String, PathBuf)> = Vec::new();
     if std::env::var_os("CARGO_FEATURE_EMBED_WEB").is_some() {
+        let www = root.join("www");
+        pages = ["index.html", "app.js"].iter().map(|f| (f.to_string(), www.join(f))).collect();
+        for (_, path) in &pages {
+            println!("cargo:rerun-if-changed={}", path.display());
+        }
         let pkg = out.join("pkg");
         build_package(&root, &pkg, &out.join("wasm-target"));
         for f in ["linearize_web.js", "linearize_web_bg.wasm"] {

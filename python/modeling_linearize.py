@@ -384,10 +384,6 @@ class LinearizeForCausalLM(PreTrainedModel, GenerationMixin):
         if past_key_values is not None and not isinstance(past_key_values, LinearizeState):
             if past_key_values.get_seq_length() > 0:
                 raise ValueError("past_key_values must be the LinearizeState this model returned")
-        seen = state.get_seq_length()
-        if seen > 0 and input_ids.shape[1] > 1 and seen <= input_ids.shape[1]:
-            # generate() passes the whole sequence; the state already holds its first `seen`.
-            input_ids = input_ids[:, seen:]
         hidden = self.model(input_ids, state)
         logits = F.linear(hidden, self.head_weight())
         loss = None

@@ -1,7 +1,7 @@
 //! `linearize serve`: the browser demo on 127.0.0.1 — the pages in www/ (with the wasm package
-//! built by scripts/build-web.sh when missing), or those built into the binary (build.rs; the
-//! package with `--features embed-web`) where there is no checkout and the models in $LINEARIZE_HOME: the fetched
-//! teacher and every student or HF directory in $LINEARIZE_HOME/students/, and the fetched
+//! built by scripts/build-web.sh when missing), or those built into the binary with
+//! `--features embed-web` (build.rs) where there is no checkout — and the models in
+//! $LINEARIZE_HOME: the fetched teacher and every student or HF directory in $LINEARIZE_HOME/students/, and the fetched
 //! zero-shot request files (`/eval/TASK.jsonl.gz`) for evaluation in the page. Nothing else is
 //! served: paths outside these folders, and files a model does not list, are 404.
 use crate::outln;
@@ -24,8 +24,7 @@ pub struct ServeArgs {
     /// pages built into the binary)
     #[arg(long, conflicts_with = "builtin")]
     pub www: Option<PathBuf>,
-    /// Serve the pages built into the binary even from a checkout (the wasm package is built in
-    /// with `--features embed-web`)
+    /// Serve the pages built into the binary (`--features embed-web`) even from a checkout
     #[arg(long)]
     pub builtin: bool,
     /// Seconds a client has to send its request, and each write to it may wait for the client
@@ -136,11 +135,20 @@ impl Pages {
     }
 }
 
-/// A page built into the binary, by its path under / (query stripped; "" is index.html).
-fn builtin_page(path: &str) -> Option<&'static [u8]> {
-    let rel = path.split('?').next().unwrap_or("").trim_start_matches('/');
-    let rel = if rel.is_empty() { "index.html" } else { rel };
-    builtin::PAGES.iter().find(|(name, _)| *name == rel).map(|(_, bytes)| *bytes)
+/// The page a request path (query stripped) names, relative to the pages' root: "/" is
+/// index.html.
+fn page_name(path: &str) -> &str {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() {
+        "index.html"
+    } else {
+        rel
+    }
+}
+
+/// A page built into the binary by its name under the pages' root: (name, bytes).
+fn builtin_page(name: &str) -> Option<(&'static str, &'static [u8])> {
+    builtin::PAGES.iter().find(|(n, _)| *n == name).copied()
 }
 
 /// Builds www/pkg with scripts/build-web.sh when it is missing.
@@ -187,8 +195,7 @@ fn resolve(www: Option<&Path>, home: &Path, models: &[Served], path: &str) -> Op
         (m.dir.join(file), home.join("students"))
     } else {
         let www = www?;
-        let rel = path.trim_start_matches('/');
-        (www.join(if rel.is_empty() { "index.html" } else { rel }), www.to_path_buf())
+        (www.join(page_name(path)), www.to_path_buf())
     };
     let (real, root) = (file.canonicalize().ok()?, root.canonicalize().ok()?);
     (real.starts_with(&root) && real.metadata().ok()?.is_file()).then_some(real)
@@ -316,9 +323,8 @@ fn respond(url: &str, pages: &Pages, home: &Path) -> (&'static str, &'static str
         return ("200 OK", "application/json", Body::Text(json!({ "models": list, "tasks": tasks }).to_string()));
     }
     if matches!(pages, Pages::Builtin) && !url.starts_with("/models/") && !url.starts_with("/eval/") {
-        let path = url.split('?').next().unwrap_or("");
-        return match builtin_page(path) {
-            Some(bytes) => ("200 OK", content_type(Path::new(if path.ends_with('/') { "index.html" } else { path })), Body::Static(bytes)),
+        return match builtin_page(page_name(url.split('?').next().unwrap_or(""))) {
+            Some((name, bytes)) => ("200 OK", content_type(Path::new(name)), Body::Static(bytes)),
             None => not_found(),
         };
     }

@@ -313,7 +313,7 @@ fn export_hf(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, out: &P
     let (kind, opts, s) = (m.config.mixer, &m.config.options, m.config.shape);
     let parameters: serde_json::Map<String, serde_json::Value> = first.iter().map(|(name, t)| (name.clone(), json!(t.shape))).collect();
     let constants: serde_json::Map<String, serde_json::Value> = (kind.def().constants)(s).into_iter().map(|(name, v)| (name.to_string(), json!(v))).collect();
-    let mut config = serde_json::to_value(super::config::LlamaConfig { model_type: super::config::STUDENT_MODEL_TYPE.into(), ..c.clone() }).expect("json");
+    let mut config = serde_json::to_value(super::student::student_config(c)).expect("json");
     let fields = json!({
         "architectures": ["LinearizeForCausalLM"],
         "auto_map": { "AutoConfig": "modeling_linearize.LinearizeConfig", "AutoModelForCausalLM": "modeling_linearize.LinearizeForCausalLM" },

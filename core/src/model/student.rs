@@ -98,6 +98,12 @@ fn student_tensors<'a>(w: &'a ModelWeights, m: &'a StudentMixers) -> Vec<(String
     out
 }
 
+/// A student directory's config.json: the teacher's config under a model type of its own (so no
+/// library loads the student as a plain Llama).
+pub fn student_config(teacher: &LlamaConfig) -> LlamaConfig {
+    LlamaConfig { model_type: super::config::STUDENT_MODEL_TYPE.into(), ..teacher.clone() }
+}
+
 /// The tensor names `save_dir` writes, in its order.
 pub fn tensor_names(w: &ModelWeights, m: &StudentMixers) -> Vec<String> {
     student_tensors(w, m).into_iter().map(|t| t.0).collect()
@@ -153,7 +159,7 @@ pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokeniz
             std::fs::remove_file(&single).map_err(|e| Error::io(&single, e))?;
         }
     }
-    let config = LlamaConfig { model_type: super::config::STUDENT_MODEL_TYPE.into(), ..w.config.clone() };
+    let config = student_config(&w.config);
     write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
     write_atomic(&dir.join(STUDENT_FILE), serde_json::to_string_pretty(&m.config).expect("json").as_bytes())?;
     write_atomic(&dir.join("tokenizer.json"), tokenizer.json().as_bytes())?;
