@@ -236,6 +236,51 @@ fn tensor_core_gemms_share_activation_copies_until_written() {
     }
 }
 
+/// A linear layer's three products in one recording — y = x·wᵀ, dx = dy·w, dw = dyᵀ·x — copy
+/// x, w and dy once each and read the copies transposed where the backward needs them the other
+/// way (nn::coop): they must give, bit for bit, what each product gives alone in a recording of
+/// its own with fresh copies of both operands. Shapes off the 64×64×16 tiles, one long enough to
+/// split dw's reduction over workgroups, a weight that keeps its copies and one that does not.
+#[test]
+fn tensor_core_backward_reads_the_forwards_copies_transposed() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(17);
+    for &(m, n, k) in &[(9, 1, 1), (130, 33, 200), (1100, 40, 70), (257, 576, 64)] {
+        let g = Gemm { m, n, k };
+        let (x, dy, wv) = (random(&mut rng, m * k, 1.0), random(&mut rng, m * n, 1e-4), random(&mut rng, n * k, 3.0));
+        let (xb, dyb) = (gpu.upload_f32("x", &x).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
+        let alone = |op: &dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf), len: usize| {
+            let out = gpu.scratch(len).unwrap();
+            let mut rec = gpu.recorder();
+            op(&mut rec, &out);
+            rec.submit().unwrap();
+            gpu.read_f32_blocking(&out, len).unwrap()
+        };
+        let plain = gpu.upload_f32("w", &wv).unwrap();
+        let want_y = alone(&|rec, y| nn::linear(rec, &xb, &plain, y, g, false).unwrap(), m * n);
+        let want_dx = alone(&|rec, dx| nn::linear_backward_input(rec, &dyb, &plain, dx, g, false).unwrap(), m * k);
+        let want_dw = alone(&|rec, dw| nn::linear_backward_weight(rec, &dyb, &xb, dw, g, false).unwrap(), n * k);
+        for keeps in [false, true] {
+            let mut w = gpu.upload_f32("w", &wv).unwrap();
+            if keeps {
+                w.keep_copies();
+            }
+            let (y, dx, dw) = (gpu.scratch(m * n).unwrap(), gpu.scratch(m * k).unwrap(), gpu.scratch(n * k).unwrap());
+            let mut rec = gpu.recorder();
+            nn::linear(&mut rec, &xb, &w, &y, g, false).unwrap();
+            nn::linear_backward_weight(&mut rec, &dyb, &xb, &dw, g, false).unwrap();
+            nn::linear_backward_input(&mut rec, &dyb, &w, &dx, g, false).unwrap();
+            rec.submit().unwrap();
+            for (name, got, want) in [("y", &y, &want_y), ("dx", &dx, &want_dx), ("dw", &dw, &want_dw)] {
+                let got = gpu.read_f32_blocking(got, want.len()).unwrap();
+                let differ = got.iter().zip(want.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "{m}x{n}x{k}, weight keeps copies: {keeps}: {name} differs from its product alone in {differ} of {} values", want.len());
+            }
+        }
+        eprintln!("{m}x{n}x{k}: y, dx and dw from shared and transposed copies equal the products alone, bit for bit");
+    }
+}
+
 /// The chunked recurrence at head size 128 under mixed precision (native/chunk_coop.wgsl: the
 /// output on tensor cores for the rules without a normaliser)
 /// against f64, for every mixer's variant (those the tensor cores do not serve run the f32

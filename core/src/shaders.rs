@@ -65,6 +65,9 @@ shader_params!(
         amax_groups: u32,
         /// operand_amax / operand_f16: the operand grid row / layer 0 copies (0 a, 1 b).
         first_operand: u32,
+        /// matmul_coop: the word of each copy's max buffer that holds its max |value| (2048
+        /// for a copy made as operand a, 2049 as b).
+        a_max_at: u32, b_max_at: u32,
     }
 );
 shader_params!(

@@ -29,6 +29,16 @@ whatever its size (down to max · 2^-37, where f16's subnormals begin). No loss 
 no skipped steps. The copies are padded with zeros to multiples of 64 rows and 64 reduction
 indices, so the matrix loads (never bounds-checked) stay inside them.
 
+Transposed reads: a GEMM may read an operand from a copy made with its two indices the other way
+round (the copy's rows are this GEMM's reduction): the backward products dx = dy·w and
+dw = dyᵀ·x read the forward's copies of w and x and each other's copy of dy, so every tensor is
+scaled and copied once (nn::coop finds them). Overrides A_T and B_T choose the reads: a 16×16
+piece of a block is then 16 reduction indices × 16 rows, loaded in the other major order, and
+the walk along the reduction steps through the copy's rows (16 halves each, a new row block every
+64). The same f16 values in the same order: the products are bit for bit those of a fresh copy.
+Each copy's scale sits at word 2048 or 2049 of its max buffer, whichever role it was made in:
+`a_max_at` and `b_max_at` say where.
+
 Kept copies: a weight's copy (operand b) can outlive the GEMM — the frozen teacher's for the
 whole run, a trained weight's until the optimizer steps (nn::coop). `first_operand` and the grid
 pick which operands a pass copies (a and b, only a, or only b), and matmul_coop reads each
@@ -41,15 +51,22 @@ import pathlib
 
 MI = NJ = 4  # accumulators per subgroup: 64 × 64
 acc_decl = "\n".join(f"    var acc{i}{j} = coop_mat16x16<f32, C>();" for i in range(MI) for j in range(NJ))
-def loads(indent, decl, a, b, at_a, at_b):
-    """The 16×16 fragments of one 64 × 16 block of each copy: a's four row fragments, b's four."""
+def loads(indent, a, b, at_a, at_b):
+    """The 16×16 fragments of one 16-index step of each copy: a's four row fragments, b's four.
+    A copy read as made holds a fragment as 16 rows × 16 reduction indices (a row-major for A,
+    column-major for B); read transposed, as 16 reduction indices × 16 rows, the other way."""
+    def one(name, i, buf, at, role, transposed, direct, other):
+        return (f"{indent}if ({transposed}) {{ {name}{i} = {other}<coop_mat16x16<f16, {role}>>(&{buf}[{at} + {i}u * {buf[0]}_frag], 16u); }} "
+                f"else {{ {name}{i} = {direct}<coop_mat16x16<f16, {role}>>(&{buf}[{at} + {i}u * {buf[0]}_frag], 16u); }}")
     return "\n".join(
-        [f"{indent}{decl}{a}{i} = coopLoadT<coop_mat16x16<f16, A>>(&a16[{at_a} + {256 * i}u], 16u);" for i in range(MI)]
-        + [f"{indent}{decl}{b}{j} = coopLoad<coop_mat16x16<f16, B>>(&b16[{at_b} + {256 * j}u], 16u);" for j in range(NJ)])
+        [one(a, i, "a16", at_a, "A", "A_T", "coopLoadT", "coopLoad") for i in range(MI)]
+        + [one(b, j, "b16", at_b, "B", "B_T", "coopLoad", "coopLoadT") for j in range(NJ)])
 
 
-first_loads = loads("    ", "var ", "ma", "mb", "ra", "rb")
-next_loads = loads("        ", "let ", "na", "nb", "na_at", "nb_at")
+frag_decl = "\n".join([f"    var {n}{i} = coop_mat16x16<f16, A>();" for n in ("ma", "na") for i in range(MI)]
+                      + [f"    var {n}{j} = coop_mat16x16<f16, B>();" for n in ("mb", "nb") for j in range(NJ)])
+first_loads = loads("    ", "ma", "mb", "a_at", "b_at")
+next_loads = loads("        ", "na", "nb", "na_at", "nb_at")
 moves = "\n".join([f"        ma{i} = na{i};" for i in range(MI)] + [f"        mb{j} = nb{j};" for j in range(NJ)])
 mma = "\n".join(f"        acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(MI) for j in range(NJ))
 stores = "\n".join(f"    write_out(acc{i}{j}, lane, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(MI) for j in range(NJ))
@@ -86,7 +103,15 @@ struct Params {{
     amax_groups: u32,
     // The operand that grid row 0 (operand_amax) or layer 0 (operand_f16) takes: 0 a, 1 b.
     first_operand: u32,
+    // matmul_coop: the word of amax_a / amax_b holding each copy's max |value| (2048 for a
+    // copy made as operand a, 2049 as b).
+    a_max_at: u32,
+    b_max_at: u32,
 }}
+
+// Whether matmul_coop reads a's / b's copy transposed: a copy whose rows are the reduction.
+override A_T: bool = false;
+override B_T: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
@@ -103,8 +128,8 @@ struct Params {{
 @group(0) @binding(8) var<storage, read> b16: array<f16>;
 // The partial products of a split reduction, [splits, m, n], as sum_splits reads them.
 @group(0) @binding(9) var<storage, read> parts: array<f32>;
-// operand_f16's totals as matmul_coop reads them: max |a| at word 2048 of the first, max |b|
-// at word 2049 of the second (one buffer bound twice, or a kept copy's own for b).
+// operand_f16's totals as matmul_coop reads them: max |a| at word a_max_at of the first, max
+// |b| at word b_max_at of the second (one buffer bound twice, or each copy's own).
 @group(0) @binding(10) var<storage, read> amax_a: array<u32>;
 @group(0) @binding(11) var<storage, read> amax_b: array<u32>;
 
@@ -256,35 +281,48 @@ fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<
     workgroupBarrier();
 }}
 
+// Half where a copy's 16×16 piece for reduction indices k.. of row tile `tile` starts: read as
+// made, block (tile, k / 16) of [64 rows, 16 indices] at (tile · kp + k) · 64; transposed (the
+// copy's rows are the reduction, its row length `len` halves: this GEMM's rows rounded up to
+// 64), row block k / 64, row k % 64 within it, at column 64 · tile of every row.
+fn piece_at(transposed: bool, tile: u32, k: u32, len: u32) -> u32 {{
+    if (transposed) {{
+        return (k / 64u) * len * 64u + (k % 64u) * 16u + tile * 4096u;
+    }}
+    return (tile * p.kp + k) * 64u;
+}}
+
 // Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
-// and columns j0.. A row block's 64 × 16 blocks lie in reduction order, so the loop walks
-// each operand's copy straight through, loading the next block's fragments before it
+// and columns j0.. Read as made, a row block's 64 × 16 blocks lie in reduction order, so the
+// loop walks each operand's copy straight through, loading the next step's fragments before it
 // multiplies the current ones (their latency hides behind the 16 products).
 @compute @workgroup_size(32)
 fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let i0 = wid.y * 64u;
     let j0 = wid.x * 64u;
-    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[2048u]), 1.0 / operand_scale(amax_b[2049u]));
+    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[p.a_max_at]), 1.0 / operand_scale(amax_b[p.b_max_at]));
     let part = wid.z * p.split_stride;
+    // The halves from one row fragment to the next: 16 rows of a block, or 16 columns of a row.
+    let a_frag = select(256u, 1024u, A_T);
+    let b_frag = select(256u, 1024u, B_T);
+    let a_len = (p.m + 63u) / 64u * 64u;
+    let b_len = (p.n + 63u) / 64u * 64u;
 {acc_decl}
+{frag_decl}
     let k_begin = wid.z * p.split_k;
     let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
-    // Block (row block r, k / 16) starts at half (r · kp / 16 + k / 16) · 1024 = (r · kp + k) · 64;
-    // every split has at least one.
-    var ra = (wid.y * p.kp + k_begin) * 64u;
-    var rb = (wid.x * p.kp + k_begin) * 64u;
-    let a_last = (wid.y * p.kp + k_end - 16u) * 64u;
-    let b_last = (wid.x * p.kp + k_end - 16u) * 64u;
+    // Every split has at least one step.
+    let a_at = piece_at(A_T, wid.y, k_begin, a_len);
+    let b_at = piece_at(B_T, wid.x, k_begin, b_len);
 {first_loads}
     for (var k0 = k_begin; k0 < k_end; k0 += 16u) {{
-        // The last block loads itself again rather than reading past the split.
-        let na_at = min(ra + 1024u, a_last);
-        let nb_at = min(rb + 1024u, b_last);
+        // The last step loads itself again rather than reading past the split.
+        let k_next = min(k0 + 16u, k_end - 16u);
+        let na_at = piece_at(A_T, wid.y, k_next, a_len);
+        let nb_at = piece_at(B_T, wid.x, k_next, b_len);
 {next_loads}
 {mma}
 {moves}
-        ra = na_at;
-        rb = nb_at;
     }}
 {stores}
 }}

@@ -30,7 +30,15 @@ struct Params {
     amax_groups: u32,
     // The operand that grid row 0 (operand_amax) or layer 0 (operand_f16) takes: 0 a, 1 b.
     first_operand: u32,
+    // matmul_coop: the word of amax_a / amax_b holding each copy's max |value| (2048 for a
+    // copy made as operand a, 2049 as b).
+    a_max_at: u32,
+    b_max_at: u32,
 }
+
+// Whether matmul_coop reads a's / b's copy transposed: a copy whose rows are the reduction.
+override A_T: bool = false;
+override B_T: bool = false;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> a: array<f32>;
@@ -47,8 +55,8 @@ struct Params {
 @group(0) @binding(8) var<storage, read> b16: array<f16>;
 // The partial products of a split reduction, [splits, m, n], as sum_splits reads them.
 @group(0) @binding(9) var<storage, read> parts: array<f32>;
-// operand_f16's totals as matmul_coop reads them: max |a| at word 2048 of the first, max |b|
-// at word 2049 of the second (one buffer bound twice, or a kept copy's own for b).
+// operand_f16's totals as matmul_coop reads them: max |a| at word a_max_at of the first, max
+// |b| at word b_max_at of the second (one buffer bound twice, or each copy's own).
 @group(0) @binding(10) var<storage, read> amax_a: array<u32>;
 @group(0) @binding(11) var<storage, read> amax_b: array<u32>;
 
@@ -200,16 +208,32 @@ fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<
     workgroupBarrier();
 }
 
+// Half where a copy's 16×16 piece for reduction indices k.. of row tile `tile` starts: read as
+// made, block (tile, k / 16) of [64 rows, 16 indices] at (tile · kp + k) · 64; transposed (the
+// copy's rows are the reduction, its row length `len` halves: this GEMM's rows rounded up to
+// 64), row block k / 64, row k % 64 within it, at column 64 · tile of every row.
+fn piece_at(transposed: bool, tile: u32, k: u32, len: u32) -> u32 {
+    if (transposed) {
+        return (k / 64u) * len * 64u + (k % 64u) * 16u + tile * 4096u;
+    }
+    return (tile * p.kp + k) * 64u;
+}
+
 // Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
-// and columns j0.. A row block's 64 × 16 blocks lie in reduction order, so the loop walks
-// each operand's copy straight through, loading the next block's fragments before it
+// and columns j0.. Read as made, a row block's 64 × 16 blocks lie in reduction order, so the
+// loop walks each operand's copy straight through, loading the next step's fragments before it
 // multiplies the current ones (their latency hides behind the 16 products).
 @compute @workgroup_size(32)
 fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let i0 = wid.y * 64u;
     let j0 = wid.x * 64u;
-    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[2048u]), 1.0 / operand_scale(amax_b[2049u]));
+    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[p.a_max_at]), 1.0 / operand_scale(amax_b[p.b_max_at]));
     let part = wid.z * p.split_stride;
+    // The halves from one row fragment to the next: 16 rows of a block, or 16 columns of a row.
+    let a_frag = select(256u, 1024u, A_T);
+    let b_frag = select(256u, 1024u, B_T);
+    let a_len = (p.m + 63u) / 64u * 64u;
+    let b_len = (p.n + 63u) / 64u * 64u;
     var acc00 = coop_mat16x16<f32, C>();
     var acc01 = coop_mat16x16<f32, C>();
     var acc02 = coop_mat16x16<f32, C>();
@@ -226,34 +250,48 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
     var acc31 = coop_mat16x16<f32, C>();
     var acc32 = coop_mat16x16<f32, C>();
     var acc33 = coop_mat16x16<f32, C>();
+    var ma0 = coop_mat16x16<f16, A>();
+    var ma1 = coop_mat16x16<f16, A>();
+    var ma2 = coop_mat16x16<f16, A>();
+    var ma3 = coop_mat16x16<f16, A>();
+    var na0 = coop_mat16x16<f16, A>();
+    var na1 = coop_mat16x16<f16, A>();
+    var na2 = coop_mat16x16<f16, A>();
+    var na3 = coop_mat16x16<f16, A>();
+    var mb0 = coop_mat16x16<f16, B>();
+    var mb1 = coop_mat16x16<f16, B>();
+    var mb2 = coop_mat16x16<f16, B>();
+    var mb3 = coop_mat16x16<f16, B>();
+    var nb0 = coop_mat16x16<f16, B>();
+    var nb1 = coop_mat16x16<f16, B>();
+    var nb2 = coop_mat16x16<f16, B>();
+    var nb3 = coop_mat16x16<f16, B>();
     let k_begin = wid.z * p.split_k;
     let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
-    // Block (row block r, k / 16) starts at half (r · kp / 16 + k / 16) · 1024 = (r · kp + k) · 64;
-    // every split has at least one.
-    var ra = (wid.y * p.kp + k_begin) * 64u;
-    var rb = (wid.x * p.kp + k_begin) * 64u;
-    let a_last = (wid.y * p.kp + k_end - 16u) * 64u;
-    let b_last = (wid.x * p.kp + k_end - 16u) * 64u;
-    var ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 0u], 16u);
-    var ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 256u], 16u);
-    var ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 512u], 16u);
-    var ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[ra + 768u], 16u);
-    var mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 0u], 16u);
-    var mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 256u], 16u);
-    var mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 512u], 16u);
-    var mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[rb + 768u], 16u);
+    // Every split has at least one step.
+    let a_at = piece_at(A_T, wid.y, k_begin, a_len);
+    let b_at = piece_at(B_T, wid.x, k_begin, b_len);
+    if (A_T) { ma0 = coopLoad<coop_mat16x16<f16, A>>(&a16[a_at + 0u * a_frag], 16u); } else { ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[a_at + 0u * a_frag], 16u); }
+    if (A_T) { ma1 = coopLoad<coop_mat16x16<f16, A>>(&a16[a_at + 1u * a_frag], 16u); } else { ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[a_at + 1u * a_frag], 16u); }
+    if (A_T) { ma2 = coopLoad<coop_mat16x16<f16, A>>(&a16[a_at + 2u * a_frag], 16u); } else { ma2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[a_at + 2u * a_frag], 16u); }
+    if (A_T) { ma3 = coopLoad<coop_mat16x16<f16, A>>(&a16[a_at + 3u * a_frag], 16u); } else { ma3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[a_at + 3u * a_frag], 16u); }
+    if (B_T) { mb0 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 0u * b_frag], 16u); } else { mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 0u * b_frag], 16u); }
+    if (B_T) { mb1 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 1u * b_frag], 16u); } else { mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 1u * b_frag], 16u); }
+    if (B_T) { mb2 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 2u * b_frag], 16u); } else { mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 2u * b_frag], 16u); }
+    if (B_T) { mb3 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 3u * b_frag], 16u); } else { mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 3u * b_frag], 16u); }
     for (var k0 = k_begin; k0 < k_end; k0 += 16u) {
-        // The last block loads itself again rather than reading past the split.
-        let na_at = min(ra + 1024u, a_last);
-        let nb_at = min(rb + 1024u, b_last);
-        let na0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 0u], 16u);
-        let na1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 256u], 16u);
-        let na2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 512u], 16u);
-        let na3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 768u], 16u);
-        let nb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 0u], 16u);
-        let nb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 256u], 16u);
-        let nb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 512u], 16u);
-        let nb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 768u], 16u);
+        // The last step loads itself again rather than reading past the split.
+        let k_next = min(k0 + 16u, k_end - 16u);
+        let na_at = piece_at(A_T, wid.y, k_next, a_len);
+        let nb_at = piece_at(B_T, wid.x, k_next, b_len);
+        if (A_T) { na0 = coopLoad<coop_mat16x16<f16, A>>(&a16[na_at + 0u * a_frag], 16u); } else { na0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 0u * a_frag], 16u); }
+        if (A_T) { na1 = coopLoad<coop_mat16x16<f16, A>>(&a16[na_at + 1u * a_frag], 16u); } else { na1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 1u * a_frag], 16u); }
+        if (A_T) { na2 = coopLoad<coop_mat16x16<f16, A>>(&a16[na_at + 2u * a_frag], 16u); } else { na2 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 2u * a_frag], 16u); }
+        if (A_T) { na3 = coopLoad<coop_mat16x16<f16, A>>(&a16[na_at + 3u * a_frag], 16u); } else { na3 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 3u * a_frag], 16u); }
+        if (B_T) { nb0 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 0u * b_frag], 16u); } else { nb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 0u * b_frag], 16u); }
+        if (B_T) { nb1 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 1u * b_frag], 16u); } else { nb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 1u * b_frag], 16u); }
+        if (B_T) { nb2 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 2u * b_frag], 16u); } else { nb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 2u * b_frag], 16u); }
+        if (B_T) { nb3 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 3u * b_frag], 16u); } else { nb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 3u * b_frag], 16u); }
         acc00 = coopMultiplyAdd(ma0, mb0, acc00);
         acc01 = coopMultiplyAdd(ma0, mb1, acc01);
         acc02 = coopMultiplyAdd(ma0, mb2, acc02);
@@ -278,8 +316,6 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
         mb1 = nb1;
         mb2 = nb2;
         mb3 = nb3;
-        ra = na_at;
-        rb = nb_at;
     }
     write_out(acc00, lane, i0 + 0u, j0 + 0u, unscale, part);
     write_out(acc01, lane, i0 + 0u, j0 + 16u, unscale, part);

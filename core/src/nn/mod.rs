@@ -669,8 +669,10 @@ fn tensor_cores(rec: &Recorder) -> bool {
 /// reduction): each operand scaled by a power of two from its max |value| (reduced on the GPU)
 /// and copied to f16 in blocks of 64 rows × 16 reduction indices (padded with zeros to 64 rows
 /// and 64 reduction indices), then multiplied with f32 accumulation into columns y0.. of a y
-/// with rows of `ldy`. Any shape and strides. Where b keeps copies (a weight: GpuBuf::keep_copies)
-/// its copy and scale are made once and kept until its values change.
+/// with rows of `ldy`. Any shape and strides. An operand copied before is not copied again: a
+/// weight's copy is kept with it (GpuBuf::keep_copies) until its values change, an
+/// activation's lives for the recording while nothing writes it, and either is read as made or
+/// transposed (the backward products read the forward's copies of x and w, dx's copy of dy).
 fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Columns, (rows, cols, red): (usize, usize, usize), strides: [usize; 4], accumulate: bool) -> Result<()> {
     let [sam, sak, sbn, sbk] = strides;
     let extent_a = (rows.max(1) - 1) * sam + (red.max(1) - 1) * sak + 1;
@@ -688,19 +690,16 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let split_k = blocks.div_ceil(splits) * 64;
     let splits = kp.div_ceil(split_k);
     let [m, n, k, sam, sak, sbn, sbk, ldy32, y032, kp32, split_k32, splits32] = [rows, cols, red, sam, sak, sbn, sbk, ldy, y0, kp, split_k, splits].map(|v| v as u32);
-    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups: 0, first_operand: 0 };
+    let params = CoopGemmParams { m, n, k, accumulate: accumulate as u32, sam, sak, sbn, sbk, ldy: ldy32, y0: y032, kp: kp32, split_k: split_k32, split_stride: 0, splits: splits32, amax_groups: 0, first_operand: 0, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
     let shader = "native/matmul_coop";
-    // Each operand's f16 copy and the buffer of its max |value| (word 2048 for a, 2049 for b):
-    // a weight's kept with it; an activation's made once per recording for every GEMM that
-    // reads it in the same layout (q, k, v and the gates read one x) while nothing writes it.
-    let key_a = [0, m, k, sam, sak, kp32].map(u64::from);
-    let key_b = [1, n, k, sbn, sbk, kp32].map(u64::from);
-    let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, extent_b, cols_p)?) } else { rec.shared_copy(b, key_b) };
-    let have_a = rec.shared_copy(a, key_a);
-    let ((a16, amax), (b16, amax_b)) = match (have_a, have_b) {
-        (Some(a_copy), Some(b_copy)) => (a_copy, b_copy),
-        (None, Some(b_copy)) => (shared_operand_copy(rec, a, b, &params, 0, extent_a, rows_p, key_a)?, b_copy),
-        (Some(a_copy), None) => (a_copy, shared_operand_copy(rec, a, b, &params, 1, extent_b, cols_p, key_b)?),
+    let view_a = View { rows: m, red: k, s_row: sam, s_red: sak };
+    let view_b = View { rows: n, red: k, s_row: sbn, s_red: sbk };
+    let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, view_b, extent_b, cols_p)?) } else { shared_operand(rec, b, view_b) };
+    let have_a = shared_operand(rec, a, view_a);
+    let (sa, sb) = match (have_a, have_b) {
+        (Some(sa), Some(sb)) => (sa, sb),
+        (None, Some(sb)) => (shared_operand_copy(rec, a, b, &params, 0, extent_a, rows_p, view_a)?, sb),
+        (Some(sa), None) => (sa, shared_operand_copy(rec, a, b, &params, 1, extent_b, cols_p, view_b)?),
         (None, None) => {
             // Both in the same two dispatches.
             let (a16, b16, amax) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?, rec.temp(2050)?);
@@ -708,23 +707,71 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
             let p = CoopGemmParams { amax_groups: groups, ..params };
             rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 2, 1])?;
             rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, &amax), (5, &a16), (6, &b16)], [blocks as u32, (rows_p.max(cols_p) / 64) as u32, 2])?;
-            rec.note_shared_copy(a, key_a, &a16, &amax);
-            rec.note_shared_copy(b, key_b, &b16, &amax);
-            ((a16, amax.handle()), (b16, amax))
+            rec.note_shared_copy(a, view_a.key(A_MAX_AT), &a16, &amax);
+            rec.note_shared_copy(b, view_b.key(B_MAX_AT), &b16, &amax);
+            (Staged { copy: a16, amax: amax.handle(), max_at: A_MAX_AT, transposed: false }, Staged { copy: b16, amax, max_at: B_MAX_AT, transposed: false })
         }
     };
+    let params = CoopGemmParams { a_max_at: sa.max_at, b_max_at: sb.max_at, ..params };
+    let product = Kernel::new(shader, "matmul_coop").with("A_T", sa.transposed as u32 as f64).with("B_T", sb.transposed as u32 as f64);
     let groups = [(cols_p / 64) as u32, (rows_p / 64) as u32, splits as u32];
-    let operands = [(7, &a16), (8, &b16), (10, &amax), (11, &amax_b)];
+    let operands = [(7, &sa.copy), (8, &sb.copy), (10, &sa.amax), (11, &sb.amax)];
     if splits == 1 {
-        return rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &params, &[&operands[..], &[(3, y)]].concat(), groups);
+        return rec.dispatch_bindings(&product, &params, &[&operands[..], &[(3, y)]].concat(), groups);
     }
     // Each split writes its part [rows, cols] (no accumulate), then the parts are summed in order.
     let parts = rec.temp(splits * rows * cols)?;
     let part_params = CoopGemmParams { accumulate: 0, ldy: cols as u32, y0: 0, split_stride: (rows * cols) as u32, ..params };
-    rec.dispatch_bindings(&Kernel::new(shader, "matmul_coop"), &part_params, &[&operands[..], &[(3, &parts)]].concat(), groups)?;
+    rec.dispatch_bindings(&product, &part_params, &[&operands[..], &[(3, &parts)]].concat(), groups)?;
     let n_out = rows * cols;
     let groups = [n_out.min(65535 * 256).div_ceil(256) as u32, n_out.div_ceil(65535 * 256) as u32, 1];
     rec.dispatch_bindings(&Kernel::new(shader, "sum_splits"), &params, &[(3, y), (9, &parts)], groups)
+}
+
+/// The word of a copy's max buffer that holds its max |value|: operand_f16 writes 2048 for a
+/// copy made as operand a, 2049 for one made as b.
+const A_MAX_AT: u32 = 2048;
+const B_MAX_AT: u32 = 2049;
+
+/// How a GEMM reads one operand: `rows` rows of a `red`-long reduction, element (i, r) at
+/// i·s_row + r·s_red of its buffer.
+#[derive(Clone, Copy)]
+struct View {
+    rows: u32,
+    red: u32,
+    s_row: u32,
+    s_red: u32,
+}
+
+impl View {
+    /// The same values with rows and reduction exchanged: a copy made for it, read transposed,
+    /// serves this view (its rows, padded to 64, are this view's padded reduction and the
+    /// other way round).
+    fn transposed(self) -> View {
+        View { rows: self.red, red: self.rows, s_row: self.s_red, s_red: self.s_row }
+    }
+
+    /// A recording's key for the copy made of this view, its max |value| at word `max_at`.
+    fn key(self, max_at: u32) -> [u64; 6] {
+        [self.rows, self.red, self.s_row, self.s_red, max_at, 0].map(u64::from)
+    }
+}
+
+/// An operand's f16 copy as a GEMM reads it: the buffer whose word `max_at` holds its max
+/// |value|, and whether the copy's rows are the GEMM's reduction.
+struct Staged {
+    copy: GpuBuf,
+    amax: GpuBuf,
+    max_at: u32,
+    transposed: bool,
+}
+
+/// A copy of `src` made earlier in this recording for `view` or for its transpose, in either
+/// operand's role, if nothing has written `src` since.
+fn shared_operand(rec: &Recorder, src: &GpuBuf, view: View) -> Option<Staged> {
+    [(view, false), (view.transposed(), true)].into_iter().find_map(|(v, transposed)| {
+        [A_MAX_AT, B_MAX_AT].into_iter().find_map(|max_at| rec.shared_copy(src, v.key(max_at)).map(|(copy, amax)| Staged { copy, amax, max_at, transposed }))
+    })
 }
 
 /// operand_amax's workgroups for `extent` values: 16 per thread, at most 1024 (grid-strided
@@ -748,39 +795,42 @@ fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmPar
     rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [params.kp / 64, (rows_p / 64) as u32, 1])
 }
 
-/// `copy_operand` of one operand (`which`) into recorder temporaries, noted under `key` for the
-/// GEMMs after it in the recording (`Recorder::shared_copy`): (copy, max buffer).
+/// `copy_operand` of one operand (`which`) into recorder temporaries, noted under its `view`
+/// for the GEMMs after it in the recording (`Recorder::shared_copy`).
 #[allow(clippy::too_many_arguments)]
-fn shared_operand_copy(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, key: [u64; 6]) -> Result<(GpuBuf, GpuBuf)> {
+fn shared_operand_copy(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, view: View) -> Result<Staged> {
     let (copy, amax) = (rec.temp(rows_p * params.kp as usize / 2)?, rec.temp(2050)?);
     copy_operand(rec, a, b, params, which, extent, rows_p, &copy, &amax)?;
-    rec.note_shared_copy(if which == 0 { a } else { b }, key, &copy, &amax);
-    Ok((copy, amax))
+    let max_at = A_MAX_AT + which;
+    rec.note_shared_copy(if which == 0 { a } else { b }, view.key(max_at), &copy, &amax);
+    Ok(Staged { copy, amax, max_at, transposed: false })
 }
 
-/// The f16 copy of operand b as `params` lays it out and the buffer whose word 2049 holds its
-/// max |value|: kept with b from an earlier GEMM of the same region and layout, or made now in
-/// `rec` — after the work recorded before it, so from b's values as that work leaves them, and
-/// kept only while `rec` is the one recording open (another, submitted first, would find a copy
-/// not yet made); `rec` drops what it kept if it is never submitted.
-fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, extent_b: usize, cols_p: usize) -> Result<(GpuBuf, GpuBuf)> {
-    let key = [b.offset(), params.sbn as u64, params.sbk as u64, params.n as u64, params.k as u64, 0];
-    if let Some(mut kept) = b.kept_copy(key) {
-        let amax = kept.pop().expect("kept: b16, amax");
-        return Ok((kept.pop().expect("kept: b16"), amax));
+/// The f16 copy of operand b and its scale: kept with b from an earlier GEMM of the same
+/// region in this layout or transposed (dx = dy·w reads the forward's copy of w), or made now
+/// in `rec` — after the work recorded before it, so from b's values as that work leaves them,
+/// and kept only while `rec` is the one recording open (another, submitted first, would find a
+/// copy not yet made); `rec` drops what it kept if it is never submitted.
+fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, view: View, extent_b: usize, cols_p: usize) -> Result<Staged> {
+    let key = |v: View| [b.offset(), v.s_row as u64, v.s_red as u64, v.rows as u64, v.red as u64, 0];
+    for (v, transposed) in [(view, false), (view.transposed(), true)] {
+        if let Some(mut kept) = b.kept_copy(key(v)) {
+            let amax = kept.pop().expect("kept: b16, amax");
+            return Ok(Staged { copy: kept.pop().expect("kept: b16"), amax, max_at: B_MAX_AT, transposed });
+        }
     }
     let gpu = rec.gpu();
     let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(2050)?);
     copy_operand(rec, a, b, params, 1, extent_b, cols_p, &b16, &amax)?;
-    let handles = (b16.handle(), amax.handle());
+    let staged = Staged { copy: b16.handle(), amax: amax.handle(), max_at: B_MAX_AT, transposed: false };
     if gpu.open_recorders() == 1 {
-        b.keep_copy(key, vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
+        b.keep_copy(key(view), vec![b16, amax]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
         rec.kept_copy_of(b);
     } else {
         rec.retire(b16);
         rec.retire(amax);
     }
-    Ok(handles)
+    Ok(staged)
 }
 
 /// Output tiles (64×64) of the tensor-core GEMM below which it splits the reduction: four
