@@ -115,11 +115,11 @@ fn coloured_pixels(png: &[u8], rect: &Value) -> usize {
     n
 }
 
-#[test]
-fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
+/// The demo's pages with the wasm package beside them (www/pkg), in a folder of their own named
+/// `name`: what `linearize serve` and any static web server hand out.
+fn demo_pages(name: &str) -> std::path::PathBuf {
     let pkg = build_web_package();
-    // The pages with the package beside them, as `linearize serve` expects.
-    let www = tempdir("demo-www");
+    let www = tempdir(name);
     for f in ["index.html", "app.js"] {
         std::fs::copy(repo_root().join("www").join(f), www.join(f)).unwrap();
     }
@@ -128,6 +128,12 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
         let e = e.unwrap();
         std::fs::copy(e.path(), www.join("pkg").join(e.file_name())).unwrap();
     }
+    www
+}
+
+#[test]
+fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
+    let www = demo_pages("demo-www");
     // $LINEARIZE_HOME: the real teacher and a 2-layer gated DeltaNet student.
     let home = tempdir("demo-home");
     let t = teacher();
@@ -373,5 +379,100 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     let _ = ureq::delete(&b.base).call();
     let _ = std::fs::remove_dir_all(&home);
     let _ = std::fs::remove_dir_all(&www);
+    let _ = std::fs::remove_dir_all(&profile);
+}
+
+/// The page as static files under a folder of a plain web server (no models.json, no /eval/):
+/// it says so, refuses a pick that is not a model, takes a student's files and the teacher's
+/// .gguf picked from disk through its file inputs, and generates with both what the native
+/// build generates; a request file picked from disk scores as natively.
+#[test]
+fn the_demo_page_works_as_static_files_with_models_picked_from_disk() {
+    let www = demo_pages("demo-static-www");
+    let server = linearize_tests::serve(vec![("/site/".into(), www.clone())], Vec::new());
+    let url = format!("http://127.0.0.1:{}/site/index.html", server.port);
+    // A 2-layer gated DeltaNet student on disk, the teacher's .gguf, ARC-Easy's request file.
+    let t = teacher();
+    let disk = tempdir("demo-static-disk");
+    let mut small = t.weights.clone();
+    small.truncate_layers(2);
+    let (w, m) = from_teacher(&small, mixer("gated_deltanet"), None, &MixerOptions::default(), "static demo test").unwrap();
+    let student_dir = disk.join("gdn");
+    save_dir(&student_dir, &w, &m, &t.tokenizer).unwrap();
+    let eval_dir = linearize_core::model::load::linearize_home().join("eval");
+    let task_file = linearize_core::eval::request_file(&eval_dir, "arc_easy").unwrap();
+    assert!(task_file.exists(), "{} (linearize fetch eval)", task_file.display());
+
+    let profile = tempdir("demo-static-chromium");
+    let b = Browser::start(&profile);
+    b.post("/url", json!({ "url": url }));
+    let (_, text) = b.wait_status(&["ready", "nowebgpu"], 120);
+    assert!(text.starts_with("ready on") && text.contains("static page"), "{text}");
+    let listed = b.script("return document.getElementById('models').textContent;");
+    assert!(listed.as_str().unwrap().contains("pick a student directory or a .gguf"), "{listed}");
+    b.script("document.getElementById('run').click(); return 0;");
+    let (_, text) = b.wait_status(&["error"], 10);
+    assert_eq!(text, "Pick at least one model.");
+
+    let pick = |input: &str, files: &[std::path::PathBuf]| {
+        let el = b.post("/element", json!({ "using": "css selector", "value": format!("#{input}") }));
+        let id = el.as_object().unwrap().values().next().unwrap().as_str().unwrap().to_string();
+        let paths: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        b.post(&format!("/element/{id}/value"), json!({ "text": paths.join("\n") }));
+    };
+    // Not a model: refused by name, nothing listed.
+    pick("pickfiles", &[student_dir.join("tokenizer.json")]);
+    let (_, text) = b.wait_status(&["error"], 10);
+    assert!(text.starts_with("The picked files hold no config.json"), "{text}");
+    // The student's files, then the teacher's .gguf.
+    let files: Vec<_> = ["config.json", "student.json", "tokenizer.json", "model.safetensors"].iter().map(|f| student_dir.join(f)).collect();
+    pick("pickfiles", &files);
+    let (_, text) = b.wait_status(&["ready"], 30);
+    assert!(text.starts_with("picked picked-1: 4 files"), "{text}");
+    let gguf = linearize_core::model::load::teacher_path();
+    pick("pickfiles", &[gguf.clone()]);
+    let (_, text) = b.wait_status(&["ready"], 30);
+    let gguf_name = gguf.file_stem().unwrap().to_str().unwrap().to_string();
+    assert!(text.starts_with(&format!("picked {gguf_name}: 1 file")), "{text}");
+    let ticks = b.script("return [...document.querySelectorAll('#models input')].map((c) => [JSON.parse(c.value).name, c.checked]);");
+    assert_eq!(ticks, json!([["picked-1", true], [gguf_name, true]]), "{ticks}");
+
+    // Three tokens each, f32 weights: the native build's greedy tokens.
+    b.script("document.getElementById('tokens').value = '3'; document.getElementById('weights').value = 'f32'; document.getElementById('run').click(); return 0;");
+    let (_, text) = b.wait_status(&["ready"], 900);
+    assert!(text.contains("generated up to 3 tokens"), "{text}");
+    let texts = b.script("const o = {}; for (const p of document.querySelectorAll('.panel')) o[p.dataset.model] = p.querySelector('pre.text').textContent; return o;");
+    let prompt = b.script("return document.getElementById('prompt').value;").as_str().unwrap().to_string();
+    let greedy = linearize_core::generate::Sampling { max_new_tokens: 3, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
+    let ids = t.tokenizer.encode(&prompt).unwrap();
+    let student_lm = linearize_core::model::LanguageModel::upload_with_mixers(linearize_tests::gpu(), &w, Some(&m)).unwrap();
+    let teacher_lm = linearize_core::model::LanguageModel::upload_as(linearize_tests::gpu(), &t.weights, None, linearize_core::gpu::Dtype::F32).unwrap();
+    for (name, lm) in [("picked-1", &student_lm), (gguf_name.as_str(), &teacher_lm)] {
+        let out = pollster::block_on(linearize_core::generate::generate(linearize_tests::gpu(), lm, &ids, &greedy, |_| {})).unwrap();
+        let want = format!("{prompt}{}", t.tokenizer.decode(&out).unwrap());
+        assert_eq!(texts[name].as_str(), Some(want.as_str()), "{name}: the page against the native build");
+    }
+
+    // A request file picked from disk: one under another name is refused; ARC-Easy's folder in
+    // the eval cache gives its request file; two documents, the student alone, as natively.
+    pick("picktask", &[task_file.clone()]);
+    let (_, text) = b.wait_status(&["error"], 10);
+    assert!(text.starts_with("requests.jsonl.gz: not a request file"), "{text}");
+    pick("pickeval", &[eval_dir.join("oe_eval_tasks").join("arc_easy")]);
+    let (_, text) = b.wait_status(&["ready"], 30);
+    assert_eq!(text, "request files picked: arc_easy");
+    b.script(&format!("for (const c of document.querySelectorAll('#models input')) c.checked = JSON.parse(c.value).name === 'picked-1';
+              document.getElementById('docs').value = '2'; document.getElementById('evaluate').click(); return 0;"));
+    let (_, text) = b.wait_status(&["ready"], 600);
+    assert!(text.contains("arc_easy scored on 2 documents"), "{text}");
+    let got = b.script("return JSON.parse(document.querySelector('.panel[data-model=\"picked-1\"] .evals [data-key=arc_easy]').dataset.result);");
+    let docs: Vec<_> = linearize_core::eval::load_task(&eval_dir, "arc_easy").unwrap().into_iter().take(2).collect();
+    use linearize_core::eval::{loglikelihoods, score_task};
+    let scores: Vec<_> = docs.iter().map(|d| pollster::block_on(loglikelihoods(linearize_tests::gpu(), &student_lm, &t.tokenizer, &d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect::<Vec<_>>())).unwrap()).collect();
+    let want = score_task("arc_easy", &docs, &scores);
+    assert_eq!((got["result"]["docs"].as_u64(), got["result"]["acc"].as_f64(), got["result"]["acc_norm"].as_f64()), (Some(2), Some(want.acc), want.acc_norm), "{got}");
+    let _ = ureq::delete(&b.base).call();
+    let _ = std::fs::remove_dir_all(&www);
+    let _ = std::fs::remove_dir_all(&disk);
     let _ = std::fs::remove_dir_all(&profile);
 }

@@ -1,17 +1,22 @@
-// The demo page: models from `linearize serve` (/models.json), loaded into WebGPU through the
-// wasm package, generating side by side while each mixer block's state norm per head is drawn
-// as it streams; a needle probe as the haystack grows; memory against context length.
+// The demo page: models from `linearize serve` (models.json) or picked from disk, loaded into
+// WebGPU through the wasm package, generating side by side while each mixer block's state norm
+// per head is drawn as it streams; a needle probe as the haystack grows; memory against context
+// length. Every URL is relative, so the page also works as static files (any web server, any
+// folder): without models.json it lists what is picked from disk.
 //
 // Every input is checked before any work; a run locks the controls and can be stopped; each
 // model has one panel, replaced when it runs again and removed (its GPU memory freed) when it
 // is unticked; the inputs survive a reload.
-import init, { WebGpu, ModelFiles } from './pkg/linearize_web.js';
+import init, { WebGpu, ModelFiles, request_files_json } from './pkg/linearize_web.js';
 
 const $ = (id) => document.getElementById(id);
 const MAX_MODELS = 4;
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728'];
 const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000, docs: [1, 500], textChars: 20000 };
 const requestFiles = new Map(); // task → its request file's JSON lines
+const picked = new Map(); // model name → { files: Map(file name → File) } picked from disk
+const pickedTasks = new Map(); // task → its request file (a File) picked from disk
+let requestPaths = []; // [task, its request file below the eval folder], from the wasm package
 const SAVED = 'linearize.demo.inputs';
 const MEMORY_CONTEXT = 8192;
 
@@ -61,7 +66,7 @@ function checkedInputs(kind) {
     inputs.tokens = wholeNumber($('tokens').value, 'New tokens', LIMITS.tokens);
   } else if (kind === 'zeroshot') {
     inputs.task = $('task').value;
-    if (!inputs.task) throw new Error('Task: no request files are fetched here (run `linearize fetch eval`).');
+    if (!inputs.task) throw new Error('Task: no request files here — pick one from disk (TASK.jsonl.gz, written by `linearize fetch eval`), or serve them with `linearize serve`.');
     inputs.docs = wholeNumber($('docs').value, 'Documents', LIMITS.docs);
   } else if (kind === 'perplexity') {
     inputs.text = $('ppltext').value;
@@ -94,25 +99,101 @@ function restoreInputs(v) {
   if (typeof v.shared === 'boolean') $('shared').checked = v.shared;
 }
 
-function listModels(models, saved) {
+// served: whether the models came from `linearize serve` (else the page runs as static files).
+function listModels(models, saved, served) {
   const box = $('models');
   box.textContent = '';
   if (models.length === 0) {
-    box.textContent = 'No models in $LINEARIZE_HOME: run `linearize fetch teacher`, and distil students into $LINEARIZE_HOME/students/NAME.';
+    box.textContent = served
+      ? 'No models in $LINEARIZE_HOME: run `linearize fetch teacher` and distil students into $LINEARIZE_HOME/students/NAME, or pick one from disk below.'
+      : 'No `linearize serve` behind this page: pick a student directory or a .gguf from disk below.';
     return;
   }
   const ticked = saved && Array.isArray(saved.models) ? new Set(saved.models) : null;
   models.forEach((m, i) => {
-    const label = document.createElement('label');
-    const check = document.createElement('input');
-    check.type = 'checkbox';
-    check.value = JSON.stringify(m);
-    check.checked = ticked ? ticked.has(m.name) && [...ticked].indexOf(m.name) < MAX_MODELS : i < 2;
-    check.addEventListener('change', () => { limitTicks(); dropUnticked(); saveInputs(); });
-    label.append(check, ` ${m.name} (${m.kind})`);
-    box.append(label);
+    addModelTick(m, ticked ? ticked.has(m.name) && [...ticked].indexOf(m.name) < MAX_MODELS : i < 2);
   });
   limitTicks();
+}
+
+function addModelTick(m, checked) {
+  const box = $('models');
+  if (!box.querySelector('input')) box.textContent = '';
+  const label = document.createElement('label');
+  const check = document.createElement('input');
+  check.type = 'checkbox';
+  check.value = JSON.stringify(m);
+  check.checked = checked;
+  check.addEventListener('change', () => { limitTicks(); dropUnticked(); saveInputs(); });
+  label.append(check, ` ${m.name} (${m.kind})`);
+  box.append(label);
+}
+
+// ---- models and request files picked from disk (no server needed) ----
+
+// The files a model is read from: a student or HF directory's top-level .json and .safetensors
+// files, or one .gguf. `rel` is each file's path below the picked folder ('' when files were
+// picked one by one).
+function modelFilesOf(files) {
+  const top = files.filter((f) => (f.webkitRelativePath || f.name).split('/').length <= 2);
+  const gguf = top.filter((f) => f.name.endsWith('.gguf'));
+  if (gguf.length > 1) throw new Error(`Pick one .gguf at a time, not ${gguf.length}.`);
+  if (gguf.length === 1) return { name: gguf[0].name.replace(/\.gguf$/, ''), kind: 'gguf', files: [gguf[0]] };
+  const wanted = top.filter((f) => /\.(json|safetensors)$/.test(f.name));
+  const names = new Set(wanted.map((f) => f.name));
+  if (!names.has('config.json')) throw new Error('The picked files hold no config.json: pick a student directory (config.json, student.json, tokenizer.json, model.safetensors) or one .gguf.');
+  if (![...names].some((n) => n.endsWith('.safetensors'))) throw new Error('The picked files hold no .safetensors weights.');
+  const folder = (wanted[0].webkitRelativePath || '').split('/')[0];
+  const kind = names.has('student.json') ? 'student' : 'teacher';
+  return { name: folder || `picked-${picked.size + 1}`, kind, files: wanted };
+}
+
+function pickModel(input) {
+  try {
+    const m = modelFilesOf([...input.files]);
+    let name = m.name;
+    for (let i = 2; picked.has(name) || [...document.querySelectorAll('#models input')].some((c) => JSON.parse(c.value).name === name); i++) name = `${m.name}-${i}`;
+    picked.set(name, { files: new Map(m.files.map((f) => [f.name, f])) });
+    addModelTick({ name, kind: `${m.kind}, from disk`, disk: true, files: m.files.map((f) => f.name) }, selected().length < MAX_MODELS);
+    limitTicks();
+    const mib = m.files.reduce((s, f) => s + f.size, 0) / 2 ** 20;
+    status(`picked ${name}: ${m.files.length} file${m.files.length === 1 ? '' : 's'}, ${mib.toFixed(0)} MiB (read when it runs)`, 'ready');
+  } catch (e) {
+    status(e.message, 'error');
+  }
+  input.value = '';
+}
+
+// A request file's task: a file named TASK.jsonl.gz (or .jsonl), or the request file of a
+// folder picked from the eval folder `linearize fetch eval` writes (…/TASK/SPLIT/requests.jsonl.gz,
+// SPLIT the one the native build scores). null for any other file.
+function taskOf(file) {
+  const named = file.name.match(/^([a-z_]+)\.jsonl(\.gz)?$/);
+  if (named && requestPaths.some(([t]) => t === named[1])) return named[1];
+  const rel = `/${file.webkitRelativePath || ''}`;
+  const hit = requestPaths.find(([, path]) => rel.endsWith(`/${path.split('/').slice(-3).join('/')}`));
+  return hit ? hit[0] : null;
+}
+
+// folder: the input picks a folder (its other files are passed over), else files one by one.
+function pickTasks(input, folder) {
+  const taken = [];
+  for (const f of input.files) {
+    const task = taskOf(f);
+    if (task === null) {
+      if (folder) continue;
+      input.value = '';
+      return status(`${f.name}: not a request file — one is named TASK.jsonl.gz (TASK one of ${requestPaths.map(([t]) => t).join(', ')}), or pick the eval folder of \`linearize fetch eval\`.`, 'error');
+    }
+    pickedTasks.set(task, f);
+    requestFiles.delete(task);
+    if (![...$('task').options].some((o) => o.value === task)) $('task').add(new Option(task, task));
+    taken.push(task);
+  }
+  input.value = '';
+  if (taken.length === 0) return status(`No request file in the picked folder: expected ${requestPaths[0][1]} or a task's folder below it.`, 'error');
+  $('task').value = taken[0];
+  status(`request files picked: ${taken.join(', ')}`, 'ready');
 }
 
 function limitTicks() {
@@ -174,13 +255,19 @@ async function load(entry, weights, color) {
     return have;
   }
   free(entry.name); // other weights: this model's one panel is replaced
-  const files = new ModelFiles(entry.base);
+  const files = new ModelFiles(entry.disk ? `${entry.name} (picked from disk)` : entry.base);
   let bytes = 0;
   for (const name of entry.files) {
-    status(`${entry.name}: fetching ${name}…`);
-    const r = await fetch(entry.base + name);
-    if (!r.ok) throw new Error(`${entry.base}${name}: HTTP ${r.status}`);
-    const data = new Uint8Array(await r.arrayBuffer());
+    let data;
+    if (entry.disk) {
+      status(`${entry.name}: reading ${name} from disk…`);
+      data = new Uint8Array(await picked.get(entry.name).files.get(name).arrayBuffer());
+    } else {
+      status(`${entry.name}: fetching ${name}…`);
+      const r = await fetch(entry.base + name);
+      if (!r.ok) throw new Error(`${entry.base}${name}: HTTP ${r.status}`);
+      data = new Uint8Array(await r.arrayBuffer());
+    }
     bytes += data.length;
     files.add(name, data);
   }
@@ -515,13 +602,19 @@ function listTasks(tasks, saved) {
   if (saved && tasks.includes(saved.task)) sel.value = saved.task;
 }
 
-// The task's request file as served by `linearize serve`, decompressed here.
+// The task's request file, picked from disk or served by `linearize serve`, decompressed here.
 async function requestFile(task) {
   if (!requestFiles.has(task)) {
-    const r = await fetch(`/eval/${task}.jsonl.gz`);
-    if (!r.ok) throw new Error(`the request file of ${task}: HTTP ${r.status}`);
-    const text = await new Response(r.body.pipeThrough(new DecompressionStream('gzip'))).text();
-    requestFiles.set(task, text);
+    const file = pickedTasks.get(task);
+    let body;
+    if (file) {
+      body = file.name.endsWith('.gz') ? file.stream().pipeThrough(new DecompressionStream('gzip')) : file.stream();
+    } else {
+      const r = await fetch(`eval/${task}.jsonl.gz`);
+      if (!r.ok) throw new Error(`the request file of ${task}: HTTP ${r.status}`);
+      body = r.body.pipeThrough(new DecompressionStream('gzip'));
+    }
+    requestFiles.set(task, await new Response(body).text());
   }
   return requestFiles.get(task);
 }
@@ -565,6 +658,16 @@ async function perplexity({ models, weights, text }) {
   return 'text scored';
 }
 
+// What `linearize serve` lists (models.json); none, and served false, where the page is
+// static files (no such file, or a server that answers with something else).
+async function servedModels() {
+  try {
+    const r = await fetch('models.json');
+    if (r.ok) return { ...(await r.json()), served: true };
+  } catch (_) { /* not served by linearize */ }
+  return { models: [], tasks: [], served: false };
+}
+
 async function main() {
   restoreInputs(savedInputs());
   if (!navigator.gpu) {
@@ -578,8 +681,13 @@ async function main() {
     status(`WebGPU is present but no adapter could be used: ${pageWords(e)}`, 'nowebgpu');
     return;
   }
-  const list = await (await fetch('/models.json')).json();
-  listModels(list.models, savedInputs());
+  const list = await servedModels();
+  listModels(list.models, savedInputs(), list.served);
+  $('pickdir').addEventListener('change', (e) => pickModel(e.target));
+  $('pickfiles').addEventListener('change', (e) => pickModel(e.target));
+  requestPaths = JSON.parse(request_files_json());
+  $('picktask').addEventListener('change', (e) => pickTasks(e.target, false));
+  $('pickeval').addEventListener('change', (e) => pickTasks(e.target, true));
   for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'task', 'weights']) $(id).addEventListener('change', saveInputs);
   listTasks(list.tasks || [], savedInputs());
   $('shared').addEventListener('change', () => { saveInputs(); redrawAll(); });
@@ -589,13 +697,12 @@ async function main() {
   $('score').addEventListener('click', run('perplexity', perplexity));
   $('stop').addEventListener('click', () => { stopRequested = true; status('stopping after the current token…'); });
   setBusy(false);
-  if (list.models.length === 0) $('run').disabled = $('needle').disabled = $('evaluate').disabled = $('score').disabled = true;
   const adapter = JSON.parse(gpu.adapter_json());
   const name = adapter.name || 'an unnamed adapter';
   $('adapter').textContent = `WebGPU adapter: ${name} (${adapter.device_type || 'unknown type'})`
     + (adapter.device_type === 'Cpu' ? ' — a software adapter: expect seconds per token, not milliseconds.' : '');
   drawMemory();
-  status(`ready on ${name}`, 'ready');
+  status(list.served ? `ready on ${name}` : `ready on ${name}: static page, no server — pick a model from disk`, 'ready');
 }
 
 main().catch((e) => status(pageWords(e), 'error'));

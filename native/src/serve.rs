@@ -317,7 +317,7 @@ fn respond(url: &str, pages: &Pages, home: &Path) -> (&'static str, &'static str
     let models = models(home);
     let not_found = || ("404 Not Found", "text/plain", Body::Text("not found".into()));
     if url == "/models.json" {
-        let list: Vec<_> = models.iter().map(|m| json!({ "name": m.name, "kind": m.kind, "base": format!("/models/{}/", m.name), "files": m.files })).collect();
+        let list: Vec<_> = models.iter().map(|m| json!({ "name": m.name, "kind": m.kind, "base": format!("models/{}/", m.name), "files": m.files })).collect();
         // The tasks whose request files are fetched: the page evaluates on them.
         let tasks: Vec<&str> = linearize_core::eval::TASKS.iter().map(|(t, _)| *t).filter(|t| resolve(www, home, &models, &format!("/eval/{t}.jsonl.gz")).is_some()).collect();
         return ("200 OK", "application/json", Body::Text(json!({ "models": list, "tasks": tasks }).to_string()));

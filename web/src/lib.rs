@@ -304,3 +304,15 @@ fn serde_json_string(v: &linearize_core::gpu::AdapterReport) -> String {
         v.name, v.backend, v.device_type, v.max_storage_buffer_binding_size
     )
 }
+
+/// The zero-shot tasks and where each one's request file sits below the eval folder that
+/// `linearize fetch eval` writes, as JSON [[task, path], …]: how the page names a request file
+/// picked from disk.
+#[wasm_bindgen]
+pub fn request_files_json() -> String {
+    let pairs: Vec<serde_json::Value> = linearize_core::eval::TASKS
+        .iter()
+        .filter_map(|(task, _)| Some(serde_json::json!([task, linearize_core::eval::request_path(task).ok()?])))
+        .collect();
+    serde_json::Value::Array(pairs).to_string()
+}

@@ -64,10 +64,16 @@ pub fn task_folder(task: &str) -> Result<&'static str> {
     Ok(sub)
 }
 
+/// Where `task`'s request file sits below the eval cache, '/'-separated (the browser names a
+/// request file picked from disk by it).
+pub fn request_path(task: &str) -> Result<String> {
+    Ok(format!("oe_eval_tasks/{}/requests.jsonl.gz", task_folder(task)?))
+}
+
 /// The request file of `task` under the eval cache ($LINEARIZE_HOME/eval).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn request_file(eval_dir: &Path, task: &str) -> Result<PathBuf> {
-    Ok(eval_dir.join("oe_eval_tasks").join(task_folder(task)?).join("requests.jsonl.gz"))
+    Ok(eval_dir.join(request_path(task)?))
 }
 
 /// Tasks whose request files carry worked examples that zero-shot scoring must not show:
