@@ -232,6 +232,54 @@ fn backward_kernel_matches_reference_for_every_mixer() {
 
 
 
+/// On a device that binds at most 8 storage buffers per shader stage (WebGPU's default, what a
+/// browser gives), the backward runs its packed flavour (four storage buffers per kernel; the
+/// unpacked chunk_bwd_grads binds 21 and is refused there by name) and gives the unpacked
+/// kernels' gradients bit for bit, for every variant at head size 64 and two at 128.
+#[test]
+fn backward_runs_packed_within_webgpus_default_limits() {
+    let small = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap();
+    assert_eq!(small.limits.max_storage_buffers_per_shader_stage, 8);
+    let mut rng = Rng::new(25);
+    for (name, r) in variants() {
+        // Head size 128 for the two rules that exercise most of its kernel (a vector gate with
+        // the delta rule, the normaliser with its stabiliser): lavapipe is slow at it.
+        let d128 = ["kda", "mlstm"].contains(&name);
+        for &(batch, seq, heads, regime, dk) in &[(1, 1, 1, 0, 64), (2, 70, 2, 1, 64), (1, 65, 1, 2, 128)] {
+            if dk == 128 && !d128 {
+                continue;
+            }
+            let d = Dims { batch, seq, heads, dk, dv: dk };
+            let x = data(&mut rng, r, d, regime);
+            let rows = batch * seq * heads;
+            let dout = random(&mut rng, rows * d.dv, 1.0);
+            let run = |g: &linearize_core::gpu::Gpu| {
+                let up = |n: &str, a: &[f32]| g.upload_f32(n, a).unwrap();
+                let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
+                let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
+                let args = RecurrenceArgs { r, dims: d, scale: 1.0 / (dk as f32).sqrt(), q: &gq, k: &gk, v: &gv, gates };
+                let mut rec = g.recorder();
+                let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
+                rec.submit().unwrap();
+                let read = |b: &linearize_core::gpu::GpuBuf, n: usize| g.read_f32_blocking(b, n).unwrap();
+                let gate_len = match r.gate { Gate::None => 0, Gate::Scalar => rows, Gate::Vector => rows * dk };
+                vec![read(&grads.q, rows * dk), read(&grads.k, rows * dk), read(&grads.v, rows * dk), read(&grads.g, gate_len), read(&grads.beta, if r.delta { rows } else { 0 }), read(&grads.igate, if r.normalizer == Normalizer::Mlstm { rows } else { 0 })]
+            };
+            let (packed, unpacked) = (run(&small), run(gpu()));
+            for (what, a, b) in ["q", "k", "v", "g", "beta", "igate"].iter().zip(&packed).zip(&unpacked).map(|((w, a), b)| (w, a, b)) {
+                let differ = a.iter().zip(b).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+                assert_eq!(differ, 0, "{name} B={batch} T={seq} H={heads} D={dk}: d{what} packed differs from unpacked in {differ} of {} values", a.len());
+            }
+        }
+    }
+    // The unpacked kernel itself is refused there, by name.
+    let buf = small.scratch(64).unwrap();
+    let bindings: Vec<(u32, &linearize_core::gpu::GpuBuf)> = [1, 2, 3, 5, 11, 12, 13, 15, 16, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 32].iter().map(|&b| (b, &buf)).collect();
+    let params = linearize_core::shaders::ChunkParams { batch: 1, seq: 1, heads: 1, chunks: 1, scale: 1.0 };
+    let err = small.recorder().dispatch_bindings(&linearize_core::gpu::Kernel::new("mixers/common/chunk", "chunk_bwd_grads"), &params, &bindings, [1, 1, 1]).unwrap_err().to_string();
+    assert!(err.contains("chunk_bwd_grads binds 21 storage buffers") && err.contains("allows 8"), "{err}");
+}
+
 /// Decode's fused form (`recurrent_normalizing_qk`): the kernel L2-normalises each head's raw q
 /// and k as it loads them, x / sqrt(Σ x² + 1e-6) as ops::head_norm does; against the f64
 /// recurrence on the f64-normalised rows, at head sizes 64 and 128, several heads and tokens,

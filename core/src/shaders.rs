@@ -15,12 +15,15 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/swiglu", include_str!("../../shaders/nn/swiglu.wgsl")),
     ("nn/transpose", include_str!("../../shaders/nn/transpose.wgsl")),
     ("nn/reduce", include_str!("../../shaders/nn/reduce.wgsl")),
+    ("nn/copy", include_str!("../../shaders/nn/copy.wgsl")),
     ("nn/elementwise", include_str!("../../shaders/nn/elementwise.wgsl")),
     ("eval/logprob", include_str!("../../shaders/eval/logprob.wgsl")),
     ("train/losses", include_str!("../../shaders/train/losses.wgsl")),
     ("train/adamw", include_str!("../../shaders/train/adamw.wgsl")),
     ("mixers/common/chunk", include_str!("../../shaders/mixers/common/chunk.wgsl")),
     ("mixers/common/chunk_d128", include_str!("../../shaders/mixers/common/chunk_d128.wgsl")),
+    ("mixers/common/chunk_packed", include_str!("../../shaders/mixers/common/chunk_packed.wgsl")),
+    ("mixers/common/chunk_d128_packed", include_str!("../../shaders/mixers/common/chunk_d128_packed.wgsl")),
     ("mixers/common/conv", include_str!("../../shaders/mixers/common/conv.wgsl")),
     ("mixers/common/headnorm", include_str!("../../shaders/mixers/common/headnorm.wgsl")),
     ("mixers/common/gates", include_str!("../../shaders/mixers/common/gates.wgsl")),
@@ -98,7 +101,7 @@ shader_params!(
 );
 shader_params!(SwigluParams for ["nn/swiglu"] { rows: u32, ffn: u32 });
 shader_params!(TransposeParams for ["nn/transpose"] { rows: u32, cols: u32 });
-shader_params!(ElementwiseParams for ["nn/elementwise"] { n: u32 });
+shader_params!(ElementwiseParams for ["nn/elementwise", "nn/copy"] { n: u32 });
 shader_params!(
     /// nn/reduce: column sums of [rows, cols] in blocks of `rows_per_block` rows.
     ReduceParams for ["nn/reduce"] { rows: u32, cols: u32, rows_per_block: u32, accumulate: u32 }
@@ -118,7 +121,7 @@ shader_params!(
 );
 shader_params!(
     /// The chunked recurrence and its backward: `chunks` chunks of the sequence per head.
-    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "native/chunk_coop"] {
+    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "mixers/common/chunk_packed", "mixers/common/chunk_d128_packed", "native/chunk_coop"] {
         batch: u32, seq: u32, heads: u32, chunks: u32, scale: f32,
     }
 );

@@ -30,6 +30,7 @@ Two habits make these kernels fast on a GPU and are kept throughout:
 Sums keep the order of the plain loops, so the blocked and unrolled forms give the same bits.
 """
 import pathlib
+import re
 
 C = 64
 
@@ -1518,7 +1519,109 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     return src + backward
 
 
-for D, name in [(64, "chunk.wgsl"), (128, "chunk_d128.wgsl")]:
-    out = pathlib.Path(__file__).resolve().parent.parent / "mixers" / "common" / name
-    out.write_text(generate(D))
-    print(f"wrote {out}")
+# Read-only bindings whose data an earlier kernel of the backward writes (ds_in is ds_end as
+# vec4): in the packed flavour they live in the arena the kernels write.
+WRITTEN_BEFORE = {"ds_in"}
+DECL = re.compile(r"^@group\(0\) @binding\((\d+)\) var<storage, (read|read_write)> (\w+): array<(f32|vec4<f32>)>;(.*)$")
+
+
+def _closing(text, i):
+    """Index of the bracket that closes the one at text[i]."""
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"[": 1, "]": -1}.get(text[j], 0)
+        if depth == 0:
+            return j
+    raise ValueError("unbalanced brackets")
+
+
+def packed(src):
+    """The same kernels with every storage array moved into two arenas, for adapters that bind
+    fewer than the backward's 21 storage buffers per stage (WebGPU's default is 8): what the
+    kernels read in `arena_in` (bound twice, as f32 and as vec4), what they write — and what
+    an earlier kernel of the backward wrote — in `arena_out`, and word N of `arena_toc` where
+    binding N's array starts in its arena. Accesses are rewritten, nothing else: the same
+    arithmetic in the same order."""
+    arrays, lines = {}, []
+    for line in src.split("\n"):
+        m = DECL.match(line)
+        if m and int(m.group(1)) > 0:
+            binding, access, name, ty, _ = m.groups()
+            out = access == "read_write" or name in WRITTEN_BEFORE
+            arrays[name] = (int(binding), out, ty == "vec4<f32>")
+            continue
+        lines.append(line)
+    text = "\n".join(lines)
+    names = sorted(arrays, key=len, reverse=True)
+    pattern = re.compile(r"\b(" + "|".join(names) + r")\[")
+
+    def rewrite(t):
+        out, i = [], 0
+        while True:
+            m = pattern.search(t, i)
+            if not m:
+                out.append(t[i:])
+                return "".join(out)
+            out.append(t[i:m.start()])
+            name = m.group(1)
+            close = _closing(t, m.end() - 1)
+            index = rewrite(t[m.end():close])
+            binding, in_out, vec4 = arrays[name]
+            start = f"arena_toc[{binding}u]"
+            if not in_out:
+                out.append(f"arena_in4[{start} / 4u + ({index})]" if vec4 else f"arena_in[{start} + ({index})]")
+                i = close + 1
+                continue
+            if not vec4:
+                out.append(f"arena_out[{start} + ({index})]")
+                i = close + 1
+                continue
+            at = f"{start} / 4u + ({index})"
+            if t.startswith("[", close + 1):
+                # One component of a vector: name[i][c] = value is a word of the arena.
+                c_close = _closing(t, close + 1)
+                component = rewrite(t[close + 2:c_close])
+                assign = re.match(r"\s*=(?!=)", t[c_close + 1:])
+                if assign:
+                    out.append(f"arena_out[4u * ({at}) + ({component})]")
+                    i = c_close + 1
+                    continue
+            assign = re.match(r"\s*=(?!=)", t[close + 1:])
+            if assign:
+                end = t.index(";", close + 1)
+                value = rewrite(t[close + 1 + assign.end():end])
+                out.append(f"out_store4({at}, {value.strip()})")
+                i = end
+            else:
+                out.append(f"out_load4({at})")
+                i = close + 1
+
+    body = rewrite(text)
+    decls = """// Packed flavour (shaders/gen/chunk.py `packed`): every array lives in one of two arenas.
+@group(0) @binding(1) var<storage, read> arena_in: array<f32>;
+@group(0) @binding(2) var<storage, read> arena_in4: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> arena_out: array<f32>;
+@group(0) @binding(4) var<storage, read> arena_toc: array<u32>;
+
+fn out_load4(i: u32) -> vec4<f32> {
+    return vec4<f32>(arena_out[4u * i], arena_out[4u * i + 1u], arena_out[4u * i + 2u], arena_out[4u * i + 3u]);
+}
+
+fn out_store4(i: u32, v: vec4<f32>) {
+    arena_out[4u * i] = v.x;
+    arena_out[4u * i + 1u] = v.y;
+    arena_out[4u * i + 2u] = v.z;
+    arena_out[4u * i + 3u] = v.w;
+}
+"""
+    at = body.index("@group(0) @binding(0)")
+    end = body.index("\n", at) + 1
+    return body[:end] + decls + body[end:]
+
+
+for D, name in [(64, "chunk"), (128, "chunk_d128")]:
+    folder = pathlib.Path(__file__).resolve().parent.parent / "mixers" / "common"
+    text = generate(D)
+    for flavour, source in [(f"{name}.wgsl", text), (f"{name}_packed.wgsl", packed(text))]:
+        (folder / flavour).write_text(source)
+        print(f"wrote {folder / flavour}")

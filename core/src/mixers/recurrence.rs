@@ -353,7 +353,62 @@ fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
 
 fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
-    Kernel::new(shader, entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64).with("NORM", r.normalizer.code() as f64)
+    chunk_constants(r, Kernel::new(shader, entry))
+}
+
+fn chunk_constants(r: Recurrence, kernel: Kernel) -> Kernel {
+    kernel.with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64).with("NORM", r.normalizer.code() as f64)
+}
+
+/// Storage buffers that chunk_bwd_grads binds, the most of any kernel of the backward: on an
+/// adapter that allows fewer per shader stage (WebGPU's default is 8) the backward runs packed.
+const BACKWARD_BINDINGS: usize = 21;
+
+/// The bindings of the backward that its kernels write, or read after an earlier kernel wrote
+/// them: the packed flavour keeps them in its output arena (shaders/gen/chunk.py `packed`).
+const BACKWARD_WRITTEN: [u32; 10] = [18, 20, 22, 23, 24, 25, 26, 27, 28, 29];
+
+/// The backward's `passes` (entry point, bindings as the unpacked kernels take them, grid) in
+/// the packed flavour (mixers/common/chunk_packed.wgsl), which binds four storage buffers: what
+/// the passes read is copied into one arena, what they write lives in another and is copied
+/// out to its buffer after the last pass, and a table says where binding N's array starts.
+/// The same arithmetic in the same order as the unpacked kernels: the same bits.
+fn backward_packed(rec: &mut Recorder, r: Recurrence, d: Dims, params: &ChunkParams, passes: &[(&'static str, &[(u32, &GpuBuf)], [u32; 3])]) -> Result<()> {
+    let align = (rec.gpu().limits.min_storage_buffer_offset_alignment as usize / 4).max(4);
+    // Every buffer once, by binding; ds_in (19) is ds_end (18) read as vec4.
+    let mut arrays: Vec<(u32, &GpuBuf)> = Vec::new();
+    for &(binding, buf) in passes.iter().flat_map(|(_, b, _)| b.iter()) {
+        let binding = if binding == 19 { 18 } else { binding };
+        if !arrays.iter().any(|(b, _)| *b == binding) {
+            arrays.push((binding, buf));
+        }
+    }
+    let mut toc = vec![0u32; 64];
+    let (mut in_words, mut out_words) = (0, 0);
+    for &(binding, buf) in &arrays {
+        let end = if BACKWARD_WRITTEN.contains(&binding) { &mut out_words } else { &mut in_words };
+        toc[binding as usize] = *end as u32;
+        *end += buf.len.div_ceil(align) * align;
+    }
+    toc[19] = toc[18];
+    let (arena_in, arena_out) = (rec.temp(in_words.max(1))?, rec.temp(out_words.max(1))?);
+    let toc_buf = rec.gpu().upload_u32("packed backward table", &toc)?;
+    let region = |binding: u32, buf: &GpuBuf| -> Result<GpuBuf> {
+        let arena = if BACKWARD_WRITTEN.contains(&binding) { &arena_out } else { &arena_in };
+        arena.view(toc[binding as usize] as usize, buf.len)
+    };
+    for &(binding, buf) in arrays.iter().filter(|(b, _)| !BACKWARD_WRITTEN.contains(b)) {
+        crate::nn::copy(rec, buf, &region(binding, buf)?, buf.len)?;
+    }
+    let shader = if d.dk == 64 { "mixers/common/chunk_packed" } else { "mixers/common/chunk_d128_packed" };
+    for &(entry, _, grid) in passes {
+        rec.dispatch_bindings(&chunk_constants(r, Kernel::new(shader, entry)), params, &[(1, &arena_in), (2, &arena_in), (3, &arena_out), (4, &toc_buf)], grid)?;
+    }
+    for &(binding, buf) in arrays.iter().filter(|(b, _)| BACKWARD_WRITTEN.contains(b)) {
+        crate::nn::copy(rec, &region(binding, buf)?, buf, buf.len)?;
+    }
+    rec.retire(toc_buf);
+    Ok(())
 }
 
 /// The chunked forward's first kernels: cumulative gates and the delta rules' WY/UT transform
@@ -467,9 +522,19 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     let kernel = |entry| chunk_kernel(r, d, entry);
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
-    rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
-    rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
+    let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
+    if (gpu.limits.max_storage_buffers_per_shader_stage as usize) < BACKWARD_BINDINGS {
+        let grads_bindings = [
+            (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
+            (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate), (32, sweep_u),
+        ];
+        let passes = [("chunk_bwd_local", &local_bindings[..], grid), ("chunk_bwd_state", &state_bindings[..], state_grid), ("chunk_bwd_grads", &grads_bindings[..], grid)];
+        backward_packed(rec, r, d, &params, &passes)?;
+        return Ok(grads);
+    }
+    rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
+    rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
     // The products with the chunk states (S_0 dO, dS_L u; −S_0 du and Uc = u + S_0ᵀ W) on
     // tensor cores where they run, else inside chunk_bwd_grads (which then reads u, unused, where
     // Uc would be).

@@ -930,6 +930,13 @@ pub fn zeroed_temps(rec: &mut Recorder, sizes: &[usize]) -> Result<Vec<GpuBuf>> 
     starts.iter().zip(sizes).map(|(&at, &n)| all.view(at, n)).collect()
 }
 
+/// dst [n] = src, bit for bit (any 32-bit words).
+pub fn copy(rec: &mut Recorder, src: &GpuBuf, dst: &GpuBuf, n: usize) -> Result<()> {
+    need("copy src", src, n)?;
+    need("copy dst", dst, n)?;
+    rec.dispatch(&Kernel::new("nn/copy", "copy"), &ElementwiseParams { n: n as u32 }, &[src, dst], elementwise_groups(n))
+}
+
 /// y [n] = a + b (y may not alias a or b).
 pub fn add(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, n: usize) -> Result<()> {
     for (what, buf) in [("a", a), ("b", b), ("y", y)] {
