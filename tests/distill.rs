@@ -378,3 +378,33 @@ fn micro_batches_add_up_to_the_whole_batch() {
     let err = config(3).validate().unwrap_err().to_string();
     assert!(err.contains("--micro-batches"), "{err}");
 }
+
+/// Stage 1 of one block, live (train::live::MixerFit, what the browser runs): on a device
+/// limited to WebGPU's default of 8 storage buffers per stage (every kernel of the step fits,
+/// the recurrence's backward packed), the loss of block 1's mixer against the teacher's
+/// attention output falls step after step for a gated DeltaNet and a linear attention mixer;
+/// the relative error is the loss's square root on the target's scale; bad inputs are refused.
+#[test]
+fn one_block_fitted_live_within_webgpus_default_limits() {
+    use linearize_core::train::live::MixerFit;
+    use linearize_core::train::AdamW;
+    let small = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap();
+    let t = teacher();
+    let ids = t.tokenizer.encode("The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is Rome.").unwrap();
+    for name in ["gated_deltanet", "linear_attn"] {
+        let mut fit = pollster::block_on(MixerFit::new(&small, &t.weights, mixer(name), 1, &ids, AdamW::default(), 1.0)).unwrap();
+        assert_eq!(fit.tokens(), ids.len());
+        let steps: Vec<_> = (0..6).map(|_| pollster::block_on(fit.step(&small)).unwrap()).collect();
+        eprintln!("{name}: {:?}", steps.iter().map(|s| (s.loss, s.relative_error)).collect::<Vec<_>>());
+        for w in steps.windows(2) {
+            assert!(w[1].loss < w[0].loss, "{name}: the loss rose at step {}: {steps:?}", w[1].step);
+        }
+        assert!(steps[5].loss < 0.97 * steps[0].loss, "{name}: {steps:?}");
+        assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
+        assert!(steps.iter().all(|s| s.relative_error > 0.0 && s.relative_error.is_finite()), "{steps:?}");
+        fit.release(&small);
+    }
+    let err = |layer: usize, ids: &[u32]| pollster::block_on(MixerFit::new(&small, &t.weights, mixer("gla"), layer, ids, AdamW::default(), 1.0)).err().unwrap().to_string();
+    assert!(err(30, &ids).contains("the teacher has blocks 0..30, not 30"), "{}", err(30, &ids));
+    assert!(err(0, &ids[..1]).contains("1 tokens: at least 2"), "{}", err(0, &ids[..1]));
+}

@@ -1,7 +1,8 @@
 //! Training, in parts read top to bottom as llm.c's train loop: the losses with their gradients
-//! (`losses`), AdamW with global-norm clipping (`optimizer`), learning-rate schedules
+//! (`losses`), AdamW with global-norm clipping (`optimizer`), one mixer block fitted live (`live`), learning-rate schedules
 //! (`schedule`), the stages (`stage`: three of distillation, then instruction tuning on `chat`), and the run that ties them (`distill`) with its
 //! data, checkpoints and metrics.
+pub mod live;
 pub mod losses;
 pub mod optimizer;
 pub mod parallel;
