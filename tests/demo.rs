@@ -471,6 +471,42 @@ fn the_demo_page_works_as_static_files_with_models_picked_from_disk() {
     let scores: Vec<_> = docs.iter().map(|d| pollster::block_on(loglikelihoods(linearize_tests::gpu(), &student_lm, &t.tokenizer, &d.requests.iter().map(|r| (r.context.as_str(), r.continuation.as_str())).collect::<Vec<_>>())).unwrap()).collect();
     let want = score_task("arc_easy", &docs, &scores);
     assert_eq!((got["result"]["docs"].as_u64(), got["result"]["acc"].as_f64(), got["result"]["acc_norm"].as_f64()), (Some(2), Some(want.acc), want.acc_norm), "{got}");
+
+    // Stage 1 of block 1, live, from the picked teacher: a bad learning rate is refused before
+    // any work; four steps of a gated DeltaNet block lower the loss, each step's loss that of
+    // the native build's live fit on the same text.
+    b.script("document.getElementById('fitlr').value = '0'; document.getElementById('fit').click(); return 0;");
+    let (_, text) = b.wait_status(&["error"], 10);
+    assert_eq!(text, "Learning rate: '0' is not a number above 0 and at most 0.1.");
+    let fit_text = b.script("return document.getElementById('fittext').value;").as_str().unwrap().to_string();
+    b.script(&format!(
+        "document.getElementById('fitteacher').value = {}; document.getElementById('fitmixer').value = 'gated_deltanet'; document.getElementById('fitlayer').value = '1';
+         document.getElementById('fitsteps').value = '4'; document.getElementById('fitlr').value = '1e-3'; document.getElementById('fit').click(); return 0;",
+        json!(gguf_name)
+    ));
+    let (_, text) = b.wait_status(&["ready"], 900);
+    assert!(text.starts_with("ready: gated_deltanet block 1 fitted for 4 steps"), "{text}");
+    let losses: Vec<f64> = serde_json::from_str(b.script("return document.getElementById('fitchart').dataset.losses;").as_str().unwrap()).unwrap();
+    let hyper = linearize_core::train::AdamW { lr: 1e-3, ..Default::default() };
+    let fit_ids = t.tokenizer.encode(&fit_text).unwrap();
+    let mut native = pollster::block_on(linearize_core::train::live::MixerFit::new(linearize_tests::gpu(), &t.weights, mixer("gated_deltanet"), 1, &fit_ids, hyper, 1.0)).unwrap();
+    let want: Vec<f64> = (0..4).map(|_| pollster::block_on(native.step(linearize_tests::gpu())).unwrap().loss).collect();
+    native.release(linearize_tests::gpu());
+    eprintln!("live fit losses: page {losses:?}, native {want:?}");
+    assert_eq!(losses.len(), 4);
+    assert!(losses.windows(2).all(|w| w[1] < w[0]), "the loss falls: {losses:?}");
+    for (got, want) in losses.iter().zip(&want) {
+        assert!((got - want).abs() <= 1e-3 * want, "page {losses:?} against native {want:?}");
+    }
+    let chart = b.script("return document.getElementById('fitchart').getBoundingClientRect().toJSON();");
+    b.script("document.getElementById('fitchart').scrollIntoView(); return 0;");
+    let shot = b.get("/screenshot");
+    use base64::Engine;
+    let png = base64::engine::general_purpose::STANDARD.decode(shot.as_str().unwrap()).unwrap();
+    let saved = nested_target_dir().join("demo-live-fit.png");
+    std::fs::write(&saved, &png).unwrap();
+    eprintln!("screenshot: {} (chart at {chart})", saved.display());
+
     let _ = ureq::delete(&b.base).call();
     let _ = std::fs::remove_dir_all(&www);
     let _ = std::fs::remove_dir_all(&disk);

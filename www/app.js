@@ -7,14 +7,15 @@
 // Every input is checked before any work; a run locks the controls and can be stopped; each
 // model has one panel, replaced when it runs again and removed (its GPU memory freed) when it
 // is unticked; the inputs survive a reload.
-import init, { WebGpu, ModelFiles, request_files_json } from './pkg/linearize_web.js';
+import init, { WebGpu, ModelFiles, request_files_json, mixer_names_json } from './pkg/linearize_web.js';
 
 const $ = (id) => document.getElementById(id);
 const MAX_MODELS = 4;
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728'];
-const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000, docs: [1, 500], textChars: 20000 };
+const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000, docs: [1, 500], textChars: 20000, fitSteps: [1, 500], fitBlock: [0, 63], fitChars: 2000 };
 const requestFiles = new Map(); // task → its request file's JSON lines
 const picked = new Map(); // model name → { files: Map(file name → File) } picked from disk
+const entries = new Map(); // model name → its entry (served or picked), for the live fit's teacher
 const pickedTasks = new Map(); // task → its request file (a File) picked from disk
 let requestPaths = []; // [task, its request file below the eval folder], from the wasm package
 const SAVED = 'linearize.demo.inputs';
@@ -55,6 +56,7 @@ function wholeNumber(text, what, [lo, hi]) {
 
 // The run's inputs, or an Error naming the field and what it takes.
 function checkedInputs(kind) {
+  if (kind === 'fit') return fitInputs();
   const models = selected();
   if (models.length === 0) throw new Error('Pick at least one model.');
   if (models.length > MAX_MODELS) throw new Error(`Pick at most ${MAX_MODELS} models.`);
@@ -83,8 +85,21 @@ function checkedInputs(kind) {
   return inputs;
 }
 
+function fitInputs() {
+  const teacher = $('fitteacher').value;
+  if (!teacher) throw new Error('Teacher: none here — serve the teacher with `linearize serve`, or pick its .gguf (or directory) from disk above.');
+  const text = $('fittext').value;
+  if (text.trim() === '') throw new Error('Text: write a few sentences for the teacher to read.');
+  if (text.length > LIMITS.fitChars) throw new Error(`Text: ${text.length} characters; at most ${LIMITS.fitChars}.`);
+  const t = $('fitlr').value.trim();
+  const lr = Number(t);
+  if (!/^[0-9.]+(e-?[0-9]+)?$/i.test(t) || !(lr > 0 && lr <= 0.1)) throw new Error(`Learning rate: '${t}' is not a number above 0 and at most 0.1.`);
+  return { teacher, text, lr, mixer: $('fitmixer').value, layer: wholeNumber($('fitlayer').value, 'Block', LIMITS.fitBlock), steps: wholeNumber($('fitsteps').value, 'Steps', LIMITS.fitSteps) };
+}
+
 function saveInputs() {
   const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, depths: $('depths').value, docs: $('docs').value, task: $('task').value, weights: $('weights').value,
+              fitmixer: $('fitmixer').value, fitlayer: $('fitlayer').value, fitsteps: $('fitsteps').value, fitlr: $('fitlr').value,
               shared: $('shared').checked, models: selected().map((m) => m.name) };
   try { localStorage.setItem(SAVED, JSON.stringify(v)); } catch (_) { /* storage may be off */ }
 }
@@ -95,7 +110,7 @@ function savedInputs() {
 
 function restoreInputs(v) {
   if (!v) return;
-  for (const k of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'weights']) if (typeof v[k] === 'string') $(k).value = v[k];
+  for (const k of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'weights', 'fitlayer', 'fitsteps', 'fitlr']) if (typeof v[k] === 'string') $(k).value = v[k];
   if (typeof v.shared === 'boolean') $('shared').checked = v.shared;
 }
 
@@ -117,6 +132,8 @@ function listModels(models, saved, served) {
 }
 
 function addModelTick(m, checked) {
+  entries.set(m.name, m);
+  if (!m.kind.startsWith('student')) $('fitteacher').add(new Option(m.name, m.name));
   const box = $('models');
   if (!box.querySelector('input')) box.textContent = '';
   const label = document.createElement('label');
@@ -248,13 +265,8 @@ function dropUnticked() {
   drawMemory();
 }
 
-async function load(entry, weights, color) {
-  const have = loaded.get(entry.name);
-  if (have && have.weights === weights) {
-    have.color = color;
-    return have;
-  }
-  free(entry.name); // other weights: this model's one panel is replaced
+// A model's files as the wasm package takes them: fetched from the server, or read from disk.
+async function modelFiles(entry) {
   const files = new ModelFiles(entry.disk ? `${entry.name} (picked from disk)` : entry.base);
   let bytes = 0;
   for (const name of entry.files) {
@@ -271,6 +283,17 @@ async function load(entry, weights, color) {
     bytes += data.length;
     files.add(name, data);
   }
+  return { files, bytes };
+}
+
+async function load(entry, weights, color) {
+  const have = loaded.get(entry.name);
+  if (have && have.weights === weights) {
+    have.color = color;
+    return have;
+  }
+  free(entry.name); // other weights: this model's one panel is replaced
+  const { files, bytes } = await modelFiles(entry);
   status(`${entry.name}: uploading ${(bytes / 2 ** 20).toFixed(0)} MiB of weights to the GPU…`);
   let model;
   try {
@@ -658,6 +681,79 @@ async function perplexity({ models, weights, text }) {
   return 'text scored';
 }
 
+// ---- distil one block live: stage 1 of the paper's distillation in the browser ----
+
+async function distilLive({ teacher, mixer, layer, steps, lr, text }) {
+  const { files } = await modelFiles(entries.get(teacher));
+  status(`${teacher}: the teacher reads the text; block ${layer}'s attention becomes a ${mixer} block…`);
+  let fit;
+  try {
+    fit = await gpu.fit_mixer(files, mixer, layer, text, lr);
+  } catch (e) {
+    throw new Error(`The live fit could not start: ${pageWords(e)}`);
+  }
+  const points = [];
+  const started = performance.now();
+  const title = `${mixer} in block ${layer} of ${teacher} · ${fit.tokens()} tokens · learning rate ${lr}`;
+  try {
+    for (let s = 1; s <= steps && !stopRequested; s++) {
+      status(`${mixer}, block ${layer}: step ${s} of ${steps}…`);
+      points.push(JSON.parse(await fit.step()));
+      const r = points[points.length - 1];
+      const secs = (performance.now() - started) / 1000;
+      $('fitprogress').textContent = `step ${r.step}/${steps} · loss ${r.loss.toExponential(3)} · ‖y − a‖/‖a‖ ${r.relative_error.toFixed(3)} · ${(r.step / secs).toFixed(2)} steps/s · ${secs.toFixed(1)} s`;
+      drawFit(points, steps, title);
+    }
+  } finally {
+    fit.free();
+  }
+  const first = points[0].loss.toExponential(3);
+  const last = points[points.length - 1].loss.toExponential(3);
+  return `${mixer} block ${layer} fitted for ${points.length} steps: loss ${first} → ${last}`;
+}
+
+// The fit's loss (left axis, from 0) and relative error ‖y − a‖/‖a‖ (right axis, 0–1) per step.
+function drawFit(points, steps, title) {
+  const c = $('fitchart');
+  const g = c.getContext('2d');
+  const [w, h, left, right, top, bottom] = [c.width, c.height, 70, 60, 24, 34];
+  g.clearRect(0, 0, w, h);
+  g.font = '12px sans-serif';
+  g.fillStyle = '#333';
+  g.fillText(title, left, 15);
+  const maxLoss = Math.max(...points.map((p) => p.loss)) * 1.05;
+  const x = (step) => left + (w - left - right) * (steps <= 1 ? 0 : (step - 1) / (steps - 1));
+  const yLoss = (v) => top + (h - top - bottom) * (1 - v / maxLoss);
+  const yRel = (v) => top + (h - top - bottom) * (1 - Math.min(v, 1));
+  g.strokeStyle = '#999';
+  g.strokeRect(left, top, w - left - right, h - top - bottom);
+  g.textAlign = 'right';
+  for (const f of [0, 0.5, 1]) g.fillText((maxLoss * f).toExponential(1), left - 4, yLoss(maxLoss * f) + 4);
+  g.textAlign = 'left';
+  for (const f of [0, 0.5, 1]) g.fillText(f.toFixed(1), w - right + 4, yRel(f) + 4);
+  g.textAlign = 'center';
+  for (const s of [1, Math.ceil(steps / 2), steps]) g.fillText(String(s), x(s), h - bottom + 14);
+  g.fillText('step', (left + w - right) / 2, h - 4);
+  g.textAlign = 'left';
+  const line = (color, y, key) => {
+    g.strokeStyle = color;
+    g.lineWidth = 2;
+    g.beginPath();
+    points.forEach((p, i) => (i === 0 ? g.moveTo(x(p.step), y(p[key])) : g.lineTo(x(p.step), y(p[key]))));
+    g.stroke();
+    g.lineWidth = 1;
+  };
+  line(COLORS[0], yLoss, 'loss');
+  line(COLORS[1], yRel, 'relative_error');
+  // The legend low on the left, where the lines have not yet come down to.
+  g.fillStyle = COLORS[0];
+  g.fillText('loss (mean squared error, left axis)', left + 8, h - bottom - 22);
+  g.fillStyle = COLORS[1];
+  g.fillText('‖y − a‖ / ‖a‖ (right axis)', left + 8, h - bottom - 8);
+  c.dataset.points = points.length;
+  c.dataset.losses = JSON.stringify(points.map((p) => p.loss));
+}
+
 // What `linearize serve` lists (models.json); none, and served false, where the page is
 // static files (no such file, or a server that answers with something else).
 async function servedModels() {
@@ -686,6 +782,11 @@ async function main() {
   $('pickdir').addEventListener('change', (e) => pickModel(e.target));
   $('pickfiles').addEventListener('change', (e) => pickModel(e.target));
   requestPaths = JSON.parse(request_files_json());
+  for (const m of JSON.parse(mixer_names_json())) $('fitmixer').add(new Option(m, m));
+  const saved = savedInputs();
+  if (saved && typeof saved.fitmixer === 'string') $('fitmixer').value = saved.fitmixer;
+  for (const id of ['fitmixer', 'fitlayer', 'fitsteps', 'fitlr']) $(id).addEventListener('change', saveInputs);
+  $('fit').addEventListener('click', run('fit', distilLive));
   $('picktask').addEventListener('change', (e) => pickTasks(e.target, false));
   $('pickeval').addEventListener('change', (e) => pickTasks(e.target, true));
   for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'task', 'weights']) $(id).addEventListener('change', saveInputs);

@@ -14,7 +14,10 @@ use linearize_core::gpu::{Dtype, Gpu};
 use linearize_core::model::files::ModelFiles as CoreFiles;
 use linearize_core::eval::Diagnostics;
 use linearize_core::model::{LanguageModel, Logits, Model, Tokenizer};
+use linearize_core::mixers::MixerKind;
 use linearize_core::nn::{self, Gemm};
+use linearize_core::train::live::MixerFit;
+use linearize_core::train::AdamW;
 use std::collections::HashMap;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
@@ -89,6 +92,65 @@ impl WebGpu {
         info["weight_bytes"] = lm.matrix_bytes().into();
         info["weight_buffers"] = lm.matrix_buffers().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })
+    }
+}
+
+#[wasm_bindgen]
+impl WebGpu {
+    /// Stage 1 of one block, live: the teacher read from `files` (as `load_model` takes them),
+    /// its activations for `text` at block `layer`, and a `mixer` block initialised from that
+    /// block's attention, fitted to its output by AdamW at `lr` (stage 1's other settings),
+    /// a step per `WebMixerFit::step`. Everything within WebGPU's default limits.
+    pub async fn fit_mixer(&self, files: ModelFiles, mixer: String, layer: usize, text: String, lr: f32) -> Result<WebMixerFit, JsValue> {
+        let kind = MixerKind::from_name(&mixer).map_err(js_err)?;
+        if !(lr > 0.0 && lr <= 0.1) {
+            return Err(js_err(format!("learning rate {lr}: expected a number above 0 and at most 0.1")));
+        }
+        let source = CoreFiles::Memory { origin: files.origin.into(), files: files.files };
+        let model = Model::from_files(&source).map_err(js_err)?;
+        if model.mixers.is_some() {
+            return Err(js_err(format!("{}: a student; the live fit starts from the teacher", source.origin().display())));
+        }
+        let ids = model.tokenizer.encode(&text).map_err(js_err)?;
+        let hyper = AdamW { lr, ..AdamW::default() };
+        let fit = MixerFit::new(&self.gpu, &model.weights, kind, layer, &ids, hyper, 1.0).await.map_err(js_err)?;
+        Ok(WebMixerFit { gpu: self.gpu.clone(), fit: Some(fit) })
+    }
+}
+
+/// The mixers a block can become, as JSON [name, …].
+#[wasm_bindgen]
+pub fn mixer_names_json() -> String {
+    serde_json::Value::from(MixerKind::names()).to_string()
+}
+
+/// One block being fitted (`WebGpu::fit_mixer`); `free()` gives its GPU memory back.
+#[wasm_bindgen]
+pub struct WebMixerFit {
+    gpu: Rc<Gpu>,
+    fit: Option<MixerFit>,
+}
+
+#[wasm_bindgen]
+impl WebMixerFit {
+    /// Tokens of the text.
+    pub fn tokens(&self) -> usize {
+        self.fit.as_ref().map_or(0, |f| f.tokens())
+    }
+
+    /// One step; resolves to JSON {step, loss, relative_error} once the GPU has done it.
+    pub async fn step(&mut self) -> Result<String, JsValue> {
+        let fit = self.fit.as_mut().ok_or_else(|| js_err("the fit was freed"))?;
+        let s = fit.step(&self.gpu).await.map_err(js_err)?;
+        Ok(serde_json::json!({ "step": s.step, "loss": s.loss, "relative_error": s.relative_error }).to_string())
+    }
+}
+
+impl Drop for WebMixerFit {
+    fn drop(&mut self) {
+        if let Some(fit) = self.fit.take() {
+            fit.release(&self.gpu);
+        }
     }
 }
 
