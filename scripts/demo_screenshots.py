@@ -15,7 +15,7 @@ grows, a gated one levels off — not a distilled student's quality.
 
 Needs: the release binary (cargo build --release), www/pkg (scripts/build-web.sh), the fetched
 teacher and evaluation sets, chromium and chromedriver (scripts/setup.sh).
-Run: python3 scripts/demo_screenshots.py [--tokens 200] [--layers 2] [--docs 5] [--steps 40]
+Run: python3 scripts/demo_screenshots.py [--tokens 200] [--layers 2] [--docs 5] [--steps 40] [--views saturation,eval,live]
 """
 import argparse
 import base64
@@ -82,6 +82,8 @@ class Driver:
             time.sleep(1)
 
     def shot(self, selector, path):
+        # At the top of the window (1400 × 2400), so all of it is on screen.
+        self.script(f"document.querySelector({json.dumps(selector)}).scrollIntoView();")
         el = self.call("POST", "/element", {"using": "css selector", "value": selector})
         png = self.call("GET", f"/element/{next(iter(el.values()))}/screenshot")
         path.write_bytes(base64.b64decode(png))
@@ -100,7 +102,9 @@ def main():
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--docs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--views", default="saturation,eval,live", help="which screenshots, comma-separated")
     args = ap.parse_args()
+    views = set(args.views.split(","))
     if not BIN.exists() or not (ROOT / "www" / "pkg").exists():
         sys.exit("build first: cargo build --release && scripts/build-web.sh")
     work = pathlib.Path(tempfile.mkdtemp(prefix="demo-shots-"))
@@ -118,22 +122,25 @@ def main():
     try:
         d.call("POST", "/url", {"url": url})
         d.wait(["ready"], 120)
-        tick = "for (const c of document.querySelectorAll('#models input')) c.checked = ['linear_attn', 'gated_deltanet'].includes(JSON.parse(c.value).name);"
-        d.script(f"{tick} document.getElementById('shared').checked = true; document.getElementById('tokens').value = '{args.tokens}';"
-                 "document.getElementById('prompt').value = 'Once upon a time, in a small village by the sea, there lived an old fisherman who'; document.getElementById('run').click();")
-        print(d.wait(["ready"], 7200))
-        d.shot("#panels", ROOT / "docs" / "browser-saturation.png")
-        d.script("for (const c of document.querySelectorAll('#models input')) c.checked = true;"
-                 f"document.getElementById('task').value = 'arc_easy'; document.getElementById('docs').value = '{args.docs}'; document.getElementById('evaluate').click();")
-        print(d.wait(["ready"], 7200))
-        d.script("document.getElementById('score').click();")
-        print(d.wait(["ready"], 7200))
-        d.shot("#panels", ROOT / "docs" / "browser-eval.png")
-        d.script("document.getElementById('fitmixer').value = 'gated_deltanet'; document.getElementById('fitlayer').value = '1';"
-                 f"document.getElementById('fitsteps').value = '{args.steps}'; document.getElementById('fitlr').value = '1e-3'; document.getElementById('fit').click();")
-        print(d.wait(["ready"], 7200))
-        d.script("document.getElementById('fitchart').scrollIntoView();")
-        d.shot("#fitchart", ROOT / "docs" / "browser-live-distil.png")
+        if views & {"saturation", "eval"}:
+            tick = "for (const c of document.querySelectorAll('#models input')) c.checked = ['linear_attn', 'gated_deltanet'].includes(JSON.parse(c.value).name);"
+            d.script(f"{tick} document.getElementById('shared').checked = true; document.getElementById('tokens').value = '{args.tokens}';"
+                     "document.getElementById('prompt').value = 'Once upon a time, in a small village by the sea, there lived an old fisherman who'; document.getElementById('run').click();")
+            print(d.wait(["ready"], 7200))
+            if "saturation" in views:
+                d.shot("#panels", ROOT / "docs" / "browser-saturation.png")
+        if "eval" in views:
+            d.script("for (const c of document.querySelectorAll('#models input')) c.checked = true;"
+                     f"document.getElementById('task').value = 'arc_easy'; document.getElementById('docs').value = '{args.docs}'; document.getElementById('evaluate').click();")
+            print(d.wait(["ready"], 7200))
+            d.script("document.getElementById('score').click();")
+            print(d.wait(["ready"], 7200))
+            d.shot("#panels", ROOT / "docs" / "browser-eval.png")
+        if "live" in views:
+            d.script("document.getElementById('fitmixer').value = 'gated_deltanet'; document.getElementById('fitlayer').value = '1';"
+                     f"document.getElementById('fitsteps').value = '{args.steps}'; document.getElementById('fitlr').value = '1e-3'; document.getElementById('fit').click();")
+            print(d.wait(["ready"], 7200))
+            d.shot("#fitchart", ROOT / "docs" / "browser-live-distil.png")
     finally:
         d.close()
         serve.kill()

@@ -400,8 +400,14 @@ function drawHeatmap(it) {
   for (let k = 0; k < labels; k++) {
     const x = labels === 1 ? 0 : Math.round((k * (it.columns.length - 1)) / (labels - 1));
     const pos = it.positions[x];
-    g.fillText(pos === undefined ? '' : String(pos), L + (x + 0.5) * w - 6, canvas.height - B + 12);
+    // The first label starts at its column, the last ends at its own (clear of the colour
+    // bar's unit), the others centred on theirs.
+    const last = labels > 1 && k === labels - 1;
+    g.textAlign = last ? 'right' : k === 0 ? 'left' : 'center';
+    const at = last ? L + (x + 1) * w : k === 0 ? L + x * w : L + (x + 0.5) * w;
+    g.fillText(pos === undefined ? '' : String(pos), at, canvas.height - B + 12);
   }
+  g.textAlign = 'left';
   g.fillText(`tokens seen → (first column: after the prompt)`, L, canvas.height - 4);
   // The colour bar in ‖S‖ units.
   const bx = canvas.width - R + 8, bh = canvas.height - T - B;
