@@ -195,3 +195,15 @@ fn every_shader_declares_its_bindings_as_the_layouts_read_them() {
         assert_eq!(linearize_core::gpu::declared_storage(source), want, "{name}");
     }
 }
+
+/// Constants a shader and its launcher both use, equal in both: conv.wgsl's TILE_T sizes the
+/// grid and the partial sums that mixers::ops::short_conv_backward allocates.
+#[test]
+fn constants_shared_with_the_host_agree() {
+    let (_, conv) = ALL.iter().find(|(name, _)| *name == "mixers/common/conv").expect("conv.wgsl registered");
+    let tile: usize = conv
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("const TILE_T: u32 = ")?.strip_suffix("u;")?.parse().ok())
+        .expect("conv.wgsl declares const TILE_T: u32 = Nu;");
+    assert_eq!(tile, linearize_core::mixers::ops::CONV_BACKWARD_TILE);
+}

@@ -55,8 +55,9 @@ pub fn short_conv_from(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &Gp
     rec.dispatch(&c.kernel("conv"), &c.params(), &[x, c.w, state, y], groups)
 }
 
-/// Tokens per workgroup of conv.wgsl's `conv_backward`.
-const CONV_BACKWARD_TILE: usize = 16;
+/// Tokens per workgroup of conv.wgsl's `conv_backward`: its TILE_T (tests/shaders.rs checks
+/// that the two agree).
+pub const CONV_BACKWARD_TILE: usize = 16;
 
 /// Backward of `short_conv` from a zero state (training): dx = ∂L/∂x and dw (+)= ∂L/∂w for
 /// dy = ∂L/∂y, in one pass (dx and each tile's partial dw) and the partials' column sum.

@@ -521,25 +521,28 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     let nrm = rec.temp(if r.normalizer == Normalizer::None { 1 } else { rows * 4 })?;
     let kernel = |entry| chunk_kernel(r, d, entry);
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
+    // An adapter that binds fewer storage buffers than chunk_bwd_grads runs the packed flavour.
+    let packed = (gpu.limits.max_storage_buffers_per_shader_stage as usize) < BACKWARD_BINDINGS;
+    // The products with the chunk states (S_0 dO, dS_L u; −S_0 du and Uc = u + S_0ᵀ W) on
+    // tensor cores where they run, else inside chunk_bwd_grads (which then reads u, unused, where
+    // Uc would be).
+    let coop = !packed && tensor_core_backward(rec, r, d);
+    let uc = if coop && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
     let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
     let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
-    if (gpu.limits.max_storage_buffers_per_shader_stage as usize) < BACKWARD_BINDINGS {
-        let grads_bindings = [
-            (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
-            (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate), (32, sweep_u),
-        ];
+    let grads_bindings = [
+        (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
+        (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
+        (32, uc.as_ref().unwrap_or(sweep_u)),
+    ];
+    if packed {
         let passes = [("chunk_bwd_local", &local_bindings[..], grid), ("chunk_bwd_state", &state_bindings[..], state_grid), ("chunk_bwd_grads", &grads_bindings[..], grid)];
         backward_packed(rec, r, d, &params, &passes)?;
         return Ok(grads);
     }
     rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
     rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
-    // The products with the chunk states (S_0 dO, dS_L u; −S_0 du and Uc = u + S_0ᵀ W) on
-    // tensor cores where they run, else inside chunk_bwd_grads (which then reads u, unused, where
-    // Uc would be).
-    let coop = tensor_core_backward(rec, r, d);
-    let uc = if coop && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
     let mut grads_kernel = kernel("chunk_bwd_grads");
     if coop {
         let states16 = rec.temp(coop_state_words(d))?;
@@ -549,11 +552,6 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64), &params, &product_bindings, grid)?;
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
     }
-    let uc_row = uc.as_ref().unwrap_or(sweep_u);
-    let grads_bindings = [
-        (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
-        (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate), (32, uc_row),
-    ];
     rec.dispatch_bindings(&grads_kernel, &params, &grads_bindings, grid)?;
     Ok(grads)
 }
