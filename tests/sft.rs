@@ -156,6 +156,7 @@ fn instruction_tuning_from_jsonl_lowers_the_held_out_loss() {
     assert!(!out.join(CONVERSATIONS_FILE).exists(), "a JSONL run synthesises nothing");
     let student = linearize_core::model::Model::load_path(&out).unwrap();
     assert_eq!(student.mixers.as_ref().unwrap().config.mixer, mixer("gated_deltanet"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Stage 3 then stage 4 on conversations the teacher answers: they are synthesised once (with
@@ -180,6 +181,7 @@ fn synthesised_conversations_are_answered_by_the_teacher_and_kept() {
     let (before, after) = stage4_losses(&events);
     assert!(before.is_finite() && after.is_finite());
     assert!(events.iter().any(|e| matches!(e, Event::Saved { .. })));
+    let _ = std::fs::remove_dir_all(&out);
 }
 
 /// A missing JSONL file and a zero budget are refused before anything runs.
