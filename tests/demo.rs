@@ -489,7 +489,7 @@ fn the_demo_page_works_as_static_files_with_models_picked_from_disk() {
     let losses: Vec<f64> = serde_json::from_str(b.script("return document.getElementById('fitchart').dataset.losses;").as_str().unwrap()).unwrap();
     let hyper = linearize_core::train::AdamW { lr: 1e-3, ..Default::default() };
     let fit_ids = t.tokenizer.encode(&fit_text).unwrap();
-    let mut native = pollster::block_on(linearize_core::train::live::MixerFit::new(linearize_tests::gpu(), &t.weights, mixer("gated_deltanet"), 1, &fit_ids, hyper, 1.0)).unwrap();
+    let mut native = pollster::block_on(linearize_core::train::live::MixerFit::new(linearize_tests::gpu(), t.weights.clone(), mixer("gated_deltanet"), 1, &fit_ids, hyper, 1.0)).unwrap();
     let want: Vec<f64> = (0..4).map(|_| pollster::block_on(native.step(linearize_tests::gpu())).unwrap().loss).collect();
     native.release(linearize_tests::gpu());
     eprintln!("live fit losses: page {losses:?}, native {want:?}");

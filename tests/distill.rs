@@ -392,7 +392,7 @@ fn one_block_fitted_live_within_webgpus_default_limits() {
     let t = teacher();
     let ids = t.tokenizer.encode("The capital of France is Paris. The capital of Germany is Berlin, and the capital of Italy is Rome.").unwrap();
     for name in ["gated_deltanet", "linear_attn"] {
-        let mut fit = pollster::block_on(MixerFit::new(&small, &t.weights, mixer(name), 1, &ids, AdamW::default(), 1.0)).unwrap();
+        let mut fit = pollster::block_on(MixerFit::new(&small, t.weights.clone(), mixer(name), 1, &ids, AdamW::default(), 1.0)).unwrap();
         assert_eq!(fit.tokens(), ids.len());
         let steps: Vec<_> = (0..6).map(|_| pollster::block_on(fit.step(&small)).unwrap()).collect();
         eprintln!("{name}: {:?}", steps.iter().map(|s| (s.loss, s.relative_error)).collect::<Vec<_>>());
@@ -404,7 +404,7 @@ fn one_block_fitted_live_within_webgpus_default_limits() {
         assert!(steps.iter().all(|s| s.relative_error > 0.0 && s.relative_error.is_finite()), "{steps:?}");
         fit.release(&small);
     }
-    let err = |layer: usize, ids: &[u32]| pollster::block_on(MixerFit::new(&small, &t.weights, mixer("gla"), layer, ids, AdamW::default(), 1.0)).err().unwrap().to_string();
+    let err = |layer: usize, ids: &[u32]| pollster::block_on(MixerFit::new(&small, t.weights.clone(), mixer("gla"), layer, ids, AdamW::default(), 1.0)).err().unwrap().to_string();
     assert!(err(30, &ids).contains("the teacher has blocks 0..30, not 30"), "{}", err(30, &ids));
     assert!(err(0, &ids[..1]).contains("1 tokens: at least 2"), "{}", err(0, &ids[..1]));
 }

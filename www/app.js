@@ -149,8 +149,8 @@ function addModelTick(m, checked) {
 // ---- models and request files picked from disk (no server needed) ----
 
 // The files a model is read from: a student or HF directory's top-level .json and .safetensors
-// files, or one .gguf. `rel` is each file's path below the picked folder ('' when files were
-// picked one by one).
+// files, or one .gguf. A folder's files carry their path below it (webkitRelativePath); files
+// picked one by one carry none.
 function modelFilesOf(files) {
   const top = files.filter((f) => (f.webkitRelativePath || f.name).split('/').length <= 2);
   const gguf = top.filter((f) => f.name.endsWith('.gguf'));
@@ -169,7 +169,7 @@ function pickModel(input) {
   try {
     const m = modelFilesOf([...input.files]);
     let name = m.name;
-    for (let i = 2; picked.has(name) || [...document.querySelectorAll('#models input')].some((c) => JSON.parse(c.value).name === name); i++) name = `${m.name}-${i}`;
+    for (let i = 2; entries.has(name); i++) name = `${m.name}-${i}`;
     picked.set(name, { files: new Map(m.files.map((f) => [f.name, f])) });
     addModelTick({ name, kind: `${m.kind}, from disk`, disk: true, files: m.files.map((f) => f.name) }, selected().length < MAX_MODELS);
     limitTicks();
@@ -784,19 +784,19 @@ async function main() {
     return;
   }
   const list = await servedModels();
-  listModels(list.models, savedInputs(), list.served);
+  const saved = savedInputs();
+  listModels(list.models, saved, list.served);
   $('pickdir').addEventListener('change', (e) => pickModel(e.target));
   $('pickfiles').addEventListener('change', (e) => pickModel(e.target));
   requestPaths = JSON.parse(request_files_json());
   for (const m of JSON.parse(mixer_names_json())) $('fitmixer').add(new Option(m, m));
-  const saved = savedInputs();
   if (saved && typeof saved.fitmixer === 'string') $('fitmixer').value = saved.fitmixer;
   for (const id of ['fitmixer', 'fitlayer', 'fitsteps', 'fitlr']) $(id).addEventListener('change', saveInputs);
   $('fit').addEventListener('click', run('fit', distilLive));
   $('picktask').addEventListener('change', (e) => pickTasks(e.target, false));
   $('pickeval').addEventListener('change', (e) => pickTasks(e.target, true));
   for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'task', 'weights']) $(id).addEventListener('change', saveInputs);
-  listTasks(list.tasks || [], savedInputs());
+  listTasks(list.tasks || [], saved);
   $('shared').addEventListener('change', () => { saveInputs(); redrawAll(); });
   $('run').addEventListener('click', run('generate', generate));
   $('needle').addEventListener('click', run('needles', needles));

@@ -93,10 +93,7 @@ impl WebGpu {
         info["weight_buffers"] = lm.matrix_buffers().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })
     }
-}
 
-#[wasm_bindgen]
-impl WebGpu {
     /// Stage 1 of one block, live: the teacher read from `files` (as `load_model` takes them),
     /// its activations for `text` at block `layer`, and a `mixer` block initialised from that
     /// block's attention, fitted to its output by AdamW at `lr` (stage 1's other settings),
@@ -113,7 +110,7 @@ impl WebGpu {
         }
         let ids = model.tokenizer.encode(&text).map_err(js_err)?;
         let hyper = AdamW { lr, ..AdamW::default() };
-        let fit = MixerFit::new(&self.gpu, &model.weights, kind, layer, &ids, hyper, 1.0).await.map_err(js_err)?;
+        let fit = MixerFit::new(&self.gpu, model.weights, kind, layer, &ids, hyper, 1.0).await.map_err(js_err)?;
         Ok(WebMixerFit { gpu: self.gpu.clone(), fit: Some(fit) })
     }
 }

@@ -45,8 +45,9 @@ impl MixerFit {
     /// The teacher's activations for `ids` (one sequence) at block `layer`, and a student whose
     /// block `layer` is a `kind` mixer initialised from the teacher's attention (the paper's
     /// transfer; our default options), trained by AdamW at `hyper` with the gradient's global
-    /// norm clipped to `clip` (stage 1's defaults: AdamW::default(), 1.0).
-    pub async fn new(gpu: &Gpu, teacher: &ModelWeights, kind: MixerKind, layer: usize, ids: &[u32], hyper: AdamW, clip: f32) -> Result<Self> {
+    /// norm clipped to `clip` (stage 1's defaults: AdamW::default(), 1.0). The teacher is taken
+    /// whole and cut to its first `layer + 1` blocks in place (no copy of the rest).
+    pub async fn new(gpu: &Gpu, mut teacher: ModelWeights, kind: MixerKind, layer: usize, ids: &[u32], hyper: AdamW, clip: f32) -> Result<Self> {
         let n = teacher.config.num_hidden_layers;
         if layer >= n {
             return Err(Error::argument("layer", format!("the teacher has blocks 0..{n}, not {layer}")));
@@ -54,13 +55,12 @@ impl MixerFit {
         if ids.len() < 2 {
             return Err(Error::argument("text", format!("{} tokens: at least 2 are needed to fit a mixer", ids.len())));
         }
-        let mut cut = teacher.clone();
-        cut.truncate_layers(layer + 1);
-        let (seq, hidden) = (ids.len(), cut.config.hidden_size);
+        teacher.truncate_layers(layer + 1);
+        let (seq, hidden) = (ids.len(), teacher.config.hidden_size);
         let ids_buf = gpu.upload_u32("fit ids", ids)?;
         let (x, target) = (gpu.scratch(seq * hidden)?, gpu.scratch(seq * hidden)?);
         {
-            let teacher_lm = LanguageModel::upload_checked(gpu, &cut, None, Dtype::F32).await?;
+            let teacher_lm = LanguageModel::upload_checked(gpu, &teacher, None, Dtype::F32).await?;
             let mut rec = gpu.recorder();
             let acts = teacher_lm.forward_train(&mut rec, &ids_buf, 1, seq, false)?;
             crate::nn::copy(&mut rec, &acts.blocks[layer].xn1, &x, seq * hidden)?;
@@ -70,7 +70,7 @@ impl MixerFit {
         }
         gpu.release(ids_buf);
         let target_sq = gpu.read_f32(&target, seq * hidden).await?.iter().map(|&v| v as f64 * v as f64).sum();
-        let (weights, mixers) = from_teacher(&cut, kind, Some(vec![layer]), &MixerOptions::default(), "live fit")?;
+        let (weights, mixers) = from_teacher(&teacher, kind, Some(vec![layer]), &MixerOptions::default(), "live fit")?;
         let mut student = LanguageModel::upload_checked(gpu, &weights, Some(&mixers), Dtype::F32).await?;
         let optimizer = Optimizer::new(gpu, &mut student, Scope::Mixers)?;
         Ok(MixerFit { student, optimizer, x, target, target_sq, layer, seq, hidden, hyper, clip, steps: 0 })
