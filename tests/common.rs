@@ -248,17 +248,23 @@ pub fn tempdir(name: &str) -> std::path::PathBuf {
     d
 }
 
-/// The browser package (scripts/build-web.sh) built into the nested target directory.
+/// The browser package (scripts/build-web.sh) built into the nested target directory, once
+/// per test process: tests running in parallel would otherwise rewrite the .wasm while another
+/// test's browser reads it (CI saw "expected 4 bytes, fell off end").
 pub fn build_web_package() -> std::path::PathBuf {
-    let out = nested_target_dir().join("www-pkg");
-    let status = std::process::Command::new("bash")
-        .arg(repo_root().join("scripts/build-web.sh"))
-        .arg(&out)
-        .env("CARGO_TARGET_DIR", nested_target_dir())
-        .status()
-        .expect("bash runs");
-    assert!(status.success(), "scripts/build-web.sh failed (is wasm-bindgen-cli installed? see scripts/setup.sh)");
-    out
+    static PKG: OnceLock<std::path::PathBuf> = OnceLock::new();
+    PKG.get_or_init(|| {
+        let out = nested_target_dir().join("www-pkg");
+        let status = std::process::Command::new("bash")
+            .arg(repo_root().join("scripts/build-web.sh"))
+            .arg(&out)
+            .env("CARGO_TARGET_DIR", nested_target_dir())
+            .status()
+            .expect("bash runs");
+        assert!(status.success(), "scripts/build-web.sh failed (is wasm-bindgen-cli installed? see scripts/setup.sh)");
+        out
+    })
+    .clone()
 }
 
 pub fn chromium() -> String {
