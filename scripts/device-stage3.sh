@@ -9,6 +9,8 @@
 #      `bash scripts/device-stage3.sh upload`
 #   2. carry .stage/gguf.part01 .stage/before.gz .gl .exp/run (after.gz, coop.gz) or .bin; command
 #      `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
+# AFTER_ENVS="LINEARIZE_GEMM_TILES=subgroup LINEARIZE_GEMM_TILES=workgroup": the binary after once
+# per setting in each round; PROFILE entries after:VAR=value profile it with one.
 # `OPS=1 bash scripts/device-stage3.sh ops` (carry .stage/before.gz .gl .exp/run): tests/coop.rs
 # and `bench ops` of both binaries alone, in one call without the teacher.
 # (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
@@ -51,7 +53,7 @@ run() { # BINARY TAG [env]
   grep '"step"' "$OUT/$2.jsonl" | tail -1 | cut -c1-300
 }
 if [ "${OPS:-0}" = 1 ]; then
-  for tag in before after; do
+  for tag in ${OPS_BINARIES:-before after}; do
     bin=/root/before; [ $tag = after ] && bin=$AFTER
     timeout 150 $bin bench ops --json --iters 10 > $OUT/ops-$tag.json 2> $OUT/ops-$tag.err
     grep -h '"path":"tensor' $OUT/ops-$tag.err | cut -c1-160 | head -16
@@ -67,15 +69,22 @@ sha256sum "$G" | tee $OUT/teacher.sha256
 for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
 for round in $(seq 1 ${ROUNDS:-2}); do
   run /root/before "before-$round"
-  run "$AFTER" "after-$round"
+  if [ -n "${AFTER_ENVS:-}" ]; then
+    # The binary after once per setting (VAR=value, space-separated), tagged by the value.
+    for e in $AFTER_ENVS; do run "$AFTER" "after-${e#*=}-$round" "$e"; done
+  else
+    run "$AFTER" "after-$round"
+  fi
   tar czf $OUT_DIR/res.tgz -C $R .
 done
 for tag in ${PROFILE:-before after}; do
-  # host-before, host-after: LINEARIZE_PROFILE=host (the host's recording and submitting).
-  mode=1; which=$tag
-  case $tag in host-*) mode=host; which=${tag#host-};; esac
+  # host-before, host-after: LINEARIZE_PROFILE=host (the host's recording and submitting);
+  # after:VAR=value, the binary after with that setting.
+  mode=1; which=${tag%%:*}; extra=""
+  case $tag in *:*) extra=${tag#*:}; tag="$which-${extra#*=}";; esac
+  case $which in host-*) mode=host; which=${which#host-};; esac
   bin=/root/before; [ $which = after ] && bin=$AFTER
-  run $bin profile-$tag LINEARIZE_PROFILE=$mode
+  run $bin profile-$tag "LINEARIZE_PROFILE=$mode $extra"
   grep "^profile" "$OUT/profile-$tag.err" | head -12
 done
 tar czf $OUT_DIR/res.tgz -C $R .

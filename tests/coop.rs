@@ -5,7 +5,7 @@
 //! rounding), and the error against the unrounded f64 product is printed: what mixed
 //! precision costs. lavapipe and browsers offer no cooperative matrices: there the numeric
 //! test prints NOT RUN and checks only that mixed precision is refused with a clear error.
-use linearize_core::gpu::{Gpu, GpuBuf, Precision};
+use linearize_core::gpu::{GemmTiles, Gpu, GpuBuf, Precision};
 use linearize_core::nn::{self, Gemm};
 use linearize_core::reference::nn as reference;
 use linearize_core::util::Rng;
@@ -278,6 +278,41 @@ fn tensor_core_backward_reads_the_forwards_copies_transposed() {
             }
         }
         eprintln!("{m}x{n}x{k}: y, dx and dw from shared and transposed copies equal the products alone, bit for bit");
+    }
+}
+
+/// The GEMM's two tilings (a subgroup per 64×64 tile loading from memory; four per 128×128 tile
+/// sharing each stage through workgroup memory) multiply the same f16 pieces in the same order:
+/// y, dx and dw (accumulated onto y's values) must agree bit for bit, at shapes whose tiles lie
+/// inside y (stored from the accumulators), cross its edges, split the reduction, or leave a
+/// workgroup's second row or column tile past the copies.
+#[test]
+fn tensor_core_tiles_of_a_workgroup_give_the_subgroups_bits() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(29);
+    for &(m, n, k) in &[(9, 1, 1), (130, 33, 200), (256, 256, 96), (1100, 40, 70), (257, 576, 64), (320, 192, 1000), (64, 128, 4160)] {
+        let g = Gemm { m, n, k };
+        let (x, dy, wv) = (random(&mut rng, m * k, 1.0), random(&mut rng, m * n, 1e-4), random(&mut rng, n * k, 3.0));
+        let (y0, dx0, dw0) = (random(&mut rng, m * n, 10.0), random(&mut rng, m * k, 1e-3), random(&mut rng, n * k, 1e-2));
+        let run = |tiles: GemmTiles| {
+            gpu.set_gemm_tiles(tiles);
+            let (xb, dyb, w) = (gpu.upload_f32("x", &x).unwrap(), gpu.upload_f32("dy", &dy).unwrap(), gpu.upload_f32("w", &wv).unwrap());
+            let (y, dx, dw) = (gpu.upload_f32("y", &y0).unwrap(), gpu.upload_f32("dx", &dx0).unwrap(), gpu.upload_f32("dw", &dw0).unwrap());
+            let mut rec = gpu.recorder();
+            nn::linear(&mut rec, &xb, &w, &y, g, true).unwrap();
+            nn::linear_backward_weight(&mut rec, &dyb, &xb, &dw, g, true).unwrap();
+            nn::linear_backward_input(&mut rec, &dyb, &w, &dx, g, true).unwrap();
+            rec.submit().unwrap();
+            [(y, m * n), (dx, m * k), (dw, n * k)].map(|(b, len)| gpu.read_f32_blocking(&b, len).unwrap())
+        };
+        let subgroup = run(GemmTiles::Subgroup);
+        let workgroup = run(GemmTiles::Workgroup);
+        gpu.set_gemm_tiles(GemmTiles::Auto);
+        for ((name, want), got) in ["y", "dx", "dw"].iter().zip(&subgroup).zip(&workgroup) {
+            let differ = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{m}x{n}x{k}: {name} of the workgroup tiles differs from the subgroup tiles' in {differ} of {} values", want.len());
+        }
+        eprintln!("{m}x{n}x{k}: y, dx and dw of both tilings equal bit for bit");
     }
 }
 
