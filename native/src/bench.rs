@@ -4,7 +4,7 @@
 use anyhow::Result;
 use linearize_core::generate::{decode_greedy, Sampling};
 use linearize_core::util::Rng;
-use linearize_core::gpu::{GemmTiles, Gpu, GpuBuf, Precision};
+use linearize_core::gpu::{Gpu, GpuBuf, Precision};
 use linearize_core::model::Logits;
 use linearize_core::model::{LanguageModel, Model};
 use serde_json::{json, Value};
@@ -131,26 +131,15 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     // teacher: qkv, o, gate|up, down, the head) on every path the adapter has: f32 tiles, and
     // with tensor cores the f16-operand GEMM, each with its error against f64 on 64 sampled
     // outputs. A 1-row product is the decode step's matvec (f32 on both paths).
-    // Tensor cores in both tilings (GemmTiles), the same bits, to compare their speed.
-    let precisions: Vec<(Precision, GemmTiles)> = if gpu.adapter.tensor_cores {
-        vec![(Precision::F32, GemmTiles::Auto), (Precision::Mixed, GemmTiles::Subgroup), (Precision::Mixed, GemmTiles::Workgroup)]
-    } else {
-        vec![(Precision::F32, GemmTiles::Auto)]
-    };
-    let chosen_tiles = gpu.gemm_tiles();
+    let precisions: Vec<Precision> = if gpu.adapter.tensor_cores { vec![Precision::F32, Precision::Mixed] } else { vec![Precision::F32] };
     for &(m, n, k) in &[(4096, 960, 576), (4096, 576, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] {
         let (xh, wh, dyh) = (rand(m * k), rand(n * k), rand(m * n));
         let (x, w, dy) = (gpu.upload_f32("x", &xh)?, gpu.upload_f32("w", &wh)?, gpu.upload_f32("dy", &dyh)?);
         let (y, dx, dw) = (gpu.scratch(m * n)?, gpu.scratch(m * k)?, gpu.scratch(n * k)?);
         let g = Gemm { m, n, k };
-        for &(precision, tiles) in &precisions {
+        for &precision in &precisions {
             gpu.set_precision(precision)?;
-            gpu.set_gemm_tiles(tiles);
-            let path = match (precision, tiles) {
-                (Precision::Mixed, GemmTiles::Subgroup) => "tensor cores (f16 operands, f32 accumulation), a subgroup per 64x64 tile",
-                (Precision::Mixed, GemmTiles::Workgroup) => "tensor cores (f16 operands, f32 accumulation), a workgroup per 128x128 tile",
-                _ => precision.gemm_path(),
-            };
+            let path = precision.gemm_path();
             let products: [(&str, &GpuBuf, usize, usize, Sampler); 3] = [
                 ("linear", &y, m, n, &|i, j| (0..k).map(|r| xh[i * k + r] as f64 * wh[j * k + r] as f64).sum()),
                 ("linear backward input", &dx, m, k, &|i, j| (0..n).map(|r| dyh[i * n + r] as f64 * wh[r * k + j] as f64).sum()),
@@ -180,7 +169,6 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
             }
         }
         gpu.set_precision(Precision::F32)?;
-        gpu.set_gemm_tiles(chosen_tiles);
     }
     for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] {
         let s = AttnShape { batch: b, seq: t, pos0, n_q: 9, n_kv: 3, head_dim: 64, cap: (pos0 + t).max(512) };
@@ -190,8 +178,8 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let o = gpu.scratch(b * t * 9 * 64)?;
         let flops = 4.0 * (b * 9 * 64) as f64 * (t * (t + 1) / 2) as f64;
         // Prefill (more than ATTENTION_DECODE_MAX_SEQ queries) has a tensor-core kernel too.
-        let paths = if t > nn::ATTENTION_DECODE_MAX_SEQ { &precisions[..precisions.len().min(2)] } else { &precisions[..1] };
-        for &(precision, _) in paths {
+        let paths = if t > nn::ATTENTION_DECODE_MAX_SEQ { &precisions[..] } else { &precisions[..1] };
+        for &precision in paths {
             gpu.set_precision(precision)?;
             let v = time(format!("attention b{b} t{t} pos0 {}", s.pos0), precision.gemm_path(), flops, 1, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
             keep(&mut out, v);

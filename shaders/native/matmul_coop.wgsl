@@ -186,21 +186,19 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     }
 }
 
-// One 16×16 accumulator per subgroup on its way to y (unscale, bounds and accumulate).
-var<workgroup> c_sh: array<f32, 1024>;
+// One 16×16 accumulator on its way to y (unscale, bounds and accumulate).
+var<workgroup> c_sh: array<f32, 256>;
 
-// Accumulator `c` for rows i.. and columns j.. of y, through subgroup `sg`'s 256 words of c_sh
-// (lane: the thread's index in its subgroup). Every thread of the workgroup calls it alike.
-fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unscale: vec2<f32>, part: u32) {
-    let at = sg * 256u;
-    coopStoreT(c, &c_sh[at], 16u);
+// Accumulator `c` for rows i.. and columns j.. of y, through c_sh.
+fn write_out(c: coop_mat16x16<f32, C>, lane: u32, i: u32, j: u32, unscale: vec2<f32>, part: u32) {
+    coopStoreT(c, &c_sh[0], 16u);
     workgroupBarrier();
     for (var e = lane; e < 256u; e += 32u) {
         let gi = i + e / 16u;
         let gj = j + e % 16u;
         if (gi < p.m && gj < p.n) {
             let o = part + gi * p.ldy + p.y0 + gj;
-            var v = c_sh[at + e] * unscale.x * unscale.y;
+            var v = c_sh[e] * unscale.x * unscale.y;
             if (p.accumulate != 0u) {
                 v += y[o];
             }
@@ -212,7 +210,8 @@ fn write_out(c: coop_mat16x16<f32, C>, sg: u32, lane: u32, i: u32, j: u32, unsca
 
 // Accumulator `c` for rows i.. and columns j.. of y, stored from the matrix itself: for a tile
 // wholly inside y whose rows start on 16-byte boundaries. The same operations in the same order
-// as write_out's (c · unscale_a · unscale_b, then + y), so the same bits.
+// as write_out's (c · unscale_a · unscale_b, then + y), so the same bits. (Each operand bound
+// to a `let` first: naga's SPIR-V writer panics on some written inline.)
 fn store_whole(c: coop_mat16x16<f32, C>, i: u32, j: u32, unscale: vec2<f32>, part: u32) {
     let ldy = p.ldy;
     let o = part + i * ldy + p.y0 + j;
@@ -335,8 +334,9 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
         mb2 = nb2;
         mb3 = nb3;
     }
-    // A tile wholly inside y, its rows 16-byte aligned, goes straight from the accumulators;
-    // an edge tile through workgroup memory, element by element (uniform: from wid and p).
+    // A tile wholly inside y, its rows 16-byte aligned, goes straight from the accumulators
+    // (16 stores, no barrier); an edge tile through workgroup memory, element by element, its
+    // bounds checked (uniform: from wid and p).
     let aligned = (p.ldy % 4u) == 0u && (p.y0 % 4u) == 0u && (part % 4u) == 0u;
     if (aligned && i0 + 64u <= p.m && j0 + 64u <= p.n) {
         store_whole(acc00, i0 + 0u, j0 + 0u, unscale, part);
@@ -356,202 +356,22 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
         store_whole(acc32, i0 + 48u, j0 + 32u, unscale, part);
         store_whole(acc33, i0 + 48u, j0 + 48u, unscale, part);
     } else {
-        write_out(acc00, 0u, lane, i0 + 0u, j0 + 0u, unscale, part);
-        write_out(acc01, 0u, lane, i0 + 0u, j0 + 16u, unscale, part);
-        write_out(acc02, 0u, lane, i0 + 0u, j0 + 32u, unscale, part);
-        write_out(acc03, 0u, lane, i0 + 0u, j0 + 48u, unscale, part);
-        write_out(acc10, 0u, lane, i0 + 16u, j0 + 0u, unscale, part);
-        write_out(acc11, 0u, lane, i0 + 16u, j0 + 16u, unscale, part);
-        write_out(acc12, 0u, lane, i0 + 16u, j0 + 32u, unscale, part);
-        write_out(acc13, 0u, lane, i0 + 16u, j0 + 48u, unscale, part);
-        write_out(acc20, 0u, lane, i0 + 32u, j0 + 0u, unscale, part);
-        write_out(acc21, 0u, lane, i0 + 32u, j0 + 16u, unscale, part);
-        write_out(acc22, 0u, lane, i0 + 32u, j0 + 32u, unscale, part);
-        write_out(acc23, 0u, lane, i0 + 32u, j0 + 48u, unscale, part);
-        write_out(acc30, 0u, lane, i0 + 48u, j0 + 0u, unscale, part);
-        write_out(acc31, 0u, lane, i0 + 48u, j0 + 16u, unscale, part);
-        write_out(acc32, 0u, lane, i0 + 48u, j0 + 32u, unscale, part);
-        write_out(acc33, 0u, lane, i0 + 48u, j0 + 48u, unscale, part);
-    }
-}
-
-// The copies as matmul_coop_shared reads them from memory: 8 halves at a time.
-@group(0) @binding(12) var<storage, read> a16v: array<vec4<u32>>;
-@group(0) @binding(13) var<storage, read> b16v: array<vec4<u32>>;
-
-// Two stages of 32 reduction indices: [stage][operand a, b][row tile 0, 1][16-index slice 0, 1]
-// [4 pieces of 16 × 16], each piece as it lies in the copy.
-var<workgroup> stage_sh: array<f16, 16384>;
-
-// Thread t's eight loads of one stage (32 reduction indices from k): load r is vec4 t + 128·r
-// of the stage, [operand][row tile][slice][piece][32 vec4]; zeros for a row tile past the copy.
-fn stage_loads(t: u32, k: u32, wid: vec2<u32>, a_len: u32, b_len: u32) -> array<vec4<u32>, 8> {
-    var out: array<vec4<u32>, 8>;
-    for (var r = 0u; r < 8u; r++) {
-        let e = t + 128u * r;
-        let is_a = e < 512u;
-        let q = e % 512u;
-        let tile = q / 256u;
-        let slice = (q / 128u) % 2u;
-        let piece = (q / 32u) % 4u;
-        let word = q % 32u;
-        var v = vec4<u32>(0u);
-        if (is_a) {
-            let row_tile = wid.y * 2u + tile;
-            if (row_tile * 64u < a_len) {
-                let half_at = piece_at(A_T, row_tile, k + 16u * slice, a_len) + piece * select(256u, 1024u, A_T);
-                v = a16v[half_at / 8u + word];
-            }
-        } else {
-            let row_tile = wid.x * 2u + tile;
-            if (row_tile * 64u < b_len) {
-                let half_at = piece_at(B_T, row_tile, k + 16u * slice, b_len) + piece * select(256u, 1024u, B_T);
-                v = b16v[half_at / 8u + word];
-            }
-        }
-        out[r] = v;
-    }
-    return out;
-}
-
-// Thread t's loads into stage `stage` of stage_sh, at the halves of their place in the copy.
-fn stage_store(t: u32, stage: u32, v: array<vec4<u32>, 8>) {
-    for (var r = 0u; r < 8u; r++) {
-        let at = stage * 8192u + (t + 128u * r) * 8u;
-        let w = v[r];
-        for (var c = 0u; c < 4u; c++) {
-            // f16 → f32 → f16 is exact (naga has no bitcast of a word to two halves).
-            let h = unpack2x16float(w[c]);
-            stage_sh[at + 2u * c] = f16(h.x);
-            stage_sh[at + 2u * c + 1u] = f16(h.y);
-        }
-    }
-}
-
-// Workgroup (column tile, row tile, split) of y: four subgroups, the 128 × 128 tile at rows
-// wid.y·128.. and columns wid.x·128.., subgroup (r, c) its 64 × 64 quarter at rows + 64r and
-// columns + 64c. Each stage of 32 reduction indices is loaded from memory once for the four (every
-// piece is used by two of them), the next stage's loads in flight while the current one is
-// multiplied. The same products in the same order as matmul_coop's, so the same bits.
-@compute @workgroup_size(128)
-fn matmul_coop_shared(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let sg = t / 32u;
-    let lane = t % 32u;
-    let sr = sg / 2u;
-    let sc = sg % 2u;
-    let i0 = wid.y * 128u + sr * 64u;
-    let j0 = wid.x * 128u + sc * 64u;
-    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[p.a_max_at]), 1.0 / operand_scale(amax_b[p.b_max_at]));
-    let part = wid.z * p.split_stride;
-    let a_len = (p.m + 63u) / 64u * 64u;
-    let b_len = (p.n + 63u) / 64u * 64u;
-    var acc00 = coop_mat16x16<f32, C>();
-    var acc01 = coop_mat16x16<f32, C>();
-    var acc02 = coop_mat16x16<f32, C>();
-    var acc03 = coop_mat16x16<f32, C>();
-    var acc10 = coop_mat16x16<f32, C>();
-    var acc11 = coop_mat16x16<f32, C>();
-    var acc12 = coop_mat16x16<f32, C>();
-    var acc13 = coop_mat16x16<f32, C>();
-    var acc20 = coop_mat16x16<f32, C>();
-    var acc21 = coop_mat16x16<f32, C>();
-    var acc22 = coop_mat16x16<f32, C>();
-    var acc23 = coop_mat16x16<f32, C>();
-    var acc30 = coop_mat16x16<f32, C>();
-    var acc31 = coop_mat16x16<f32, C>();
-    var acc32 = coop_mat16x16<f32, C>();
-    var acc33 = coop_mat16x16<f32, C>();
-    let k_begin = wid.z * p.split_k;
-    let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
-    stage_store(t, 0u, stage_loads(t, k_begin, wid.xy, a_len, b_len));
-    workgroupBarrier();
-    // Where this subgroup's pieces sit in a stage: its row tile of a, its column tile of b.
-    let a_sh = sr * 2048u;
-    let b_sh = 4096u + sc * 2048u;
-    for (var k0 = k_begin; k0 < k_end; k0 += 32u) {
-        let stage = ((k0 - k_begin) / 32u) % 2u;
-        let more = k0 + 32u < k_end;
-        var next: array<vec4<u32>, 8>;
-        if (more) {
-            next = stage_loads(t, k0 + 32u, wid.xy, a_len, b_len);
-        }
-        for (var slice = 0u; slice < 2u; slice++) {
-            let at_a = stage * 8192u + a_sh + slice * 1024u;
-            let at_b = stage * 8192u + b_sh + slice * 1024u;
-            var ma0 = coop_mat16x16<f16, A>();
-            var ma1 = coop_mat16x16<f16, A>();
-            var ma2 = coop_mat16x16<f16, A>();
-            var ma3 = coop_mat16x16<f16, A>();
-            var mb0 = coop_mat16x16<f16, B>();
-            var mb1 = coop_mat16x16<f16, B>();
-            var mb2 = coop_mat16x16<f16, B>();
-            var mb3 = coop_mat16x16<f16, B>();
-            if (A_T) { ma0 = coopLoad<coop_mat16x16<f16, A>>(&stage_sh[at_a + 0u * 256u], 16u); } else { ma0 = coopLoadT<coop_mat16x16<f16, A>>(&stage_sh[at_a + 0u * 256u], 16u); }
-            if (A_T) { ma1 = coopLoad<coop_mat16x16<f16, A>>(&stage_sh[at_a + 1u * 256u], 16u); } else { ma1 = coopLoadT<coop_mat16x16<f16, A>>(&stage_sh[at_a + 1u * 256u], 16u); }
-            if (A_T) { ma2 = coopLoad<coop_mat16x16<f16, A>>(&stage_sh[at_a + 2u * 256u], 16u); } else { ma2 = coopLoadT<coop_mat16x16<f16, A>>(&stage_sh[at_a + 2u * 256u], 16u); }
-            if (A_T) { ma3 = coopLoad<coop_mat16x16<f16, A>>(&stage_sh[at_a + 3u * 256u], 16u); } else { ma3 = coopLoadT<coop_mat16x16<f16, A>>(&stage_sh[at_a + 3u * 256u], 16u); }
-            if (B_T) { mb0 = coopLoadT<coop_mat16x16<f16, B>>(&stage_sh[at_b + 0u * 256u], 16u); } else { mb0 = coopLoad<coop_mat16x16<f16, B>>(&stage_sh[at_b + 0u * 256u], 16u); }
-            if (B_T) { mb1 = coopLoadT<coop_mat16x16<f16, B>>(&stage_sh[at_b + 1u * 256u], 16u); } else { mb1 = coopLoad<coop_mat16x16<f16, B>>(&stage_sh[at_b + 1u * 256u], 16u); }
-            if (B_T) { mb2 = coopLoadT<coop_mat16x16<f16, B>>(&stage_sh[at_b + 2u * 256u], 16u); } else { mb2 = coopLoad<coop_mat16x16<f16, B>>(&stage_sh[at_b + 2u * 256u], 16u); }
-            if (B_T) { mb3 = coopLoadT<coop_mat16x16<f16, B>>(&stage_sh[at_b + 3u * 256u], 16u); } else { mb3 = coopLoad<coop_mat16x16<f16, B>>(&stage_sh[at_b + 3u * 256u], 16u); }
-            acc00 = coopMultiplyAdd(ma0, mb0, acc00);
-            acc01 = coopMultiplyAdd(ma0, mb1, acc01);
-            acc02 = coopMultiplyAdd(ma0, mb2, acc02);
-            acc03 = coopMultiplyAdd(ma0, mb3, acc03);
-            acc10 = coopMultiplyAdd(ma1, mb0, acc10);
-            acc11 = coopMultiplyAdd(ma1, mb1, acc11);
-            acc12 = coopMultiplyAdd(ma1, mb2, acc12);
-            acc13 = coopMultiplyAdd(ma1, mb3, acc13);
-            acc20 = coopMultiplyAdd(ma2, mb0, acc20);
-            acc21 = coopMultiplyAdd(ma2, mb1, acc21);
-            acc22 = coopMultiplyAdd(ma2, mb2, acc22);
-            acc23 = coopMultiplyAdd(ma2, mb3, acc23);
-            acc30 = coopMultiplyAdd(ma3, mb0, acc30);
-            acc31 = coopMultiplyAdd(ma3, mb1, acc31);
-            acc32 = coopMultiplyAdd(ma3, mb2, acc32);
-            acc33 = coopMultiplyAdd(ma3, mb3, acc33);
-        }
-        if (more) {
-            stage_store(t, 1u - stage, next);
-        }
-        workgroupBarrier();
-    }
-    let aligned = (p.ldy % 4u) == 0u && (p.y0 % 4u) == 0u && (part % 4u) == 0u;
-    let whole = wid.y * 128u + 128u <= p.m && wid.x * 128u + 128u <= p.n;
-    if (aligned && whole) {
-        store_whole(acc00, i0 + 0u, j0 + 0u, unscale, part);
-        store_whole(acc01, i0 + 0u, j0 + 16u, unscale, part);
-        store_whole(acc02, i0 + 0u, j0 + 32u, unscale, part);
-        store_whole(acc03, i0 + 0u, j0 + 48u, unscale, part);
-        store_whole(acc10, i0 + 16u, j0 + 0u, unscale, part);
-        store_whole(acc11, i0 + 16u, j0 + 16u, unscale, part);
-        store_whole(acc12, i0 + 16u, j0 + 32u, unscale, part);
-        store_whole(acc13, i0 + 16u, j0 + 48u, unscale, part);
-        store_whole(acc20, i0 + 32u, j0 + 0u, unscale, part);
-        store_whole(acc21, i0 + 32u, j0 + 16u, unscale, part);
-        store_whole(acc22, i0 + 32u, j0 + 32u, unscale, part);
-        store_whole(acc23, i0 + 32u, j0 + 48u, unscale, part);
-        store_whole(acc30, i0 + 48u, j0 + 0u, unscale, part);
-        store_whole(acc31, i0 + 48u, j0 + 16u, unscale, part);
-        store_whole(acc32, i0 + 48u, j0 + 32u, unscale, part);
-        store_whole(acc33, i0 + 48u, j0 + 48u, unscale, part);
-    } else {
-        write_out(acc00, sg, lane, i0 + 0u, j0 + 0u, unscale, part);
-        write_out(acc01, sg, lane, i0 + 0u, j0 + 16u, unscale, part);
-        write_out(acc02, sg, lane, i0 + 0u, j0 + 32u, unscale, part);
-        write_out(acc03, sg, lane, i0 + 0u, j0 + 48u, unscale, part);
-        write_out(acc10, sg, lane, i0 + 16u, j0 + 0u, unscale, part);
-        write_out(acc11, sg, lane, i0 + 16u, j0 + 16u, unscale, part);
-        write_out(acc12, sg, lane, i0 + 16u, j0 + 32u, unscale, part);
-        write_out(acc13, sg, lane, i0 + 16u, j0 + 48u, unscale, part);
-        write_out(acc20, sg, lane, i0 + 32u, j0 + 0u, unscale, part);
-        write_out(acc21, sg, lane, i0 + 32u, j0 + 16u, unscale, part);
-        write_out(acc22, sg, lane, i0 + 32u, j0 + 32u, unscale, part);
-        write_out(acc23, sg, lane, i0 + 32u, j0 + 48u, unscale, part);
-        write_out(acc30, sg, lane, i0 + 48u, j0 + 0u, unscale, part);
-        write_out(acc31, sg, lane, i0 + 48u, j0 + 16u, unscale, part);
-        write_out(acc32, sg, lane, i0 + 48u, j0 + 32u, unscale, part);
-        write_out(acc33, sg, lane, i0 + 48u, j0 + 48u, unscale, part);
+        write_out(acc00, lane, i0 + 0u, j0 + 0u, unscale, part);
+        write_out(acc01, lane, i0 + 0u, j0 + 16u, unscale, part);
+        write_out(acc02, lane, i0 + 0u, j0 + 32u, unscale, part);
+        write_out(acc03, lane, i0 + 0u, j0 + 48u, unscale, part);
+        write_out(acc10, lane, i0 + 16u, j0 + 0u, unscale, part);
+        write_out(acc11, lane, i0 + 16u, j0 + 16u, unscale, part);
+        write_out(acc12, lane, i0 + 16u, j0 + 32u, unscale, part);
+        write_out(acc13, lane, i0 + 16u, j0 + 48u, unscale, part);
+        write_out(acc20, lane, i0 + 32u, j0 + 0u, unscale, part);
+        write_out(acc21, lane, i0 + 32u, j0 + 16u, unscale, part);
+        write_out(acc22, lane, i0 + 32u, j0 + 32u, unscale, part);
+        write_out(acc23, lane, i0 + 32u, j0 + 48u, unscale, part);
+        write_out(acc30, lane, i0 + 48u, j0 + 0u, unscale, part);
+        write_out(acc31, lane, i0 + 48u, j0 + 16u, unscale, part);
+        write_out(acc32, lane, i0 + 48u, j0 + 32u, unscale, part);
+        write_out(acc33, lane, i0 + 48u, j0 + 48u, unscale, part);
     }
 }
 

@@ -53,32 +53,6 @@ pub struct Gpu {
     pub(crate) timestamp_query: bool,
     /// Recorders open (`Gpu::open_recorders`).
     pub(crate) open_recorders: std::sync::atomic::AtomicUsize,
-    /// The tensor-core GEMM's tiles (`GemmTiles`, as u8).
-    gemm_tiles: std::sync::atomic::AtomicU8,
-}
-
-/// Which tiles the tensor-core GEMM runs (native/matmul_coop.wgsl): a subgroup per 64×64 tile
-/// loading its fragments from memory, or a workgroup of four subgroups per 128×128 tile sharing
-/// each loaded stage through workgroup memory. Both give the same bits; `Auto` picks by shape.
-/// `LINEARIZE_GEMM_TILES=subgroup|workgroup|auto` sets it for a run (benchmarks compare them).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GemmTiles {
-    #[default]
-    Auto,
-    Subgroup,
-    Workgroup,
-}
-
-impl GemmTiles {
-    /// LINEARIZE_GEMM_TILES, or `Auto` when unset; anything else is an error naming the variable.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("LINEARIZE_GEMM_TILES").as_deref() {
-            Err(_) | Ok("auto") | Ok("") => Ok(GemmTiles::Auto),
-            Ok("subgroup") => Ok(GemmTiles::Subgroup),
-            Ok("workgroup") => Ok(GemmTiles::Workgroup),
-            Ok(other) => Err(Error::argument("LINEARIZE_GEMM_TILES", format!("'{other}' is not one of subgroup, workgroup, auto"))),
-        }
-    }
 }
 
 /// The arithmetic of the GEMMs: f32 throughout, or f16 operands (scaled per tensor) with f32
@@ -277,7 +251,6 @@ impl Gpu {
             timestamps,
             timestamp_query,
             open_recorders: Default::default(),
-            gemm_tiles: std::sync::atomic::AtomicU8::new(GemmTiles::from_env()? as u8),
         };
         gpu.install_error_handler();
         Ok(gpu)
@@ -304,20 +277,6 @@ impl Gpu {
     /// The arithmetic in use: F32 or Mixed (never Best).
     pub fn precision(&self) -> Precision {
         if self.mixed.load(Ordering::Relaxed) { Precision::Mixed } else { Precision::F32 }
-    }
-
-    /// Chooses the tensor-core GEMM's tiles for later recordings (tests compare the two).
-    pub fn set_gemm_tiles(&self, tiles: GemmTiles) {
-        self.gemm_tiles.store(tiles as u8, Ordering::Relaxed);
-    }
-
-    /// The tensor-core GEMM's tiles in use.
-    pub fn gemm_tiles(&self) -> GemmTiles {
-        match self.gemm_tiles.load(Ordering::Relaxed) {
-            1 => GemmTiles::Subgroup,
-            2 => GemmTiles::Workgroup,
-            _ => GemmTiles::Auto,
-        }
     }
 
     /// Blocking constructor for native code (tests, the command line).

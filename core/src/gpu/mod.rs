@@ -6,7 +6,7 @@ mod dispatch;
 mod params;
 
 pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf, PendingRead};
-pub use device::{AdapterReport, GemmTiles, Gpu, Precision, ADAPTER_INDEX_VAR};
+pub use device::{AdapterReport, Gpu, Precision, ADAPTER_INDEX_VAR};
 pub use dispatch::{declared_storage, profile, Kernel, Recorder};
 pub(crate) use params::shader_params;
 pub use params::{ParamScalar, ParamsLayout, Scalar, ShaderParams};

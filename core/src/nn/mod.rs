@@ -1,7 +1,7 @@
 //! Launchers for the WGSL kernels under shaders/nn/: one function per op, each the host side of
 //! one shader file. Shapes are checked here, before anything reaches the GPU.
 use crate::error::{Error, Result};
-use crate::gpu::{need, need_values, Dtype, GemmTiles, GpuBuf, Kernel, Precision, Recorder};
+use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
 use crate::mixers::ops::{HeadNorm, HeadNormArgs, OutputGate};
 use crate::shaders::{AttentionBackwardParams, AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, MatvecParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
@@ -713,15 +713,9 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
         }
     };
     let params = CoopGemmParams { a_max_at: sa.max_at, b_max_at: sb.max_at, ..params };
-    let workgroup_tiles = match rec.gpu().gemm_tiles() {
-        GemmTiles::Subgroup => false,
-        GemmTiles::Workgroup => true,
-        GemmTiles::Auto => false,
-    };
-    let (entry, tile, copies) = if workgroup_tiles { ("matmul_coop_shared", 128, [12, 13]) } else { ("matmul_coop", 64, [7, 8]) };
-    let product = Kernel::new(shader, entry).with("A_T", sa.transposed as u32 as f64).with("B_T", sb.transposed as u32 as f64);
-    let groups = [cols_p.div_ceil(tile) as u32, rows_p.div_ceil(tile) as u32, splits as u32];
-    let operands = [(copies[0], &sa.copy), (copies[1], &sb.copy), (10, &sa.amax), (11, &sb.amax)];
+    let product = Kernel::new(shader, "matmul_coop").with("A_T", sa.transposed as u32 as f64).with("B_T", sb.transposed as u32 as f64);
+    let groups = [(cols_p / 64) as u32, (rows_p / 64) as u32, splits as u32];
+    let operands = [(7, &sa.copy), (8, &sb.copy), (10, &sa.amax), (11, &sb.amax)];
     if splits == 1 {
         return rec.dispatch_bindings(&product, &params, &[&operands[..], &[(3, y)]].concat(), groups);
     }
