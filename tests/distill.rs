@@ -383,7 +383,8 @@ fn micro_batches_add_up_to_the_whole_batch() {
 /// limited to WebGPU's default of 8 storage buffers per stage (every kernel of the step fits,
 /// the recurrence's backward packed), the loss of block 1's mixer against the teacher's
 /// attention output falls step after step for a gated DeltaNet and a linear attention mixer;
-/// the relative error is the loss's square root on the target's scale; bad inputs are refused.
+/// the relative error is the loss's square root on the target's scale; a fit that diverges stops
+/// with an error; bad inputs are refused.
 #[test]
 fn one_block_fitted_live_within_webgpus_default_limits() {
     use linearize_core::train::live::MixerFit;
@@ -404,6 +405,12 @@ fn one_block_fitted_live_within_webgpus_default_limits() {
         assert!(steps.iter().all(|s| s.relative_error > 0.0 && s.relative_error.is_finite()), "{steps:?}");
         fit.release(&small);
     }
+    // A learning rate the block cannot take: the fit stops with an error naming the step
+    // instead of reporting a loss that is not finite.
+    let mut fit = pollster::block_on(MixerFit::new(&small, t.weights.clone(), mixer("gla"), 1, &ids, AdamW { lr: 1e30, ..AdamW::default() }, 1.0)).unwrap();
+    let stopped = (0..8).find_map(|_| pollster::block_on(fit.step(&small)).err()).expect("a fit at lr 1e30 diverges within 8 steps");
+    assert!(stopped.to_string().contains("the fit diverged; try a smaller learning rate"), "{stopped}");
+    fit.release(&small);
     let err = |layer: usize, ids: &[u32]| pollster::block_on(MixerFit::new(&small, t.weights.clone(), mixer("gla"), layer, ids, AdamW::default(), 1.0)).err().unwrap().to_string();
     assert!(err(30, &ids).contains("the teacher has blocks 0..30, not 30"), "{}", err(30, &ids));
     assert!(err(0, &ids[..1]).contains("1 tokens: at least 2"), "{}", err(0, &ids[..1]));

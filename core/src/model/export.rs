@@ -309,7 +309,6 @@ fn export_hf(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, out: &P
     if let Some((i, _)) = m.layers.iter().find(|(_, p)| p.keys().ne(first.keys()) || p.values().zip(first.values()).any(|(a, b)| a.shape != b.shape)) {
         return Err(Error::format("student", format!("block {i}'s mixer parameters differ from the first mixer block's; the export describes them once")));
     }
-    super::student::save_dir(out, w, m, tokenizer)?;
     let (kind, opts, s) = (m.config.mixer, &m.config.options, m.config.shape);
     let parameters: serde_json::Map<String, serde_json::Value> = first.iter().map(|(name, t)| (name.clone(), json!(t.shape))).collect();
     let constants: serde_json::Map<String, serde_json::Value> = (kind.def().constants)(s).into_iter().map(|(name, v)| (name.to_string(), json!(v))).collect();
@@ -336,7 +335,7 @@ fn export_hf(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, out: &P
     for (k, v) in fields.as_object().expect("an object") {
         config[k] = v.clone();
     }
-    write_atomic(&out.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
+    super::student::save_dir_with_config(out, w, m, tokenizer, None, &config)?;
     write_tokenizer_config(c, tokenizer, out)?;
     write_atomic(&out.join(HF_MODELING_FILE), HF_MODELING.as_bytes())?;
     let tensors = super::student::tensor_names(w, m);

@@ -117,6 +117,13 @@ pub fn save_dir(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tok
 /// of at most that many bytes each (a single larger tensor gets a shard of its own) and a
 /// model.safetensors.index.json that maps each tensor to its file, the HF convention.
 pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, shard_bytes: Option<usize>) -> Result<()> {
+    let config = serde_json::to_value(student_config(&w.config)).expect("json");
+    save_dir_with_config(dir, w, m, tokenizer, shard_bytes, &config)
+}
+
+/// As `save_dir_sharded`, with `config` as config.json (an export adds its fields first, so the
+/// file is written once).
+pub(crate) fn save_dir_with_config(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, shard_bytes: Option<usize>, config: &serde_json::Value) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let tensors = student_tensors(w, m);
     let limit = shard_bytes.unwrap_or(usize::MAX);
@@ -159,8 +166,7 @@ pub fn save_dir_sharded(dir: &Path, w: &ModelWeights, m: &StudentMixers, tokeniz
             std::fs::remove_file(&single).map_err(|e| Error::io(&single, e))?;
         }
     }
-    let config = student_config(&w.config);
-    write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(&config).expect("json").as_bytes())?;
+    write_atomic(&dir.join("config.json"), serde_json::to_string_pretty(config).expect("json").as_bytes())?;
     write_atomic(&dir.join(STUDENT_FILE), serde_json::to_string_pretty(&m.config).expect("json").as_bytes())?;
     write_atomic(&dir.join("tokenizer.json"), tokenizer.json().as_bytes())?;
     Ok(())

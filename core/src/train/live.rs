@@ -103,6 +103,10 @@ impl MixerFit {
         self.optimizer.step(gpu, &self.hyper, self.steps, self.clip, &partial)?;
         let sse: f64 = gpu.read_f32(&loss, rows).await?.iter().map(|&v| v as f64).sum();
         gpu.release(loss);
+        if !sse.is_finite() {
+            // A larger learning rate than the block tolerates: stop rather than plot NaN.
+            return Err(Error::Training(format!("step {}: the squared error is {sse} — the fit diverged; try a smaller learning rate (the paper's stage 1 uses 2e-4)", self.steps)));
+        }
         Ok(FitStep { step: self.steps, loss: sse / (rows * d) as f64, relative_error: (sse / self.target_sq.max(f64::MIN_POSITIVE)).sqrt() })
     }
 
