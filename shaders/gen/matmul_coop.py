@@ -141,19 +141,26 @@ override B_T: bool = false;
 @group(0) @binding(10) var<storage, read> amax_a: array<u32>;
 @group(0) @binding(11) var<storage, read> amax_b: array<u32>;
 
-var<workgroup> max_sh: array<u32, 256>;
+var<workgroup> max_sh: array<u32, 272>;
 
-// The largest of the 256 threads' `v`, for every thread of the workgroup.
+// The largest of the 256 threads' `v`, for every thread of the workgroup: 16 threads take the
+// maxima of 16 values each, then every thread the maximum of those 16 (three barriers, where a
+// halving tree takes ten; a maximum is the same in any order).
 fn workgroup_max(tid: u32, v: u32) -> u32 {{
     max_sh[tid] = v;
     workgroupBarrier();
-    for (var width = 128u; width > 0u; width /= 2u) {{
-        if (tid < width) {{
-            max_sh[tid] = max(max_sh[tid], max_sh[tid + width]);
+    if (tid < 16u) {{
+        var m = max_sh[tid];
+        for (var i = 1u; i < 16u; i++) {{
+            m = max(m, max_sh[i * 16u + tid]);
         }}
-        workgroupBarrier();
+        max_sh[256u + tid] = m;
     }}
-    let total = max_sh[0];
+    workgroupBarrier();
+    var total = max_sh[256u];
+    for (var i = 1u; i < 16u; i++) {{
+        total = max(total, max_sh[256u + i]);
+    }}
     // Every thread has read the total before max_sh is written again.
     workgroupBarrier();
     return total;
@@ -169,17 +176,23 @@ fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     if (is_a) {{
         extent = (max(p.m, 1u) - 1u) * p.sam + (max(p.k, 1u) - 1u) * p.sak + 1u;
     }}
-    var best = 0u;
-    for (var i = wid.x * 256u + tid; i < extent; i += groups.x * 256u) {{
-        var v = 0.0;
+    // Four loads in flight per round (independent, so none waits for the one before); a
+    // maximum is the same in any order.
+    let stride = groups.x * 256u;
+    var best = vec4<u32>(0u);
+    for (var i = wid.x * 256u + tid; i < extent; i += 4u * stride) {{
+        let at = vec4<u32>(i, i + stride, i + 2u * stride, i + 3u * stride);
+        let live = at < vec4<u32>(extent);
+        let safe = select(vec4<u32>(i), at, live);
+        var v = vec4<f32>(0.0);
         if (is_a) {{
-            v = a[i];
+            v = vec4<f32>(a[safe.x], a[safe.y], a[safe.z], a[safe.w]);
         }} else {{
-            v = b[i];
+            v = vec4<f32>(b[safe.x], b[safe.y], b[safe.z], b[safe.w]);
         }}
-        best = max(best, bitcast<u32>(abs(v)));
+        best = max(best, select(vec4<u32>(0u), bitcast<vec4<u32>>(abs(v)), live));
     }}
-    let total = workgroup_max(tid, best);
+    let total = workgroup_max(tid, max(max(best.x, best.y), max(best.z, best.w)));
     if (tid == 0u) {{
         amax[operand * 1024u + wid.x] = total;
     }}
@@ -224,11 +237,9 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     if (row0 >= (rows + 63u) / 64u * 64u) {{
         return;
     }}
-    let max_bits = operand_max(tid, operand);
-    if (wid.x == 0u && wid.y == 0u && tid == 0u) {{
-        amax[2048u + operand] = max_bits;
-    }}
-    let scale = operand_scale(max_bits);
+    // The tile's loads go out first, unscaled, so their latency overlaps the reduction of the
+    // partial maxima (operand_max's first barrier orders these writes too); the scale is applied
+    // when packing, the same product v · scale.
     let along_k = s_k == 1u;
     for (var e = 0u; e < 16u; e++) {{
         let at = e * 256u + tid;
@@ -247,9 +258,13 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
                 v = b[src];
             }}
         }}
-        tile_sh[i * 65u + r] = v * scale;
+        tile_sh[i * 65u + r] = v;
     }}
-    workgroupBarrier();
+    let max_bits = operand_max(tid, operand);
+    if (wid.x == 0u && wid.y == 0u && tid == 0u) {{
+        amax[2048u + operand] = max_bits;
+    }}
+    let scale = operand_scale(max_bits);
     // Word w of block q of this tile: row w / 8, reduction indices 16·q + 2·(w % 8) and the next.
     let block0 = (wid.y * (p.kp / 16u) + wid.x * 4u) * 512u;
     for (var e = 0u; e < 8u; e++) {{
@@ -257,7 +272,7 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         let w = at % 512u;
         let i = w / 8u;
         let r = (at / 512u) * 16u + (w % 8u) * 2u;
-        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r], tile_sh[i * 65u + r + 1u]));
+        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r] * scale, tile_sh[i * 65u + r + 1u] * scale));
         let dst = block0 + at;
         if (is_a) {{
             a16_out[dst] = word;
