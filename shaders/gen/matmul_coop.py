@@ -17,10 +17,9 @@ products (dx = dy·w, dw = dyᵀ·x): the strides say where the operands live. T
   matmul_coop   one subgroup of 32 per 64×64 tile of y, 4×4 accumulators of 16×16 in f32, its
                 matrix loads straight from the f16 copies, a tile wholly inside y stored
                 straight from the accumulators (an edge tile through workgroup memory, with
-                its bounds checked). Where y has too few tiles to fill
-                the GPU (dw of a 576-wide projection: 81 tiles for a 4096-long reduction) the
-                reduction is split over `splits` workgroups per tile, each writing its partial
-                product, and
+                its bounds checked). Where y has too few tiles to fill the GPU (dw of a
+                576-wide projection: 81 tiles for a 4096-long reduction) the reduction is split
+                over `splits` workgroups per tile, each writing its partial product, and
   sum_splits    adds the partial products in split order (deterministic) into y.
 
 Why the scales: f16 holds 2^-24 .. 65504; gradients (a loss seed is divided by the batch's rows)
