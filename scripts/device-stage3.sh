@@ -2,28 +2,39 @@
 # Stage 3 (end-to-end CE + KL) of one student on the lent GPU with the binary before the change
 # and after it, alternating, then a profiled run of each (LINEARIZE_PROFILE=1: seconds per kernel);
 # the device's peak memory of every run goes to $OUT/memory.jsonl. Optionally, in the same call:
-# tests/coop.rs first (its binary gzipped at .exp/run/coop.gz), and the PyTorch + fla peer last
-# (scripts/bench_torch_student.py, with fla installed in /root/site by call 1).
-# Two calls, as ../shared/DEVICE.md's upload (what a call may carry is 64 MiB):
-#   1. carry .stage/gguf.part00 .stage/tok [.whl]; command
-#      `bash scripts/device-stage3.sh upload`
-#   2. carry .stage/gguf.part01 .stage/before.gz .gl .exp/run (after.gz, coop.gz) or .bin; command
-#      `bash scripts/device-stage3.sh [MIXER] [TOKENS]`
-# AFTER_ENVS="LINEARIZE_GEMM_TILES=subgroup LINEARIZE_GEMM_TILES=workgroup": the binary after once
-# per setting in each round; PROFILE entries after:VAR=value profile it with one.
-# `OPS=1 bash scripts/device-stage3.sh ops` (carry .stage/before.gz .gl .exp/run): tests/coop.rs
+# tests/coop.rs first (its binary at .exp/run/coop.xz or .gz), and the PyTorch + fla peer last
+# (scripts/bench_torch_student.py, with fla installed in /root/site by an upload call).
+# A call carries at most 64 MiB with the checkout (about 11 MB on disk), so the teacher's GGUF
+# (97 MB: .stage/ga and .stage/gb, its two halves) goes up in two upload calls, back to back so
+# the machine stays warm:
+#   1. carry .stage/ga .stage/tokx (the tokens, xz); `bash scripts/device-stage3.sh upload`
+#   2. carry .stage/gb .whl (fla's wheels);           `bash scripts/device-stage3.sh upload`
+#   3. carry .stage/before.xz .exp/run (after.xz, coop.xz) .gl;
+#      `[ROUNDS=… PROFILE=… PEER_SECONDS=…] bash scripts/device-stage3.sh [MIXER] [TOKENS]`
+# (upload takes whatever of .stage/ga, .stage/gb, .stage/tokx, .stage/gguf.part0?, .stage/tok
+# and .whl the call carries.)
+# AFTER_ENVS="LINEARIZE_X=a LINEARIZE_X=b": the binary after once per setting in each round;
+# PROFILE entries after:VAR=value profile it with one.
+# `OPS=1 bash scripts/device-stage3.sh ops` (carry .stage/before.xz .gl .exp/run): tests/coop.rs
 # and `bench ops` of both binaries alone, in one call without the teacher.
-# (.stage/before.gz: the stripped binary before the change, gzipped; the binary after:
-# .exp/run/after.gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2. OPS=1:
-# `bench ops` of both binaries first, alternating. PROFILE: which binaries to profile,
-# "before after" (LINEARIZE_PROFILE=1; host-before, host-after: LINEARIZE_PROFILE=host). TEACHER=1: prefill and batch-1 decode of the teacher, both binaries in mixed
-# precision, beside scripts/bench_torch_teacher.py in fp16 and bf16, before the peer.)
+# (The binary before the change: .stage/before.xz or .gz, stripped; the binary after:
+# .exp/run/after.xz or .gz, else $AFTER, else .bin/linearize. ROUNDS: before/after pairs, 2.
+# OPS=1: `bench ops` of the binaries in OPS_BINARIES ("before after") first. PROFILE: which
+# binaries to profile, "before after" (LINEARIZE_PROFILE=1; host-before, host-after:
+# LINEARIZE_PROFILE=host; " " for none). TEACHER=1: prefill and batch-1 decode of the teacher,
+# both binaries in mixed precision, beside scripts/bench_torch_teacher.py in fp16 and bf16,
+# before the peer.)
 # Results go to $OUT/res.tgz (more than the 8 files a call returns).
 set -uo pipefail
 if [ "${1:-}" = upload ]; then
-  mkdir -p /root/stage && cp -r .stage/gguf.part00 .stage/tok /root/stage/
+  mkdir -p /root/stage/tok
+  for part in 00:ga 01:gb; do
+    for f in .stage/${part#*:} .stage/gguf.part${part%%:*}; do [ -f "$f" ] && cp "$f" /root/stage/gguf.part${part%%:*}; done
+  done
+  [ -d .stage/tok ] && cp .stage/tok/* /root/stage/tok/
+  if [ -d .stage/tokx ]; then for f in .stage/tokx/*.xz; do xz -dc "$f" | gzip -1 > /root/stage/tok/$(basename "$f" .xz).gz; done; fi
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
-  ls /root/stage /root/site 2>&1 | head; exit 0
+  ls -la /root/stage /root/stage/tok /root/site 2>&1 | head -20; exit 0
 fi
 MIXER=${1:-gated_deltanet}
 TOKENS=${2:-32768}
@@ -33,12 +44,13 @@ OUT=$R
 for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
 export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 export LINEARIZE_HOME=/root/lh
-gunzip -c .stage/before.gz > /root/before && chmod +x /root/before
+# A carried binary, xz or gzip, unpacked to $2.
+unpack() { if [ -f "$1.xz" ]; then xz -dc "$1.xz" > "$2"; elif [ -f "$1.gz" ]; then gunzip -c "$1.gz" > "$2"; else return 1; fi && chmod +x "$2"; }
+unpack .stage/before /root/before || echo "no .stage/before.xz or .gz: the runs of 'before' fail"
 AFTER=${AFTER:-.bin/linearize}
-if [ -f .exp/run/after.gz ]; then gunzip -c .exp/run/after.gz > /root/after && chmod +x /root/after && AFTER=/root/after; fi
+unpack .exp/run/after /root/after && AFTER=/root/after
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee $OUT/gpu.txt
-if [ -f .exp/run/coop.gz ]; then
-  gunzip -c .exp/run/coop.gz > /root/coop && chmod +x /root/coop
+if unpack .exp/run/coop /root/coop; then
   timeout 120 /root/coop --nocapture > $OUT/coop-test.txt 2>&1; echo "coop tests rc=$?" >> $OUT/coop-test.txt
   grep -E "test result|rc=|FAILED|panicked" $OUT/coop-test.txt | head -5
 fi
@@ -64,7 +76,9 @@ fi
 [ "$MIXER" = ops ] && { tar czf $OUT_DIR/res.tgz -C $R .; exit 0; }
 mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
 G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -f "$G" ] || cat /root/stage/gguf.part00 .stage/gguf.part01 > "$G"
+# The second half from the upload calls, or carried in this one (as before the two uploads).
+second=/root/stage/gguf.part01; [ -f .stage/gguf.part01 ] && second=.stage/gguf.part01
+[ -f "$G" ] || cat /root/stage/gguf.part00 "$second" > "$G"
 sha256sum "$G" | tee $OUT/teacher.sha256
 for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
 for round in $(seq 1 ${ROUNDS:-2}); do
