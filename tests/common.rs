@@ -231,15 +231,15 @@ pub fn nested_target_dir() -> std::path::PathBuf {
 /// A fresh, empty directory under the system temp dir, unique to this process.
 pub fn tempdir(name: &str) -> std::path::PathBuf {
     // What earlier runs of this test left behind (a failed assertion skips a test's clean-up),
-    // where the process that made it is gone: removed, so runs do not fill the disk.
+    // where the process that made it is gone: removed, so runs do not fill the disk. Only on
+    // Linux, where /proc tells whether a process lives.
     let prefix = format!("linearize-test-{name}-");
-    if let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) {
-        for e in entries.flatten() {
-            let file = e.file_name();
-            let pid = file.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|p| p.parse::<u32>().ok());
-            if pid.is_some_and(|pid| pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()) && cfg!(target_os = "linux") {
-                let _ = std::fs::remove_dir_all(e.path());
-            }
+    let entries = if cfg!(target_os = "linux") { std::fs::read_dir(std::env::temp_dir()).ok() } else { None };
+    for e in entries.into_iter().flatten().flatten() {
+        let file = e.file_name();
+        let pid = file.to_str().and_then(|f| f.strip_prefix(&prefix)).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(e.path());
         }
     }
     let d = std::env::temp_dir().join(format!("linearize-test-{name}-{}", std::process::id()));
