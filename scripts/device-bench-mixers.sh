@@ -20,6 +20,7 @@
 #                                            # mixers --backward` timed in $PRECISIONS and
 #                                            # profiled in $PROFILE_PRECISIONS at $SHAPES
 #                                            # (kernel variants side by side)
+#   scripts/device-bench-mixers.sh pair      # binaries before and after a change side by side (see pair)
 #   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
 #                                            # after, twice, a profiled run, then fla's
 #                                            # forward+backward of every mixer it has
@@ -109,6 +110,37 @@ variants)
       grep '^profile' "$OUT/$v-profile-$prec.err" | sed "s/^/$v $prec /"
     done
   done
+  ;;
+pair)
+  # A kernel change before and after in one call: the binaries named in $VERSIONS ("before
+  # after"), each .stage/$v.xz or .exp/run/$v.xz (stripped, xz); `bench mixers --backward` in
+  # $PRECISION (mixed) at $SHAPES, alternating for $ROUNDS rounds, a profiled run of each
+  # binary for each of $PROFILE_MIXERS at $PROFILE_SHAPES, then fla's forward+backward and
+  # forward of $FLA_MIXERS (wheels from .whl; FLA_MIXERS=none skips it) in the same call.
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl && export PYTHONPATH=/root/site
+  V=${VERSIONS:-before after}
+  for v in $V; do
+    for f in .stage/$v.xz .exp/run/$v.xz; do [ -f "$f" ] && xz -dc "$f" > /root/$v && chmod +x /root/$v; done
+  done
+  S=${SHAPES:-8x512x9x64,4x4096x16x128}
+  M=${MIXERS:-linear_attn,retnet,gla,deltanet,gated_deltanet,kda,mlstm,mamba2}
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for v in $V; do
+      /root/$v bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "$S" --mixers "$M" --json --iters 10 > "$OUT/$v-$round.json" 2>> "$OUT/log.txt"
+      grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$OUT/$v-$round.json" | paste - - - | sed "s/^/$v $round /"
+    done
+  done
+  for m in $(echo "${PROFILE_MIXERS:-gated_deltanet}" | tr , ' '); do
+    for v in $V; do
+      LINEARIZE_PROFILE=1 /root/$v bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "${PROFILE_SHAPES:-4x4096x16x128}" --mixers "$m" --iters 5 --json > /dev/null 2> "$OUT/profile-$v-$m.txt"
+      grep '^profile' "$OUT/profile-$v-$m.txt" | head -8 | sed "s/^/$v $m /"
+    done
+  done
+  [ "${FLA_MIXERS:-}" = none ] && exit 0
+  python3 scripts/bench_fla_mixers.py --backward --timing-only-gated-backward --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla.jsonl" 2>> "$OUT/log.txt"
+  python3 scripts/bench_fla_mixers.py --shapes "$S" --mixers "${FLA_MIXERS:-gated_deltanet}" --budget "${BUDGET:-150}" --out "$OUT/fla.jsonl" 2>> "$OUT/log.txt"
   ;;
 backward)
   for round in 1 2; do

@@ -101,6 +101,9 @@ const NV: u32 = D4 / 4u;
 var<workgroup> do_sh: array<vec4<f32>, 256>; // dO[t, block columns] (chunk_bwd_state)
 var<workgroup> tok_sh: array<f32, 256>;      // per-token scalars
 var<workgroup> red_sh: array<f32, 256>;      // partial sums; chunk_bwd_state: the stabilisers
+// chunk_bwd_state: what q_t carries from S_0 under a scalar gate, exp(b_t) (mLSTM: exp(b_t + m_0 −
+// m_t)), once per token rather than once per token and key in every thread.
+var<workgroup> qdec_sh: array<f32, 64>;
 
 // exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
 fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
@@ -131,6 +134,10 @@ fn end_decay(last_row: u32, row: u32, a: u32, m_end: f32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(1.0);
     }
+    if (GATE == 1u) {
+        // One exp for the four channels: a scalar gate's b is the same in every channel.
+        return vec4<f32>(exp(b_cum_at(last_row) - b_cum_at(row)));
+    }
     return exp(gate_b(last_row, a) - gate_b(row, a));
 }
 
@@ -141,6 +148,9 @@ fn start_decay(row: u32, a: u32, m0: f32, m_t: f32) -> vec4<f32> {
     }
     if (GATE == 0u) {
         return vec4<f32>(1.0);
+    }
+    if (GATE == 1u) {
+        return vec4<f32>(exp(b_cum_at(row)));
     }
     return exp(gate_b(row, a));
 }
@@ -308,7 +318,11 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var dnq = 0.0;
         if (NORM == 2u && cv == 0u) {
             // The stabiliser of every token of the chunk, for the sweep below.
-            red_sh[t] = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+            let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+            red_sh[t] = m_t;
+            qdec_sh[t] = exp(b_cum_at(row) + m0 - m_t);
+        } else if (GATE == 1u && cv == 0u) {
+            qdec_sh[t] = exp(b_cum_at(row));
         }
         workgroupBarrier();
         let m_end = red_sh[len - 1u];
@@ -320,10 +334,16 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             du = du_rw[ub];
             dob = dout_row[ub];
             var dun = 0.0;
+            // The token's decay to the chunk's end when it is the same for every key channel.
+            let ed_token = end_decay(last_row, row, 0u, m_end);
             // Four key vec4s at a time, their loads first.
             for (var a0 = 0u; a0 < D4; a0 += 4u) {
                 //@decl u 4
-                let kk{u} = k_row[row * D4 + a0 + {u}u] * end_decay(last_row, row, a0 + {u}u, m_end);
+                var ed{u} = ed_token;
+                if (GATE == 2u && NORM != 2u) {
+                    ed{u} = end_decay(last_row, row, a0 + {u}u, m_end);
+                }
+                let kk{u} = k_row[row * D4 + a0 + {u}u] * ed{u};
                 //@end
                 //@decl u 4
                 {
@@ -370,9 +390,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let srow{u} = row_of(b, c0 + min(st{u}, len - 1u), h);
             //@decl r NB
             var q{u}_{r} = q_row[srow{u} * D4 + ri{r} / 4u][ri{r} % 4u] * p.scale;
-            if (NORM == 2u) {
-                q{u}_{r} *= exp(b_cum_at(srow{u}) + m0 - red_sh[st{u}]);
-            } else if (GATE != 0u) {
+            if (NORM == 2u || GATE == 1u) {
+                q{u}_{r} *= qdec_sh[st{u}];
+            } else if (GATE == 2u) {
                 q{u}_{r} *= exp(gate_at(srow{u}, ri{r}));
             }
             var w{u}_{r} = 0.0;
@@ -1086,9 +1106,9 @@ def generate(D):
     # vq, vq + 16, …; each output sums the keys in the order of the per-query loop it replaces.
     stab_loads = "\n".join(f"        let sr{u} = row_of(b, c0 + min(s + {u}u, t), h);\n        let x{u} = b_t - b_cum_at(sr{u}) + igate[sr{u}];" for u in range(4))
     NVV = N4 // 16
-    o_rows = "\n".join(f"        var isc{i} = 1.0;\n        if (NORM == 2u) {{\n            isc{i} = exp(b_cum_at(qrow{i}) + m0 - qm{i});\n        }}" for i in range(4))
+    o_rows = "\n".join(f"        var isc{i} = 1.0;\n        if (NORM == 2u) {{\n            isc{i} = exp(b_cum_at(qrow{i}) + m0 - qm{i});\n        }} else if (GATE == 1u) {{\n            isc{i} = exp(b_cum_at(qrow{i}));\n        }}" for i in range(4))
     o_zero = "\n".join(f"        var o{i}_{w} = vec4<f32>(0.0);" for i in range(4) for w in range(NVV))
-    o_q = "\n".join(f"            var qa{i} = q_row[qrow{i} * D4 + a] * p.scale;\n            if (NORM == 2u) {{\n                qa{i} = qa{i} * isc{i};\n            }} else if (GATE != 0u) {{\n                qa{i} = qa{i} * exp(gate_b(qrow{i}, a));\n            }}" for i in range(4))
+    o_q = "\n".join(f"            var qa{i} = q_row[qrow{i} * D4 + a] * p.scale;\n            if (NORM == 2u) {{\n                qa{i} = qa{i} * isc{i};\n            }} else if (GATE == 1u) {{\n                qa{i} = qa{i} * isc{i};\n            }} else if (GATE == 2u) {{\n                qa{i} = qa{i} * exp(gate_b(qrow{i}, a));\n            }}" for i in range(4))
     o_fma = "\n".join(f"            {{\n                let r = hb4 + (4u * a + {e}u) * D4 + vq + {16 * w}u;\n                let se = h_in[r];\n" + "\n".join(f"                o{i}_{w} = fma(vec4<f32>(qa{i}.{comps[e]}), se, o{i}_{w});" for i in range(4)) + "\n            }" for w in range(NVV) for e in range(4))
     o_store = "\n".join(f"        if (4u * tq + {i}u < len) {{\n" + "\n".join(f"            out_row[qrow{i} * D4 + vq + {16 * w}u] = o{i}_{w};" for w in range(NVV)) + "\n        }" for i in range(4))
     output_inter = f"""    // 2. The inter-chunk part (q̃_t ⊙ decay)ᵀ S_0 by blocks of 4 queries × {4 * NVV} value columns per

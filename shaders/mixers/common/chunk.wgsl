@@ -1060,18 +1060,26 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
         var isc0 = 1.0;
         if (NORM == 2u) {
             isc0 = exp(b_cum_at(qrow0) + m0 - qm0);
+        } else if (GATE == 1u) {
+            isc0 = exp(b_cum_at(qrow0));
         }
         var isc1 = 1.0;
         if (NORM == 2u) {
             isc1 = exp(b_cum_at(qrow1) + m0 - qm1);
+        } else if (GATE == 1u) {
+            isc1 = exp(b_cum_at(qrow1));
         }
         var isc2 = 1.0;
         if (NORM == 2u) {
             isc2 = exp(b_cum_at(qrow2) + m0 - qm2);
+        } else if (GATE == 1u) {
+            isc2 = exp(b_cum_at(qrow2));
         }
         var isc3 = 1.0;
         if (NORM == 2u) {
             isc3 = exp(b_cum_at(qrow3) + m0 - qm3);
+        } else if (GATE == 1u) {
+            isc3 = exp(b_cum_at(qrow3));
         }
         var o0_0 = vec4<f32>(0.0);
         var o1_0 = vec4<f32>(0.0);
@@ -1081,25 +1089,33 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
             var qa0 = q_row[qrow0 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa0 = qa0 * isc0;
-            } else if (GATE != 0u) {
+            } else if (GATE == 1u) {
+                qa0 = qa0 * isc0;
+            } else if (GATE == 2u) {
                 qa0 = qa0 * exp(gate_b(qrow0, a));
             }
             var qa1 = q_row[qrow1 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa1 = qa1 * isc1;
-            } else if (GATE != 0u) {
+            } else if (GATE == 1u) {
+                qa1 = qa1 * isc1;
+            } else if (GATE == 2u) {
                 qa1 = qa1 * exp(gate_b(qrow1, a));
             }
             var qa2 = q_row[qrow2 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa2 = qa2 * isc2;
-            } else if (GATE != 0u) {
+            } else if (GATE == 1u) {
+                qa2 = qa2 * isc2;
+            } else if (GATE == 2u) {
                 qa2 = qa2 * exp(gate_b(qrow2, a));
             }
             var qa3 = q_row[qrow3 * D4 + a] * p.scale;
             if (NORM == 2u) {
                 qa3 = qa3 * isc3;
-            } else if (GATE != 0u) {
+            } else if (GATE == 1u) {
+                qa3 = qa3 * isc3;
+            } else if (GATE == 2u) {
                 qa3 = qa3 * exp(gate_b(qrow3, a));
             }
             {
@@ -1266,6 +1282,9 @@ const NV: u32 = D4 / 4u;
 var<workgroup> do_sh: array<vec4<f32>, 256>; // dO[t, block columns] (chunk_bwd_state)
 var<workgroup> tok_sh: array<f32, 256>;      // per-token scalars
 var<workgroup> red_sh: array<f32, 256>;      // partial sums; chunk_bwd_state: the stabilisers
+// chunk_bwd_state: what q_t carries from S_0 under a scalar gate, exp(b_t) (mLSTM: exp(b_t + m_0 −
+// m_t)), once per token rather than once per token and key in every thread.
+var<workgroup> qdec_sh: array<f32, 64>;
 
 // exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
 fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
@@ -1296,6 +1315,10 @@ fn end_decay(last_row: u32, row: u32, a: u32, m_end: f32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(1.0);
     }
+    if (GATE == 1u) {
+        // One exp for the four channels: a scalar gate's b is the same in every channel.
+        return vec4<f32>(exp(b_cum_at(last_row) - b_cum_at(row)));
+    }
     return exp(gate_b(last_row, a) - gate_b(row, a));
 }
 
@@ -1306,6 +1329,9 @@ fn start_decay(row: u32, a: u32, m0: f32, m_t: f32) -> vec4<f32> {
     }
     if (GATE == 0u) {
         return vec4<f32>(1.0);
+    }
+    if (GATE == 1u) {
+        return vec4<f32>(exp(b_cum_at(row)));
     }
     return exp(gate_b(row, a));
 }
@@ -1757,7 +1783,11 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var dnq = 0.0;
         if (NORM == 2u && cv == 0u) {
             // The stabiliser of every token of the chunk, for the sweep below.
-            red_sh[t] = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+            let m_t = stabiliser(b, h, c0, min(t, len - 1u), row, m0);
+            red_sh[t] = m_t;
+            qdec_sh[t] = exp(b_cum_at(row) + m0 - m_t);
+        } else if (GATE == 1u && cv == 0u) {
+            qdec_sh[t] = exp(b_cum_at(row));
         }
         workgroupBarrier();
         let m_end = red_sh[len - 1u];
@@ -1769,12 +1799,30 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             du = du_rw[ub];
             dob = dout_row[ub];
             var dun = 0.0;
+            // The token's decay to the chunk's end when it is the same for every key channel.
+            let ed_token = end_decay(last_row, row, 0u, m_end);
             // Four key vec4s at a time, their loads first.
             for (var a0 = 0u; a0 < D4; a0 += 4u) {
-                let kk0 = k_row[row * D4 + a0 + 0u] * end_decay(last_row, row, a0 + 0u, m_end);
-                let kk1 = k_row[row * D4 + a0 + 1u] * end_decay(last_row, row, a0 + 1u, m_end);
-                let kk2 = k_row[row * D4 + a0 + 2u] * end_decay(last_row, row, a0 + 2u, m_end);
-                let kk3 = k_row[row * D4 + a0 + 3u] * end_decay(last_row, row, a0 + 3u, m_end);
+                var ed0 = ed_token;
+                if (GATE == 2u && NORM != 2u) {
+                    ed0 = end_decay(last_row, row, a0 + 0u, m_end);
+                }
+                let kk0 = k_row[row * D4 + a0 + 0u] * ed0;
+                var ed1 = ed_token;
+                if (GATE == 2u && NORM != 2u) {
+                    ed1 = end_decay(last_row, row, a0 + 1u, m_end);
+                }
+                let kk1 = k_row[row * D4 + a0 + 1u] * ed1;
+                var ed2 = ed_token;
+                if (GATE == 2u && NORM != 2u) {
+                    ed2 = end_decay(last_row, row, a0 + 2u, m_end);
+                }
+                let kk2 = k_row[row * D4 + a0 + 2u] * ed2;
+                var ed3 = ed_token;
+                if (GATE == 2u && NORM != 2u) {
+                    ed3 = end_decay(last_row, row, a0 + 3u, m_end);
+                }
+                let kk3 = k_row[row * D4 + a0 + 3u] * ed3;
                 {
                     let a = a0 + 0u;
                     let r = 4u * a * BV4 + cv;
@@ -1838,9 +1886,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let st0 = sb + 0u;
             let srow0 = row_of(b, c0 + min(st0, len - 1u), h);
             var q0_0 = q_row[srow0 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
-            if (NORM == 2u) {
-                q0_0 *= exp(b_cum_at(srow0) + m0 - red_sh[st0]);
-            } else if (GATE != 0u) {
+            if (NORM == 2u || GATE == 1u) {
+                q0_0 *= qdec_sh[st0];
+            } else if (GATE == 2u) {
                 q0_0 *= exp(gate_at(srow0, ri0));
             }
             var w0_0 = 0.0;
@@ -1850,9 +1898,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let st1 = sb + 1u;
             let srow1 = row_of(b, c0 + min(st1, len - 1u), h);
             var q1_0 = q_row[srow1 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
-            if (NORM == 2u) {
-                q1_0 *= exp(b_cum_at(srow1) + m0 - red_sh[st1]);
-            } else if (GATE != 0u) {
+            if (NORM == 2u || GATE == 1u) {
+                q1_0 *= qdec_sh[st1];
+            } else if (GATE == 2u) {
                 q1_0 *= exp(gate_at(srow1, ri0));
             }
             var w1_0 = 0.0;
@@ -1862,9 +1910,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let st2 = sb + 2u;
             let srow2 = row_of(b, c0 + min(st2, len - 1u), h);
             var q2_0 = q_row[srow2 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
-            if (NORM == 2u) {
-                q2_0 *= exp(b_cum_at(srow2) + m0 - red_sh[st2]);
-            } else if (GATE != 0u) {
+            if (NORM == 2u || GATE == 1u) {
+                q2_0 *= qdec_sh[st2];
+            } else if (GATE == 2u) {
                 q2_0 *= exp(gate_at(srow2, ri0));
             }
             var w2_0 = 0.0;
@@ -1874,9 +1922,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             let st3 = sb + 3u;
             let srow3 = row_of(b, c0 + min(st3, len - 1u), h);
             var q3_0 = q_row[srow3 * D4 + ri0 / 4u][ri0 % 4u] * p.scale;
-            if (NORM == 2u) {
-                q3_0 *= exp(b_cum_at(srow3) + m0 - red_sh[st3]);
-            } else if (GATE != 0u) {
+            if (NORM == 2u || GATE == 1u) {
+                q3_0 *= qdec_sh[st3];
+            } else if (GATE == 2u) {
                 q3_0 *= exp(gate_at(srow3, ri0));
             }
             var w3_0 = 0.0;
