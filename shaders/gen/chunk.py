@@ -757,7 +757,18 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 words = DS4;
             }
-            for (var x = tid; x < words; x += 256u) {
+            // Four terms in flight at a time, added in the plain loop's order.
+            var x = tid;
+            for (; x + 768u < words; x += 1024u) {
+                //@decl u 4
+                let ds_end{u} = ds_in[eb4 + x + {256u}u];
+                let s_end{u} = h_in[nb4 + x + {256u}u];
+                //@end
+                //@decl u 4
+                e_part += dot(ds_end{u}, s_end{u});
+                //@end
+            }
+            for (; x < words; x += 256u) {
                 e_part += dot(ds_in[eb4 + x], h_in[nb4 + x]);
             }
         }
@@ -766,11 +777,29 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         a_sh[256u + tid] = e_part;
         workgroupBarrier();
         if (tid == 0u) {
+            // One thread keeps the serial order (the same bits as a plain loop); its reads of
+            // workgroup memory go eight at a time so that they do not wait on the adds.
             var acc = 0.0;
-            for (var x = 0u; x < 256u; x++) {
-                acc += a_sh[256u + x];
+            for (var x = 0u; x < 256u; x += 8u) {
+                //@decl u 8
+                let v{u} = a_sh[256u + x + {u}u];
+                //@end
+                //@decl u 8
+                acc += v{u};
+                //@end
             }
-            for (var tt = len; tt > 0u; tt--) {
+            var tt = len;
+            for (; tt >= 4u; tt -= 4u) {
+                //@decl u 4
+                let ts{u} = 4u * (tt - 1u - {u}u);
+                let tw{u} = a_sh[ts{u}] + a_sh[ts{u} + 1u] + a_sh[ts{u} + 2u] + a_sh[ts{u} + 3u];
+                //@end
+                //@decl u 4
+                acc += tw{u};
+                dg_out[row_of(b, c0 + tt - 1u - {u}u, h)] = acc;
+                //@end
+            }
+            for (; tt > 0u; tt--) {
                 let s = 4u * (tt - 1u);
                 acc += a_sh[s] + a_sh[s + 1u] + a_sh[s + 2u] + a_sh[s + 3u];
                 dg_out[row_of(b, c0 + tt - 1u, h)] = acc;
@@ -1031,7 +1060,7 @@ fn state_products(tid: u32, b: u32, h: u32, c0: u32, len: u32, mb4: u32, msel: u
 
 def expand(text, consts):
     """Unrolls `//@for v N` … `//@end` (each copy in its own braces) and `//@decl v N` … `//@end`
-    (copies in the enclosing scope), nested or not: {v} becomes the copy's index and {4v}, {64v}
+    (copies in the enclosing scope), nested or not: {v} becomes the copy's index and {4v}, {64v}, {256v}
     its multiples, so per-thread vectors are named registers, never indexed arrays (see
     attention.py). N is a number or a name in `consts`."""
     out, lines, i = [], text.split("\n"), 0
@@ -1055,7 +1084,7 @@ def expand(text, consts):
             indent = line[: len(line) - len(line.lstrip())]
             for k in range(int(n) if n.isdigit() else consts[n]):
                 copy = "\n".join(body)
-                for mult in (64, 4):
+                for mult in (256, 64, 4):
                     copy = copy.replace("{%d%s}" % (mult, var), str(mult * k))
                 copy = expand(copy.replace("{%s}" % var, str(k)), consts)
                 if kind == "for":

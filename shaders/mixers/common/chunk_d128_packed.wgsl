@@ -4012,7 +4012,23 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 words = DS4;
             }
-            for (var x = tid; x < words; x += 256u) {
+            // Four terms in flight at a time, added in the plain loop's order.
+            var x = tid;
+            for (; x + 768u < words; x += 1024u) {
+                let ds_end0 = out_load4(arena_toc[19u] / 4u + (eb4 + x + 0u));
+                let s_end0 = arena_in4[arena_toc[11u] / 4u + (nb4 + x + 0u)];
+                let ds_end1 = out_load4(arena_toc[19u] / 4u + (eb4 + x + 256u));
+                let s_end1 = arena_in4[arena_toc[11u] / 4u + (nb4 + x + 256u)];
+                let ds_end2 = out_load4(arena_toc[19u] / 4u + (eb4 + x + 512u));
+                let s_end2 = arena_in4[arena_toc[11u] / 4u + (nb4 + x + 512u)];
+                let ds_end3 = out_load4(arena_toc[19u] / 4u + (eb4 + x + 768u));
+                let s_end3 = arena_in4[arena_toc[11u] / 4u + (nb4 + x + 768u)];
+                e_part += dot(ds_end0, s_end0);
+                e_part += dot(ds_end1, s_end1);
+                e_part += dot(ds_end2, s_end2);
+                e_part += dot(ds_end3, s_end3);
+            }
+            for (; x < words; x += 256u) {
                 e_part += dot(out_load4(arena_toc[19u] / 4u + (eb4 + x)), arena_in4[arena_toc[11u] / 4u + (nb4 + x)]);
             }
         }
@@ -4021,11 +4037,47 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         a_sh[256u + tid] = e_part;
         workgroupBarrier();
         if (tid == 0u) {
+            // One thread keeps the serial order (the same bits as a plain loop); its reads of
+            // workgroup memory go eight at a time so that they do not wait on the adds.
             var acc = 0.0;
-            for (var x = 0u; x < 256u; x++) {
-                acc += a_sh[256u + x];
+            for (var x = 0u; x < 256u; x += 8u) {
+                let v0 = a_sh[256u + x + 0u];
+                let v1 = a_sh[256u + x + 1u];
+                let v2 = a_sh[256u + x + 2u];
+                let v3 = a_sh[256u + x + 3u];
+                let v4 = a_sh[256u + x + 4u];
+                let v5 = a_sh[256u + x + 5u];
+                let v6 = a_sh[256u + x + 6u];
+                let v7 = a_sh[256u + x + 7u];
+                acc += v0;
+                acc += v1;
+                acc += v2;
+                acc += v3;
+                acc += v4;
+                acc += v5;
+                acc += v6;
+                acc += v7;
             }
-            for (var tt = len; tt > 0u; tt--) {
+            var tt = len;
+            for (; tt >= 4u; tt -= 4u) {
+                let ts0 = 4u * (tt - 1u - 0u);
+                let tw0 = a_sh[ts0] + a_sh[ts0 + 1u] + a_sh[ts0 + 2u] + a_sh[ts0 + 3u];
+                let ts1 = 4u * (tt - 1u - 1u);
+                let tw1 = a_sh[ts1] + a_sh[ts1 + 1u] + a_sh[ts1 + 2u] + a_sh[ts1 + 3u];
+                let ts2 = 4u * (tt - 1u - 2u);
+                let tw2 = a_sh[ts2] + a_sh[ts2 + 1u] + a_sh[ts2 + 2u] + a_sh[ts2 + 3u];
+                let ts3 = 4u * (tt - 1u - 3u);
+                let tw3 = a_sh[ts3] + a_sh[ts3 + 1u] + a_sh[ts3 + 2u] + a_sh[ts3 + 3u];
+                acc += tw0;
+                arena_out[arena_toc[25u] + (row_of(b, c0 + tt - 1u - 0u, h))] = acc;
+                acc += tw1;
+                arena_out[arena_toc[25u] + (row_of(b, c0 + tt - 1u - 1u, h))] = acc;
+                acc += tw2;
+                arena_out[arena_toc[25u] + (row_of(b, c0 + tt - 1u - 2u, h))] = acc;
+                acc += tw3;
+                arena_out[arena_toc[25u] + (row_of(b, c0 + tt - 1u - 3u, h))] = acc;
+            }
+            for (; tt > 0u; tt--) {
                 let s = 4u * (tt - 1u);
                 acc += a_sh[s] + a_sh[s + 1u] + a_sh[s + 2u] + a_sh[s + 3u];
                 arena_out[arena_toc[25u] + (row_of(b, c0 + tt - 1u, h))] = acc;
