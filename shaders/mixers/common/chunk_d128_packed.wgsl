@@ -1420,10 +1420,6 @@ fn end_decay(last_row: u32, row: u32, a: u32, m_end: f32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(1.0);
     }
-    if (GATE == 1u) {
-        // One exp for the four channels: a scalar gate's b is the same in every channel.
-        return vec4<f32>(exp(b_cum_at(last_row) - b_cum_at(row)));
-    }
     return exp(gate_b(last_row, a) - gate_b(row, a));
 }
 
@@ -1434,9 +1430,6 @@ fn start_decay(row: u32, a: u32, m0: f32, m_t: f32) -> vec4<f32> {
     }
     if (GATE == 0u) {
         return vec4<f32>(1.0);
-    }
-    if (GATE == 1u) {
-        return vec4<f32>(exp(b_cum_at(row)));
     }
     return exp(gate_b(row, a));
 }
