@@ -114,7 +114,8 @@ variants)
 pair)
   # A kernel change before and after in one call: the binaries named in $VERSIONS ("before
   # after"), each .stage/$v.xz or .exp/run/$v.xz (stripped, xz); `bench mixers --backward` in
-  # $PRECISION (mixed) at $SHAPES, alternating for $ROUNDS rounds, a profiled run of each
+  # $PRECISION (mixed) at $SHAPES, alternating for $ROUNDS rounds (with --digest: the outputs'
+  # bits of every binary compared with the first's), a profiled run of each
   # binary for each of $PROFILE_MIXERS at $PROFILE_SHAPES, then fla's forward+backward and
   # forward of $FLA_MIXERS (wheels from .whl; FLA_MIXERS=none skips it) in the same call.
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
@@ -128,10 +129,30 @@ pair)
   M=${MIXERS:-linear_attn,retnet,gla,deltanet,gated_deltanet,kda,mlstm,mamba2}
   for round in $(seq 1 "${ROUNDS:-2}"); do
     for v in $V; do
-      /root/$v bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "$S" --mixers "$M" --json --iters 10 > "$OUT/$v-$round.json" 2>> "$OUT/log.txt"
+      # (a binary older than --digest is timed without it)
+      b=(/root/$v bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "$S" --mixers "$M" --json --iters 10)
+      "${b[@]}" --digest > "$OUT/$v-$round.json" 2>> "$OUT/log.txt" || "${b[@]}" > "$OUT/$v-$round.json" 2>> "$OUT/log.txt"
       grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$OUT/$v-$round.json" | paste - - - | sed "s/^/$v $round /"
     done
   done
+  # Every binary's output and gradient bits against the first's (a change made for speed must
+  # not move them).
+  python3 - $V <<'PY'
+import json, os, sys
+def digests(v):
+    rows = json.load(open(f"{os.environ['OUT']}/{v}-1.json"))["results"]
+    return {(r["mixer"], r["head_dim"]): r["digests"] for r in rows if "digests" in r}
+have = [v for v in sys.argv[1:] if digests(v)]
+for v in sys.argv[1:]:
+    if v not in have:
+        print(f"digests {v}: none (the binary predates --digest)")
+if have:
+    first, base = have[0], digests(have[0])
+    for v in have[1:]:
+        other = digests(v)
+        moved = [f"{m} D={d}: " + ",".join(k for k in base[(m, d)] if base[(m, d)][k] != other.get((m, d), {}).get(k)) for (m, d) in base if base[(m, d)] != other.get((m, d))]
+        print(f"digests {v} against {first}: " + ("the same bits" if not moved else "differ in " + "; ".join(moved)))
+PY
   for m in $(echo "${PROFILE_MIXERS:-gated_deltanet}" | tr , ' '); do
     for v in $V; do
       LINEARIZE_PROFILE=1 /root/$v bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "${PROFILE_SHAPES:-4x4096x16x128}" --mixers "$m" --iters 5 --json > /dev/null 2> "$OUT/profile-$v-$m.txt"

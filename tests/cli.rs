@@ -214,6 +214,30 @@ fn the_profiler_names_its_clock_and_totals_its_kernels() {
 }
 
 
+/// `bench mixers --digest` hashes each output's bits from a run of its own, from a zero state:
+/// the digests do not depend on how many timed runs came before (those advance a carried state)
+/// or on which mixers ran first, and name exactly the gradients each rule has.
+#[test]
+fn mixer_digests_are_the_outputs_bits_alone() {
+    let digests = |args: &[&str]| -> std::collections::BTreeMap<String, serde_json::Value> {
+        let mut all = vec!["bench", "mixers", "--mixer-shapes", "1x70x2x64", "--backward", "--digest", "--json"];
+        all.extend_from_slice(args);
+        let o = run(&all, &[]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let printed: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        printed["results"].as_array().unwrap().iter().map(|r| (r["mixer"].as_str().unwrap().to_string(), r["digests"].clone())).collect()
+    };
+    let a = digests(&["--mixers", "linear_attn,gated_deltanet,mlstm", "--iters", "1"]);
+    let b = digests(&["--mixers", "mlstm,gated_deltanet,linear_attn", "--iters", "3"]);
+    assert_eq!(a, b, "the digests moved with the timed runs or the order");
+    let names = |m: &str| a[m].as_object().unwrap().keys().cloned().collect::<Vec<_>>().join(",");
+    assert_eq!(names("linear_attn"), "dk,dq,dv,o");
+    assert_eq!(names("gated_deltanet"), "dbeta,dg,dk,dq,dv,o");
+    assert_eq!(names("mlstm"), "dg,digate,dk,dq,dv,o");
+    let distinct: std::collections::BTreeSet<_> = a.values().map(|d| d["o"].as_str().unwrap().to_string()).collect();
+    assert_eq!(distinct.len(), 3, "three rules, three outputs: {a:?}");
+}
+
 /// `eval --json` in lm-evaluation-harness's shape, read the way its `make_table` reads results
 /// (lm_eval/utils.py: results keyed by task with "metric,filter" entries and their
 /// "metric_stderr,filter", versions, n-shot, higher_is_better), and every number recomputed

@@ -254,11 +254,61 @@ fn bench_decode_products(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Resul
     Ok(())
 }
 
+/// FNV-1a (64 bits) over the bit patterns of `values`: equal digests, equal bits.
+fn fnv1a(values: &[f32]) -> String {
+    let h = values.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| v.to_bits().to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)));
+    format!("{h:016x}")
+}
+
+/// `bench mixers --digest`: one more forward from a zero state (the chunked training forward,
+/// or the recurrent kernel where there is no chunked form) and, with `backward`, its backward,
+/// each output's bits hashed: o, and dq, dk, dv, dg, dβ, dĩ where the rule has them. Two
+/// binaries whose kernels should compute the same values in the same order (a change made for
+/// speed) must print the same digests on the same adapter; the f64 tests cannot see a changed
+/// last bit, and a GPU compiler can change one (it fuses a multiply and an add as it sees fit).
+fn digest_of_outputs(gpu: &Gpu, args: &linearize_core::mixers::recurrence::RecurrenceArgs, chunk: bool, backward: bool, o: &linearize_core::gpu::GpuBuf, d_out: &linearize_core::gpu::GpuBuf) -> Result<Value> {
+    use linearize_core::mixers::recurrence::{self, Gate, GpuState, Normalizer};
+    let (r, d) = (args.r, args.dims);
+    let (rows, dh) = (d.batch * d.seq * d.heads, d.dk);
+    let mut rec = gpu.recorder();
+    let zero = GpuState::zeroed(&mut rec, d)?;
+    let saved = if chunk {
+        Some(recurrence::chunked_train(&mut rec, args, &zero, o)?)
+    } else {
+        recurrence::recurrent(&mut rec, args, &zero, o)?;
+        None
+    };
+    let grads = if backward { Some(recurrence::backward(&mut rec, args, d_out, saved.as_ref())?) } else { None };
+    rec.submit()?;
+    let mut out = serde_json::Map::new();
+    out.insert("o".into(), json!(fnv1a(&gpu.read_f32_blocking(o, rows * d.dv)?)));
+    if let Some(g) = grads {
+        let gate_len = match r.gate {
+            Gate::None => 0,
+            Gate::Scalar => rows,
+            Gate::Vector => rows * dh,
+        };
+        let beta_len = if r.delta { rows } else { 0 };
+        let igate_len = if r.normalizer == Normalizer::Mlstm { rows } else { 0 };
+        for (name, buf, n) in [("dq", &g.q, rows * dh), ("dk", &g.k, rows * dh), ("dv", &g.v, rows * d.dv), ("dg", &g.g, gate_len), ("dbeta", &g.beta, beta_len), ("digate", &g.igate, igate_len)] {
+            if n > 0 {
+                out.insert(name.into(), json!(fnv1a(&gpu.read_f32_blocking(buf, n)?)));
+            }
+        }
+        g.release(gpu);
+    }
+    for b in saved.into_iter().flat_map(|s| s.buffers()) {
+        gpu.release(b);
+    }
+    Ok(Value::Object(out))
+}
+
 /// Times each mixer's recurrence: the chunked forward over B×T tokens (the token-by-token
 /// kernel where a variant has no chunked form) and one decode step, on random inputs shaped as
 /// the mixers produce them; with `backward`, also the forward and backward together from a zero
-/// state, as a training step runs them. `shapes`: (batch, seq, heads, head_dim).
-pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &[linearize_core::mixers::MixerKind], iters: usize, backward: bool) -> Result<Vec<Value>> {
+/// state, as a training step runs them. `shapes`: (batch, seq, heads, head_dim). With `digest`,
+/// each result also carries `digest_of_outputs` (below).
+pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &[linearize_core::mixers::MixerKind], iters: usize, backward: bool, digest: bool) -> Result<Vec<Value>> {
     use linearize_core::mixers::recurrence::{self, chunked, recurrent, Dims, Gate, Gates, GpuState, RecurrenceArgs};
     use linearize_core::mixers::MixerOptions;
     let mut rng = Rng::new(3);
@@ -327,6 +377,12 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
             let fwd = run(d, false)?;
             let step = run(Dims { seq: 1, ..d }, false)?;
             let fwd_bwd = if backward { Some(run(d, true)?) } else { None };
+            let digests = if digest {
+                let args = RecurrenceArgs { r, dims: d, scale: 0.125, q: &q, k: &k, v: &v, gates };
+                Some(digest_of_outputs(gpu, &args, chunk, backward, &o, &d_out)?)
+            } else {
+                None
+            };
             // With LINEARIZE_PROFILE=1: this mixer's seconds per kernel over all its runs.
             let profile: serde_json::Map<String, Value> = linearize_core::gpu::profile::report()
                 .into_iter()
@@ -335,7 +391,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                     (own > 0.0).then(|| (e.to_string(), json!(own)))
                 })
                 .collect();
-            let v = json!({
+            let mut v = json!({
                 "what": "mixer", "mixer": kind.name(), "batch": b, "seq": t, "heads": h, "head_dim": dh, "precision": gpu.precision(),
                 "kernel": if chunk { "chunked" } else { "recurrent" },
                 "fwd_seconds": fwd, "fwd_mhead_tokens_per_s": (b * t * h) as f64 / fwd / 1e6,
@@ -343,6 +399,9 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                 "fwd_bwd_seconds": fwd_bwd,
                 "profile": profile,
             });
+            if let Some(d) = digests {
+                v["digests"] = d;
+            }
             eprintln!("{v}");
             out.push(v);
         }

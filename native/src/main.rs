@@ -666,6 +666,11 @@ struct BenchArgs {
     /// bench mixers: also time the forward and backward together (the training step's recurrence)
     #[arg(long)]
     backward: bool,
+    /// bench mixers: also hash the bits of each mixer's output (and with --backward its
+    /// gradients) from one more run: two binaries that should compute the same values print the
+    /// same digests
+    #[arg(long)]
+    digest: bool,
     /// bench mixers: shapes as BxTxHxD (batch, tokens, heads, head size), comma-separated
     /// [default: 8x512x9x64,4x4096x16x128]
     #[arg(long)]
@@ -683,7 +688,7 @@ impl BenchArgs {
     /// Refuses flags the chosen benchmark would ignore, naming them.
     fn check_flags(&self) -> Result<()> {
         let teacher_only = [("--model", self.model.is_some()), ("--prefill", self.prefill.is_some()), ("--decode", self.decode.is_some()), ("--decode-tokens", self.decode_tokens.is_some()), ("--weights", self.weights.is_some())];
-        let mixers_only = [("--backward", self.backward), ("--mixer-shapes", self.mixer_shapes.is_some()), ("--mixers", !self.mixers.is_empty())];
+        let mixers_only = [("--backward", self.backward), ("--digest", self.digest), ("--mixer-shapes", self.mixer_shapes.is_some()), ("--mixers", !self.mixers.is_empty())];
         let ignored: Vec<&str> = match self.what.as_str() {
             "teacher" => mixers_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
             "mixers" => teacher_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
@@ -711,7 +716,7 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     a.check_flags()?;
-    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, mixer_shapes, mixers, precision } = a;
+    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, digest, mixer_shapes, mixers, precision } = a;
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), model.as_deref().unwrap_or(TEACHER_ALIAS), decode_tokens.unwrap_or(64), *iters, weights.unwrap_or(Weights::F32), *json);
     let precision = precision.unwrap_or(PrecisionArg::F32);
     let (prefill, decode) = (prefill.as_deref().unwrap_or("8x512,4x2048"), decode.as_deref().unwrap_or("512"));
@@ -730,7 +735,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         } else {
             // Mixed: the recurrence's tensor-core output where it exists (head size 128).
             gpu.set_precision(precision.into())?;
-            bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward)?
+            bench::bench_mixers(&gpu, &parse_mixer_shapes(mixer_shapes)?, &kinds, iters, *backward, *digest)?
         };
         if json {
             outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "results": results}))?);
