@@ -105,6 +105,7 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["bench", "nothing"], &[], "invalid value 'nothing'"),
         (&["bench", "ops", "--prefill", "8x512"], &[], "--prefill: `bench ops` does not use it"),
         (&["bench", "teacher", "--backward"], &[], "--backward: `bench teacher` does not use it"),
+        (&["bench", "ops", "--digest"], &[], "--digest: `bench ops` does not use it"),
         (&["distill", "--mixer", "gla", "--conv-init", "zeros", "--out", "/tmp/never"], &[], "possible values: random, identity"),
         (&["bench", "mixers", "--mixers", "gla,lstm"], &[], "invalid value 'lstm' for '--mixers"),
         (&["student", "--mixer", "mamba", "--out", "/tmp/never"], &[], "invalid value 'mamba' for '--mixer"),

@@ -28,6 +28,9 @@ Two habits make these kernels fast on a GPU and are kept throughout:
   - no load waiting on the previous iteration: loops over a chunk's tokens or key vec4s take four
     at a time with every load first (rows past the chunk's end clamped, their terms zero).
 Sums keep the order of the plain loops, so the blocked and unrolled forms give the same bits.
+A GPU compiler still decides where to fuse a multiply and an add, and a change in an
+expression's shape can move that choice (a splatted exp did, on the H200): check a change with
+`linearize bench mixers --digest` on the GPU it is meant for (scripts/device-bench-mixers.sh pair).
 """
 import pathlib
 import re
