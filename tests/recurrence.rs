@@ -262,8 +262,8 @@ fn backward_runs_packed_within_webgpus_default_limits() {
                 let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
                 rec.submit().unwrap();
                 let read = |b: &linearize_core::gpu::GpuBuf, n: usize| g.read_f32_blocking(b, n).unwrap();
-                let gate_len = match r.gate { Gate::None => 0, Gate::Scalar => rows, Gate::Vector => rows * dk };
-                vec![read(&grads.q, rows * dk), read(&grads.k, rows * dk), read(&grads.v, rows * dk), read(&grads.g, gate_len), read(&grads.beta, if r.delta { rows } else { 0 }), read(&grads.igate, if r.normalizer == Normalizer::Mlstm { rows } else { 0 })]
+                let [gate_len, beta_len, igate_len] = r.gate_lens(d);
+                vec![read(&grads.q, rows * dk), read(&grads.k, rows * dk), read(&grads.v, rows * dk), read(&grads.g, gate_len), read(&grads.beta, beta_len), read(&grads.igate, igate_len)]
             };
             let (packed, unpacked) = (run(&small), run(gpu()));
             for (what, a, b) in ["q", "k", "v", "g", "beta", "igate"].iter().zip(&packed).zip(&unpacked).map(|((w, a), b)| (w, a, b)) {

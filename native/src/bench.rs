@@ -254,10 +254,9 @@ fn bench_decode_products(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Resul
     Ok(())
 }
 
-/// FNV-1a (64 bits) over the bit patterns of `values`: equal digests, equal bits.
-fn fnv1a(values: &[f32]) -> String {
-    let h = values.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, v| v.to_bits().to_le_bytes().iter().fold(h, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)));
-    format!("{h:016x}")
+/// The digest of `values`' bit patterns: equal digests, equal bits.
+fn digest(values: &[f32]) -> String {
+    format!("{:016x}", linearize_core::util::fnv1a(values.iter().flat_map(|v| v.to_le_bytes())))
 }
 
 /// `bench mixers --digest`: one more forward from a zero state (the chunked training forward,
@@ -267,7 +266,7 @@ fn fnv1a(values: &[f32]) -> String {
 /// speed) must print the same digests on the same adapter; the f64 tests cannot see a changed
 /// last bit, and a GPU compiler can change one (it fuses a multiply and an add as it sees fit).
 fn digest_of_outputs(gpu: &Gpu, args: &linearize_core::mixers::recurrence::RecurrenceArgs, chunk: bool, backward: bool, o: &linearize_core::gpu::GpuBuf, d_out: &linearize_core::gpu::GpuBuf) -> Result<Value> {
-    use linearize_core::mixers::recurrence::{self, Gate, GpuState, Normalizer};
+    use linearize_core::mixers::recurrence::{self, GpuState};
     let (r, d) = (args.r, args.dims);
     let (rows, dh) = (d.batch * d.seq * d.heads, d.dk);
     let mut rec = gpu.recorder();
@@ -281,18 +280,12 @@ fn digest_of_outputs(gpu: &Gpu, args: &linearize_core::mixers::recurrence::Recur
     let grads = if backward { Some(recurrence::backward(&mut rec, args, d_out, saved.as_ref())?) } else { None };
     rec.submit()?;
     let mut out = serde_json::Map::new();
-    out.insert("o".into(), json!(fnv1a(&gpu.read_f32_blocking(o, rows * d.dv)?)));
+    out.insert("o".into(), json!(digest(&gpu.read_f32_blocking(o, rows * d.dv)?)));
     if let Some(g) = grads {
-        let gate_len = match r.gate {
-            Gate::None => 0,
-            Gate::Scalar => rows,
-            Gate::Vector => rows * dh,
-        };
-        let beta_len = if r.delta { rows } else { 0 };
-        let igate_len = if r.normalizer == Normalizer::Mlstm { rows } else { 0 };
+        let [gate_len, beta_len, igate_len] = r.gate_lens(d);
         for (name, buf, n) in [("dq", &g.q, rows * dh), ("dk", &g.k, rows * dh), ("dv", &g.v, rows * d.dv), ("dg", &g.g, gate_len), ("dbeta", &g.beta, beta_len), ("digate", &g.igate, igate_len)] {
             if n > 0 {
-                out.insert(name.into(), json!(fnv1a(&gpu.read_f32_blocking(buf, n)?)));
+                out.insert(name.into(), json!(digest(&gpu.read_f32_blocking(buf, n)?)));
             }
         }
         g.release(gpu);

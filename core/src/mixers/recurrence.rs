@@ -68,6 +68,18 @@ impl Normalizer {
 }
 
 impl Recurrence {
+    /// Words of the per-token gate inputs (and of their gradients) g, β and ĩ over `d`'s
+    /// tokens: 0 where the rule has none.
+    pub fn gate_lens(&self, d: Dims) -> [usize; 3] {
+        let rows = d.batch * d.seq * d.heads;
+        let g = match self.gate {
+            Gate::None => 0,
+            Gate::Scalar => rows,
+            Gate::Vector => rows * d.dk,
+        };
+        [g, if self.delta { rows } else { 0 }, if self.normalizer == Normalizer::Mlstm { rows } else { 0 }]
+    }
+
     /// The token-by-token kernel; with `qk_l2` it L2-normalises q and k per head as it loads them.
     fn kernel(&self, dk: usize, qk_l2: bool) -> Kernel {
         let entry = if dk == 64 { "recurrent_k64" } else { "recurrent_k128" };
@@ -474,17 +486,14 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     let gpu = rec.gpu();
     let dummy = rec.temp(4)?;
     let rows = d.batch * d.seq * d.heads;
+    let [g_len, beta_len, igate_len] = r.gate_lens(d);
     let grads = RecurrenceGrads {
         q: gpu.scratch(rows * d.dk)?,
         k: gpu.scratch(rows * d.dk)?,
         v: gpu.scratch(rows * d.dv)?,
-        g: gpu.scratch(match r.gate {
-            Gate::None => 1,
-            Gate::Scalar => rows,
-            Gate::Vector => rows * d.dk,
-        })?,
-        beta: gpu.scratch(if r.delta { rows } else { 1 })?,
-        igate: gpu.scratch(if r.normalizer == Normalizer::Mlstm { rows } else { 1 })?,
+        g: gpu.scratch(g_len.max(1))?,
+        beta: gpu.scratch(beta_len.max(1))?,
+        igate: gpu.scratch(igate_len.max(1))?,
     };
     let (g, beta, igate) = checked_inputs(a, d, &grads.v, &dummy)?;
     need("recurrence d_out", d_out, rows * d.dv)?;

@@ -38,11 +38,6 @@ fn read(path: &Path) -> Result<String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// FNV-1a: a stable key for the token cache.
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-}
-
 /// Tokens as their file format: u32 little-endian.
 pub fn to_bytes(tokens: &[u32]) -> Vec<u8> {
     tokens.iter().flat_map(|t| t.to_le_bytes()).collect()
@@ -60,7 +55,7 @@ impl Corpus {
     /// Loads the corpus under `corpus_dir` ($LINEARIZE_HOME/corpus), tokenising it on first
     /// use and caching the tokens beside it.
     pub fn load(corpus_dir: &Path, tokenizer: &Tokenizer) -> Result<Self> {
-        let key = fnv(tokenizer.json().as_bytes());
+        let key = crate::util::fnv1a(tokenizer.json().bytes());
         let cache = |name: &str| corpus_dir.join(format!(".tokens-{name}-{key:016x}.bin"));
         let (train_cache, heldout_cache) = (cache("train"), cache("heldout"));
         if train_cache.is_file() && heldout_cache.is_file() {
