@@ -12,13 +12,16 @@
 #      binary, HF generate on the same weights; then a gated DeltaNet student (untrained: its
 #      speed, not its quality) decoding after 512 and 32,768 tokens.
 # The calls must follow each other within the machine's warm time. Results go to $OUT/res.tgz.
+# `teacher` also runs .exp/dec/tests.xz first where a call carried it (a test binary, e.g.
+# target/release/deps/ops-*: the checks that need this GPU's compiler, such as equal bits), and
+# skips HF generate with PEER=0.
 set -uo pipefail
 source scripts/device-common.sh
 device_vulkan
 unxz() { python3 -c "import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], 'wb'))" "$1" "$2" && chmod +x "$2"; }
 # VERSIONS: the binaries to compare (default "before after"; each .exp/dec/NAME.xz).
 V=${VERSIONS:-before after}
-for v in $V; do [ -f /root/$v ] || [ ! -f .exp/dec/$v.xz ] || unxz .exp/dec/$v.xz /root/$v; done
+for v in $V tests; do [ -f /root/$v ] || [ ! -f .exp/dec/$v.xz ] || unxz .exp/dec/$v.xz /root/$v; done
 R=/root/res && mkdir -p $R
 save() { tar czf $OUT/res.tgz -C $R .; }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader > $R/gpu.txt
@@ -35,6 +38,10 @@ teacher)
   export LINEARIZE_HOME=/root/lh && mkdir -p /root/lh/teacher && G=/root/lh/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
   [ -f $G ] || cat /root/stage/p3.00 /root/stage/p3.01 .stage/p3.02 > $G
   sha256sum $G > $R/teacher.sha256
+  if [ -x /root/tests ]; then
+    timeout 150 /root/tests --nocapture > $R/tests.txt 2>&1; echo "tests rc=$?" >> $R/tests.txt
+    grep -E "^test |test result|rc=|panicked" $R/tests.txt | head -30
+  fi
   for round in 1 2; do
     for v in $V; do
       for wt in f32 f16; do
@@ -54,9 +61,9 @@ teacher)
   grep -E "profile" $R/profile-host.txt | head -12
   grep -E "profile" $R/profile-kernels.txt | head -16
   save
-  /root/after convert --from "$G" --to /root/hf > /dev/null 2>> $R/convert.err
-  timeout 120 python3 scripts/bench_torch_teacher.py /root/hf --prefill "" --decode 512 --decode-tokens 64 --dtypes fp32,fp16 > $R/torch-decode.jsonl 2>> $R/torch.err
-  grep decode $R/torch-decode.jsonl | cut -c1-200
+  [ "${PEER:-1}" = 0 ] || /root/after convert --from "$G" --to /root/hf > /dev/null 2>> $R/convert.err
+  [ "${PEER:-1}" = 0 ] || timeout 120 python3 scripts/bench_torch_teacher.py /root/hf --prefill "" --decode 512 --decode-tokens 64 --dtypes fp32,fp16 > $R/torch-decode.jsonl 2>> $R/torch.err
+  [ "${PEER:-1}" = 0 ] || grep decode $R/torch-decode.jsonl | cut -c1-200
   save
   /root/after student --mixer gated_deltanet --out /root/student > $R/student.txt 2>&1
   for v in before after; do

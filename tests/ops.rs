@@ -388,11 +388,11 @@ fn attention_matches_reference() {
 }
 
 /// Decode's attention of one token straight from the qkv projection
-/// (nn::attention_decode_from_qkv: the split decode rotates q and the new key and writes the new
-/// key and value into the cache itself): the same output and cache as rope_qkv_to_cache then
-/// attention (both checked against f64 above), at 129 keys (3 ranges, the last of one key), 700
-/// and 8,300 (ranges of 128), grouped heads, large scores; no fused form for 128 keys or two
-/// queries.
+/// (nn::attention_decode_ranges: the split decode rotates q and the new key and writes the new
+/// key and value into the cache itself; its ranges merged by AttentionRanges::merge): the same
+/// output and cache as rope_qkv_to_cache then attention (both checked against f64 above), at
+/// 129 keys (3 ranges, the last of one key), 700 and 8,300 (ranges of 128), grouped heads, large
+/// scores; no split form for 128 keys or two queries.
 #[test]
 fn attention_from_the_qkv_projection_rotates_and_fills_the_cache() {
     let mut rng = Rng::new(26);
@@ -408,7 +408,8 @@ fn attention_from_the_qkv_projection_rotates_and_fills_the_cache() {
             let (kc, vc, out, qb) = (up("k", &cache[0]), up("v", &cache[1]), gpu().scratch(n_q * d).unwrap(), gpu().scratch(n_q * d).unwrap());
             let mut rec = gpu().recorder();
             if fused {
-                assert!(nn::attention_decode_from_qkv(&mut rec, s, &up("qkv", &qkv), &rope, &kc, &vc, &out).unwrap());
+                let ranges = nn::attention_decode_ranges(&mut rec, s, &up("qkv", &qkv), &rope, &kc, &vc).unwrap().expect("a split decode");
+                ranges.merge(&mut rec, &out).unwrap();
             } else {
                 nn::rope_qkv_to_cache(&mut rec, s, &up("qkv", &qkv), &rope, &qb, &kc, &vc).unwrap();
                 nn::attention(&mut rec, s, &qb, &kc, &vc, &out).unwrap();
@@ -427,10 +428,57 @@ fn attention_from_the_qkv_projection_rotates_and_fills_the_cache() {
         let s = AttnShape { batch: 1, seq, pos0, n_q: 2, n_kv: 1, head_dim: d, cap: pos0 + seq };
         let big = gpu().scratch(4 * (pos0 + seq) * d).unwrap();
         let mut rec = gpu().recorder();
-        !nn::attention_decode_from_qkv(&mut rec, s, &big, &nn::Rope { cos: &big, sin: &big }, &big, &big, &big).unwrap()
+        nn::attention_decode_ranges(&mut rec, s, &big, &nn::Rope { cos: &big, sin: &big }, &big, &big).unwrap().is_none()
     };
     assert!(none(127, 1), "128 keys take the unsplit kernel");
     assert!(none(300, 2), "two queries");
+}
+
+/// o_proj of the split decode attention's key ranges (nn/matvec.wgsl's PROLOGUE 4: each
+/// workgroup merges them as attention_combine does, a dispatch fewer) gives the bits of o_proj
+/// after the merge's own dispatch: 3 ranges of 9 heads (the teacher's), 6 of 6 heads with
+/// large scores, 17 ranges of 32 heads (k = 2,048, the most it takes); 64, 32 and 16 threads per
+/// column; f32 and packed f16 weights; with and without the residual add. A row count or k
+/// that is not one query's heads is refused by name.
+#[test]
+fn o_proj_merges_the_split_attentions_key_ranges() {
+    let mut rng = Rng::new(27);
+    let d = 64;
+    for &(pos0, n_q, n_kv, q_scale, n) in &[(128, 9, 3, 1.0, 576), (699, 6, 2, 30.0, 2051), (2100, 32, 8, 1.0, 8200)] {
+        let cap = pos0 + 1;
+        let k = n_q * d;
+        let s = AttnShape { batch: 1, seq: 1, pos0, n_q, n_kv, head_dim: d, cap };
+        let qkv = up("qkv", &random(&mut rng, (n_q + 2 * n_kv) * d, q_scale));
+        let (kc, vc) = (up("k", &random(&mut rng, n_kv * cap * d, 1.0)), up("v", &random(&mut rng, n_kv * cap * d, 1.0)));
+        let (cos, sin) = linearize_core::model::lm::rope_tables(cap, d, 10000.0);
+        let rope = nn::Rope { cos: &up("cos", &cos), sin: &up("sin", &sin) };
+        let w = random(&mut rng, n * k, 0.1);
+        let y0 = random(&mut rng, n, 1.0);
+        for f16 in [false, true] {
+            let wb = if f16 { gpu().upload_f16("w", &w).unwrap() } else { up("w", &w) };
+            for accumulate in [false, true] {
+                let (att, merged, fused) = (gpu().scratch(k).unwrap(), up("y merged", &y0), up("y fused", &y0));
+                let mut rec = gpu().recorder();
+                let ranges = nn::attention_decode_ranges(&mut rec, s, &qkv, &rope, &kc, &vc).unwrap().expect("a split decode");
+                ranges.merge(&mut rec, &att).unwrap();
+                nn::linear_input(&mut rec, LinearInput::Plain(&att), &wb, &merged, Gemm { m: 1, n, k }, accumulate).unwrap();
+                nn::linear_input(&mut rec, LinearInput::MergedAttention(&ranges), &wb, &fused, Gemm { m: 1, n, k }, accumulate).unwrap();
+                rec.submit().unwrap();
+                let (want, got) = (read(&merged, n), read(&fused, n));
+                let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(bad.is_none(), "{} keys, {n_q} heads, n={n}, f16={f16}, acc={accumulate}: column {bad:?} {:?} against {:?}", pos0 + 1, bad.map(|i| got[i]), bad.map(|i| want[i]));
+            }
+        }
+        if n_q == 9 {
+            let mut rec = gpu().recorder();
+            let ranges = nn::attention_decode_ranges(&mut rec, s, &qkv, &rope, &kc, &vc).unwrap().expect("a split decode");
+            let y = gpu().scratch(4 * n).unwrap();
+            for (m, kk) in [(2, k), (1, k - 64)] {
+                let err = nn::linear_input(&mut rec, LinearInput::MergedAttention(&ranges), &up("w", &w), &y, Gemm { m, n: 4, k: kk }, false).unwrap_err().to_string();
+                assert!(err.contains("merges the key ranges"), "{err}");
+            }
+        }
+    }
 }
 
 #[test]

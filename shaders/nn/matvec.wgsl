@@ -8,6 +8,9 @@
 //   3  x' = norm(x per group of p.group values) · g · act(gate)   (m = 1; a mixer's output
 //      norm, mixers/common/headnorm: RMS, or LayerNorm with GROUP_CENTERED; g: [group];
 //      GROUP_GATE 0 none, 1 silu(gate), 2 sigmoid(gate), gate: [k])
+//   4  x' = the split decode attention's key ranges merged as nn/attention's attention_combine
+//      merges them (m = 1, k = heads · 64 ≤ 2048; x: the ranges' unnormalised outputs
+//      [heads, p.group ranges, 64], g: their (max, sum) pairs, two per vec4)
 // 256 threads per workgroup: LANES threads per column (override: 64 for narrow products, whose
 // few columns must still fill the GPU; 16 for wide ones) reading consecutive vec4 of its weight
 // row (coalesced), each with 4 loads in flight before the first product; partial sums reduced
@@ -29,7 +32,7 @@ struct Params {
     /// their gate's activation (gate_y)
     conv_qk: u32,
     conv_v: u32,
-    /// PROLOGUE 3: values per group (a head, or all of k)
+    /// PROLOGUE 3: values per group (a head, or all of k); PROLOGUE 4: key ranges per head
     group: u32,
 }
 
@@ -45,7 +48,7 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, ldy]
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
-@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1; [group/4], 3
+@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1; [group/4], 3; (max, sum) pairs, 4
 @group(0) @binding(8) var<storage, read> gate_in: array<vec4<f32>>; // [k/4], PROLOGUE 3's gate
 // The `_conv` entries: per column of the product four words — the taps of q's, k's and v's
 // short convs on their columns (the first 2·conv_qk + conv_v), a gate's activation on the
@@ -54,7 +57,7 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 @group(0) @binding(6) var<storage, read> taps: array<f32>;
 @group(0) @binding(7) var<storage, read_write> conv_state: array<f32>;
 
-var<workgroup> partial: array<f32, 2048>; // [256 threads][8 rows]
+var<workgroup> partial: array<f32, 2048>; // [256 threads][8 rows]; PROLOGUE 4: x' until the sums
 var<workgroup> reduced: array<f32, 256>;
 var<workgroup> inv_rms: array<f32, 8>;
 var<workgroup> group_stats: array<vec2<f32>, 256>; // PROLOGUE 3: (mean, 1/σ) per group
@@ -82,6 +85,9 @@ fn x_at(r: u32, kq: u32, k4: u32) -> vec4<f32> {
     }
     if (PROLOGUE == 2u) {
         return silu(x[r * 2u * k4 + kq]) * x[r * 2u * k4 + k4 + kq];
+    }
+    if (PROLOGUE == 4u) {
+        return vec4<f32>(partial[4u * kq], partial[4u * kq + 1u], partial[4u * kq + 2u], partial[4u * kq + 3u]);
     }
     if (PROLOGUE == 3u) {
         let st = group_stats[4u * kq / p.group];
@@ -145,6 +151,46 @@ fn row_norms(tid: u32, k4: u32) {
                 s += reduced[tid * 8u + i];
             }
             inv_rms[tid] = inverseSqrt(s / f32(p.k) + p.eps);
+        }
+        workgroupBarrier();
+    }
+}
+
+// PROLOGUE 4: a key range's (max, sum).
+fn range_ml(i: u32) -> vec2<f32> {
+    let v = g[i / 2u];
+    return select(v.xy, v.zw, i % 2u == 1u);
+}
+
+// PROLOGUE 4: each head's key ranges merged into x' (held in `partial` until the partial sums
+// need it), in attention_combine's order and operations, so the same bits as its output: every
+// workgroup for itself (k ≤ 2,048 values from cache), which costs less than a dispatch.
+fn merge_ranges(tid: u32, k4: u32) {
+    if (PROLOGUE == 4u) {
+        for (var i = tid; i < k4; i += 256u) {
+            let base = (i / 16u) * p.group;
+            var m_all = -3.0e38;
+            for (var s = 0u; s < p.group; s++) {
+                let ml = range_ml(base + s);
+                if (ml.y > 0.0) {
+                    m_all = max(m_all, ml.x);
+                }
+            }
+            var num = vec4<f32>(0.0);
+            var den = 0.0;
+            for (var s = 0u; s < p.group; s++) {
+                let ml = range_ml(base + s);
+                if (ml.y > 0.0) {
+                    let f = exp(ml.x - m_all);
+                    num = fma(vec4<f32>(f), x[(base + s) * 16u + i % 16u], num);
+                    den = fma(f, ml.y, den);
+                }
+            }
+            let v = num / den;
+            partial[4u * i] = v.x;
+            partial[4u * i + 1u] = v.y;
+            partial[4u * i + 2u] = v.z;
+            partial[4u * i + 3u] = v.w;
         }
         workgroupBarrier();
     }
@@ -292,6 +338,7 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
+    merge_ranges(tid, k4);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -326,6 +373,10 @@ fn matvec(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid:
         if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
         if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
     }
+    }
+    if (PROLOGUE == 4u) {
+        // Every thread has read x' from `partial` before the partial sums overwrite it.
+        workgroupBarrier();
     }
     partial[tid * 8u + 0u] = acc0;
     partial[tid * 8u + 1u] = acc1;
@@ -367,6 +418,7 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
+    merge_ranges(tid, k4);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -401,6 +453,10 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
         if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
         if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
     }
+    }
+    if (PROLOGUE == 4u) {
+        // Every thread has read x' from `partial` before the partial sums overwrite it.
+        workgroupBarrier();
     }
     partial[tid * 8u + 0u] = acc0;
     partial[tid * 8u + 1u] = acc1;
@@ -442,6 +498,7 @@ fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
+    merge_ranges(tid, k4);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -476,6 +533,10 @@ fn matvec_conv(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
         if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
     }
+    }
+    if (PROLOGUE == 4u) {
+        // Every thread has read x' from `partial` before the partial sums overwrite it.
+        workgroupBarrier();
     }
     partial[tid * 8u + 0u] = acc0;
     partial[tid * 8u + 1u] = acc1;
@@ -517,6 +578,7 @@ fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let k4 = p.k / 4u;
     row_norms(tid, k4);
     group_norms(tid);
+    merge_ranges(tid, k4);
     let col0 = (wid.y * 8192u + wid.x) * COLS;
     let col = col0 + tid / LANES;
     let lane = tid % LANES;
@@ -551,6 +613,10 @@ fn matvec_conv_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
         if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
     }
+    }
+    if (PROLOGUE == 4u) {
+        // Every thread has read x' from `partial` before the partial sums overwrite it.
+        workgroupBarrier();
     }
     partial[tid * 8u + 0u] = acc0;
     partial[tid * 8u + 1u] = acc1;

@@ -248,8 +248,8 @@ impl LanguageModel {
     }
 
     /// A softmax-attention block's mixer: xn → fused q/k/v, rotary (queries into `b.q`, keys and
-    /// values into the cache), attention over the cache into `b.att`, then o_proj into `out`
-    /// (added to it with `accumulate`).
+    /// values into the cache), attention over the cache into `b.att` (decode on GPUs: its key
+    /// ranges, merged by o_proj), then o_proj into `out` (added to it with `accumulate`).
     #[allow(clippy::too_many_arguments)]
     fn attention_step(&self, rec: &mut crate::gpu::Recorder, shape: AttnShape, xn: LinearInput, wqkv: &Weight, wo: &Weight, b: &AttentionBufs, out: &GpuBuf, accumulate: bool) -> Result<()> {
         let (qd, kvd) = (self.config.q_dim(), self.config.kv_dim());
@@ -257,12 +257,14 @@ impl LanguageModel {
         let qkv = rec.temp(rows * (qd + 2 * kvd))?;
         nn::project_input(rec, xn, wqkv, &qkv, rows, false)?;
         let rope = Rope { cos: &self.rope_cos, sin: &self.rope_sin };
-        // Decode on GPUs: the split attention rotates q and k and fills the cache itself.
-        let fused = rows == 1 && nn::fuses_input(rec, rows, wo.rows, wo.cols) && nn::attention_decode_from_qkv(rec, shape, &qkv, &rope, b.k_cache, b.v_cache, b.att)?;
-        if !fused {
-            nn::rope_qkv_to_cache(rec, shape, &qkv, &rope, b.q, b.k_cache, b.v_cache)?;
-            nn::attention(rec, shape, b.q, b.k_cache, b.v_cache, b.att)?;
+        // Decode on GPUs: the split attention rotates q and k and fills the cache itself, and
+        // o_proj merges its key ranges as it loads them.
+        let ranges = if rows == 1 && nn::fuses_input(rec, rows, wo.rows, wo.cols) { nn::attention_decode_ranges(rec, shape, &qkv, &rope, b.k_cache, b.v_cache)? } else { None };
+        if let Some(r) = ranges {
+            return nn::project_input(rec, nn::LinearInput::MergedAttention(&r), wo, out, rows, accumulate);
         }
+        nn::rope_qkv_to_cache(rec, shape, &qkv, &rope, b.q, b.k_cache, b.v_cache)?;
+        nn::attention(rec, shape, b.q, b.k_cache, b.v_cache, b.att)?;
         nn::project(rec, b.att, wo, out, rows, accumulate)
     }
 

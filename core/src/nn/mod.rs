@@ -59,6 +59,8 @@ pub enum LinearInput<'a> {
     SwiGlu(&'a GpuBuf),
     /// A mixer's output norm over groups of x's values (`GroupNormed`).
     GroupNormed(GroupNormed<'a>),
+    /// The split decode attention's output, its key ranges merged (`AttentionRanges::merge`).
+    MergedAttention(&'a AttentionRanges),
 }
 
 /// A mixer's output norm (mixers::ops::head_norm, RMS or Layer) of each group of `group`
@@ -82,6 +84,7 @@ impl LinearInput<'_> {
             LinearInput::Normed { .. } => 1,
             LinearInput::SwiGlu(_) => 2,
             LinearInput::GroupNormed(_) => 3,
+            LinearInput::MergedAttention(_) => 4,
         }
     }
 
@@ -103,6 +106,11 @@ impl LinearInput<'_> {
                 let y = rec.temp(m * k)?;
                 let args = HeadNormArgs { norm: n.norm, x: n.x, weight: Some(n.w), gate: n.gate, rows: m, heads: k / n.group, dim: n.group, eps: n.eps };
                 crate::mixers::ops::head_norm(rec, &args, &y)?;
+                Ok(y)
+            }
+            LinearInput::MergedAttention(r) => {
+                let y = rec.temp(m * k)?;
+                r.merge(rec, &y)?;
                 Ok(y)
             }
         }
@@ -178,6 +186,8 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         LinearInput::Normed { x, g, eps } => (x, eps, Some(g)),
         LinearInput::SwiGlu(gate_up) => (gate_up, 0.0, None),
         LinearInput::GroupNormed(n) => (n.x, n.eps, Some(n.w)),
+        // The ranges' outputs as x, their (max, sum) pairs in the norm weight's binding.
+        LinearInput::MergedAttention(r) => (&r.out, 0.0, Some(&r.ml)),
     };
     let (group, centered, gate) = match input {
         LinearInput::GroupNormed(n) => {
@@ -193,10 +203,18 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
             }
             (n.group, n.norm == HeadNorm::Layer, n.gate)
         }
+        LinearInput::MergedAttention(r) => {
+            let heads = r.shape.n_q;
+            if m != 1 || r.shape.batch * r.shape.seq != 1 || k != heads * ATTENTION_HEAD_DIM || k > 2048 {
+                return Err(Error::argument("linear", format!("nn/matvec merges the key ranges of one query's attention over at most 32 heads of {ATTENTION_HEAD_DIM} values (k = heads · {ATTENTION_HEAD_DIM}), got {m} rows, {heads} heads and k = {k}")));
+            }
+            (r.splits, false, None)
+        }
         _ => (0, false, None),
     };
     let x_len = match input {
         LinearInput::SwiGlu(_) => 2 * m * k,
+        LinearInput::MergedAttention(r) => r.shape.n_q * r.splits * ATTENTION_HEAD_DIM,
         _ => m * k,
     };
     need("matvec x", x, x_len)?;
@@ -221,8 +239,13 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
     let groups = [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1];
     // Every variant's code names bindings 5 and 8; without a norm or gate they are bound to x
     // and never read.
-    if let (Some(g), 0) = (norm, group) {
-        need("matvec norm weight", g, k)?;
+    match input {
+        LinearInput::MergedAttention(r) => need("matvec key ranges", &r.ml, r.ml_len())?,
+        _ => {
+            if let (Some(g), 0) = (norm, group) {
+                need("matvec norm weight", g, k)?;
+            }
+        }
     }
     let w_binding = if f16 { 4 } else { 2 };
     let gate_in = gate.map_or(x, |(_, g)| g);
@@ -449,8 +472,7 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     let bufs = [q, k_cache, v_cache, out];
     if split {
         // Long context, few queries: the keys are split over workgroups, then merged.
-        let ranges = attention_split(rec, s, q, k_cache, v_cache, splits)?;
-        attention_combine(rec, &ranges, out)
+        attention_split(rec, s, q, k_cache, v_cache, splits)?.merge(rec, out)
     } else if s.seq <= ATTENTION_DECODE_MAX_SEQ {
         // Few queries: a workgroup per query, its threads splitting the keys.
         let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
@@ -464,17 +486,19 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
     }
 }
 
-/// `rope_qkv_to_cache` then `attention` in two dispatches for one new token of one sequence
-/// past ATTENTION_SPLIT_MIN_KEYS keys: the split decode rotates q and the new key from the qkv
-/// projection [1, (n_q + 2 n_kv)·64] itself and writes the new key and value into the cache
-/// (nn/attention's attention_decode_split_rope), then attention_combine merges its ranges into
-/// out [1, n_q·64]. False, with nothing recorded, for other shapes.
+/// `rope_qkv_to_cache` then `attention` for one new token of one sequence past
+/// ATTENTION_SPLIT_MIN_KEYS keys, in one dispatch that leaves the key ranges unmerged: the split
+/// decode rotates q and the new key from the qkv projection [1, (n_q + 2 n_kv)·64] itself and
+/// writes the new key and value into the cache (nn/attention's attention_decode_split_rope).
+/// The ranges go to `AttentionRanges::merge`, or straight to o_proj
+/// (`LinearInput::MergedAttention`: its product merges them as it loads them, a dispatch fewer).
+/// None, with nothing recorded, for other shapes.
 #[allow(clippy::too_many_arguments)]
-pub fn attention_decode_from_qkv(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &Rope, k_cache: &GpuBuf, v_cache: &GpuBuf, out: &GpuBuf) -> Result<bool> {
+pub fn attention_decode_ranges(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf, rope: &Rope, k_cache: &GpuBuf, v_cache: &GpuBuf) -> Result<Option<AttentionRanges>> {
     let n_keys = s.pos0 + s.seq;
     let splits = n_keys.div_ceil(attention_keys_per_split(n_keys));
     if s.batch * s.seq != 1 || n_keys <= ATTENTION_SPLIT_MIN_KEYS || s.head_dim != ATTENTION_HEAD_DIM {
-        return Ok(false);
+        return Ok(None);
     }
     s.check()?;
     let half = s.head_dim / 2;
@@ -483,23 +507,42 @@ pub fn attention_decode_from_qkv(rec: &mut Recorder, s: AttnShape, qkv: &GpuBuf,
     need("rope sin", rope.sin, n_keys * half)?;
     need("attention k cache", k_cache, s.n_kv * s.cap * s.head_dim)?;
     need("attention v cache", v_cache, s.n_kv * s.cap * s.head_dim)?;
-    need("attention out", out, s.n_q * s.head_dim)?;
-    let parts = s.n_q * splits;
-    let (ml, parts_out) = (rec.temp(parts * 2)?, rec.temp(parts * s.head_dim)?);
+    let ranges = AttentionRanges::new(rec, s, splits)?;
     let groups = [splits as u32, s.n_q as u32, 1];
-    let bindings = [(5, &ml), (6, &parts_out), (7, qkv), (8, k_cache), (9, v_cache), (10, rope.cos), (11, rope.sin)];
+    let bindings = [(5, &ranges.ml), (6, &ranges.out), (7, qkv), (8, k_cache), (9, v_cache), (10, rope.cos), (11, rope.sin)];
     rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split_rope"), &attention_params(s, splits), &bindings, groups)?;
-    attention_combine(rec, &AttentionRanges { ml, out: parts_out, shape: s, splits }, out)?;
-    Ok(true)
+    Ok(Some(ranges))
 }
 
 /// The split decode attention's results before their merge: per (row, head, key range) its
 /// (max, sum) in `ml` and its unnormalised output [.., 64] in `out`.
-struct AttentionRanges {
+pub struct AttentionRanges {
     ml: GpuBuf,
     out: GpuBuf,
     shape: AttnShape,
     splits: usize,
+}
+
+impl AttentionRanges {
+    /// Temporaries of `rec` for `splits` ranges of every query of `s`: `ml` rounded up to whole
+    /// vec4, which nn/matvec reads it as.
+    fn new(rec: &mut Recorder, s: AttnShape, splits: usize) -> Result<Self> {
+        let parts = s.batch * s.seq * s.n_q * splits;
+        Ok(AttentionRanges { ml: rec.temp((parts * 2).div_ceil(4) * 4)?, out: rec.temp(parts * s.head_dim)?, shape: s, splits })
+    }
+
+    /// The words of `ml` the ranges fill.
+    fn ml_len(&self) -> usize {
+        self.shape.batch * self.shape.seq * self.shape.n_q * self.splits * 2
+    }
+
+    /// attention_combine: the ranges merged into out [rows, n_q, 64].
+    pub fn merge(&self, rec: &mut Recorder, out: &GpuBuf) -> Result<()> {
+        let s = self.shape;
+        need("attention out", out, s.batch * s.seq * s.n_q * s.head_dim)?;
+        let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
+        rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_combine"), &attention_params(s, self.splits), &[(4, out), (5, &self.ml), (6, &self.out)], groups)
+    }
 }
 
 fn attention_params(s: AttnShape, splits: usize) -> AttentionParams {
@@ -511,19 +554,10 @@ fn attention_params(s: AttnShape, splits: usize) -> AttentionParams {
 
 /// attention_decode_split: each query's keys in `splits` ranges, a workgroup each.
 fn attention_split(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf, v_cache: &GpuBuf, splits: usize) -> Result<AttentionRanges> {
-    let parts = s.batch * s.seq * s.n_q * splits;
-    let (ml, out) = (rec.temp(parts * 2)?, rec.temp(parts * s.head_dim)?);
+    let ranges = AttentionRanges::new(rec, s, splits)?;
     let groups = [(s.seq * splits) as u32, s.n_q as u32, s.batch as u32];
-    rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &attention_params(s, splits), &[(1, q), (2, k_cache), (3, v_cache), (5, &ml), (6, &out)], groups)?;
-    Ok(AttentionRanges { ml, out, shape: s, splits })
-}
-
-/// attention_combine: the ranges of `r` merged into out [rows, n_q, 64].
-fn attention_combine(rec: &mut Recorder, r: &AttentionRanges, out: &GpuBuf) -> Result<()> {
-    let s = r.shape;
-    need("attention out", out, s.batch * s.seq * s.n_q * s.head_dim)?;
-    let groups = [s.seq as u32, s.n_q as u32, s.batch as u32];
-    rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_combine"), &attention_params(s, r.splits), &[(4, out), (5, &r.ml), (6, &r.out)], groups)
+    rec.dispatch_bindings(&Kernel::new("nn/attention", "attention_decode_split"), &attention_params(s, splits), &[(1, q), (2, k_cache), (3, v_cache), (5, &ranges.ml), (6, &ranges.out)], groups)?;
+    Ok(ranges)
 }
 
 /// What the backward of training's attention reads: the rotated queries [rows, n_q, 64], the
