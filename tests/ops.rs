@@ -436,8 +436,8 @@ fn attention_from_the_qkv_projection_rotates_and_fills_the_cache() {
 
 /// o_proj of the split decode attention's key ranges (nn/matvec.wgsl's PROLOGUE 4: each
 /// workgroup merges them as attention_combine does, a dispatch fewer) gives the bits of o_proj
-/// after the merge's own dispatch: 3 ranges of 9 heads (the teacher's), 6 of 6 heads with
-/// large scores, 17 ranges of 32 heads (k = 2,048, the most it takes); 64, 32 and 16 threads per
+/// after the merge's own dispatch: 3 ranges of 9 heads (the teacher's), 11 of 6 heads with
+/// large scores, 33 of 32 heads (k = 2,048, the most it takes); 64, 32 and 16 threads per
 /// column; f32 and packed f16 weights; with and without the residual add. A row count or k
 /// that is not one query's heads is refused by name.
 #[test]

@@ -173,27 +173,56 @@ fn range_ml(i: u32) -> vec2<f32> {{
 }}
 
 // PROLOGUE 4: each head's key ranges merged into x' (held in `partial` until the partial sums
-// need it), in attention_combine's order and operations, so the same bits as its output: every
-// workgroup for itself (k ≤ 2,048 values from cache), which costs less than a dispatch.
+// need it) with attention_combine's operations in its order, so the same bits as its output:
+// every workgroup for itself (k ≤ 2,048 values from cache), which costs less than a dispatch.
+// Four ranges at a time, their loads first (past the last range clamped and skipped), so that
+// the loads do not wait for one another.
 fn merge_ranges(tid: u32, k4: u32) {{
     if (PROLOGUE == 4u) {{
+        let last = p.group - 1u;
         for (var i = tid; i < k4; i += 256u) {{
             let base = (i / 16u) * p.group;
             var m_all = -3.0e38;
-            for (var s = 0u; s < p.group; s++) {{
-                let ml = range_ml(base + s);
-                if (ml.y > 0.0) {{
-                    m_all = max(m_all, ml.x);
-                }}
+            for (var s0 = 0u; s0 < p.group; s0 += 4u) {{
+                let ml0 = range_ml(base + min(s0 + 0u, last));
+                let ml1 = range_ml(base + min(s0 + 1u, last));
+                let ml2 = range_ml(base + min(s0 + 2u, last));
+                let ml3 = range_ml(base + min(s0 + 3u, last));
+                if (s0 + 0u <= last && ml0.y > 0.0) {{ m_all = max(m_all, ml0.x); }}
+                if (s0 + 1u <= last && ml1.y > 0.0) {{ m_all = max(m_all, ml1.x); }}
+                if (s0 + 2u <= last && ml2.y > 0.0) {{ m_all = max(m_all, ml2.x); }}
+                if (s0 + 3u <= last && ml3.y > 0.0) {{ m_all = max(m_all, ml3.x); }}
             }}
             var num = vec4<f32>(0.0);
             var den = 0.0;
-            for (var s = 0u; s < p.group; s++) {{
-                let ml = range_ml(base + s);
-                if (ml.y > 0.0) {{
-                    let f = exp(ml.x - m_all);
-                    num = fma(vec4<f32>(f), x[(base + s) * 16u + i % 16u], num);
-                    den = fma(f, ml.y, den);
+            for (var s0 = 0u; s0 < p.group; s0 += 4u) {{
+                let ml0 = range_ml(base + min(s0 + 0u, last));
+                let o0 = x[(base + min(s0 + 0u, last)) * 16u + i % 16u];
+                let ml1 = range_ml(base + min(s0 + 1u, last));
+                let o1 = x[(base + min(s0 + 1u, last)) * 16u + i % 16u];
+                let ml2 = range_ml(base + min(s0 + 2u, last));
+                let o2 = x[(base + min(s0 + 2u, last)) * 16u + i % 16u];
+                let ml3 = range_ml(base + min(s0 + 3u, last));
+                let o3 = x[(base + min(s0 + 3u, last)) * 16u + i % 16u];
+                if (s0 + 0u <= last && ml0.y > 0.0) {{
+                    let f = exp(ml0.x - m_all);
+                    num = fma(vec4<f32>(f), o0, num);
+                    den = fma(f, ml0.y, den);
+                }}
+                if (s0 + 1u <= last && ml1.y > 0.0) {{
+                    let f = exp(ml1.x - m_all);
+                    num = fma(vec4<f32>(f), o1, num);
+                    den = fma(f, ml1.y, den);
+                }}
+                if (s0 + 2u <= last && ml2.y > 0.0) {{
+                    let f = exp(ml2.x - m_all);
+                    num = fma(vec4<f32>(f), o2, num);
+                    den = fma(f, ml2.y, den);
+                }}
+                if (s0 + 3u <= last && ml3.y > 0.0) {{
+                    let f = exp(ml3.x - m_all);
+                    num = fma(vec4<f32>(f), o3, num);
+                    den = fma(f, ml3.y, den);
                 }}
             }}
             let v = num / den;
