@@ -390,6 +390,105 @@ fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id
     }
 }
 
+// Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
+// and columns j0.. Read as made, a row block's 64 × 16 blocks lie in reduction order, so the
+// loop walks each operand's copy straight through, loading the next step's fragments before it
+// multiplies the current ones (their latency hides behind the 16 products).
+@compute @workgroup_size(32)
+fn matmul_coop_32(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let i0 = wid.y * 32u;
+    let j0 = wid.x * 64u;
+    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[p.a_max_at]), 1.0 / operand_scale(amax_b[p.b_max_at]));
+    let part = wid.z * p.split_stride;
+    // The halves from one row fragment to the next: 16 rows of a block, or 16 columns of a row.
+    let a_frag = select(256u, 1024u, A_T);
+    let b_frag = select(256u, 1024u, B_T);
+    let a_len = (p.m + 63u) / 64u * 64u;
+    let b_len = (p.n + 63u) / 64u * 64u;
+    var acc00 = coop_mat16x16<f32, C>();
+    var acc01 = coop_mat16x16<f32, C>();
+    var acc02 = coop_mat16x16<f32, C>();
+    var acc03 = coop_mat16x16<f32, C>();
+    var acc10 = coop_mat16x16<f32, C>();
+    var acc11 = coop_mat16x16<f32, C>();
+    var acc12 = coop_mat16x16<f32, C>();
+    var acc13 = coop_mat16x16<f32, C>();
+    var ma0 = coop_mat16x16<f16, A>();
+    var ma1 = coop_mat16x16<f16, A>();
+    var na0 = coop_mat16x16<f16, A>();
+    var na1 = coop_mat16x16<f16, A>();
+    var mb0 = coop_mat16x16<f16, B>();
+    var mb1 = coop_mat16x16<f16, B>();
+    var mb2 = coop_mat16x16<f16, B>();
+    var mb3 = coop_mat16x16<f16, B>();
+    var nb0 = coop_mat16x16<f16, B>();
+    var nb1 = coop_mat16x16<f16, B>();
+    var nb2 = coop_mat16x16<f16, B>();
+    var nb3 = coop_mat16x16<f16, B>();
+    let k_begin = wid.z * p.split_k;
+    let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
+    // Every split has at least one step.
+    // The tile's first row fragment within its 64-row block of a's copy.
+    let a_first = (wid.y % 2u) * 2u * a_frag;
+    let a_at = piece_at(A_T, wid.y / 2u, k_begin, a_len) + a_first;
+    let b_at = piece_at(B_T, wid.x, k_begin, b_len);
+    if (A_T) { ma0 = coopLoad<coop_mat16x16<f16, A>>(&a16[a_at + 0u * a_frag], 16u); } else { ma0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[a_at + 0u * a_frag], 16u); }
+    if (A_T) { ma1 = coopLoad<coop_mat16x16<f16, A>>(&a16[a_at + 1u * a_frag], 16u); } else { ma1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[a_at + 1u * a_frag], 16u); }
+    if (B_T) { mb0 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 0u * b_frag], 16u); } else { mb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 0u * b_frag], 16u); }
+    if (B_T) { mb1 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 1u * b_frag], 16u); } else { mb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 1u * b_frag], 16u); }
+    if (B_T) { mb2 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 2u * b_frag], 16u); } else { mb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 2u * b_frag], 16u); }
+    if (B_T) { mb3 = coopLoadT<coop_mat16x16<f16, B>>(&b16[b_at + 3u * b_frag], 16u); } else { mb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[b_at + 3u * b_frag], 16u); }
+    for (var k0 = k_begin; k0 < k_end; k0 += 16u) {
+        // The last step loads itself again rather than reading past the split.
+        let k_next = min(k0 + 16u, k_end - 16u);
+        let na_at = piece_at(A_T, wid.y / 2u, k_next, a_len) + a_first;
+        let nb_at = piece_at(B_T, wid.x, k_next, b_len);
+        if (A_T) { na0 = coopLoad<coop_mat16x16<f16, A>>(&a16[na_at + 0u * a_frag], 16u); } else { na0 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 0u * a_frag], 16u); }
+        if (A_T) { na1 = coopLoad<coop_mat16x16<f16, A>>(&a16[na_at + 1u * a_frag], 16u); } else { na1 = coopLoadT<coop_mat16x16<f16, A>>(&a16[na_at + 1u * a_frag], 16u); }
+        if (B_T) { nb0 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 0u * b_frag], 16u); } else { nb0 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 0u * b_frag], 16u); }
+        if (B_T) { nb1 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 1u * b_frag], 16u); } else { nb1 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 1u * b_frag], 16u); }
+        if (B_T) { nb2 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 2u * b_frag], 16u); } else { nb2 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 2u * b_frag], 16u); }
+        if (B_T) { nb3 = coopLoadT<coop_mat16x16<f16, B>>(&b16[nb_at + 3u * b_frag], 16u); } else { nb3 = coopLoad<coop_mat16x16<f16, B>>(&b16[nb_at + 3u * b_frag], 16u); }
+        acc00 = coopMultiplyAdd(ma0, mb0, acc00);
+        acc01 = coopMultiplyAdd(ma0, mb1, acc01);
+        acc02 = coopMultiplyAdd(ma0, mb2, acc02);
+        acc03 = coopMultiplyAdd(ma0, mb3, acc03);
+        acc10 = coopMultiplyAdd(ma1, mb0, acc10);
+        acc11 = coopMultiplyAdd(ma1, mb1, acc11);
+        acc12 = coopMultiplyAdd(ma1, mb2, acc12);
+        acc13 = coopMultiplyAdd(ma1, mb3, acc13);
+        ma0 = na0;
+        ma1 = na1;
+        mb0 = nb0;
+        mb1 = nb1;
+        mb2 = nb2;
+        mb3 = nb3;
+    }
+    // A tile wholly inside y, its rows 16-byte aligned, goes straight from the accumulators
+    // (16 stores, no barrier); an edge tile through workgroup memory, element by element, its
+    // bounds checked (uniform: from wid and p).
+    let aligned = (p.ldy % 4u) == 0u && (p.y0 % 4u) == 0u && (part % 4u) == 0u;
+    if (aligned && i0 + 32u <= p.m && j0 + 64u <= p.n) {
+        store_whole(acc00, i0 + 0u, j0 + 0u, unscale, part);
+        store_whole(acc01, i0 + 0u, j0 + 16u, unscale, part);
+        store_whole(acc02, i0 + 0u, j0 + 32u, unscale, part);
+        store_whole(acc03, i0 + 0u, j0 + 48u, unscale, part);
+        store_whole(acc10, i0 + 16u, j0 + 0u, unscale, part);
+        store_whole(acc11, i0 + 16u, j0 + 16u, unscale, part);
+        store_whole(acc12, i0 + 16u, j0 + 32u, unscale, part);
+        store_whole(acc13, i0 + 16u, j0 + 48u, unscale, part);
+    } else {
+        write_out(acc00, lane, i0 + 0u, j0 + 0u, unscale, part);
+        write_out(acc01, lane, i0 + 0u, j0 + 16u, unscale, part);
+        write_out(acc02, lane, i0 + 0u, j0 + 32u, unscale, part);
+        write_out(acc03, lane, i0 + 0u, j0 + 48u, unscale, part);
+        write_out(acc10, lane, i0 + 16u, j0 + 0u, unscale, part);
+        write_out(acc11, lane, i0 + 16u, j0 + 16u, unscale, part);
+        write_out(acc12, lane, i0 + 16u, j0 + 32u, unscale, part);
+        write_out(acc13, lane, i0 + 16u, j0 + 48u, unscale, part);
+    }
+}
+
 // y[i, j] (+)= Σ_z parts[z, i, j], one thread per element, the parts in order.
 @compute @workgroup_size(256)
 fn sum_splits(@builtin(global_invocation_id) gid: vec3<u32>) {
