@@ -99,51 +99,6 @@ fn tensor_core_gemms_match_f64_of_f16_operands() {
     }
 }
 
-/// Subgroups of 32 rows of y (`matmul_coop_32`, which products with few 64 × 64 tiles take)
-/// give the bits of subgroups of 64: forward, dx and dw (split reductions of two and three
-/// parts), whole tiles stored from the accumulators and edge tiles element by element, with and
-/// without accumulation. Any other row count is refused by name.
-#[test]
-fn tensor_core_tiles_of_32_rows_give_the_64_row_tiles_bits() {
-    let err = linearize_tests::gpu().set_gemm_tile_rows(Some(48)).unwrap_err().to_string();
-    assert!(err.contains("32 or 64 rows"), "{err}");
-    let Some(gpu) = mixed_gpu() else { return };
-    let mut rng = Rng::new(13);
-    type Op = dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf, &GpuBuf, &GpuBuf, Gemm, bool) -> linearize_core::Result<()>;
-    let ops: [(&str, &Op); 3] = [
-        ("forward", &|rec, a, b, y, g, acc| nn::linear(rec, a, b, y, g, acc)),
-        ("backward input", &|rec, a, b, y, g, acc| nn::linear_backward_input(rec, a, b, y, g, acc)),
-        ("backward weight", &|rec, a, b, y, g, acc| nn::linear_backward_weight(rec, a, b, y, g, acc)),
-    ];
-    for &(m, n, k) in &[(70, 129, 150), (128, 192, 576), (300, 64, 64), (1100, 9, 40), (1650, 20, 30)] {
-        let g = Gemm { m, n, k };
-        for (what, op) in ops {
-            // Operand a and y's shapes per product: x [m, k] and y [m, n]; dy [m, n] and dx [m, k];
-            // dy [m, n] and dw [n, k]. Operand b: w [n, k], w [n, k], x [m, k].
-            let (a_len, b_len, y_len) = match what {
-                "forward" => (m * k, n * k, m * n),
-                "backward input" => (m * n, n * k, m * k),
-                _ => (m * n, m * k, n * k),
-            };
-            let (a, b, y0) = (random(&mut rng, a_len, 1.0), random(&mut rng, b_len, 1.0), random(&mut rng, y_len, 1.0));
-            for accumulate in [false, true] {
-                let run = |rows: usize| {
-                    gpu.set_gemm_tile_rows(Some(rows)).unwrap();
-                    let (ab, bb, yb) = (gpu.upload_f32("a", &a).unwrap(), gpu.upload_f32("b", &b).unwrap(), gpu.upload_f32("y", &y0).unwrap());
-                    let mut rec = gpu.recorder();
-                    op(&mut rec, &ab, &bb, &yb, g, accumulate).unwrap();
-                    rec.submit().unwrap();
-                    gpu.read_f32_blocking(&yb, y_len).unwrap()
-                };
-                let (wide, narrow) = (run(64), run(32));
-                let bad = wide.iter().zip(&narrow).position(|(x, y)| x.to_bits() != y.to_bits());
-                assert!(bad.is_none(), "{what} {m}x{n}x{k} accumulate={accumulate}: element {bad:?}: {:?} with 32 rows, {:?} with 64", bad.map(|i| narrow[i]), bad.map(|i| wide[i]));
-            }
-        }
-    }
-    gpu.set_gemm_tile_rows(None).unwrap();
-}
-
 /// Gradients far below f16's range (a loss seed over many rows) and activations far above it:
 /// the per-tensor scales keep both at f16's relative precision instead of flushing them to zero
 /// or infinity.

@@ -137,16 +137,9 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         let (x, w, dy) = (gpu.upload_f32("x", &xh)?, gpu.upload_f32("w", &wh)?, gpu.upload_f32("dy", &dyh)?);
         let (y, dx, dw) = (gpu.scratch(m * n)?, gpu.scratch(m * k)?, gpu.scratch(n * k)?);
         let g = Gemm { m, n, k };
-        // On tensor cores each product with subgroups of 64 and of 32 rows (`Gpu::set_gemm_tile_rows`;
-        // a product on its own picks by its tile count).
-        let runs: Vec<(Precision, Option<usize>)> = precisions.iter().flat_map(|&p| if p == Precision::Mixed { vec![(p, Some(64)), (p, Some(32))] } else { vec![(p, None)] }).collect();
-        for &(precision, tile_rows) in &runs {
+        for &precision in &precisions {
             gpu.set_precision(precision)?;
-            gpu.set_gemm_tile_rows(tile_rows)?;
-            let path = match tile_rows {
-                Some(r) => format!("{}, {r}-row tiles", precision.gemm_path()),
-                None => precision.gemm_path().to_string(),
-            };
+            let path = precision.gemm_path();
             let products: [(&str, &GpuBuf, usize, usize, Sampler); 3] = [
                 ("linear", &y, m, n, &|i, j| (0..k).map(|r| xh[i * k + r] as f64 * wh[j * k + r] as f64).sum()),
                 ("linear backward input", &dx, m, k, &|i, j| (0..n).map(|r| dyh[i * n + r] as f64 * wh[r * k + j] as f64).sum()),
@@ -156,7 +149,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
                 if m == 1 && name != "linear" {
                     continue;
                 }
-                let mut v = time(format!("{name} {m}x{n}x{k}"), &path, 2.0 * (m * n * k) as f64, 10, &mut |rec| match name {
+                let mut v = time(format!("{name} {m}x{n}x{k}"), path, 2.0 * (m * n * k) as f64, 10, &mut |rec| match name {
                     "linear" => nn::linear(rec, &x, &w, &y, g, false),
                     "linear backward input" => nn::linear_backward_input(rec, &dy, &w, &dx, g, false),
                     _ => nn::linear_backward_weight(rec, &dy, &x, &dw, g, false),
@@ -176,7 +169,6 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
             }
         }
         gpu.set_precision(Precision::F32)?;
-        gpu.set_gemm_tile_rows(None)?;
     }
     for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] {
         let s = AttnShape { batch: b, seq: t, pos0, n_q: 9, n_kv: 3, head_dim: 64, cap: (pos0 + t).max(512) };

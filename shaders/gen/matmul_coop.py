@@ -55,95 +55,28 @@ matmul_vec4.py).
 """
 import pathlib
 
-NJ = 4  # 16-column accumulators per subgroup: 64 columns of y
+MI = NJ = 4  # accumulators per subgroup: 64 × 64
+acc_decl = "\n".join(f"    var acc{i}{j} = coop_mat16x16<f32, C>();" for i in range(MI) for j in range(NJ))
+def loads(indent, a, b, at_a, at_b):
+    """The 16×16 fragments of one 16-index step of each copy: a's four row fragments, b's four.
+    A copy read as made holds a fragment as 16 rows × 16 reduction indices (a row-major for A,
+    column-major for B); read transposed, as 16 reduction indices × 16 rows, the other way."""
+    def one(name, i, buf, at, role, transposed, direct, other):
+        return (f"{indent}if ({transposed}) {{ {name}{i} = {other}<coop_mat16x16<f16, {role}>>(&{buf}[{at} + {i}u * {buf[0]}_frag], 16u); }} "
+                f"else {{ {name}{i} = {direct}<coop_mat16x16<f16, {role}>>(&{buf}[{at} + {i}u * {buf[0]}_frag], 16u); }}")
+    return "\n".join(
+        [one(a, i, "a16", at_a, "A", "A_T", "coopLoadT", "coopLoad") for i in range(MI)]
+        + [one(b, j, "b16", at_b, "B", "B_T", "coopLoad", "coopLoadT") for j in range(NJ)])
 
 
-def pieces(mi):
-    """The named registers and unrolled statements of a tile of 16·mi rows × 64 columns."""
-    def loads(indent, a, b, at_a, at_b):
-        """The 16×16 fragments of one 16-index step of each copy: a's mi row fragments, b's
-        four. A copy read as made holds a fragment as 16 rows × 16 reduction indices (a
-        row-major for A, column-major for B); read transposed, as 16 reduction indices × 16
-        rows, the other way."""
-        def one(name, i, buf, at, role, transposed, direct, other):
-            return (f"{indent}if ({transposed}) {{ {name}{i} = {other}<coop_mat16x16<f16, {role}>>(&{buf}[{at} + {i}u * {buf[0]}_frag], 16u); }} "
-                    f"else {{ {name}{i} = {direct}<coop_mat16x16<f16, {role}>>(&{buf}[{at} + {i}u * {buf[0]}_frag], 16u); }}")
-        return "\n".join(
-            [one(a, i, "a16", at_a, "A", "A_T", "coopLoadT", "coopLoad") for i in range(mi)]
-            + [one(b, j, "b16", at_b, "B", "B_T", "coopLoad", "coopLoadT") for j in range(NJ)])
-    return dict(
-        acc_decl="\n".join(f"    var acc{i}{j} = coop_mat16x16<f32, C>();" for i in range(mi) for j in range(NJ)),
-        frag_decl="\n".join([f"    var {n}{i} = coop_mat16x16<f16, A>();" for n in ("ma", "na") for i in range(mi)]
-                            + [f"    var {n}{j} = coop_mat16x16<f16, B>();" for n in ("mb", "nb") for j in range(NJ)]),
-        first_loads=loads("    ", "ma", "mb", "a_at", "b_at"),
-        next_loads=loads("        ", "na", "nb", "na_at", "nb_at"),
-        moves="\n".join([f"        ma{i} = na{i};" for i in range(mi)] + [f"        mb{j} = nb{j};" for j in range(NJ)]),
-        mma="\n".join(f"        acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(mi) for j in range(NJ)),
-        stores="\n".join(f"        write_out(acc{i}{j}, lane, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(mi) for j in range(NJ)),
-        stores_whole="\n".join(f"        store_whole(acc{i}{j}, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(mi) for j in range(NJ)),
-    )
-
-
-TILE_KERNEL = """// Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
-// and columns j0.. Read as made, a row block's 64 × 16 blocks lie in reduction order, so the
-// loop walks each operand's copy straight through, loading the next step's fragments before it
-// multiplies the current ones (their latency hides behind the 16 products).
-@compute @workgroup_size(32)
-fn {entry}(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let i0 = wid.y * {rows}u;
-    let j0 = wid.x * 64u;
-    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[p.a_max_at]), 1.0 / operand_scale(amax_b[p.b_max_at]));
-    let part = wid.z * p.split_stride;
-    // The halves from one row fragment to the next: 16 rows of a block, or 16 columns of a row.
-    let a_frag = select(256u, 1024u, A_T);
-    let b_frag = select(256u, 1024u, B_T);
-    let a_len = (p.m + 63u) / 64u * 64u;
-    let b_len = (p.n + 63u) / 64u * 64u;
-{acc_decl}
-{frag_decl}
-    let k_begin = wid.z * p.split_k;
-    let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
-    // Every split has at least one step.
-{a_at}
-    let b_at = piece_at(B_T, wid.x, k_begin, b_len);
-{first_loads}
-    for (var k0 = k_begin; k0 < k_end; k0 += 16u) {{
-        // The last step loads itself again rather than reading past the split.
-        let k_next = min(k0 + 16u, k_end - 16u);
-{na_at}
-        let nb_at = piece_at(B_T, wid.x, k_next, b_len);
-{next_loads}
-{mma}
-{moves}
-    }}
-    // A tile wholly inside y, its rows 16-byte aligned, goes straight from the accumulators
-    // (16 stores, no barrier); an edge tile through workgroup memory, element by element, its
-    // bounds checked (uniform: from wid and p).
-    let aligned = (p.ldy % 4u) == 0u && (p.y0 % 4u) == 0u && (part % 4u) == 0u;
-    if (aligned && i0 + {rows}u <= p.m && j0 + 64u <= p.n) {{
-{stores_whole}
-    }} else {{
-{stores}
-    }}
-}}
-
-"""
-# Subgroups of 64 × 64 (the default) and of 32 × 64, for products with too few 64 × 64 tiles to
-# give every SM several subgroups; each output's sum runs over the same steps in the same order.
-def a_pieces(mi):
-    """Where the tile's first row fragment of a's copy starts: a whole 64-row block, or the
-    (wid.y % 2)-th half of one."""
-    if mi == 4:
-        return dict(a_at="    let a_at = piece_at(A_T, wid.y, k_begin, a_len);",
-                    na_at="        let na_at = piece_at(A_T, wid.y, k_next, a_len);")
-    per = 4 // mi
-    return dict(a_at=f"    // The tile's first row fragment within its 64-row block of a's copy.\n"
-                     f"    let a_first = (wid.y % {per}u) * {mi}u * a_frag;\n"
-                     f"    let a_at = piece_at(A_T, wid.y / {per}u, k_begin, a_len) + a_first;",
-                na_at=f"        let na_at = piece_at(A_T, wid.y / {per}u, k_next, a_len) + a_first;")
-
-
-tile_kernels = "".join(TILE_KERNEL.format(entry=entry, rows=16 * mi, **a_pieces(mi), **pieces(mi)) for entry, mi in (("matmul_coop", 4), ("matmul_coop_32", 2)))
+frag_decl = "\n".join([f"    var {n}{i} = coop_mat16x16<f16, A>();" for n in ("ma", "na") for i in range(MI)]
+                      + [f"    var {n}{j} = coop_mat16x16<f16, B>();" for n in ("mb", "nb") for j in range(NJ)])
+first_loads = loads("    ", "ma", "mb", "a_at", "b_at")
+next_loads = loads("        ", "na", "nb", "na_at", "nb_at")
+moves = "\n".join([f"        ma{i} = na{i};" for i in range(MI)] + [f"        mb{j} = nb{j};" for j in range(NJ)])
+mma = "\n".join(f"        acc{i}{j} = coopMultiplyAdd(ma{i}, mb{j}, acc{i}{j});" for i in range(MI) for j in range(NJ))
+stores = "\n".join(f"        write_out(acc{i}{j}, lane, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(MI) for j in range(NJ))
+stores_whole = "\n".join(f"        store_whole(acc{i}{j}, i0 + {16 * i}u, j0 + {16 * j}u, unscale, part);" for i in range(MI) for j in range(NJ))
 
 src = f"""// GENERATED by shaders/gen/matmul_coop.py: edit the generator, not this file.
 //
@@ -398,7 +331,50 @@ fn piece_at(transposed: bool, tile: u32, k: u32, len: u32) -> u32 {{
     return (tile * p.kp + k) * 64u;
 }}
 
-{tile_kernels}// y[i, j] (+)= Σ_z parts[z, i, j], one thread per element, the parts in order.
+// Workgroup (column tile, row tile, split) of y: one subgroup, the 64 × 64 tile at rows i0..
+// and columns j0.. Read as made, a row block's 64 × 16 blocks lie in reduction order, so the
+// loop walks each operand's copy straight through, loading the next step's fragments before it
+// multiplies the current ones (their latency hides behind the 16 products).
+@compute @workgroup_size(32)
+fn matmul_coop(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let i0 = wid.y * 64u;
+    let j0 = wid.x * 64u;
+    let unscale = vec2<f32>(1.0 / operand_scale(amax_a[p.a_max_at]), 1.0 / operand_scale(amax_b[p.b_max_at]));
+    let part = wid.z * p.split_stride;
+    // The halves from one row fragment to the next: 16 rows of a block, or 16 columns of a row.
+    let a_frag = select(256u, 1024u, A_T);
+    let b_frag = select(256u, 1024u, B_T);
+    let a_len = (p.m + 63u) / 64u * 64u;
+    let b_len = (p.n + 63u) / 64u * 64u;
+{acc_decl}
+{frag_decl}
+    let k_begin = wid.z * p.split_k;
+    let k_end = min(p.kp, (wid.z + 1u) * p.split_k);
+    // Every split has at least one step.
+    let a_at = piece_at(A_T, wid.y, k_begin, a_len);
+    let b_at = piece_at(B_T, wid.x, k_begin, b_len);
+{first_loads}
+    for (var k0 = k_begin; k0 < k_end; k0 += 16u) {{
+        // The last step loads itself again rather than reading past the split.
+        let k_next = min(k0 + 16u, k_end - 16u);
+        let na_at = piece_at(A_T, wid.y, k_next, a_len);
+        let nb_at = piece_at(B_T, wid.x, k_next, b_len);
+{next_loads}
+{mma}
+{moves}
+    }}
+    // A tile wholly inside y, its rows 16-byte aligned, goes straight from the accumulators
+    // (16 stores, no barrier); an edge tile through workgroup memory, element by element, its
+    // bounds checked (uniform: from wid and p).
+    let aligned = (p.ldy % 4u) == 0u && (p.y0 % 4u) == 0u && (part % 4u) == 0u;
+    if (aligned && i0 + 64u <= p.m && j0 + 64u <= p.n) {{
+{stores_whole}
+    }} else {{
+{stores}
+    }}
+}}
+
+// y[i, j] (+)= Σ_z parts[z, i, j], one thread per element, the parts in order.
 @compute @workgroup_size(256)
 fn sum_splits(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let at = gid.y * 65535u * 256u + gid.x;

@@ -3,7 +3,7 @@ use super::buffers::BufferPool;
 use super::dispatch::PipelineCache;
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 /// What the chosen adapter is, for reports and `--json` output.
@@ -44,8 +44,6 @@ pub struct Gpu {
     pub(crate) pool: Mutex<BufferPool>,
     /// `Precision::Mixed` chosen (only where `adapter.tensor_cores`).
     mixed: AtomicBool,
-    /// Rows of y per tensor-core subgroup: 0 chosen per product (`nn`), else 32 or 64.
-    tile_rows: AtomicUsize,
     /// The profiler times dispatches with timestamp queries (LINEARIZE_PROFILE set, and the
     /// adapter offers them).
     pub(crate) timestamps: bool,
@@ -250,7 +248,6 @@ impl Gpu {
             pipelines: PipelineCache::default(),
             pool: Mutex::new(BufferPool::default()),
             mixed: AtomicBool::new(false),
-            tile_rows: AtomicUsize::new(0),
             timestamps,
             timestamp_query,
             open_recorders: Default::default(),
@@ -275,28 +272,6 @@ impl Gpu {
         }
         self.mixed.store(precision == Precision::Mixed, Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Rows of y each tensor-core subgroup computes: None (the default) lets each product
-    /// choose — 32 where 64-row tiles would leave the GPU short of subgroups, else 64 — and
-    /// Some(32) or Some(64) makes every product take that. Either gives the same bits (each
-    /// output's sum takes the same steps in the same order); `bench ops` times both.
-    pub fn set_gemm_tile_rows(&self, rows: Option<usize>) -> Result<()> {
-        match rows {
-            None | Some(32) | Some(64) => {
-                self.tile_rows.store(rows.unwrap_or(0), Ordering::Relaxed);
-                Ok(())
-            }
-            Some(r) => Err(Error::argument("tile rows", format!("a tensor-core subgroup computes 32 or 64 rows of y, not {r}"))),
-        }
-    }
-
-    /// What `set_gemm_tile_rows` chose.
-    pub fn gemm_tile_rows(&self) -> Option<usize> {
-        match self.tile_rows.load(Ordering::Relaxed) {
-            0 => None,
-            r => Some(r),
-        }
     }
 
     /// The arithmetic in use: F32 or Mixed (never Best).

@@ -747,12 +747,8 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
         }
     };
     let params = CoopGemmParams { a_max_at: sa.max_at, b_max_at: sb.max_at, ..params };
-    // Subgroups of 32 rows where 64-row ones would be too few to keep every SM busy (each
-    // output's sum the same either way).
-    let tile_rows = rec.gpu().gemm_tile_rows().unwrap_or(if tiles * splits < TENSOR_CORE_SUBGROUPS_WANTED { 32 } else { 64 });
-    let entry = if tile_rows == 32 { "matmul_coop_32" } else { "matmul_coop" };
-    let product = Kernel::new(shader, entry).with("A_T", sa.transposed as u32 as f64).with("B_T", sb.transposed as u32 as f64);
-    let groups = [(cols_p / 64) as u32, (rows_p / tile_rows) as u32, splits as u32];
+    let product = Kernel::new(shader, "matmul_coop").with("A_T", sa.transposed as u32 as f64).with("B_T", sb.transposed as u32 as f64);
+    let groups = [(cols_p / 64) as u32, (rows_p / 64) as u32, splits as u32];
     let operands = [(7, &sa.copy), (8, &sb.copy), (10, &sa.amax), (11, &sb.amax)];
     if splits == 1 {
         return rec.dispatch_bindings(&product, &params, &[&operands[..], &[(3, y)]].concat(), groups);
@@ -874,9 +870,6 @@ fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmP
 /// Output tiles (64×64) of the tensor-core GEMM below which it splits the reduction: four
 /// subgroups per SM of an H200 (132 SMs).
 const TENSOR_CORE_TILES_WANTED: usize = 528;
-/// Below this many 64 × 64 tiles (counting a split reduction's parts), the tensor-core GEMM
-/// takes subgroups of 32 rows: twice as many, for 1.5× the fragment loads per product.
-const TENSOR_CORE_SUBGROUPS_WANTED: usize = 1056;
 
 /// What `rmsnorm` read: x [rows, cols] and its weight w [cols].
 #[derive(Clone, Copy)]
