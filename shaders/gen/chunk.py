@@ -578,13 +578,6 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         db{e} = q_row[row * D4 + a] * dq{e} - k_row[row * D4 + a] * dk{e};
     }
     //@end
-    // dq is final here (db holds what the gates need of it): stored now, so that its registers
-    // are free for the phases below, which need the most (one workgroup per SM held them all).
-    if (in_range) {
-        //@for e NV
-        dq_out[row * D4 + part + {4e}u] = dq{e};
-        //@end
-    }
     if (NORM == 2u) {
         // The input gate scales k_s wherever it appears: dĩ_s = k_s·dk_s.
         var di = 0.0;
@@ -712,7 +705,9 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
     if (in_range) {
         //@for e NV
-        dk_out[row * D4 + part + {4e}u] = dk{e};
+        let a = part + {4e}u;
+        dq_out[row * D4 + a] = dq{e};
+        dk_out[row * D4 + a] = dk{e};
         //@end
     }
 

@@ -3070,22 +3070,6 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             db3 = q_row[row * D4 + a] * dq3 - k_row[row * D4 + a] * dk3;
         }
     }
-    // dq is final here (db holds what the gates need of it): stored now, so that its registers
-    // are free for the phases below, which need the most (one workgroup per SM held them all).
-    if (in_range) {
-        {
-            dq_out[row * D4 + part + 0u] = dq0;
-        }
-        {
-            dq_out[row * D4 + part + 4u] = dq1;
-        }
-        {
-            dq_out[row * D4 + part + 8u] = dq2;
-        }
-        {
-            dq_out[row * D4 + part + 12u] = dq3;
-        }
-    }
     if (NORM == 2u) {
         // The input gate scales k_s wherever it appears: dĩ_s = k_s·dk_s.
         var di = 0.0;
@@ -3422,16 +3406,24 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
     if (in_range) {
         {
-            dk_out[row * D4 + part + 0u] = dk0;
+            let a = part + 0u;
+            dq_out[row * D4 + a] = dq0;
+            dk_out[row * D4 + a] = dk0;
         }
         {
-            dk_out[row * D4 + part + 4u] = dk1;
+            let a = part + 4u;
+            dq_out[row * D4 + a] = dq1;
+            dk_out[row * D4 + a] = dk1;
         }
         {
-            dk_out[row * D4 + part + 8u] = dk2;
+            let a = part + 8u;
+            dq_out[row * D4 + a] = dq2;
+            dk_out[row * D4 + a] = dk2;
         }
         {
-            dk_out[row * D4 + part + 12u] = dk3;
+            let a = part + 12u;
+            dq_out[row * D4 + a] = dq3;
+            dk_out[row * D4 + a] = dk3;
         }
     }
 

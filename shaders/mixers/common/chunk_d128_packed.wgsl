@@ -3420,34 +3420,6 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             db7 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq7 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk7;
         }
     }
-    // dq is final here (db holds what the gates need of it): stored now, so that its registers
-    // are free for the phases below, which need the most (one workgroup per SM held them all).
-    if (in_range) {
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 0u), dq0);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 4u), dq1);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 8u), dq2);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 12u), dq3);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 16u), dq4);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 20u), dq5);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 24u), dq6);
-        }
-        {
-            out_store4(arena_toc[22u] / 4u + (row * D4 + part + 28u), dq7);
-        }
-    }
     if (NORM == 2u) {
         // The input gate scales k_s wherever it appears: dĩ_s = k_s·dk_s.
         var di = 0.0;
@@ -3896,28 +3868,44 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     }
     if (in_range) {
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 0u), dk0);
+            let a = part + 0u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq0);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk0);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 4u), dk1);
+            let a = part + 4u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq1);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk1);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 8u), dk2);
+            let a = part + 8u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq2);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk2);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 12u), dk3);
+            let a = part + 12u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq3);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk3);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 16u), dk4);
+            let a = part + 16u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq4);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk4);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 20u), dk5);
+            let a = part + 20u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq5);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk5);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 24u), dk6);
+            let a = part + 24u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq6);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk6);
         }
         {
-            out_store4(arena_toc[23u] / 4u + (row * D4 + part + 28u), dk7);
+            let a = part + 28u;
+            out_store4(arena_toc[22u] / 4u + (row * D4 + a), dq7);
+            out_store4(arena_toc[23u] / 4u + (row * D4 + a), dk7);
         }
     }
 
