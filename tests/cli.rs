@@ -106,6 +106,13 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["bench", "ops", "--prefill", "8x512"], &[], "--prefill: `bench ops` does not use it"),
         (&["bench", "teacher", "--backward"], &[], "--backward: `bench teacher` does not use it"),
         (&["bench", "ops", "--digest"], &[], "--digest: `bench ops` does not use it"),
+        (&["bench", "ops", "--entry", "matvec"], &[], "--entry: `bench ops` does not use it"),
+        (&["bench", "registers", "--backward"], &[], "--backward: `bench registers` does not use it"),
+        (&["bench", "registers", "--constants", "GATE=1"], &[], "give --shader and --entry together"),
+        (&["bench", "registers", "--shader", "nn/nope", "--entry", "matvec"], &[], "no shader 'nn/nope'"),
+        (&["bench", "registers", "--shader", "nn/matvec", "--entry", "nope"], &[], "nn/matvec has no entry point 'nope'"),
+        (&["bench", "registers", "--shader", "nn/matvec", "--entry", "matvec", "--constants", "LANES"], &[], "expected NAME=VALUE, got 'LANES'"),
+        (&["bench", "registers", "--shader", "/nonexistent/k.wgsl", "--entry", "main"], &[], "/nonexistent/k.wgsl"),
         (&["distill", "--mixer", "gla", "--conv-init", "zeros", "--out", "/tmp/never"], &[], "possible values: random, identity"),
         (&["bench", "mixers", "--mixers", "gla,lstm"], &[], "invalid value 'lstm' for '--mixers"),
         (&["student", "--mixer", "mamba", "--out", "/tmp/never"], &[], "invalid value 'mamba' for '--mixer"),
@@ -133,6 +140,26 @@ fn bad_arguments_fail_with_clear_messages() {
         assert!(e.contains(want), "{args:?}: expected '{want}' in: {e}");
         assert!(!e.contains("panicked"), "{args:?} panicked: {e}");
     }
+}
+
+/// `bench registers` reads the driver's statistics of a kernel (the H200: registers per thread),
+/// or, on an adapter without VK_KHR_pipeline_executable_properties (lavapipe), fails saying
+/// which extension it lacks — never a silent nothing.
+#[test]
+fn bench_registers_reports_the_drivers_statistics_or_names_the_missing_extension() {
+    let o = run(&["bench", "registers", "--shader", "mixers/common/chunk", "--entry", "chunk_bwd_grads", "--constants", "GATE=1,DELTA=1,NORM=0", "--json"], &[]);
+    let e = stderr(&o);
+    assert!(!e.contains("panicked"), "{e}");
+    if !o.status.success() {
+        assert!(e.contains("does not offer VK_KHR_pipeline_executable_properties"), "{e}");
+        eprintln!("NOT RUN: this adapter has no pipeline statistics ({}); `bench registers` is checked on the H200 (BENCHMARKS.md)", e.trim());
+        return;
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let r = &v["results"][0];
+    assert_eq!(r["entry"], "chunk_bwd_grads");
+    assert_eq!(r["constants"], serde_json::json!(["GATE=1", "DELTA=1", "NORM=0"]));
+    assert!(!r["statistics"].as_object().unwrap().is_empty(), "{r}");
 }
 
 #[test]

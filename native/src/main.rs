@@ -7,6 +7,7 @@ mod eval;
 mod fetch;
 mod niah;
 mod ranks;
+mod registers;
 mod report;
 mod saturation;
 mod serve;
@@ -639,8 +640,10 @@ pub(crate) fn parse_list<T: std::str::FromStr>(arg: &str, text: &str) -> Result<
 #[derive(clap::Args)]
 struct BenchArgs {
     /// What to time: teacher (end to end), ops (single kernels at the teacher's shapes) or mixers
-    /// (each mixer's chunked forward and decode step at fla's comparison shapes)
-    #[arg(default_value = "teacher", value_parser = clap::builder::PossibleValuesParser::new(["teacher", "ops", "mixers"]))]
+    /// (each mixer's chunked forward and decode step at fla's comparison shapes); registers: the
+    /// GPU compiler's statistics of the heavy kernels (registers per thread, which set how many
+    /// workgroups an SM runs at once; the adapter must offer VK_KHR_pipeline_executable_properties)
+    #[arg(default_value = "teacher", value_parser = clap::builder::PossibleValuesParser::new(["teacher", "ops", "mixers", "registers"]))]
     what: String,
     /// bench teacher: the model [default: smollm2-135m]
     #[arg(long)]
@@ -682,6 +685,16 @@ struct BenchArgs {
     /// bench mixers: only these mixers, comma-separated (all of them by default)
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
     mixers: Vec<String>,
+    /// bench registers: one kernel instead of the default list — a shader of the binary
+    /// (nn/matvec) or a .wgsl file (a generator's output under test); needs --entry
+    #[arg(long)]
+    shader: Option<String>,
+    /// bench registers: the entry point of --shader
+    #[arg(long)]
+    entry: Option<String>,
+    /// bench registers: override constants of --shader as NAME=VALUE,…
+    #[arg(long)]
+    constants: Option<String>,
 }
 
 impl BenchArgs {
@@ -689,10 +702,12 @@ impl BenchArgs {
     fn check_flags(&self) -> Result<()> {
         let teacher_only = [("--model", self.model.is_some()), ("--prefill", self.prefill.is_some()), ("--decode", self.decode.is_some()), ("--decode-tokens", self.decode_tokens.is_some()), ("--weights", self.weights.is_some())];
         let mixers_only = [("--backward", self.backward), ("--digest", self.digest), ("--mixer-shapes", self.mixer_shapes.is_some()), ("--mixers", !self.mixers.is_empty())];
+        let registers_only = [("--shader", self.shader.is_some()), ("--entry", self.entry.is_some()), ("--constants", self.constants.is_some())];
         let ignored: Vec<&str> = match self.what.as_str() {
-            "teacher" => mixers_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
-            "mixers" => teacher_only.iter().filter(|f| f.1).map(|f| f.0).collect(),
-            _ => teacher_only.iter().chain(&mixers_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
+            "teacher" => mixers_only.iter().chain(&registers_only).filter(|f| f.1).map(|f| f.0).collect(),
+            "mixers" => teacher_only.iter().chain(&registers_only).filter(|f| f.1).map(|f| f.0).collect(),
+            "registers" => teacher_only.iter().chain(&mixers_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
+            _ => teacher_only.iter().chain(&mixers_only).chain(&registers_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
         };
         if let Some(flag) = ignored.first() {
             bail!("invalid argument {flag}: `bench {}` does not use it", self.what);
@@ -716,7 +731,19 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     a.check_flags()?;
-    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, digest, mixer_shapes, mixers, precision } = a;
+    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, digest, mixer_shapes, mixers, precision, shader, entry, constants } = a;
+    if what == "registers" {
+        let kernels = match (shader, entry) {
+            (Some(shader), Some(entry)) => vec![registers::KernelSpec { shader: shader.clone(), entry: entry.clone(), constants: registers::parse_constants(constants.as_deref().unwrap_or(""))? }],
+            (None, None) if constants.is_none() => registers::default_kernels(),
+            _ => bail!("invalid argument --shader/--entry/--constants: give --shader and --entry together (with --constants if any), or none for the default kernels"),
+        };
+        let (adapter, results) = registers::bench_registers(&kernels)?;
+        if *json {
+            outln!("{}", serde_json::to_string(&json!({"adapter": adapter, "results": results}))?);
+        }
+        return Ok(());
+    }
     let (what, spec, decode_tokens, iters, weights, json) = (what.as_str(), model.as_deref().unwrap_or(TEACHER_ALIAS), decode_tokens.unwrap_or(64), *iters, weights.unwrap_or(Weights::F32), *json);
     let precision = precision.unwrap_or(PrecisionArg::F32);
     let (prefill, decode) = (prefill.as_deref().unwrap_or("8x512,4x2048"), decode.as_deref().unwrap_or("512"));

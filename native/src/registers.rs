@@ -1,0 +1,210 @@
+//! `linearize bench registers`: what the GPU's own compiler makes of our kernels — registers per
+//! thread, workgroup memory, code size — through Vulkan's VK_KHR_pipeline_executable_properties.
+//! A kernel's occupancy follows from its registers (an NVIDIA SM holds 65,536: a workgroup of 256
+//! threads above 128 registers each runs alone there, BENCHMARKS.md), and no timing shows that
+//! directly. Each kernel is built as wgpu would build it: naga's SPIR-V of our WGSL with the
+//! override constants applied, loop bounding and wgpu's bounds checks, on a Vulkan device of its
+//! own (wgpu asks for no statistics). Native only; the adapter must offer the extension (NVIDIA,
+//! AMD and Intel drivers do; lavapipe does not).
+use anyhow::{anyhow, bail, Context, Result};
+use ash::vk;
+use serde_json::{json, Value};
+use std::ffi::{CStr, CString};
+
+/// One pipeline to build: a shader of the binary (`nn/matvec`) or a WGSL file, its entry
+/// point, and its override constants.
+pub struct KernelSpec {
+    pub shader: String,
+    pub entry: String,
+    pub constants: Vec<(String, f64)>,
+}
+
+/// The kernels whose occupancy decides the training step and decode (BENCHMARKS.md): every
+/// rule's chunked recurrence at head size 64, gated DeltaNet's at 128, decode's products,
+/// split attention and recurrent step.
+pub fn default_kernels() -> Vec<KernelSpec> {
+    use linearize_core::mixers::{MixerKind, MixerOptions};
+    let spec = |shader: &str, entry: &str, constants: &[(&str, f64)]| KernelSpec { shader: shader.into(), entry: entry.into(), constants: constants.iter().map(|(n, v)| (n.to_string(), *v)).collect() };
+    let mut out = Vec::new();
+    for kind in MixerKind::all() {
+        let r = kind.recurrence(&MixerOptions::default());
+        let c = [("GATE", r.gate.code() as f64), ("DELTA", r.delta as u8 as f64), ("NORM", r.normalizer.code() as f64)];
+        for entry in ["chunk_prepare", "chunk_state", "chunk_output", "chunk_bwd_local", "chunk_bwd_state", "chunk_bwd_grads"] {
+            out.push(spec("mixers/common/chunk", entry, &c));
+        }
+    }
+    out.push(spec("mixers/common/chunk_d128", "chunk_bwd_grads", &[("GATE", 1.0), ("DELTA", 1.0), ("NORM", 0.0), ("PRODUCTS_DONE", 1.0)]));
+    for prologue in [0.0, 1.0, 2.0, 3.0, 4.0] {
+        out.push(spec("nn/matvec", "matvec", &[("PROLOGUE", prologue), ("LANES", 64.0)]));
+    }
+    out.push(spec("nn/attention", "attention_decode_split_rope", &[]));
+    out.push(spec("mixers/common/recurrent", "recurrent_k64", &[]));
+    out
+}
+
+/// `NAME=VALUE,…` as override constants.
+pub fn parse_constants(text: &str) -> Result<Vec<(String, f64)>> {
+    text.split(',').filter(|s| !s.is_empty()).map(|pair| {
+        let (name, value) = pair.split_once('=').ok_or_else(|| anyhow!("invalid argument --constants: expected NAME=VALUE, got '{pair}'"))?;
+        let value = value.parse::<f64>().map_err(|_| anyhow!("invalid argument --constants: '{value}' (for {name}) is not a number"))?;
+        Ok((name.to_string(), value))
+    }).collect()
+}
+
+/// The WGSL of `shader`: a file when it ends in .wgsl, else one of the binary's shaders.
+fn wgsl(shader: &str) -> Result<String> {
+    if shader.ends_with(".wgsl") {
+        return std::fs::read_to_string(shader).with_context(|| format!("reading shader {shader}"));
+    }
+    linearize_core::shaders::source(shader).map(str::to_string).ok_or_else(|| anyhow!("invalid argument --shader: no shader '{shader}' (a name under shaders/ such as nn/matvec, or a .wgsl file)"))
+}
+
+/// SPIR-V of one entry point with its constants, as wgpu-hal's Vulkan backend writes it, and
+/// the (binding, descriptor type) pairs of group 0.
+fn spirv(src: &str, k: &KernelSpec, lang: (u8, u8)) -> Result<(Vec<u32>, Vec<(u32, vk::DescriptorType)>)> {
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| anyhow!("{}: {}", k.shader, e.emit_to_string(src)))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all()).validate(&module).map_err(|e| anyhow!("{}: {e:?}", k.shader))?;
+    let constants = k.constants.iter().cloned().collect();
+    let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, &k.entry)), &constants).map_err(|e| anyhow!("{}::{}: {e}", k.shader, k.entry))?;
+    use naga::proc::BoundsCheckPolicy::{Restrict, Unchecked};
+    let options = naga::back::spv::Options {
+        lang_version: lang,
+        bounds_check_policies: naga::proc::BoundsCheckPolicies { index: Restrict, buffer: Unchecked, image_load: Unchecked, binding_array: Unchecked },
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::Native,
+        force_loop_bounding: true,
+        ..Default::default()
+    };
+    let pipeline = naga::back::spv::PipelineOptions { shader_stage: naga::ShaderStage::Compute, entry_point: k.entry.clone() };
+    let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline)).map_err(|e| anyhow!("{}::{}: {e}", k.shader, k.entry))?;
+    let bindings = module.global_variables.iter().filter_map(|(_, v)| {
+        let b = v.binding.as_ref()?;
+        let ty = match v.space {
+            naga::AddressSpace::Uniform => vk::DescriptorType::UNIFORM_BUFFER,
+            naga::AddressSpace::Storage { .. } => vk::DescriptorType::STORAGE_BUFFER,
+            _ => return None,
+        };
+        Some((b.binding, ty))
+    });
+    Ok((words, bindings.collect()))
+}
+
+/// A Vulkan device with pipeline statistics on the first discrete GPU (else the first adapter).
+struct StatsDevice {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    device: ash::Device,
+    ext: ash::khr::pipeline_executable_properties::Device,
+    adapter: String,
+    lang: (u8, u8),
+}
+
+impl StatsDevice {
+    fn new() -> Result<Self> {
+        unsafe {
+            let entry = ash::Entry::load().context("loading the Vulkan loader (libvulkan)")?;
+            let app = vk::ApplicationInfo::default().api_version(vk::API_VERSION_1_2);
+            let instance = entry.create_instance(&vk::InstanceCreateInfo::default().application_info(&app), None).context("creating a Vulkan instance")?;
+            let devices = instance.enumerate_physical_devices()?;
+            let pick = devices.iter().copied().find(|&p| instance.get_physical_device_properties(p).device_type == vk::PhysicalDeviceType::DISCRETE_GPU).or(devices.first().copied());
+            let physical = pick.ok_or_else(|| anyhow!("no Vulkan adapter"))?;
+            let props = instance.get_physical_device_properties(physical);
+            let adapter = CStr::from_ptr(props.device_name.as_ptr()).to_string_lossy().to_string();
+            let minor = vk::api_version_minor(props.api_version);
+            let lang = if minor >= 3 { (1, 6) } else if minor == 2 { (1, 5) } else { (1, 3) };
+            let want = ash::khr::pipeline_executable_properties::NAME;
+            let has = instance.enumerate_device_extension_properties(physical)?.iter().any(|e| CStr::from_ptr(e.extension_name.as_ptr()) == want);
+            if !has {
+                bail!("adapter '{adapter}' does not offer VK_KHR_pipeline_executable_properties, which `bench registers` reads (NVIDIA, AMD and Intel drivers do; lavapipe does not)");
+            }
+            let family = instance.get_physical_device_queue_family_properties(physical).iter().position(|q| q.queue_flags.contains(vk::QueueFlags::COMPUTE)).ok_or_else(|| anyhow!("adapter '{adapter}' has no compute queue"))? as u32;
+            let priority = [1.0f32];
+            let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priority)];
+            let mut stats = vk::PhysicalDevicePipelineExecutablePropertiesFeaturesKHR::default().pipeline_executable_info(true);
+            let names = [want.as_ptr()];
+            let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_extension_names(&names).push_next(&mut stats);
+            let device = instance.create_device(physical, &info, None).context("creating a Vulkan device with pipeline statistics")?;
+            let ext = ash::khr::pipeline_executable_properties::Device::new(&instance, &device);
+            Ok(StatsDevice { _entry: entry, instance, device, ext, adapter, lang })
+        }
+    }
+
+    /// The driver's statistics of `k`'s pipeline, as (name, value) pairs.
+    fn statistics(&self, k: &KernelSpec) -> Result<Vec<(String, Value)>> {
+        let (words, bindings) = spirv(&wgsl(&k.shader)?, k, self.lang)?;
+        unsafe {
+            let d = &self.device;
+            let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)?;
+            let layout_bindings: Vec<_> = bindings.iter().map(|&(b, ty)| vk::DescriptorSetLayoutBinding::default().binding(b).descriptor_type(ty).descriptor_count(1).stage_flags(vk::ShaderStageFlags::COMPUTE)).collect();
+            let set = d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&layout_bindings), None)?;
+            let sets = [set];
+            let layout = d.create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&sets), None)?;
+            let name = CString::new(k.entry.as_str())?;
+            let stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(&name);
+            let info = vk::ComputePipelineCreateInfo::default().stage(stage).layout(layout).flags(vk::PipelineCreateFlags::CAPTURE_STATISTICS_KHR);
+            let made = d.create_compute_pipelines(vk::PipelineCache::null(), &[info], None);
+            let result = match made {
+                Ok(p) => {
+                    let out = self.read(p[0]);
+                    d.destroy_pipeline(p[0], None);
+                    out
+                }
+                Err((_, e)) => Err(anyhow!("{}::{}: the driver could not build it ({e}); shaders that need cooperative matrices or f16 are not supported here", k.shader, k.entry)),
+            };
+            d.destroy_pipeline_layout(layout, None);
+            d.destroy_descriptor_set_layout(set, None);
+            d.destroy_shader_module(module, None);
+            result
+        }
+    }
+
+    unsafe fn read(&self, pipeline: vk::Pipeline) -> Result<Vec<(String, Value)>> {
+        let mut out = Vec::new();
+        let executables = self.ext.get_pipeline_executable_properties(&vk::PipelineInfoKHR::default().pipeline(pipeline))?;
+        for i in 0..executables.len() as u32 {
+            for s in self.ext.get_pipeline_executable_statistics(&vk::PipelineExecutableInfoKHR::default().pipeline(pipeline).executable_index(i))? {
+                let name = CStr::from_ptr(s.name.as_ptr()).to_string_lossy().to_string();
+                let value = match s.format {
+                    vk::PipelineExecutableStatisticFormatKHR::BOOL32 => json!(s.value.b32 != 0),
+                    vk::PipelineExecutableStatisticFormatKHR::INT64 => json!(s.value.i64),
+                    vk::PipelineExecutableStatisticFormatKHR::UINT64 => json!(s.value.u64),
+                    _ => json!(s.value.f64),
+                };
+                out.push((name, value));
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for StatsDevice {
+    fn drop(&mut self) {
+        unsafe {
+            self.device.destroy_device(None);
+            self.instance.destroy_instance(None);
+        }
+    }
+}
+
+/// Each kernel's statistics, one JSON object per kernel (also printed a line each).
+pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
+    // Every named shader and entry point checked before any device is opened.
+    for k in kernels {
+        let src = wgsl(&k.shader)?;
+        let module = naga::front::wgsl::parse_str(&src).map_err(|e| anyhow!("{}: {}", k.shader, e.emit_to_string(&src)))?;
+        if !module.entry_points.iter().any(|e| e.name == k.entry) {
+            bail!("invalid argument --entry: {} has no entry point '{}'", k.shader, k.entry);
+        }
+    }
+    let dev = StatsDevice::new()?;
+    eprintln!("adapter: {} (Vulkan, pipeline statistics)", dev.adapter);
+    let mut out = Vec::new();
+    for k in kernels {
+        let stats = dev.statistics(k)?;
+        let constants: Vec<String> = k.constants.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        let line: Vec<String> = stats.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        eprintln!("{}::{} [{}]: {}", k.shader, k.entry, constants.join(","), line.join(", "));
+        let map: serde_json::Map<String, Value> = stats.into_iter().collect();
+        out.push(json!({"what": "kernel", "shader": k.shader, "entry": k.entry, "constants": constants, "statistics": map}));
+    }
+    Ok((dev.adapter.clone(), out))
+}
