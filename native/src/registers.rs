@@ -8,6 +8,7 @@
 //! AMD and Intel drivers do; lavapipe does not).
 use anyhow::{anyhow, bail, Context, Result};
 use ash::vk;
+use linearize_core::gpu::Kernel;
 use serde_json::{json, Value};
 use std::ffi::{CStr, CString};
 
@@ -19,26 +20,33 @@ pub struct KernelSpec {
     pub constants: Vec<(String, f64)>,
 }
 
+impl From<Kernel> for KernelSpec {
+    fn from(k: Kernel) -> Self {
+        KernelSpec { shader: k.shader.into(), entry: k.entry.into(), constants: k.constants.iter().map(|(n, v)| (n.to_string(), *v)).collect() }
+    }
+}
+
 /// The kernels whose occupancy decides the training step and decode (BENCHMARKS.md): every
-/// rule's chunked recurrence at head size 64, gated DeltaNet's at 128, decode's products,
-/// split attention and recurrent step.
+/// rule's chunked recurrence at head size 64 with the constants its layer runs them with,
+/// gated DeltaNet's backward at 128 (its products on tensor cores), decode's products, split
+/// attention and recurrent step.
 pub fn default_kernels() -> Vec<KernelSpec> {
+    use linearize_core::mixers::recurrence::chunk_constants;
     use linearize_core::mixers::{MixerKind, MixerOptions};
-    let spec = |shader: &str, entry: &str, constants: &[(&str, f64)]| KernelSpec { shader: shader.into(), entry: entry.into(), constants: constants.iter().map(|(n, v)| (n.to_string(), *v)).collect() };
-    let mut out = Vec::new();
+    let mut out: Vec<KernelSpec> = Vec::new();
     for kind in MixerKind::all() {
         let r = kind.recurrence(&MixerOptions::default());
-        let c = [("GATE", r.gate.code() as f64), ("DELTA", r.delta as u8 as f64), ("NORM", r.normalizer.code() as f64)];
         for entry in ["chunk_prepare", "chunk_state", "chunk_output", "chunk_bwd_local", "chunk_bwd_state", "chunk_bwd_grads"] {
-            out.push(spec("mixers/common/chunk", entry, &c));
+            out.push(chunk_constants(r, Kernel::new("mixers/common/chunk", entry)).into());
         }
     }
-    out.push(spec("mixers/common/chunk_d128", "chunk_bwd_grads", &[("GATE", 1.0), ("DELTA", 1.0), ("NORM", 0.0), ("PRODUCTS_DONE", 1.0)]));
+    let gdn = MixerKind::from_name("gated_deltanet").expect("a registered mixer").recurrence(&MixerOptions::default());
+    out.push(chunk_constants(gdn, Kernel::new("mixers/common/chunk_d128", "chunk_bwd_grads")).with("PRODUCTS_DONE", 1.0).into());
     for prologue in [0.0, 1.0, 2.0, 3.0, 4.0] {
-        out.push(spec("nn/matvec", "matvec", &[("PROLOGUE", prologue), ("LANES", 64.0)]));
+        out.push(Kernel::new("nn/matvec", "matvec").with("PROLOGUE", prologue).with("LANES", 64.0).into());
     }
-    out.push(spec("nn/attention", "attention_decode_split_rope", &[]));
-    out.push(spec("mixers/common/recurrent", "recurrent_k64", &[]));
+    out.push(Kernel::new("nn/attention", "attention_decode_split_rope").into());
+    out.push(Kernel::new("mixers/common/recurrent", "recurrent_k64").into());
     out
 }
 
@@ -59,13 +67,26 @@ fn wgsl(shader: &str) -> Result<String> {
     linearize_core::shaders::source(shader).map(str::to_string).ok_or_else(|| anyhow!("invalid argument --shader: no shader '{shader}' (a name under shaders/ such as nn/matvec, or a .wgsl file)"))
 }
 
+/// `k`'s shader parsed, its entry point checked: what the device builds, found wrong before
+/// any device is opened.
+fn parsed(k: &KernelSpec) -> Result<naga::Module> {
+    let src = wgsl(&k.shader)?;
+    let module = naga::front::wgsl::parse_str(&src).map_err(|e| anyhow!("{}: {}", k.shader, e.emit_to_string(&src)))?;
+    if !module.entry_points.iter().any(|e| e.name == k.entry) {
+        bail!("invalid argument --entry: {} has no entry point '{}'", k.shader, k.entry);
+    }
+    Ok(module)
+}
+
+/// Group 0's (binding, descriptor type) pairs.
+type Bindings = Vec<(u32, vk::DescriptorType)>;
+
 /// SPIR-V of one entry point with its constants, as wgpu-hal's Vulkan backend writes it, and
-/// the (binding, descriptor type) pairs of group 0.
-fn spirv(src: &str, k: &KernelSpec, lang: (u8, u8)) -> Result<(Vec<u32>, Vec<(u32, vk::DescriptorType)>)> {
-    let module = naga::front::wgsl::parse_str(src).map_err(|e| anyhow!("{}: {}", k.shader, e.emit_to_string(src)))?;
-    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all()).validate(&module).map_err(|e| anyhow!("{}: {e:?}", k.shader))?;
+/// its shader's bindings.
+fn spirv(module: &naga::Module, k: &KernelSpec, lang: (u8, u8)) -> Result<(Vec<u32>, Bindings)> {
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all()).validate(module).map_err(|e| anyhow!("{}: {e:?}", k.shader))?;
     let constants = k.constants.iter().cloned().collect();
-    let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, &k.entry)), &constants).map_err(|e| anyhow!("{}::{}: {e}", k.shader, k.entry))?;
+    let (module, info) = naga::back::pipeline_constants::process_overrides(module, &info, Some((naga::ShaderStage::Compute, &k.entry)), &constants).map_err(|e| anyhow!("{}::{}: {e}", k.shader, k.entry))?;
     use naga::proc::BoundsCheckPolicy::{Restrict, Unchecked};
     let options = naga::back::spv::Options {
         lang_version: lang,
@@ -129,8 +150,8 @@ impl StatsDevice {
     }
 
     /// The driver's statistics of `k`'s pipeline, as (name, value) pairs.
-    fn statistics(&self, k: &KernelSpec) -> Result<Vec<(String, Value)>> {
-        let (words, bindings) = spirv(&wgsl(&k.shader)?, k, self.lang)?;
+    fn statistics(&self, k: &KernelSpec, module: &naga::Module) -> Result<Vec<(String, Value)>> {
+        let (words, bindings) = spirv(module, k, self.lang)?;
         unsafe {
             let d = &self.device;
             let module = d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None)?;
@@ -188,18 +209,12 @@ impl Drop for StatsDevice {
 /// Each kernel's statistics, one JSON object per kernel (also printed a line each).
 pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
     // Every named shader and entry point checked before any device is opened.
-    for k in kernels {
-        let src = wgsl(&k.shader)?;
-        let module = naga::front::wgsl::parse_str(&src).map_err(|e| anyhow!("{}: {}", k.shader, e.emit_to_string(&src)))?;
-        if !module.entry_points.iter().any(|e| e.name == k.entry) {
-            bail!("invalid argument --entry: {} has no entry point '{}'", k.shader, k.entry);
-        }
-    }
+    let modules = kernels.iter().map(parsed).collect::<Result<Vec<_>>>()?;
     let dev = StatsDevice::new()?;
     eprintln!("adapter: {} (Vulkan, pipeline statistics)", dev.adapter);
     let mut out = Vec::new();
-    for k in kernels {
-        let stats = dev.statistics(k)?;
+    for (k, module) in kernels.iter().zip(&modules) {
+        let stats = dev.statistics(k, module)?;
         let constants: Vec<String> = k.constants.iter().map(|(n, v)| format!("{n}={v}")).collect();
         let line: Vec<String> = stats.iter().map(|(n, v)| format!("{n} {v}")).collect();
         eprintln!("{}::{} [{}]: {}", k.shader, k.entry, constants.join(","), line.join(", "));

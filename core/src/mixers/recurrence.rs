@@ -368,7 +368,9 @@ fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
     chunk_constants(r, Kernel::new(shader, entry))
 }
 
-fn chunk_constants(r: Recurrence, kernel: Kernel) -> Kernel {
+/// `kernel` (an entry point of the chunk shaders) with `r`'s override constants: the gate, the
+/// delta rule and the normaliser (also what `linearize bench registers` builds).
+pub fn chunk_constants(r: Recurrence, kernel: Kernel) -> Kernel {
     kernel.with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64).with("NORM", r.normalizer.code() as f64)
 }
 
