@@ -45,10 +45,10 @@ fn info_reports_the_teacher() {
     assert_eq!(v["config"]["num_hidden_layers"], 30);
     assert_eq!(v["parameters"], 134_515_008);
     assert_eq!(v["kv_cache_bytes_per_token"], 2 * 30 * 192 * 4);
-    // What would run the model here: lavapipe, on f32 tiles, decoding with a thread per column.
+    // What would run the model here: lavapipe, on f32 tiles, decoding with eight columns per thread.
     assert_eq!(v["device"]["gemm_path"], "f32 tiles", "{v}");
     assert_eq!(v["device"]["adapter"]["device_type"], "Cpu", "{v}");
-    assert!(v["device"]["decode_path"].as_str().unwrap().starts_with("a thread per column"), "{v}");
+    assert!(v["device"]["decode_path"].as_str().unwrap().starts_with("eight columns per thread"), "{v}");
     let o = run(&["info"], &[]);
     assert!(stdout(&o).contains("134.5 M"), "{}", stdout(&o));
     assert!(stdout(&o).contains("GEMMs on f32 tiles"), "{}", stdout(&o));

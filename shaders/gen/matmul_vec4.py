@@ -196,38 +196,52 @@ fn matvec_coalesced{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(
 """
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
-mv_store = "\n".join(f"    if ({r}u < p.m) {{ put_y({r}u, col, acc{r}); }}" for r in range(8))
-src += """
-// Decode on CPU adapters (m ≤ 8 rows): one thread per output column walks its weight row in
-// vec4s for all rows at once. No workgroup memory and no barrier: CPU implementations run a
-// workgroup's invocations as SIMD lanes, and a barrier splits the shader into resumable parts.
-fn put_y(r: u32, col: u32, v: f32) {
+COLS = 8
+cols_base = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
+cols_acc = "\n".join(f"        var acc{c} = 0.0;" for c in range(COLS))
+cols_fma = "\n".join(f"            acc{c} += dot(xv, {{READ}}(w{c} + kq));" for c in range(COLS))
+cols_store = "\n".join(f"        if (c0 + {c}u < p.n) {{ put_y(r, c0 + {c}u, acc{c}); }}" for c in range(COLS))
+src += f"""
+// Decode on CPU adapters (m ≤ 8 rows): each thread takes {COLS} adjacent output columns and walks
+// their weight rows together in vec4s, one row of x at a time. No workgroup memory and no
+// barrier: CPU implementations run a workgroup's invocations as SIMD lanes, and a barrier splits
+// the shader into resumable parts. A lane's weight loads are gathers (its neighbours read other
+// rows); {COLS} independent ones per step keep enough of them in flight (on lavapipe twice to four
+// times the rate of one column per thread, BENCHMARKS.md). Each column sums its k in order, as
+// one thread per column would.
+const MV_COLS: u32 = {COLS}u;
+
+fn put_y(r: u32, col: u32, v: f32) {{
     let idx = r * p.ldy + p.y0 + col;
-    if (p.accumulate != 0u) {
+    if (p.accumulate != 0u) {{
         y[idx] = y[idx] + v;
-    } else {
+    }} else {{
         y[idx] = v;
-    }
-}
+    }}
+}}
 
 """
-COLUMNS = """@compute @workgroup_size(64)
+COLUMNS = """@compute @workgroup_size(32)
 fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let col = gid.y * 32768u + gid.x;
-    if (col >= p.n) {{
+    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
+    if (c0 >= p.n) {{
         return;
     }}
     let k4 = p.k / 4u;
-{mv_acc}
-    for (var kq = 0u; kq < k4; kq++) {{
-        let wv = {READ}(col * k4 + kq);
-{mv_fma}
+    // Columns past the last repeat it (their sums are not stored).
+{cols_base}
+    for (var r = 0u; r < p.m; r++) {{
+{cols_acc}
+        for (var kq = 0u; kq < k4; kq++) {{
+            let xv = x[r * k4 + kq];
+{cols_fma}
+        }}
+{cols_store}
     }}
-{mv_store}
 }}
 """
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
-    src += COLUMNS.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_store=mv_store)
+    src += COLUMNS.replace("{SUFFIX}", suffix).format(cols_base=cols_base, cols_acc=cols_acc, cols_fma=cols_fma.replace("{READ}", read), cols_store=cols_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

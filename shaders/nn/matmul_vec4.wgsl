@@ -377,9 +377,15 @@ fn matvec_coalesced_f16(@builtin(local_invocation_index) tid: u32, @builtin(work
     }
 }
 
-// Decode on CPU adapters (m ≤ 8 rows): one thread per output column walks its weight row in
-// vec4s for all rows at once. No workgroup memory and no barrier: CPU implementations run a
-// workgroup's invocations as SIMD lanes, and a barrier splits the shader into resumable parts.
+// Decode on CPU adapters (m ≤ 8 rows): each thread takes 8 adjacent output columns and walks
+// their weight rows together in vec4s, one row of x at a time. No workgroup memory and no
+// barrier: CPU implementations run a workgroup's invocations as SIMD lanes, and a barrier splits
+// the shader into resumable parts. A lane's weight loads are gathers (its neighbours read other
+// rows); 8 independent ones per step keep enough of them in flight (on lavapipe twice to four
+// times the rate of one column per thread, BENCHMARKS.md). Each column sums its k in order, as
+// one thread per column would.
+const MV_COLS: u32 = 8u;
+
 fn put_y(r: u32, col: u32, v: f32) {
     let idx = r * p.ldy + p.y0 + col;
     if (p.accumulate != 0u) {
@@ -389,73 +395,95 @@ fn put_y(r: u32, col: u32, v: f32) {
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(32)
 fn matvec_columns(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.y * 32768u + gid.x;
-    if (col >= p.n) {
+    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
+    if (c0 >= p.n) {
         return;
     }
     let k4 = p.k / 4u;
-    var acc0 = 0.0;
-    var acc1 = 0.0;
-    var acc2 = 0.0;
-    var acc3 = 0.0;
-    var acc4 = 0.0;
-    var acc5 = 0.0;
-    var acc6 = 0.0;
-    var acc7 = 0.0;
-    for (var kq = 0u; kq < k4; kq++) {
-        let wv = w_f32(col * k4 + kq);
-        if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
-        if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
-        if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
-        if (3u < p.m) { acc3 += dot(x[3u * k4 + kq], wv); }
-        if (4u < p.m) { acc4 += dot(x[4u * k4 + kq], wv); }
-        if (5u < p.m) { acc5 += dot(x[5u * k4 + kq], wv); }
-        if (6u < p.m) { acc6 += dot(x[6u * k4 + kq], wv); }
-        if (7u < p.m) { acc7 += dot(x[7u * k4 + kq], wv); }
+    // Columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    for (var r = 0u; r < p.m; r++) {
+        var acc0 = 0.0;
+        var acc1 = 0.0;
+        var acc2 = 0.0;
+        var acc3 = 0.0;
+        var acc4 = 0.0;
+        var acc5 = 0.0;
+        var acc6 = 0.0;
+        var acc7 = 0.0;
+        for (var kq = 0u; kq < k4; kq++) {
+            let xv = x[r * k4 + kq];
+            acc0 += dot(xv, w_f32(w0 + kq));
+            acc1 += dot(xv, w_f32(w1 + kq));
+            acc2 += dot(xv, w_f32(w2 + kq));
+            acc3 += dot(xv, w_f32(w3 + kq));
+            acc4 += dot(xv, w_f32(w4 + kq));
+            acc5 += dot(xv, w_f32(w5 + kq));
+            acc6 += dot(xv, w_f32(w6 + kq));
+            acc7 += dot(xv, w_f32(w7 + kq));
+        }
+        if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
+        if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
+        if (c0 + 2u < p.n) { put_y(r, c0 + 2u, acc2); }
+        if (c0 + 3u < p.n) { put_y(r, c0 + 3u, acc3); }
+        if (c0 + 4u < p.n) { put_y(r, c0 + 4u, acc4); }
+        if (c0 + 5u < p.n) { put_y(r, c0 + 5u, acc5); }
+        if (c0 + 6u < p.n) { put_y(r, c0 + 6u, acc6); }
+        if (c0 + 7u < p.n) { put_y(r, c0 + 7u, acc7); }
     }
-    if (0u < p.m) { put_y(0u, col, acc0); }
-    if (1u < p.m) { put_y(1u, col, acc1); }
-    if (2u < p.m) { put_y(2u, col, acc2); }
-    if (3u < p.m) { put_y(3u, col, acc3); }
-    if (4u < p.m) { put_y(4u, col, acc4); }
-    if (5u < p.m) { put_y(5u, col, acc5); }
-    if (6u < p.m) { put_y(6u, col, acc6); }
-    if (7u < p.m) { put_y(7u, col, acc7); }
 }
-@compute @workgroup_size(64)
+@compute @workgroup_size(32)
 fn matvec_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.y * 32768u + gid.x;
-    if (col >= p.n) {
+    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
+    if (c0 >= p.n) {
         return;
     }
     let k4 = p.k / 4u;
-    var acc0 = 0.0;
-    var acc1 = 0.0;
-    var acc2 = 0.0;
-    var acc3 = 0.0;
-    var acc4 = 0.0;
-    var acc5 = 0.0;
-    var acc6 = 0.0;
-    var acc7 = 0.0;
-    for (var kq = 0u; kq < k4; kq++) {
-        let wv = w_half(col * k4 + kq);
-        if (0u < p.m) { acc0 += dot(x[0u * k4 + kq], wv); }
-        if (1u < p.m) { acc1 += dot(x[1u * k4 + kq], wv); }
-        if (2u < p.m) { acc2 += dot(x[2u * k4 + kq], wv); }
-        if (3u < p.m) { acc3 += dot(x[3u * k4 + kq], wv); }
-        if (4u < p.m) { acc4 += dot(x[4u * k4 + kq], wv); }
-        if (5u < p.m) { acc5 += dot(x[5u * k4 + kq], wv); }
-        if (6u < p.m) { acc6 += dot(x[6u * k4 + kq], wv); }
-        if (7u < p.m) { acc7 += dot(x[7u * k4 + kq], wv); }
+    // Columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    for (var r = 0u; r < p.m; r++) {
+        var acc0 = 0.0;
+        var acc1 = 0.0;
+        var acc2 = 0.0;
+        var acc3 = 0.0;
+        var acc4 = 0.0;
+        var acc5 = 0.0;
+        var acc6 = 0.0;
+        var acc7 = 0.0;
+        for (var kq = 0u; kq < k4; kq++) {
+            let xv = x[r * k4 + kq];
+            acc0 += dot(xv, w_half(w0 + kq));
+            acc1 += dot(xv, w_half(w1 + kq));
+            acc2 += dot(xv, w_half(w2 + kq));
+            acc3 += dot(xv, w_half(w3 + kq));
+            acc4 += dot(xv, w_half(w4 + kq));
+            acc5 += dot(xv, w_half(w5 + kq));
+            acc6 += dot(xv, w_half(w6 + kq));
+            acc7 += dot(xv, w_half(w7 + kq));
+        }
+        if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
+        if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
+        if (c0 + 2u < p.n) { put_y(r, c0 + 2u, acc2); }
+        if (c0 + 3u < p.n) { put_y(r, c0 + 3u, acc3); }
+        if (c0 + 4u < p.n) { put_y(r, c0 + 4u, acc4); }
+        if (c0 + 5u < p.n) { put_y(r, c0 + 5u, acc5); }
+        if (c0 + 6u < p.n) { put_y(r, c0 + 6u, acc6); }
+        if (c0 + 7u < p.n) { put_y(r, c0 + 7u, acc7); }
     }
-    if (0u < p.m) { put_y(0u, col, acc0); }
-    if (1u < p.m) { put_y(1u, col, acc1); }
-    if (2u < p.m) { put_y(2u, col, acc2); }
-    if (3u < p.m) { put_y(3u, col, acc3); }
-    if (4u < p.m) { put_y(4u, col, acc4); }
-    if (5u < p.m) { put_y(5u, col, acc5); }
-    if (6u < p.m) { put_y(6u, col, acc6); }
-    if (7u < p.m) { put_y(7u, col, acc7); }
 }

@@ -29,7 +29,7 @@ pub enum LinearKernel {
     /// each with its weight loads in flight at once; GPUs take it, with the norm or SwiGLU
     /// before it fused (`LinearInput`).
     MatvecLanes,
-    /// nn/matmul_vec4.wgsl `matvec_columns`: a thread per column reading vec4 (m ≤ 8,
+    /// nn/matmul_vec4.wgsl `matvec_columns`: eight columns per thread reading vec4 (m ≤ 8,
     /// k % 4 = 0), no barrier; CPU adapters take it (BENCHMARKS.md: decode on lavapipe).
     MatvecColumns,
     /// nn/matmul.wgsl `matmul`: 64×64 scalar tiles, any shape.
@@ -41,7 +41,7 @@ pub enum LinearKernel {
 /// What decode's products (at most 8 rows) run on this adapter, as `linear`'s `Auto` picks.
 pub fn decode_path(gpu: &crate::gpu::Gpu) -> &'static str {
     if gpu.adapter.is_cpu() {
-        "a thread per column (matvec_columns; packed f16 below 2,048 columns: matvec_coalesced)"
+        "eight columns per thread (matvec_columns)"
     } else {
         "64 threads per column (16 for wide products), the norm and SwiGLU before it fused (nn/matvec)"
     }
@@ -293,10 +293,9 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     }
     let kernel = match kernel {
         // Packed f16 weights are read four at a time: only the vec4 kernels take them.
-        // On CPU adapters a thread per column reads weights from memory 1.7–2× faster on
-        // lavapipe (BENCHMARKS.md); packed f16 narrow products (n < 2048) are the exception.
-        LinearKernel::Auto if m <= 8 && (k % 4 == 0 || f16) && (!f16 || n >= 2048) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecColumns,
-        LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecCoalesced,
+        // On CPU adapters eight columns per thread read weights from memory 2–4× faster than
+        // the GPU kernels' lanes on lavapipe (BENCHMARKS.md), f32 and packed f16 alike.
+        LinearKernel::Auto if m <= 8 && (k % 4 == 0 || f16) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecColumns,
         LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) => LinearKernel::MatvecLanes,
         LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
         LinearKernel::Auto if k % 4 == 0 || f16 => LinearKernel::TiledVec4,
@@ -325,7 +324,11 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
             let wgs = n.div_ceil(4);
             ("nn/matmul_vec4", if f16 { "matvec_coalesced_f16" } else { "matvec_coalesced" }, [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
         }
-        LinearKernel::MatvecColumns => ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [n.min(32768).div_ceil(64) as u32, n.div_ceil(32768) as u32, 1]),
+        // Eight columns per thread (MV_COLS), 32768 threads (1024 workgroups of 32) per row of the grid.
+        LinearKernel::MatvecColumns => {
+            let threads = n.div_ceil(8);
+            ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [threads.min(32768).div_ceil(32) as u32, threads.div_ceil(32768) as u32, 1])
+        }
         LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
         LinearKernel::Tiled | LinearKernel::Auto | LinearKernel::MatvecLanes => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
