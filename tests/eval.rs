@@ -199,7 +199,8 @@ fn heldout_perplexity_in_row_blocks_equals_the_f64_teacher() {
 /// row holding a NaN or an infinity (reported, not picked).
 #[test]
 fn greedy_pick_on_the_gpu_is_the_first_maximum() {
-    use linearize_core::generate::{argmax, greedy_on_gpu};
+    use linearize_core::generate::{pick_on_gpu, Picker};
+    use linearize_core::reference::sample::argmax;
     let mut rng = Rng::new(9);
     // 2,048 and 2,049: one thread's eight loads per round end at, and just past, the row.
     for vocab in [1usize, 100, 256, 1000, 2048, 2049, 49_152] {
@@ -222,7 +223,7 @@ fn greedy_pick_on_the_gpu_is_the_first_maximum() {
         rows.push(last);
         for row in rows {
             let buf = gpu().upload_f32("row", &row).unwrap();
-            let (id, finite) = pollster::block_on(greedy_on_gpu(gpu(), &buf, vocab)).unwrap();
+            let (id, finite) = pollster::block_on(pick_on_gpu(gpu(), &Picker::Greedy, &buf, vocab, 0)).unwrap();
             assert!(finite);
             assert_eq!(id, argmax(&row), "vocab {vocab}");
         }
@@ -230,8 +231,94 @@ fn greedy_pick_on_the_gpu_is_the_first_maximum() {
             let mut row = random(&mut rng, vocab, 1.0);
             row[vocab / 2] = bad;
             let buf = gpu().upload_f32("row", &row).unwrap();
-            let (_, finite) = pollster::block_on(greedy_on_gpu(gpu(), &buf, vocab)).unwrap();
+            let (_, finite) = pollster::block_on(pick_on_gpu(gpu(), &Picker::Greedy, &buf, vocab, 0)).unwrap();
             assert!(!finite, "vocab {vocab}: {bad} not reported");
         }
+    }
+}
+
+/// Sampling's pick on the GPU (eval/sample.wgsl) is the f64 rule's (reference::sample): the
+/// same token for the same draw, at vocabularies below, at and past the workgroup, temperatures
+/// from 0.05 to 20, nuclei from one token to the whole row, draws of 0 and just under 1, logits
+/// on a grid (distinct values weigh apart by more than f32 rounding, so the orders agree) with
+/// ties by the thousand. Where a draw or the nucleus lands within 1e-5 of a boundary between
+/// two tokens, f32 and f64 may fall on either side: there the pick must be one the rule gives
+/// for a draw or top_p moved by 1e-5. A non-finite logit is reported, not picked.
+#[test]
+fn sampled_pick_on_the_gpu_is_the_host_rule() {
+    use linearize_core::generate::{Picker, Sampling};
+    use linearize_core::reference::sample::sample_with;
+    // Every token the rule (reference::sample::sample_with) picks for some draw within `d` of
+    // u and some top_p within `d` of p, masses in units of the row's total.
+    fn within(row: &[f32], temperature: f64, p: f64, u: f64, d: f64) -> Vec<u32> {
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let mut w: Vec<(u32, f64)> = row.iter().enumerate().map(|(i, &l)| (i as u32, ((l as f64 - max) / temperature).exp())).collect();
+        let z: f64 = w.iter().map(|x| x.1).sum();
+        w.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let cum: Vec<f64> = w.iter().scan(0.0, |c, x| { *c += x.1 / z; Some(*c) }).collect();
+        // The kept prefix for the smallest and the largest nucleus in reach.
+        let kept = |p: f64| cum.iter().position(|&c| c >= p).map_or(cum.len(), |i| i + 1);
+        let (k_lo, k_hi) = (kept((p - d).max(0.0)), kept((p + d).min(1.0)));
+        let (lo, hi) = ((u - d).max(0.0) * cum[k_lo - 1], (u + d) * cum[k_hi - 1]);
+        let mut ids: Vec<u32> = (0..k_hi).filter(|&j| (if j == 0 { 0.0 } else { cum[j - 1] }) <= hi && cum[j] >= lo).map(|j| w[j].0).collect();
+        // A draw past a kept prefix takes its last token.
+        ids.extend([w[k_lo - 1].0, w[k_hi - 1].0].iter().filter(|_| u + d >= 1.0));
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+    let mut rng = Rng::new(17);
+    let draws: Vec<f32> = [0.0, 0.5, 0.999_999_9].into_iter().chain((0..5).map(|_| rng.next_f64() as f32)).collect();
+    let (mut exact, mut edge) = (0, 0);
+    for vocab in [1usize, 7, 256, 300, 2049, 49_152] {
+        // Moderate spread; five levels (ties everywhere); one token far above the rest.
+        let spread: Vec<f32> = (0..vocab).map(|_| -0.05 * (rng.next_u64() % 200) as f32).collect();
+        let levels: Vec<f32> = (0..vocab).map(|_| 0.5 * (rng.next_u64() % 5) as f32).collect();
+        let mut peaked: Vec<f32> = (0..vocab).map(|_| -0.01 * (rng.next_u64() % 500) as f32).collect();
+        peaked[vocab / 2] = 10.0;
+        for row in [spread, levels, peaked] {
+            // One row per draw: the same logits, draws[r] for row r.
+            let rows: Vec<f32> = draws.iter().flat_map(|_| row.iter().copied()).collect();
+            let logits = gpu().upload_f32("logits", &rows).unwrap();
+            for temperature in [1.0f32, 0.7, 0.05, 20.0] {
+                for top_p in [1.0f32, 0.9, 0.5, 1e-6] {
+                    let s = Sampling { temperature, top_p, ..Default::default() };
+                    let picker = Picker::new(gpu(), &s, &draws).unwrap();
+                    let picks = gpu().scratch(2 * draws.len()).unwrap();
+                    let mut rec = gpu().recorder();
+                    picker.record(&mut rec, &logits, draws.len(), vocab, 0, &picks).unwrap();
+                    rec.submit().unwrap();
+                    let got = gpu().read_f32_blocking(&picks, 2 * draws.len()).unwrap();
+                    picker.release(gpu());
+                    gpu().release(picks);
+                    for (r, &u) in draws.iter().enumerate() {
+                        let (id, flag) = (got[2 * r].to_bits(), got[2 * r + 1].to_bits());
+                        assert_eq!(flag, 0, "finite row reported as not finite");
+                        let want = sample_with(&row, temperature as f64, top_p as f64, u as f64);
+                        let near = within(&row, temperature as f64, top_p as f64, u as f64, 1e-5);
+                        if near.len() == 1 {
+                            assert_eq!(id, want, "vocab {vocab}, T {temperature}, top_p {top_p}, u {u}");
+                            exact += 1;
+                        } else {
+                            assert!(near.contains(&id), "vocab {vocab}, T {temperature}, top_p {top_p}, u {u}: GPU picked {id}, the rule {want} (within 1e-5: {near:?})");
+                            edge += 1;
+                        }
+                    }
+                }
+            }
+            gpu().release(logits);
+        }
+    }
+    eprintln!("sampled picks: {exact} the rule's with margin, {edge} within 1e-5 of a boundary");
+    assert!(edge * 10 < exact, "too few picks away from a boundary to mean anything: {exact} vs {edge}");
+    // A NaN or an infinity anywhere in the row is reported.
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let mut row = random(&mut rng, 1000, 1.0);
+        row[500] = bad;
+        let buf = gpu().upload_f32("row", &row).unwrap();
+        let picker = Picker::new(gpu(), &Sampling { temperature: 1.0, top_p: 0.9, ..Default::default() }, &[0.3]).unwrap();
+        let (_, finite) = pollster::block_on(linearize_core::generate::pick_on_gpu(gpu(), &picker, &buf, 1000, 0)).unwrap();
+        picker.release(gpu());
+        assert!(!finite, "{bad} not reported");
     }
 }

@@ -37,31 +37,81 @@ impl Sampling {
 
 use crate::util::Rng;
 
-pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
+/// Records `argmax` of `rows` rows of logits [rows, vocab] on the GPU (eval/logprob.wgsl's
+/// `greedy`) into `picks` [rows, 2]: the id in word 0 (where the embedding can read it),
+/// whether some logit was not finite in word 1.
+fn record_greedy(rec: &mut Recorder, logits: &GpuBuf, rows: usize, vocab: usize, picks: &GpuBuf) -> Result<()> {
+    need("greedy logits", logits, rows * vocab)?;
+    need("greedy picks", picks, 2 * rows)?;
+    let params = crate::shaders::LogprobParams { rows: rows as u32, vocab: vocab as u32 };
+    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, picks)], split_rows(rows))
+}
+
+/// One workgroup per row, 32768 rows per row of the grid.
+fn split_rows(rows: usize) -> [u32; 3] {
+    [rows.min(32768) as u32, rows.div_ceil(32768) as u32, 1]
+}
+
+/// How decoding turns a row of logits into the next token, on the GPU, so that only the id
+/// (8 bytes) comes back, or nothing at all when the next step embeds it straight away.
+pub enum Picker {
+    /// The first maximum (eval/logprob.wgsl's `greedy`; reference::sample::argmax).
+    Greedy,
+    /// Temperature and nucleus sampling (eval/sample.wgsl; reference::sample::sample_with):
+    /// row r of a pick draws `draws[first + r]`.
+    Sample { temperature: f32, top_p: f32, draws: GpuBuf },
+}
+
+impl Picker {
+    /// Greedy at temperature 0; otherwise sampling with `draws` (uniform in [0, 1)), uploaded.
+    pub fn new(gpu: &Gpu, s: &Sampling, draws: &[f32]) -> Result<Picker> {
+        s.validate()?;
+        if s.temperature == 0.0 {
+            return Ok(Picker::Greedy);
+        }
+        let draws = gpu.upload_f32("sampling draws", if draws.is_empty() { &[0.0] } else { draws })?;
+        Ok(Picker::Sample { temperature: s.temperature, top_p: s.top_p, draws })
+    }
+
+    /// The picker of one generation of `s`: its draws are those the host rule makes, one
+    /// `rng.next_f64()` per token from `Rng::new(s.seed)`, so a seed gives the same tokens.
+    pub fn for_generation(gpu: &Gpu, s: &Sampling) -> Result<Picker> {
+        let mut rng = Rng::new(s.seed);
+        let draws: Vec<f32> = if s.temperature == 0.0 { Vec::new() } else { (0..s.max_new_tokens).map(|_| rng.next_f64() as f32).collect() };
+        Picker::new(gpu, s, &draws)
+    }
+
+    /// Records the picks of `rows` rows of `logits` [rows, vocab] into `picks` [rows, 2]: the
+    /// id, then 1 when some logit of the row was not finite. Sampled row r draws
+    /// `draws[first + r]`.
+    pub fn record(&self, rec: &mut Recorder, logits: &GpuBuf, rows: usize, vocab: usize, first: usize, picks: &GpuBuf) -> Result<()> {
+        match self {
+            Picker::Greedy => record_greedy(rec, logits, rows, vocab, picks),
+            Picker::Sample { temperature, top_p, draws } => {
+                need("sample logits", logits, rows * vocab)?;
+                need("sample draws", draws, first + rows)?;
+                need("sample picks", picks, 2 * rows)?;
+                let weights = rec.temp(rows * vocab)?;
+                let params = crate::shaders::SampleParams { rows: rows as u32, vocab: vocab as u32, u_offset: first as u32, temperature: *temperature, top_p: *top_p };
+                rec.dispatch_bindings(&Kernel::new("eval/sample", "sample"), &params, &[(1, logits), (2, draws), (3, &weights), (4, picks)], split_rows(rows))
+            }
         }
     }
-    best as u32
+
+    /// Gives the draws back to the pool.
+    pub fn release(self, gpu: &Gpu) {
+        if let Picker::Sample { draws, .. } = self {
+            gpu.release(draws);
+        }
+    }
 }
 
-/// Records `argmax` of one row of logits [vocab] on the GPU (eval/logprob.wgsl's `greedy`) into
-/// `pick`: the id in word 0 (where the embedding can read it), whether some logit was not
-/// finite in word 1.
-fn record_greedy(rec: &mut Recorder, logits: &GpuBuf, vocab: usize, pick: &GpuBuf) -> Result<()> {
-    need("greedy logits", logits, vocab)?;
-    need("greedy pick", pick, 2)?;
-    let params = crate::shaders::LogprobParams { rows: 1, vocab: vocab as u32 };
-    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, pick)], [1, 1, 1])
-}
-
-/// `argmax` of one row of logits [vocab] on the GPU: the id, and whether every logit was finite.
-pub async fn greedy_on_gpu(gpu: &Gpu, logits: &GpuBuf, vocab: usize) -> Result<(u32, bool)> {
+/// The pick of one row of logits [vocab] on the GPU (draw `first` when sampling): the id, and
+/// whether every logit was finite.
+pub async fn pick_on_gpu(gpu: &Gpu, picker: &Picker, logits: &GpuBuf, vocab: usize, first: usize) -> Result<(u32, bool)> {
     let out = gpu.scratch(2)?;
     let mut rec = gpu.recorder();
-    let recorded = record_greedy(&mut rec, logits, vocab, &out).and_then(|()| rec.submit());
+    let recorded = picker.record(&mut rec, logits, 1, vocab, first, &out).and_then(|()| rec.submit());
     let v = match recorded {
         Ok(()) => gpu.read_f32(&out, 2).await,
         Err(e) => Err(e),
@@ -69,50 +119,6 @@ pub async fn greedy_on_gpu(gpu: &Gpu, logits: &GpuBuf, vocab: usize) -> Result<(
     gpu.release(out);
     let v = v?;
     Ok((v[0].to_bits(), v[1].to_bits() == 0))
-}
-
-/// Picks the next token from one row of logits.
-pub fn sample(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
-    if s.temperature == 0.0 {
-        return argmax(logits);
-    }
-    let t = s.temperature as f64;
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let mut probs: Vec<(u32, f64)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, ((l as f64 - max) / t).exp())).collect();
-    let z: f64 = probs.iter().map(|p| p.1).sum();
-    probs.iter_mut().for_each(|p| p.1 /= z);
-    // Most probable first, ties by id: the order of a stable sort by probability. Only the head
-    // of it is sorted — the k most probable, k growing until their mass reaches top_p — since
-    // sorting the whole vocabulary for every sampled token dominated batched sampling.
-    let order = |a: &(u32, f64), b: &(u32, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    let mut k = 256.min(probs.len());
-    let keep = loop {
-        if k < probs.len() {
-            probs.select_nth_unstable_by(k - 1, order);
-        }
-        probs[..k].sort_by(order);
-        // The smallest prefix whose mass reaches top_p.
-        let mut mass = 0.0;
-        let reached = probs[..k].iter().position(|p| {
-            mass += p.1;
-            mass >= s.top_p as f64
-        });
-        match reached {
-            Some(i) => break i + 1,
-            None if k == probs.len() => break k,
-            None => k = (k * 8).min(probs.len()),
-        }
-    };
-    let kept = &probs[..keep];
-    let total: f64 = kept.iter().map(|p| p.1).sum();
-    let mut u = rng.next_f64() * total;
-    for p in kept {
-        u -= p.1;
-        if u <= 0.0 {
-            return p.0;
-        }
-    }
-    kept[kept.len() - 1].0
 }
 
 /// What a token callback says: go on, or stop after this token (a user's stop button). A
@@ -146,62 +152,65 @@ pub async fn generate_traced<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, pr
     s.validate()?;
     let cap = prompt.len() + s.max_new_tokens;
     let mut cache = model.new_cache(gpu, 1, cap)?;
-    let mut rng = Rng::new(s.seed);
-    let vocab = model.config.vocab_size;
-    let mut out = Vec::new();
-    let mut logits = model.forward_traced(gpu, &mut cache, prompt, Logits::Last, trace.as_deref_mut())?;
+    let logits = model.forward_traced(gpu, &mut cache, prompt, Logits::Last, trace.as_deref_mut())?;
     if let Some(t) = trace.as_deref_mut() {
         t.settle(gpu).await?;
     }
-    if s.temperature == 0.0 && trace.is_none() {
-        return decode_greedy(gpu, model, &mut cache, logits, s, |id| on_token(id, None)).await;
-    }
+    let picker = match Picker::for_generation(gpu, s) {
+        Ok(p) => p,
+        Err(e) => {
+            gpu.release(logits);
+            return Err(e);
+        }
+    };
+    let out = match trace {
+        None => decode_on_gpu(gpu, model, &mut cache, logits, s, &picker, |id| on_token(id, None)).await,
+        Some(t) => decode_traced(gpu, model, &mut cache, logits, s, &picker, &mut on_token, t).await,
+    };
+    picker.release(gpu);
+    out
+}
+
+/// One token at a time, each pick read back before the next forward, so that the state
+/// diagnostics of every step can be read (`generate_traced`).
+#[allow(clippy::too_many_arguments)]
+async fn decode_traced<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, picker: &Picker, on_token: &mut impl FnMut(u32, Option<&Diagnostics>) -> F, trace: &mut Diagnostics) -> Result<Vec<u32>> {
+    let vocab = model.config.vocab_size;
+    let mut out = Vec::new();
+    let mut logits = first;
     while out.len() < s.max_new_tokens {
-        let next = if s.temperature == 0.0 {
-            // Greedy: the pick is made on the GPU, and 8 bytes come back instead of the row.
-            let pick = greedy_on_gpu(gpu, &logits, vocab).await;
-            gpu.release(logits);
-            let (id, finite) = pick?;
-            if !finite {
-                return Err(Error::Gpu(format!("non-finite logit after {} generated tokens", out.len())));
-            }
-            id
-        } else {
-            let row = gpu.read_f32(&logits, vocab).await?;
-            gpu.release(logits);
-            if let Some(bad) = row.iter().find(|v| !v.is_finite()) {
-                return Err(Error::Gpu(format!("non-finite logit {bad} after {} generated tokens", out.len())));
-            }
-            sample(&row, s, &mut rng)
-        };
+        let pick = pick_on_gpu(gpu, picker, &logits, vocab, out.len()).await;
+        gpu.release(logits);
+        let (next, finite) = pick?;
+        if !finite {
+            return Err(Error::Gpu(format!("non-finite logit after {} generated tokens", out.len())));
+        }
         out.push(next);
-        let flow = on_token(next, trace.as_deref()).into();
+        let flow = on_token(next, Some(&*trace)).into();
         if flow == Flow::Stop || s.stop_ids.contains(&next) || out.len() == s.max_new_tokens {
             break;
         }
-        logits = model.forward_traced(gpu, &mut cache, &[next], Logits::Last, trace.as_deref_mut())?;
-        if let Some(t) = trace.as_deref_mut() {
-            t.settle(gpu).await?;
-        }
+        logits = model.forward_traced(gpu, cache, &[next], Logits::Last, Some(&mut *trace))?;
+        trace.settle(gpu).await?;
     }
     Ok(out)
 }
 
-/// Greedy tokens decoded per read-back grow 1, 2, 4, … up to this many: the first token is
-/// shown at once, the later ones without a host round trip each.
+/// Picks decoded per read-back grow 1, 2, 4, … up to this many: the first token is shown at
+/// once, the later ones without a host round trip each.
 pub const GREEDY_BURST: usize = 16;
 
-/// Greedy decoding after a forward that left `first` (the logits of the last position; taken)
-/// and `cache`, with the picks kept on the GPU: each token's argmax is written where the next
-/// forward embeds it, and the host reads a burst of picks at once, while the next burst is
-/// already on the queue. After a stop id the rest of its burst, and the burst after it, are
-/// dropped (computed, never shown), so the tokens are those of one-at-a-time decoding; the
-/// cache has then advanced past them.
-pub async fn decode_greedy<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, mut on_token: impl FnMut(u32) -> F) -> Result<Vec<u32>> {
+/// Decoding after a forward that left `first` (the logits of the last position; taken) and
+/// `cache`, with the picks (`picker`; token j draws j) kept on the GPU: each pick is written
+/// where the next forward embeds it, and the host reads a burst of picks at once, while the
+/// next burst is already on the queue. After a stop id the rest of its burst, and the burst
+/// after it, are dropped (computed, never shown), so the tokens are those of one-at-a-time
+/// decoding; the cache has then advanced past them.
+pub async fn decode_on_gpu<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, first: GpuBuf, s: &Sampling, picker: &Picker, mut on_token: impl FnMut(u32) -> F) -> Result<Vec<u32>> {
     let mut out = Vec::new();
     let mut logits = Some(first);
     let mut in_flight = Vec::new();
-    let result = greedy_bursts(gpu, model, cache, &mut logits, s, &mut in_flight, &mut out, &mut on_token).await;
+    let result = pick_bursts(gpu, model, cache, &mut logits, s, picker, &mut in_flight, &mut out, &mut on_token).await;
     // Logits of a step computed past a stop id, an error or the last pick; picks not read.
     if let Some(l) = logits.take() {
         gpu.release(l);
@@ -215,11 +224,11 @@ pub async fn decode_greedy<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cach
 /// A burst on the queue: its picks, how many, and their readback.
 type Burst = (GpuBuf, usize, PendingRead);
 
-/// `decode_greedy`'s loop: bursts of picks into `out` until `s.max_new_tokens` or a stop id,
+/// `decode_on_gpu`'s loop: bursts of picks into `out` until `s.max_new_tokens` or a stop id,
 /// each burst recorded and submitted before the previous one is read, so the GPU does not wait
 /// for the host between bursts.
 #[allow(clippy::too_many_arguments)]
-async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, in_flight: &mut Vec<Burst>, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32) -> F) -> Result<()> {
+async fn pick_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, s: &Sampling, picker: &Picker, in_flight: &mut Vec<Burst>, out: &mut Vec<u32>, on_token: &mut impl FnMut(u32) -> F) -> Result<()> {
     // One pick per slot; a slot starts where a storage binding may.
     let stride = (gpu.limits.min_storage_buffer_offset_alignment as usize / 4).max(2);
     let (mut recorded, mut burst) = (0, 1);
@@ -228,7 +237,8 @@ async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &
         while recorded < s.max_new_tokens && in_flight.len() < 2 {
             let n = burst.min(s.max_new_tokens - recorded);
             let picks = gpu.scratch(n * stride)?;
-            let read = record_burst(gpu, model, cache, logits, &picks, n, stride, recorded + n < s.max_new_tokens).and_then(|()| gpu.start_read(&[(&picks, n * stride)]));
+            let steps = Steps { first: recorded, n, stride, more: recorded + n < s.max_new_tokens };
+            let read = record_burst(gpu, model, cache, logits, picker, &picks, steps).and_then(|()| gpu.start_read(&[(&picks, n * stride)]));
             match read {
                 Ok(read) => in_flight.push((picks, n, read)),
                 Err(e) => {
@@ -257,24 +267,32 @@ async fn greedy_bursts<F: Into<Flow>>(gpu: &Gpu, model: &LanguageModel, cache: &
     Ok(())
 }
 
-/// Records `n` greedy steps, each submitted as soon as it is recorded: the pick of `logits`
-/// into slot 0 of `picks`, then a forward of that pick and its pick into slot 1, and so on; the
-/// last pick is followed by a forward only with `more` (tokens still to come), whose logits are
-/// left in `logits` for the next burst. A step is one recording (its pick and its forward), so
-/// its temporaries go back to the pool when it is submitted and the next step binds the same
-/// buffers (and finds its bind groups kept).
-#[allow(clippy::too_many_arguments)]
-fn record_burst(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, picks: &GpuBuf, n: usize, stride: usize, more: bool) -> Result<()> {
+/// The steps of one burst: tokens `first` .. `first + n` of the generation, their picks
+/// `stride` words apart, and whether tokens come after them (`more`).
+struct Steps {
+    first: usize,
+    n: usize,
+    stride: usize,
+    more: bool,
+}
+
+/// Records a burst's steps, each submitted as soon as it is recorded: the pick of `logits`
+/// into slot 0 of `picks`, then a forward of that pick and its pick into slot 1, and so on;
+/// the last pick is followed by a forward only with `more`, whose logits are left in `logits`
+/// for the next burst. A step is one recording (its pick and its forward), so its temporaries
+/// go back to the pool when it is submitted and the next step binds the same buffers (and
+/// finds its bind groups kept).
+fn record_burst(gpu: &Gpu, model: &LanguageModel, cache: &mut Cache, logits: &mut Option<GpuBuf>, picker: &Picker, picks: &GpuBuf, steps: Steps) -> Result<()> {
     let vocab = model.config.vocab_size;
-    for j in 0..n {
-        let slot = picks.view(j * stride, 2)?;
-        let current = logits.take().ok_or_else(|| Error::Gpu("greedy decoding lost its logits".into()))?;
+    for j in 0..steps.n {
+        let slot = picks.view(j * steps.stride, 2)?;
+        let current = logits.take().ok_or_else(|| Error::Gpu("decoding lost its logits".into()))?;
         let mut rec = gpu.recorder();
-        let picked = record_greedy(&mut rec, &current, vocab, &slot);
+        let picked = picker.record(&mut rec, &current, 1, vocab, steps.first + j, &slot);
         // Back to the pool once this step is submitted.
         rec.retire(current);
         picked?;
-        if j + 1 < n || more {
+        if j + 1 < steps.n || steps.more {
             *logits = Some(model.record_forward(&mut rec, cache, &slot, 1, Logits::Last, None)?);
         }
         rec.submit()?;

@@ -18,6 +18,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("nn/copy", include_str!("../../shaders/nn/copy.wgsl")),
     ("nn/elementwise", include_str!("../../shaders/nn/elementwise.wgsl")),
     ("eval/logprob", include_str!("../../shaders/eval/logprob.wgsl")),
+    ("eval/sample", include_str!("../../shaders/eval/sample.wgsl")),
     ("train/losses", include_str!("../../shaders/train/losses.wgsl")),
     ("train/adamw", include_str!("../../shaders/train/adamw.wgsl")),
     ("mixers/common/chunk", include_str!("../../shaders/mixers/common/chunk.wgsl")),
@@ -108,6 +109,10 @@ shader_params!(
 );
 shader_params!(LogprobParams for ["eval/logprob"] { rows: u32, vocab: u32 });
 shader_params!(
+    /// eval/sample: row r draws uniforms[u_offset + r]; `temperature` > 0.
+    SampleParams for ["eval/sample"] { rows: u32, vocab: u32, u_offset: u32, temperature: f32, top_p: f32 }
+);
+shader_params!(
     /// train/losses: `scale` multiplies the gradient; `accumulate` 1 adds the loss to `out`.
     LossParams for ["train/losses"] { rows: u32, vocab: u32, scale: f32, accumulate: u32 }
 );
@@ -155,6 +160,7 @@ pub const PARAMS: &[ParamsLayout] = &[
     ParamsLayout::of::<ElementwiseParams>("ElementwiseParams"),
     ParamsLayout::of::<ReduceParams>("ReduceParams"),
     ParamsLayout::of::<LogprobParams>("LogprobParams"),
+    ParamsLayout::of::<SampleParams>("SampleParams"),
     ParamsLayout::of::<LossParams>("LossParams"),
     ParamsLayout::of::<AdamWParams>("AdamWParams"),
     ParamsLayout::of::<ChunkParams>("ChunkParams"),

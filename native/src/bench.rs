@@ -2,7 +2,7 @@
 //! framework's forward computes them) and batch-1 decode after a context, timed on the host
 //! after the device has finished. Warm-up runs first, then the median of timed runs.
 use anyhow::Result;
-use linearize_core::generate::{decode_greedy, Sampling};
+use linearize_core::generate::{decode_on_gpu, Picker, Sampling};
 use linearize_core::util::Rng;
 use linearize_core::gpu::{Gpu, GpuBuf, Precision};
 use linearize_core::model::Logits;
@@ -52,7 +52,7 @@ pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: 
             // What `generate` runs: greedy picks on the GPU, read back in bursts.
             let greedy = Sampling { max_new_tokens: decode_tokens, ..Default::default() };
             let start = Instant::now();
-            pollster::block_on(decode_greedy(gpu, teacher, &mut cache, logits, &greedy, |_| {}))?;
+            pollster::block_on(decode_on_gpu(gpu, teacher, &mut cache, logits, &greedy, &Picker::Greedy, |_| {}))?;
             runs.push(start.elapsed().as_secs_f64());
         }
         let s = runs[runs.len() - 1];

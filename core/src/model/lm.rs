@@ -329,7 +329,7 @@ impl LanguageModel {
     /// `cache` (its length counts the recorded tokens: what is recorded must be submitted
     /// before the cache is read on the host). Returns the logits (or hidden states) in a
     /// buffer of the caller's; each mixer block's diagnostics go to `traces` when given.
-    /// Decoding records several tokens into one recorder this way (`generate::decode_greedy`).
+    /// Decoding records several tokens into one recorder this way (`generate::decode_on_gpu`).
     pub fn record_forward(&self, rec: &mut crate::gpu::Recorder, cache: &mut Cache, ids_buf: &GpuBuf, rows: usize, logits: Logits, mut traces: Option<&mut Vec<(usize, LayerTrace)>>) -> Result<GpuBuf> {
         let gpu = rec.gpu();
         let cfg = &self.config;

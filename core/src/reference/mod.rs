@@ -3,5 +3,6 @@ pub mod mixer_ops;
 pub mod mixers;
 pub mod nn;
 pub mod recurrence;
+pub mod sample;
 pub mod teacher;
 pub mod train;

@@ -3,9 +3,9 @@
 //! State of the Union addresses and the end of Moby-Dick). Blocks are consecutive slices of the
 //! stream, so a run is a function of its cursor.
 use crate::error::{Error, Result};
-use crate::generate::{sample, Sampling};
+use crate::generate::{Picker, Sampling};
 use crate::util::Rng;
-use crate::gpu::Gpu;
+use crate::gpu::{Gpu, GpuBuf};
 use crate::model::{LanguageModel, Logits, Tokenizer};
 use std::path::{Path, PathBuf};
 
@@ -160,9 +160,27 @@ pub fn sample_from_teacher(gpu: &Gpu, teacher: &LanguageModel, tokenizer: &Token
 }
 
 /// `batch` continuations of `len` new tokens sampled from the teacher after `prompts` ([batch,
-/// prompt] ids, rows of equal length), all rows a step at a time on the GPU. A row stops after
-/// one of `sampling.stop_ids` (kept as its last token); the batch stops when every row has.
+/// prompt] ids, rows of equal length), all rows a step at a time on the GPU, picked there too
+/// (`Picker`: 8 bytes a row come back, not the row's logits). A row stops after one of
+/// `sampling.stop_ids` (kept as its last token); the batch stops when every row has. Each row
+/// still running draws `rng.next_f64()` once per step, in row order.
 pub(crate) fn sample_rows(gpu: &Gpu, teacher: &LanguageModel, prompts: &[u32], batch: usize, len: usize, sampling: &Sampling, rng: &mut Rng) -> Result<Vec<Vec<u32>>> {
+    let picker = Picker::new(gpu, sampling, &vec![0.0; batch])?;
+    let picks = match gpu.scratch(2 * batch) {
+        Ok(p) => p,
+        Err(e) => {
+            picker.release(gpu);
+            return Err(e);
+        }
+    };
+    let rows = sample_steps(gpu, teacher, prompts, batch, len, sampling, rng, &picker, &picks);
+    gpu.release(picks);
+    picker.release(gpu);
+    rows
+}
+
+#[allow(clippy::too_many_arguments)]
+fn sample_steps(gpu: &Gpu, teacher: &LanguageModel, prompts: &[u32], batch: usize, len: usize, sampling: &Sampling, rng: &mut Rng, picker: &Picker, picks: &GpuBuf) -> Result<Vec<Vec<u32>>> {
     let vocab = teacher.config.vocab_size;
     let prompt_len = prompts.len() / batch;
     let mut cache = teacher.new_cache(gpu, batch, prompt_len + len)?;
@@ -170,16 +188,28 @@ pub(crate) fn sample_rows(gpu: &Gpu, teacher: &LanguageModel, prompts: &[u32], b
     let mut rows: Vec<Vec<u32>> = vec![Vec::with_capacity(len + 1); batch];
     let mut stopped = vec![false; batch];
     for step in 0..len {
-        let host = gpu.read_f32_blocking(&logits, batch * vocab)?;
-        gpu.release(logits);
+        if let Picker::Sample { draws, .. } = picker {
+            // A stopped row is picked too, with a draw of its own that the rows' sequence skips.
+            let u: Vec<f32> = stopped.iter().map(|&done| if done { 0.0 } else { rng.next_f64() as f32 }).collect();
+            gpu.write_f32(draws, &u);
+        }
+        let mut rec = gpu.recorder();
+        let recorded = picker.record(&mut rec, &logits, batch, vocab, 0, picks);
+        rec.retire(logits);
+        recorded?;
+        rec.submit()?;
+        let words = gpu.read_f32_blocking(picks, 2 * batch)?;
         // A row that has stopped is fed its last token again and not sampled.
         let mut next = Vec::with_capacity(batch);
-        for ((row, r), done) in host.chunks(vocab).zip(rows.iter_mut()).zip(stopped.iter_mut()) {
+        for ((pick, r), done) in words.chunks(2).zip(rows.iter_mut()).zip(stopped.iter_mut()) {
             if *done {
                 next.push(*r.last().expect("a stopped row has its stop id"));
                 continue;
             }
-            let t = sample(row, sampling, rng);
+            if pick[1].to_bits() != 0 {
+                return Err(Error::Gpu(format!("non-finite logit in the teacher's sampling after {step} tokens")));
+            }
+            let t = pick[0].to_bits();
             r.push(t);
             *done = sampling.stop_ids.contains(&t);
             next.push(t);
