@@ -44,23 +44,31 @@ pub fn bench_teacher(model: &Model, teacher: &LanguageModel, gpu: &Gpu, shapes: 
     }
     for &ctx in decode {
         let ids = random_ids(&mut rng, ctx, vocab);
-        let mut runs = Vec::new();
-        for _ in 0..2 {
-            let mut cache = teacher.new_cache(gpu, 1, ctx + decode_tokens)?;
-            let logits = teacher.forward(gpu, &mut cache, &ids, Logits::Last)?;
-            gpu.sync()?;
-            // What `generate` runs: greedy picks on the GPU, read back in bursts.
-            let greedy = Sampling { max_new_tokens: decode_tokens, ..Default::default() };
-            let start = Instant::now();
-            pollster::block_on(decode_on_gpu(gpu, teacher, &mut cache, logits, &greedy, &Picker::Greedy, |_| {}))?;
-            runs.push(start.elapsed().as_secs_f64());
+        // What `generate` runs: picks on the GPU, read back in bursts; greedy, and sampled at
+        // temperature 1 and top-p 0.95 (the pick's own cost beside greedy's).
+        let greedy = Sampling { max_new_tokens: decode_tokens, ..Default::default() };
+        let sampled = Sampling { temperature: 1.0, top_p: 0.95, ..greedy.clone() };
+        for (what, sampling) in [("teacher_decode", greedy), ("teacher_decode_sampled", sampled)] {
+            let picker = Picker::for_generation(gpu, &sampling)?;
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut cache = teacher.new_cache(gpu, 1, ctx + decode_tokens)?;
+                let logits = teacher.forward(gpu, &mut cache, &ids, Logits::Last)?;
+                gpu.sync()?;
+                let start = Instant::now();
+                pollster::block_on(decode_on_gpu(gpu, teacher, &mut cache, logits, &sampling, &picker, |_| {}))?;
+                runs.push(start.elapsed().as_secs_f64());
+            }
+            picker.release(gpu);
+            let s = runs[runs.len() - 1];
+            let mut v = json!({"what": what, "batch": 1, "context": ctx, "new_tokens": decode_tokens, "seconds": s, "tokens_per_second": decode_tokens as f64 / s});
+            if sampling.temperature == 0.0 {
+                let gpu_s = decode_gpu_seconds(gpu, teacher, &ids)?;
+                v["gpu_tokens_per_second"] = json!(gpu_s.map(|g| DECODE_TIMED as f64 / g));
+            }
+            eprintln!("{v}");
+            out.push(v);
         }
-        let s = runs[runs.len() - 1];
-        let gpu_s = decode_gpu_seconds(gpu, teacher, &ids)?;
-        let v = json!({"what": "teacher_decode", "batch": 1, "context": ctx, "new_tokens": decode_tokens, "seconds": s, "tokens_per_second": decode_tokens as f64 / s,
-            "gpu_tokens_per_second": gpu_s.map(|g| DECODE_TIMED as f64 / g)});
-        eprintln!("{v}");
-        out.push(v);
     }
     Ok(out)
 }
