@@ -30,11 +30,11 @@ fn linear_matches_reference() {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
             // Every kernel that accepts the shape, whatever `Auto` would pick on this adapter.
-            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::MatvecLanes, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::MatvecLanes, LinearKernel::Tiled, LinearKernel::TiledVec4, LinearKernel::TiledColumns] {
                 let fits = match kernel {
                     LinearKernel::Matvec => m <= 8,
                     LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::MatvecLanes => m <= 8 && k % 4 == 0,
-                    LinearKernel::TiledVec4 => k % 4 == 0,
+                    LinearKernel::TiledVec4 | LinearKernel::TiledColumns => k % 4 == 0,
                     _ => true,
                 };
                 gpu().write_f32(&yb, &y0);
@@ -71,10 +71,10 @@ fn linear_reads_packed_f16_weights() {
             if accumulate {
                 want.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
             }
-            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::MatvecLanes, LinearKernel::Tiled, LinearKernel::TiledVec4] {
+            for kernel in [LinearKernel::Auto, LinearKernel::Matvec, LinearKernel::MatvecCoalesced, LinearKernel::MatvecColumns, LinearKernel::MatvecLanes, LinearKernel::Tiled, LinearKernel::TiledVec4, LinearKernel::TiledColumns] {
                 let fits = match kernel {
                     LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::MatvecLanes => m <= 8,
-                    LinearKernel::TiledVec4 | LinearKernel::Auto => true,
+                    LinearKernel::TiledVec4 | LinearKernel::TiledColumns | LinearKernel::Auto => true,
                     // The scalar kernels read f32 and refuse f16 weights by name.
                     _ => false,
                 };

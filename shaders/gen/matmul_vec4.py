@@ -242,6 +242,40 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
 """
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += COLUMNS.replace("{SUFFIX}", suffix).format(cols_base=cols_base, cols_acc=cols_acc, cols_fma=cols_fma.replace("{READ}", read), cols_store=cols_store)
+BR = 8
+blk_w = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
+blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
+blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(COLS))
+blk_fma = "\n".join(f"        let wv{c} = {{READ}}(w{c} + kq);" for c in range(COLS)) + "\n" + "\n".join(
+    f"        let xv{r} = x[x{r} + kq];\n" + "\n".join(f"        acc{r}_{c} += dot(xv{r}, wv{c});" for c in range(COLS)) for r in range(BR))
+blk_store = "\n".join(f"    if (r0 + {r}u < p.m && c0 + {c}u < p.n) {{ put_y(r0 + {r}u, c0 + {c}u, acc{r}_{c}); }}" for r in range(BR) for c in range(COLS))
+src += f"""
+// Products of more than 8 rows on CPU adapters: each thread a block of {BR} rows × {COLS} columns,
+// the workgroup's threads side by side along the columns of one block of rows, so that their
+// loads of x are the same address (one load for every lane) and only the weights are gathered,
+// each gather feeding {BR} products. No workgroup memory and no barrier (see above). Each output
+// sums its k in order.
+"""
+BLOCKS = """@compute @workgroup_size(32)
+fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let c0 = MV_COLS * gid.x;
+    if (c0 >= p.n) {{
+        return;
+    }}
+    let r0 = {BR}u * wid.y;
+    let k4 = p.k / 4u;
+    // Rows and columns past the last repeat it (their sums are not stored).
+{blk_w}
+{blk_x}
+{blk_acc}
+    for (var kq = 0u; kq < k4; kq++) {{
+{blk_fma}
+    }}
+{blk_store}
+}}
+"""
+for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+    src += BLOCKS.replace("{SUFFIX}", suffix).format(BR=BR, blk_w=blk_w, blk_x=blk_x, blk_acc=blk_acc, blk_fma=blk_fma.replace("{READ}", read), blk_store=blk_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

@@ -487,3 +487,481 @@ fn matvec_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
         if (c0 + 7u < p.n) { put_y(r, c0 + 7u, acc7); }
     }
 }
+
+// Products of more than 8 rows on CPU adapters: each thread a block of 8 rows × 8 columns,
+// the workgroup's threads side by side along the columns of one block of rows, so that their
+// loads of x are the same address (one load for every lane) and only the weights are gathered,
+// each gather feeding 8 products. No workgroup memory and no barrier (see above). Each output
+// sums its k in order.
+@compute @workgroup_size(32)
+fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let c0 = MV_COLS * gid.x;
+    if (c0 >= p.n) {
+        return;
+    }
+    let r0 = 8u * wid.y;
+    let k4 = p.k / 4u;
+    // Rows and columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    let x0 = min(r0 + 0u, p.m - 1u) * k4;
+    let x1 = min(r0 + 1u, p.m - 1u) * k4;
+    let x2 = min(r0 + 2u, p.m - 1u) * k4;
+    let x3 = min(r0 + 3u, p.m - 1u) * k4;
+    let x4 = min(r0 + 4u, p.m - 1u) * k4;
+    let x5 = min(r0 + 5u, p.m - 1u) * k4;
+    let x6 = min(r0 + 6u, p.m - 1u) * k4;
+    let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    var acc0_0 = 0.0;
+    var acc0_1 = 0.0;
+    var acc0_2 = 0.0;
+    var acc0_3 = 0.0;
+    var acc0_4 = 0.0;
+    var acc0_5 = 0.0;
+    var acc0_6 = 0.0;
+    var acc0_7 = 0.0;
+    var acc1_0 = 0.0;
+    var acc1_1 = 0.0;
+    var acc1_2 = 0.0;
+    var acc1_3 = 0.0;
+    var acc1_4 = 0.0;
+    var acc1_5 = 0.0;
+    var acc1_6 = 0.0;
+    var acc1_7 = 0.0;
+    var acc2_0 = 0.0;
+    var acc2_1 = 0.0;
+    var acc2_2 = 0.0;
+    var acc2_3 = 0.0;
+    var acc2_4 = 0.0;
+    var acc2_5 = 0.0;
+    var acc2_6 = 0.0;
+    var acc2_7 = 0.0;
+    var acc3_0 = 0.0;
+    var acc3_1 = 0.0;
+    var acc3_2 = 0.0;
+    var acc3_3 = 0.0;
+    var acc3_4 = 0.0;
+    var acc3_5 = 0.0;
+    var acc3_6 = 0.0;
+    var acc3_7 = 0.0;
+    var acc4_0 = 0.0;
+    var acc4_1 = 0.0;
+    var acc4_2 = 0.0;
+    var acc4_3 = 0.0;
+    var acc4_4 = 0.0;
+    var acc4_5 = 0.0;
+    var acc4_6 = 0.0;
+    var acc4_7 = 0.0;
+    var acc5_0 = 0.0;
+    var acc5_1 = 0.0;
+    var acc5_2 = 0.0;
+    var acc5_3 = 0.0;
+    var acc5_4 = 0.0;
+    var acc5_5 = 0.0;
+    var acc5_6 = 0.0;
+    var acc5_7 = 0.0;
+    var acc6_0 = 0.0;
+    var acc6_1 = 0.0;
+    var acc6_2 = 0.0;
+    var acc6_3 = 0.0;
+    var acc6_4 = 0.0;
+    var acc6_5 = 0.0;
+    var acc6_6 = 0.0;
+    var acc6_7 = 0.0;
+    var acc7_0 = 0.0;
+    var acc7_1 = 0.0;
+    var acc7_2 = 0.0;
+    var acc7_3 = 0.0;
+    var acc7_4 = 0.0;
+    var acc7_5 = 0.0;
+    var acc7_6 = 0.0;
+    var acc7_7 = 0.0;
+    for (var kq = 0u; kq < k4; kq++) {
+        let wv0 = w_f32(w0 + kq);
+        let wv1 = w_f32(w1 + kq);
+        let wv2 = w_f32(w2 + kq);
+        let wv3 = w_f32(w3 + kq);
+        let wv4 = w_f32(w4 + kq);
+        let wv5 = w_f32(w5 + kq);
+        let wv6 = w_f32(w6 + kq);
+        let wv7 = w_f32(w7 + kq);
+        let xv0 = x[x0 + kq];
+        acc0_0 += dot(xv0, wv0);
+        acc0_1 += dot(xv0, wv1);
+        acc0_2 += dot(xv0, wv2);
+        acc0_3 += dot(xv0, wv3);
+        acc0_4 += dot(xv0, wv4);
+        acc0_5 += dot(xv0, wv5);
+        acc0_6 += dot(xv0, wv6);
+        acc0_7 += dot(xv0, wv7);
+        let xv1 = x[x1 + kq];
+        acc1_0 += dot(xv1, wv0);
+        acc1_1 += dot(xv1, wv1);
+        acc1_2 += dot(xv1, wv2);
+        acc1_3 += dot(xv1, wv3);
+        acc1_4 += dot(xv1, wv4);
+        acc1_5 += dot(xv1, wv5);
+        acc1_6 += dot(xv1, wv6);
+        acc1_7 += dot(xv1, wv7);
+        let xv2 = x[x2 + kq];
+        acc2_0 += dot(xv2, wv0);
+        acc2_1 += dot(xv2, wv1);
+        acc2_2 += dot(xv2, wv2);
+        acc2_3 += dot(xv2, wv3);
+        acc2_4 += dot(xv2, wv4);
+        acc2_5 += dot(xv2, wv5);
+        acc2_6 += dot(xv2, wv6);
+        acc2_7 += dot(xv2, wv7);
+        let xv3 = x[x3 + kq];
+        acc3_0 += dot(xv3, wv0);
+        acc3_1 += dot(xv3, wv1);
+        acc3_2 += dot(xv3, wv2);
+        acc3_3 += dot(xv3, wv3);
+        acc3_4 += dot(xv3, wv4);
+        acc3_5 += dot(xv3, wv5);
+        acc3_6 += dot(xv3, wv6);
+        acc3_7 += dot(xv3, wv7);
+        let xv4 = x[x4 + kq];
+        acc4_0 += dot(xv4, wv0);
+        acc4_1 += dot(xv4, wv1);
+        acc4_2 += dot(xv4, wv2);
+        acc4_3 += dot(xv4, wv3);
+        acc4_4 += dot(xv4, wv4);
+        acc4_5 += dot(xv4, wv5);
+        acc4_6 += dot(xv4, wv6);
+        acc4_7 += dot(xv4, wv7);
+        let xv5 = x[x5 + kq];
+        acc5_0 += dot(xv5, wv0);
+        acc5_1 += dot(xv5, wv1);
+        acc5_2 += dot(xv5, wv2);
+        acc5_3 += dot(xv5, wv3);
+        acc5_4 += dot(xv5, wv4);
+        acc5_5 += dot(xv5, wv5);
+        acc5_6 += dot(xv5, wv6);
+        acc5_7 += dot(xv5, wv7);
+        let xv6 = x[x6 + kq];
+        acc6_0 += dot(xv6, wv0);
+        acc6_1 += dot(xv6, wv1);
+        acc6_2 += dot(xv6, wv2);
+        acc6_3 += dot(xv6, wv3);
+        acc6_4 += dot(xv6, wv4);
+        acc6_5 += dot(xv6, wv5);
+        acc6_6 += dot(xv6, wv6);
+        acc6_7 += dot(xv6, wv7);
+        let xv7 = x[x7 + kq];
+        acc7_0 += dot(xv7, wv0);
+        acc7_1 += dot(xv7, wv1);
+        acc7_2 += dot(xv7, wv2);
+        acc7_3 += dot(xv7, wv3);
+        acc7_4 += dot(xv7, wv4);
+        acc7_5 += dot(xv7, wv5);
+        acc7_6 += dot(xv7, wv6);
+        acc7_7 += dot(xv7, wv7);
+    }
+    if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
+    if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
+    if (r0 + 0u < p.m && c0 + 2u < p.n) { put_y(r0 + 0u, c0 + 2u, acc0_2); }
+    if (r0 + 0u < p.m && c0 + 3u < p.n) { put_y(r0 + 0u, c0 + 3u, acc0_3); }
+    if (r0 + 0u < p.m && c0 + 4u < p.n) { put_y(r0 + 0u, c0 + 4u, acc0_4); }
+    if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
+    if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
+    if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
+    if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
+    if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
+    if (r0 + 1u < p.m && c0 + 3u < p.n) { put_y(r0 + 1u, c0 + 3u, acc1_3); }
+    if (r0 + 1u < p.m && c0 + 4u < p.n) { put_y(r0 + 1u, c0 + 4u, acc1_4); }
+    if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
+    if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
+    if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
+    if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
+    if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
+    if (r0 + 2u < p.m && c0 + 3u < p.n) { put_y(r0 + 2u, c0 + 3u, acc2_3); }
+    if (r0 + 2u < p.m && c0 + 4u < p.n) { put_y(r0 + 2u, c0 + 4u, acc2_4); }
+    if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
+    if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
+    if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
+    if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
+    if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
+    if (r0 + 3u < p.m && c0 + 3u < p.n) { put_y(r0 + 3u, c0 + 3u, acc3_3); }
+    if (r0 + 3u < p.m && c0 + 4u < p.n) { put_y(r0 + 3u, c0 + 4u, acc3_4); }
+    if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
+    if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
+    if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
+    if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
+    if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
+    if (r0 + 4u < p.m && c0 + 3u < p.n) { put_y(r0 + 4u, c0 + 3u, acc4_3); }
+    if (r0 + 4u < p.m && c0 + 4u < p.n) { put_y(r0 + 4u, c0 + 4u, acc4_4); }
+    if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
+    if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
+    if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
+    if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
+    if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
+    if (r0 + 5u < p.m && c0 + 3u < p.n) { put_y(r0 + 5u, c0 + 3u, acc5_3); }
+    if (r0 + 5u < p.m && c0 + 4u < p.n) { put_y(r0 + 5u, c0 + 4u, acc5_4); }
+    if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
+    if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
+    if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
+    if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
+    if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
+    if (r0 + 6u < p.m && c0 + 3u < p.n) { put_y(r0 + 6u, c0 + 3u, acc6_3); }
+    if (r0 + 6u < p.m && c0 + 4u < p.n) { put_y(r0 + 6u, c0 + 4u, acc6_4); }
+    if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
+    if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
+    if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
+    if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
+    if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
+    if (r0 + 7u < p.m && c0 + 3u < p.n) { put_y(r0 + 7u, c0 + 3u, acc7_3); }
+    if (r0 + 7u < p.m && c0 + 4u < p.n) { put_y(r0 + 7u, c0 + 4u, acc7_4); }
+    if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
+    if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
+    if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+}
+@compute @workgroup_size(32)
+fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let c0 = MV_COLS * gid.x;
+    if (c0 >= p.n) {
+        return;
+    }
+    let r0 = 8u * wid.y;
+    let k4 = p.k / 4u;
+    // Rows and columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    let x0 = min(r0 + 0u, p.m - 1u) * k4;
+    let x1 = min(r0 + 1u, p.m - 1u) * k4;
+    let x2 = min(r0 + 2u, p.m - 1u) * k4;
+    let x3 = min(r0 + 3u, p.m - 1u) * k4;
+    let x4 = min(r0 + 4u, p.m - 1u) * k4;
+    let x5 = min(r0 + 5u, p.m - 1u) * k4;
+    let x6 = min(r0 + 6u, p.m - 1u) * k4;
+    let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    var acc0_0 = 0.0;
+    var acc0_1 = 0.0;
+    var acc0_2 = 0.0;
+    var acc0_3 = 0.0;
+    var acc0_4 = 0.0;
+    var acc0_5 = 0.0;
+    var acc0_6 = 0.0;
+    var acc0_7 = 0.0;
+    var acc1_0 = 0.0;
+    var acc1_1 = 0.0;
+    var acc1_2 = 0.0;
+    var acc1_3 = 0.0;
+    var acc1_4 = 0.0;
+    var acc1_5 = 0.0;
+    var acc1_6 = 0.0;
+    var acc1_7 = 0.0;
+    var acc2_0 = 0.0;
+    var acc2_1 = 0.0;
+    var acc2_2 = 0.0;
+    var acc2_3 = 0.0;
+    var acc2_4 = 0.0;
+    var acc2_5 = 0.0;
+    var acc2_6 = 0.0;
+    var acc2_7 = 0.0;
+    var acc3_0 = 0.0;
+    var acc3_1 = 0.0;
+    var acc3_2 = 0.0;
+    var acc3_3 = 0.0;
+    var acc3_4 = 0.0;
+    var acc3_5 = 0.0;
+    var acc3_6 = 0.0;
+    var acc3_7 = 0.0;
+    var acc4_0 = 0.0;
+    var acc4_1 = 0.0;
+    var acc4_2 = 0.0;
+    var acc4_3 = 0.0;
+    var acc4_4 = 0.0;
+    var acc4_5 = 0.0;
+    var acc4_6 = 0.0;
+    var acc4_7 = 0.0;
+    var acc5_0 = 0.0;
+    var acc5_1 = 0.0;
+    var acc5_2 = 0.0;
+    var acc5_3 = 0.0;
+    var acc5_4 = 0.0;
+    var acc5_5 = 0.0;
+    var acc5_6 = 0.0;
+    var acc5_7 = 0.0;
+    var acc6_0 = 0.0;
+    var acc6_1 = 0.0;
+    var acc6_2 = 0.0;
+    var acc6_3 = 0.0;
+    var acc6_4 = 0.0;
+    var acc6_5 = 0.0;
+    var acc6_6 = 0.0;
+    var acc6_7 = 0.0;
+    var acc7_0 = 0.0;
+    var acc7_1 = 0.0;
+    var acc7_2 = 0.0;
+    var acc7_3 = 0.0;
+    var acc7_4 = 0.0;
+    var acc7_5 = 0.0;
+    var acc7_6 = 0.0;
+    var acc7_7 = 0.0;
+    for (var kq = 0u; kq < k4; kq++) {
+        let wv0 = w_half(w0 + kq);
+        let wv1 = w_half(w1 + kq);
+        let wv2 = w_half(w2 + kq);
+        let wv3 = w_half(w3 + kq);
+        let wv4 = w_half(w4 + kq);
+        let wv5 = w_half(w5 + kq);
+        let wv6 = w_half(w6 + kq);
+        let wv7 = w_half(w7 + kq);
+        let xv0 = x[x0 + kq];
+        acc0_0 += dot(xv0, wv0);
+        acc0_1 += dot(xv0, wv1);
+        acc0_2 += dot(xv0, wv2);
+        acc0_3 += dot(xv0, wv3);
+        acc0_4 += dot(xv0, wv4);
+        acc0_5 += dot(xv0, wv5);
+        acc0_6 += dot(xv0, wv6);
+        acc0_7 += dot(xv0, wv7);
+        let xv1 = x[x1 + kq];
+        acc1_0 += dot(xv1, wv0);
+        acc1_1 += dot(xv1, wv1);
+        acc1_2 += dot(xv1, wv2);
+        acc1_3 += dot(xv1, wv3);
+        acc1_4 += dot(xv1, wv4);
+        acc1_5 += dot(xv1, wv5);
+        acc1_6 += dot(xv1, wv6);
+        acc1_7 += dot(xv1, wv7);
+        let xv2 = x[x2 + kq];
+        acc2_0 += dot(xv2, wv0);
+        acc2_1 += dot(xv2, wv1);
+        acc2_2 += dot(xv2, wv2);
+        acc2_3 += dot(xv2, wv3);
+        acc2_4 += dot(xv2, wv4);
+        acc2_5 += dot(xv2, wv5);
+        acc2_6 += dot(xv2, wv6);
+        acc2_7 += dot(xv2, wv7);
+        let xv3 = x[x3 + kq];
+        acc3_0 += dot(xv3, wv0);
+        acc3_1 += dot(xv3, wv1);
+        acc3_2 += dot(xv3, wv2);
+        acc3_3 += dot(xv3, wv3);
+        acc3_4 += dot(xv3, wv4);
+        acc3_5 += dot(xv3, wv5);
+        acc3_6 += dot(xv3, wv6);
+        acc3_7 += dot(xv3, wv7);
+        let xv4 = x[x4 + kq];
+        acc4_0 += dot(xv4, wv0);
+        acc4_1 += dot(xv4, wv1);
+        acc4_2 += dot(xv4, wv2);
+        acc4_3 += dot(xv4, wv3);
+        acc4_4 += dot(xv4, wv4);
+        acc4_5 += dot(xv4, wv5);
+        acc4_6 += dot(xv4, wv6);
+        acc4_7 += dot(xv4, wv7);
+        let xv5 = x[x5 + kq];
+        acc5_0 += dot(xv5, wv0);
+        acc5_1 += dot(xv5, wv1);
+        acc5_2 += dot(xv5, wv2);
+        acc5_3 += dot(xv5, wv3);
+        acc5_4 += dot(xv5, wv4);
+        acc5_5 += dot(xv5, wv5);
+        acc5_6 += dot(xv5, wv6);
+        acc5_7 += dot(xv5, wv7);
+        let xv6 = x[x6 + kq];
+        acc6_0 += dot(xv6, wv0);
+        acc6_1 += dot(xv6, wv1);
+        acc6_2 += dot(xv6, wv2);
+        acc6_3 += dot(xv6, wv3);
+        acc6_4 += dot(xv6, wv4);
+        acc6_5 += dot(xv6, wv5);
+        acc6_6 += dot(xv6, wv6);
+        acc6_7 += dot(xv6, wv7);
+        let xv7 = x[x7 + kq];
+        acc7_0 += dot(xv7, wv0);
+        acc7_1 += dot(xv7, wv1);
+        acc7_2 += dot(xv7, wv2);
+        acc7_3 += dot(xv7, wv3);
+        acc7_4 += dot(xv7, wv4);
+        acc7_5 += dot(xv7, wv5);
+        acc7_6 += dot(xv7, wv6);
+        acc7_7 += dot(xv7, wv7);
+    }
+    if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
+    if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
+    if (r0 + 0u < p.m && c0 + 2u < p.n) { put_y(r0 + 0u, c0 + 2u, acc0_2); }
+    if (r0 + 0u < p.m && c0 + 3u < p.n) { put_y(r0 + 0u, c0 + 3u, acc0_3); }
+    if (r0 + 0u < p.m && c0 + 4u < p.n) { put_y(r0 + 0u, c0 + 4u, acc0_4); }
+    if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
+    if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
+    if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
+    if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
+    if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
+    if (r0 + 1u < p.m && c0 + 3u < p.n) { put_y(r0 + 1u, c0 + 3u, acc1_3); }
+    if (r0 + 1u < p.m && c0 + 4u < p.n) { put_y(r0 + 1u, c0 + 4u, acc1_4); }
+    if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
+    if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
+    if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
+    if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
+    if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
+    if (r0 + 2u < p.m && c0 + 3u < p.n) { put_y(r0 + 2u, c0 + 3u, acc2_3); }
+    if (r0 + 2u < p.m && c0 + 4u < p.n) { put_y(r0 + 2u, c0 + 4u, acc2_4); }
+    if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
+    if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
+    if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
+    if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
+    if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
+    if (r0 + 3u < p.m && c0 + 3u < p.n) { put_y(r0 + 3u, c0 + 3u, acc3_3); }
+    if (r0 + 3u < p.m && c0 + 4u < p.n) { put_y(r0 + 3u, c0 + 4u, acc3_4); }
+    if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
+    if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
+    if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
+    if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
+    if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
+    if (r0 + 4u < p.m && c0 + 3u < p.n) { put_y(r0 + 4u, c0 + 3u, acc4_3); }
+    if (r0 + 4u < p.m && c0 + 4u < p.n) { put_y(r0 + 4u, c0 + 4u, acc4_4); }
+    if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
+    if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
+    if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
+    if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
+    if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
+    if (r0 + 5u < p.m && c0 + 3u < p.n) { put_y(r0 + 5u, c0 + 3u, acc5_3); }
+    if (r0 + 5u < p.m && c0 + 4u < p.n) { put_y(r0 + 5u, c0 + 4u, acc5_4); }
+    if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
+    if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
+    if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
+    if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
+    if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
+    if (r0 + 6u < p.m && c0 + 3u < p.n) { put_y(r0 + 6u, c0 + 3u, acc6_3); }
+    if (r0 + 6u < p.m && c0 + 4u < p.n) { put_y(r0 + 6u, c0 + 4u, acc6_4); }
+    if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
+    if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
+    if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
+    if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
+    if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
+    if (r0 + 7u < p.m && c0 + 3u < p.n) { put_y(r0 + 7u, c0 + 3u, acc7_3); }
+    if (r0 + 7u < p.m && c0 + 4u < p.n) { put_y(r0 + 7u, c0 + 4u, acc7_4); }
+    if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
+    if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
+    if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+}

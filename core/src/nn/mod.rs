@@ -36,7 +36,13 @@ pub enum LinearKernel {
     Tiled,
     /// nn/matmul_vec4.wgsl `matmul_128`: 128×128 vec4 tiles (k % 4 = 0).
     TiledVec4,
+    /// nn/matmul_vec4.wgsl `matmul_columns`: 8 rows × 8 columns per thread reading vec4 (k % 4
+    /// = 0), no workgroup memory; CPU adapters take it past 8 rows (BENCHMARKS.md).
+    TiledColumns,
 }
+
+/// Rows `TiledColumns` takes: 8 per workgroup row of the grid, 65,535 of them.
+const TILED_COLUMNS_MAX_ROWS: usize = 8 * 65535;
 
 /// What decode's products (at most 8 rows) run on this adapter, as `linear`'s `Auto` picks.
 pub fn decode_path(gpu: &crate::gpu::Gpu) -> &'static str {
@@ -298,6 +304,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
         LinearKernel::Auto if m <= 8 && (k % 4 == 0 || f16) && rec.gpu().adapter.is_cpu() => LinearKernel::MatvecColumns,
         LinearKernel::Auto if m <= 8 && (f16 || k % 4 == 0) => LinearKernel::MatvecLanes,
         LinearKernel::Auto if m <= 8 => LinearKernel::Matvec,
+        LinearKernel::Auto if (k % 4 == 0 || f16) && rec.gpu().adapter.is_cpu() && m <= TILED_COLUMNS_MAX_ROWS => LinearKernel::TiledColumns,
         LinearKernel::Auto if k % 4 == 0 || f16 => LinearKernel::TiledVec4,
         LinearKernel::Auto => LinearKernel::Tiled,
         chosen => chosen,
@@ -308,11 +315,14 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     if matches!(kernel, LinearKernel::Matvec | LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns) && m > 8 {
         return Err(Error::argument("linear", format!("{kernel:?} takes at most 8 rows, got {m}")));
     }
-    if (matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4) || f16) && k % 4 != 0 {
+    if kernel == LinearKernel::TiledColumns && m > TILED_COLUMNS_MAX_ROWS {
+        return Err(Error::argument("linear", format!("TiledColumns takes at most {TILED_COLUMNS_MAX_ROWS} rows (a grid row per 8), got {m}")));
+    }
+    if (matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4 | LinearKernel::TiledColumns) || f16) && k % 4 != 0 {
         return Err(Error::argument("linear", format!("{kernel:?} with {} weights needs k divisible by 4, got {k}", if f16 { "f16" } else { "f32" })));
     }
-    if f16 && !matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4) {
-        return Err(Error::argument("linear", format!("{kernel:?} reads f32 weights; packed f16 weights take MatvecCoalesced, MatvecColumns or TiledVec4")));
+    if f16 && !matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4 | LinearKernel::TiledColumns) {
+        return Err(Error::argument("linear", format!("{kernel:?} reads f32 weights; packed f16 weights take MatvecCoalesced, MatvecColumns, TiledVec4 or TiledColumns")));
     }
     // The strides are matmul_strided's; the other kernels read rows contiguously.
     let params = MatmulParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, ..Default::default() };
@@ -330,6 +340,8 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
             ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [threads.min(32768).div_ceil(32) as u32, threads.div_ceil(32768) as u32, 1])
         }
         LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
+        // 32 threads of 8 columns per workgroup, a row of the grid per 8 rows.
+        LinearKernel::TiledColumns => ("nn/matmul_vec4", if f16 { "matmul_columns_f16" } else { "matmul_columns" }, [n.div_ceil(256) as u32, m.div_ceil(8) as u32, 1]),
         LinearKernel::Tiled | LinearKernel::Auto | LinearKernel::MatvecLanes => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
     let w_binding = if f16 { 4 } else { 2 };
