@@ -1,6 +1,7 @@
 //! The web crate in headless Chromium (Debian's chromium, SwiftShader WebGPU): the same WGSL
 //! kernel runs in the browser and natively, and both agree with the f64 reference.
 use linearize_core::util::Rng;
+use linearize_core::generate::Sampling;
 use linearize_core::nn::{self, Gemm};
 use linearize_core::reference::nn as reference;
 use linearize_tests::{mixer, assert_close, build_web_package, chromium, f64s, gpu, random, repo_root, serve, teacher, tempdir, TestServer};
@@ -138,8 +139,10 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
     let prompt = "The capital of France is";
     let ids = t.tokenizer.encode(prompt).unwrap();
     let new_tokens = 3;
+    let sampled = Sampling { max_new_tokens: 6, temperature: 0.8, top_p: 0.9, seed: 5, stop_ids: Vec::new() };
     let input = serde_json::json!({
         "ids": ids, "prompt": prompt, "new_tokens": new_tokens,
+        "sampled": {"new_tokens": sampled.max_new_tokens, "temperature": sampled.temperature, "top_p": sampled.top_p, "seed": sampled.seed},
         "models": models.iter().zip(&weights).enumerate().map(|(i, ((n, _, f), w))| serde_json::json!({"name": n, "base": format!("/models/{n}/"), "files": f, "weights": w, "max_binding": max_binding(i)})).collect::<Vec<_>>(),
     });
     let mut routes: Vec<(String, std::path::PathBuf)> = models[..f32_models].iter().map(|(n, d, _)| (format!("/models/{n}/"), d.clone())).collect();
@@ -181,6 +184,10 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         let native_argmax: Vec<u64> = native.chunks(vocab).map(|row| linearize_core::reference::sample::argmax(row) as u64).collect();
         let browser_argmax: Vec<u64> = r["argmax"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
         assert_eq!(browser_argmax, native_argmax, "{name}: greedy tokens at each position");
+        // Sampled on the GPU there and here: the same tokens for the same seed.
+        let native_sampled = pollster::block_on(linearize_core::generate::generate(gpu(), &lm, &ids, &sampled, |_| {})).unwrap();
+        let browser_sampled: Vec<u32> = r["sampled"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        assert_eq!(browser_sampled, native_sampled, "{name}: sampled tokens (T {}, top-p {}, seed {})", sampled.temperature, sampled.top_p, sampled.seed);
         // Streaming: one callback per token, the pieces add up to the text.
         let streamed = r["streamed"].as_array().unwrap();
         assert_eq!(streamed.len(), new_tokens, "{name}: {r}");

@@ -204,6 +204,10 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
         (set("tokens", "0"), "run", "New tokens: 0 is outside 1–256"),
         (set("tokens", "-1"), "run", "New tokens: -1 is outside 1–256"),
         (set("tokens", "10000"), "run", "New tokens: 10000 is outside 1–256"),
+        (set("temperature", "-1"), "run", "Temperature: '-1' is not a number from 0 to 5"),
+        (set("temperature", "6"), "run", "Temperature: '6' is not a number from 0 to 5"),
+        (set("topp", "0"), "run", "Top-p: '0' is not a number above 0 and at most 1"),
+        (set("seed", "1.5"), "run", "Seed: '1.5' is not a whole number"),
         (set("lengths", "abc"), "needle", "Lengths: 'abc' is not a whole number"),
         (set("lengths", " , "), "needle", "Lengths: give one or more whole numbers"),
         (set("depths", "101"), "needle", "Depths: 101 is outside 0–100"),
@@ -213,13 +217,13 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     ];
     for (setup, button, want) in refusals {
         let state = b.script(&format!(
-            "const keep = {{ prompt: document.getElementById('prompt').value, tokens: document.getElementById('tokens').value, lengths: document.getElementById('lengths').value, depths: document.getElementById('depths').value, docs: document.getElementById('docs').value, ppltext: document.getElementById('ppltext').value,
+            "const keep = {{ prompt: document.getElementById('prompt').value, tokens: document.getElementById('tokens').value, temperature: document.getElementById('temperature').value, topp: document.getElementById('topp').value, seed: document.getElementById('seed').value, lengths: document.getElementById('lengths').value, depths: document.getElementById('depths').value, docs: document.getElementById('docs').value, ppltext: document.getElementById('ppltext').value,
                              ticks: [...document.querySelectorAll('#models input')].map((c) => c.checked) }};
              {setup}
              document.getElementById('{button}').click();
              const s = document.getElementById('status');
              const out = [s.dataset.state, s.textContent];
-             document.getElementById('prompt').value = keep.prompt; document.getElementById('tokens').value = keep.tokens; document.getElementById('lengths').value = keep.lengths; document.getElementById('depths').value = keep.depths; document.getElementById('docs').value = keep.docs; document.getElementById('ppltext').value = keep.ppltext;
+             document.getElementById('prompt').value = keep.prompt; document.getElementById('tokens').value = keep.tokens; document.getElementById('temperature').value = keep.temperature; document.getElementById('topp').value = keep.topp; document.getElementById('seed').value = keep.seed; document.getElementById('lengths').value = keep.lengths; document.getElementById('depths').value = keep.depths; document.getElementById('docs').value = keep.docs; document.getElementById('ppltext').value = keep.ppltext;
              document.querySelectorAll('#models input').forEach((c, i) => {{ c.checked = keep.ticks[i]; }});
              return out;"
         ));

@@ -12,7 +12,7 @@ import init, { WebGpu, ModelFiles, request_files_json, mixer_names_json } from '
 const $ = (id) => document.getElementById(id);
 const MAX_MODELS = 4;
 const COLORS = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728'];
-const LIMITS = { tokens: [1, 256], length: [1, 8192], promptChars: 4000, docs: [1, 500], textChars: 20000, fitSteps: [1, 500], fitBlock: [0, 63], fitChars: 2000 };
+const LIMITS = { tokens: [1, 256], temperature: [0, 5], seed: [0, 4294967295], length: [1, 8192], promptChars: 4000, docs: [1, 500], textChars: 20000, fitSteps: [1, 500], fitBlock: [0, 63], fitChars: 2000 };
 const requestFiles = new Map(); // task → its request file's JSON lines
 const picked = new Map(); // model name → { files: Map(file name → File) } picked from disk
 const entries = new Map(); // model name → its entry (served or picked), for the live fit's teacher
@@ -54,6 +54,14 @@ function wholeNumber(text, what, [lo, hi]) {
   return n;
 }
 
+// A decimal number that `ok` accepts, or an Error naming the field and what it takes.
+function decimal(text, what, ok, takes) {
+  const t = String(text).trim();
+  const x = Number(t);
+  if (!/^[0-9]*\.?[0-9]+(e-?[0-9]+)?$/i.test(t) || !ok(x)) throw new Error(`${what}: '${t}' is not ${takes}.`);
+  return x;
+}
+
 // The run's inputs, or an Error naming the field and what it takes.
 function checkedInputs(kind) {
   if (kind === 'fit') return fitInputs();
@@ -66,6 +74,9 @@ function checkedInputs(kind) {
     if (inputs.prompt.trim() === '') throw new Error('Prompt: write some text to continue.');
     if (inputs.prompt.length > LIMITS.promptChars) throw new Error(`Prompt: ${inputs.prompt.length} characters; at most ${LIMITS.promptChars}.`);
     inputs.tokens = wholeNumber($('tokens').value, 'New tokens', LIMITS.tokens);
+    inputs.temperature = decimal($('temperature').value, 'Temperature', (t) => t >= LIMITS.temperature[0] && t <= LIMITS.temperature[1], `a number from ${LIMITS.temperature.join(' to ')} (0: greedy)`);
+    inputs.topP = decimal($('topp').value, 'Top-p', (p) => p > 0 && p <= 1, 'a number above 0 and at most 1');
+    inputs.seed = wholeNumber($('seed').value, 'Seed', LIMITS.seed);
   } else if (kind === 'zeroshot') {
     inputs.task = $('task').value;
     if (!inputs.task) throw new Error('Task: no request files here — pick one from disk (TASK.jsonl.gz, written by `linearize fetch eval`), or serve them with `linearize serve`.');
@@ -98,7 +109,7 @@ function fitInputs() {
 }
 
 function saveInputs() {
-  const v = { prompt: $('prompt').value, tokens: $('tokens').value, lengths: $('lengths').value, depths: $('depths').value, docs: $('docs').value, task: $('task').value, weights: $('weights').value,
+  const v = { prompt: $('prompt').value, tokens: $('tokens').value, temperature: $('temperature').value, topp: $('topp').value, seed: $('seed').value, lengths: $('lengths').value, depths: $('depths').value, docs: $('docs').value, task: $('task').value, weights: $('weights').value,
               fitmixer: $('fitmixer').value, fitlayer: $('fitlayer').value, fitsteps: $('fitsteps').value, fitlr: $('fitlr').value,
               shared: $('shared').checked, models: selected().map((m) => m.name) };
   try { localStorage.setItem(SAVED, JSON.stringify(v)); } catch (_) { /* storage may be off */ }
@@ -110,7 +121,7 @@ function savedInputs() {
 
 function restoreInputs(v) {
   if (!v) return;
-  for (const k of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'weights', 'fitlayer', 'fitsteps', 'fitlr']) if (typeof v[k] === 'string') $(k).value = v[k];
+  for (const k of ['prompt', 'tokens', 'temperature', 'topp', 'seed', 'lengths', 'depths', 'docs', 'weights', 'fitlayer', 'fitsteps', 'fitlr']) if (typeof v[k] === 'string') $(k).value = v[k];
   if (typeof v.shared === 'boolean') $('shared').checked = v.shared;
 }
 
@@ -551,7 +562,7 @@ async function eachModel(models, weights, work) {
   }
 }
 
-async function generate({ models, weights, prompt, tokens }) {
+async function generate({ models, weights, prompt, tokens, temperature, topP, seed }) {
   await eachModel(models, weights, async (entry, it) => {
     const pre = it.panel.querySelector('pre.text');
     const progress = it.panel.querySelector('.progress');
@@ -562,7 +573,7 @@ async function generate({ models, weights, prompt, tokens }) {
     const promptTokens = it.model.encode(prompt).length;
     let n = 0;
     status(`${entry.name}: generating…`);
-    await it.model.generate(prompt, tokens, (piece, id, norms) => {
+    await it.model.generate(prompt, tokens, temperature, topP, seed, (piece, id, norms) => {
       n += 1;
       pre.textContent += piece;
       if (norms.length) it.columns.push(norms);
@@ -795,7 +806,7 @@ async function main() {
   $('fit').addEventListener('click', run('fit', distilLive));
   $('picktask').addEventListener('change', (e) => pickTasks(e.target, false));
   $('pickeval').addEventListener('change', (e) => pickTasks(e.target, true));
-  for (const id of ['prompt', 'tokens', 'lengths', 'depths', 'docs', 'task', 'weights']) $(id).addEventListener('change', saveInputs);
+  for (const id of ['prompt', 'tokens', 'temperature', 'topp', 'seed', 'lengths', 'depths', 'docs', 'task', 'weights']) $(id).addEventListener('change', saveInputs);
   listTasks(list.tasks || [], saved);
   $('shared').addEventListener('change', () => { saveInputs(); redrawAll(); });
   $('run').addEventListener('click', run('generate', generate));

@@ -237,15 +237,18 @@ impl WebModel {
         host
     }
 
-    /// Greedy generation of up to `max_new_tokens` after `prompt`; `on_token(text, id, norms)` is
+    /// Generation of up to `max_new_tokens` after `prompt`, greedy at `temperature` 0, else
+    /// sampled with nucleus `top_p` from `seed` (the picks made on the GPU either way, the tokens
+    /// of `linearize generate` with the same settings); `on_token(text, id, norms)` is
     /// called as each token arrives: text is what the token adds to the decoded output, norms the
     /// latest ‖S‖ of every mixer block and head ([mixer blocks × heads], empty for a teacher).
     /// The states are read after the prompt and after every token (`state_norms`). An
     /// `on_token` that returns `false` stops the generation after that token (a stop button).
-    pub async fn generate(&mut self, prompt: String, max_new_tokens: usize, on_token: js_sys::Function) -> Result<String, JsValue> {
+    pub async fn generate(&mut self, prompt: String, max_new_tokens: usize, temperature: f32, top_p: f32, seed: u32, on_token: js_sys::Function) -> Result<String, JsValue> {
+        let sampling = Sampling { max_new_tokens, temperature, top_p, seed: seed as u64, stop_ids: Vec::new() };
+        sampling.validate().map_err(js_err)?;
         let ids = self.tokenizer.encode(&prompt).map_err(js_err)?;
         self.lm.check_fits(&self.gpu, ids.len(), 1, "prompt").map_err(js_err)?;
-        let sampling = Sampling { max_new_tokens, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
         self.diagnostics = Diagnostics::default();
         let (tokenizer, mut out, mut shown) = (&self.tokenizer, Vec::new(), String::new());
         let mut failed = None;
