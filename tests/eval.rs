@@ -322,3 +322,16 @@ fn sampled_pick_on_the_gpu_is_the_host_rule() {
         assert!(!finite, "{bad} not reported");
     }
 }
+
+/// Scores kept on record (DIR/eval/TASK.jsonl, `compare`'s and `study`'s caches) are read back
+/// as the very f64 written: serde_json's default float parser can land 1 ulp off (it did on this
+/// log-likelihood, and a rerun's perplexity standard error moved in its last digits), so the
+/// workspace enables its float_roundtrip feature.
+#[test]
+fn scores_on_record_read_back_bit_for_bit() {
+    for ll in [-22.436491012573242f64, -32.87148380279541, -1e-300, 0.1 + 0.2, -123456.78901234567] {
+        let line = serde_json::json!({"doc_id": 0, "greedy": [false], "ll": [ll]}).to_string();
+        let back: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(back["ll"][0].as_f64().unwrap().to_bits(), ll.to_bits(), "{line}");
+    }
+}
