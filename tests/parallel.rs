@@ -86,8 +86,11 @@ fn assert_losses_agree(what: &str, got: &[(u64, u64, f64)], want: &[(u64, u64, f
 /// Two ranks with half a batch each against one process with the whole batch: the same data,
 /// the mean of the ranks' gradients is the whole batch's gradient, so the runs differ only in
 /// the order f32 sums are taken (each rank sums its half, then the halves are added). The first
-/// step's loss is equal; later losses agree to ~10⁻⁷ and the final weights to ~10⁻⁵ of each
-/// tensor's largest value after 12 clipped AdamW steps (measured on lavapipe: 2 × 10⁻⁷ and
+/// step's loss is the same up to where f64 rounds: each rank divides its sum of row losses by its
+/// own element count, one process the whole sum by the whole count (a divisor of 64 × 576 is no
+/// power of two), so the two may differ in their last bit or two; later losses agree to ~10⁻⁷
+/// and the final weights to ~10⁻⁵ of each tensor's largest value after 12 clipped AdamW steps
+/// (measured on lavapipe: 2 × 10⁻⁷ and
 /// 3 × 10⁻⁵: AdamW's first steps move a weight by ±lr whatever its gradient's size, so the sign
 /// of a gradient near zero — the order of its sum — decides them). The gradient norms are the
 /// global batch's: a sum of the ranks' gradients instead of their mean would double them, which
@@ -106,7 +109,8 @@ fn two_ranks_match_one_process_with_the_same_global_batch() {
     assert_eq!(stdout.lines().filter(|l| l.contains("\"event\":\"step\"")).count(), 12, "{stdout}");
     let (want, got) = (step_losses(&one), step_losses(&two));
     assert_eq!(want.len(), 12);
-    assert_eq!(got[0].2, want[0].2, "the first step sees the same weights and data");
+    let first = (got[0].2 - want[0].2).abs() / want[0].2.abs();
+    assert!(first <= 4.0 * f64::EPSILON, "the first step sees the same weights and data: loss {} vs {}", got[0].2, want[0].2);
     assert_losses_agree("two ranks", &got, &want, 1e-5);
     assert_losses_agree("two ranks' gradient norms", &step_field(&two, "grad_norm"), &step_field(&one, "grad_norm"), 1e-3);
     let gap = weights_gap(&one, &two);
