@@ -247,14 +247,14 @@ blk_w = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in rang
 blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
 blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(COLS))
 blk_fma = "\n".join(f"        let wv{c} = {{READ}}(w{c} + kq);" for c in range(COLS)) + "\n" + "\n".join(
-    f"        let xv{r} = x[x{r} + kq];\n" + "\n".join(f"        acc{r}_{c} += dot(xv{r}, wv{c});" for c in range(COLS)) for r in range(BR))
+    f"        let xv{r} = x[x{r} + kq];\n" + "\n".join(f"        acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(COLS)) for r in range(BR))
 blk_store = "\n".join(f"    if (r0 + {r}u < p.m && c0 + {c}u < p.n) {{ put_y(r0 + {r}u, c0 + {c}u, acc{r}_{c}); }}" for r in range(BR) for c in range(COLS))
 src += f"""
 // Products of more than 8 rows on CPU adapters: each thread a block of {BR} rows × {COLS} columns,
 // the workgroup's threads side by side along the columns of one block of rows, so that their
 // loads of x are the same address (one load for every lane) and only the weights are gathered,
 // each gather feeding {BR} products. No workgroup memory and no barrier (see above). Each output
-// sums its k in order.
+// is one fused multiply-add per k in order, as in matmul_128: the same bits as the GPU tiles.
 """
 BLOCKS = """@compute @workgroup_size(32)
 fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
