@@ -206,4 +206,17 @@ fn constants_shared_with_the_host_agree() {
         .find_map(|l| l.trim().strip_prefix("const TILE_T: u32 = ")?.strip_suffix("u;")?.parse().ok())
         .expect("conv.wgsl declares const TILE_T: u32 = Nu;");
     assert_eq!(tile, linearize_core::mixers::ops::CONV_BACKWARD_TILE);
+    // The CPU products' block: the host sizes their grids from these.
+    let (_, vec4) = ALL.iter().find(|(name, _)| *name == "nn/matmul_vec4").expect("matmul_vec4.wgsl registered");
+    for (name, host) in [("MV_COLS", linearize_core::nn::MV_COLS), ("MV_ROWS", linearize_core::nn::MV_ROWS)] {
+        let wgsl: usize = vec4
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("const {name}: u32 = "))?.strip_suffix("u;")?.parse().ok())
+            .unwrap_or_else(|| panic!("matmul_vec4.wgsl declares const {name}: u32 = Nu;"));
+        assert_eq!(wgsl, host, "{name}");
+    }
+    let threads = linearize_core::nn::COLUMN_THREADS;
+    for entry in ["matvec_columns", "matmul_columns"] {
+        assert!(vec4.contains(&format!("@compute @workgroup_size({threads})\nfn {entry}(")), "{entry} runs {threads} threads, as nn::linear_block's grid assumes");
+    }
 }

@@ -44,12 +44,7 @@ fn record_greedy(rec: &mut Recorder, logits: &GpuBuf, rows: usize, vocab: usize,
     need("greedy logits", logits, rows * vocab)?;
     need("greedy picks", picks, 2 * rows)?;
     let params = crate::shaders::LogprobParams { rows: rows as u32, vocab: vocab as u32 };
-    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, picks)], split_rows(rows))
-}
-
-/// One workgroup per row, 32768 rows per row of the grid.
-fn split_rows(rows: usize) -> [u32; 3] {
-    [rows.min(32768) as u32, rows.div_ceil(32768) as u32, 1]
+    rec.dispatch_bindings(&Kernel::new("eval/logprob", "greedy"), &params, &[(1, logits), (5, picks)], crate::nn::split_groups(rows))
 }
 
 /// How decoding turns a row of logits into the next token, on the GPU, so that only the id
@@ -93,7 +88,7 @@ impl Picker {
                 need("sample picks", picks, 2 * rows)?;
                 let weights = rec.temp(rows * vocab)?;
                 let params = crate::shaders::SampleParams { rows: rows as u32, vocab: vocab as u32, u_offset: first as u32, temperature: *temperature, top_p: *top_p };
-                rec.dispatch_bindings(&Kernel::new("eval/sample", "sample"), &params, &[(1, logits), (2, draws), (3, &weights), (4, picks)], split_rows(rows))
+                rec.dispatch_bindings(&Kernel::new("eval/sample", "sample"), &params, &[(1, logits), (2, draws), (3, &weights), (4, picks)], crate::nn::split_groups(rows))
             }
         }
     }

@@ -197,6 +197,7 @@ fn matvec_coalesced{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
 COLS = 8
+BR = 8
 cols_base = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
 cols_acc = "\n".join(f"        var acc{c} = 0.0;" for c in range(COLS))
 cols_fma = "\n".join(f"            acc{c} += dot(xv, {{READ}}(w{c} + kq));" for c in range(COLS))
@@ -209,7 +210,10 @@ src += f"""
 // rows); {COLS} independent ones per step keep enough of them in flight (on lavapipe twice to four
 // times the rate of one column per thread, BENCHMARKS.md). Each column sums its k in order, as
 // one thread per column would.
+// Columns per thread of matvec_columns and matmul_columns, and rows per thread of the latter
+// (nn::MV_COLS and nn::MV_ROWS on the host, which sizes their grids).
 const MV_COLS: u32 = {COLS}u;
+const MV_ROWS: u32 = {BR}u;
 
 fn put_y(r: u32, col: u32, v: f32) {{
     let idx = r * p.ldy + p.y0 + col;
@@ -242,7 +246,6 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
 """
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += COLUMNS.replace("{SUFFIX}", suffix).format(cols_base=cols_base, cols_acc=cols_acc, cols_fma=cols_fma.replace("{READ}", read), cols_store=cols_store)
-BR = 8
 blk_w = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
 blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
 blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(COLS))
@@ -262,7 +265,7 @@ fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     if (c0 >= p.n) {{
         return;
     }}
-    let r0 = {BR}u * wid.y;
+    let r0 = MV_ROWS * wid.y;
     let k4 = p.k / 4u;
     // Rows and columns past the last repeat it (their sums are not stored).
 {blk_w}

@@ -384,7 +384,10 @@ fn matvec_coalesced_f16(@builtin(local_invocation_index) tid: u32, @builtin(work
 // rows); 8 independent ones per step keep enough of them in flight (on lavapipe twice to four
 // times the rate of one column per thread, BENCHMARKS.md). Each column sums its k in order, as
 // one thread per column would.
+// Columns per thread of matvec_columns and matmul_columns, and rows per thread of the latter
+// (nn::MV_COLS and nn::MV_ROWS on the host, which sizes their grids).
 const MV_COLS: u32 = 8u;
+const MV_ROWS: u32 = 8u;
 
 fn put_y(r: u32, col: u32, v: f32) {
     let idx = r * p.ldy + p.y0 + col;
@@ -499,7 +502,7 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (c0 >= p.n) {
         return;
     }
-    let r0 = 8u * wid.y;
+    let r0 = MV_ROWS * wid.y;
     let k4 = p.k / 4u;
     // Rows and columns past the last repeat it (their sums are not stored).
     let w0 = min(c0 + 0u, p.n - 1u) * k4;
@@ -735,7 +738,7 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (c0 >= p.n) {
         return;
     }
-    let r0 = 8u * wid.y;
+    let r0 = MV_ROWS * wid.y;
     let k4 = p.k / 4u;
     // Rows and columns past the last repeat it (their sums are not stored).
     let w0 = min(c0 + 0u, p.n - 1u) * k4;

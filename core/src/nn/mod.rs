@@ -41,8 +41,15 @@ pub enum LinearKernel {
     TiledColumns,
 }
 
-/// Rows `TiledColumns` takes: 8 per workgroup row of the grid, 65,535 of them.
-const TILED_COLUMNS_MAX_ROWS: usize = 8 * 65535;
+/// Columns per thread of nn/matmul_vec4.wgsl's `matvec_columns` and `matmul_columns`, and rows
+/// per thread of the latter (its MV_COLS and MV_ROWS; tests/shaders.rs checks they agree).
+pub const MV_COLS: usize = 8;
+pub const MV_ROWS: usize = 8;
+/// Threads per workgroup of both (their @workgroup_size).
+pub const COLUMN_THREADS: usize = 32;
+
+/// Rows `TiledColumns` takes: MV_ROWS per workgroup row of the grid, 65,535 of them.
+const TILED_COLUMNS_MAX_ROWS: usize = MV_ROWS * 65535;
 
 /// What decode's products (at most 8 rows) run on this adapter, as `linear`'s `Auto` picks.
 pub fn decode_path(gpu: &crate::gpu::Gpu) -> &'static str {
@@ -316,7 +323,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
         return Err(Error::argument("linear", format!("{kernel:?} takes at most 8 rows, got {m}")));
     }
     if kernel == LinearKernel::TiledColumns && m > TILED_COLUMNS_MAX_ROWS {
-        return Err(Error::argument("linear", format!("TiledColumns takes at most {TILED_COLUMNS_MAX_ROWS} rows (a grid row per 8), got {m}")));
+        return Err(Error::argument("linear", format!("TiledColumns takes at most {TILED_COLUMNS_MAX_ROWS} rows (a grid row per {MV_ROWS}), got {m}")));
     }
     if (matches!(kernel, LinearKernel::MatvecCoalesced | LinearKernel::MatvecColumns | LinearKernel::TiledVec4 | LinearKernel::TiledColumns) || f16) && k % 4 != 0 {
         return Err(Error::argument("linear", format!("{kernel:?} with {} weights needs k divisible by 4, got {k}", if f16 { "f16" } else { "f32" })));
@@ -334,14 +341,14 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
             let wgs = n.div_ceil(4);
             ("nn/matmul_vec4", if f16 { "matvec_coalesced_f16" } else { "matvec_coalesced" }, [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
         }
-        // Eight columns per thread (MV_COLS), 32768 threads (1024 workgroups of 32) per row of the grid.
+        // MV_COLS columns per thread, 32768 threads per row of the grid.
         LinearKernel::MatvecColumns => {
-            let threads = n.div_ceil(8);
-            ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [threads.min(32768).div_ceil(32) as u32, threads.div_ceil(32768) as u32, 1])
+            let threads = n.div_ceil(MV_COLS);
+            ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1])
         }
         LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
-        // 32 threads of 8 columns per workgroup, a row of the grid per 8 rows.
-        LinearKernel::TiledColumns => ("nn/matmul_vec4", if f16 { "matmul_columns_f16" } else { "matmul_columns" }, [n.div_ceil(256) as u32, m.div_ceil(8) as u32, 1]),
+        // A workgroup spans COLUMN_THREADS · MV_COLS columns, a row of the grid MV_ROWS rows.
+        LinearKernel::TiledColumns => ("nn/matmul_vec4", if f16 { "matmul_columns_f16" } else { "matmul_columns" }, [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1]),
         LinearKernel::Tiled | LinearKernel::Auto | LinearKernel::MatvecLanes => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
     let w_binding = if f16 { 4 } else { 2 };
