@@ -280,6 +280,8 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         (crate::Weights::F16, false) => a.out.as_ref().map(|d| d.join("f16")),
         (crate::Weights::F32, true) => a.out.as_ref().map(|d| d.join("mixed")),
         (crate::Weights::F16, true) => a.out.as_ref().map(|d| d.join("f16-mixed")),
+        (crate::Weights::Gguf, false) => a.out.as_ref().map(|d| d.join("gguf")),
+        (crate::Weights::Gguf, true) => a.out.as_ref().map(|d| d.join("gguf-mixed")),
     };
     let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref(), a.log_samples)?;
     let avg = average(&results);
@@ -288,7 +290,7 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         None => None,
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
-    let ours = json!({ "weights": a.weights.dtype().name(), "precision": precision, "average": avg, "recovery": recovery, "adapter": gpu.adapter,
+    let ours = json!({ "weights": a.weights.format().name(), "precision": precision, "average": avg, "recovery": recovery, "adapter": gpu.adapter,
         "teacher": teacher.as_ref().map(|t| lm_eval_json(a.teacher.as_deref().unwrap_or(""), t, a.limit, json!({ "average": average(t) }))) });
     let report = lm_eval_json(&a.model, &results, a.limit, ours);
     if let Some(dir) = &out {

@@ -44,7 +44,8 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments) {
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use linearize_core::generate::Sampling;
-use linearize_core::gpu::{Dtype, Gpu};
+use linearize_core::gpu::Gpu;
+use linearize_core::nn::WeightFormat;
 use linearize_core::model::load::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{hf, LanguageModel, Model};
 use serde_json::json;
@@ -333,20 +334,24 @@ pub(crate) enum Weights {
     F32,
     /// Packed f16 pairs: half the memory, logits within a few hundredths of f32's
     F16,
+    /// The GGUF file's 4- and 8-bit blocks (Q4_1, Q8_0), found again in the loaded values: f32's
+    /// logits to the bit in a sixth of the memory (matrices on no block grid stay f32)
+    Gguf,
 }
 
 impl Weights {
-    pub(crate) fn dtype(self) -> Dtype {
+    pub(crate) fn format(self) -> WeightFormat {
         match self {
-            Weights::F32 => Dtype::F32,
-            Weights::F16 => Dtype::F16,
+            Weights::F32 => WeightFormat::F32,
+            Weights::F16 => WeightFormat::F16,
+            Weights::Gguf => WeightFormat::Gguf,
         }
     }
 }
 
 /// `model` on the GPU with its matrices held as `weights`.
 pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
-    Ok(LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.dtype())?)
+    Ok(LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.format())?)
 }
 
 fn cmd_info(spec: &str, json: bool) -> Result<()> {
@@ -793,7 +798,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "weights": weights.dtype().name(), "precision": precision, "results": results}))?);
+        outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "weights": weights.format().name(), "precision": precision, "results": results}))?);
     } else {
         for r in &results {
             outln!("{r}");

@@ -52,6 +52,11 @@ struct Params {{
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, n]
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
+// The `_q4_1` and `_q8_0` entry points read w in blocks of 32 values along a row (nn/blocks.rs;
+// k divisible by 32): Q4_1 blocks of 5 words, pack2x16float(d, m) and 16 bytes of 4-bit codes,
+// byte j holding value j in its low nibble and j + 16 in its high one; Q8_0 blocks of 9 words,
+// d and 32 signed bytes. Both give back exactly the f32 values the host loaded.
+@group(0) @binding(10) var<storage, read> w_blocks: array<u32>;
 
 const BM: u32 = 128u;
 const BK4: u32 = 4u; // k slice of 16 = 4 vec4
@@ -89,6 +94,25 @@ fn w_f32(i: u32) -> vec4<f32> {{
 fn w_half(i: u32) -> vec4<f32> {{
     let h = w_f16[i];
     return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+}}
+
+// Vec4 i of the k values (a row holds k/32 blocks, so quad i % 8 of block i / 8). q·d is exact
+// in f32, so q·d + m rounds once whether or not it is fused: the host's value.
+fn w_q4_1(i: u32) -> vec4<f32> {{
+    let b = (i / 8u) * 5u;
+    let quad = i % 8u;
+    let dm = unpack2x16float(w_blocks[b]);
+    // Quads 0-3 are the low nibbles of code words 0-3, quads 4-7 their high nibbles.
+    let codes = w_blocks[b + 1u + quad % 4u] >> (4u * (quad / 4u));
+    let q = (vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    return vec4<f32>(q) * dm.x + dm.y;
+}}
+
+fn w_q8_0(i: u32) -> vec4<f32> {{
+    let b = (i / 8u) * 9u;
+    let codes = w_blocks[b + 1u + i % 8u];
+    let q = bitcast<vec4<i32>>(vec4<u32>(codes) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
+    return vec4<f32>(q) * bitcast<f32>(w_blocks[b]);
 }}
 
 // Writes one vec4 of k values of tile row `r` into the k-major tile.
@@ -244,7 +268,9 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
     }}
 }}
 """
-for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+# The CPU kernels read every weight format; block weights take them on any adapter.
+READERS = (("", "w_f32"), ("_f16", "w_half"), ("_q4_1", "w_q4_1"), ("_q8_0", "w_q8_0"))
+for suffix, read in READERS:
     src += COLUMNS.replace("{SUFFIX}", suffix).format(cols_base=cols_base, cols_acc=cols_acc, cols_fma=cols_fma.replace("{READ}", read), cols_store=cols_store)
 blk_w = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
 blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
@@ -277,7 +303,7 @@ fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builti
 {blk_store}
 }}
 """
-for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+for suffix, read in READERS:
     src += BLOCKS.replace("{SUFFIX}", suffix).format(BR=BR, blk_w=blk_w, blk_x=blk_x, blk_acc=blk_acc, blk_fma=blk_fma.replace("{READ}", read), blk_store=blk_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)

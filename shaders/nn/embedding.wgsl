@@ -16,6 +16,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 // gather_rows_f16: the table as half floats packed two per word (cols even).
 @group(0) @binding(9) var<storage, read> table_f16: array<u32>;
+// gather_rows_q4_1 and _q8_0: the table in blocks of 32 values along a row (nn/blocks.rs; cols
+// divisible by 32): Q4_1 blocks of 5 words, pack2x16float(d, m) and 16 bytes of 4-bit codes,
+// byte j holding value j in its low nibble and j + 16 in its high one; Q8_0 blocks of 9 words,
+// d and 32 signed bytes.
+@group(0) @binding(10) var<storage, read> table_blocks: array<u32>;
 
 // Where in this part the value of thread (column x, row y) is, or -1 when its id lies in
 // another part (ids are checked on the host; a bad one only finds no part).
@@ -43,6 +48,31 @@ fn gather_rows_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
     let at = source(gid);
     if (at >= 0) {
         out[gid.y * p.cols + gid.x] = unpack2x16float(table_f16[u32(at) / 2u])[u32(at) % 2u];
+    }
+}
+
+// q·d is exact in f32, so q·d + m rounds once, fused or not: the host's value.
+@compute @workgroup_size(64)
+fn gather_rows_q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let at = source(gid);
+    if (at >= 0) {
+        let b = (u32(at) / 32u) * 5u;
+        let j = u32(at) % 32u;
+        let dm = unpack2x16float(table_blocks[b]);
+        let byte = table_blocks[b + 1u + (j % 16u) / 4u] >> (8u * (j % 4u));
+        let q = (byte >> select(0u, 4u, j >= 16u)) & 15u;
+        out[gid.y * p.cols + gid.x] = f32(q) * dm.x + dm.y;
+    }
+}
+
+@compute @workgroup_size(64)
+fn gather_rows_q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let at = source(gid);
+    if (at >= 0) {
+        let b = (u32(at) / 32u) * 9u;
+        let j = u32(at) % 32u;
+        let q = bitcast<i32>(table_blocks[b + 1u + j / 4u] << (24u - 8u * (j % 4u))) >> 24u;
+        out[gid.y * p.cols + gid.x] = f32(q) * bitcast<f32>(table_blocks[b]);
     }
 }
 

@@ -30,6 +30,11 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, n]
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
+// The `_q4_1` and `_q8_0` entry points read w in blocks of 32 values along a row (nn/blocks.rs;
+// k divisible by 32): Q4_1 blocks of 5 words, pack2x16float(d, m) and 16 bytes of 4-bit codes,
+// byte j holding value j in its low nibble and j + 16 in its high one; Q8_0 blocks of 9 words,
+// d and 32 signed bytes. Both give back exactly the f32 values the host loaded.
+@group(0) @binding(10) var<storage, read> w_blocks: array<u32>;
 
 const BM: u32 = 128u;
 const BK4: u32 = 4u; // k slice of 16 = 4 vec4
@@ -67,6 +72,25 @@ fn w_f32(i: u32) -> vec4<f32> {
 fn w_half(i: u32) -> vec4<f32> {
     let h = w_f16[i];
     return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+}
+
+// Vec4 i of the k values (a row holds k/32 blocks, so quad i % 8 of block i / 8). q·d is exact
+// in f32, so q·d + m rounds once whether or not it is fused: the host's value.
+fn w_q4_1(i: u32) -> vec4<f32> {
+    let b = (i / 8u) * 5u;
+    let quad = i % 8u;
+    let dm = unpack2x16float(w_blocks[b]);
+    // Quads 0-3 are the low nibbles of code words 0-3, quads 4-7 their high nibbles.
+    let codes = w_blocks[b + 1u + quad % 4u] >> (4u * (quad / 4u));
+    let q = (vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    return vec4<f32>(q) * dm.x + dm.y;
+}
+
+fn w_q8_0(i: u32) -> vec4<f32> {
+    let b = (i / 8u) * 9u;
+    let codes = w_blocks[b + 1u + i % 8u];
+    let q = bitcast<vec4<i32>>(vec4<u32>(codes) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
+    return vec4<f32>(q) * bitcast<f32>(w_blocks[b]);
 }
 
 // Writes one vec4 of k values of tile row `r` into the k-major tile.
@@ -490,6 +514,98 @@ fn matvec_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
         if (c0 + 7u < p.n) { put_y(r, c0 + 7u, acc7); }
     }
 }
+@compute @workgroup_size(32)
+fn matvec_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
+    if (c0 >= p.n) {
+        return;
+    }
+    let k4 = p.k / 4u;
+    // Columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    for (var r = 0u; r < p.m; r++) {
+        var acc0 = 0.0;
+        var acc1 = 0.0;
+        var acc2 = 0.0;
+        var acc3 = 0.0;
+        var acc4 = 0.0;
+        var acc5 = 0.0;
+        var acc6 = 0.0;
+        var acc7 = 0.0;
+        for (var kq = 0u; kq < k4; kq++) {
+            let xv = x[r * k4 + kq];
+            acc0 += dot(xv, w_q4_1(w0 + kq));
+            acc1 += dot(xv, w_q4_1(w1 + kq));
+            acc2 += dot(xv, w_q4_1(w2 + kq));
+            acc3 += dot(xv, w_q4_1(w3 + kq));
+            acc4 += dot(xv, w_q4_1(w4 + kq));
+            acc5 += dot(xv, w_q4_1(w5 + kq));
+            acc6 += dot(xv, w_q4_1(w6 + kq));
+            acc7 += dot(xv, w_q4_1(w7 + kq));
+        }
+        if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
+        if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
+        if (c0 + 2u < p.n) { put_y(r, c0 + 2u, acc2); }
+        if (c0 + 3u < p.n) { put_y(r, c0 + 3u, acc3); }
+        if (c0 + 4u < p.n) { put_y(r, c0 + 4u, acc4); }
+        if (c0 + 5u < p.n) { put_y(r, c0 + 5u, acc5); }
+        if (c0 + 6u < p.n) { put_y(r, c0 + 6u, acc6); }
+        if (c0 + 7u < p.n) { put_y(r, c0 + 7u, acc7); }
+    }
+}
+@compute @workgroup_size(32)
+fn matvec_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
+    if (c0 >= p.n) {
+        return;
+    }
+    let k4 = p.k / 4u;
+    // Columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    for (var r = 0u; r < p.m; r++) {
+        var acc0 = 0.0;
+        var acc1 = 0.0;
+        var acc2 = 0.0;
+        var acc3 = 0.0;
+        var acc4 = 0.0;
+        var acc5 = 0.0;
+        var acc6 = 0.0;
+        var acc7 = 0.0;
+        for (var kq = 0u; kq < k4; kq++) {
+            let xv = x[r * k4 + kq];
+            acc0 += dot(xv, w_q8_0(w0 + kq));
+            acc1 += dot(xv, w_q8_0(w1 + kq));
+            acc2 += dot(xv, w_q8_0(w2 + kq));
+            acc3 += dot(xv, w_q8_0(w3 + kq));
+            acc4 += dot(xv, w_q8_0(w4 + kq));
+            acc5 += dot(xv, w_q8_0(w5 + kq));
+            acc6 += dot(xv, w_q8_0(w6 + kq));
+            acc7 += dot(xv, w_q8_0(w7 + kq));
+        }
+        if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
+        if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
+        if (c0 + 2u < p.n) { put_y(r, c0 + 2u, acc2); }
+        if (c0 + 3u < p.n) { put_y(r, c0 + 3u, acc3); }
+        if (c0 + 4u < p.n) { put_y(r, c0 + 4u, acc4); }
+        if (c0 + 5u < p.n) { put_y(r, c0 + 5u, acc5); }
+        if (c0 + 6u < p.n) { put_y(r, c0 + 6u, acc6); }
+        if (c0 + 7u < p.n) { put_y(r, c0 + 7u, acc7); }
+    }
+}
 
 // Products of more than 8 rows on CPU adapters: each thread a block of 8 rows × 8 columns,
 // the workgroup's threads side by side along the columns of one block of rows, so that their
@@ -830,6 +946,478 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         let wv5 = w_half(w5 + kq);
         let wv6 = w_half(w6 + kq);
         let wv7 = w_half(w7 + kq);
+        let xv0 = x[x0 + kq];
+        acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
+        acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));
+        acc0_2 = fma(xv0.w, wv2.w, fma(xv0.z, wv2.z, fma(xv0.y, wv2.y, fma(xv0.x, wv2.x, acc0_2))));
+        acc0_3 = fma(xv0.w, wv3.w, fma(xv0.z, wv3.z, fma(xv0.y, wv3.y, fma(xv0.x, wv3.x, acc0_3))));
+        acc0_4 = fma(xv0.w, wv4.w, fma(xv0.z, wv4.z, fma(xv0.y, wv4.y, fma(xv0.x, wv4.x, acc0_4))));
+        acc0_5 = fma(xv0.w, wv5.w, fma(xv0.z, wv5.z, fma(xv0.y, wv5.y, fma(xv0.x, wv5.x, acc0_5))));
+        acc0_6 = fma(xv0.w, wv6.w, fma(xv0.z, wv6.z, fma(xv0.y, wv6.y, fma(xv0.x, wv6.x, acc0_6))));
+        acc0_7 = fma(xv0.w, wv7.w, fma(xv0.z, wv7.z, fma(xv0.y, wv7.y, fma(xv0.x, wv7.x, acc0_7))));
+        let xv1 = x[x1 + kq];
+        acc1_0 = fma(xv1.w, wv0.w, fma(xv1.z, wv0.z, fma(xv1.y, wv0.y, fma(xv1.x, wv0.x, acc1_0))));
+        acc1_1 = fma(xv1.w, wv1.w, fma(xv1.z, wv1.z, fma(xv1.y, wv1.y, fma(xv1.x, wv1.x, acc1_1))));
+        acc1_2 = fma(xv1.w, wv2.w, fma(xv1.z, wv2.z, fma(xv1.y, wv2.y, fma(xv1.x, wv2.x, acc1_2))));
+        acc1_3 = fma(xv1.w, wv3.w, fma(xv1.z, wv3.z, fma(xv1.y, wv3.y, fma(xv1.x, wv3.x, acc1_3))));
+        acc1_4 = fma(xv1.w, wv4.w, fma(xv1.z, wv4.z, fma(xv1.y, wv4.y, fma(xv1.x, wv4.x, acc1_4))));
+        acc1_5 = fma(xv1.w, wv5.w, fma(xv1.z, wv5.z, fma(xv1.y, wv5.y, fma(xv1.x, wv5.x, acc1_5))));
+        acc1_6 = fma(xv1.w, wv6.w, fma(xv1.z, wv6.z, fma(xv1.y, wv6.y, fma(xv1.x, wv6.x, acc1_6))));
+        acc1_7 = fma(xv1.w, wv7.w, fma(xv1.z, wv7.z, fma(xv1.y, wv7.y, fma(xv1.x, wv7.x, acc1_7))));
+        let xv2 = x[x2 + kq];
+        acc2_0 = fma(xv2.w, wv0.w, fma(xv2.z, wv0.z, fma(xv2.y, wv0.y, fma(xv2.x, wv0.x, acc2_0))));
+        acc2_1 = fma(xv2.w, wv1.w, fma(xv2.z, wv1.z, fma(xv2.y, wv1.y, fma(xv2.x, wv1.x, acc2_1))));
+        acc2_2 = fma(xv2.w, wv2.w, fma(xv2.z, wv2.z, fma(xv2.y, wv2.y, fma(xv2.x, wv2.x, acc2_2))));
+        acc2_3 = fma(xv2.w, wv3.w, fma(xv2.z, wv3.z, fma(xv2.y, wv3.y, fma(xv2.x, wv3.x, acc2_3))));
+        acc2_4 = fma(xv2.w, wv4.w, fma(xv2.z, wv4.z, fma(xv2.y, wv4.y, fma(xv2.x, wv4.x, acc2_4))));
+        acc2_5 = fma(xv2.w, wv5.w, fma(xv2.z, wv5.z, fma(xv2.y, wv5.y, fma(xv2.x, wv5.x, acc2_5))));
+        acc2_6 = fma(xv2.w, wv6.w, fma(xv2.z, wv6.z, fma(xv2.y, wv6.y, fma(xv2.x, wv6.x, acc2_6))));
+        acc2_7 = fma(xv2.w, wv7.w, fma(xv2.z, wv7.z, fma(xv2.y, wv7.y, fma(xv2.x, wv7.x, acc2_7))));
+        let xv3 = x[x3 + kq];
+        acc3_0 = fma(xv3.w, wv0.w, fma(xv3.z, wv0.z, fma(xv3.y, wv0.y, fma(xv3.x, wv0.x, acc3_0))));
+        acc3_1 = fma(xv3.w, wv1.w, fma(xv3.z, wv1.z, fma(xv3.y, wv1.y, fma(xv3.x, wv1.x, acc3_1))));
+        acc3_2 = fma(xv3.w, wv2.w, fma(xv3.z, wv2.z, fma(xv3.y, wv2.y, fma(xv3.x, wv2.x, acc3_2))));
+        acc3_3 = fma(xv3.w, wv3.w, fma(xv3.z, wv3.z, fma(xv3.y, wv3.y, fma(xv3.x, wv3.x, acc3_3))));
+        acc3_4 = fma(xv3.w, wv4.w, fma(xv3.z, wv4.z, fma(xv3.y, wv4.y, fma(xv3.x, wv4.x, acc3_4))));
+        acc3_5 = fma(xv3.w, wv5.w, fma(xv3.z, wv5.z, fma(xv3.y, wv5.y, fma(xv3.x, wv5.x, acc3_5))));
+        acc3_6 = fma(xv3.w, wv6.w, fma(xv3.z, wv6.z, fma(xv3.y, wv6.y, fma(xv3.x, wv6.x, acc3_6))));
+        acc3_7 = fma(xv3.w, wv7.w, fma(xv3.z, wv7.z, fma(xv3.y, wv7.y, fma(xv3.x, wv7.x, acc3_7))));
+        let xv4 = x[x4 + kq];
+        acc4_0 = fma(xv4.w, wv0.w, fma(xv4.z, wv0.z, fma(xv4.y, wv0.y, fma(xv4.x, wv0.x, acc4_0))));
+        acc4_1 = fma(xv4.w, wv1.w, fma(xv4.z, wv1.z, fma(xv4.y, wv1.y, fma(xv4.x, wv1.x, acc4_1))));
+        acc4_2 = fma(xv4.w, wv2.w, fma(xv4.z, wv2.z, fma(xv4.y, wv2.y, fma(xv4.x, wv2.x, acc4_2))));
+        acc4_3 = fma(xv4.w, wv3.w, fma(xv4.z, wv3.z, fma(xv4.y, wv3.y, fma(xv4.x, wv3.x, acc4_3))));
+        acc4_4 = fma(xv4.w, wv4.w, fma(xv4.z, wv4.z, fma(xv4.y, wv4.y, fma(xv4.x, wv4.x, acc4_4))));
+        acc4_5 = fma(xv4.w, wv5.w, fma(xv4.z, wv5.z, fma(xv4.y, wv5.y, fma(xv4.x, wv5.x, acc4_5))));
+        acc4_6 = fma(xv4.w, wv6.w, fma(xv4.z, wv6.z, fma(xv4.y, wv6.y, fma(xv4.x, wv6.x, acc4_6))));
+        acc4_7 = fma(xv4.w, wv7.w, fma(xv4.z, wv7.z, fma(xv4.y, wv7.y, fma(xv4.x, wv7.x, acc4_7))));
+        let xv5 = x[x5 + kq];
+        acc5_0 = fma(xv5.w, wv0.w, fma(xv5.z, wv0.z, fma(xv5.y, wv0.y, fma(xv5.x, wv0.x, acc5_0))));
+        acc5_1 = fma(xv5.w, wv1.w, fma(xv5.z, wv1.z, fma(xv5.y, wv1.y, fma(xv5.x, wv1.x, acc5_1))));
+        acc5_2 = fma(xv5.w, wv2.w, fma(xv5.z, wv2.z, fma(xv5.y, wv2.y, fma(xv5.x, wv2.x, acc5_2))));
+        acc5_3 = fma(xv5.w, wv3.w, fma(xv5.z, wv3.z, fma(xv5.y, wv3.y, fma(xv5.x, wv3.x, acc5_3))));
+        acc5_4 = fma(xv5.w, wv4.w, fma(xv5.z, wv4.z, fma(xv5.y, wv4.y, fma(xv5.x, wv4.x, acc5_4))));
+        acc5_5 = fma(xv5.w, wv5.w, fma(xv5.z, wv5.z, fma(xv5.y, wv5.y, fma(xv5.x, wv5.x, acc5_5))));
+        acc5_6 = fma(xv5.w, wv6.w, fma(xv5.z, wv6.z, fma(xv5.y, wv6.y, fma(xv5.x, wv6.x, acc5_6))));
+        acc5_7 = fma(xv5.w, wv7.w, fma(xv5.z, wv7.z, fma(xv5.y, wv7.y, fma(xv5.x, wv7.x, acc5_7))));
+        let xv6 = x[x6 + kq];
+        acc6_0 = fma(xv6.w, wv0.w, fma(xv6.z, wv0.z, fma(xv6.y, wv0.y, fma(xv6.x, wv0.x, acc6_0))));
+        acc6_1 = fma(xv6.w, wv1.w, fma(xv6.z, wv1.z, fma(xv6.y, wv1.y, fma(xv6.x, wv1.x, acc6_1))));
+        acc6_2 = fma(xv6.w, wv2.w, fma(xv6.z, wv2.z, fma(xv6.y, wv2.y, fma(xv6.x, wv2.x, acc6_2))));
+        acc6_3 = fma(xv6.w, wv3.w, fma(xv6.z, wv3.z, fma(xv6.y, wv3.y, fma(xv6.x, wv3.x, acc6_3))));
+        acc6_4 = fma(xv6.w, wv4.w, fma(xv6.z, wv4.z, fma(xv6.y, wv4.y, fma(xv6.x, wv4.x, acc6_4))));
+        acc6_5 = fma(xv6.w, wv5.w, fma(xv6.z, wv5.z, fma(xv6.y, wv5.y, fma(xv6.x, wv5.x, acc6_5))));
+        acc6_6 = fma(xv6.w, wv6.w, fma(xv6.z, wv6.z, fma(xv6.y, wv6.y, fma(xv6.x, wv6.x, acc6_6))));
+        acc6_7 = fma(xv6.w, wv7.w, fma(xv6.z, wv7.z, fma(xv6.y, wv7.y, fma(xv6.x, wv7.x, acc6_7))));
+        let xv7 = x[x7 + kq];
+        acc7_0 = fma(xv7.w, wv0.w, fma(xv7.z, wv0.z, fma(xv7.y, wv0.y, fma(xv7.x, wv0.x, acc7_0))));
+        acc7_1 = fma(xv7.w, wv1.w, fma(xv7.z, wv1.z, fma(xv7.y, wv1.y, fma(xv7.x, wv1.x, acc7_1))));
+        acc7_2 = fma(xv7.w, wv2.w, fma(xv7.z, wv2.z, fma(xv7.y, wv2.y, fma(xv7.x, wv2.x, acc7_2))));
+        acc7_3 = fma(xv7.w, wv3.w, fma(xv7.z, wv3.z, fma(xv7.y, wv3.y, fma(xv7.x, wv3.x, acc7_3))));
+        acc7_4 = fma(xv7.w, wv4.w, fma(xv7.z, wv4.z, fma(xv7.y, wv4.y, fma(xv7.x, wv4.x, acc7_4))));
+        acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
+        acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
+        acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+    }
+    if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
+    if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
+    if (r0 + 0u < p.m && c0 + 2u < p.n) { put_y(r0 + 0u, c0 + 2u, acc0_2); }
+    if (r0 + 0u < p.m && c0 + 3u < p.n) { put_y(r0 + 0u, c0 + 3u, acc0_3); }
+    if (r0 + 0u < p.m && c0 + 4u < p.n) { put_y(r0 + 0u, c0 + 4u, acc0_4); }
+    if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
+    if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
+    if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
+    if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
+    if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
+    if (r0 + 1u < p.m && c0 + 3u < p.n) { put_y(r0 + 1u, c0 + 3u, acc1_3); }
+    if (r0 + 1u < p.m && c0 + 4u < p.n) { put_y(r0 + 1u, c0 + 4u, acc1_4); }
+    if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
+    if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
+    if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
+    if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
+    if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
+    if (r0 + 2u < p.m && c0 + 3u < p.n) { put_y(r0 + 2u, c0 + 3u, acc2_3); }
+    if (r0 + 2u < p.m && c0 + 4u < p.n) { put_y(r0 + 2u, c0 + 4u, acc2_4); }
+    if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
+    if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
+    if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
+    if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
+    if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
+    if (r0 + 3u < p.m && c0 + 3u < p.n) { put_y(r0 + 3u, c0 + 3u, acc3_3); }
+    if (r0 + 3u < p.m && c0 + 4u < p.n) { put_y(r0 + 3u, c0 + 4u, acc3_4); }
+    if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
+    if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
+    if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
+    if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
+    if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
+    if (r0 + 4u < p.m && c0 + 3u < p.n) { put_y(r0 + 4u, c0 + 3u, acc4_3); }
+    if (r0 + 4u < p.m && c0 + 4u < p.n) { put_y(r0 + 4u, c0 + 4u, acc4_4); }
+    if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
+    if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
+    if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
+    if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
+    if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
+    if (r0 + 5u < p.m && c0 + 3u < p.n) { put_y(r0 + 5u, c0 + 3u, acc5_3); }
+    if (r0 + 5u < p.m && c0 + 4u < p.n) { put_y(r0 + 5u, c0 + 4u, acc5_4); }
+    if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
+    if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
+    if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
+    if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
+    if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
+    if (r0 + 6u < p.m && c0 + 3u < p.n) { put_y(r0 + 6u, c0 + 3u, acc6_3); }
+    if (r0 + 6u < p.m && c0 + 4u < p.n) { put_y(r0 + 6u, c0 + 4u, acc6_4); }
+    if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
+    if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
+    if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
+    if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
+    if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
+    if (r0 + 7u < p.m && c0 + 3u < p.n) { put_y(r0 + 7u, c0 + 3u, acc7_3); }
+    if (r0 + 7u < p.m && c0 + 4u < p.n) { put_y(r0 + 7u, c0 + 4u, acc7_4); }
+    if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
+    if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
+    if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+}
+@compute @workgroup_size(32)
+fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let c0 = MV_COLS * gid.x;
+    if (c0 >= p.n) {
+        return;
+    }
+    let r0 = MV_ROWS * wid.y;
+    let k4 = p.k / 4u;
+    // Rows and columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    let x0 = min(r0 + 0u, p.m - 1u) * k4;
+    let x1 = min(r0 + 1u, p.m - 1u) * k4;
+    let x2 = min(r0 + 2u, p.m - 1u) * k4;
+    let x3 = min(r0 + 3u, p.m - 1u) * k4;
+    let x4 = min(r0 + 4u, p.m - 1u) * k4;
+    let x5 = min(r0 + 5u, p.m - 1u) * k4;
+    let x6 = min(r0 + 6u, p.m - 1u) * k4;
+    let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    var acc0_0 = 0.0;
+    var acc0_1 = 0.0;
+    var acc0_2 = 0.0;
+    var acc0_3 = 0.0;
+    var acc0_4 = 0.0;
+    var acc0_5 = 0.0;
+    var acc0_6 = 0.0;
+    var acc0_7 = 0.0;
+    var acc1_0 = 0.0;
+    var acc1_1 = 0.0;
+    var acc1_2 = 0.0;
+    var acc1_3 = 0.0;
+    var acc1_4 = 0.0;
+    var acc1_5 = 0.0;
+    var acc1_6 = 0.0;
+    var acc1_7 = 0.0;
+    var acc2_0 = 0.0;
+    var acc2_1 = 0.0;
+    var acc2_2 = 0.0;
+    var acc2_3 = 0.0;
+    var acc2_4 = 0.0;
+    var acc2_5 = 0.0;
+    var acc2_6 = 0.0;
+    var acc2_7 = 0.0;
+    var acc3_0 = 0.0;
+    var acc3_1 = 0.0;
+    var acc3_2 = 0.0;
+    var acc3_3 = 0.0;
+    var acc3_4 = 0.0;
+    var acc3_5 = 0.0;
+    var acc3_6 = 0.0;
+    var acc3_7 = 0.0;
+    var acc4_0 = 0.0;
+    var acc4_1 = 0.0;
+    var acc4_2 = 0.0;
+    var acc4_3 = 0.0;
+    var acc4_4 = 0.0;
+    var acc4_5 = 0.0;
+    var acc4_6 = 0.0;
+    var acc4_7 = 0.0;
+    var acc5_0 = 0.0;
+    var acc5_1 = 0.0;
+    var acc5_2 = 0.0;
+    var acc5_3 = 0.0;
+    var acc5_4 = 0.0;
+    var acc5_5 = 0.0;
+    var acc5_6 = 0.0;
+    var acc5_7 = 0.0;
+    var acc6_0 = 0.0;
+    var acc6_1 = 0.0;
+    var acc6_2 = 0.0;
+    var acc6_3 = 0.0;
+    var acc6_4 = 0.0;
+    var acc6_5 = 0.0;
+    var acc6_6 = 0.0;
+    var acc6_7 = 0.0;
+    var acc7_0 = 0.0;
+    var acc7_1 = 0.0;
+    var acc7_2 = 0.0;
+    var acc7_3 = 0.0;
+    var acc7_4 = 0.0;
+    var acc7_5 = 0.0;
+    var acc7_6 = 0.0;
+    var acc7_7 = 0.0;
+    for (var kq = 0u; kq < k4; kq++) {
+        let wv0 = w_q4_1(w0 + kq);
+        let wv1 = w_q4_1(w1 + kq);
+        let wv2 = w_q4_1(w2 + kq);
+        let wv3 = w_q4_1(w3 + kq);
+        let wv4 = w_q4_1(w4 + kq);
+        let wv5 = w_q4_1(w5 + kq);
+        let wv6 = w_q4_1(w6 + kq);
+        let wv7 = w_q4_1(w7 + kq);
+        let xv0 = x[x0 + kq];
+        acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
+        acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));
+        acc0_2 = fma(xv0.w, wv2.w, fma(xv0.z, wv2.z, fma(xv0.y, wv2.y, fma(xv0.x, wv2.x, acc0_2))));
+        acc0_3 = fma(xv0.w, wv3.w, fma(xv0.z, wv3.z, fma(xv0.y, wv3.y, fma(xv0.x, wv3.x, acc0_3))));
+        acc0_4 = fma(xv0.w, wv4.w, fma(xv0.z, wv4.z, fma(xv0.y, wv4.y, fma(xv0.x, wv4.x, acc0_4))));
+        acc0_5 = fma(xv0.w, wv5.w, fma(xv0.z, wv5.z, fma(xv0.y, wv5.y, fma(xv0.x, wv5.x, acc0_5))));
+        acc0_6 = fma(xv0.w, wv6.w, fma(xv0.z, wv6.z, fma(xv0.y, wv6.y, fma(xv0.x, wv6.x, acc0_6))));
+        acc0_7 = fma(xv0.w, wv7.w, fma(xv0.z, wv7.z, fma(xv0.y, wv7.y, fma(xv0.x, wv7.x, acc0_7))));
+        let xv1 = x[x1 + kq];
+        acc1_0 = fma(xv1.w, wv0.w, fma(xv1.z, wv0.z, fma(xv1.y, wv0.y, fma(xv1.x, wv0.x, acc1_0))));
+        acc1_1 = fma(xv1.w, wv1.w, fma(xv1.z, wv1.z, fma(xv1.y, wv1.y, fma(xv1.x, wv1.x, acc1_1))));
+        acc1_2 = fma(xv1.w, wv2.w, fma(xv1.z, wv2.z, fma(xv1.y, wv2.y, fma(xv1.x, wv2.x, acc1_2))));
+        acc1_3 = fma(xv1.w, wv3.w, fma(xv1.z, wv3.z, fma(xv1.y, wv3.y, fma(xv1.x, wv3.x, acc1_3))));
+        acc1_4 = fma(xv1.w, wv4.w, fma(xv1.z, wv4.z, fma(xv1.y, wv4.y, fma(xv1.x, wv4.x, acc1_4))));
+        acc1_5 = fma(xv1.w, wv5.w, fma(xv1.z, wv5.z, fma(xv1.y, wv5.y, fma(xv1.x, wv5.x, acc1_5))));
+        acc1_6 = fma(xv1.w, wv6.w, fma(xv1.z, wv6.z, fma(xv1.y, wv6.y, fma(xv1.x, wv6.x, acc1_6))));
+        acc1_7 = fma(xv1.w, wv7.w, fma(xv1.z, wv7.z, fma(xv1.y, wv7.y, fma(xv1.x, wv7.x, acc1_7))));
+        let xv2 = x[x2 + kq];
+        acc2_0 = fma(xv2.w, wv0.w, fma(xv2.z, wv0.z, fma(xv2.y, wv0.y, fma(xv2.x, wv0.x, acc2_0))));
+        acc2_1 = fma(xv2.w, wv1.w, fma(xv2.z, wv1.z, fma(xv2.y, wv1.y, fma(xv2.x, wv1.x, acc2_1))));
+        acc2_2 = fma(xv2.w, wv2.w, fma(xv2.z, wv2.z, fma(xv2.y, wv2.y, fma(xv2.x, wv2.x, acc2_2))));
+        acc2_3 = fma(xv2.w, wv3.w, fma(xv2.z, wv3.z, fma(xv2.y, wv3.y, fma(xv2.x, wv3.x, acc2_3))));
+        acc2_4 = fma(xv2.w, wv4.w, fma(xv2.z, wv4.z, fma(xv2.y, wv4.y, fma(xv2.x, wv4.x, acc2_4))));
+        acc2_5 = fma(xv2.w, wv5.w, fma(xv2.z, wv5.z, fma(xv2.y, wv5.y, fma(xv2.x, wv5.x, acc2_5))));
+        acc2_6 = fma(xv2.w, wv6.w, fma(xv2.z, wv6.z, fma(xv2.y, wv6.y, fma(xv2.x, wv6.x, acc2_6))));
+        acc2_7 = fma(xv2.w, wv7.w, fma(xv2.z, wv7.z, fma(xv2.y, wv7.y, fma(xv2.x, wv7.x, acc2_7))));
+        let xv3 = x[x3 + kq];
+        acc3_0 = fma(xv3.w, wv0.w, fma(xv3.z, wv0.z, fma(xv3.y, wv0.y, fma(xv3.x, wv0.x, acc3_0))));
+        acc3_1 = fma(xv3.w, wv1.w, fma(xv3.z, wv1.z, fma(xv3.y, wv1.y, fma(xv3.x, wv1.x, acc3_1))));
+        acc3_2 = fma(xv3.w, wv2.w, fma(xv3.z, wv2.z, fma(xv3.y, wv2.y, fma(xv3.x, wv2.x, acc3_2))));
+        acc3_3 = fma(xv3.w, wv3.w, fma(xv3.z, wv3.z, fma(xv3.y, wv3.y, fma(xv3.x, wv3.x, acc3_3))));
+        acc3_4 = fma(xv3.w, wv4.w, fma(xv3.z, wv4.z, fma(xv3.y, wv4.y, fma(xv3.x, wv4.x, acc3_4))));
+        acc3_5 = fma(xv3.w, wv5.w, fma(xv3.z, wv5.z, fma(xv3.y, wv5.y, fma(xv3.x, wv5.x, acc3_5))));
+        acc3_6 = fma(xv3.w, wv6.w, fma(xv3.z, wv6.z, fma(xv3.y, wv6.y, fma(xv3.x, wv6.x, acc3_6))));
+        acc3_7 = fma(xv3.w, wv7.w, fma(xv3.z, wv7.z, fma(xv3.y, wv7.y, fma(xv3.x, wv7.x, acc3_7))));
+        let xv4 = x[x4 + kq];
+        acc4_0 = fma(xv4.w, wv0.w, fma(xv4.z, wv0.z, fma(xv4.y, wv0.y, fma(xv4.x, wv0.x, acc4_0))));
+        acc4_1 = fma(xv4.w, wv1.w, fma(xv4.z, wv1.z, fma(xv4.y, wv1.y, fma(xv4.x, wv1.x, acc4_1))));
+        acc4_2 = fma(xv4.w, wv2.w, fma(xv4.z, wv2.z, fma(xv4.y, wv2.y, fma(xv4.x, wv2.x, acc4_2))));
+        acc4_3 = fma(xv4.w, wv3.w, fma(xv4.z, wv3.z, fma(xv4.y, wv3.y, fma(xv4.x, wv3.x, acc4_3))));
+        acc4_4 = fma(xv4.w, wv4.w, fma(xv4.z, wv4.z, fma(xv4.y, wv4.y, fma(xv4.x, wv4.x, acc4_4))));
+        acc4_5 = fma(xv4.w, wv5.w, fma(xv4.z, wv5.z, fma(xv4.y, wv5.y, fma(xv4.x, wv5.x, acc4_5))));
+        acc4_6 = fma(xv4.w, wv6.w, fma(xv4.z, wv6.z, fma(xv4.y, wv6.y, fma(xv4.x, wv6.x, acc4_6))));
+        acc4_7 = fma(xv4.w, wv7.w, fma(xv4.z, wv7.z, fma(xv4.y, wv7.y, fma(xv4.x, wv7.x, acc4_7))));
+        let xv5 = x[x5 + kq];
+        acc5_0 = fma(xv5.w, wv0.w, fma(xv5.z, wv0.z, fma(xv5.y, wv0.y, fma(xv5.x, wv0.x, acc5_0))));
+        acc5_1 = fma(xv5.w, wv1.w, fma(xv5.z, wv1.z, fma(xv5.y, wv1.y, fma(xv5.x, wv1.x, acc5_1))));
+        acc5_2 = fma(xv5.w, wv2.w, fma(xv5.z, wv2.z, fma(xv5.y, wv2.y, fma(xv5.x, wv2.x, acc5_2))));
+        acc5_3 = fma(xv5.w, wv3.w, fma(xv5.z, wv3.z, fma(xv5.y, wv3.y, fma(xv5.x, wv3.x, acc5_3))));
+        acc5_4 = fma(xv5.w, wv4.w, fma(xv5.z, wv4.z, fma(xv5.y, wv4.y, fma(xv5.x, wv4.x, acc5_4))));
+        acc5_5 = fma(xv5.w, wv5.w, fma(xv5.z, wv5.z, fma(xv5.y, wv5.y, fma(xv5.x, wv5.x, acc5_5))));
+        acc5_6 = fma(xv5.w, wv6.w, fma(xv5.z, wv6.z, fma(xv5.y, wv6.y, fma(xv5.x, wv6.x, acc5_6))));
+        acc5_7 = fma(xv5.w, wv7.w, fma(xv5.z, wv7.z, fma(xv5.y, wv7.y, fma(xv5.x, wv7.x, acc5_7))));
+        let xv6 = x[x6 + kq];
+        acc6_0 = fma(xv6.w, wv0.w, fma(xv6.z, wv0.z, fma(xv6.y, wv0.y, fma(xv6.x, wv0.x, acc6_0))));
+        acc6_1 = fma(xv6.w, wv1.w, fma(xv6.z, wv1.z, fma(xv6.y, wv1.y, fma(xv6.x, wv1.x, acc6_1))));
+        acc6_2 = fma(xv6.w, wv2.w, fma(xv6.z, wv2.z, fma(xv6.y, wv2.y, fma(xv6.x, wv2.x, acc6_2))));
+        acc6_3 = fma(xv6.w, wv3.w, fma(xv6.z, wv3.z, fma(xv6.y, wv3.y, fma(xv6.x, wv3.x, acc6_3))));
+        acc6_4 = fma(xv6.w, wv4.w, fma(xv6.z, wv4.z, fma(xv6.y, wv4.y, fma(xv6.x, wv4.x, acc6_4))));
+        acc6_5 = fma(xv6.w, wv5.w, fma(xv6.z, wv5.z, fma(xv6.y, wv5.y, fma(xv6.x, wv5.x, acc6_5))));
+        acc6_6 = fma(xv6.w, wv6.w, fma(xv6.z, wv6.z, fma(xv6.y, wv6.y, fma(xv6.x, wv6.x, acc6_6))));
+        acc6_7 = fma(xv6.w, wv7.w, fma(xv6.z, wv7.z, fma(xv6.y, wv7.y, fma(xv6.x, wv7.x, acc6_7))));
+        let xv7 = x[x7 + kq];
+        acc7_0 = fma(xv7.w, wv0.w, fma(xv7.z, wv0.z, fma(xv7.y, wv0.y, fma(xv7.x, wv0.x, acc7_0))));
+        acc7_1 = fma(xv7.w, wv1.w, fma(xv7.z, wv1.z, fma(xv7.y, wv1.y, fma(xv7.x, wv1.x, acc7_1))));
+        acc7_2 = fma(xv7.w, wv2.w, fma(xv7.z, wv2.z, fma(xv7.y, wv2.y, fma(xv7.x, wv2.x, acc7_2))));
+        acc7_3 = fma(xv7.w, wv3.w, fma(xv7.z, wv3.z, fma(xv7.y, wv3.y, fma(xv7.x, wv3.x, acc7_3))));
+        acc7_4 = fma(xv7.w, wv4.w, fma(xv7.z, wv4.z, fma(xv7.y, wv4.y, fma(xv7.x, wv4.x, acc7_4))));
+        acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
+        acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
+        acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+    }
+    if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
+    if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
+    if (r0 + 0u < p.m && c0 + 2u < p.n) { put_y(r0 + 0u, c0 + 2u, acc0_2); }
+    if (r0 + 0u < p.m && c0 + 3u < p.n) { put_y(r0 + 0u, c0 + 3u, acc0_3); }
+    if (r0 + 0u < p.m && c0 + 4u < p.n) { put_y(r0 + 0u, c0 + 4u, acc0_4); }
+    if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
+    if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
+    if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
+    if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
+    if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
+    if (r0 + 1u < p.m && c0 + 3u < p.n) { put_y(r0 + 1u, c0 + 3u, acc1_3); }
+    if (r0 + 1u < p.m && c0 + 4u < p.n) { put_y(r0 + 1u, c0 + 4u, acc1_4); }
+    if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
+    if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
+    if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
+    if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
+    if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
+    if (r0 + 2u < p.m && c0 + 3u < p.n) { put_y(r0 + 2u, c0 + 3u, acc2_3); }
+    if (r0 + 2u < p.m && c0 + 4u < p.n) { put_y(r0 + 2u, c0 + 4u, acc2_4); }
+    if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
+    if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
+    if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
+    if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
+    if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
+    if (r0 + 3u < p.m && c0 + 3u < p.n) { put_y(r0 + 3u, c0 + 3u, acc3_3); }
+    if (r0 + 3u < p.m && c0 + 4u < p.n) { put_y(r0 + 3u, c0 + 4u, acc3_4); }
+    if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
+    if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
+    if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
+    if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
+    if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
+    if (r0 + 4u < p.m && c0 + 3u < p.n) { put_y(r0 + 4u, c0 + 3u, acc4_3); }
+    if (r0 + 4u < p.m && c0 + 4u < p.n) { put_y(r0 + 4u, c0 + 4u, acc4_4); }
+    if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
+    if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
+    if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
+    if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
+    if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
+    if (r0 + 5u < p.m && c0 + 3u < p.n) { put_y(r0 + 5u, c0 + 3u, acc5_3); }
+    if (r0 + 5u < p.m && c0 + 4u < p.n) { put_y(r0 + 5u, c0 + 4u, acc5_4); }
+    if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
+    if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
+    if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
+    if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
+    if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
+    if (r0 + 6u < p.m && c0 + 3u < p.n) { put_y(r0 + 6u, c0 + 3u, acc6_3); }
+    if (r0 + 6u < p.m && c0 + 4u < p.n) { put_y(r0 + 6u, c0 + 4u, acc6_4); }
+    if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
+    if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
+    if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
+    if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
+    if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
+    if (r0 + 7u < p.m && c0 + 3u < p.n) { put_y(r0 + 7u, c0 + 3u, acc7_3); }
+    if (r0 + 7u < p.m && c0 + 4u < p.n) { put_y(r0 + 7u, c0 + 4u, acc7_4); }
+    if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
+    if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
+    if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+}
+@compute @workgroup_size(32)
+fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let c0 = MV_COLS * gid.x;
+    if (c0 >= p.n) {
+        return;
+    }
+    let r0 = MV_ROWS * wid.y;
+    let k4 = p.k / 4u;
+    // Rows and columns past the last repeat it (their sums are not stored).
+    let w0 = min(c0 + 0u, p.n - 1u) * k4;
+    let w1 = min(c0 + 1u, p.n - 1u) * k4;
+    let w2 = min(c0 + 2u, p.n - 1u) * k4;
+    let w3 = min(c0 + 3u, p.n - 1u) * k4;
+    let w4 = min(c0 + 4u, p.n - 1u) * k4;
+    let w5 = min(c0 + 5u, p.n - 1u) * k4;
+    let w6 = min(c0 + 6u, p.n - 1u) * k4;
+    let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    let x0 = min(r0 + 0u, p.m - 1u) * k4;
+    let x1 = min(r0 + 1u, p.m - 1u) * k4;
+    let x2 = min(r0 + 2u, p.m - 1u) * k4;
+    let x3 = min(r0 + 3u, p.m - 1u) * k4;
+    let x4 = min(r0 + 4u, p.m - 1u) * k4;
+    let x5 = min(r0 + 5u, p.m - 1u) * k4;
+    let x6 = min(r0 + 6u, p.m - 1u) * k4;
+    let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    var acc0_0 = 0.0;
+    var acc0_1 = 0.0;
+    var acc0_2 = 0.0;
+    var acc0_3 = 0.0;
+    var acc0_4 = 0.0;
+    var acc0_5 = 0.0;
+    var acc0_6 = 0.0;
+    var acc0_7 = 0.0;
+    var acc1_0 = 0.0;
+    var acc1_1 = 0.0;
+    var acc1_2 = 0.0;
+    var acc1_3 = 0.0;
+    var acc1_4 = 0.0;
+    var acc1_5 = 0.0;
+    var acc1_6 = 0.0;
+    var acc1_7 = 0.0;
+    var acc2_0 = 0.0;
+    var acc2_1 = 0.0;
+    var acc2_2 = 0.0;
+    var acc2_3 = 0.0;
+    var acc2_4 = 0.0;
+    var acc2_5 = 0.0;
+    var acc2_6 = 0.0;
+    var acc2_7 = 0.0;
+    var acc3_0 = 0.0;
+    var acc3_1 = 0.0;
+    var acc3_2 = 0.0;
+    var acc3_3 = 0.0;
+    var acc3_4 = 0.0;
+    var acc3_5 = 0.0;
+    var acc3_6 = 0.0;
+    var acc3_7 = 0.0;
+    var acc4_0 = 0.0;
+    var acc4_1 = 0.0;
+    var acc4_2 = 0.0;
+    var acc4_3 = 0.0;
+    var acc4_4 = 0.0;
+    var acc4_5 = 0.0;
+    var acc4_6 = 0.0;
+    var acc4_7 = 0.0;
+    var acc5_0 = 0.0;
+    var acc5_1 = 0.0;
+    var acc5_2 = 0.0;
+    var acc5_3 = 0.0;
+    var acc5_4 = 0.0;
+    var acc5_5 = 0.0;
+    var acc5_6 = 0.0;
+    var acc5_7 = 0.0;
+    var acc6_0 = 0.0;
+    var acc6_1 = 0.0;
+    var acc6_2 = 0.0;
+    var acc6_3 = 0.0;
+    var acc6_4 = 0.0;
+    var acc6_5 = 0.0;
+    var acc6_6 = 0.0;
+    var acc6_7 = 0.0;
+    var acc7_0 = 0.0;
+    var acc7_1 = 0.0;
+    var acc7_2 = 0.0;
+    var acc7_3 = 0.0;
+    var acc7_4 = 0.0;
+    var acc7_5 = 0.0;
+    var acc7_6 = 0.0;
+    var acc7_7 = 0.0;
+    for (var kq = 0u; kq < k4; kq++) {
+        let wv0 = w_q8_0(w0 + kq);
+        let wv1 = w_q8_0(w1 + kq);
+        let wv2 = w_q8_0(w2 + kq);
+        let wv3 = w_q8_0(w3 + kq);
+        let wv4 = w_q8_0(w4 + kq);
+        let wv5 = w_q8_0(w5 + kq);
+        let wv6 = w_q8_0(w6 + kq);
+        let wv7 = w_q8_0(w7 + kq);
         let xv0 = x[x0 + kq];
         acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
         acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));

@@ -13,22 +13,32 @@ pub enum Dtype {
     /// IEEE half floats packed two per word (the first in the low 16 bits), as WGSL's
     /// `unpack2x16float` reads them without the shader-f16 feature: weights at half the memory.
     F16,
+    /// Weights in blocks of 32 values along a row (nn::blocks), 5 words each: the half floats d
+    /// and m, then 32 four-bit codes q; a value is q·d + m (ggml's Q4_1).
+    Q4_1,
+    /// Weights in blocks of 32 values along a row, 9 words each: d as f32, then 32 signed
+    /// bytes q; a value is q·d (ggml's Q8_0).
+    Q8_0,
 }
 
 impl Dtype {
-    /// "f32" or "f16": how the command line and the web API name it.
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
             Dtype::F16 => "f16",
+            Dtype::Q4_1 => "q4_1",
+            Dtype::Q8_0 => "q8_0",
         }
     }
-}
 
-impl std::str::FromStr for Dtype {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        [Dtype::F32, Dtype::F16].into_iter().find(|d| d.name() == s).ok_or_else(|| Error::argument("weights", format!("'{s}' is neither 'f32' nor 'f16'")))
+    /// Bytes that `len` values take.
+    pub fn bytes(self, len: usize) -> u64 {
+        (match self {
+            Dtype::F32 => len * 4,
+            Dtype::F16 => len.div_ceil(2) * 4,
+            Dtype::Q4_1 => len.div_ceil(32) * 20,
+            Dtype::Q8_0 => len.div_ceil(32) * 36,
+        }) as u64
     }
 }
 
@@ -82,6 +92,7 @@ impl GpuBuf {
                 Ok(GpuBuf { buffer: self.buffer.clone(), len, dtype: Dtype::F16, offset: self.offset + (at * 2) as u64, shared: true, unpooled: false, kept: self.kept.clone() })
             }
             Dtype::F16 => Err(Error::Gpu(format!("a view of halves {at}..{} of a buffer of {} f16 values (views start on a word)", at + len, self.len))),
+            Dtype::Q4_1 | Dtype::Q8_0 => Err(Error::Gpu(format!("a view of values {at}..{} of a buffer of {} {} values (blocks are bound whole)", at + len, self.len, self.dtype.name()))),
         }
     }
 
@@ -136,10 +147,7 @@ impl GpuBuf {
     }
 
     pub fn bytes(&self) -> u64 {
-        match self.dtype {
-            Dtype::F32 => (self.len * 4) as u64,
-            Dtype::F16 => (self.len.div_ceil(2) * 4) as u64,
-        }
+        self.dtype.bytes(self.len)
     }
 }
 
@@ -147,12 +155,12 @@ impl GpuBuf {
 /// instead of a device validation failure (or of f16 pairs read as f32).
 pub fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
     if buf.dtype != Dtype::F32 {
-        return Err(Error::Gpu(format!("{what}: buffer holds packed f16 values; this op reads f32 (only projections and the embedding read f16 weights)")));
+        return Err(Error::Gpu(format!("{what}: buffer holds {} values; this op reads f32 (only projections and the embedding read f16 or block weights)", buf.dtype.name())));
     }
     need_values(what, buf, len)
 }
 
-/// As `need`, for the weight operands that may be f32 or packed f16.
+/// As `need`, for the weight operands that may be f32, packed f16 or blocks.
 pub fn need_values(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
     if buf.len < len {
         return Err(Error::Gpu(format!("{what}: buffer holds {} values, the op needs {len}", buf.len)));
@@ -249,6 +257,14 @@ impl Gpu {
     /// `data` rounded to the nearest half floats, packed two per word.
     pub fn upload_f16(&self, label: &str, data: &[f32]) -> Result<GpuBuf> {
         self.upload_bytes(label, bytemuck::cast_slice(&pack_f16(data)), data.len(), Dtype::F16)
+    }
+
+    /// The words of `len` values in `dtype`'s blocks (nn::blocks::pack).
+    pub fn upload_blocks(&self, label: &str, words: &[u32], len: usize, dtype: Dtype) -> Result<GpuBuf> {
+        if dtype.bytes(len) != (words.len() * 4) as u64 {
+            return Err(Error::Gpu(format!("{label}: {} words for {len} values in {} blocks", words.len(), dtype.name())));
+        }
+        self.upload_bytes(label, bytemuck::cast_slice(words), len, dtype)
     }
 
     pub fn upload_u32(&self, label: &str, data: &[u32]) -> Result<GpuBuf> {

@@ -82,14 +82,13 @@ impl StackedInputs {
         for (name, &(row0, r)) in &at {
             data[row0 * d..(row0 + r) * d].copy_from_slice(&params[*name].data);
         }
-        let w = match held {
-            Dtype::F16 => gpu.upload_f16("stacked input matrices", &data)?,
-            Dtype::F32 => {
-                let mut w = gpu.upload_f32("stacked input matrices", &data)?;
-                // The tensor-core GEMM keeps its f16 copy of each view's region (nn::coop).
-                w.keep_copies();
-                w
-            }
+        let w = if held == Dtype::F16 {
+            gpu.upload_f16("stacked input matrices", &data)?
+        } else {
+            let mut w = gpu.upload_f32("stacked input matrices", &data)?;
+            // The tensor-core GEMM keeps its f16 copy of each view's region (nn::coop).
+            w.keep_copies();
+            w
         };
         for (name, &(row0, r)) in &at {
             bufs.insert(name.to_string(), w.view_values(row0 * d, r * d)?);
@@ -365,9 +364,12 @@ impl MixerLayer {
         Self::upload_as(gpu, kind, opts, shape, params, Dtype::F32)
     }
 
-    /// As `upload`, with the projection matrices held as `dtype` (packed f16 for inference);
-    /// gates, biases, norms and convolutions stay f32.
+    /// As `upload`, with the projection matrices held as `dtype` (f32, or packed f16 for
+    /// inference); gates, biases, norms and convolutions stay f32.
     pub fn upload_as(gpu: &Gpu, kind: MixerKind, opts: &MixerOptions, shape: MixerShape, params: &MixerParams, dtype: Dtype) -> Result<Self> {
+        if !matches!(dtype, Dtype::F32 | Dtype::F16) {
+            return Err(Error::argument("mixer weights", format!("a mixer's matrices are held f32 or f16, not {}", dtype.name())));
+        }
         let layout = kind.layout(opts);
         if let Some(g) = &layout.output.gate {
             if matches!(g.place, GatePlace::AfterNorm(_)) && layout.output.norm.is_none() {
@@ -388,10 +390,7 @@ impl MixerLayer {
                 [_, cols] if matrices.contains(name) => nn::matrix_dtype(dtype, *cols),
                 _ => Dtype::F32,
             };
-            let mut buf = match held {
-                Dtype::F16 => gpu.upload_f16(name, &t.data)?,
-                Dtype::F32 => gpu.upload_f32(name, &t.data)?,
-            };
+            let mut buf = if held == Dtype::F16 { gpu.upload_f16(name, &t.data)? } else { gpu.upload_f32(name, &t.data)? };
             if held == Dtype::F32 && matrices.contains(name) {
                 // The tensor-core GEMM keeps its f16 copy of an f32 weight (nn::coop).
                 buf.keep_copies();

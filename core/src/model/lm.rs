@@ -6,10 +6,10 @@
 use super::config::LlamaConfig;
 use super::weights::{ModelWeights, StudentMixers};
 use crate::error::{Error, Result};
-use crate::gpu::{Dtype, Gpu, GpuBuf};
+use crate::gpu::{Gpu, GpuBuf};
 use crate::mixers::layer::{LayerTrace, MixerLayer, MixerState, Rope};
 use crate::eval::diagnostics::{Diagnostics, PendingLayer, PendingTrace};
-use crate::nn::{self, AttnShape, LinearInput, Weight};
+use crate::nn::{self, AttnShape, LinearInput, Weight, WeightFormat};
 
 pub mod training;
 
@@ -113,13 +113,13 @@ impl LanguageModel {
 
     /// A teacher, or a student when `mixers` replaces the token mixer of some blocks.
     pub fn upload_with_mixers(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>) -> Result<Self> {
-        Self::upload_as(gpu, w, mixers, Dtype::F32)
+        Self::upload_as(gpu, w, mixers, WeightFormat::F32)
     }
 
-    /// As `upload_with_mixers`, with the projection and embedding matrices held as `dtype`
-    /// (packed f16 halves their memory; norms, gates and the rest stay f32). Only f32 models
-    /// train.
-    pub fn upload_as(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>, dtype: Dtype) -> Result<Self> {
+    /// As `upload_with_mixers`, with the projection and embedding matrices held as `format`
+    /// asks (packed f16 halves their memory, a GGUF file's blocks keep its 5 or 9 bits per
+    /// value exactly; norms, gates and the rest stay f32). Only f32 models train.
+    pub fn upload_as(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>, format: WeightFormat) -> Result<Self> {
         let cfg = w.config.clone();
         let (d, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let qkv_rows = cfg.q_dim() + 2 * cfg.kv_dim();
@@ -127,18 +127,18 @@ impl LanguageModel {
         for (i, l) in w.layers.iter().enumerate() {
             let label = |s: &str| format!("layer {i} {s}");
             let mixer = match mixers.and_then(|m| m.layers.get(&i).map(|p| (m, p))) {
-                Some((m, params)) => TokenMixer::Mixer(MixerLayer::upload_as(gpu, m.config.mixer, &m.config.options, m.config.shape, params, dtype)?),
+                Some((m, params)) => TokenMixer::Mixer(MixerLayer::upload_as(gpu, m.config.mixer, &m.config.options, m.config.shape, params, format.mixer_dtype())?),
                 None => TokenMixer::Attention {
-                    wqkv: Weight::upload(gpu, &label("wqkv"), &concat(&[&l.q, &l.k, &l.v]), qkv_rows, d, dtype)?,
-                    wo: Weight::upload(gpu, &label("wo"), &l.o, d, cfg.q_dim(), dtype)?,
+                    wqkv: Weight::upload(gpu, &label("wqkv"), &concat(&[&l.q, &l.k, &l.v]), qkv_rows, d, format)?,
+                    wo: Weight::upload(gpu, &label("wo"), &l.o, d, cfg.q_dim(), format)?,
                 },
             };
             blocks.push(Block {
                 attn_norm: gpu.upload_f32(&label("attn_norm"), &l.attn_norm)?,
                 mixer,
                 ffn_norm: gpu.upload_f32(&label("ffn_norm"), &l.ffn_norm)?,
-                w_gate_up: Weight::upload(gpu, &label("w_gate_up"), &concat(&[&l.gate, &l.up]), 2 * f, d, dtype)?,
-                w_down: Weight::upload(gpu, &label("w_down"), &l.down, d, f, dtype)?,
+                w_gate_up: Weight::upload(gpu, &label("w_gate_up"), &concat(&[&l.gate, &l.up]), 2 * f, d, format)?,
+                w_down: Weight::upload(gpu, &label("w_down"), &l.down, d, f, format)?,
             });
         }
         let max_positions = cfg.max_position_embeddings.max(2048);
@@ -147,9 +147,9 @@ impl LanguageModel {
         let (mcos, msin) = if mixer_theta == cfg.rope_theta { (cos.clone(), sin.clone()) } else { rope_tables(max_positions, cfg.head_dim(), mixer_theta) };
         let msin_neg: Vec<f32> = msin.iter().map(|v| -v).collect();
         Ok(LanguageModel {
-            embed: Weight::upload(gpu, "embed", &w.embed, v, d, dtype)?,
+            embed: Weight::upload(gpu, "embed", &w.embed, v, d, format)?,
             final_norm: gpu.upload_f32("final_norm", &w.final_norm)?,
-            head: w.lm_head.as_ref().map(|h| Weight::upload(gpu, "lm_head", h, v, d, dtype)).transpose()?,
+            head: w.lm_head.as_ref().map(|h| Weight::upload(gpu, "lm_head", h, v, d, format)).transpose()?,
             rope_cos: gpu.upload_f32("rope_cos", &cos)?,
             rope_sin: gpu.upload_f32("rope_sin", &sin)?,
             mixer_rope: [gpu.upload_f32("mixer_rope_cos", &mcos)?, gpu.upload_f32("mixer_rope_sin", &msin)?, gpu.upload_f32("mixer_rope_sin_neg", &msin_neg)?],
@@ -162,10 +162,10 @@ impl LanguageModel {
     /// `upload_as`, with the device asked afterwards whether every buffer was created: a model
     /// larger than the device's memory is refused here, by size, instead of failing at its first
     /// forward (in the browser the answer comes asynchronously).
-    pub async fn upload_checked(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>, dtype: Dtype) -> Result<Self> {
+    pub async fn upload_checked(gpu: &Gpu, w: &ModelWeights, mixers: Option<&StudentMixers>, format: WeightFormat) -> Result<Self> {
         let memory = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let valid = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let lm = Self::upload_as(gpu, w, mixers, dtype);
+        let lm = Self::upload_as(gpu, w, mixers, format);
         let (invalid, out_of_memory) = (valid.pop().await, memory.pop().await);
         let lm = lm?;
         if let Some(e) = out_of_memory.or(invalid) {
@@ -191,6 +191,16 @@ impl LanguageModel {
     /// across bindings; mixer projections, one buffer each, are not counted).
     pub fn matrix_buffers(&self) -> usize {
         self.weights().map(Weight::parts).sum()
+    }
+
+    /// How many of the projection and embedding matrices each dtype holds (a student's mixer
+    /// matrices not counted): what `--weights gguf` found in blocks.
+    pub fn matrix_dtypes(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut n = std::collections::BTreeMap::new();
+        for w in self.weights() {
+            *n.entry(w.dtype.name()).or_default() += 1;
+        }
+        n
     }
 
     /// Device memory of the projection and embedding matrices (what f16 halves).

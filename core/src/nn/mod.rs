@@ -5,8 +5,9 @@ use crate::gpu::{need, need_values, Dtype, GpuBuf, Kernel, Precision, Recorder};
 use crate::mixers::ops::{HeadNorm, HeadNormArgs, OutputGate};
 use crate::shaders::{AttentionBackwardParams, AttentionParams, CoopGemmParams, ElementwiseParams, EmbeddingParams, MatmulParams, MatvecParams, ReduceParams, RmsNormParams, RopeParams, SwigluParams, TransposeParams};
 
+pub mod blocks;
 mod weight;
-pub use weight::{embed, matrix_dtype, project, project_input, Weight};
+pub use weight::{embed, matrix_dtype, project, project_input, Weight, WeightFormat};
 
 
 /// Splits a count of workgroups over x and y so neither exceeds the per-dimension limit; the
@@ -301,6 +302,9 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     need_values("linear w", w, n * k)?;
     need("linear y", y, (m.max(1) - 1) * ldy + y0 + n)?;
     let f16 = w.dtype == Dtype::F16;
+    if matches!(w.dtype, Dtype::Q4_1 | Dtype::Q8_0) {
+        return linear_blocks(rec, kernel, x, w, Columns { y, ldy, y0 }, Gemm { m, n, k }, accumulate);
+    }
     if kernel == LinearKernel::Auto && !f16 && m > 8 && tensor_cores(rec) {
         return coop(rec, x, w, Columns { y, ldy, y0 }, (m, n, k), [k, 1, k, 1], accumulate);
     }
@@ -355,6 +359,28 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     rec.dispatch_bindings(&Kernel::new(shader, entry), &params, &[(1, x), (w_binding, w), (3, y)], groups)
 }
 
+/// `linear_block` for weights in blocks (nn::blocks, k a multiple of 32): the column kernels
+/// read them on every adapter, as the f32 ones read f32 weights on CPU adapters (the same
+/// values summed in the same order: the same bits). On GPUs they save memory, not time.
+fn linear_blocks(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
+    if k % blocks::BLOCK != 0 {
+        return Err(Error::argument("linear", format!("{} weights hold rows of whole blocks of {} values, got k = {k}", w.dtype.name(), blocks::BLOCK)));
+    }
+    let kernel = match kernel {
+        LinearKernel::Auto if m <= 8 => LinearKernel::MatvecColumns,
+        LinearKernel::Auto => LinearKernel::TiledColumns,
+        chosen => chosen,
+    };
+    let threads = n.div_ceil(MV_COLS);
+    let (entry, groups) = match kernel {
+        LinearKernel::MatvecColumns if m <= 8 => (if w.dtype == Dtype::Q4_1 { "matvec_columns_q4_1" } else { "matvec_columns_q8_0" }, [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1]),
+        LinearKernel::TiledColumns if m <= TILED_COLUMNS_MAX_ROWS => (if w.dtype == Dtype::Q4_1 { "matmul_columns_q4_1" } else { "matmul_columns_q8_0" }, [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1]),
+        other => return Err(Error::argument("linear", format!("{} weights are read by MatvecColumns (m ≤ 8) or TiledColumns (m ≤ {TILED_COLUMNS_MAX_ROWS}), not {other:?} with m = {m}", w.dtype.name()))),
+    };
+    let params = MatmulParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, ..Default::default() };
+    rec.dispatch_bindings(&Kernel::new("nn/matmul_vec4", entry), &params, &[(1, x), (10, w), (3, y)], groups)
+}
+
 /// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w.
 pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usize, cols: usize, eps: f32) -> Result<()> {
     need("rmsnorm x", x, rows * cols)?;
@@ -379,6 +405,9 @@ pub(crate) fn gather_part(rec: &mut Recorder, ids: &GpuBuf, part: &GpuBuf, out: 
         Dtype::F32 => ("gather_rows", 2),
         Dtype::F16 if cols % 2 == 0 => ("gather_rows_f16", 9),
         Dtype::F16 => return Err(Error::argument("gather", format!("packed f16 rows need an even width, got {cols}"))),
+        Dtype::Q4_1 | Dtype::Q8_0 if cols % blocks::BLOCK != 0 => return Err(Error::argument("gather", format!("rows of {} blocks hold a multiple of {} values, got {cols}", part.dtype.name(), blocks::BLOCK))),
+        Dtype::Q4_1 => ("gather_rows_q4_1", 10),
+        Dtype::Q8_0 => ("gather_rows_q8_0", 10),
     };
     let params = EmbeddingParams { rows: rows as u32, cols: cols as u32, table_rows: part_rows as u32, row0: row0 as u32 };
     let groups = [cols.div_ceil(64) as u32, rows as u32, 1];

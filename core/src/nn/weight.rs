@@ -1,12 +1,55 @@
-//! A model's weight matrices on the GPU, as the inference path holds them: f32 or packed f16
-//! pairs (half the memory, read with WGSL's `unpack2x16float`), split by rows into parts that
-//! each fit one storage binding — a vocabulary-sized embedding can exceed the 128 MiB that
-//! WebGPU and lavapipe bind by default. The two ops that read such a matrix sit beside it:
-//! `project` (y = x·Wᵀ, each part filling its block of columns) and `embed` (row lookup, each
-//! part serving the ids in its rows).
-use super::{fuses_input, gather_part, linear_block, matvec_input, Columns, Gemm, LinearInput, LinearKernel};
+//! A model's weight matrices on the GPU, as the inference path holds them: f32, packed f16
+//! pairs (half the memory, read with WGSL's `unpack2x16float`), or the 4- and 8-bit blocks of
+//! the GGUF file they came from (nn::blocks: the same values at 5 or 9 bits each), split by
+//! rows into parts that each fit one storage binding — a vocabulary-sized embedding can exceed
+//! the 128 MiB that WebGPU and lavapipe bind by default. The two ops that read such a matrix sit
+//! beside it: `project` (y = x·Wᵀ, each part filling its block of columns) and `embed` (row
+//! lookup, each part serving the ids in its rows).
+use super::{blocks, fuses_input, gather_part, linear_block, matvec_input, Columns, Gemm, LinearInput, LinearKernel};
 use crate::error::{Error, Result};
 use crate::gpu::{Dtype, Gpu, GpuBuf, Recorder};
+
+/// How the inference commands are asked to hold a model's projection and embedding matrices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightFormat {
+    F32,
+    /// Packed f16 pairs: half the memory, logits within a few hundredths of f32's.
+    F16,
+    /// Each matrix in the smallest of the GGUF blocks (Q4_1, then Q8_0) that gives back every
+    /// one of its values exactly, f32 where none does: the f32 model's products, bit for bit, in
+    /// a sixth of the memory for the teacher (its file's Q4_1 matrices and Q8_0 embedding).
+    Gguf,
+}
+
+impl WeightFormat {
+    /// "f32", "f16" or "gguf": how the command line and the web API name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightFormat::F32 => "f32",
+            WeightFormat::F16 => "f16",
+            WeightFormat::Gguf => "gguf",
+        }
+    }
+
+    /// How a student's mixer matrices are held: trained values lie on no block grid, so `gguf`
+    /// keeps them f32.
+    pub fn mixer_dtype(self) -> Dtype {
+        match self {
+            WeightFormat::F16 => Dtype::F16,
+            WeightFormat::F32 | WeightFormat::Gguf => Dtype::F32,
+        }
+    }
+}
+
+impl std::str::FromStr for WeightFormat {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf]
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| Error::argument("weights", format!("'{s}' is not one of 'f32', 'f16', 'gguf'")))
+    }
+}
 
 /// How a matrix of rows of `cols` values is held when `want` is asked for: packed f16 only
 /// where cols is divisible by 4 (the linear kernels read four halves at a time), f32 otherwise.
@@ -15,6 +58,20 @@ pub fn matrix_dtype(want: Dtype, cols: usize) -> Dtype {
         want
     } else {
         Dtype::F32
+    }
+}
+
+/// The matrix `data` ([rows, cols]) as `format` holds it: its dtype, and the block words where
+/// it is held in blocks (rows of whole blocks, every value found again).
+fn held(format: WeightFormat, data: &[f32], cols: usize) -> (Dtype, Option<Vec<u32>>) {
+    match format {
+        WeightFormat::F32 => (Dtype::F32, None),
+        WeightFormat::F16 => (matrix_dtype(Dtype::F16, cols), None),
+        WeightFormat::Gguf if cols % blocks::BLOCK == 0 => [Dtype::Q4_1, Dtype::Q8_0]
+            .into_iter()
+            .find_map(|dtype| blocks::pack(dtype, data).map(|words| (dtype, Some(words))))
+            .unwrap_or((Dtype::F32, None)),
+        WeightFormat::Gguf => (Dtype::F32, None),
     }
 }
 
@@ -29,17 +86,14 @@ pub struct Weight {
 }
 
 impl Weight {
-    /// Uploads `data` ([rows, cols]) as `matrix_dtype(dtype, cols)`, split so that no part
-    /// exceeds what one binding (and one buffer) of this device holds.
-    pub fn upload(gpu: &Gpu, label: &str, data: &[f32], rows: usize, cols: usize, dtype: Dtype) -> Result<Self> {
+    /// Uploads `data` ([rows, cols]) as `format` holds it, split so that no part exceeds what
+    /// one binding (and one buffer) of this device holds.
+    pub fn upload(gpu: &Gpu, label: &str, data: &[f32], rows: usize, cols: usize, format: WeightFormat) -> Result<Self> {
         if data.len() != rows * cols {
             return Err(Error::Gpu(format!("{label}: {} values for a [{rows}, {cols}] matrix", data.len())));
         }
-        let dtype = matrix_dtype(dtype, cols);
-        let row_bytes = match dtype {
-            Dtype::F32 => cols * 4,
-            Dtype::F16 => cols * 2,
-        } as u64;
+        let (dtype, words) = held(format, data, cols);
+        let row_bytes = dtype.bytes(cols);
         let limit = (gpu.limits.max_storage_buffer_binding_size as u64).min(gpu.limits.max_buffer_size);
         let per_part = (limit / row_bytes.max(1)) as usize;
         if per_part == 0 {
@@ -57,6 +111,11 @@ impl Weight {
                     buf
                 }
                 Dtype::F16 => gpu.upload_f16(&name, slice)?,
+                Dtype::Q4_1 | Dtype::Q8_0 => {
+                    let words = words.as_deref().expect("a matrix held in blocks has its words");
+                    let per_row = words.len() / rows;
+                    gpu.upload_blocks(&name, &words[row0 * per_row..row0 * per_row + slice.len() / cols * per_row], slice.len(), dtype)?
+                }
             };
             parts.push((row0, buf));
         }
@@ -72,7 +131,7 @@ impl Weight {
                 "training needs each weight as one f32 buffer; this [{}, {}] weight is {} in {} part(s)",
                 self.rows,
                 self.cols,
-                if self.dtype == Dtype::F16 { "packed f16" } else { "f32" },
+                self.dtype.name(),
                 self.parts.len()
             ))),
         }
@@ -110,7 +169,8 @@ pub fn project(rec: &mut Recorder, x: &GpuBuf, w: &Weight, y: &GpuBuf, m: usize,
 /// y[m, rows] (+)= x'[m, cols] · Wᵀ with x' = `input`: decode's products on GPUs compute the
 /// input's norm or SwiGLU as they load it; elsewhere that op runs first, into a temporary.
 pub fn project_input(rec: &mut Recorder, input: LinearInput, w: &Weight, y: &GpuBuf, m: usize, accumulate: bool) -> Result<()> {
-    if !fuses_input(rec, m, w.rows, w.cols) {
+    // Blocks are read by the column kernels alone, which take no prologue.
+    if !fuses_input(rec, m, w.rows, w.cols) || matches!(w.dtype, Dtype::Q4_1 | Dtype::Q8_0) {
         let x = input.materialize(rec, m, w.cols)?;
         return project(rec, &x, w, y, m, accumulate);
     }

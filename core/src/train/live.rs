@@ -7,7 +7,8 @@
 use super::losses::{squared_error, LossOut};
 use super::optimizer::{AdamW, Optimizer};
 use crate::error::{Error, Result};
-use crate::gpu::{Dtype, Gpu, GpuBuf};
+use crate::gpu::{Gpu, GpuBuf};
+use crate::nn::WeightFormat;
 use crate::mixers::layer::{BackwardArgs, LayerGrads};
 use crate::mixers::{MixerKind, MixerOptions};
 use crate::model::lm::training::Scope;
@@ -60,7 +61,7 @@ impl MixerFit {
         let ids_buf = gpu.upload_u32("fit ids", ids)?;
         let (x, target) = (gpu.scratch(seq * hidden)?, gpu.scratch(seq * hidden)?);
         {
-            let teacher_lm = LanguageModel::upload_checked(gpu, &teacher, None, Dtype::F32).await?;
+            let teacher_lm = LanguageModel::upload_checked(gpu, &teacher, None, WeightFormat::F32).await?;
             let mut rec = gpu.recorder();
             let acts = teacher_lm.forward_train(&mut rec, &ids_buf, 1, seq, false)?;
             crate::nn::copy(&mut rec, &acts.blocks[layer].xn1, &x, seq * hidden)?;
@@ -71,7 +72,7 @@ impl MixerFit {
         gpu.release(ids_buf);
         let target_sq = gpu.read_f32(&target, seq * hidden).await?.iter().map(|&v| v as f64 * v as f64).sum();
         let (weights, mixers) = from_teacher(&teacher, kind, Some(vec![layer]), &MixerOptions::default(), "live fit")?;
-        let mut student = LanguageModel::upload_checked(gpu, &weights, Some(&mixers), Dtype::F32).await?;
+        let mut student = LanguageModel::upload_checked(gpu, &weights, Some(&mixers), WeightFormat::F32).await?;
         let optimizer = Optimizer::new(gpu, &mut student, Scope::Mixers)?;
         Ok(MixerFit { student, optimizer, x, target, target_sq, layer, seq, hidden, hyper, clip, steps: 0 })
     }
