@@ -477,7 +477,7 @@ fn blocked_head_losses_match_the_whole_logits() {
     let (ws, wt) = (random(&mut rng, vocab * d, 0.3), random(&mut rng, vocab * d, 0.3));
     let (xs, xt) = (up(&random(&mut rng, rows * d, 1.0)), up(&random(&mut rng, rows * d, 1.0)));
     let targets = gpu().upload_u32("targets", &(0..rows).map(|i| (i * 37 % vocab) as u32).collect::<Vec<_>>()).unwrap();
-    let (head_s, head_t) = (nn::Weight::upload(gpu(), "ws", &ws, vocab, d, Dtype::F32).unwrap(), nn::Weight::upload(gpu(), "wt", &wt, vocab, d, Dtype::F32).unwrap());
+    let (head_s, head_t) = (nn::Weight::upload(gpu(), "ws", &ws, vocab, d, nn::WeightFormat::F32).unwrap(), nn::Weight::upload(gpu(), "wt", &wt, vocab, d, nn::WeightFormat::F32).unwrap());
     let g0 = random(&mut rng, vocab * d, 0.1);
     let (ce_scale, kl_scale) = (1.0 / rows as f32, 0.5);
     // The whole batch's logits.

@@ -101,8 +101,8 @@ fn linear_kernel_in_browser_matches_native() {
 
 /// The teacher and one 2-layer student of each mixer family — additive (linear attention),
 /// gated (GLA), delta rule (gated DeltaNet) — loaded in the page from the files a server hands
-/// out (the teacher's GGUF; the students' directories), give the native logits, with f32 and
-/// with packed f16 weights; generation streams token by token and the students' state norms
+/// out (the teacher's GGUF; the students' directories), give the native logits, with f32,
+/// packed f16 and (the teacher) GGUF block weights; generation streams token by token and the students' state norms
 /// come back.
 #[test]
 fn teacher_and_students_in_the_browser_give_the_native_logits() {
@@ -135,6 +135,9 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         models.push(models[i].clone());
         weights.push("f16");
     }
+    // The teacher in its file's Q4_1 and Q8_0 blocks: f32's values, a sixth of the memory.
+    models.push(models[0].clone());
+    weights.push("gguf");
     let max_binding = |i: usize| if i == f32_models { Some(16u32 << 20) } else { None };
     let prompt = "The capital of France is";
     let ids = t.tokenizer.encode(prompt).unwrap();
@@ -158,7 +161,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
         assert_eq!(r["name"].as_str(), Some(name.as_str()));
         assert_eq!(r["info"]["weights"].as_str(), Some(weights));
         let model = if name == "teacher" { Model::load_path(&teacher_file).unwrap() } else { Model::load_path(d).unwrap() };
-        let dtype = if weights == "f16" { linearize_core::gpu::Dtype::F16 } else { linearize_core::gpu::Dtype::F32 };
+        let dtype: linearize_core::nn::WeightFormat = weights.parse().unwrap();
         let lm = LanguageModel::upload_as(gpu(), &model.weights, model.mixers.as_ref(), dtype).unwrap();
         let name = &format!("{name} ({weights})");
         assert_eq!(r["info"]["weight_bytes"].as_u64(), Some(lm.matrix_bytes()), "{name}");
@@ -173,6 +176,7 @@ fn teacher_and_students_in_the_browser_give_the_native_logits() {
             None => lm.matrix_buffers(),
         };
         assert_eq!(r["info"]["weight_buffers"].as_u64(), Some(buffers as u64), "{name}");
+        assert_eq!(r["info"]["weight_dtypes"], serde_json::to_value(lm.matrix_dtypes()).unwrap(), "{name}");
         let mut cache = lm.new_cache(gpu(), 1, ids.len()).unwrap();
         let out = lm.forward(gpu(), &mut cache, &ids, Logits::All).unwrap();
         let native = gpu().read_f32_blocking(&out, ids.len() * vocab).unwrap();

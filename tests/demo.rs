@@ -328,7 +328,7 @@ fn the_demo_page_streams_two_models_and_draws_their_state_and_memory() {
     assert_eq!(cells[0]["class"], "bad", "{grid}");
     let short = cells[0]["text"].as_str().unwrap();
     assert!(short.starts_with("not run — 64 tokens is too short") && !short.contains("--"), "{short}");
-    let native = linearize_core::model::LanguageModel::upload_as(linearize_tests::gpu(), &t.weights, None, linearize_core::gpu::Dtype::F32).unwrap();
+    let native = linearize_core::model::LanguageModel::upload_as(linearize_tests::gpu(), &t.weights, None, linearize_core::nn::WeightFormat::F32).unwrap();
     for cell in &cells[1..] {
         use linearize_core::niah::{is_correct, make_sample, NiahTask, ANSWER_TOKENS};
         let depth = cell["depth"].as_f64().unwrap();
@@ -461,7 +461,7 @@ fn the_demo_page_works_as_static_files_with_models_picked_from_disk() {
     let greedy = linearize_core::generate::Sampling { max_new_tokens: 3, temperature: 0.0, top_p: 1.0, seed: 0, stop_ids: Vec::new() };
     let ids = t.tokenizer.encode(&prompt).unwrap();
     let student_lm = linearize_core::model::LanguageModel::upload_with_mixers(linearize_tests::gpu(), &w, Some(&m)).unwrap();
-    let teacher_lm = linearize_core::model::LanguageModel::upload_as(linearize_tests::gpu(), &t.weights, None, linearize_core::gpu::Dtype::F32).unwrap();
+    let teacher_lm = linearize_core::model::LanguageModel::upload_as(linearize_tests::gpu(), &t.weights, None, linearize_core::nn::WeightFormat::F32).unwrap();
     for (name, lm) in [("picked-1", &student_lm), (gguf_name.as_str(), &teacher_lm)] {
         let out = pollster::block_on(linearize_core::generate::generate(linearize_tests::gpu(), lm, &ids, &greedy, |_| {})).unwrap();
         let want = format!("{prompt}{}", t.tokenizer.decode(&out).unwrap());

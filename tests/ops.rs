@@ -75,6 +75,95 @@ fn cpu_blocks_give_the_tiles_bits() {
 }
 
 /// The values packed f16 weights hold: each rounded to the nearest half.
+/// [rows, cols] values on ggml's block grids, as a GGUF file's matrices load: Q4_1 blocks with
+/// random scales, offsets and codes, and Q8_0 blocks of random values quantised by our writer.
+fn on_block_grid(rng: &mut Rng, ty: u32, rows: usize, cols: usize) -> Vec<f32> {
+    use linearize_core::model::quant;
+    let n = rows * cols;
+    if ty == quant::Q8_0 {
+        return quant::dequantize(ty, &quant::quantize(ty, &random(rng, n, 0.5)), n);
+    }
+    let mut bytes = Vec::new();
+    for _ in 0..n / 32 {
+        bytes.extend(half::f16::from_f32((rng.next_f64() * 0.05) as f32 + 1e-4).to_le_bytes());
+        bytes.extend(half::f16::from_f32((rng.next_f64() * 0.4 - 0.2) as f32).to_le_bytes());
+        bytes.extend((0..16).map(|_| (rng.next_f64() * 256.0) as u8));
+    }
+    quant::dequantize(ty, &bytes, n)
+}
+
+#[test]
+fn block_weights_give_the_f32_weights_products_and_rows() {
+    use linearize_core::gpu::Dtype;
+    use linearize_core::model::quant;
+    use linearize_core::nn::{Weight, WeightFormat};
+    let mut rng = Rng::new(14);
+    let cpu = gpu().adapter.is_cpu();
+    for (ty, dtype) in [(quant::Q4_1, Dtype::Q4_1), (quant::Q8_0, Dtype::Q8_0)] {
+        for &(n, k) in &[(1, 32), (37, 64), (300, 96), (1000, 576)] {
+            let w = on_block_grid(&mut rng, ty, n, k);
+            let f32_w = Weight::upload(gpu(), "w", &w, n, k, WeightFormat::F32).unwrap();
+            let blocks = Weight::upload(gpu(), "w", &w, n, k, WeightFormat::Gguf).unwrap();
+            assert_eq!(blocks.dtype, dtype, "[{n}, {k}] on the {} grid", dtype.name());
+            let ratio = blocks.bytes() as f64 / f32_w.bytes() as f64;
+            assert!((ratio - if dtype == Dtype::Q4_1 { 5.0 / 32.0 } else { 9.0 / 32.0 }).abs() < 1e-9, "{ratio}");
+            for m in [1, 3, 8, 9, 70] {
+                let x = random(&mut rng, m * k, 1.0);
+                let y0 = random(&mut rng, m * n, 1.0);
+                let what = format!("{} [{n}, {k}] m={m}", dtype.name());
+                let run = |weight: &Weight| {
+                    let (xb, yb) = (up("x", &x), up("y", &y0));
+                    let mut rec = gpu().recorder();
+                    nn::project(&mut rec, &xb, weight, &yb, m, true).unwrap();
+                    rec.submit().unwrap();
+                    read(&yb, m * n)
+                };
+                let (got, want) = (run(&blocks), run(&f32_w));
+                if cpu {
+                    // The same kernels read the same values: the same bits.
+                    let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                    assert_eq!(differ, 0, "{what}: {differ} outputs differ from the f32 weights' bits");
+                } else {
+                    let mut exact = reference::linear(&f64s(&x), &f64s(&w), m, n, k);
+                    exact.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
+                    assert_close(&what, &got, &exact, 1e-5 * (k as f64).sqrt(), 1e-4);
+                }
+            }
+            let ids: Vec<u32> = vec![0, (n - 1) as u32, (n / 2) as u32, 0];
+            let (ib, ob) = (gpu().upload_u32("ids", &ids).unwrap(), gpu().scratch(ids.len() * k).unwrap());
+            let mut rec = gpu().recorder();
+            nn::embed(&mut rec, &ib, &blocks, &ob, ids.len()).unwrap();
+            rec.submit().unwrap();
+            assert_close(&format!("embed {}", dtype.name()), &read(&ob, ids.len() * k), &reference::gather_rows(&ids, &f64s(&w), k), 0.0, 0.0);
+            // Training needs whole f32 tensors and names what it got.
+            let err = blocks.whole().unwrap_err().to_string();
+            assert!(err.contains(dtype.name()), "{err}");
+        }
+    }
+    // Values on no grid, or rows of no whole number of blocks, stay f32.
+    let smooth = random(&mut rng, 64 * 32, 1.0);
+    assert_eq!(Weight::upload(gpu(), "w", &smooth, 64, 32, WeightFormat::Gguf).unwrap().dtype, Dtype::F32);
+    let ragged = on_block_grid(&mut rng, quant::Q8_0, 1, 96);
+    assert_eq!(Weight::upload(gpu(), "w", &ragged, 2, 48, WeightFormat::Gguf).unwrap().dtype, Dtype::F32);
+    // A matrix split over bindings is split into rows of whole blocks: [1000, 576] in Q4_1 is
+    // 360 KB, three parts under 128 KiB bindings, and gives the whole one's products.
+    let small = small_binding_gpu(131072);
+    let w = on_block_grid(&mut rng, quant::Q4_1, 1000, 576);
+    let split = Weight::upload(&small, "w", &w, 1000, 576, WeightFormat::Gguf).unwrap();
+    assert_eq!((split.dtype, split.parts()), (Dtype::Q4_1, 3));
+    let whole = Weight::upload(&small, "w", &w, 1000, 576, WeightFormat::F32).unwrap();
+    let x = random(&mut rng, 2 * 576, 1.0);
+    let products = |weight: &Weight| {
+        let (xb, yb) = (small.upload_f32("x", &x).unwrap(), small.scratch(2 * 1000).unwrap());
+        let mut rec = small.recorder();
+        nn::project(&mut rec, &xb, weight, &yb, 2, false).unwrap();
+        rec.submit().unwrap();
+        small.read_f32_blocking(&yb, 2 * 1000).unwrap()
+    };
+    let (a, b) = (products(&split), products(&whole));
+    assert_close("split q4_1 against f32", &a, &f64s(&b), if cpu { 0.0 } else { 1e-4 }, 0.0);
+}
+
 fn halves(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
@@ -230,17 +319,16 @@ fn small_binding_gpu(bytes: u32) -> linearize_core::gpu::Gpu {
 
 #[test]
 fn split_weights_project_and_embed_like_whole_ones() {
-    use linearize_core::gpu::Dtype;
-    use linearize_core::nn::Weight;
+    use linearize_core::nn::{Weight, WeightFormat};
     let mut rng = Rng::new(12);
     // 64 KiB bindings: a [1000, 36] matrix is 3 parts of ≤ 455 rows as f32, 2 of ≤ 910 as f16.
     let small = small_binding_gpu(65536);
     let (rows, cols) = (1000, 36);
     let w = random(&mut rng, rows * cols, 1.0);
-    for (dtype, parts) in [(Dtype::F32, 3), (Dtype::F16, 2)] {
+    for (dtype, parts) in [(WeightFormat::F32, 3), (WeightFormat::F16, 2)] {
         let weight = Weight::upload(&small, "w", &w, rows, cols, dtype).unwrap();
         assert_eq!(weight.parts(), parts, "{dtype:?} parts");
-        let held = if dtype == Dtype::F16 { halves(&w) } else { w.clone() };
+        let held = if dtype == WeightFormat::F16 { halves(&w) } else { w.clone() };
         for m in [1, 3, 16] {
             let x = random(&mut rng, m * cols, 1.0);
             let y0 = random(&mut rng, m * rows, 1.0);
@@ -264,7 +352,7 @@ fn split_weights_project_and_embed_like_whole_ones() {
         assert!(err.contains("part(s)"), "{err}");
     }
     // A row wider than a binding cannot be split by rows: refused with the reason.
-    let err = Weight::upload(&small, "wide", &vec![0.0; 20000], 1, 20000, Dtype::F32).unwrap_err().to_string();
+    let err = Weight::upload(&small, "wide", &vec![0.0; 20000], 1, 20000, WeightFormat::F32).unwrap_err().to_string();
     assert!(err.contains("one row of 20000 values"), "{err}");
 }
 

@@ -133,7 +133,7 @@ fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
             let (w, m) = from_teacher(&small, kind, layers, &opts, "test").unwrap();
             let want = reference::forward_with_mixers(&w, Some(&m), &ids);
             let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
-            let dtypes = if conv_all_mixers { vec![linearize_core::gpu::Dtype::F32] } else { vec![linearize_core::gpu::Dtype::F32, linearize_core::gpu::Dtype::F16] };
+            let dtypes = if conv_all_mixers { vec![linearize_core::nn::WeightFormat::F32] } else { vec![linearize_core::nn::WeightFormat::F32, linearize_core::nn::WeightFormat::F16] };
             for dtype in dtypes {
                 let lm = LanguageModel::upload_as(&forced, &w, Some(&m), dtype).unwrap();
                 let what = format!("{} (conv on every mixer: {conv_all_mixers}, {dtype:?} weights)", kind.name());
@@ -151,7 +151,7 @@ fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
                 let stacked = layer.stacked_decode().expect("decode's stacked product");
                 assert_eq!((stacked.convs, stacked.gates), (has_conv, gates), "{what}: decode's stacked product");
                 let got = prefill_then_decode(&forced, &lm, &ids, ids.len() - 4);
-                if dtype == linearize_core::gpu::Dtype::F32 {
+                if dtype == linearize_core::nn::WeightFormat::F32 {
                     assert_close(&what, &got, &want, 2e-4 * scale.max(1.0), 1e-3);
                 } else {
                     // The same halves through lavapipe's own kernels (tests/weights.rs checks

@@ -1,7 +1,9 @@
-//! Models held as packed f16 or split weights (nn::Weight): the f16 model computes exactly the
-//! f64 model of its rounded weights, the real teacher keeps its answers at half the memory, and
-//! an embedding split over many bindings gives the logits of a whole one.
-use linearize_core::gpu::{Dtype, Gpu};
+//! Models held as packed f16, GGUF blocks or split weights (nn::Weight): the f16 model computes
+//! exactly the f64 model of its rounded weights, the real teacher keeps its answers at half the
+//! memory and its f32 logits to the bit in its file's blocks, and an embedding split over many
+//! bindings gives the logits of a whole one.
+use linearize_core::gpu::Gpu;
+use linearize_core::nn::WeightFormat;
 use linearize_core::mixers::MixerOptions;
 use linearize_core::model::lm::training::Scope;
 use linearize_core::model::student::from_teacher;
@@ -55,7 +57,7 @@ fn f16_models_compute_the_f64_model_of_their_halves() {
     let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
     for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
         let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
-        let f16_lm = LanguageModel::upload_as(gpu(), w, m, Dtype::F16).unwrap();
+        let f16_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::F16).unwrap();
         let ratio = f16_lm.matrix_bytes() as f64 / f32_lm.matrix_bytes() as f64;
         assert!((ratio - 0.5).abs() < 0.01, "{what}: f16 matrices take {ratio:.3} of f32's");
         let (rw, rm) = rounded(w, m);
@@ -75,7 +77,7 @@ fn the_teacher_in_f16_keeps_its_answers_at_half_the_memory() {
     let ids = t.tokenizer.encode("The capital of France is").unwrap();
     let f32_lm = LanguageModel::upload(gpu(), &t.weights).unwrap();
     // The browser's way in: the device is asked (asynchronously) whether every buffer was made.
-    let f16_lm = pollster::block_on(LanguageModel::upload_checked(gpu(), &t.weights, None, Dtype::F16)).unwrap();
+    let f16_lm = pollster::block_on(LanguageModel::upload_checked(gpu(), &t.weights, None, WeightFormat::F16)).unwrap();
     let (a, b) = (logits(gpu(), &f32_lm, &ids), logits(gpu(), &f16_lm, &ids));
     let vocab = t.weights.config.vocab_size;
     let argmax = |v: &[f32]| {
@@ -100,7 +102,7 @@ fn an_embedding_split_over_bindings_gives_the_whole_ones_logits() {
     let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
     // 16 MiB bindings: the 108 MiB embedding (the tied head) goes into 7 parts, 4 as f16.
     let limited = pollster::block_on(Gpu::with_limits(|l| l.max_storage_buffer_binding_size = 16 << 20)).unwrap();
-    for dtype in [Dtype::F32, Dtype::F16] {
+    for dtype in [WeightFormat::F32, WeightFormat::F16] {
         let whole = LanguageModel::upload_as(gpu(), &small, None, dtype).unwrap();
         let split = LanguageModel::upload_as(&limited, &small, None, dtype).unwrap();
         let (a, b) = (logits(gpu(), &whole, &ids), logits(&limited, &split, &ids));
@@ -111,4 +113,46 @@ fn an_embedding_split_over_bindings_gives_the_whole_ones_logits() {
     let split = LanguageModel::upload(&limited, &small).unwrap();
     let err = split.parameters(Scope::All).err().expect("split weights are not trainable").to_string();
     assert!(err.contains("7 part(s)"), "{err}");
+}
+
+#[test]
+fn the_teacher_in_its_files_blocks_gives_the_f32_logits_in_a_sixth_of_the_memory() {
+    let t = teacher();
+    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
+    // Every matrix of the file is found again: 7 per block in Q4_1 (q, k, v, o, gate, up,
+    // down; wqkv and gate|up stacked, so 4 Weights), the embedding (the tied head) in Q8_0.
+    let full = LanguageModel::upload_as(gpu(), &t.weights, None, WeightFormat::Gguf).unwrap();
+    let blocks = t.weights.config.num_hidden_layers;
+    assert_eq!(full.matrix_dtypes().into_iter().collect::<Vec<_>>(), vec![("q4_1", 4 * blocks), ("q8_0", 1)]);
+    let f32_bytes: u64 = t.weights.hf_tensors().iter().filter(|v| v.len() > t.weights.config.hidden_size).map(|v| v.len() as u64 * 4).sum();
+    let ratio = full.matrix_bytes() as f64 / f32_bytes as f64;
+    eprintln!("teacher in its file's blocks: {} MiB of matrices, {ratio:.3} of f32's", full.matrix_bytes() >> 20);
+    assert!(ratio < 0.19, "{ratio}");
+    let last = logits(gpu(), &full, &ids[..5]);
+    let vocab = t.weights.config.vocab_size;
+    let row = &last[last.len() - vocab..];
+    let best = row.iter().enumerate().fold((0, f32::MIN), |m, (i, &x)| if x > m.1 { (i, x) } else { m }).0;
+    assert_eq!(t.tokenizer.decode(&[best as u32]).unwrap(), " Paris");
+    drop(full);
+    // Three blocks of the teacher, and a hybrid student whose mixers stay f32: the same logits
+    // as f32 weights, prefill and decode, to the bit where the same kernels read both (CPU
+    // adapters); elsewhere the f32 weights take other kernels, so to rounding.
+    let mut small = t.weights.clone();
+    small.truncate_layers(3);
+    let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
+        let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
+        let gguf_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::Gguf).unwrap();
+        let (a, b) = (logits(gpu(), &f32_lm, &ids), logits(gpu(), &gguf_lm, &ids));
+        let diff = max_abs_diff(&b, &a.iter().map(|&v| v as f64).collect::<Vec<_>>());
+        eprintln!("{what}: gguf blocks against f32, max |Δ logit| {diff:e}");
+        if gpu().adapter.is_cpu() {
+            assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "{what}: logits differ from f32's by up to {diff}");
+        } else {
+            assert!(diff < 1e-3, "{what}: {diff}");
+        }
+        // Training takes whole f32 tensors and says what it got instead.
+        let err = gguf_lm.parameters(Scope::All).err().expect("block weights are not trainable").to_string();
+        assert!(err.contains("q4_1") || err.contains("q8_0"), "{err}");
+    }
 }

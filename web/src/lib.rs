@@ -10,7 +10,8 @@
 //! model.state_norms(0);                                // Float32Array [reads × heads]
 //! ```
 use linearize_core::generate::{generate_traced, Flow, Sampling};
-use linearize_core::gpu::{Dtype, Gpu};
+use linearize_core::gpu::Gpu;
+use linearize_core::nn::WeightFormat;
 use linearize_core::model::files::ModelFiles as CoreFiles;
 use linearize_core::eval::Diagnostics;
 use linearize_core::model::{LanguageModel, Logits, Model, Tokenizer};
@@ -77,18 +78,20 @@ impl WebGpu {
         self.load_model_as(files, "f32".into()).await
     }
 
-    /// `load_model` with the projection and embedding matrices held as `weights`: "f32", or
-    /// "f16" (packed pairs: half the memory). Matrices beyond the adapter's binding limit are
-    /// split either way.
+    /// `load_model` with the projection and embedding matrices held as `weights`: "f32", "f16"
+    /// (packed pairs: half the memory) or "gguf" (a GGUF file's Q4_1 and Q8_0 blocks, found
+    /// again in the values: f32's logits in a sixth of the memory). Matrices beyond the
+    /// adapter's binding limit are split either way.
     pub async fn load_model_as(&self, files: ModelFiles, weights: String) -> Result<WebModel, JsValue> {
-        let dtype: Dtype = weights.parse().map_err(js_err)?;
+        let format: WeightFormat = weights.parse().map_err(js_err)?;
         let source = CoreFiles::Memory { origin: files.origin.into(), files: files.files };
         let model = Model::from_files(&source).map_err(js_err)?;
         let mut info = model_info(&model);
-        let lm = LanguageModel::upload_checked(&self.gpu, &model.weights, model.mixers.as_ref(), dtype)
+        let lm = LanguageModel::upload_checked(&self.gpu, &model.weights, model.mixers.as_ref(), format)
             .await
             .map_err(|e| js_err(format!("{}: {e}", source.origin().display())))?;
-        info["weights"] = dtype.name().into();
+        info["weights"] = format.name().into();
+        info["weight_dtypes"] = serde_json::to_value(lm.matrix_dtypes()).map_err(js_err)?;
         info["weight_bytes"] = lm.matrix_bytes().into();
         info["weight_buffers"] = lm.matrix_buffers().into();
         Ok(WebModel { gpu: self.gpu.clone(), lm, tokenizer: model.tokenizer, info, diagnostics: Diagnostics::default() })
