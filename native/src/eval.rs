@@ -32,8 +32,9 @@ pub struct EvalArgs {
     /// interrupted evaluation run again with the same DIR skips the documents already scored
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// The weight matrices as f32 or packed f16 (half the memory); with --out, f16 records go
-    /// to DIR/f16/ so the two never mix
+    /// The weight matrices as f32, packed f16 (half the memory) or a GGUF file's blocks (f32's
+    /// values, a sixth of the memory); with --out, f16 and gguf records go to DIR/f16/ and
+    /// DIR/gguf/ so they never mix
     #[arg(long, value_enum, default_value_t = crate::Weights::F32)]
     pub weights: crate::Weights,
     /// The GEMMs' arithmetic (f32 by default; mixed: f16 operands on tensor cores, f32

@@ -120,7 +120,7 @@ enum Command {
         /// [prompt tokens, vocabulary] (for comparisons with other implementations)
         #[arg(long)]
         logits: Option<PathBuf>,
-        /// The weight matrices as f32 or packed f16 (half the memory)
+        /// The weight matrices as f32, packed f16 (half the memory) or a GGUF file's blocks (f32's values, a sixth of the memory)
         #[arg(long, value_enum, default_value_t = Weights::F32)]
         weights: Weights,
         /// Print the prompt, ids, text and speed as one JSON document
@@ -665,7 +665,7 @@ struct BenchArgs {
     /// Timed repetitions (after two warm-ups)
     #[arg(long, default_value_t = 5)]
     iters: usize,
-    /// bench teacher: the weight matrices as f32 or packed f16 (half the memory) [default: f32]
+    /// bench teacher: the weight matrices as f32, packed f16 (half the memory) or a GGUF file's blocks (f32's values, a sixth of the memory) [default: f32]
     #[arg(long, value_enum)]
     weights: Option<Weights>,
     /// Print the results as one JSON object

@@ -19,7 +19,7 @@ pub struct NiahArgs {
     pub model: String,
     #[command(flatten)]
     pub grid: GridArgs,
-    /// The weight matrices as f32 or packed f16 (half the memory)
+    /// The weight matrices as f32, packed f16 (half the memory) or a GGUF file's blocks (f32's values, a sixth of the memory)
     #[arg(long, value_enum, default_value_t = crate::Weights::F32)]
     pub weights: crate::Weights,
     /// Print the grid as one JSON document

@@ -103,16 +103,24 @@ fn w_q4_1(i: u32) -> vec4<f32> {{
     let quad = i % 8u;
     let dm = unpack2x16float(w_blocks[b]);
     // Quads 0-3 are the low nibbles of code words 0-3, quads 4-7 their high nibbles.
-    let codes = w_blocks[b + 1u + quad % 4u] >> (4u * (quad / 4u));
-    let q = (vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
-    return vec4<f32>(q) * dm.x + dm.y;
+    return q4_1_quad(w_blocks[b + 1u + quad % 4u] >> (4u * (quad / 4u)), dm);
 }}
 
 fn w_q8_0(i: u32) -> vec4<f32> {{
     let b = (i / 8u) * 9u;
-    let codes = w_blocks[b + 1u + i % 8u];
+    return q8_0_quad(w_blocks[b + 1u + i % 8u], bitcast<f32>(w_blocks[b]));
+}}
+
+// Four values from the low nibbles of a Q4_1 code word (shifted right by 4 for the high ones).
+fn q4_1_quad(codes: u32, dm: vec2<f32>) -> vec4<f32> {{
+    let q = (vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    return vec4<f32>(q) * dm.x + dm.y;
+}}
+
+// Four values from a Q8_0 code word of four signed bytes.
+fn q8_0_quad(codes: u32, d: f32) -> vec4<f32> {{
     let q = bitcast<vec4<i32>>(vec4<u32>(codes) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
-    return vec4<f32>(q) * bitcast<f32>(w_blocks[b]);
+    return vec4<f32>(q) * d;
 }}
 
 // Writes one vec4 of k values of tile row `r` into the k-major tile.
@@ -269,9 +277,55 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
 }}
 """
 # The CPU kernels read every weight format; block weights take them on any adapter.
-READERS = (("", "w_f32"), ("_f16", "w_half"), ("_q4_1", "w_q4_1"), ("_q8_0", "w_q8_0"))
-for suffix, read in READERS:
+for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += COLUMNS.replace("{SUFFIX}", suffix).format(cols_base=cols_base, cols_acc=cols_acc, cols_fma=cols_fma.replace("{READ}", read), cols_store=cols_store)
+
+# Block weights: each column's block words are loaded once per block of 32 values and its eight
+# quads taken from them (one gather per word instead of two per quad); the sums run over the
+# quads in order, as the f32 kernel's over kq: the same bits.
+BLOCK_WORDS = {"q4_1": 5, "q8_0": 9}
+def block_load(fmt, c):
+    at = f"(b{c} + kb) * {BLOCK_WORDS[fmt]}u"
+    if fmt == "q4_1":
+        return (f"            let s{c} = unpack2x16float(w_blocks[{at}]);\n"
+                f"            let q{c} = vec4<u32>(w_blocks[{at} + 1u], w_blocks[{at} + 2u], w_blocks[{at} + 3u], w_blocks[{at} + 4u]);")
+    # Q8_0's code words are each read by one quad: loaded there, fewer of them live at once.
+    return f"            let s{c} = bitcast<f32>(w_blocks[{at}]);"
+def block_quad(fmt, c, quad):
+    comp = "xyzw"[quad % 4]
+    if fmt == "q4_1":
+        return f"q4_1_quad(q{c}.{comp} >> {4 * (quad // 4)}u, s{c})"
+    return f"q8_0_quad(w_blocks[(b{c} + kb) * 9u + {1 + quad}u], s{c})"
+COLUMNS_BLOCKS = """@compute @workgroup_size(32)
+fn matvec_columns_{FMT}(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
+    if (c0 >= p.n) {{
+        return;
+    }}
+    let k4 = p.k / 4u;
+    let nb = p.k / 32u;
+    // Columns past the last repeat it (their sums are not stored).
+{base}
+    for (var r = 0u; r < p.m; r++) {{
+{acc}
+        for (var kb = 0u; kb < nb; kb++) {{
+{loads}
+{quads}
+        }}
+{store}
+    }}
+}}
+"""
+for fmt in BLOCK_WORDS:
+    quads = "\n".join(
+        f"            let xv{quad} = x[r * k4 + kb * 8u + {quad}u];\n" + "\n".join(f"            acc{c} += dot(xv{quad}, {block_quad(fmt, c, quad)});" for c in range(COLS))
+        for quad in range(8))
+    src += COLUMNS_BLOCKS.replace("{FMT}", fmt).format(
+        base="\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(COLS)),
+        acc=cols_acc,
+        loads="\n".join(block_load(fmt, c) for c in range(COLS)),
+        quads=quads,
+        store=cols_store)
 blk_w = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
 blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
 blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(COLS))
@@ -303,8 +357,45 @@ fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builti
 {blk_store}
 }}
 """
-for suffix, read in READERS:
+for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += BLOCKS.replace("{SUFFIX}", suffix).format(BR=BR, blk_w=blk_w, blk_x=blk_x, blk_acc=blk_acc, blk_fma=blk_fma.replace("{READ}", read), blk_store=blk_store)
+# Block weights, as matvec_columns_q*: each block's words loaded once, its quads in order.
+BLOCKS_Q = """@compute @workgroup_size(32)
+fn matmul_columns_{FMT}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let c0 = MV_COLS * gid.x;
+    if (c0 >= p.n) {{
+        return;
+    }}
+    let r0 = MV_ROWS * wid.y;
+    let k4 = p.k / 4u;
+    let nb = p.k / 32u;
+    // Rows and columns past the last repeat it (their sums are not stored).
+{base}
+{blk_x}
+{blk_acc}
+    for (var kb = 0u; kb < nb; kb++) {{
+{loads}
+        for (var quad = 0u; quad < 8u; quad++) {{
+            let kq = kb * 8u + quad;
+{wv}
+{fma}
+        }}
+    }}
+{blk_store}
+}}
+"""
+xv_fma = "\n".join(
+    f"        let xv{r} = x[x{r} + kq];\n" + "\n".join(f"        acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(COLS)) for r in range(BR))
+for fmt in BLOCK_WORDS:
+    if fmt == "q4_1":
+        wv = "\n".join(f"            let wv{c} = q4_1_quad(q{c}[quad % 4u] >> (4u * (quad / 4u)), s{c});" for c in range(COLS))
+    else:
+        wv = "\n".join(f"            let wv{c} = q8_0_quad(w_blocks[(b{c} + kb) * 9u + 1u + quad], s{c});" for c in range(COLS))
+    src += BLOCKS_Q.replace("{FMT}", fmt).format(
+        base="\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(COLS)),
+        blk_x=blk_x, blk_acc=blk_acc,
+        loads="\n".join("    " + block_load(fmt, c).replace("\n", "\n    ") for c in range(COLS)).replace("                ", "        "),
+        wv=wv, fma="    " + xv_fma.replace("\n", "\n    "), blk_store=blk_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")
