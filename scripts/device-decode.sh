@@ -14,7 +14,7 @@
 # The calls must follow each other within the machine's warm time. Results go to $OUT/res.tgz.
 # `teacher` also runs .exp/dec/tests.xz first where a call carried it (a test binary, e.g.
 # target/release/deps/ops-*: the checks that need this GPU's compiler, such as equal bits), and
-# skips HF generate with PEER=0.
+# skips HF generate with PEER=0; WEIGHTS (default "f32 f16") lists the --weights to time (gguf too).
 set -uo pipefail
 source scripts/device-common.sh
 device_vulkan
@@ -44,7 +44,7 @@ teacher)
   fi
   for round in 1 2; do
     for v in $V; do
-      for wt in f32 f16; do
+      for wt in ${WEIGHTS:-f32 f16}; do
         timeout 90 /root/$v bench teacher --precision mixed --weights $wt --prefill "" --decode 512 --decode-tokens 128 --iters 1 --json > $R/decode-$v-$wt-$round.json 2>> $R/decode.err
         echo "$v $wt round $round: $(grep -o '"[a-z_]*tokens_per_second":[0-9.]*' $R/decode-$v-$wt-$round.json | tr '\n' ' ')"
       done

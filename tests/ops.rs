@@ -98,46 +98,47 @@ fn block_weights_give_the_f32_weights_products_and_rows() {
     use linearize_core::model::quant;
     use linearize_core::nn::{Weight, WeightFormat};
     let mut rng = Rng::new(14);
-    let cpu = gpu().adapter.is_cpu();
-    for (ty, dtype) in [(quant::Q4_1, Dtype::Q4_1), (quant::Q8_0, Dtype::Q8_0)] {
-        for &(n, k) in &[(1, 32), (37, 64), (300, 96), (1000, 576)] {
-            let w = on_block_grid(&mut rng, ty, n, k);
-            let f32_w = Weight::upload(gpu(), "w", &w, n, k, WeightFormat::F32).unwrap();
-            let blocks = Weight::upload(gpu(), "w", &w, n, k, WeightFormat::Gguf).unwrap();
-            assert_eq!(blocks.dtype, dtype, "[{n}, {k}] on the {} grid", dtype.name());
-            let ratio = blocks.bytes() as f64 / f32_w.bytes() as f64;
-            assert!((ratio - if dtype == Dtype::Q4_1 { 5.0 / 32.0 } else { 9.0 / 32.0 }).abs() < 1e-9, "{ratio}");
-            for m in [1, 3, 8, 9, 70] {
-                let x = random(&mut rng, m * k, 1.0);
-                let y0 = random(&mut rng, m * n, 1.0);
-                let what = format!("{} [{n}, {k}] m={m}", dtype.name());
-                let run = |weight: &Weight| {
-                    let (xb, yb) = (up("x", &x), up("y", &y0));
-                    let mut rec = gpu().recorder();
-                    nn::project(&mut rec, &xb, weight, &yb, m, true).unwrap();
-                    rec.submit().unwrap();
-                    read(&yb, m * n)
-                };
-                let (got, want) = (run(&blocks), run(&f32_w));
-                if cpu {
-                    // The same kernels read the same values: the same bits.
+    // Each adapter's kernels for f32 weights have a twin reading blocks: the CPU column kernels
+    // here, and the GPU ones (nn/matvec's lanes, matmul_128's tiles) on a device told to take
+    // them. Same values, same order of sums: the same bits, at f32 precision on any adapter.
+    let forced = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|_| {})).unwrap().with_gpu_kernels();
+    for (device, kernels) in [(gpu(), "this adapter's"), (&forced, "the GPU")] {
+        for (ty, dtype) in [(quant::Q4_1, Dtype::Q4_1), (quant::Q8_0, Dtype::Q8_0)] {
+            for &(n, k) in &[(1, 32), (37, 64), (300, 96), (1000, 576)] {
+                let w = on_block_grid(&mut rng, ty, n, k);
+                let f32_w = Weight::upload(device, "w", &w, n, k, WeightFormat::F32).unwrap();
+                let blocks = Weight::upload(device, "w", &w, n, k, WeightFormat::Gguf).unwrap();
+                assert_eq!(blocks.dtype, dtype, "[{n}, {k}] on the {} grid", dtype.name());
+                let ratio = blocks.bytes() as f64 / f32_w.bytes() as f64;
+                assert!((ratio - if dtype == Dtype::Q4_1 { 5.0 / 32.0 } else { 9.0 / 32.0 }).abs() < 1e-9, "{ratio}");
+                for m in [1, 3, 8, 9, 70, 130] {
+                    let x = random(&mut rng, m * k, 1.0);
+                    let y0 = random(&mut rng, m * n, 1.0);
+                    let what = format!("{kernels} kernels, {} [{n}, {k}] m={m}", dtype.name());
+                    let run = |weight: &Weight| {
+                        let (xb, yb) = (device.upload_f32("x", &x).unwrap(), device.upload_f32("y", &y0).unwrap());
+                        let mut rec = device.recorder();
+                        nn::project(&mut rec, &xb, weight, &yb, m, true).unwrap();
+                        rec.submit().unwrap();
+                        device.read_f32_blocking(&yb, m * n).unwrap()
+                    };
+                    let (got, want) = (run(&blocks), run(&f32_w));
                     let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
                     assert_eq!(differ, 0, "{what}: {differ} outputs differ from the f32 weights' bits");
-                } else {
                     let mut exact = reference::linear(&f64s(&x), &f64s(&w), m, n, k);
                     exact.iter_mut().zip(&y0).for_each(|(a, &b)| *a += b as f64);
                     assert_close(&what, &got, &exact, 1e-5 * (k as f64).sqrt(), 1e-4);
                 }
+                let ids: Vec<u32> = vec![0, (n - 1) as u32, (n / 2) as u32, 0];
+                let (ib, ob) = (device.upload_u32("ids", &ids).unwrap(), device.scratch(ids.len() * k).unwrap());
+                let mut rec = device.recorder();
+                nn::embed(&mut rec, &ib, &blocks, &ob, ids.len()).unwrap();
+                rec.submit().unwrap();
+                assert_close(&format!("embed {}", dtype.name()), &device.read_f32_blocking(&ob, ids.len() * k).unwrap(), &reference::gather_rows(&ids, &f64s(&w), k), 0.0, 0.0);
+                // Training needs whole f32 tensors and names what it got.
+                let err = blocks.whole().unwrap_err().to_string();
+                assert!(err.contains(dtype.name()), "{err}");
             }
-            let ids: Vec<u32> = vec![0, (n - 1) as u32, (n / 2) as u32, 0];
-            let (ib, ob) = (gpu().upload_u32("ids", &ids).unwrap(), gpu().scratch(ids.len() * k).unwrap());
-            let mut rec = gpu().recorder();
-            nn::embed(&mut rec, &ib, &blocks, &ob, ids.len()).unwrap();
-            rec.submit().unwrap();
-            assert_close(&format!("embed {}", dtype.name()), &read(&ob, ids.len() * k), &reference::gather_rows(&ids, &f64s(&w), k), 0.0, 0.0);
-            // Training needs whole f32 tensors and names what it got.
-            let err = blocks.whole().unwrap_err().to_string();
-            assert!(err.contains(dtype.name()), "{err}");
         }
     }
     // Values on no grid, or rows of no whole number of blocks, stay f32.
@@ -161,7 +162,7 @@ fn block_weights_give_the_f32_weights_products_and_rows() {
         small.read_f32_blocking(&yb, 2 * 1000).unwrap()
     };
     let (a, b) = (products(&split), products(&whole));
-    assert_close("split q4_1 against f32", &a, &f64s(&b), if cpu { 0.0 } else { 1e-4 }, 0.0);
+    assert_close("split q4_1 against f32", &a, &f64s(&b), 0.0, 0.0);
 }
 
 fn halves(v: &[f32]) -> Vec<f32> {

@@ -11,6 +11,8 @@ products (BENCHMARKS.md). Named registers, never indexed arrays, keep them out o
 """
 import pathlib
 
+import blocks
+
 ROWS = 8     # rows of x (decode's batch), as nn/matmul_vec4's matvec kernels
 LOADS = 4    # weight vec4 in flight per thread per round
 
@@ -91,7 +93,7 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, ldy]
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
-@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1; [group/4], 3; (max, sum) pairs, 4
+{blocks.BINDING}@group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1; [group/4], 3; (max, sum) pairs, 4
 @group(0) @binding(8) var<storage, read> gate_in: array<vec4<f32>>; // [k/4], PROLOGUE 3's gate
 // The `_conv` entries: per column of the product four words — the taps of q's, k's and v's
 // short convs on their columns (the first 2·conv_qk + conv_v), a gate's activation on the
@@ -114,6 +116,7 @@ fn w_half(i: u32) -> vec4<f32> {{
     return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
 }}
 
+{blocks.READERS}
 fn silu(v: vec4<f32>) -> vec4<f32> {{
     return v / (vec4<f32>(1.0) + exp(-v));
 }}
@@ -404,8 +407,10 @@ src += """fn no_epilogue(r: u32, c: u32, v: f32) -> f32 {
 """
 # The `_conv` entries run the short convs of q, k and v on their columns (decode's stacked
 # input product, mixers::layer); separate entries, so the others bind no conv buffers.
+# Block weights (nn/blocks.rs) only for the plain product: a student's stacked mixer matrices,
+# which the convs follow, stay f32 or f16.
 for conv, epilogue in (("", "no_epilogue"), ("_conv", "conv_y")):
-    for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
+    for suffix, read in (("", "w_f32"), ("_f16", "w_half")) + (blocks.FORMATS if conv == "" else ()):
         src += KERNEL.replace("{SUFFIX}", conv + suffix).replace("EPILOGUE", epilogue).format(acc_decl=acc_decl, w_loads=w_loads.replace("READ", read), x_loads=x_loads, partials=partials)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matvec.wgsl"
 out.write_text(src)

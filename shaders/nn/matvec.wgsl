@@ -48,6 +48,11 @@ override COLS: u32 = 256u / LANES; // columns per workgroup
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;  // [m, ldy]
 // The `_f16` entry points read w as half floats packed two per word (4 values per vec2).
 @group(0) @binding(4) var<storage, read> w_f16: array<vec2<u32>>; // [n, k/4]
+// The `_q4_1` and `_q8_0` entry points read w in blocks of 32 values along a row (nn/blocks.rs;
+// k divisible by 32): Q4_1 blocks of 5 words, pack2x16float(d, m) and 16 bytes of 4-bit codes,
+// byte j holding value j in its low nibble and j + 16 in its high one; Q8_0 blocks of 9 words,
+// d and 32 signed bytes. Both give back exactly the f32 values the host loaded.
+@group(0) @binding(10) var<storage, read> w_blocks: array<u32>;
 @group(0) @binding(5) var<storage, read> g: array<vec4<f32>>; // [k/4], PROLOGUE 1; [group/4], 3; (max, sum) pairs, 4
 @group(0) @binding(8) var<storage, read> gate_in: array<vec4<f32>>; // [k/4], PROLOGUE 3's gate
 // The `_conv` entries: per column of the product four words — the taps of q's, k's and v's
@@ -69,6 +74,33 @@ fn w_f32(i: u32) -> vec4<f32> {
 fn w_half(i: u32) -> vec4<f32> {
     let h = w_f16[i];
     return vec4<f32>(unpack2x16float(h.x), unpack2x16float(h.y));
+}
+
+// Vec4 i of the k values (a row holds k/32 blocks, so quad i % 8 of block i / 8). q·d is exact
+// in f32, so q·d + m rounds once whether or not it is fused: the host's value.
+fn w_q4_1(i: u32) -> vec4<f32> {
+    let b = (i / 8u) * 5u;
+    let quad = i % 8u;
+    let dm = unpack2x16float(w_blocks[b]);
+    // Quads 0-3 are the low nibbles of code words 0-3, quads 4-7 their high nibbles.
+    return q4_1_quad(w_blocks[b + 1u + quad % 4u] >> (4u * (quad / 4u)), dm);
+}
+
+fn w_q8_0(i: u32) -> vec4<f32> {
+    let b = (i / 8u) * 9u;
+    return q8_0_quad(w_blocks[b + 1u + i % 8u], bitcast<f32>(w_blocks[b]));
+}
+
+// Four values from the low nibbles of a Q4_1 code word (shifted right by 4 for the high ones).
+fn q4_1_quad(codes: u32, dm: vec2<f32>) -> vec4<f32> {
+    let q = (vec4<u32>(codes) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
+    return vec4<f32>(q) * dm.x + dm.y;
+}
+
+// Four values from a Q8_0 code word of four signed bytes.
+fn q8_0_quad(codes: u32, d: f32) -> vec4<f32> {
+    let q = bitcast<vec4<i32>>(vec4<u32>(codes) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
+    return vec4<f32>(q) * d;
 }
 
 fn silu(v: vec4<f32>) -> vec4<f32> {
@@ -473,6 +505,166 @@ fn matvec_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
         let kq3 = base + 3u * LANES;
         var w3 = vec4<f32>(0.0);
         if (kq3 < k4) { w3 = w_half(col * k4 + kq3); }
+        if (0u < p.m) { acc0 += dot(x_at(0u, kq0, k4), w0) + dot(x_at(0u, kq1, k4), w1) + dot(x_at(0u, kq2, k4), w2) + dot(x_at(0u, kq3, k4), w3); }
+        if (1u < p.m) { acc1 += dot(x_at(1u, kq0, k4), w0) + dot(x_at(1u, kq1, k4), w1) + dot(x_at(1u, kq2, k4), w2) + dot(x_at(1u, kq3, k4), w3); }
+        if (2u < p.m) { acc2 += dot(x_at(2u, kq0, k4), w0) + dot(x_at(2u, kq1, k4), w1) + dot(x_at(2u, kq2, k4), w2) + dot(x_at(2u, kq3, k4), w3); }
+        if (3u < p.m) { acc3 += dot(x_at(3u, kq0, k4), w0) + dot(x_at(3u, kq1, k4), w1) + dot(x_at(3u, kq2, k4), w2) + dot(x_at(3u, kq3, k4), w3); }
+        if (4u < p.m) { acc4 += dot(x_at(4u, kq0, k4), w0) + dot(x_at(4u, kq1, k4), w1) + dot(x_at(4u, kq2, k4), w2) + dot(x_at(4u, kq3, k4), w3); }
+        if (5u < p.m) { acc5 += dot(x_at(5u, kq0, k4), w0) + dot(x_at(5u, kq1, k4), w1) + dot(x_at(5u, kq2, k4), w2) + dot(x_at(5u, kq3, k4), w3); }
+        if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
+        if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
+    }
+    }
+    if (PROLOGUE == 4u) {
+        // Every thread has read x' from `partial` before the partial sums overwrite it.
+        workgroupBarrier();
+    }
+    partial[tid * 8u + 0u] = acc0;
+    partial[tid * 8u + 1u] = acc1;
+    partial[tid * 8u + 2u] = acc2;
+    partial[tid * 8u + 3u] = acc3;
+    partial[tid * 8u + 4u] = acc4;
+    partial[tid * 8u + 5u] = acc5;
+    partial[tid * 8u + 6u] = acc6;
+    partial[tid * 8u + 7u] = acc7;
+    workgroupBarrier();
+    // Column c's lanes, row r: LANES / 8 sums of 8 lanes each, then their sum.
+    {
+        let parts = LANES / 8u;
+        let c = tid / LANES;
+        let r = (tid % LANES) / parts;
+        let part = tid % parts;
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[(c * LANES + part * 8u + i) * 8u + r];
+        }
+        reduced[tid] = s;
+    }
+    workgroupBarrier();
+    if (tid < COLS * 8u) {
+        let parts = LANES / 8u;
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, no_epilogue(r, col0 + c, s));
+        }
+    }
+}
+@compute @workgroup_size(256)
+fn matvec_q4_1(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
+    merge_ranges(tid, k4);
+    let col0 = (wid.y * 8192u + wid.x) * COLS;
+    let col = col0 + tid / LANES;
+    let lane = tid % LANES;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
+        let kq0 = base + 0u * LANES;
+        var w0 = vec4<f32>(0.0);
+        if (kq0 < k4) { w0 = w_q4_1(col * k4 + kq0); }
+        let kq1 = base + 1u * LANES;
+        var w1 = vec4<f32>(0.0);
+        if (kq1 < k4) { w1 = w_q4_1(col * k4 + kq1); }
+        let kq2 = base + 2u * LANES;
+        var w2 = vec4<f32>(0.0);
+        if (kq2 < k4) { w2 = w_q4_1(col * k4 + kq2); }
+        let kq3 = base + 3u * LANES;
+        var w3 = vec4<f32>(0.0);
+        if (kq3 < k4) { w3 = w_q4_1(col * k4 + kq3); }
+        if (0u < p.m) { acc0 += dot(x_at(0u, kq0, k4), w0) + dot(x_at(0u, kq1, k4), w1) + dot(x_at(0u, kq2, k4), w2) + dot(x_at(0u, kq3, k4), w3); }
+        if (1u < p.m) { acc1 += dot(x_at(1u, kq0, k4), w0) + dot(x_at(1u, kq1, k4), w1) + dot(x_at(1u, kq2, k4), w2) + dot(x_at(1u, kq3, k4), w3); }
+        if (2u < p.m) { acc2 += dot(x_at(2u, kq0, k4), w0) + dot(x_at(2u, kq1, k4), w1) + dot(x_at(2u, kq2, k4), w2) + dot(x_at(2u, kq3, k4), w3); }
+        if (3u < p.m) { acc3 += dot(x_at(3u, kq0, k4), w0) + dot(x_at(3u, kq1, k4), w1) + dot(x_at(3u, kq2, k4), w2) + dot(x_at(3u, kq3, k4), w3); }
+        if (4u < p.m) { acc4 += dot(x_at(4u, kq0, k4), w0) + dot(x_at(4u, kq1, k4), w1) + dot(x_at(4u, kq2, k4), w2) + dot(x_at(4u, kq3, k4), w3); }
+        if (5u < p.m) { acc5 += dot(x_at(5u, kq0, k4), w0) + dot(x_at(5u, kq1, k4), w1) + dot(x_at(5u, kq2, k4), w2) + dot(x_at(5u, kq3, k4), w3); }
+        if (6u < p.m) { acc6 += dot(x_at(6u, kq0, k4), w0) + dot(x_at(6u, kq1, k4), w1) + dot(x_at(6u, kq2, k4), w2) + dot(x_at(6u, kq3, k4), w3); }
+        if (7u < p.m) { acc7 += dot(x_at(7u, kq0, k4), w0) + dot(x_at(7u, kq1, k4), w1) + dot(x_at(7u, kq2, k4), w2) + dot(x_at(7u, kq3, k4), w3); }
+    }
+    }
+    if (PROLOGUE == 4u) {
+        // Every thread has read x' from `partial` before the partial sums overwrite it.
+        workgroupBarrier();
+    }
+    partial[tid * 8u + 0u] = acc0;
+    partial[tid * 8u + 1u] = acc1;
+    partial[tid * 8u + 2u] = acc2;
+    partial[tid * 8u + 3u] = acc3;
+    partial[tid * 8u + 4u] = acc4;
+    partial[tid * 8u + 5u] = acc5;
+    partial[tid * 8u + 6u] = acc6;
+    partial[tid * 8u + 7u] = acc7;
+    workgroupBarrier();
+    // Column c's lanes, row r: LANES / 8 sums of 8 lanes each, then their sum.
+    {
+        let parts = LANES / 8u;
+        let c = tid / LANES;
+        let r = (tid % LANES) / parts;
+        let part = tid % parts;
+        var s = 0.0;
+        for (var i = 0u; i < 8u; i++) {
+            s += partial[(c * LANES + part * 8u + i) * 8u + r];
+        }
+        reduced[tid] = s;
+    }
+    workgroupBarrier();
+    if (tid < COLS * 8u) {
+        let parts = LANES / 8u;
+        let c = tid / 8u;
+        let r = tid % 8u;
+        if (col0 + c < p.n && r < p.m) {
+            var s = 0.0;
+            for (var i = 0u; i < parts; i++) {
+                s += reduced[c * LANES + r * parts + i];
+            }
+            put_y(r, col0 + c, no_epilogue(r, col0 + c, s));
+        }
+    }
+}
+@compute @workgroup_size(256)
+fn matvec_q8_0(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let k4 = p.k / 4u;
+    row_norms(tid, k4);
+    group_norms(tid);
+    merge_ranges(tid, k4);
+    let col0 = (wid.y * 8192u + wid.x) * COLS;
+    let col = col0 + tid / LANES;
+    let lane = tid % LANES;
+    var acc0 = 0.0;
+    var acc1 = 0.0;
+    var acc2 = 0.0;
+    var acc3 = 0.0;
+    var acc4 = 0.0;
+    var acc5 = 0.0;
+    var acc6 = 0.0;
+    var acc7 = 0.0;
+    if (col < p.n) {
+    for (var base = lane; base < k4; base += 4u * LANES) {
+        let kq0 = base + 0u * LANES;
+        var w0 = vec4<f32>(0.0);
+        if (kq0 < k4) { w0 = w_q8_0(col * k4 + kq0); }
+        let kq1 = base + 1u * LANES;
+        var w1 = vec4<f32>(0.0);
+        if (kq1 < k4) { w1 = w_q8_0(col * k4 + kq1); }
+        let kq2 = base + 2u * LANES;
+        var w2 = vec4<f32>(0.0);
+        if (kq2 < k4) { w2 = w_q8_0(col * k4 + kq2); }
+        let kq3 = base + 3u * LANES;
+        var w3 = vec4<f32>(0.0);
+        if (kq3 < k4) { w3 = w_q8_0(col * k4 + kq3); }
         if (0u < p.m) { acc0 += dot(x_at(0u, kq0, k4), w0) + dot(x_at(0u, kq1, k4), w1) + dot(x_at(0u, kq2, k4), w2) + dot(x_at(0u, kq3, k4), w3); }
         if (1u < p.m) { acc1 += dot(x_at(1u, kq0, k4), w0) + dot(x_at(1u, kq1, k4), w1) + dot(x_at(1u, kq2, k4), w2) + dot(x_at(1u, kq3, k4), w3); }
         if (2u < p.m) { acc2 += dot(x_at(2u, kq0, k4), w0) + dot(x_at(2u, kq1, k4), w1) + dot(x_at(2u, kq2, k4), w2) + dot(x_at(2u, kq3, k4), w3); }

@@ -232,7 +232,6 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
         _ => m * k,
     };
     need("matvec x", x, x_len)?;
-    let f16 = w.dtype == Dtype::F16;
     let (conv_qk, conv_v) = epilogue.map_or((0, 0), |c| (c.qk as u32, c.v as u32));
     let params = MatvecParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, eps, conv_qk, conv_v, group: group as u32 };
     // Narrow products take 64 threads per column so their few columns still fill the GPU; wide
@@ -240,11 +239,14 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
     // 2× at 49,152; those between 32 (a student decoded 2 % faster than with 16 there, 64 was
     // 20 % slower; BENCHMARKS.md).
     let lanes = if n >= 8192 { 16 } else if n >= 2048 { 32 } else { 64 };
-    let entry = match (epilogue.is_some(), f16) {
-        (false, false) => "matvec",
-        (false, true) => "matvec_f16",
-        (true, false) => "matvec_conv",
-        (true, true) => "matvec_conv_f16",
+    let (entry, w_binding) = match (epilogue.is_some(), w.dtype) {
+        (false, Dtype::F32) => ("matvec", 2),
+        (false, Dtype::F16) => ("matvec_f16", 4),
+        (false, Dtype::Q4_1) if k % blocks::BLOCK == 0 => ("matvec_q4_1", 10),
+        (false, Dtype::Q8_0) if k % blocks::BLOCK == 0 => ("matvec_q8_0", 10),
+        (true, Dtype::F32) => ("matvec_conv", 2),
+        (true, Dtype::F16) => ("matvec_conv_f16", 4),
+        (conv, dtype) => return Err(Error::argument("linear", format!("nn/matvec{} takes no {} weights with k = {k}", if conv { "'s conv epilogue" } else { "" }, dtype.name()))),
     };
     // headnorm's GATE codes: 0 none, 1 silu, 2 sigmoid.
     let gate_code = gate.map_or(0, |(act, _)| act.code());
@@ -261,7 +263,6 @@ fn matvec_with(rec: &mut Recorder, input: LinearInput, w: &GpuBuf, Columns { y, 
             }
         }
     }
-    let w_binding = if f16 { 4 } else { 2 };
     let gate_in = gate.map_or(x, |(_, g)| g);
     let mut bindings = vec![(1, x), (w_binding, w), (3, y), (5, norm.unwrap_or(x)), (8, gate_in)];
     if let Some(e) = &epilogue {
@@ -359,23 +360,32 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     rec.dispatch_bindings(&Kernel::new(shader, entry), &params, &[(1, x), (w_binding, w), (3, y)], groups)
 }
 
-/// `linear_block` for weights in blocks (nn::blocks, k a multiple of 32): the column kernels
-/// read them on every adapter, as the f32 ones read f32 weights on CPU adapters (the same
-/// values summed in the same order: the same bits). On GPUs they save memory, not time.
+/// `linear_block` for weights in blocks (nn::blocks, k a multiple of 32), on the kernels that
+/// read f32 weights on this adapter, each with a reader of the blocks (the same values summed
+/// in the same order: the same bits) — but never the tensor cores, whose f16 operands would
+/// round them: GPUs take the vec4 tiles past 8 rows.
 fn linear_blocks(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBuf, Columns { y, ldy, y0 }: Columns, Gemm { m, n, k }: Gemm, accumulate: bool) -> Result<()> {
     if k % blocks::BLOCK != 0 {
         return Err(Error::argument("linear", format!("{} weights hold rows of whole blocks of {} values, got k = {k}", w.dtype.name(), blocks::BLOCK)));
     }
+    let cpu = rec.gpu().adapter.is_cpu();
     let kernel = match kernel {
-        LinearKernel::Auto if m <= 8 => LinearKernel::MatvecColumns,
-        LinearKernel::Auto => LinearKernel::TiledColumns,
+        LinearKernel::Auto if m <= 8 && cpu => LinearKernel::MatvecColumns,
+        LinearKernel::Auto if m <= 8 => LinearKernel::MatvecLanes,
+        LinearKernel::Auto if cpu && m <= TILED_COLUMNS_MAX_ROWS => LinearKernel::TiledColumns,
+        LinearKernel::Auto => LinearKernel::TiledVec4,
         chosen => chosen,
     };
+    if kernel == LinearKernel::MatvecLanes {
+        return matvec_input(rec, LinearInput::Plain(x), w, Columns { y, ldy, y0 }, Gemm { m, n, k }, accumulate);
+    }
+    let q4 = w.dtype == Dtype::Q4_1;
     let threads = n.div_ceil(MV_COLS);
     let (entry, groups) = match kernel {
-        LinearKernel::MatvecColumns if m <= 8 => (if w.dtype == Dtype::Q4_1 { "matvec_columns_q4_1" } else { "matvec_columns_q8_0" }, [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1]),
-        LinearKernel::TiledColumns if m <= TILED_COLUMNS_MAX_ROWS => (if w.dtype == Dtype::Q4_1 { "matmul_columns_q4_1" } else { "matmul_columns_q8_0" }, [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1]),
-        other => return Err(Error::argument("linear", format!("{} weights are read by MatvecColumns (m ≤ 8) or TiledColumns (m ≤ {TILED_COLUMNS_MAX_ROWS}), not {other:?} with m = {m}", w.dtype.name()))),
+        LinearKernel::TiledVec4 => (if q4 { "matmul_128_q4_1" } else { "matmul_128_q8_0" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
+        LinearKernel::MatvecColumns if m <= 8 => (if q4 { "matvec_columns_q4_1" } else { "matvec_columns_q8_0" }, [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1]),
+        LinearKernel::TiledColumns if m <= TILED_COLUMNS_MAX_ROWS => (if q4 { "matmul_columns_q4_1" } else { "matmul_columns_q8_0" }, [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1]),
+        other => return Err(Error::argument("linear", format!("{} weights are read by MatvecLanes or MatvecColumns (m ≤ 8), TiledVec4 or TiledColumns (m ≤ {TILED_COLUMNS_MAX_ROWS}), not {other:?} with m = {m}", w.dtype.name()))),
     };
     let params = MatmulParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, ..Default::default() };
     rec.dispatch_bindings(&Kernel::new("nn/matmul_vec4", entry), &params, &[(1, x), (10, w), (3, y)], groups)

@@ -169,8 +169,7 @@ pub fn project(rec: &mut Recorder, x: &GpuBuf, w: &Weight, y: &GpuBuf, m: usize,
 /// y[m, rows] (+)= x'[m, cols] · Wᵀ with x' = `input`: decode's products on GPUs compute the
 /// input's norm or SwiGLU as they load it; elsewhere that op runs first, into a temporary.
 pub fn project_input(rec: &mut Recorder, input: LinearInput, w: &Weight, y: &GpuBuf, m: usize, accumulate: bool) -> Result<()> {
-    // Blocks are read by the column kernels alone, which take no prologue.
-    if !fuses_input(rec, m, w.rows, w.cols) || matches!(w.dtype, Dtype::Q4_1 | Dtype::Q8_0) {
+    if !fuses_input(rec, m, w.rows, w.cols) {
         let x = input.materialize(rec, m, w.cols)?;
         return project(rec, &x, w, y, m, accumulate);
     }
