@@ -201,9 +201,7 @@ for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
 COLS = 8
 BR = 8
-cols_base = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
 cols_acc = "\n".join(f"        var acc{c} = 0.0;" for c in range(COLS))
-cols_fma = "\n".join(f"            acc{c} += dot(xv, {{READ}}(w{c} + kq));" for c in range(COLS))
 cols_store = "\n".join(f"        if (c0 + {c}u < p.n) {{ put_y(r, c0 + {c}u, acc{c}); }}" for c in range(COLS))
 src += f"""
 // Decode on CPU adapters (m ≤ 8 rows): each thread takes {COLS} adjacent output columns and walks
@@ -236,72 +234,60 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
     }}
     let k4 = p.k / 4u;
     // Columns past the last repeat it (their sums are not stored).
-{cols_base}
+{base}
     for (var r = 0u; r < p.m; r++) {{
 {cols_acc}
-        for (var kq = 0u; kq < k4; kq++) {{
-            let xv = x[r * k4 + kq];
-{cols_fma}
-        }}
+{loop}
 {cols_store}
     }}
 }}
 """
-# The CPU kernels read every weight format; block weights take them on any adapter.
-for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
-    src += COLUMNS.replace("{SUFFIX}", suffix).format(cols_base=cols_base, cols_acc=cols_acc, cols_fma=cols_fma.replace("{READ}", read), cols_store=cols_store)
-
-# Block weights: each column's block words are loaded once per block of 32 values and its eight
-# quads taken from them (one gather per word instead of two per quad); the sums run over the
-# quads in order, as the f32 kernel's over kq: the same bits.
-BLOCK_WORDS = {"q4_1": 5, "q8_0": 9}
-def block_load(fmt, c):
-    at = f"(b{c} + kb) * {BLOCK_WORDS[fmt]}u"
-    if fmt == "q4_1":
-        return (f"            let s{c} = unpack2x16float(w_blocks[{at}]);\n"
-                f"            let q{c} = vec4<u32>(w_blocks[{at} + 1u], w_blocks[{at} + 2u], w_blocks[{at} + 3u], w_blocks[{at} + 4u]);")
-    # Q8_0's code words are each read by one quad: loaded there, fewer of them live at once.
-    return f"            let s{c} = bitcast<f32>(w_blocks[{at}]);"
-def block_quad(fmt, c, quad):
-    comp = "xyzw"[quad % 4]
-    if fmt == "q4_1":
-        return f"q4_1_quad(q{c}.{comp} >> {4 * (quad // 4)}u, s{c})"
-    return f"q8_0_quad(w_blocks[(b{c} + kb) * 9u + {1 + quad}u], s{c})"
-COLUMNS_BLOCKS = """@compute @workgroup_size(32)
-fn matvec_columns_{FMT}(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let c0 = MV_COLS * (gid.y * 32768u + gid.x);
-    if (c0 >= p.n) {{
-        return;
-    }}
-    let k4 = p.k / 4u;
-    let nb = p.k / 32u;
-    // Columns past the last repeat it (their sums are not stored).
-{base}
-    for (var r = 0u; r < p.m; r++) {{
-{acc}
-        for (var kb = 0u; kb < nb; kb++) {{
-{loads}
-{quads}
-        }}
-{store}
-    }}
-}}
-"""
-for fmt in BLOCK_WORDS:
-    quads = "\n".join(
-        f"            let xv{quad} = x[r * k4 + kb * 8u + {quad}u];\n" + "\n".join(f"            acc{c} += dot(xv{quad}, {block_quad(fmt, c, quad)});" for c in range(COLS))
-        for quad in range(8))
-    src += COLUMNS_BLOCKS.replace("{FMT}", fmt).format(
-        base="\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(COLS)),
-        acc=cols_acc,
-        loads="\n".join(block_load(fmt, c) for c in range(COLS)),
-        quads=quads,
-        store=cols_store)
-blk_w = "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
+# Block weights (nn/blocks.rs): each column's block words are loaded once per block of 32 values
+# and its eight quads taken from them (one gather per word instead of two per quad); the sums
+# run over the quads in order, as the f32 kernels' over kq: the same bits.
+BLOCK_WORDS = {"_q4_1": 5, "_q8_0": 9}
+def block_base(suffix):
+    if suffix not in BLOCK_WORDS:
+        return "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
+    return "    let nb = p.k / 32u;\n" + "\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(COLS))
+def block_loads(suffix, indent):
+    lines = []
+    for c in range(COLS):
+        at = f"(b{c} + kb) * {BLOCK_WORDS[suffix]}u"
+        if suffix == "_q4_1":
+            lines += [f"let s{c} = unpack2x16float(w_blocks[{at}]);",
+                      f"let q{c} = vec4<u32>(w_blocks[{at} + 1u], w_blocks[{at} + 2u], w_blocks[{at} + 3u], w_blocks[{at} + 4u]);"]
+        else:
+            # Q8_0's code words are each read by one quad: loaded there, fewer of them live.
+            lines += [f"let s{c} = bitcast<f32>(w_blocks[{at}]);"]
+    return "\n".join(" " * indent + l for l in lines)
+def block_quad(suffix, c, quad):
+    """Column c's quad `quad` of the current block: a constant or a WGSL expression."""
+    if suffix == "_q4_1":
+        if isinstance(quad, int):
+            return f"q4_1_quad(q{c}.{'xyzw'[quad % 4]} >> {4 * (quad // 4)}u, s{c})"
+        return f"q4_1_quad(q{c}[{quad} % 4u] >> (4u * ({quad} / 4u)), s{c})"
+    at = f"{1 + quad}u" if isinstance(quad, int) else f"1u + {quad}"
+    return f"q8_0_quad(w_blocks[(b{c} + kb) * 9u + {at}], s{c})"
+def k_loop(suffix, read, body, indent, unroll=False):
+    """The loop over k of a kernel whose step, at `kq` with `wv{c}` the weights, is `body`; a
+    block's eight quads unrolled (a scope each) or looped over."""
+    pad = " " * indent
+    if suffix not in BLOCK_WORDS:
+        wv = "\n".join(f"{pad}    let wv{c} = {read}(w{c} + kq);" for c in range(COLS))
+        return f"{pad}for (var kq = 0u; kq < k4; kq++) {{\n{wv}\n{body(indent + 4)}\n{pad}}}"
+    step = lambda quad, kq: (f"{pad}    {{\n{pad}        let kq = {kq};\n" if unroll else f"{pad}    for (var quad = 0u; quad < 8u; quad++) {{\n{pad}        let kq = {kq};\n") + \
+        "\n".join(f"{pad}        let wv{c} = {block_quad(suffix, c, quad)};" for c in range(COLS)) + f"\n{body(indent + 8)}\n{pad}    }}"
+    quads = "\n".join(step(q, f"kb * 8u + {q}u") for q in range(8)) if unroll else step("quad", "kb * 8u + quad")
+    return f"{pad}for (var kb = 0u; kb < nb; kb++) {{\n{block_loads(suffix, indent + 4)}\n{quads}\n{pad}}}"
+READERS = (("", "w_f32"), ("_f16", "w_half")) + blocks.FORMATS
+cols_body = lambda indent: " " * indent + "let xv = x[r * k4 + kq];\n" + "\n".join(" " * indent + f"acc{c} += dot(xv, wv{c});" for c in range(COLS))
+for suffix, read in READERS:
+    src += COLUMNS.replace("{SUFFIX}", suffix).format(base=block_base(suffix), cols_acc=cols_acc, loop=k_loop(suffix, read, cols_body, 8, unroll=True), cols_store=cols_store)
 blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
 blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(COLS))
-blk_fma = "\n".join(f"        let wv{c} = {{READ}}(w{c} + kq);" for c in range(COLS)) + "\n" + "\n".join(
-    f"        let xv{r} = x[x{r} + kq];\n" + "\n".join(f"        acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(COLS)) for r in range(BR))
+blk_body = lambda indent: "\n".join(
+    " " * indent + f"let xv{r} = x[x{r} + kq];\n" + "\n".join(" " * indent + f"acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(COLS)) for r in range(BR))
 blk_store = "\n".join(f"    if (r0 + {r}u < p.m && c0 + {c}u < p.n) {{ put_y(r0 + {r}u, c0 + {c}u, acc{r}_{c}); }}" for r in range(BR) for c in range(COLS))
 src += f"""
 // Products of more than 8 rows on CPU adapters: each thread a block of {BR} rows × {COLS} columns,
@@ -319,54 +305,15 @@ fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let r0 = MV_ROWS * wid.y;
     let k4 = p.k / 4u;
     // Rows and columns past the last repeat it (their sums are not stored).
-{blk_w}
-{blk_x}
-{blk_acc}
-    for (var kq = 0u; kq < k4; kq++) {{
-{blk_fma}
-    }}
-{blk_store}
-}}
-"""
-for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
-    src += BLOCKS.replace("{SUFFIX}", suffix).format(BR=BR, blk_w=blk_w, blk_x=blk_x, blk_acc=blk_acc, blk_fma=blk_fma.replace("{READ}", read), blk_store=blk_store)
-# Block weights, as matvec_columns_q*: each block's words loaded once, its quads in order.
-BLOCKS_Q = """@compute @workgroup_size(32)
-fn matmul_columns_{FMT}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let c0 = MV_COLS * gid.x;
-    if (c0 >= p.n) {{
-        return;
-    }}
-    let r0 = MV_ROWS * wid.y;
-    let k4 = p.k / 4u;
-    let nb = p.k / 32u;
-    // Rows and columns past the last repeat it (their sums are not stored).
 {base}
 {blk_x}
 {blk_acc}
-    for (var kb = 0u; kb < nb; kb++) {{
-{loads}
-        for (var quad = 0u; quad < 8u; quad++) {{
-            let kq = kb * 8u + quad;
-{wv}
-{fma}
-        }}
-    }}
+{loop}
 {blk_store}
 }}
 """
-xv_fma = "\n".join(
-    f"        let xv{r} = x[x{r} + kq];\n" + "\n".join(f"        acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(COLS)) for r in range(BR))
-for fmt in BLOCK_WORDS:
-    if fmt == "q4_1":
-        wv = "\n".join(f"            let wv{c} = q4_1_quad(q{c}[quad % 4u] >> (4u * (quad / 4u)), s{c});" for c in range(COLS))
-    else:
-        wv = "\n".join(f"            let wv{c} = q8_0_quad(w_blocks[(b{c} + kb) * 9u + 1u + quad], s{c});" for c in range(COLS))
-    src += BLOCKS_Q.replace("{FMT}", fmt).format(
-        base="\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(COLS)),
-        blk_x=blk_x, blk_acc=blk_acc,
-        loads="\n".join("    " + block_load(fmt, c).replace("\n", "\n    ") for c in range(COLS)).replace("                ", "        "),
-        wv=wv, fma="    " + xv_fma.replace("\n", "\n    "), blk_store=blk_store)
+for suffix, read in READERS:
+    src += BLOCKS.replace("{SUFFIX}", suffix).format(base=block_base(suffix), blk_x=blk_x, blk_acc=blk_acc, loop=k_loop(suffix, read, blk_body, 4), blk_store=blk_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

@@ -634,15 +634,23 @@ fn matvec_columns(@builtin(global_invocation_id) gid: vec3<u32>) {
         var acc6 = 0.0;
         var acc7 = 0.0;
         for (var kq = 0u; kq < k4; kq++) {
+            let wv0 = w_f32(w0 + kq);
+            let wv1 = w_f32(w1 + kq);
+            let wv2 = w_f32(w2 + kq);
+            let wv3 = w_f32(w3 + kq);
+            let wv4 = w_f32(w4 + kq);
+            let wv5 = w_f32(w5 + kq);
+            let wv6 = w_f32(w6 + kq);
+            let wv7 = w_f32(w7 + kq);
             let xv = x[r * k4 + kq];
-            acc0 += dot(xv, w_f32(w0 + kq));
-            acc1 += dot(xv, w_f32(w1 + kq));
-            acc2 += dot(xv, w_f32(w2 + kq));
-            acc3 += dot(xv, w_f32(w3 + kq));
-            acc4 += dot(xv, w_f32(w4 + kq));
-            acc5 += dot(xv, w_f32(w5 + kq));
-            acc6 += dot(xv, w_f32(w6 + kq));
-            acc7 += dot(xv, w_f32(w7 + kq));
+            acc0 += dot(xv, wv0);
+            acc1 += dot(xv, wv1);
+            acc2 += dot(xv, wv2);
+            acc3 += dot(xv, wv3);
+            acc4 += dot(xv, wv4);
+            acc5 += dot(xv, wv5);
+            acc6 += dot(xv, wv6);
+            acc7 += dot(xv, wv7);
         }
         if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
         if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
@@ -680,15 +688,23 @@ fn matvec_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>) {
         var acc6 = 0.0;
         var acc7 = 0.0;
         for (var kq = 0u; kq < k4; kq++) {
+            let wv0 = w_half(w0 + kq);
+            let wv1 = w_half(w1 + kq);
+            let wv2 = w_half(w2 + kq);
+            let wv3 = w_half(w3 + kq);
+            let wv4 = w_half(w4 + kq);
+            let wv5 = w_half(w5 + kq);
+            let wv6 = w_half(w6 + kq);
+            let wv7 = w_half(w7 + kq);
             let xv = x[r * k4 + kq];
-            acc0 += dot(xv, w_half(w0 + kq));
-            acc1 += dot(xv, w_half(w1 + kq));
-            acc2 += dot(xv, w_half(w2 + kq));
-            acc3 += dot(xv, w_half(w3 + kq));
-            acc4 += dot(xv, w_half(w4 + kq));
-            acc5 += dot(xv, w_half(w5 + kq));
-            acc6 += dot(xv, w_half(w6 + kq));
-            acc7 += dot(xv, w_half(w7 + kq));
+            acc0 += dot(xv, wv0);
+            acc1 += dot(xv, wv1);
+            acc2 += dot(xv, wv2);
+            acc3 += dot(xv, wv3);
+            acc4 += dot(xv, wv4);
+            acc5 += dot(xv, wv5);
+            acc6 += dot(xv, wv6);
+            acc7 += dot(xv, wv7);
         }
         if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
         if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
@@ -707,8 +723,8 @@ fn matvec_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let k4 = p.k / 4u;
-    let nb = p.k / 32u;
     // Columns past the last repeat it (their sums are not stored).
+    let nb = p.k / 32u;
     let b0 = min(c0 + 0u, p.n - 1u) * nb;
     let b1 = min(c0 + 1u, p.n - 1u) * nb;
     let b2 = min(c0 + 2u, p.n - 1u) * nb;
@@ -743,78 +759,166 @@ fn matvec_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>) {
             let q6 = vec4<u32>(w_blocks[(b6 + kb) * 5u + 1u], w_blocks[(b6 + kb) * 5u + 2u], w_blocks[(b6 + kb) * 5u + 3u], w_blocks[(b6 + kb) * 5u + 4u]);
             let s7 = unpack2x16float(w_blocks[(b7 + kb) * 5u]);
             let q7 = vec4<u32>(w_blocks[(b7 + kb) * 5u + 1u], w_blocks[(b7 + kb) * 5u + 2u], w_blocks[(b7 + kb) * 5u + 3u], w_blocks[(b7 + kb) * 5u + 4u]);
-            let xv0 = x[r * k4 + kb * 8u + 0u];
-            acc0 += dot(xv0, q4_1_quad(q0.x >> 0u, s0));
-            acc1 += dot(xv0, q4_1_quad(q1.x >> 0u, s1));
-            acc2 += dot(xv0, q4_1_quad(q2.x >> 0u, s2));
-            acc3 += dot(xv0, q4_1_quad(q3.x >> 0u, s3));
-            acc4 += dot(xv0, q4_1_quad(q4.x >> 0u, s4));
-            acc5 += dot(xv0, q4_1_quad(q5.x >> 0u, s5));
-            acc6 += dot(xv0, q4_1_quad(q6.x >> 0u, s6));
-            acc7 += dot(xv0, q4_1_quad(q7.x >> 0u, s7));
-            let xv1 = x[r * k4 + kb * 8u + 1u];
-            acc0 += dot(xv1, q4_1_quad(q0.y >> 0u, s0));
-            acc1 += dot(xv1, q4_1_quad(q1.y >> 0u, s1));
-            acc2 += dot(xv1, q4_1_quad(q2.y >> 0u, s2));
-            acc3 += dot(xv1, q4_1_quad(q3.y >> 0u, s3));
-            acc4 += dot(xv1, q4_1_quad(q4.y >> 0u, s4));
-            acc5 += dot(xv1, q4_1_quad(q5.y >> 0u, s5));
-            acc6 += dot(xv1, q4_1_quad(q6.y >> 0u, s6));
-            acc7 += dot(xv1, q4_1_quad(q7.y >> 0u, s7));
-            let xv2 = x[r * k4 + kb * 8u + 2u];
-            acc0 += dot(xv2, q4_1_quad(q0.z >> 0u, s0));
-            acc1 += dot(xv2, q4_1_quad(q1.z >> 0u, s1));
-            acc2 += dot(xv2, q4_1_quad(q2.z >> 0u, s2));
-            acc3 += dot(xv2, q4_1_quad(q3.z >> 0u, s3));
-            acc4 += dot(xv2, q4_1_quad(q4.z >> 0u, s4));
-            acc5 += dot(xv2, q4_1_quad(q5.z >> 0u, s5));
-            acc6 += dot(xv2, q4_1_quad(q6.z >> 0u, s6));
-            acc7 += dot(xv2, q4_1_quad(q7.z >> 0u, s7));
-            let xv3 = x[r * k4 + kb * 8u + 3u];
-            acc0 += dot(xv3, q4_1_quad(q0.w >> 0u, s0));
-            acc1 += dot(xv3, q4_1_quad(q1.w >> 0u, s1));
-            acc2 += dot(xv3, q4_1_quad(q2.w >> 0u, s2));
-            acc3 += dot(xv3, q4_1_quad(q3.w >> 0u, s3));
-            acc4 += dot(xv3, q4_1_quad(q4.w >> 0u, s4));
-            acc5 += dot(xv3, q4_1_quad(q5.w >> 0u, s5));
-            acc6 += dot(xv3, q4_1_quad(q6.w >> 0u, s6));
-            acc7 += dot(xv3, q4_1_quad(q7.w >> 0u, s7));
-            let xv4 = x[r * k4 + kb * 8u + 4u];
-            acc0 += dot(xv4, q4_1_quad(q0.x >> 4u, s0));
-            acc1 += dot(xv4, q4_1_quad(q1.x >> 4u, s1));
-            acc2 += dot(xv4, q4_1_quad(q2.x >> 4u, s2));
-            acc3 += dot(xv4, q4_1_quad(q3.x >> 4u, s3));
-            acc4 += dot(xv4, q4_1_quad(q4.x >> 4u, s4));
-            acc5 += dot(xv4, q4_1_quad(q5.x >> 4u, s5));
-            acc6 += dot(xv4, q4_1_quad(q6.x >> 4u, s6));
-            acc7 += dot(xv4, q4_1_quad(q7.x >> 4u, s7));
-            let xv5 = x[r * k4 + kb * 8u + 5u];
-            acc0 += dot(xv5, q4_1_quad(q0.y >> 4u, s0));
-            acc1 += dot(xv5, q4_1_quad(q1.y >> 4u, s1));
-            acc2 += dot(xv5, q4_1_quad(q2.y >> 4u, s2));
-            acc3 += dot(xv5, q4_1_quad(q3.y >> 4u, s3));
-            acc4 += dot(xv5, q4_1_quad(q4.y >> 4u, s4));
-            acc5 += dot(xv5, q4_1_quad(q5.y >> 4u, s5));
-            acc6 += dot(xv5, q4_1_quad(q6.y >> 4u, s6));
-            acc7 += dot(xv5, q4_1_quad(q7.y >> 4u, s7));
-            let xv6 = x[r * k4 + kb * 8u + 6u];
-            acc0 += dot(xv6, q4_1_quad(q0.z >> 4u, s0));
-            acc1 += dot(xv6, q4_1_quad(q1.z >> 4u, s1));
-            acc2 += dot(xv6, q4_1_quad(q2.z >> 4u, s2));
-            acc3 += dot(xv6, q4_1_quad(q3.z >> 4u, s3));
-            acc4 += dot(xv6, q4_1_quad(q4.z >> 4u, s4));
-            acc5 += dot(xv6, q4_1_quad(q5.z >> 4u, s5));
-            acc6 += dot(xv6, q4_1_quad(q6.z >> 4u, s6));
-            acc7 += dot(xv6, q4_1_quad(q7.z >> 4u, s7));
-            let xv7 = x[r * k4 + kb * 8u + 7u];
-            acc0 += dot(xv7, q4_1_quad(q0.w >> 4u, s0));
-            acc1 += dot(xv7, q4_1_quad(q1.w >> 4u, s1));
-            acc2 += dot(xv7, q4_1_quad(q2.w >> 4u, s2));
-            acc3 += dot(xv7, q4_1_quad(q3.w >> 4u, s3));
-            acc4 += dot(xv7, q4_1_quad(q4.w >> 4u, s4));
-            acc5 += dot(xv7, q4_1_quad(q5.w >> 4u, s5));
-            acc6 += dot(xv7, q4_1_quad(q6.w >> 4u, s6));
-            acc7 += dot(xv7, q4_1_quad(q7.w >> 4u, s7));
+            {
+                let kq = kb * 8u + 0u;
+                let wv0 = q4_1_quad(q0.x >> 0u, s0);
+                let wv1 = q4_1_quad(q1.x >> 0u, s1);
+                let wv2 = q4_1_quad(q2.x >> 0u, s2);
+                let wv3 = q4_1_quad(q3.x >> 0u, s3);
+                let wv4 = q4_1_quad(q4.x >> 0u, s4);
+                let wv5 = q4_1_quad(q5.x >> 0u, s5);
+                let wv6 = q4_1_quad(q6.x >> 0u, s6);
+                let wv7 = q4_1_quad(q7.x >> 0u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 1u;
+                let wv0 = q4_1_quad(q0.y >> 0u, s0);
+                let wv1 = q4_1_quad(q1.y >> 0u, s1);
+                let wv2 = q4_1_quad(q2.y >> 0u, s2);
+                let wv3 = q4_1_quad(q3.y >> 0u, s3);
+                let wv4 = q4_1_quad(q4.y >> 0u, s4);
+                let wv5 = q4_1_quad(q5.y >> 0u, s5);
+                let wv6 = q4_1_quad(q6.y >> 0u, s6);
+                let wv7 = q4_1_quad(q7.y >> 0u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 2u;
+                let wv0 = q4_1_quad(q0.z >> 0u, s0);
+                let wv1 = q4_1_quad(q1.z >> 0u, s1);
+                let wv2 = q4_1_quad(q2.z >> 0u, s2);
+                let wv3 = q4_1_quad(q3.z >> 0u, s3);
+                let wv4 = q4_1_quad(q4.z >> 0u, s4);
+                let wv5 = q4_1_quad(q5.z >> 0u, s5);
+                let wv6 = q4_1_quad(q6.z >> 0u, s6);
+                let wv7 = q4_1_quad(q7.z >> 0u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 3u;
+                let wv0 = q4_1_quad(q0.w >> 0u, s0);
+                let wv1 = q4_1_quad(q1.w >> 0u, s1);
+                let wv2 = q4_1_quad(q2.w >> 0u, s2);
+                let wv3 = q4_1_quad(q3.w >> 0u, s3);
+                let wv4 = q4_1_quad(q4.w >> 0u, s4);
+                let wv5 = q4_1_quad(q5.w >> 0u, s5);
+                let wv6 = q4_1_quad(q6.w >> 0u, s6);
+                let wv7 = q4_1_quad(q7.w >> 0u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 4u;
+                let wv0 = q4_1_quad(q0.x >> 4u, s0);
+                let wv1 = q4_1_quad(q1.x >> 4u, s1);
+                let wv2 = q4_1_quad(q2.x >> 4u, s2);
+                let wv3 = q4_1_quad(q3.x >> 4u, s3);
+                let wv4 = q4_1_quad(q4.x >> 4u, s4);
+                let wv5 = q4_1_quad(q5.x >> 4u, s5);
+                let wv6 = q4_1_quad(q6.x >> 4u, s6);
+                let wv7 = q4_1_quad(q7.x >> 4u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 5u;
+                let wv0 = q4_1_quad(q0.y >> 4u, s0);
+                let wv1 = q4_1_quad(q1.y >> 4u, s1);
+                let wv2 = q4_1_quad(q2.y >> 4u, s2);
+                let wv3 = q4_1_quad(q3.y >> 4u, s3);
+                let wv4 = q4_1_quad(q4.y >> 4u, s4);
+                let wv5 = q4_1_quad(q5.y >> 4u, s5);
+                let wv6 = q4_1_quad(q6.y >> 4u, s6);
+                let wv7 = q4_1_quad(q7.y >> 4u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 6u;
+                let wv0 = q4_1_quad(q0.z >> 4u, s0);
+                let wv1 = q4_1_quad(q1.z >> 4u, s1);
+                let wv2 = q4_1_quad(q2.z >> 4u, s2);
+                let wv3 = q4_1_quad(q3.z >> 4u, s3);
+                let wv4 = q4_1_quad(q4.z >> 4u, s4);
+                let wv5 = q4_1_quad(q5.z >> 4u, s5);
+                let wv6 = q4_1_quad(q6.z >> 4u, s6);
+                let wv7 = q4_1_quad(q7.z >> 4u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 7u;
+                let wv0 = q4_1_quad(q0.w >> 4u, s0);
+                let wv1 = q4_1_quad(q1.w >> 4u, s1);
+                let wv2 = q4_1_quad(q2.w >> 4u, s2);
+                let wv3 = q4_1_quad(q3.w >> 4u, s3);
+                let wv4 = q4_1_quad(q4.w >> 4u, s4);
+                let wv5 = q4_1_quad(q5.w >> 4u, s5);
+                let wv6 = q4_1_quad(q6.w >> 4u, s6);
+                let wv7 = q4_1_quad(q7.w >> 4u, s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
         }
         if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
         if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
@@ -833,8 +937,8 @@ fn matvec_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let k4 = p.k / 4u;
-    let nb = p.k / 32u;
     // Columns past the last repeat it (their sums are not stored).
+    let nb = p.k / 32u;
     let b0 = min(c0 + 0u, p.n - 1u) * nb;
     let b1 = min(c0 + 1u, p.n - 1u) * nb;
     let b2 = min(c0 + 2u, p.n - 1u) * nb;
@@ -861,78 +965,166 @@ fn matvec_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
             let s5 = bitcast<f32>(w_blocks[(b5 + kb) * 9u]);
             let s6 = bitcast<f32>(w_blocks[(b6 + kb) * 9u]);
             let s7 = bitcast<f32>(w_blocks[(b7 + kb) * 9u]);
-            let xv0 = x[r * k4 + kb * 8u + 0u];
-            acc0 += dot(xv0, q8_0_quad(w_blocks[(b0 + kb) * 9u + 1u], s0));
-            acc1 += dot(xv0, q8_0_quad(w_blocks[(b1 + kb) * 9u + 1u], s1));
-            acc2 += dot(xv0, q8_0_quad(w_blocks[(b2 + kb) * 9u + 1u], s2));
-            acc3 += dot(xv0, q8_0_quad(w_blocks[(b3 + kb) * 9u + 1u], s3));
-            acc4 += dot(xv0, q8_0_quad(w_blocks[(b4 + kb) * 9u + 1u], s4));
-            acc5 += dot(xv0, q8_0_quad(w_blocks[(b5 + kb) * 9u + 1u], s5));
-            acc6 += dot(xv0, q8_0_quad(w_blocks[(b6 + kb) * 9u + 1u], s6));
-            acc7 += dot(xv0, q8_0_quad(w_blocks[(b7 + kb) * 9u + 1u], s7));
-            let xv1 = x[r * k4 + kb * 8u + 1u];
-            acc0 += dot(xv1, q8_0_quad(w_blocks[(b0 + kb) * 9u + 2u], s0));
-            acc1 += dot(xv1, q8_0_quad(w_blocks[(b1 + kb) * 9u + 2u], s1));
-            acc2 += dot(xv1, q8_0_quad(w_blocks[(b2 + kb) * 9u + 2u], s2));
-            acc3 += dot(xv1, q8_0_quad(w_blocks[(b3 + kb) * 9u + 2u], s3));
-            acc4 += dot(xv1, q8_0_quad(w_blocks[(b4 + kb) * 9u + 2u], s4));
-            acc5 += dot(xv1, q8_0_quad(w_blocks[(b5 + kb) * 9u + 2u], s5));
-            acc6 += dot(xv1, q8_0_quad(w_blocks[(b6 + kb) * 9u + 2u], s6));
-            acc7 += dot(xv1, q8_0_quad(w_blocks[(b7 + kb) * 9u + 2u], s7));
-            let xv2 = x[r * k4 + kb * 8u + 2u];
-            acc0 += dot(xv2, q8_0_quad(w_blocks[(b0 + kb) * 9u + 3u], s0));
-            acc1 += dot(xv2, q8_0_quad(w_blocks[(b1 + kb) * 9u + 3u], s1));
-            acc2 += dot(xv2, q8_0_quad(w_blocks[(b2 + kb) * 9u + 3u], s2));
-            acc3 += dot(xv2, q8_0_quad(w_blocks[(b3 + kb) * 9u + 3u], s3));
-            acc4 += dot(xv2, q8_0_quad(w_blocks[(b4 + kb) * 9u + 3u], s4));
-            acc5 += dot(xv2, q8_0_quad(w_blocks[(b5 + kb) * 9u + 3u], s5));
-            acc6 += dot(xv2, q8_0_quad(w_blocks[(b6 + kb) * 9u + 3u], s6));
-            acc7 += dot(xv2, q8_0_quad(w_blocks[(b7 + kb) * 9u + 3u], s7));
-            let xv3 = x[r * k4 + kb * 8u + 3u];
-            acc0 += dot(xv3, q8_0_quad(w_blocks[(b0 + kb) * 9u + 4u], s0));
-            acc1 += dot(xv3, q8_0_quad(w_blocks[(b1 + kb) * 9u + 4u], s1));
-            acc2 += dot(xv3, q8_0_quad(w_blocks[(b2 + kb) * 9u + 4u], s2));
-            acc3 += dot(xv3, q8_0_quad(w_blocks[(b3 + kb) * 9u + 4u], s3));
-            acc4 += dot(xv3, q8_0_quad(w_blocks[(b4 + kb) * 9u + 4u], s4));
-            acc5 += dot(xv3, q8_0_quad(w_blocks[(b5 + kb) * 9u + 4u], s5));
-            acc6 += dot(xv3, q8_0_quad(w_blocks[(b6 + kb) * 9u + 4u], s6));
-            acc7 += dot(xv3, q8_0_quad(w_blocks[(b7 + kb) * 9u + 4u], s7));
-            let xv4 = x[r * k4 + kb * 8u + 4u];
-            acc0 += dot(xv4, q8_0_quad(w_blocks[(b0 + kb) * 9u + 5u], s0));
-            acc1 += dot(xv4, q8_0_quad(w_blocks[(b1 + kb) * 9u + 5u], s1));
-            acc2 += dot(xv4, q8_0_quad(w_blocks[(b2 + kb) * 9u + 5u], s2));
-            acc3 += dot(xv4, q8_0_quad(w_blocks[(b3 + kb) * 9u + 5u], s3));
-            acc4 += dot(xv4, q8_0_quad(w_blocks[(b4 + kb) * 9u + 5u], s4));
-            acc5 += dot(xv4, q8_0_quad(w_blocks[(b5 + kb) * 9u + 5u], s5));
-            acc6 += dot(xv4, q8_0_quad(w_blocks[(b6 + kb) * 9u + 5u], s6));
-            acc7 += dot(xv4, q8_0_quad(w_blocks[(b7 + kb) * 9u + 5u], s7));
-            let xv5 = x[r * k4 + kb * 8u + 5u];
-            acc0 += dot(xv5, q8_0_quad(w_blocks[(b0 + kb) * 9u + 6u], s0));
-            acc1 += dot(xv5, q8_0_quad(w_blocks[(b1 + kb) * 9u + 6u], s1));
-            acc2 += dot(xv5, q8_0_quad(w_blocks[(b2 + kb) * 9u + 6u], s2));
-            acc3 += dot(xv5, q8_0_quad(w_blocks[(b3 + kb) * 9u + 6u], s3));
-            acc4 += dot(xv5, q8_0_quad(w_blocks[(b4 + kb) * 9u + 6u], s4));
-            acc5 += dot(xv5, q8_0_quad(w_blocks[(b5 + kb) * 9u + 6u], s5));
-            acc6 += dot(xv5, q8_0_quad(w_blocks[(b6 + kb) * 9u + 6u], s6));
-            acc7 += dot(xv5, q8_0_quad(w_blocks[(b7 + kb) * 9u + 6u], s7));
-            let xv6 = x[r * k4 + kb * 8u + 6u];
-            acc0 += dot(xv6, q8_0_quad(w_blocks[(b0 + kb) * 9u + 7u], s0));
-            acc1 += dot(xv6, q8_0_quad(w_blocks[(b1 + kb) * 9u + 7u], s1));
-            acc2 += dot(xv6, q8_0_quad(w_blocks[(b2 + kb) * 9u + 7u], s2));
-            acc3 += dot(xv6, q8_0_quad(w_blocks[(b3 + kb) * 9u + 7u], s3));
-            acc4 += dot(xv6, q8_0_quad(w_blocks[(b4 + kb) * 9u + 7u], s4));
-            acc5 += dot(xv6, q8_0_quad(w_blocks[(b5 + kb) * 9u + 7u], s5));
-            acc6 += dot(xv6, q8_0_quad(w_blocks[(b6 + kb) * 9u + 7u], s6));
-            acc7 += dot(xv6, q8_0_quad(w_blocks[(b7 + kb) * 9u + 7u], s7));
-            let xv7 = x[r * k4 + kb * 8u + 7u];
-            acc0 += dot(xv7, q8_0_quad(w_blocks[(b0 + kb) * 9u + 8u], s0));
-            acc1 += dot(xv7, q8_0_quad(w_blocks[(b1 + kb) * 9u + 8u], s1));
-            acc2 += dot(xv7, q8_0_quad(w_blocks[(b2 + kb) * 9u + 8u], s2));
-            acc3 += dot(xv7, q8_0_quad(w_blocks[(b3 + kb) * 9u + 8u], s3));
-            acc4 += dot(xv7, q8_0_quad(w_blocks[(b4 + kb) * 9u + 8u], s4));
-            acc5 += dot(xv7, q8_0_quad(w_blocks[(b5 + kb) * 9u + 8u], s5));
-            acc6 += dot(xv7, q8_0_quad(w_blocks[(b6 + kb) * 9u + 8u], s6));
-            acc7 += dot(xv7, q8_0_quad(w_blocks[(b7 + kb) * 9u + 8u], s7));
+            {
+                let kq = kb * 8u + 0u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 1u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 1u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 1u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 1u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 1u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 1u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 1u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 1u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 1u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 2u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 2u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 2u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 2u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 2u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 2u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 2u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 2u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 2u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 3u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 3u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 3u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 3u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 3u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 3u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 3u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 3u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 3u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 4u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 4u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 4u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 4u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 4u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 4u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 4u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 4u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 4u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 5u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 5u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 5u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 5u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 5u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 5u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 5u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 5u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 5u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 6u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 6u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 6u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 6u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 6u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 6u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 6u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 6u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 6u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 7u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 7u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 7u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 7u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 7u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 7u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 7u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 7u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
+            {
+                let kq = kb * 8u + 7u;
+                let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 8u], s0);
+                let wv1 = q8_0_quad(w_blocks[(b1 + kb) * 9u + 8u], s1);
+                let wv2 = q8_0_quad(w_blocks[(b2 + kb) * 9u + 8u], s2);
+                let wv3 = q8_0_quad(w_blocks[(b3 + kb) * 9u + 8u], s3);
+                let wv4 = q8_0_quad(w_blocks[(b4 + kb) * 9u + 8u], s4);
+                let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 8u], s5);
+                let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 8u], s6);
+                let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 8u], s7);
+                let xv = x[r * k4 + kq];
+                acc0 += dot(xv, wv0);
+                acc1 += dot(xv, wv1);
+                acc2 += dot(xv, wv2);
+                acc3 += dot(xv, wv3);
+                acc4 += dot(xv, wv4);
+                acc5 += dot(xv, wv5);
+                acc6 += dot(xv, wv6);
+                acc7 += dot(xv, wv7);
+            }
         }
         if (c0 + 0u < p.n) { put_y(r, c0 + 0u, acc0); }
         if (c0 + 1u < p.n) { put_y(r, c0 + 1u, acc1); }
@@ -1430,8 +1622,8 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     }
     let r0 = MV_ROWS * wid.y;
     let k4 = p.k / 4u;
-    let nb = p.k / 32u;
     // Rows and columns past the last repeat it (their sums are not stored).
+    let nb = p.k / 32u;
     let b0 = min(c0 + 0u, p.n - 1u) * nb;
     let b1 = min(c0 + 1u, p.n - 1u) * nb;
     let b2 = min(c0 + 2u, p.n - 1u) * nb;
@@ -1686,8 +1878,8 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     }
     let r0 = MV_ROWS * wid.y;
     let k4 = p.k / 4u;
-    let nb = p.k / 32u;
     // Rows and columns past the last repeat it (their sums are not stored).
+    let nb = p.k / 32u;
     let b0 = min(c0 + 0u, p.n - 1u) * nb;
     let b1 = min(c0 + 1u, p.n - 1u) * nb;
     let b2 = min(c0 + 2u, p.n - 1u) * nb;
