@@ -351,7 +351,13 @@ impl Weights {
 
 /// `model` on the GPU with its matrices held as `weights`.
 pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
-    Ok(LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.format())?)
+    let lm = LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.format())?;
+    if weights == Weights::Gguf {
+        // Which matrices were found on a block grid (a trained student's are not).
+        let held: Vec<String> = lm.matrix_dtypes().iter().map(|(d, n)| format!("{n} {d}")).collect();
+        eprintln!("weights: {} matrices, {:.0} MiB", held.join(", "), lm.matrix_bytes() as f64 / (1u64 << 20) as f64);
+    }
+    Ok(lm)
 }
 
 fn cmd_info(spec: &str, json: bool) -> Result<()> {

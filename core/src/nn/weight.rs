@@ -186,3 +186,17 @@ pub fn embed(rec: &mut Recorder, ids: &GpuBuf, w: &Weight, out: &GpuBuf, rows: u
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::WeightFormat;
+
+    #[test]
+    fn weight_formats_parse_by_name_and_refuse_others_by_name() {
+        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf] {
+            assert_eq!(f.name().parse::<WeightFormat>().unwrap(), f);
+        }
+        let err = "q4".parse::<WeightFormat>().unwrap_err().to_string();
+        assert!(err.contains("weights") && err.contains("'q4'") && err.contains("gguf"), "{err}");
+    }
+}
