@@ -31,6 +31,16 @@ impl Dtype {
         }
     }
 
+    /// How errors name the values a buffer of this dtype holds.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Dtype::F32 => "f32",
+            Dtype::F16 => "packed f16",
+            Dtype::Q4_1 => "q4_1 blocks",
+            Dtype::Q8_0 => "q8_0 blocks",
+        }
+    }
+
     /// Bytes that `len` values take.
     pub fn bytes(self, len: usize) -> u64 {
         (match self {
@@ -155,7 +165,7 @@ impl GpuBuf {
 /// instead of a device validation failure (or of f16 pairs read as f32).
 pub fn need(what: &str, buf: &GpuBuf, len: usize) -> Result<()> {
     if buf.dtype != Dtype::F32 {
-        return Err(Error::Gpu(format!("{what}: buffer holds {} values; this op reads f32 (only projections and the embedding read f16 or block weights)", buf.dtype.name())));
+        return Err(Error::Gpu(format!("{what}: buffer holds {} values; this op reads f32 (only projections and the embedding read f16 or block weights)", buf.dtype.describe())));
     }
     need_values(what, buf, len)
 }

@@ -131,7 +131,7 @@ impl Weight {
                 "training needs each weight as one f32 buffer; this [{}, {}] weight is {} in {} part(s)",
                 self.rows,
                 self.cols,
-                self.dtype.name(),
+                self.dtype.describe(),
                 self.parts.len()
             ))),
         }
