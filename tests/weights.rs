@@ -155,3 +155,38 @@ fn the_teacher_in_its_files_blocks_gives_the_f32_logits_in_a_sixth_of_the_memory
         assert!(err.contains("q4_1") || err.contains("q8_0"), "{err}");
     }
 }
+
+#[test]
+fn q8_0_models_compute_the_f64_model_of_their_rounded_matrices() {
+    use linearize_core::nn::blocks::round_q8_0;
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(3);
+    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
+    let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
+        let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
+        let q8_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::Q8_0).unwrap();
+        // Every projection and the embedding in Q8_0 (9 words per 32 values); mixers stay f32.
+        let blocks = 3 - m.map_or(0, |m| m.layers.len());
+        assert_eq!(q8_lm.matrix_dtypes().into_iter().collect::<Vec<_>>(), vec![("q8_0", 2 * blocks + 2 * 3 + 1)], "{what}");
+        if m.is_none() {
+            let ratio = q8_lm.matrix_bytes() as f64 / f32_lm.matrix_bytes() as f64;
+            assert!((ratio - 9.0 / 32.0).abs() < 1e-3, "{what}: {ratio}");
+        }
+        // The f64 model of the rounded matrices: what the GPU computes, to rounding.
+        let mut rw = w.clone();
+        for l in &mut rw.layers {
+            for t in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
+                *t = round_q8_0(t);
+            }
+        }
+        rw.embed = round_q8_0(&rw.embed);
+        let want = reference::forward_with_mixers(&rw, m, &ids);
+        let got = logits(gpu(), &q8_lm, &ids);
+        let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
+        assert_close(&format!("{what} in q8_0"), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+        let f32_logits = logits(gpu(), &f32_lm, &ids);
+        eprintln!("{what}: q8_0 against f32, max |Δ logit| {:.3}", max_abs_diff(&got, &f32_logits.iter().map(|&v| v as f64).collect::<Vec<_>>()));
+    }
+}

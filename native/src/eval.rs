@@ -283,6 +283,8 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         (crate::Weights::F16, true) => a.out.as_ref().map(|d| d.join("f16-mixed")),
         (crate::Weights::Gguf, false) => a.out.as_ref().map(|d| d.join("gguf")),
         (crate::Weights::Gguf, true) => a.out.as_ref().map(|d| d.join("gguf-mixed")),
+        (crate::Weights::Q8_0, false) => a.out.as_ref().map(|d| d.join("q8_0")),
+        (crate::Weights::Q8_0, true) => a.out.as_ref().map(|d| d.join("q8_0-mixed")),
     };
     let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref(), a.log_samples)?;
     let avg = average(&results);

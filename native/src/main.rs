@@ -337,6 +337,10 @@ pub(crate) enum Weights {
     /// The GGUF file's 4- and 8-bit blocks (Q4_1, Q8_0), found again in the loaded values: f32's
     /// logits to the bit in a sixth of the memory (matrices on no block grid stay f32)
     Gguf,
+    /// Every projection and embedding matrix rounded to ggml's Q8_0 blocks at load (8.5 bits
+    /// per value, lossy): for trained students, whose matrices lie on no grid
+    #[value(name = "q8_0")]
+    Q8_0,
 }
 
 impl Weights {
@@ -345,6 +349,7 @@ impl Weights {
             Weights::F32 => WeightFormat::F32,
             Weights::F16 => WeightFormat::F16,
             Weights::Gguf => WeightFormat::Gguf,
+            Weights::Q8_0 => WeightFormat::Q8_0,
         }
     }
 }
@@ -352,7 +357,7 @@ impl Weights {
 /// `model` on the GPU with its matrices held as `weights`.
 pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
     let lm = LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.format())?;
-    if weights == Weights::Gguf {
+    if matches!(weights, Weights::Gguf | Weights::Q8_0) {
         // Which matrices were found on a block grid (a trained student's are not).
         let held: Vec<String> = lm.matrix_dtypes().iter().map(|(d, n)| format!("{n} {d}")).collect();
         eprintln!("weights: {} matrices, {:.0} MiB", held.join(", "), lm.matrix_bytes() as f64 / (1u64 << 20) as f64);

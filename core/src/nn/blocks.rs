@@ -33,6 +33,14 @@ pub fn pack(dtype: Dtype, values: &[f32]) -> Option<Vec<u32>> {
     Some(words)
 }
 
+/// `values` rounded to ggml's Q8_0 grid as its quantiser (and our GGUF writer) rounds them:
+/// per block of 32, d = max |x| / 127 as a half float, each value q·d with q = round(x / d).
+/// What `--weights q8_0` holds (lossy, unlike `gguf`).
+pub fn round_q8_0(values: &[f32]) -> Vec<f32> {
+    use crate::model::quant;
+    quant::dequantize(quant::Q8_0, &quant::quantize(quant::Q8_0, values), values.len())
+}
+
 /// The values `pack` packed (the shaders' arithmetic, for tests and the host's checks).
 pub fn unpack(dtype: Dtype, words: &[u32]) -> Vec<f32> {
     let per = match dtype {

@@ -19,6 +19,9 @@ pub enum WeightFormat {
     /// one of its values exactly, f32 where none does: the f32 model's products, bit for bit, in
     /// a sixth of the memory for the teacher (its file's Q4_1 matrices and Q8_0 embedding).
     Gguf,
+    /// Every matrix rounded to ggml's Q8_0 blocks at load (nn::blocks::round_q8_0), 9 words per
+    /// 32 values: lossy, for models whose matrices lie on no grid (a trained student's).
+    Q8_0,
 }
 
 impl WeightFormat {
@@ -28,15 +31,16 @@ impl WeightFormat {
             WeightFormat::F32 => "f32",
             WeightFormat::F16 => "f16",
             WeightFormat::Gguf => "gguf",
+            WeightFormat::Q8_0 => "q8_0",
         }
     }
 
-    /// How a student's mixer matrices are held: trained values lie on no block grid, so `gguf`
-    /// keeps them f32.
+    /// How a student's mixer matrices are held: f32 or packed f16 (decode's stacked mixer
+    /// product, with its convs, reads no blocks; trained values lie on no grid anyway).
     pub fn mixer_dtype(self) -> Dtype {
         match self {
             WeightFormat::F16 => Dtype::F16,
-            WeightFormat::F32 | WeightFormat::Gguf => Dtype::F32,
+            WeightFormat::F32 | WeightFormat::Gguf | WeightFormat::Q8_0 => Dtype::F32,
         }
     }
 }
@@ -44,10 +48,10 @@ impl WeightFormat {
 impl std::str::FromStr for WeightFormat {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf]
+        [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf, WeightFormat::Q8_0]
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| Error::argument("weights", format!("'{s}' is not one of 'f32', 'f16', 'gguf'")))
+            .ok_or_else(|| Error::argument("weights", format!("'{s}' is not one of 'f32', 'f16', 'gguf', 'q8_0'")))
     }
 }
 
@@ -71,7 +75,11 @@ fn held(format: WeightFormat, data: &[f32], cols: usize) -> (Dtype, Option<Vec<u
             .into_iter()
             .find_map(|dtype| blocks::pack(dtype, data).map(|words| (dtype, Some(words))))
             .unwrap_or((Dtype::F32, None)),
-        WeightFormat::Gguf => (Dtype::F32, None),
+        WeightFormat::Q8_0 if cols % blocks::BLOCK == 0 => match blocks::pack(Dtype::Q8_0, &blocks::round_q8_0(data)) {
+            Some(words) => (Dtype::Q8_0, Some(words)),
+            None => (Dtype::F32, None), // non-finite values: no grid holds them
+        },
+        WeightFormat::Gguf | WeightFormat::Q8_0 => (Dtype::F32, None),
     }
 }
 
@@ -193,7 +201,7 @@ mod tests {
 
     #[test]
     fn weight_formats_parse_by_name_and_refuse_others_by_name() {
-        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf] {
+        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf, WeightFormat::Q8_0] {
             assert_eq!(f.name().parse::<WeightFormat>().unwrap(), f);
         }
         let err = "q4".parse::<WeightFormat>().unwrap_err().to_string();
