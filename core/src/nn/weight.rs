@@ -68,6 +68,9 @@ pub fn matrix_dtype(want: Dtype, cols: usize) -> Dtype {
 /// The matrix `data` ([rows, cols]) as `format` holds it: its dtype, and the block words where
 /// it is held in blocks (rows of whole blocks, every value found again).
 fn held(format: WeightFormat, data: &[f32], cols: usize) -> (Dtype, Option<Vec<u32>>) {
+    if data.is_empty() {
+        return (matrix_dtype(format.mixer_dtype(), cols), None);
+    }
     match format {
         WeightFormat::F32 => (Dtype::F32, None),
         WeightFormat::F16 => (matrix_dtype(Dtype::F16, cols), None),
