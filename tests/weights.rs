@@ -12,28 +12,30 @@ use linearize_core::model::LanguageModel;
 use linearize_core::reference::teacher as reference;
 use linearize_tests::{mixer, assert_close, gpu, max_abs_diff, prefill_then_decode, teacher};
 
-fn halves(v: &mut [f32]) {
-    v.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+fn halves(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
-/// The weights an f16 upload holds: projection and embedding matrices rounded to halves;
-/// norms, gates, biases and convolutions as they were.
-fn rounded(w: &ModelWeights, m: Option<&StudentMixers>) -> (ModelWeights, Option<StudentMixers>) {
+/// The weights an upload holds whose projection and embedding matrices are rounded by `round`
+/// (halves for f16, nn::blocks::round_q8_0 for q8_0) — the mixers' matrices too where
+/// `mixers` (f16 rounds those with rows of a multiple of 4 values; q8_0 keeps them f32); norms,
+/// gates, biases and convolutions as they were.
+fn rounded(w: &ModelWeights, m: Option<&StudentMixers>, round: fn(&[f32]) -> Vec<f32>, mixers: bool) -> (ModelWeights, Option<StudentMixers>) {
     let mut w = w.clone();
-    halves(&mut w.embed);
+    w.embed = round(&w.embed);
     if let Some(h) = &mut w.lm_head {
-        halves(h);
+        *h = round(h);
     }
     for l in &mut w.layers {
         for t in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
-            halves(t);
+            *t = round(t);
         }
     }
     let m = m.cloned().map(|mut m| {
-        for params in m.layers.values_mut() {
+        for params in m.layers.values_mut().filter(|_| mixers) {
             for (name, t) in params.iter_mut() {
                 if ["_proj", "_w1", "_w2"].iter().any(|s| name.ends_with(s)) && t.shape[1] % 4 == 0 {
-                    halves(&mut t.data);
+                    t.data = round(&t.data);
                 }
             }
         }
@@ -60,7 +62,7 @@ fn f16_models_compute_the_f64_model_of_their_halves() {
         let f16_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::F16).unwrap();
         let ratio = f16_lm.matrix_bytes() as f64 / f32_lm.matrix_bytes() as f64;
         assert!((ratio - 0.5).abs() < 0.01, "{what}: f16 matrices take {ratio:.3} of f32's");
-        let (rw, rm) = rounded(w, m);
+        let (rw, rm) = rounded(w, m, halves, true);
         let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
         let got = logits(gpu(), &f16_lm, &ids);
         let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
@@ -175,14 +177,8 @@ fn q8_0_models_compute_the_f64_model_of_their_rounded_matrices() {
             assert!((ratio - 9.0 / 32.0).abs() < 1e-3, "{what}: {ratio}");
         }
         // The f64 model of the rounded matrices: what the GPU computes, to rounding.
-        let mut rw = w.clone();
-        for l in &mut rw.layers {
-            for t in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
-                *t = round_q8_0(t);
-            }
-        }
-        rw.embed = round_q8_0(&rw.embed);
-        let want = reference::forward_with_mixers(&rw, m, &ids);
+        let (rw, rm) = rounded(w, m, round_q8_0, false);
+        let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
         let got = logits(gpu(), &q8_lm, &ids);
         let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
         assert_close(&format!("{what} in q8_0"), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
