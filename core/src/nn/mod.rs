@@ -346,18 +346,28 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
             let wgs = n.div_ceil(4);
             ("nn/matmul_vec4", if f16 { "matvec_coalesced_f16" } else { "matvec_coalesced" }, [wgs.min(8192) as u32, wgs.div_ceil(8192) as u32, 1])
         }
-        // MV_COLS columns per thread, 32768 threads per row of the grid.
-        LinearKernel::MatvecColumns => {
-            let threads = n.div_ceil(MV_COLS);
-            ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1])
-        }
-        LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
-        // A workgroup spans COLUMN_THREADS · MV_COLS columns, a row of the grid MV_ROWS rows.
-        LinearKernel::TiledColumns => ("nn/matmul_vec4", if f16 { "matmul_columns_f16" } else { "matmul_columns" }, [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1]),
+        LinearKernel::MatvecColumns => ("nn/matmul_vec4", if f16 { "matvec_columns_f16" } else { "matvec_columns" }, vec4_grid(kernel, m, n)),
+        LinearKernel::TiledVec4 => ("nn/matmul_vec4", if f16 { "matmul_128_f16" } else { "matmul_128" }, vec4_grid(kernel, m, n)),
+        LinearKernel::TiledColumns => ("nn/matmul_vec4", if f16 { "matmul_columns_f16" } else { "matmul_columns" }, vec4_grid(kernel, m, n)),
         LinearKernel::Tiled | LinearKernel::Auto | LinearKernel::MatvecLanes => ("nn/matmul", "matmul", [n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1]),
     };
     let w_binding = if f16 { 4 } else { 2 };
     rec.dispatch_bindings(&Kernel::new(shader, entry), &params, &[(1, x), (w_binding, w), (3, y)], groups)
+}
+
+/// The workgroup grid of nn/matmul_vec4's column kernels and 128×128 tiles for y[m, n], the
+/// same for every weight format.
+fn vec4_grid(kernel: LinearKernel, m: usize, n: usize) -> [u32; 3] {
+    match kernel {
+        // MV_COLS columns per thread, 32768 threads per row of the grid.
+        LinearKernel::MatvecColumns => {
+            let threads = n.div_ceil(MV_COLS);
+            [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1]
+        }
+        // A workgroup spans COLUMN_THREADS · MV_COLS columns, a row of the grid MV_ROWS rows.
+        LinearKernel::TiledColumns => [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1],
+        _ => [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1],
+    }
 }
 
 /// `linear_block` for weights in blocks (nn::blocks, k a multiple of 32), on the kernels that
@@ -380,15 +390,14 @@ fn linear_blocks(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf, w: &GpuBu
         return matvec_input(rec, LinearInput::Plain(x), w, Columns { y, ldy, y0 }, Gemm { m, n, k }, accumulate);
     }
     let q4 = w.dtype == Dtype::Q4_1;
-    let threads = n.div_ceil(MV_COLS);
-    let (entry, groups) = match kernel {
-        LinearKernel::TiledVec4 => (if q4 { "matmul_128_q4_1" } else { "matmul_128_q8_0" }, [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1]),
-        LinearKernel::MatvecColumns if m <= 8 => (if q4 { "matvec_columns_q4_1" } else { "matvec_columns_q8_0" }, [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1]),
-        LinearKernel::TiledColumns if m <= TILED_COLUMNS_MAX_ROWS => (if q4 { "matmul_columns_q4_1" } else { "matmul_columns_q8_0" }, [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1]),
+    let entry = match kernel {
+        LinearKernel::TiledVec4 => if q4 { "matmul_128_q4_1" } else { "matmul_128_q8_0" },
+        LinearKernel::MatvecColumns if m <= 8 => if q4 { "matvec_columns_q4_1" } else { "matvec_columns_q8_0" },
+        LinearKernel::TiledColumns if m <= TILED_COLUMNS_MAX_ROWS => if q4 { "matmul_columns_q4_1" } else { "matmul_columns_q8_0" },
         other => return Err(Error::argument("linear", format!("{} weights are read by MatvecLanes or MatvecColumns (m ≤ 8), TiledVec4 or TiledColumns (m ≤ {TILED_COLUMNS_MAX_ROWS}), not {other:?} with m = {m}", w.dtype.name()))),
     };
     let params = MatmulParams { m: m as u32, n: n as u32, k: k as u32, accumulate: accumulate as u32, ldy: ldy as u32, y0: y0 as u32, ..Default::default() };
-    rec.dispatch_bindings(&Kernel::new("nn/matmul_vec4", entry), &params, &[(1, x), (10, w), (3, y)], groups)
+    rec.dispatch_bindings(&Kernel::new("nn/matmul_vec4", entry), &params, &[(1, x), (10, w), (3, y)], vec4_grid(kernel, m, n))
 }
 
 /// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) · w.
