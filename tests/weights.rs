@@ -16,15 +16,16 @@ fn halves(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
 }
 
-/// The weights an upload holds whose projection and embedding matrices are rounded by `round`
-/// (halves for f16, nn::blocks::round_q8_0 for q8_0) — the mixers' matrices too where
+/// The weights an upload holds whose projection matrices are rounded by `round` and embedding
+/// (and untied head) by `embed` (halves for f16, nn::blocks::round_q8_0 for q8_0; q4_1 rounds
+/// projections to Q4_1 and the embedding to Q8_0) — the mixers' matrices too where
 /// `mixers` (f16 rounds those with rows of a multiple of 4 values; q8_0 keeps them f32); norms,
 /// gates, biases and convolutions as they were.
-fn rounded(w: &ModelWeights, m: Option<&StudentMixers>, round: fn(&[f32]) -> Vec<f32>, mixers: bool) -> (ModelWeights, Option<StudentMixers>) {
+fn rounded(w: &ModelWeights, m: Option<&StudentMixers>, round: fn(&[f32]) -> Vec<f32>, embed: fn(&[f32]) -> Vec<f32>, mixers: bool) -> (ModelWeights, Option<StudentMixers>) {
     let mut w = w.clone();
-    w.embed = round(&w.embed);
+    w.embed = embed(&w.embed);
     if let Some(h) = &mut w.lm_head {
-        *h = round(h);
+        *h = embed(h);
     }
     for l in &mut w.layers {
         for t in [&mut l.q, &mut l.k, &mut l.v, &mut l.o, &mut l.gate, &mut l.up, &mut l.down] {
@@ -62,7 +63,7 @@ fn f16_models_compute_the_f64_model_of_their_halves() {
         let f16_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::F16).unwrap();
         let ratio = f16_lm.matrix_bytes() as f64 / f32_lm.matrix_bytes() as f64;
         assert!((ratio - 0.5).abs() < 0.01, "{what}: f16 matrices take {ratio:.3} of f32's");
-        let (rw, rm) = rounded(w, m, halves, true);
+        let (rw, rm) = rounded(w, m, halves, halves, true);
         let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
         let got = logits(gpu(), &f16_lm, &ids);
         let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
@@ -177,12 +178,42 @@ fn q8_0_models_compute_the_f64_model_of_their_rounded_matrices() {
             assert!((ratio - 9.0 / 32.0).abs() < 1e-3, "{what}: {ratio}");
         }
         // The f64 model of the rounded matrices: what the GPU computes, to rounding.
-        let (rw, rm) = rounded(w, m, round_q8_0, false);
+        let (rw, rm) = rounded(w, m, round_q8_0, round_q8_0, false);
         let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
         let got = logits(gpu(), &q8_lm, &ids);
         let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
         assert_close(&format!("{what} in q8_0"), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
         let f32_logits = logits(gpu(), &f32_lm, &ids);
         eprintln!("{what}: q8_0 against f32, max |Δ logit| {:.3}", max_abs_diff(&got, &f32_logits.iter().map(|&v| v as f64).collect::<Vec<_>>()));
+    }
+}
+
+#[test]
+fn q4_1_models_compute_the_f64_model_of_their_rounded_matrices() {
+    use linearize_core::nn::blocks::{round_q4_1, round_q8_0};
+    let t = teacher();
+    let mut small = t.weights.clone();
+    small.truncate_layers(3);
+    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
+    let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
+        let q4_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::Q4_1).unwrap();
+        // Every projection in Q4_1 (5 words per 32 values), the embedding (tied head) in Q8_0 as
+        // llama.cpp's Q4_1 files keep it; mixers stay f32.
+        let blocks = 3 - m.map_or(0, |m| m.layers.len());
+        assert_eq!(q4_lm.matrix_dtypes().into_iter().collect::<Vec<_>>(), vec![("q4_1", 2 * blocks + 2 * 3), ("q8_0", 1)], "{what}");
+        // The f64 model of the rounded matrices: what the GPU computes, to rounding.
+        let (rw, rm) = rounded(w, m, round_q4_1, round_q8_0, false);
+        let want = reference::forward_with_mixers(&rw, rm.as_ref(), &ids);
+        let got = logits(gpu(), &q4_lm, &ids);
+        let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
+        assert_close(&format!("{what} in q4_1"), &got, &want, 2e-4 * scale.max(1.0), 1e-3);
+        if m.is_none() {
+            // The teacher's file was written by ggml's quantiser, whose grid round_q4_1 is: its
+            // blocks come back to the bit, so its logits are those of the file's own blocks.
+            let gguf_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::Gguf).unwrap();
+            let file = logits(gpu(), &gguf_lm, &ids);
+            assert!(got.iter().zip(&file).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: q4_1 logits differ from the file's blocks'");
+        }
     }
 }

@@ -285,6 +285,8 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         (crate::Weights::Gguf, true) => a.out.as_ref().map(|d| d.join("gguf-mixed")),
         (crate::Weights::Q8_0, false) => a.out.as_ref().map(|d| d.join("q8_0")),
         (crate::Weights::Q8_0, true) => a.out.as_ref().map(|d| d.join("q8_0-mixed")),
+        (crate::Weights::Q4_1, false) => a.out.as_ref().map(|d| d.join("q4_1")),
+        (crate::Weights::Q4_1, true) => a.out.as_ref().map(|d| d.join("q4_1-mixed")),
     };
     let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref(), a.log_samples)?;
     let avg = average(&results);

@@ -341,6 +341,10 @@ pub(crate) enum Weights {
     /// per value, lossy): for trained students, whose matrices lie on no grid
     #[value(name = "q8_0")]
     Q8_0,
+    /// Every projection rounded to ggml's Q4_1 blocks at load (5 bits per value) and the
+    /// embedding to Q8_0, as llama.cpp's Q4_1 files hold them (lossy): a student's smallest
+    #[value(name = "q4_1")]
+    Q4_1,
 }
 
 impl Weights {
@@ -350,6 +354,7 @@ impl Weights {
             Weights::F16 => WeightFormat::F16,
             Weights::Gguf => WeightFormat::Gguf,
             Weights::Q8_0 => WeightFormat::Q8_0,
+            Weights::Q4_1 => WeightFormat::Q4_1,
         }
     }
 }
@@ -357,7 +362,7 @@ impl Weights {
 /// `model` on the GPU with its matrices held as `weights`.
 pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
     let lm = LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.format())?;
-    if matches!(weights, Weights::Gguf | Weights::Q8_0) {
+    if matches!(weights, Weights::Gguf | Weights::Q8_0 | Weights::Q4_1) {
         // Which matrices were found on a block grid (a trained student's are not).
         let held: Vec<String> = lm.matrix_dtypes().iter().map(|(d, n)| format!("{n} {d}")).collect();
         eprintln!("weights: {} matrices, {:.0} MiB", held.join(", "), lm.matrix_bytes() as f64 / (1u64 << 20) as f64);

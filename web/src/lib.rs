@@ -79,8 +79,9 @@ impl WebGpu {
     }
 
     /// `load_model` with the projection and embedding matrices held as `weights`: "f32", "f16"
-    /// (packed pairs: half the memory) or "gguf" (a GGUF file's Q4_1 and Q8_0 blocks, found
-    /// again in the values: f32's logits in a sixth of the memory). Matrices beyond the
+    /// (packed pairs: half the memory), "gguf" (a GGUF file's Q4_1 and Q8_0 blocks, found
+    /// again in the values: f32's logits in a sixth of the memory), or "q8_0" / "q4_1" (every
+    /// matrix rounded to 8-bit blocks, or the projections to 4-bit ones: lossy). Matrices beyond the
     /// adapter's binding limit are split either way.
     pub async fn load_model_as(&self, files: ModelFiles, weights: String) -> Result<WebModel, JsValue> {
         let format: WeightFormat = weights.parse().map_err(js_err)?;

@@ -147,9 +147,9 @@ impl LanguageModel {
         let (mcos, msin) = if mixer_theta == cfg.rope_theta { (cos.clone(), sin.clone()) } else { rope_tables(max_positions, cfg.head_dim(), mixer_theta) };
         let msin_neg: Vec<f32> = msin.iter().map(|v| -v).collect();
         Ok(LanguageModel {
-            embed: Weight::upload(gpu, "embed", &w.embed, v, d, format)?,
+            embed: Weight::upload(gpu, "embed", &w.embed, v, d, format.for_embedding())?,
             final_norm: gpu.upload_f32("final_norm", &w.final_norm)?,
-            head: w.lm_head.as_ref().map(|h| Weight::upload(gpu, "lm_head", h, v, d, format)).transpose()?,
+            head: w.lm_head.as_ref().map(|h| Weight::upload(gpu, "lm_head", h, v, d, format.for_embedding())).transpose()?,
             rope_cos: gpu.upload_f32("rope_cos", &cos)?,
             rope_sin: gpu.upload_f32("rope_sin", &sin)?,
             mixer_rope: [gpu.upload_f32("mixer_rope_cos", &mcos)?, gpu.upload_f32("mixer_rope_sin", &msin)?, gpu.upload_f32("mixer_rope_sin_neg", &msin_neg)?],

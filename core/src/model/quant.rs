@@ -205,11 +205,12 @@ fn q3_k_scales(s: &[u8]) -> [u8; 16] {
 // ---- quantisation (the writer's formats) ----
 
 /// Quantises `x` (a whole number of blocks of `ty`) into `ty`'s blocks. Supported: F32, F16,
-/// Q8_0, Q5_0, Q5_1, Q4_K and Q6_K — what `gguf::quantize` writes.
+/// Q4_1, Q8_0, Q5_0, Q5_1, Q4_K and Q6_K — what `gguf::quantize` writes.
 pub fn quantize(ty: u32, x: &[f32]) -> Vec<u8> {
     match ty {
         F32 => x.iter().flat_map(|v| v.to_le_bytes()).collect(),
         F16 => x.iter().flat_map(|v| f16::from_f32(*v).to_le_bytes()).collect(),
+        Q4_1 => x.chunks_exact(32).flat_map(quantize_q4_1).collect(),
         Q8_0 => x.chunks_exact(32).flat_map(quantize_q8_0).collect(),
         Q5_0 => x.chunks_exact(32).flat_map(quantize_q5_0).collect(),
         Q5_1 => x.chunks_exact(32).flat_map(quantize_q5_1).collect(),
@@ -271,6 +272,22 @@ fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
 /// one with the least squared error (with d and m rounded to f16 as stored) kept. Weights that
 /// were quantised before on a coarser grid of the same block (a Q4_1 file's) are found on it
 /// again.
+/// Q4_1 as ggml's reference quantiser: m = min x and d = (max − min) / 15 as half floats,
+/// q = round((x − m) / d) in 0…15 (rounded with the stored m and d, so that q·d + m is the
+/// nearest grid value ggml's dequantiser gives back).
+fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
+    let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+    let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let m = f16::from_f32(lo).to_f32();
+    let d = f16::from_f32((hi - lo) / 15.0).to_f32();
+    let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+    let q: Vec<u8> = x.iter().map(|v| ((v - m) * id).round().clamp(0.0, 15.0) as u8).collect();
+    let mut b = f16::from_f32(d).to_le_bytes().to_vec();
+    b.extend(f16::from_f32(m).to_le_bytes());
+    b.extend((0..16).map(|j| q[j] | q[j + 16] << 4));
+    b
+}
+
 fn quantize_q5_1(x: &[f32]) -> Vec<u8> {
     let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
     let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));

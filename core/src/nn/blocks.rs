@@ -33,6 +33,26 @@ pub fn pack(dtype: Dtype, values: &[f32]) -> Option<Vec<u32>> {
     Some(words)
 }
 
+/// `values` rounded to ggml's Q4_1 grid as its reference quantiser rounds them (per block of
+/// 32, m = min x and d = (max − min) / 15 as half floats, each value q·d + m with q in 0…15),
+/// as the words the shaders read: ggml's 20 bytes of a block are those 5 words. None where a
+/// value or a block's d or m is not finite. What `--weights q4_1` holds for projections (lossy).
+pub fn quantize_q4_1(values: &[f32]) -> Option<Vec<u32>> {
+    use crate::model::quant;
+    if values.len() % BLOCK != 0 || !values.iter().all(|v| v.is_finite()) {
+        return None;
+    }
+    let bytes = quant::quantize(quant::Q4_1, values);
+    let words: Vec<u32> = bytes.chunks_exact(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    unpack(Dtype::Q4_1, &words).iter().all(|v| v.is_finite()).then_some(words)
+}
+
+/// The values `quantize_q4_1` holds (the f64 model's matrices in tests).
+pub fn round_q4_1(values: &[f32]) -> Vec<f32> {
+    use crate::model::quant;
+    quant::dequantize(quant::Q4_1, &quant::quantize(quant::Q4_1, values), values.len())
+}
+
 /// `values` rounded to ggml's Q8_0 grid as its quantiser (and our GGUF writer) rounds them:
 /// per block of 32, d = max |x| / 127 as a half float, each value q·d with q = round(x / d).
 /// What `--weights q8_0` holds (lossy, unlike `gguf`).
@@ -164,6 +184,27 @@ fn q8_0_block(x: &[f32; BLOCK]) -> Option<[u32; 9]> {
 mod tests {
     use super::*;
     use crate::model::quant;
+
+    #[test]
+    fn q4_1_rounding_is_ggmls_grid_and_the_words_hold_it() {
+        let mut rng = crate::util::Rng::new(7);
+        let mut x: Vec<f32> = (0..32 * 40).map(|_| (rng.next_f64() * 2.0 - 1.0) as f32 * 0.1).collect();
+        x[..32].fill(0.25); // a constant block: d = 0
+        x[32..64].iter_mut().enumerate().for_each(|(j, v)| *v = j as f32 * 1e-3 - 3.0); // far from 0
+        let words = quantize_q4_1(&x).expect("finite values");
+        let held = unpack(Dtype::Q4_1, &words);
+        assert_eq!(held.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), round_q4_1(&x).iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        for (block, got) in x.chunks_exact(BLOCK).zip(held.chunks_exact(BLOCK)) {
+            let (lo, hi) = block.iter().fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| (a.min(v), b.max(v)));
+            // Each value within half a step (plus the half floats' rounding of d and m) of its own.
+            let step = (hi - lo) / 15.0;
+            for (v, h) in block.iter().zip(got) {
+                assert!((v - h).abs() <= 0.5 * step * 1.01 + 2e-3 * lo.abs().max(hi.abs()), "{v} held as {h} (step {step})");
+            }
+        }
+        assert!(quantize_q4_1(&[f32::NAN; 32]).is_none());
+        assert!(quantize_q4_1(&[1e6; 32].iter().enumerate().map(|(j, v)| if j == 0 { -v } else { *v }).collect::<Vec<_>>()).is_none(), "a range past half floats");
+    }
 
     /// Blocks of ggml's formats with random codes and scales, dequantised by the GGUF loader.
     fn ggml_blocks(ty: u32, n_blocks: usize, seed: u64) -> Vec<f32> {

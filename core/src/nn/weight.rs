@@ -22,6 +22,10 @@ pub enum WeightFormat {
     /// Every matrix rounded to ggml's Q8_0 blocks at load (nn::blocks::round_q8_0), 9 words per
     /// 32 values: lossy, for models whose matrices lie on no grid (a trained student's).
     Q8_0,
+    /// Every projection rounded to ggml's Q4_1 blocks at load (nn::blocks::round_q4_1), 5 words
+    /// per 32 values, and the embedding (the tied head) to Q8_0, as llama.cpp's Q4_1 files
+    /// keep it: lossy, the smallest a trained student gets.
+    Q4_1,
 }
 
 impl WeightFormat {
@@ -32,6 +36,7 @@ impl WeightFormat {
             WeightFormat::F16 => "f16",
             WeightFormat::Gguf => "gguf",
             WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_1 => "q4_1",
         }
     }
 
@@ -40,7 +45,17 @@ impl WeightFormat {
     pub fn mixer_dtype(self) -> Dtype {
         match self {
             WeightFormat::F16 => Dtype::F16,
-            WeightFormat::F32 | WeightFormat::Gguf | WeightFormat::Q8_0 => Dtype::F32,
+            WeightFormat::F32 | WeightFormat::Gguf | WeightFormat::Q8_0 | WeightFormat::Q4_1 => Dtype::F32,
+        }
+    }
+
+    /// How the embedding (and an untied head) is held: as asked, but Q8_0 where the
+    /// projections go to 4 bits (one row per token read, and the head's logits are what the
+    /// model outputs).
+    pub fn for_embedding(self) -> WeightFormat {
+        match self {
+            WeightFormat::Q4_1 => WeightFormat::Q8_0,
+            other => other,
         }
     }
 }
@@ -48,10 +63,10 @@ impl WeightFormat {
 impl std::str::FromStr for WeightFormat {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf, WeightFormat::Q8_0]
+        [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf, WeightFormat::Q8_0, WeightFormat::Q4_1]
             .into_iter()
             .find(|d| d.name() == s)
-            .ok_or_else(|| Error::argument("weights", format!("'{s}' is not one of 'f32', 'f16', 'gguf', 'q8_0'")))
+            .ok_or_else(|| Error::argument("weights", format!("'{s}' is not one of 'f32', 'f16', 'gguf', 'q8_0', 'q4_1'")))
     }
 }
 
@@ -82,7 +97,11 @@ fn held(format: WeightFormat, data: &[f32], cols: usize) -> (Dtype, Option<Vec<u
             Some(words) => (Dtype::Q8_0, Some(words)),
             None => (Dtype::F32, None), // non-finite values: no grid holds them
         },
-        WeightFormat::Gguf | WeightFormat::Q8_0 => (Dtype::F32, None),
+        WeightFormat::Q4_1 if cols % blocks::BLOCK == 0 => match blocks::quantize_q4_1(data) {
+            Some(words) => (Dtype::Q4_1, Some(words)),
+            None => (Dtype::F32, None), // non-finite values, or a range past half floats
+        },
+        WeightFormat::Gguf | WeightFormat::Q8_0 | WeightFormat::Q4_1 => (Dtype::F32, None),
     }
 }
 
@@ -204,7 +223,7 @@ mod tests {
 
     #[test]
     fn weight_formats_parse_by_name_and_refuse_others_by_name() {
-        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf, WeightFormat::Q8_0] {
+        for f in [WeightFormat::F32, WeightFormat::F16, WeightFormat::Gguf, WeightFormat::Q8_0, WeightFormat::Q4_1] {
             assert_eq!(f.name().parse::<WeightFormat>().unwrap(), f);
         }
         let err = "q4".parse::<WeightFormat>().unwrap_err().to_string();
