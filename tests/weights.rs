@@ -50,14 +50,20 @@ fn logits(gpu: &Gpu, lm: &LanguageModel, ids: &[u32]) -> Vec<f32> {
     prefill_then_decode(gpu, lm, ids, ids.len() - 2)
 }
 
-#[test]
-fn f16_models_compute_the_f64_model_of_their_halves() {
+/// The teacher cut to three blocks, a hybrid gated DeltaNet student of it (mixers in blocks 0
+/// and 2, attention in 1), and a prompt's ids: what the weight-format tests run.
+fn three_blocks_and_a_hybrid() -> (ModelWeights, ModelWeights, StudentMixers, Vec<u32>) {
     let t = teacher();
     let mut small = t.weights.clone();
     small.truncate_layers(3);
     let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
-    // The teacher (attention blocks) and a hybrid gated DeltaNet student (mixers in 0 and 2).
     let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    (small, sw, sm, ids)
+}
+
+#[test]
+fn f16_models_compute_the_f64_model_of_their_halves() {
+    let (small, sw, sm, ids) = three_blocks_and_a_hybrid();
     for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
         let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
         let f16_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::F16).unwrap();
@@ -162,11 +168,7 @@ fn the_teacher_in_its_files_blocks_gives_the_f32_logits_in_a_sixth_of_the_memory
 #[test]
 fn q8_0_models_compute_the_f64_model_of_their_rounded_matrices() {
     use linearize_core::nn::blocks::round_q8_0;
-    let t = teacher();
-    let mut small = t.weights.clone();
-    small.truncate_layers(3);
-    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
-    let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    let (small, sw, sm, ids) = three_blocks_and_a_hybrid();
     for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
         let f32_lm = LanguageModel::upload_with_mixers(gpu(), w, m).unwrap();
         let q8_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::Q8_0).unwrap();
@@ -191,11 +193,7 @@ fn q8_0_models_compute_the_f64_model_of_their_rounded_matrices() {
 #[test]
 fn q4_1_models_compute_the_f64_model_of_their_rounded_matrices() {
     use linearize_core::nn::blocks::{round_q4_1, round_q8_0};
-    let t = teacher();
-    let mut small = t.weights.clone();
-    small.truncate_layers(3);
-    let ids = t.tokenizer.encode("The capital of France is Paris, and").unwrap();
-    let (sw, sm) = from_teacher(&small, mixer("gated_deltanet"), Some(vec![0, 2]), &MixerOptions::default(), "test").unwrap();
+    let (small, sw, sm, ids) = three_blocks_and_a_hybrid();
     for (what, w, m) in [("teacher", &small, None), ("gated_deltanet student", &sw, Some(&sm))] {
         let q4_lm = LanguageModel::upload_as(gpu(), w, m, WeightFormat::Q4_1).unwrap();
         // Every projection in Q4_1 (5 words per 32 values), the embedding (tied head) in Q8_0 as
