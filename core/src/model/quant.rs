@@ -268,10 +268,6 @@ fn quantize_q5_0(x: &[f32]) -> Vec<u8> {
     b
 }
 
-/// Q5_1: x ≈ q·d + m with q in 0…31: the block's range in n steps for n = 31 down to 15, the
-/// one with the least squared error (with d and m rounded to f16 as stored) kept. Weights that
-/// were quantised before on a coarser grid of the same block (a Q4_1 file's) are found on it
-/// again.
 /// Q4_1 as ggml's reference quantiser: m = min x and d = (max − min) / 15 as half floats,
 /// q = round((x − m) / d) in 0…15 (rounded with the stored m and d, so that q·d + m is the
 /// nearest grid value ggml's dequantiser gives back).
@@ -288,6 +284,10 @@ fn quantize_q4_1(x: &[f32]) -> Vec<u8> {
     b
 }
 
+/// Q5_1: x ≈ q·d + m with q in 0…31: the block's range in n steps for n = 31 down to 15, the
+/// one with the least squared error (with d and m rounded to f16 as stored) kept. Weights that
+/// were quantised before on a coarser grid of the same block (a Q4_1 file's) are found on it
+/// again.
 fn quantize_q5_1(x: &[f32]) -> Vec<u8> {
     let lo = x.iter().fold(f32::INFINITY, |m, &v| m.min(v));
     let hi = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
