@@ -536,6 +536,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var dk{e} = vec4<f32>(0.0);
     var db{e} = vec4<f32>(0.0);
     //@end
+    // A scalar gate's Σ db of token t (phase 8): summed after phase 3 for the additive rules.
+    var db_total = 0.0;
     //@for e NV
     let a = part + {4e}u;
     var x = vec4<f32>(0.0);
@@ -576,6 +578,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
         dk{e} += x * end_decay(last_row, row, a, m_end);
         db{e} = q_row[row * D4 + a] * dq{e} - k_row[row * D4 + a] * dk{e};
+        if (!DELTA) {
+            // db is final here for the additive rules: spend it at once (phase 8's terms, in
+            // its order), so that it is not held in registers beside dq and dk till then.
+            if (GATE == 2u && in_range) {
+                let i = row * D + 4u * a;
+                dg_out[i] = db{e}.x;
+                dg_out[i + 1u] = db{e}.y;
+                dg_out[i + 2u] = db{e}.z;
+                dg_out[i + 3u] = db{e}.w;
+            }
+            if (GATE == 1u && in_range) {
+                db_total += dot(db{e}, vec4<f32>(1.0));
+            }
+        }
     }
     //@end
     if (NORM == 2u) {
@@ -714,7 +730,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     // 8. dg: db plus the end state's term Σ dS_L ⊙ S_L (dn ⊙ n too), summed from the chunk's end
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
-        if (in_range) {
+        if (DELTA && in_range) {
             //@for e NV
             let i = row * D + 4u * (part + {4e}u);
             dg_out[i] = db{e}.x;
@@ -740,8 +756,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
         }
     } else if (GATE == 1u) {
-        var total = 0.0;
-        if (in_range) {
+        var total = db_total;
+        if (DELTA && in_range) {
             //@decl e NV
             total += dot(db{e}, vec4<f32>(1.0));
             //@end

@@ -2929,6 +2929,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var dq3 = vec4<f32>(0.0);
     var dk3 = vec4<f32>(0.0);
     var db3 = vec4<f32>(0.0);
+    // A scalar gate's Σ db of token t (phase 8): summed after phase 3 for the additive rules.
+    var db_total = 0.0;
     {
         let a = part + 0u;
         var x = vec4<f32>(0.0);
@@ -3026,6 +3028,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk0 += x * end_decay(last_row, row, a, m_end);
             db0 = q_row[row * D4 + a] * dq0 - k_row[row * D4 + a] * dk0;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db0.x;
+                    dg_out[i + 1u] = db0.y;
+                    dg_out[i + 2u] = db0.z;
+                    dg_out[i + 3u] = db0.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db0, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3040,6 +3056,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk1 += x * end_decay(last_row, row, a, m_end);
             db1 = q_row[row * D4 + a] * dq1 - k_row[row * D4 + a] * dk1;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db1.x;
+                    dg_out[i + 1u] = db1.y;
+                    dg_out[i + 2u] = db1.z;
+                    dg_out[i + 3u] = db1.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db1, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3054,6 +3084,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk2 += x * end_decay(last_row, row, a, m_end);
             db2 = q_row[row * D4 + a] * dq2 - k_row[row * D4 + a] * dk2;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db2.x;
+                    dg_out[i + 1u] = db2.y;
+                    dg_out[i + 2u] = db2.z;
+                    dg_out[i + 3u] = db2.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db2, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3068,6 +3112,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk3 += x * end_decay(last_row, row, a, m_end);
             db3 = q_row[row * D4 + a] * dq3 - k_row[row * D4 + a] * dk3;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db3.x;
+                    dg_out[i + 1u] = db3.y;
+                    dg_out[i + 2u] = db3.z;
+                    dg_out[i + 3u] = db3.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db3, vec4<f32>(1.0));
+                }
+            }
         }
     }
     if (NORM == 2u) {
@@ -3430,7 +3488,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     // 8. dg: db plus the end state's term Σ dS_L ⊙ S_L (dn ⊙ n too), summed from the chunk's end
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
-        if (in_range) {
+        if (DELTA && in_range) {
             {
                 let i = row * D + 4u * (part + 0u);
                 dg_out[i] = db0.x;
@@ -3477,8 +3535,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
         }
     } else if (GATE == 1u) {
-        var total = 0.0;
-        if (in_range) {
+        var total = db_total;
+        if (DELTA && in_range) {
             total += dot(db0, vec4<f32>(1.0));
             total += dot(db1, vec4<f32>(1.0));
             total += dot(db2, vec4<f32>(1.0));

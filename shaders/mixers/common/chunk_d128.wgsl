@@ -3161,6 +3161,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var dq7 = vec4<f32>(0.0);
     var dk7 = vec4<f32>(0.0);
     var db7 = vec4<f32>(0.0);
+    // A scalar gate's Σ db of token t (phase 8): summed after phase 3 for the additive rules.
+    var db_total = 0.0;
     {
         let a = part + 0u;
         var x = vec4<f32>(0.0);
@@ -3334,6 +3336,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk0 += x * end_decay(last_row, row, a, m_end);
             db0 = q_row[row * D4 + a] * dq0 - k_row[row * D4 + a] * dk0;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db0.x;
+                    dg_out[i + 1u] = db0.y;
+                    dg_out[i + 2u] = db0.z;
+                    dg_out[i + 3u] = db0.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db0, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3348,6 +3364,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk1 += x * end_decay(last_row, row, a, m_end);
             db1 = q_row[row * D4 + a] * dq1 - k_row[row * D4 + a] * dk1;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db1.x;
+                    dg_out[i + 1u] = db1.y;
+                    dg_out[i + 2u] = db1.z;
+                    dg_out[i + 3u] = db1.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db1, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3362,6 +3392,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk2 += x * end_decay(last_row, row, a, m_end);
             db2 = q_row[row * D4 + a] * dq2 - k_row[row * D4 + a] * dk2;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db2.x;
+                    dg_out[i + 1u] = db2.y;
+                    dg_out[i + 2u] = db2.z;
+                    dg_out[i + 3u] = db2.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db2, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3376,6 +3420,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk3 += x * end_decay(last_row, row, a, m_end);
             db3 = q_row[row * D4 + a] * dq3 - k_row[row * D4 + a] * dk3;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db3.x;
+                    dg_out[i + 1u] = db3.y;
+                    dg_out[i + 2u] = db3.z;
+                    dg_out[i + 3u] = db3.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db3, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3390,6 +3448,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk4 += x * end_decay(last_row, row, a, m_end);
             db4 = q_row[row * D4 + a] * dq4 - k_row[row * D4 + a] * dk4;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db4.x;
+                    dg_out[i + 1u] = db4.y;
+                    dg_out[i + 2u] = db4.z;
+                    dg_out[i + 3u] = db4.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db4, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3404,6 +3476,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk5 += x * end_decay(last_row, row, a, m_end);
             db5 = q_row[row * D4 + a] * dq5 - k_row[row * D4 + a] * dk5;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db5.x;
+                    dg_out[i + 1u] = db5.y;
+                    dg_out[i + 2u] = db5.z;
+                    dg_out[i + 3u] = db5.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db5, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3418,6 +3504,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk6 += x * end_decay(last_row, row, a, m_end);
             db6 = q_row[row * D4 + a] * dq6 - k_row[row * D4 + a] * dk6;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db6.x;
+                    dg_out[i + 1u] = db6.y;
+                    dg_out[i + 2u] = db6.z;
+                    dg_out[i + 3u] = db6.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db6, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3432,6 +3532,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk7 += x * end_decay(last_row, row, a, m_end);
             db7 = q_row[row * D4 + a] * dq7 - k_row[row * D4 + a] * dk7;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    dg_out[i] = db7.x;
+                    dg_out[i + 1u] = db7.y;
+                    dg_out[i + 2u] = db7.z;
+                    dg_out[i + 3u] = db7.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db7, vec4<f32>(1.0));
+                }
+            }
         }
     }
     if (NORM == 2u) {
@@ -3926,7 +4040,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     // 8. dg: db plus the end state's term Σ dS_L ⊙ S_L (dn ⊙ n too), summed from the chunk's end
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
-        if (in_range) {
+        if (DELTA && in_range) {
             {
                 let i = row * D + 4u * (part + 0u);
                 dg_out[i] = db0.x;
@@ -4001,8 +4115,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
         }
     } else if (GATE == 1u) {
-        var total = 0.0;
-        if (in_range) {
+        var total = db_total;
+        if (DELTA && in_range) {
             total += dot(db0, vec4<f32>(1.0));
             total += dot(db1, vec4<f32>(1.0));
             total += dot(db2, vec4<f32>(1.0));

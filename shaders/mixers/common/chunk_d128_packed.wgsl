@@ -3147,6 +3147,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var dq7 = vec4<f32>(0.0);
     var dk7 = vec4<f32>(0.0);
     var db7 = vec4<f32>(0.0);
+    // A scalar gate's Σ db of token t (phase 8): summed after phase 3 for the additive rules.
+    var db_total = 0.0;
     {
         let a = part + 0u;
         var x = vec4<f32>(0.0);
@@ -3320,6 +3322,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk0 += x * end_decay(last_row, row, a, m_end);
             db0 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq0 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk0;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db0.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db0.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db0.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db0.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db0, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3334,6 +3350,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk1 += x * end_decay(last_row, row, a, m_end);
             db1 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq1 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk1;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db1.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db1.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db1.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db1.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db1, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3348,6 +3378,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk2 += x * end_decay(last_row, row, a, m_end);
             db2 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq2 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk2;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db2.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db2.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db2.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db2.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db2, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3362,6 +3406,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk3 += x * end_decay(last_row, row, a, m_end);
             db3 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq3 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk3;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db3.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db3.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db3.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db3.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db3, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3376,6 +3434,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk4 += x * end_decay(last_row, row, a, m_end);
             db4 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq4 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk4;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db4.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db4.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db4.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db4.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db4, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3390,6 +3462,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk5 += x * end_decay(last_row, row, a, m_end);
             db5 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq5 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk5;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db5.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db5.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db5.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db5.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db5, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3404,6 +3490,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk6 += x * end_decay(last_row, row, a, m_end);
             db6 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq6 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk6;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db6.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db6.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db6.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db6.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db6, vec4<f32>(1.0));
+                }
+            }
         }
     }
     {
@@ -3418,6 +3518,20 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
             dk7 += x * end_decay(last_row, row, a, m_end);
             db7 = arena_in4[arena_toc[1u] / 4u + (row * D4 + a)] * dq7 - arena_in4[arena_toc[2u] / 4u + (row * D4 + a)] * dk7;
+            if (!DELTA) {
+                // db is final here for the additive rules: spend it at once (phase 8's terms, in
+                // its order), so that it is not held in registers beside dq and dk till then.
+                if (GATE == 2u && in_range) {
+                    let i = row * D + 4u * a;
+                    arena_out[arena_toc[25u] + (i)] = db7.x;
+                    arena_out[arena_toc[25u] + (i + 1u)] = db7.y;
+                    arena_out[arena_toc[25u] + (i + 2u)] = db7.z;
+                    arena_out[arena_toc[25u] + (i + 3u)] = db7.w;
+                }
+                if (GATE == 1u && in_range) {
+                    db_total += dot(db7, vec4<f32>(1.0));
+                }
+            }
         }
     }
     if (NORM == 2u) {
@@ -3912,7 +4026,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     // 8. dg: db plus the end state's term Σ dS_L ⊙ S_L (dn ⊙ n too), summed from the chunk's end
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
-        if (in_range) {
+        if (DELTA && in_range) {
             {
                 let i = row * D + 4u * (part + 0u);
                 arena_out[arena_toc[25u] + (i)] = db0.x;
@@ -3987,8 +4101,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             }
         }
     } else if (GATE == 1u) {
-        var total = 0.0;
-        if (in_range) {
+        var total = db_total;
+        if (DELTA && in_range) {
             total += dot(db0, vec4<f32>(1.0));
             total += dot(db1, vec4<f32>(1.0));
             total += dot(db2, vec4<f32>(1.0));
