@@ -86,9 +86,10 @@ impl Picker {
                 need("sample logits", logits, rows * vocab)?;
                 need("sample draws", draws, first + rows)?;
                 need("sample picks", picks, 2 * rows)?;
-                let weights = rec.temp(rows * vocab)?;
+                // The weights, and each thread's list of those that can still count.
+                let (weights, kept) = (rec.temp(rows * vocab)?, rec.temp(rows * vocab)?);
                 let params = crate::shaders::SampleParams { rows: rows as u32, vocab: vocab as u32, u_offset: first as u32, temperature: *temperature, top_p: *top_p };
-                rec.dispatch_bindings(&Kernel::new("eval/sample", "sample"), &params, &[(1, logits), (2, draws), (3, &weights), (4, picks)], crate::nn::split_groups(rows))
+                rec.dispatch_bindings(&Kernel::new("eval/sample", "sample"), &params, &[(1, logits), (2, draws), (3, &weights), (4, picks), (5, &kept)], crate::nn::split_groups(rows))
             }
         }
     }

@@ -30,6 +30,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> uniforms: array<f32>;        // draws in [0, 1)
 @group(0) @binding(3) var<storage, read_write> weights: array<f32>;   // [rows, vocab] scratch
 @group(0) @binding(4) var<storage, read_write> picks: array<u32>;     // [rows, 2]
+@group(0) @binding(5) var<storage, read_write> kept: array<f32>;      // [rows, vocab] scratch
 
 const THREADS: u32 = 256u;
 // Loads in flight per thread in a pass over the row.
@@ -83,40 +84,94 @@ struct Cut {
     mass: f32,
 }
 
+// Each thread's weights that can still count, in its columns' order: kept[base + t + THREADS·i]
+// for i < listed. A weight below the search's lo adds zero to every mass the search asks for
+// from then on (its keys only rise), and adding zero to a sum of non-negative terms leaves its
+// bits as they were, so a pass over the list gives the masses a pass over the row would; after
+// the first few passes the list is a few tokens long.
+var<private> listed: u32;
+
+// Weight `c` of the row, or word `c` of the lists.
+fn listed_or_row(base: u32, c: u32, from_row: bool) -> f32 {
+    if (from_row) {
+        return weights[base + c];
+    }
+    return kept[base + c];
+}
+
+// Appends w to the thread's list (n long so far) if it can still count (`compact`).
+fn keep(base: u32, t: u32, n: u32, w: f32, lo: u32, compact: bool) -> u32 {
+    if (compact && bitcast<u32>(w) >= lo) {
+        kept[base + t + n * THREADS] = w;
+        return n + 1u;
+    }
+    return n;
+}
+
+// The masses of one pass at or above `keys`, and (`compact`) the thread's list rewritten
+// without the weights below `lo`: over the row (`from_row`: columns t, t + THREADS, …) or over
+// the list. Eight loads in flight, each weight added in the plain loop's order; a list is
+// rewritten in place, each word after it was read.
+fn pass_masses(t: u32, base: u32, keys: vec4<u32>, lo: u32, from_row: bool, compact: bool) -> vec4<f32> {
+    var s = vec4<f32>(0.0);
+    var n = 0u;
+    var end = p.vocab;
+    if (!from_row) {
+        end = t + listed * THREADS;
+    }
+    var c = t;
+    for (; c + (LOADS - 1u) * THREADS < end; c += LOADS * THREADS) {
+        let w0 = listed_or_row(base, c + 0u * THREADS, from_row);
+        let w1 = listed_or_row(base, c + 1u * THREADS, from_row);
+        let w2 = listed_or_row(base, c + 2u * THREADS, from_row);
+        let w3 = listed_or_row(base, c + 3u * THREADS, from_row);
+        let w4 = listed_or_row(base, c + 4u * THREADS, from_row);
+        let w5 = listed_or_row(base, c + 5u * THREADS, from_row);
+        let w6 = listed_or_row(base, c + 6u * THREADS, from_row);
+        let w7 = listed_or_row(base, c + 7u * THREADS, from_row);
+        s += at_or_above(w0, keys);
+        n = keep(base, t, n, w0, lo, compact);
+        s += at_or_above(w1, keys);
+        n = keep(base, t, n, w1, lo, compact);
+        s += at_or_above(w2, keys);
+        n = keep(base, t, n, w2, lo, compact);
+        s += at_or_above(w3, keys);
+        n = keep(base, t, n, w3, lo, compact);
+        s += at_or_above(w4, keys);
+        n = keep(base, t, n, w4, lo, compact);
+        s += at_or_above(w5, keys);
+        n = keep(base, t, n, w5, lo, compact);
+        s += at_or_above(w6, keys);
+        n = keep(base, t, n, w6, lo, compact);
+        s += at_or_above(w7, keys);
+        n = keep(base, t, n, w7, lo, compact);
+    }
+    for (; c < end; c += THREADS) {
+        let w = listed_or_row(base, c, from_row);
+        s += at_or_above(w, keys);
+        n = keep(base, t, n, w, lo, compact);
+    }
+    if (compact) {
+        listed = n;
+    }
+    return s;
+}
+
 // The first token, in order of falling weight and then id, whose running mass reaches `goal`
-// (at most the row's total, as every caller's is).
-fn crossing(t: u32, base: u32, goal: f32) -> Cut {
+// (at most the row's total, as every caller's is), searched for from key `lo_start` (whose
+// mass reaches the goal) up. `from_row`: the search starts over the whole row (lo_start must
+// then be 1); else over the lists a search before left (lo_start at or above their lo).
+fn crossing(t: u32, base: u32, goal: f32, lo_start: u32, from_row: bool) -> Cut {
     // Invariant: the mass at or above key lo reaches the target, at or above hi it does not
-    // (`above` is that mass); hi starts past every weight and lo at the smallest key.
-    var lo = 1u;
+    // (`above` is that mass); hi starts past every weight.
+    var lo = lo_start;
     var hi = ONE + 1u;
     var above = 0.0;
     for (var round = 0u; round < PASSES; round++) {
         let step = max((hi - lo) / 5u, 1u);
         let keys = min(vec4<u32>(lo) + step * vec4<u32>(1u, 2u, 3u, 4u), vec4<u32>(hi - 1u));
-        var s = vec4<f32>(0.0);
-        var c = t;
-        for (; c + (LOADS - 1u) * THREADS < p.vocab; c += LOADS * THREADS) {
-            let w0 = weights[base + c];
-            let w1 = weights[base + c + THREADS];
-            let w2 = weights[base + c + 2u * THREADS];
-            let w3 = weights[base + c + 3u * THREADS];
-            let w4 = weights[base + c + 4u * THREADS];
-            let w5 = weights[base + c + 5u * THREADS];
-            let w6 = weights[base + c + 6u * THREADS];
-            let w7 = weights[base + c + 7u * THREADS];
-            s += at_or_above(w0, keys);
-            s += at_or_above(w1, keys);
-            s += at_or_above(w2, keys);
-            s += at_or_above(w3, keys);
-            s += at_or_above(w4, keys);
-            s += at_or_above(w5, keys);
-            s += at_or_above(w6, keys);
-            s += at_or_above(w7, keys);
-        }
-        for (; c < p.vocab; c += THREADS) {
-            s += at_or_above(weights[base + c], keys);
-        }
+        // From the row: the first pass drops nothing (lo is 1), the second writes the lists.
+        let s = pass_masses(t, base, keys, lo, from_row && round < 2u, !from_row || round > 0u);
         let mass = reduce(t, s, false);
         let reached = mass >= vec4<f32>(goal);
         // The masses fall with the key: the last key that reaches the target is the new lo,
@@ -134,24 +189,12 @@ fn crossing(t: u32, base: u32, goal: f32) -> Cut {
         }
     }
     // hi = lo + 1: the tokens weighing exactly bitcast(lo) carry the running mass from `above`
-    // past the target; the target falls on the first of them that reaches it.
+    // past the target; the target falls on the first of them that reaches it. They are all on
+    // the lists (nothing at or above lo was dropped).
     let w = bitcast<f32>(lo);
     var n = 0.0;
-    var c = t;
-    for (; c + (LOADS - 1u) * THREADS < p.vocab; c += LOADS * THREADS) {
-        let w0 = bitcast<u32>(weights[base + c]);
-        let w1 = bitcast<u32>(weights[base + c + THREADS]);
-        let w2 = bitcast<u32>(weights[base + c + 2u * THREADS]);
-        let w3 = bitcast<u32>(weights[base + c + 3u * THREADS]);
-        let w4 = bitcast<u32>(weights[base + c + 4u * THREADS]);
-        let w5 = bitcast<u32>(weights[base + c + 5u * THREADS]);
-        let w6 = bitcast<u32>(weights[base + c + 6u * THREADS]);
-        let w7 = bitcast<u32>(weights[base + c + 7u * THREADS]);
-        n += f32(w0 == lo) + f32(w1 == lo) + f32(w2 == lo) + f32(w3 == lo);
-        n += f32(w4 == lo) + f32(w5 == lo) + f32(w6 == lo) + f32(w7 == lo);
-    }
-    for (; c < p.vocab; c += THREADS) {
-        n += select(0.0, 1.0, bitcast<u32>(weights[base + c]) == lo);
+    for (var i = 0u; i < listed; i++) {
+        n += select(0.0, 1.0, bitcast<u32>(kept[base + t + i * THREADS]) == lo);
     }
     let ties = reduce(t, vec4<f32>(n, 0.0, 0.0, 0.0), false).x;
     let rank = clamp(ceil((goal - above) / w), 1.0, max(ties, 1.0));
@@ -284,13 +327,21 @@ fn sample(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     let total = reduce(t, vec4<f32>(s, 0.0, 0.0, 0.0), false).x;
     // pick_id reads columns other threads wrote.
     storageBarrier();
-    var kept = total;
+    var kept_mass = total;
     var cut = Cut(0u, 0u, total);
     if (p.top_p < 1.0) {
-        cut = crossing(t, base, p.top_p * total);
-        kept = cut.mass;
+        cut = crossing(t, base, p.top_p * total, 1u, true);
+        kept_mass = cut.mass;
     }
-    var at = crossing(t, base, min(uniforms[p.u_offset + r] * kept, total));
+    // The draw's goal is at most the kept mass, which the cut's key reaches: its search starts
+    // there, on the lists the cut's search left.
+    let goal = min(uniforms[p.u_offset + r] * kept_mass, total);
+    var at = Cut(0u, 0u, 0.0);
+    if (p.top_p < 1.0) {
+        at = crossing(t, base, goal, cut.key, false);
+    } else {
+        at = crossing(t, base, goal, 1u, true);
+    }
     // A draw past the kept prefix (by rounding) takes its last token.
     if (p.top_p < 1.0 && (at.key < cut.key || (at.key == cut.key && at.rank > cut.rank))) {
         at = cut;
