@@ -107,6 +107,8 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["bench", "teacher", "--backward"], &[], "--backward: `bench teacher` does not use it"),
         (&["bench", "ops", "--digest"], &[], "--digest: `bench ops` does not use it"),
         (&["bench", "ops", "--entry", "matvec"], &[], "--entry: `bench ops` does not use it"),
+        (&["bench", "teacher", "--ops", "picks"], &[], "--ops: `bench teacher` does not use it"),
+        (&["bench", "ops", "--ops", "picks,gemms"], &[], "invalid value 'gemms' for '--ops"),
         (&["bench", "registers", "--backward"], &[], "--backward: `bench registers` does not use it"),
         (&["bench", "registers", "--constants", "GATE=1"], &[], "give --shader and --entry together"),
         (&["bench", "registers", "--shader", "nn/nope", "--entry", "matvec"], &[], "no shader 'nn/nope'"),
@@ -160,6 +162,21 @@ fn bench_registers_reports_the_drivers_statistics_or_names_the_missing_extension
     assert_eq!(r["entry"], "chunk_bwd_grads");
     assert_eq!(r["constants"], serde_json::json!(["GATE=1", "DELTA=1", "NORM=0"]));
     assert!(!r["statistics"].as_object().unwrap().is_empty(), "{r}");
+}
+
+/// `bench ops --ops picks` times decode's pick of the next token, greedy and sampled, on a peaked
+/// and a flat row, and no other group.
+#[test]
+fn bench_ops_times_the_groups_asked_for() {
+    let o = run(&["bench", "ops", "--ops", "picks", "--iters", "1", "--json"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let ops: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["op"].as_str().unwrap()).collect();
+    assert_eq!(ops.len(), 6, "{ops:?}");
+    for (op, row) in ops.iter().zip(["peaked", "peaked", "peaked", "flat", "flat", "flat"]) {
+        assert!(op.starts_with("pick ") && op.ends_with(row), "{ops:?}");
+    }
+    assert!(v["results"].as_array().unwrap().iter().all(|r| r["seconds"].as_f64().unwrap() > 0.0));
 }
 
 #[test]

@@ -116,8 +116,24 @@ fn time_op(gpu: &Gpu, iters: usize, reps: usize, f: &mut dyn FnMut(&mut lineariz
     Ok((median(times), (!gpu_times.is_empty()).then(|| median(gpu_times))))
 }
 
-/// Times single kernels at the teacher's shapes, to see where a forward pass spends its time.
-pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
+/// `bench ops --ops`: the groups of kernels to time.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum OpGroup {
+    /// The linear layer's products at the training step's shapes, every path the adapter has.
+    Products,
+    /// Causal attention: prefill and decode.
+    Attention,
+    /// RMSNorm, and the dispatch floor (300 dependent tiny dispatches).
+    Norms,
+    /// Decode's one-row products, alone and with the norm or SwiGLU fused before them.
+    Decode,
+    /// Decode's pick of the next token from a row of logits: greedy and sampled.
+    Picks,
+}
+
+/// Times single kernels at the teacher's shapes, to see where a forward pass spends its time:
+/// the groups in `groups`.
+pub fn bench_ops(gpu: &Gpu, iters: usize, groups: &[OpGroup]) -> Result<Vec<Value>> {
     use linearize_core::nn::{self, AttnShape, Gemm};
     let mut rng = Rng::new(1);
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
@@ -140,7 +156,8 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
     // with tensor cores the f16-operand GEMM, each with its error against f64 on 64 sampled
     // outputs. A 1-row product is the decode step's matvec (f32 on both paths).
     let precisions: Vec<Precision> = if gpu.adapter.tensor_cores { vec![Precision::F32, Precision::Mixed] } else { vec![Precision::F32] };
-    for &(m, n, k) in &[(4096, 960, 576), (4096, 576, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] {
+    let products: &[(usize, usize, usize)] = if groups.contains(&OpGroup::Products) { &[(4096, 960, 576), (4096, 576, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024), (1, 49152, 576), (1, 3072, 576)] } else { &[] };
+    for &(m, n, k) in products {
         let (xh, wh, dyh) = (rand(m * k), rand(n * k), rand(m * n));
         let (x, w, dy) = (gpu.upload_f32("x", &xh)?, gpu.upload_f32("w", &wh)?, gpu.upload_f32("dy", &dyh)?);
         let (y, dx, dw) = (gpu.scratch(m * n)?, gpu.scratch(m * k)?, gpu.scratch(n * k)?);
@@ -178,7 +195,8 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         }
         gpu.set_precision(Precision::F32)?;
     }
-    for &(b, t, pos0) in &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] {
+    let attention: &[(usize, usize, usize)] = if groups.contains(&OpGroup::Attention) { &[(8, 512, 0), (4, 2048, 0), (1, 1, 511), (1, 1, 0), (8, 1, 511), (1, 9, 0), (1, 1, 4095), (8, 1, 4095)] } else { &[] };
+    for &(b, t, pos0) in attention {
         let s = AttnShape { batch: b, seq: t, pos0, n_q: 9, n_kv: 3, head_dim: 64, cap: (pos0 + t).max(512) };
         let q = gpu.upload_f32("q", &rand(b * t * 9 * 64))?;
         let kc = gpu.upload_f32("k", &rand(b * 3 * s.cap * 64))?;
@@ -194,28 +212,84 @@ pub fn bench_ops(gpu: &Gpu, iters: usize) -> Result<Vec<Value>> {
         }
         gpu.set_precision(Precision::F32)?;
     }
+    if groups.contains(&OpGroup::Norms) {
+        bench_norms(gpu, iters, &mut out)?;
+    }
+    if groups.contains(&OpGroup::Decode) {
+        bench_decode_products(gpu, iters, &mut out)?;
+    }
+    if groups.contains(&OpGroup::Picks) {
+        bench_picks(gpu, iters, &mut out)?;
+    }
+    Ok(out)
+}
+
+/// RMSNorm over the step's rows, 300 one-row norms (decode's dispatch overhead), and the floor
+/// under any dispatch.
+fn bench_norms(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Result<()> {
+    use linearize_core::nn;
+    let mut rng = Rng::new(3);
+    let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
+    let time = |name: &str, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
+        let (s, gpu_s) = time_op(gpu, iters, 1, f)?;
+        let mut v = json!({"what": "op", "op": name, "path": "f32", "seconds": s, "tflops": 0.0});
+        if let Some(g) = gpu_s {
+            v["gpu_seconds"] = json!(g);
+        }
+        eprintln!("{v}");
+        Ok(v)
+    };
     let (x, w, y) = (gpu.upload_f32("x", &rand(4096 * 576))?, gpu.upload_f32("w", &rand(576))?, gpu.scratch(4096 * 576)?);
-    let v = time("rmsnorm 4096x576".into(), "f32", 0.0, 1, &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?;
-    keep(&mut out, v);
-    let v = time("300 x rmsnorm 1x576 (dispatch overhead)".into(), "f32", 0.0, 1, &mut |rec| {
+    out.push(time("rmsnorm 4096x576", &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?);
+    out.push(time("300 x rmsnorm 1x576 (dispatch overhead)", &mut |rec| {
         for _ in 0..300 {
             nn::rmsnorm(rec, &x, &w, &y, 1, 576, 1e-5)?;
         }
         Ok(())
-    })?;
-    keep(&mut out, v);
+    })?);
     // The floor under any dispatch: 300 dependent one-thread adds.
     let (a, b, c) = (gpu.upload_f32("a", &rand(64))?, gpu.scratch(64)?, gpu.scratch(64)?);
-    let v = time("300 x add 1 (dispatch floor)".into(), "f32", 0.0, 1, &mut |rec| {
+    out.push(time("300 x add 1 (dispatch floor)", &mut |rec| {
         for _ in 0..150 {
             nn::add(rec, &a, &b, &c, 1)?;
             nn::add(rec, &a, &c, &b, 1)?;
         }
         Ok(())
-    })?;
-    keep(&mut out, v);
-    bench_decode_products(gpu, iters, &mut out)?;
-    Ok(out)
+    })?);
+    Ok(())
+}
+
+/// Decode's pick of the next token from one row of 49,152 logits (the teacher's vocabulary), as
+/// `generate` records it: greedy, and sampled at temperature 1.0 with top-p 0.95 and 1.0, on a
+/// peaked row (logit −2 ln r for a random rank r: the first token holds ~60 % of the mass, as
+/// a confident model's does) and a flat one (uniform in [0, 4): the nucleus is most of the row).
+fn bench_picks(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Result<()> {
+    const VOCAB: usize = 49_152;
+    let mut rng = Rng::new(4);
+    let mut ranks: Vec<usize> = (1..=VOCAB).collect();
+    for i in (1..VOCAB).rev() {
+        ranks.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let peaked: Vec<f32> = ranks.iter().map(|&r| -2.0 * (r as f32).ln()).collect();
+    let flat: Vec<f32> = (0..VOCAB).map(|_| 4.0 * rng.next_f64() as f32).collect();
+    let picks = gpu.scratch(2)?;
+    for (row_name, row) in [("peaked", &peaked), ("flat", &flat)] {
+        let logits = gpu.upload_f32("logits", row)?;
+        for (name, temperature, top_p) in [("greedy", 0.0f32, 1.0f32), ("sampled top-p 0.95", 1.0, 0.95), ("sampled top-p 1.0", 1.0, 1.0)] {
+            let picker = Picker::new(gpu, &Sampling { temperature, top_p, ..Default::default() }, &[0.37])?;
+            let (s, gpu_s) = time_op(gpu, iters, 10, &mut |rec| picker.record(rec, &logits, 1, VOCAB, 0, &picks))?;
+            picker.release(gpu);
+            let mut v = json!({"what": "op", "op": format!("pick {name} 1x{VOCAB} {row_name}"), "path": "decode", "seconds": s});
+            if let Some(g) = gpu_s {
+                v["gpu_seconds"] = json!(g);
+            }
+            eprintln!("{v}");
+            out.push(v);
+        }
+        gpu.release(logits);
+    }
+    gpu.release(picks);
+    Ok(())
 }
 
 /// Decode's products at the teacher's shapes (one row), with f32 and packed f16 weights, on the

@@ -706,6 +706,9 @@ struct BenchArgs {
     /// bench mixers: only these mixers, comma-separated (all of them by default)
     #[arg(long, value_delimiter = ',', value_parser = clap::builder::PossibleValuesParser::new(linearize_core::mixers::MixerKind::names()))]
     mixers: Vec<String>,
+    /// bench ops: only these groups of kernels, comma-separated (all of them by default)
+    #[arg(long, value_delimiter = ',', value_enum)]
+    ops: Vec<bench::OpGroup>,
     /// bench registers: one kernel instead of the default list — a shader of the binary
     /// (nn/matvec) or a .wgsl file (a generator's output under test); needs --entry
     #[arg(long)]
@@ -724,10 +727,11 @@ impl BenchArgs {
         let teacher_only = [("--model", self.model.is_some()), ("--prefill", self.prefill.is_some()), ("--decode", self.decode.is_some()), ("--decode-tokens", self.decode_tokens.is_some()), ("--weights", self.weights.is_some())];
         let mixers_only = [("--backward", self.backward), ("--digest", self.digest), ("--mixer-shapes", self.mixer_shapes.is_some()), ("--mixers", !self.mixers.is_empty())];
         let registers_only = [("--shader", self.shader.is_some()), ("--entry", self.entry.is_some()), ("--constants", self.constants.is_some())];
+        let ops_only = [("--ops", !self.ops.is_empty())];
         let ignored: Vec<&str> = match self.what.as_str() {
-            "teacher" => mixers_only.iter().chain(&registers_only).filter(|f| f.1).map(|f| f.0).collect(),
-            "mixers" => teacher_only.iter().chain(&registers_only).filter(|f| f.1).map(|f| f.0).collect(),
-            "registers" => teacher_only.iter().chain(&mixers_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
+            "teacher" => mixers_only.iter().chain(&registers_only).chain(&ops_only).filter(|f| f.1).map(|f| f.0).collect(),
+            "mixers" => teacher_only.iter().chain(&registers_only).chain(&ops_only).filter(|f| f.1).map(|f| f.0).collect(),
+            "registers" => teacher_only.iter().chain(&mixers_only).chain(&ops_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
             _ => teacher_only.iter().chain(&mixers_only).chain(&registers_only).chain(&[("--precision", self.precision.is_some())]).filter(|f| f.1).map(|f| f.0).collect(),
         };
         if let Some(flag) = ignored.first() {
@@ -752,7 +756,7 @@ fn parse_mixer_shapes(text: &str) -> Result<Vec<(usize, usize, usize, usize)>> {
 
 fn cmd_bench(a: &BenchArgs) -> Result<()> {
     a.check_flags()?;
-    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, digest, mixer_shapes, mixers, precision, shader, entry, constants } = a;
+    let BenchArgs { what, model, prefill, decode, decode_tokens, iters, weights, json, backward, digest, mixer_shapes, mixers, precision, ops, shader, entry, constants } = a;
     if what == "registers" {
         let kernels = match (shader, entry) {
             (Some(shader), Some(entry)) => vec![registers::KernelSpec { shader: shader.clone(), entry: entry.clone(), constants: registers::parse_constants(constants.as_deref().unwrap_or(""))? }],
@@ -779,7 +783,9 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
         let gpu = Gpu::new_blocking()?;
         eprintln!("adapter: {} ({}, {})", gpu.adapter.name, gpu.adapter.backend, gpu.adapter.device_type);
         let results = if what == "ops" {
-            bench::bench_ops(&gpu, iters)?
+            use clap::ValueEnum;
+            let groups = if ops.is_empty() { bench::OpGroup::value_variants().to_vec() } else { ops.clone() };
+            bench::bench_ops(&gpu, iters, &groups)?
         } else {
             // Mixed: the recurrence's tensor-core output where it exists (head size 128).
             gpu.set_precision(precision.into())?;
