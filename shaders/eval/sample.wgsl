@@ -161,7 +161,13 @@ fn pass_masses(t: u32, base: u32, keys: vec4<u32>, lo: u32, from_row: bool, comp
 // (at most the row's total, as every caller's is), searched for from key `lo_start` (whose
 // mass reaches the goal) up. `from_row`: the search starts over the whole row (lo_start must
 // then be 1); else over the lists a search before left (lo_start at or above their lo).
-fn crossing(t: u32, base: u32, goal: f32, lo_start: u32, from_row: bool) -> Cut {
+// From the row, the first pass's keys (lo = 1, hi = ONE + 1) do not depend on the goal: the
+// pass that computes the weights adds up their masses too (`row_masses`, this thread's).
+fn first_keys() -> vec4<u32> {
+    return min(vec4<u32>(1u) + (ONE / 5u) * vec4<u32>(1u, 2u, 3u, 4u), vec4<u32>(ONE));
+}
+
+fn crossing(t: u32, base: u32, goal: f32, lo_start: u32, from_row: bool, row_masses: vec4<f32>) -> Cut {
     // Invariant: the mass at or above key lo reaches the target, at or above hi it does not
     // (`above` is that mass); hi starts past every weight.
     var lo = lo_start;
@@ -170,8 +176,12 @@ fn crossing(t: u32, base: u32, goal: f32, lo_start: u32, from_row: bool) -> Cut 
     for (var round = 0u; round < PASSES; round++) {
         let step = max((hi - lo) / 5u, 1u);
         let keys = min(vec4<u32>(lo) + step * vec4<u32>(1u, 2u, 3u, 4u), vec4<u32>(hi - 1u));
-        // From the row: the first pass drops nothing (lo is 1), the second writes the lists.
-        let s = pass_masses(t, base, keys, lo, from_row && round < 2u, !from_row || round > 0u);
+        // From the row: the first pass is the weights' (it drops nothing: lo is 1), the second
+        // reads the row and writes the lists.
+        var s = row_masses;
+        if (!from_row || round > 0u) {
+            s = pass_masses(t, base, keys, lo, from_row && round == 1u, true);
+        }
         let mass = reduce(t, s, false);
         let reached = mass >= vec4<f32>(goal);
         // The masses fall with the key: the last key that reaches the target is the new lo,
@@ -292,6 +302,8 @@ fn sample(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     // and reports it instead of a pick.
     let row_bad = mb.y != 0.0;
     var s = 0.0;
+    let keys0 = first_keys();
+    var s0 = vec4<f32>(0.0);
     c = t;
     for (; c + (LOADS - 1u) * THREADS < p.vocab; c += LOADS * THREADS) {
         let w0 = exp((z[base + c] - top) / p.temperature);
@@ -311,18 +323,27 @@ fn sample(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         weights[base + c + 6u * THREADS] = w6;
         weights[base + c + 7u * THREADS] = w7;
         s += w0;
+        s0 += at_or_above(w0, keys0);
         s += w1;
+        s0 += at_or_above(w1, keys0);
         s += w2;
+        s0 += at_or_above(w2, keys0);
         s += w3;
+        s0 += at_or_above(w3, keys0);
         s += w4;
+        s0 += at_or_above(w4, keys0);
         s += w5;
+        s0 += at_or_above(w5, keys0);
         s += w6;
+        s0 += at_or_above(w6, keys0);
         s += w7;
+        s0 += at_or_above(w7, keys0);
     }
     for (; c < p.vocab; c += THREADS) {
         let w = exp((z[base + c] - top) / p.temperature);
         weights[base + c] = w;
         s += w;
+        s0 += at_or_above(w, keys0);
     }
     let total = reduce(t, vec4<f32>(s, 0.0, 0.0, 0.0), false).x;
     // pick_id reads columns other threads wrote.
@@ -330,7 +351,7 @@ fn sample(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     var kept_mass = total;
     var cut = Cut(0u, 0u, total);
     if (p.top_p < 1.0) {
-        cut = crossing(t, base, p.top_p * total, 1u, true);
+        cut = crossing(t, base, p.top_p * total, 1u, true, s0);
         kept_mass = cut.mass;
     }
     // The draw's goal is at most the kept mass, which the cut's key reaches: its search starts
@@ -338,9 +359,9 @@ fn sample(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
     let goal = min(uniforms[p.u_offset + r] * kept_mass, total);
     var at = Cut(0u, 0u, 0.0);
     if (p.top_p < 1.0) {
-        at = crossing(t, base, goal, cut.key, false);
+        at = crossing(t, base, goal, cut.key, false, s0);
     } else {
-        at = crossing(t, base, goal, 1u, true);
+        at = crossing(t, base, goal, 1u, true, s0);
     }
     // A draw past the kept prefix (by rounding) takes its last token.
     if (p.top_p < 1.0 && (at.key < cut.key || (at.key == cut.key && at.rank > cut.rank))) {
