@@ -10,9 +10,10 @@
 // the one the target falls on is counted in id order. Masses are summed by each thread over
 // its columns in the order the total was, and reduced in one fixed tree, so the search's mass
 // at the smallest key is the total's exact bits and the pick does not depend on timing.
-// One workgroup reads its row some thirty times, so every pass keeps eight loads in flight per
-// thread (LOADS columns, THREADS apart) and adds them in the plain loop's order: a pass waits for
-// memory once per eight columns instead of once per column, with the same bits.
+// One workgroup makes some thirty passes, so each keeps eight loads in flight per thread
+// (LOADS columns, THREADS apart) and adds them in the plain loop's order, and after a search's
+// first two passes each thread reads only its list of the weights that can still count (see
+// `listed`): the same bits as full passes over the row, a few words read where 192 were.
 //   picks[2r]     = the token sampled from row r
 //   picks[2r + 1] = 1 when some logit of the row is not finite (the caller stops), else 0
 
