@@ -100,22 +100,26 @@ fn listed_or_row(base: u32, c: u32, from_row: bool) -> f32 {
     return kept[base + c];
 }
 
-// Appends w to the thread's list (n long so far) if it can still count (`compact`).
-fn keep(base: u32, t: u32, n: u32, w: f32, lo: u32, compact: bool) -> u32 {
-    if (compact && bitcast<u32>(w) >= lo) {
-        kept[base + t + n * THREADS] = w;
+// Appends w, the i-th weight read, to the thread's list (n long so far) if it can still count.
+// A list rewritten in place moves a weight only once one before it was dropped (n < i).
+fn keep(base: u32, t: u32, n: u32, i: u32, w: f32, lo: u32, from_row: bool) -> u32 {
+    if (bitcast<u32>(w) >= lo) {
+        if (from_row || n != i) {
+            kept[base + t + n * THREADS] = w;
+        }
         return n + 1u;
     }
     return n;
 }
 
-// The masses of one pass at or above `keys`, and (`compact`) the thread's list rewritten
-// without the weights below `lo`: over the row (`from_row`: columns t, t + THREADS, …) or over
-// the list. Eight loads in flight, each weight added in the plain loop's order; a list is
-// rewritten in place, each word after it was read.
-fn pass_masses(t: u32, base: u32, keys: vec4<u32>, lo: u32, from_row: bool, compact: bool) -> vec4<f32> {
+// The masses of one pass at or above `keys`, and the thread's list rewritten without the
+// weights below `lo`: read from the row (`from_row`: columns t, t + THREADS, …) or from the
+// list. Eight loads in flight, each weight added in the plain loop's order; a list is rewritten
+// in place, each word after it was read.
+fn pass_masses(t: u32, base: u32, keys: vec4<u32>, lo: u32, from_row: bool) -> vec4<f32> {
     var s = vec4<f32>(0.0);
     var n = 0u;
+    var i = 0u;
     var end = p.vocab;
     if (!from_row) {
         end = t + listed * THREADS;
@@ -131,30 +135,30 @@ fn pass_masses(t: u32, base: u32, keys: vec4<u32>, lo: u32, from_row: bool, comp
         let w6 = listed_or_row(base, c + 6u * THREADS, from_row);
         let w7 = listed_or_row(base, c + 7u * THREADS, from_row);
         s += at_or_above(w0, keys);
-        n = keep(base, t, n, w0, lo, compact);
+        n = keep(base, t, n, i + 0u, w0, lo, from_row);
         s += at_or_above(w1, keys);
-        n = keep(base, t, n, w1, lo, compact);
+        n = keep(base, t, n, i + 1u, w1, lo, from_row);
         s += at_or_above(w2, keys);
-        n = keep(base, t, n, w2, lo, compact);
+        n = keep(base, t, n, i + 2u, w2, lo, from_row);
         s += at_or_above(w3, keys);
-        n = keep(base, t, n, w3, lo, compact);
+        n = keep(base, t, n, i + 3u, w3, lo, from_row);
         s += at_or_above(w4, keys);
-        n = keep(base, t, n, w4, lo, compact);
+        n = keep(base, t, n, i + 4u, w4, lo, from_row);
         s += at_or_above(w5, keys);
-        n = keep(base, t, n, w5, lo, compact);
+        n = keep(base, t, n, i + 5u, w5, lo, from_row);
         s += at_or_above(w6, keys);
-        n = keep(base, t, n, w6, lo, compact);
+        n = keep(base, t, n, i + 6u, w6, lo, from_row);
         s += at_or_above(w7, keys);
-        n = keep(base, t, n, w7, lo, compact);
+        n = keep(base, t, n, i + 7u, w7, lo, from_row);
+        i += LOADS;
     }
     for (; c < end; c += THREADS) {
         let w = listed_or_row(base, c, from_row);
         s += at_or_above(w, keys);
-        n = keep(base, t, n, w, lo, compact);
+        n = keep(base, t, n, i, w, lo, from_row);
+        i++;
     }
-    if (compact) {
-        listed = n;
-    }
+    listed = n;
     return s;
 }
 
@@ -181,7 +185,7 @@ fn crossing(t: u32, base: u32, goal: f32, lo_start: u32, from_row: bool, row_mas
         // reads the row and writes the lists.
         var s = row_masses;
         if (!from_row || round > 0u) {
-            s = pass_masses(t, base, keys, lo, from_row && round == 1u, true);
+            s = pass_masses(t, base, keys, lo, from_row && round == 1u);
         }
         let mass = reduce(t, s, false);
         let reached = mass >= vec4<f32>(goal);
