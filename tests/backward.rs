@@ -470,7 +470,6 @@ fn squared_and_l2_errors_match_finite_differences() {
 /// logits give: per-row cross entropy and KL, ∂L/∂x, and the head's gradient added to.
 #[test]
 fn blocked_head_losses_match_the_whole_logits() {
-    use linearize_core::gpu::Dtype;
     use linearize_core::train::losses::{cross_entropy, head_losses, kl, HeadLosses, KlTerm};
     let mut rng = Rng::new(62);
     let (rows, vocab, d) = (150, 300, 64);
