@@ -432,6 +432,15 @@ fn store_dr(row: u32, j: u32, x: f32) {
     }
 }
 
+// A vector gate's db of key vec4 a at a row into dg_out (one f32 word per key channel).
+fn store_db(row: u32, a: u32, db: vec4<f32>) {
+    let i = row * D + 4u * a;
+    dg_out[i] = db.x;
+    dg_out[i + 1u] = db.y;
+    dg_out[i + 2u] = db.z;
+    dg_out[i + 3u] = db.w;
+}
+
 @BACK_SUBSTITUTE@
 @BLOCK_DOTS@
 @compute @workgroup_size(256)
@@ -582,11 +591,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             // db is final here for the additive rules: spend it at once (phase 8's terms, in
             // its order), so that it is not held in registers beside dq and dk till then.
             if (GATE == 2u && in_range) {
-                let i = row * D + 4u * a;
-                dg_out[i] = db{e}.x;
-                dg_out[i + 1u] = db{e}.y;
-                dg_out[i + 2u] = db{e}.z;
-                dg_out[i + 3u] = db{e}.w;
+                store_db(row, a, db{e});
             }
             if (GATE == 1u && in_range) {
                 db_total += dot(db{e}, vec4<f32>(1.0));
@@ -731,12 +736,8 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
         if (DELTA && in_range) {
-            //@for e NV
-            let i = row * D + 4u * (part + {4e}u);
-            dg_out[i] = db{e}.x;
-            dg_out[i + 1u] = db{e}.y;
-            dg_out[i + 2u] = db{e}.z;
-            dg_out[i + 3u] = db{e}.w;
+            //@decl e NV
+            store_db(row, part + {4e}u, db{e});
             //@end
         }
         storageBarrier();

@@ -1976,6 +1976,15 @@ fn store_dr(row: u32, j: u32, x: f32) {
     }
 }
 
+// A vector gate's db of key vec4 a at a row into dg_out (one f32 word per key channel).
+fn store_db(row: u32, a: u32, db: vec4<f32>) {
+    let i = row * D + 4u * a;
+    dg_out[i] = db.x;
+    dg_out[i + 1u] = db.y;
+    dg_out[i + 2u] = db.z;
+    dg_out[i + 3u] = db.w;
+}
+
 // (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
 // the rows solved after it (read back once each, four at a time), then solves its diagonal block
 // in registers (rows past the chunk's end hold 0 and change nothing). A_ts = β_t a_sh[t][s].
@@ -3032,11 +3041,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    dg_out[i] = db0.x;
-                    dg_out[i + 1u] = db0.y;
-                    dg_out[i + 2u] = db0.z;
-                    dg_out[i + 3u] = db0.w;
+                    store_db(row, a, db0);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db0, vec4<f32>(1.0));
@@ -3060,11 +3065,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    dg_out[i] = db1.x;
-                    dg_out[i + 1u] = db1.y;
-                    dg_out[i + 2u] = db1.z;
-                    dg_out[i + 3u] = db1.w;
+                    store_db(row, a, db1);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db1, vec4<f32>(1.0));
@@ -3088,11 +3089,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    dg_out[i] = db2.x;
-                    dg_out[i + 1u] = db2.y;
-                    dg_out[i + 2u] = db2.z;
-                    dg_out[i + 3u] = db2.w;
+                    store_db(row, a, db2);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db2, vec4<f32>(1.0));
@@ -3116,11 +3113,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    dg_out[i] = db3.x;
-                    dg_out[i + 1u] = db3.y;
-                    dg_out[i + 2u] = db3.z;
-                    dg_out[i + 3u] = db3.w;
+                    store_db(row, a, db3);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db3, vec4<f32>(1.0));
@@ -3489,34 +3482,10 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
         if (DELTA && in_range) {
-            {
-                let i = row * D + 4u * (part + 0u);
-                dg_out[i] = db0.x;
-                dg_out[i + 1u] = db0.y;
-                dg_out[i + 2u] = db0.z;
-                dg_out[i + 3u] = db0.w;
-            }
-            {
-                let i = row * D + 4u * (part + 4u);
-                dg_out[i] = db1.x;
-                dg_out[i + 1u] = db1.y;
-                dg_out[i + 2u] = db1.z;
-                dg_out[i + 3u] = db1.w;
-            }
-            {
-                let i = row * D + 4u * (part + 8u);
-                dg_out[i] = db2.x;
-                dg_out[i + 1u] = db2.y;
-                dg_out[i + 2u] = db2.z;
-                dg_out[i + 3u] = db2.w;
-            }
-            {
-                let i = row * D + 4u * (part + 12u);
-                dg_out[i] = db3.x;
-                dg_out[i + 1u] = db3.y;
-                dg_out[i + 2u] = db3.z;
-                dg_out[i + 3u] = db3.w;
-            }
+            store_db(row, part + 0u, db0);
+            store_db(row, part + 4u, db1);
+            store_db(row, part + 8u, db2);
+            store_db(row, part + 12u, db3);
         }
         storageBarrier();
         workgroupBarrier();

@@ -2182,6 +2182,15 @@ fn store_dr(row: u32, j: u32, x: f32) {
     }
 }
 
+// A vector gate's db of key vec4 a at a row into dg_out (one f32 word per key channel).
+fn store_db(row: u32, a: u32, db: vec4<f32>) {
+    let i = row * D + 4u * a;
+    arena_out[arena_toc[25u] + (i)] = db.x;
+    arena_out[arena_toc[25u] + (i + 1u)] = db.y;
+    arena_out[arena_toc[25u] + (i + 2u)] = db.z;
+    arena_out[arena_toc[25u] + (i + 3u)] = db.w;
+}
+
 // (I + A)ᵀ dR = dX for column j, in place over dX, last 16-row block first: a block subtracts
 // the rows solved after it (read back once each, four at a time), then solves its diagonal block
 // in registers (rows past the chunk's end hold 0 and change nothing). A_ts = β_t a_sh[t][s].
@@ -3326,11 +3335,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db0.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db0.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db0.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db0.w;
+                    store_db(row, a, db0);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db0, vec4<f32>(1.0));
@@ -3354,11 +3359,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db1.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db1.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db1.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db1.w;
+                    store_db(row, a, db1);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db1, vec4<f32>(1.0));
@@ -3382,11 +3383,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db2.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db2.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db2.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db2.w;
+                    store_db(row, a, db2);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db2, vec4<f32>(1.0));
@@ -3410,11 +3407,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db3.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db3.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db3.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db3.w;
+                    store_db(row, a, db3);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db3, vec4<f32>(1.0));
@@ -3438,11 +3431,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db4.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db4.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db4.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db4.w;
+                    store_db(row, a, db4);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db4, vec4<f32>(1.0));
@@ -3466,11 +3455,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db5.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db5.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db5.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db5.w;
+                    store_db(row, a, db5);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db5, vec4<f32>(1.0));
@@ -3494,11 +3479,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db6.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db6.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db6.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db6.w;
+                    store_db(row, a, db6);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db6, vec4<f32>(1.0));
@@ -3522,11 +3503,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
                 if (GATE == 2u && in_range) {
-                    let i = row * D + 4u * a;
-                    arena_out[arena_toc[25u] + (i)] = db7.x;
-                    arena_out[arena_toc[25u] + (i + 1u)] = db7.y;
-                    arena_out[arena_toc[25u] + (i + 2u)] = db7.z;
-                    arena_out[arena_toc[25u] + (i + 3u)] = db7.w;
+                    store_db(row, a, db7);
                 }
                 if (GATE == 1u && in_range) {
                     db_total += dot(db7, vec4<f32>(1.0));
@@ -4027,62 +4004,14 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     //    back. S_L is the next chunk's S_0; the last chunk's dS_L is zero.
     if (GATE == 2u) {
         if (DELTA && in_range) {
-            {
-                let i = row * D + 4u * (part + 0u);
-                arena_out[arena_toc[25u] + (i)] = db0.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db0.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db0.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db0.w;
-            }
-            {
-                let i = row * D + 4u * (part + 4u);
-                arena_out[arena_toc[25u] + (i)] = db1.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db1.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db1.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db1.w;
-            }
-            {
-                let i = row * D + 4u * (part + 8u);
-                arena_out[arena_toc[25u] + (i)] = db2.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db2.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db2.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db2.w;
-            }
-            {
-                let i = row * D + 4u * (part + 12u);
-                arena_out[arena_toc[25u] + (i)] = db3.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db3.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db3.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db3.w;
-            }
-            {
-                let i = row * D + 4u * (part + 16u);
-                arena_out[arena_toc[25u] + (i)] = db4.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db4.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db4.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db4.w;
-            }
-            {
-                let i = row * D + 4u * (part + 20u);
-                arena_out[arena_toc[25u] + (i)] = db5.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db5.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db5.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db5.w;
-            }
-            {
-                let i = row * D + 4u * (part + 24u);
-                arena_out[arena_toc[25u] + (i)] = db6.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db6.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db6.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db6.w;
-            }
-            {
-                let i = row * D + 4u * (part + 28u);
-                arena_out[arena_toc[25u] + (i)] = db7.x;
-                arena_out[arena_toc[25u] + (i + 1u)] = db7.y;
-                arena_out[arena_toc[25u] + (i + 2u)] = db7.z;
-                arena_out[arena_toc[25u] + (i + 3u)] = db7.w;
-            }
+            store_db(row, part + 0u, db0);
+            store_db(row, part + 4u, db1);
+            store_db(row, part + 8u, db2);
+            store_db(row, part + 12u, db3);
+            store_db(row, part + 16u, db4);
+            store_db(row, part + 20u, db5);
+            store_db(row, part + 24u, db6);
+            store_db(row, part + 28u, db7);
         }
         storageBarrier();
         workgroupBarrier();
