@@ -162,16 +162,17 @@ fn pass_masses(t: u32, base: u32, keys: vec4<u32>, lo: u32, from_row: bool) -> v
     return s;
 }
 
-// The first token, in order of falling weight and then id, whose running mass reaches `goal`
-// (at most the row's total, as every caller's is), searched for from key `lo_start` (whose
-// mass reaches the goal) up. `from_row`: the search starts over the whole row (lo_start must
-// then be 1); else over the lists a search before left (lo_start at or above their lo).
-// From the row, the first pass's keys (lo = 1, hi = ONE + 1) do not depend on the goal: the
-// pass that computes the weights adds up their masses too (`row_masses`, this thread's).
+// The keys of a search's first pass over the row (lo = 1, hi = ONE + 1): they do not depend
+// on the goal, so the pass that computes the weights adds up their masses too.
 fn first_keys() -> vec4<u32> {
     return min(vec4<u32>(1u) + (ONE / 5u) * vec4<u32>(1u, 2u, 3u, 4u), vec4<u32>(ONE));
 }
 
+// The first token, in order of falling weight and then id, whose running mass reaches `goal`
+// (at most the row's total, as every caller's is), searched for from key `lo_start` (whose
+// mass reaches the goal) up. `from_row`: the search starts over the whole row (lo_start must
+// then be 1), its first pass's masses this thread's `row_masses`; else over the lists a search
+// before left (lo_start at or above their lo).
 fn crossing(t: u32, base: u32, goal: f32, lo_start: u32, from_row: bool, row_masses: vec4<f32>) -> Cut {
     // Invariant: the mass at or above key lo reaches the target, at or above hi it does not
     // (`above` is that mass); hi starts past every weight.
@@ -359,15 +360,11 @@ fn sample(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) w
         cut = crossing(t, base, p.top_p * total, 1u, true, s0);
         kept_mass = cut.mass;
     }
-    // The draw's goal is at most the kept mass, which the cut's key reaches: its search starts
-    // there, on the lists the cut's search left.
+    // The draw's goal is at most the kept mass, which the cut's key reaches: after a cut its
+    // search starts there, on the lists the cut's search left; without one, over the row.
     let goal = min(uniforms[p.u_offset + r] * kept_mass, total);
-    var at = Cut(0u, 0u, 0.0);
-    if (p.top_p < 1.0) {
-        at = crossing(t, base, goal, cut.key, false, s0);
-    } else {
-        at = crossing(t, base, goal, 1u, true, s0);
-    }
+    let after_cut = p.top_p < 1.0;
+    var at = crossing(t, base, goal, select(1u, cut.key, after_cut), !after_cut, s0);
     // A draw past the kept prefix (by rounding) takes its last token.
     if (p.top_p < 1.0 && (at.key < cut.key || (at.key == cut.key && at.rank > cut.rank))) {
         at = cut;
