@@ -116,6 +116,23 @@ fn time_op(gpu: &Gpu, iters: usize, reps: usize, f: &mut dyn FnMut(&mut lineariz
     Ok((median(times), (!gpu_times.is_empty()).then(|| median(gpu_times))))
 }
 
+/// Op `name` on `path` timed by `time_op`: its JSON record (seconds, and the GPU's where the
+/// adapter has timestamps).
+fn timed_op(gpu: &Gpu, iters: usize, reps: usize, name: String, path: &str, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>) -> Result<Value> {
+    let (s, gpu_s) = time_op(gpu, iters, reps, f)?;
+    let mut v = json!({"what": "op", "op": name, "path": path, "seconds": s});
+    if let Some(g) = gpu_s {
+        v["gpu_seconds"] = json!(g);
+    }
+    Ok(v)
+}
+
+/// `v`, printed to stderr as it comes (a long benchmark shows its progress).
+fn shown(v: Value) -> Value {
+    eprintln!("{v}");
+    v
+}
+
 /// `bench ops --ops`: the groups of kernels to time.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
 pub enum OpGroup {
@@ -139,16 +156,9 @@ pub fn bench_ops(gpu: &Gpu, iters: usize, groups: &[OpGroup]) -> Result<Vec<Valu
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
     type Sampler<'a> = &'a dyn Fn(usize, usize) -> f64;
     let mut out = Vec::new();
-    let keep = |out: &mut Vec<Value>, v: Value| {
-        eprintln!("{v}");
-        out.push(v);
-    };
     let time = |name: String, path: &str, flops: f64, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
-        let (s, gpu_s) = time_op(gpu, iters, reps, f)?;
-        let mut v = json!({"what": "op", "op": name, "path": path, "seconds": s, "tflops": flops / s / 1e12});
-        if let Some(g) = gpu_s {
-            v["gpu_seconds"] = json!(g);
-        }
+        let mut v = timed_op(gpu, iters, reps, name, path, f)?;
+        v["tflops"] = json!(flops / v["seconds"].as_f64().unwrap_or(f64::NAN) / 1e12);
         Ok(v)
     };
     // The linear layer's three products at the training step's shapes (B=8 T=512 of the
@@ -190,7 +200,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize, groups: &[OpGroup]) -> Result<Vec<Valu
                 }
                 v["max_abs_err_vs_f64"] = json!(err);
                 v["max_abs_f64"] = json!(big);
-                keep(&mut out, v);
+                out.push(shown(v));
             }
         }
         gpu.set_precision(Precision::F32)?;
@@ -208,7 +218,7 @@ pub fn bench_ops(gpu: &Gpu, iters: usize, groups: &[OpGroup]) -> Result<Vec<Valu
         for &precision in paths {
             gpu.set_precision(precision)?;
             let v = time(format!("attention b{b} t{t} pos0 {}", s.pos0), precision.gemm_path(), flops, 1, &mut |rec| nn::attention(rec, s, &q, &kc, &vc, &o))?;
-            keep(&mut out, v);
+            out.push(shown(v));
         }
         gpu.set_precision(Precision::F32)?;
     }
@@ -231,13 +241,9 @@ fn bench_norms(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Result<()> {
     let mut rng = Rng::new(3);
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
     let time = |name: &str, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
-        let (s, gpu_s) = time_op(gpu, iters, 1, f)?;
-        let mut v = json!({"what": "op", "op": name, "path": "f32", "seconds": s, "tflops": 0.0});
-        if let Some(g) = gpu_s {
-            v["gpu_seconds"] = json!(g);
-        }
-        eprintln!("{v}");
-        Ok(v)
+        let mut v = timed_op(gpu, iters, 1, name.into(), "f32", f)?;
+        v["tflops"] = json!(0.0);
+        Ok(shown(v))
     };
     let (x, w, y) = (gpu.upload_f32("x", &rand(4096 * 576))?, gpu.upload_f32("w", &rand(576))?, gpu.scratch(4096 * 576)?);
     out.push(time("rmsnorm 4096x576", &mut |rec| nn::rmsnorm(rec, &x, &w, &y, 4096, 576, 1e-5))?);
@@ -277,14 +283,9 @@ fn bench_picks(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Result<()> {
         let logits = gpu.upload_f32("logits", row)?;
         for (name, temperature, top_p) in [("greedy", 0.0f32, 1.0f32), ("sampled top-p 0.95", 1.0, 0.95), ("sampled top-p 1.0", 1.0, 1.0)] {
             let picker = Picker::new(gpu, &Sampling { temperature, top_p, ..Default::default() }, &[0.37])?;
-            let (s, gpu_s) = time_op(gpu, iters, 10, &mut |rec| picker.record(rec, &logits, 1, VOCAB, 0, &picks))?;
+            let v = timed_op(gpu, iters, 10, format!("pick {name} 1x{VOCAB} {row_name}"), "decode", &mut |rec| picker.record(rec, &logits, 1, VOCAB, 0, &picks));
             picker.release(gpu);
-            let mut v = json!({"what": "op", "op": format!("pick {name} 1x{VOCAB} {row_name}"), "path": "decode", "seconds": s});
-            if let Some(g) = gpu_s {
-                v["gpu_seconds"] = json!(g);
-            }
-            eprintln!("{v}");
-            out.push(v);
+            out.push(shown(v?));
         }
         gpu.release(logits);
     }
@@ -300,15 +301,7 @@ fn bench_decode_products(gpu: &Gpu, iters: usize, out: &mut Vec<Value>) -> Resul
     use linearize_core::nn::{self, Gemm, LinearInput, LinearKernel};
     let mut rng = Rng::new(2);
     let mut rand = |n: usize| -> Vec<f32> { (0..n).map(|_| (rng.next_f64() as f32 - 0.5) * 0.1).collect() };
-    let time = |name: String, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> {
-        let (s, gpu_s) = time_op(gpu, iters, reps, f)?;
-        let mut v = json!({"what": "op", "op": name, "path": "decode", "seconds": s});
-        if let Some(g) = gpu_s {
-            v["gpu_seconds"] = json!(g);
-        }
-        eprintln!("{v}");
-        Ok(v)
-    };
+    let time = |name: String, reps: usize, f: &mut dyn FnMut(&mut linearize_core::gpu::Recorder) -> linearize_core::Result<()>| -> Result<Value> { Ok(shown(timed_op(gpu, iters, reps, name, "decode", f)?)) };
     for &(n, k) in &[(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)] {
         let (x, g, y) = (gpu.upload_f32("x", &rand(2 * k))?, gpu.upload_f32("g", &rand(k))?, gpu.scratch(n)?);
         let xn = gpu.scratch(k)?;
