@@ -1,7 +1,7 @@
 //! Each WGSL op against its f64 reference at awkward shapes: one row, sizes that are not
 //! multiples of the tiles, several heads, grouped kv heads, and extreme values.
 use linearize_core::util::Rng;
-use linearize_core::gpu::GpuBuf;
+use linearize_core::gpu::{GpuBuf, Recorder};
 use linearize_core::nn::{self, AttnShape, Gemm, LinearInput, LinearKernel};
 use linearize_core::reference::nn as reference;
 use linearize_tests::{assert_close, f64s, gpu, random};
@@ -655,9 +655,11 @@ fn zeroed_temporaries_are_zero_and_apart() {
     assert_eq!(bufs.iter().map(|b| b.len).collect::<Vec<_>>(), sizes);
     let (ones, zeros) = (up("ones", &[1.0; 70]), up("zeros", &[0.0; 70]));
     nn::add(&mut rec, &ones, &zeros, &bufs[1], 70).unwrap();
-    let back: Vec<(GpuBuf, usize)> = bufs.iter().map(|b| (b.view(0, b.len).unwrap(), b.len)).collect();
+    // Temporaries go back to the pool at submission, where a test running beside this one may
+    // take them: their values are copied into buffers of the test's own first.
+    let back: Vec<GpuBuf> = bufs.iter().map(|b| owned_copy(&mut rec, b)).collect();
     rec.submit().unwrap();
-    let got: Vec<Vec<f32>> = back.iter().map(|(b, n)| read(b, *n)).collect();
+    let got: Vec<Vec<f32>> = back.iter().map(|b| read(b, b.len)).collect();
     assert_eq!(got[0], vec![0.0; 3]);
     assert_eq!(got[1], vec![1.0; 70], "written through its own view");
     assert_eq!(got[2], vec![0.0; 1]);
@@ -681,9 +683,17 @@ fn flushed_recordings_keep_order_and_temporaries() {
             rec.flush().unwrap();
         }
     }
-    let out = a.view(0, n).unwrap();
+    let out = owned_copy(&mut rec, &a);
     rec.submit().unwrap();
     assert_eq!(read(&out, n), vec![1102.0; n]);
+}
+
+/// A buffer outside the pool (filled with 7s, so that a copy left undone shows) holding a copy of
+/// `temp`'s values once the recording is submitted.
+fn owned_copy(rec: &mut Recorder<'_>, temp: &GpuBuf) -> GpuBuf {
+    let own = up("copy", &vec![7.0; temp.len]);
+    nn::copy(rec, temp, &own, temp.len).unwrap();
+    own
 }
 
 /// Bind groups are kept across submissions (the same buffers bound the same way get the same
