@@ -158,7 +158,9 @@ def head_norm(kind, x, w, eps):
 
 def short_conv(x, w, tail):
     """Depthwise causal conv (4 taps, w [C, 4]) + SiLU over x [B, T, C], continuing from the
-    last three inputs `tail` [B, 3, C]; returns the output and the new tail."""
+    last three inputs `tail` [B, 3, C]; returns the output and the new tail. Taps fixed in the
+    config (`no_conv`: the identity) arrive flat, hence the reshape."""
+    w = w.reshape(-1, 4)
     stream = torch.cat([tail, x], dim=1)
     t = x.shape[1]
     y = sum(w[:, j] * stream[:, j: j + t] for j in range(4))

@@ -14,9 +14,13 @@ fn option_sets(kind: MixerKind) -> Vec<MixerOptions> {
         MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
         MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
         MixerOptions { conv_all_mixers: true, ..Default::default() },
+        MixerOptions { no_conv: true, no_decay: true, ..Default::default() },
     ];
     let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
-    sets.into_iter().filter(|o| !((o.la_denominator && kind != mixer("linear_attn")) || (o.kda_gate_mixup && kind != mixer("kda")) || (o.conv_all_mixers && !conv_added))).collect()
+    let ablated = kind.layout(&MixerOptions::default()).conv || kind.ablates_decay();
+    sets.into_iter()
+        .filter(|o| !((o.la_denominator && kind != mixer("linear_attn")) || (o.kda_gate_mixup && kind != mixer("kda")) || (o.conv_all_mixers && !conv_added) || (o.no_conv && !ablated)))
+        .collect()
 }
 
 /// Options as a student file written before the option `field` existed reads them.
@@ -239,4 +243,64 @@ fn conv_all_mixers_adds_the_short_conv() {
         assert!(["conv_q", "conv_k", "conv_v"].iter().all(|c| p.contains_key(*c)), "{name}");
         assert!(!new_parameters(kind, s, &MixerOptions::default(), 0).contains_key("conv_q"), "{name}");
     }
+}
+
+/// Every parameter a mixer declares is read by its layout (none is trained for nothing), under
+/// every option set the tests run.
+#[test]
+fn every_declared_parameter_is_read_by_the_layout() {
+    let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
+    for kind in MixerKind::all() {
+        for opts in option_sets(kind) {
+            let read = kind.layout(&opts).parameter_names();
+            for p in kind.parameter_defs(s, &opts) {
+                assert!(read.contains(&p.name), "{} {opts:?}: '{}' is declared and never read", kind.name(), p.name);
+            }
+        }
+    }
+}
+
+/// The ablations: `no_conv` fixes the short conv's taps at the identity (constants, not
+/// parameters: q, k, v through the SiLU alone) and `no_decay` takes the decay and what only it
+/// reads away (mLSTM, whose forget gate is also its stabiliser's, is left as it is); every other
+/// parameter starts from the paper student's values.
+#[test]
+fn ablations_fix_the_conv_and_take_the_decay_away() {
+    let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
+    let paper = MixerOptions { seed: 3, ..Default::default() };
+    let (no_conv, no_decay) = (MixerOptions { no_conv: true, ..paper.clone() }, MixerOptions { no_decay: true, ..paper.clone() });
+    let names = |kind: MixerKind, o: &MixerOptions| -> Vec<String> { new_parameters(kind, s, o, 1).into_keys().collect() };
+    for kind in MixerKind::all() {
+        let full = new_parameters(kind, s, &paper, 1);
+        for o in [&no_conv, &no_decay] {
+            for (name, t) in new_parameters(kind, s, o, 1) {
+                assert_eq!(Some(&t), full.get(&name), "{} {o:?}: '{name}' starts where the paper's does", kind.name());
+            }
+        }
+        let had_conv = kind.layout(&paper).conv;
+        assert_eq!(kind.layout(&no_conv).conv, had_conv, "{}: the conv's SiLU stays", kind.name());
+        let taps: Vec<_> = kind.constants(s, &no_conv).into_iter().filter(|(n, _)| n.starts_with("conv_")).collect();
+        if had_conv {
+            assert!(names(kind, &no_conv).iter().all(|n| !n.starts_with("conv_")), "{}", kind.name());
+            assert_eq!(taps.len(), 3, "{}", kind.name());
+            assert!(taps.iter().all(|(_, v)| v.chunks(4).all(|c| c == [0.0, 0.0, 0.0, 1.0])), "{}: identity taps", kind.name());
+        } else {
+            assert!(taps.is_empty() && names(kind, &no_conv) == names(kind, &paper), "{}: no conv, nothing to fix", kind.name());
+        }
+        let decays = kind.layout(&paper).decay.is_some();
+        assert_eq!(kind.ablates_decay(), decays && kind != mixer("mlstm"), "{}", kind.name());
+        assert_eq!(kind.layout(&no_decay).decay.is_some(), decays && !kind.ablates_decay(), "{}", kind.name());
+    }
+    let gone = |name: &str| -> Vec<String> {
+        let kept = names(mixer(name), &no_decay);
+        names(mixer(name), &paper).into_iter().filter(|n| !kept.contains(n)).collect()
+    };
+    assert_eq!(gone("gated_deltanet"), ["A_log", "a_proj", "dt_bias"]);
+    assert_eq!(gone("kda"), ["A_log", "dt_bias", "f_w1", "f_w2"]);
+    assert_eq!(gone("gla"), ["gk_b", "gk_w1", "gk_w2"]);
+    // Mamba2's Δ still scales the keys: only A goes.
+    assert_eq!(gone("mamba2"), ["A_log"]);
+    assert!(gone("retnet").is_empty() && gone("mlstm").is_empty(), "RetNet's decays are constants; mLSTM keeps its gate");
+    assert_eq!(mixer("retnet").layout(&no_decay).recurrence(), mixer("linear_attn").layout(&paper).recurrence());
+    assert_eq!(mixer("gated_deltanet").layout(&no_decay).recurrence(), mixer("deltanet").layout(&paper).recurrence());
 }

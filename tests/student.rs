@@ -115,7 +115,8 @@ fn every_mixer_runs_within_webgpus_default_storage_buffers() {
 /// mixer block's input in one stacked product with the convs of q, k and v and the gates'
 /// activations inside it, q's and k's norms inside the recurrence — forced on lavapipe (which otherwise takes kernels without
 /// barriers), within WebGPU's 8 storage buffers, f32 and packed f16 weights: the same logits
-/// as the f64 reference for every mixer, with and without the convs on every mixer.
+/// as the f64 reference for every mixer, with and without the convs on every mixer, and with the
+/// ablations (fixed taps, no decay).
 #[test]
 fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
     let t = teacher();
@@ -125,29 +126,37 @@ fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
     let forced = pollster::block_on(linearize_core::gpu::Gpu::with_limits(|l| l.max_storage_buffers_per_shader_stage = 8)).unwrap().with_gpu_kernels();
     for kind in MixerKind::all() {
         // The convs on every mixer change the layouts that have none.
-        let conv_variants = if kind.layout(&MixerOptions::default()).conv { vec![false] } else { vec![false, true] };
-        for conv_all_mixers in conv_variants {
-            let opts = MixerOptions { conv_all_mixers, ..Default::default() };
+        // The ablations: taps fixed at the identity in the product's epilogue, no decay.
+        let ablated = MixerOptions { no_conv: true, no_decay: true, ..Default::default() };
+        let conv_variants = if kind.layout(&MixerOptions::default()).conv { vec![MixerOptions::default(), ablated] } else { vec![MixerOptions::default(), MixerOptions { conv_all_mixers: true, ..Default::default() }] };
+        for opts in conv_variants {
+            // The variants beyond the defaults run in f32 alone.
+            let f32_only = opts != MixerOptions::default();
             // Block 1 keeps attention for one mixer: the teacher's decode path runs beside it.
             let layers = (kind == mixer("gated_deltanet")).then(|| vec![0]);
             let (w, m) = from_teacher(&small, kind, layers, &opts, "test").unwrap();
             let want = reference::forward_with_mixers(&w, Some(&m), &ids);
             let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs()));
-            let dtypes = if conv_all_mixers { vec![linearize_core::nn::WeightFormat::F32] } else { vec![linearize_core::nn::WeightFormat::F32, linearize_core::nn::WeightFormat::F16] };
+            let dtypes = if f32_only { vec![linearize_core::nn::WeightFormat::F32] } else { vec![linearize_core::nn::WeightFormat::F32, linearize_core::nn::WeightFormat::F16] };
             for dtype in dtypes {
                 let lm = LanguageModel::upload_as(&forced, &w, Some(&m), dtype).unwrap();
-                let what = format!("{} (conv on every mixer: {conv_all_mixers}, {dtype:?} weights)", kind.name());
+                let what = format!("{} ({opts:?}, {dtype:?} weights)", kind.name());
                 let layer = lm.mixer_layer(0).expect("block 0 is a mixer");
                 let has_conv = kind.layout(&opts).conv;
                 // The gates that read x alone are activated inside the product (Mamba2's step
                 // and decay share one matrix, GLA's and KDA's decays are low-rank: not those).
                 let gates: Vec<&str> = match kind.name() {
                     "deltanet" => vec!["b_proj"],
+                    "gated_deltanet" if opts.no_decay => vec!["b_proj"],
                     "gated_deltanet" => vec!["a_proj", "b_proj"],
                     "kda" => vec!["b_proj"],
                     "mlstm" => vec!["f_proj", "i_proj"],
+                    // Without the decay, Mamba2's step is the only gate that reads its matrix.
+                    "mamba2" if opts.no_decay => vec!["dt_proj"],
                     _ => vec![],
                 };
+                // Taps fixed by no_conv sit in the stack's epilogue but are not trained.
+                assert_eq!(layer.parameter_names().iter().any(|n| n.starts_with("conv_")), has_conv && !opts.no_conv, "{what}: trained taps");
                 let stacked = layer.stacked_decode().expect("decode's stacked product");
                 assert_eq!((stacked.convs, stacked.gates), (has_conv, gates), "{what}: decode's stacked product");
                 let got = prefill_then_decode(&forced, &lm, &ids, ids.len() - 4);
@@ -510,11 +519,13 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
     // (checked against fla 0.6's layers/*.py by hand), with the model type fla registers.
     let qkvo = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"];
     let convs = ["q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"];
-    let cases: [(&str, MixerOptions, &str, Vec<&str>); 5] = [
+    let cases: [(&str, MixerOptions, &str, Vec<&str>); 6] = [
         ("gla", opts.clone(), "gla", vec!["gk_proj.0.weight", "gk_proj.1.weight", "gk_proj.1.bias", "g_proj.weight", "g_norm_swish_gate.weight"]),
         ("gla", MixerOptions { conv_all_mixers: true, ..opts.clone() }, "gla", [&["gk_proj.0.weight", "gk_proj.1.weight", "gk_proj.1.bias", "g_proj.weight", "g_norm_swish_gate.weight"][..], &convs].concat()),
         ("deltanet", opts.clone(), "delta_net", [&["b_proj.weight", "o_norm.weight"][..], &convs].concat()),
         ("retnet", opts.clone(), "retnet", vec!["g_proj.weight", "g_norm_swish_gate.weight"]),
+        // The conv ablation: fla's layer without its short convs computes SiLU(q), SiLU(k), SiLU(v).
+        ("deltanet", MixerOptions { no_conv: true, ..opts.clone() }, "delta_net", vec!["b_proj.weight", "o_norm.weight"]),
         ("kda", MixerOptions { kda_full_rank_gate: false, ..opts.clone() }, "kda", [&["b_proj.weight", "f_proj.0.weight", "f_proj.1.weight", "A_log", "dt_bias", "g_proj.0.weight", "g_proj.1.weight", "g_proj.1.bias", "o_norm.weight"][..], &convs].concat()),
     ];
     for (name, o, model_type, own) in cases {
@@ -530,8 +541,8 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
         let cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
         assert_eq!(cfg["model_type"], model_type, "{name}");
         assert!(cfg["attn"].is_null(), "{name}: no attention blocks");
+        assert_eq!(cfg["use_short_conv"], mixer(name).layout(&o).conv && !o.no_conv, "{name} {o:?}");
         if name == "gla" {
-            assert_eq!(cfg["use_short_conv"], o.conv_all_mixers);
             assert_eq!((cfg["expand_k"].as_f64(), cfg["expand_v"].as_f64(), cfg["num_heads"].as_u64()), (Some(1.0), Some(1.0), Some(9)));
         }
         if name == "kda" {
@@ -551,6 +562,9 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
         ("retnet", MixerOptions { conv_all_mixers: true, ..opts.clone() }, "short convs"),
         ("kda", MixerOptions { kda_full_rank_gate: true, ..opts.clone() }, "full-rank"),
         ("kda", MixerOptions { kda_full_rank_gate: false, kda_gate_mixup: true, ..opts.clone() }, "mix-up"),
+        ("gated_deltanet", MixerOptions { no_decay: true, ..opts.clone() }, "--no-decay"),
+        ("gla", MixerOptions { no_decay: true, ..opts.clone() }, "--no-decay"),
+        ("gla", MixerOptions { conv_all_mixers: true, no_conv: true, ..opts.clone() }, "--no-conv"),
     ] {
         let (mw, mm) = from_teacher(&small, mixer(name), None, &o, "test").unwrap();
         let e = export(&mw, &mm, &t.tokenizer, Target::Fla, &tempdir("export-refused")).err().unwrap_or_else(|| panic!("{name} with {o:?} is refused")).to_string();
@@ -578,6 +592,8 @@ fn export_to_hf_is_the_student_directory_with_remote_code_for_every_mixer() {
     cases.push((mixer("linear_attn"), MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, conv_all_mixers: true, ..base.clone() }, None));
     cases.push((mixer("kda"), MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..base.clone() }, None));
     cases.push((mixer("retnet"), MixerOptions { retnet_teacher_rope: true, ..base.clone() }, None));
+    cases.push((mixer("gated_deltanet"), MixerOptions { no_conv: true, no_decay: true, ..base.clone() }, None));
+    cases.push((mixer("mamba2"), MixerOptions { no_decay: true, ..base.clone() }, None));
     for (kind, o, layers) in cases {
         let what = format!("{} {layers:?} {o:?}", kind.name());
         let (w, m) = from_teacher(&small, kind, layers.clone(), &o, "test").unwrap();
@@ -601,6 +617,9 @@ fn export_to_hf_is_the_student_directory_with_remote_code_for_every_mixer() {
         let first = m.layers.values().next().unwrap();
         let shapes: serde_json::Map<String, serde_json::Value> = first.iter().map(|(n, t)| (n.clone(), serde_json::json!(t.shape))).collect();
         assert_eq!(lin["parameters"], serde_json::Value::Object(shapes), "{what}");
+        // Fixed taps (no_conv) travel as constants, which modeling_linearize.py reads in their place.
+        let fixed_taps = ["conv_q", "conv_k", "conv_v"].iter().filter(|n| lin["constants"].get(**n).is_some()).count();
+        assert_eq!(fixed_taps, if o.no_conv { 3 } else { 0 }, "{what}");
         if kind.name() == "retnet" {
             let gammas: Vec<f64> = lin["constants"]["log_gamma"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
             assert_eq!(gammas.len(), 9);

@@ -93,6 +93,13 @@ pub struct MixerFlags {
     /// paper's)
     #[arg(long)]
     pub retnet_teacher_rope: bool,
+    /// Ablation: no short conv (DeltaNet, Gated DeltaNet, KDA, Mamba2)
+    #[arg(long)]
+    pub no_conv: bool,
+    /// Ablation: no decay of the state, a gated mixer run ungated (RetNet, GLA, Gated DeltaNet,
+    /// KDA, Mamba2)
+    #[arg(long)]
+    pub no_decay: bool,
 }
 
 impl MixerFlags {
@@ -111,6 +118,8 @@ impl MixerFlags {
             (self.kda_full_rank_gate, &mut o.kda_full_rank_gate),
             (self.conv_all_mixers, &mut o.conv_all_mixers),
             (self.retnet_teacher_rope, &mut o.retnet_teacher_rope),
+            (self.no_conv, &mut o.no_conv),
+            (self.no_decay, &mut o.no_decay),
         ];
         for (on, field) in switches {
             if on {

@@ -41,8 +41,8 @@ pub struct StudyArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// The study's directory (created; see --resume)
-    #[arg(long)]
-    pub out: PathBuf,
+    #[arg(long, required_unless_present = "list_arms")]
+    pub out: Option<PathBuf>,
     /// Continue the study in --out where each job stopped
     #[arg(long)]
     pub resume: bool,
@@ -131,6 +131,8 @@ pub enum Arm {
     LaDenominator,
     LaOutputNorm,
     LaNormalized,
+    NoConv,
+    NoDecay,
 }
 
 /// Whose choice an arm is.
@@ -146,7 +148,7 @@ pub enum ArmKind {
 }
 
 impl Arm {
-    pub const ALL: [Arm; 12] = [
+    pub const ALL: [Arm; 14] = [
         Arm::Paper,
         Arm::ConvIdentity,
         Arm::KlTokenMean,
@@ -159,6 +161,8 @@ impl Arm {
         Arm::LaDenominator,
         Arm::LaOutputNorm,
         Arm::LaNormalized,
+        Arm::NoConv,
+        Arm::NoDecay,
     ];
 
     pub fn name(self) -> &'static str {
@@ -175,6 +179,8 @@ impl Arm {
             Arm::LaDenominator => "la-denominator",
             Arm::LaOutputNorm => "la-output-norm",
             Arm::LaNormalized => "la-normalized",
+            Arm::NoConv => "no-conv",
+            Arm::NoDecay => "no-decay",
         }
     }
 
@@ -186,7 +192,7 @@ impl Arm {
         match self {
             Arm::Paper => ArmKind::Paper,
             Arm::ConvIdentity | Arm::KlTokenMean | Arm::Stage2Mixers | Arm::MlstmForgetLinspace | Arm::LaTiedFeatureMap | Arm::KdaFullRankGate | Arm::RetnetTeacherRope => ArmKind::Ours,
-            Arm::ConvAllMixers | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized => ArmKind::Ablation,
+            Arm::ConvAllMixers | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized | Arm::NoConv | Arm::NoDecay => ArmKind::Ablation,
         }
     }
 
@@ -204,6 +210,8 @@ impl Arm {
             Arm::LaDenominator => "linear attention: the running-sum denominator",
             Arm::LaOutputNorm => "linear attention: a per-head RMSNorm on the output",
             Arm::LaNormalized => "linear attention: denominator and output norm",
+            Arm::NoConv => "the short conv removed: q, k, v through the SiLU alone (fla's use_short_conv=False)",
+            Arm::NoDecay => "the state's decay removed (A = I): the mixer run ungated",
         }
     }
 
@@ -226,6 +234,8 @@ impl Arm {
                 o.la_denominator = true;
                 o.la_output_norm = true;
             }
+            Arm::NoConv => o.no_conv = true,
+            Arm::NoDecay => o.no_decay = true,
         }
     }
 
@@ -240,6 +250,8 @@ impl Arm {
             Arm::RetnetTeacherRope => paper.rotary,
             Arm::LaTiedFeatureMap | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized => paper.feature_map.is_some(),
             Arm::KdaFullRankGate => matches!(paper.output.gate.map(|g| g.input), Some(GateInput::LowRank { .. })),
+            Arm::NoConv => paper.conv,
+            Arm::NoDecay => mixer.ablates_decay(),
         }
     }
 }
@@ -548,38 +560,39 @@ pub fn run(a: &StudyArgs) -> Result<()> {
         }
         return Ok(());
     }
+    let Some(out) = &a.out else { bail!("--out: the study's directory is needed (only --list-arms runs without one)") };
     if a.report {
-        let study = read_study(&a.out)?.ok_or_else(|| anyhow!("--report: {} holds no study", a.out.display()))?;
-        return crate::study_report::publish(&a.out, &study, a.json);
+        let study = read_study(out)?.ok_or_else(|| anyhow!("--report: {} holds no study", out.display()))?;
+        return crate::study_report::publish(out, &study, a.json);
     }
     if let Some(id) = &a.job {
-        let study = read_study(&a.out)?.ok_or_else(|| anyhow!("--job: {} holds no study", a.out.display()))?;
-        return Worker::new(&a.out, &study, a.json)?.run(id);
+        let study = read_study(out)?.ok_or_else(|| anyhow!("--job: {} holds no study", out.display()))?;
+        return Worker::new(out, &study, a.json)?.run(id);
     }
     let study = config(a)?;
-    match (read_study(&a.out)?, a.resume) {
-        (Some(old), true) if old != study => bail!("--resume: {} was started with other settings; run with the same flags and config (it has {})", a.out.join(STUDY_FILE).display(), serde_json::to_string(&old)?),
-        (Some(_), false) => bail!("--out: {} holds a study; pass --resume to continue it or choose another directory", a.out.display()),
-        (None, true) => bail!("--resume: {} holds no study to continue", a.out.display()),
+    match (read_study(out)?, a.resume) {
+        (Some(old), true) if old != study => bail!("--resume: {} was started with other settings; run with the same flags and config (it has {})", out.join(STUDY_FILE).display(), serde_json::to_string(&old)?),
+        (Some(_), false) => bail!("--out: {} holds a study; pass --resume to continue it or choose another directory", out.display()),
+        (None, true) => bail!("--resume: {} holds no study to continue", out.display()),
         _ => {}
     }
     let gpus = adapters(&a.gpus)?;
-    std::fs::create_dir_all(a.out.join("jobs")).with_context(|| format!("--out {}", a.out.display()))?;
-    write_json(&a.out.join(STUDY_FILE), &study)?;
+    std::fs::create_dir_all(out.join("jobs")).with_context(|| format!("--out {}", out.display()))?;
+    write_json(&out.join(STUDY_FILE), &study)?;
     // What every distillation reads first (the teacher's text, the conversations), then the
     // teacher's evaluation and the distillations.
     let mut prelude: Vec<String> = study.shared_jobs().into_iter().map(String::from).collect();
-    prelude.retain(|id| !job_dir(&a.out, id).join(RESULT_FILE).is_file());
+    prelude.retain(|id| !job_dir(out, id).join(RESULT_FILE).is_file());
     let mut queue: Vec<String> = std::iter::once(TEACHER_JOB.to_string()).chain(study.jobs().into_iter().map(|j| j.id)).collect();
-    queue.retain(|id| !job_dir(&a.out, id).join(RESULT_FILE).is_file());
+    queue.retain(|id| !job_dir(out, id).join(RESULT_FILE).is_file());
     let queue: Vec<String> = prelude.iter().cloned().chain(queue).collect();
     if !a.json {
-        eprintln!("study in {}: {} jobs and the teacher, {} still to run, on adapter(s) {gpus:?}", a.out.display(), study.jobs().len(), queue.len());
+        eprintln!("study in {}: {} jobs and the teacher, {} still to run, on adapter(s) {gpus:?}", out.display(), study.jobs().len(), queue.len());
     }
     let failed = if gpus.len() == 1 {
         // One adapter: this process runs the jobs (LINEARIZE_ADAPTER picks it for the device).
         std::env::set_var(ADAPTER_INDEX_VAR, gpus[0].to_string());
-        let mut worker = Worker::new(&a.out, &study, a.json)?;
+        let mut worker = Worker::new(out, &study, a.json)?;
         let mut failed = Vec::new();
         for id in &queue {
             if let Err(e) = worker.run(id) {
@@ -590,16 +603,16 @@ pub fn run(a: &StudyArgs) -> Result<()> {
         failed
     } else if !prelude.is_empty() {
         // The shared jobs one after the other on the first adapter, then the rest on all.
-        match schedule(&a.out, &prelude, &gpus[..1], a.json)? {
+        match schedule(out, &prelude, &gpus[..1], a.json)? {
             failed if !failed.is_empty() => failed,
-            _ => schedule(&a.out, &queue[prelude.len()..], &gpus, a.json)?,
+            _ => schedule(out, &queue[prelude.len()..], &gpus, a.json)?,
         }
     } else {
-        schedule(&a.out, &queue, &gpus, a.json)?
+        schedule(out, &queue, &gpus, a.json)?
     };
-    crate::study_report::publish(&a.out, &study, a.json)?;
+    crate::study_report::publish(out, &study, a.json)?;
     if !failed.is_empty() {
-        bail!("{} job(s) failed: {} (their logs: {}/jobs/<id>/; --resume runs them again)", failed.len(), failed.join(", "), a.out.display());
+        bail!("{} job(s) failed: {} (their logs: {}/jobs/<id>/; --resume runs them again)", failed.len(), failed.join(", "), out.display());
     }
     Ok(())
 }

@@ -59,7 +59,8 @@ impl StackedInputs {
     /// nothing put, where the matrices cannot be stacked (one missing or not [rows, hidden], or
     /// the stack past what one binding holds); the convs' taps and the gates' activations go into
     /// the epilogue where they can.
-    fn upload(gpu: &Gpu, layout: &Layout, shape: MixerShape, params: &MixerParams, dtype: Dtype, bufs: &mut BTreeMap<String, GpuBuf>) -> Result<Option<Self>> {
+    /// `fixed` holds the layer's constants (taps fixed by `no_conv` among them).
+    fn upload(gpu: &Gpu, layout: &Layout, shape: MixerShape, params: &MixerParams, fixed: &[(&str, Vec<f32>)], dtype: Dtype, bufs: &mut BTreeMap<String, GpuBuf>) -> Result<Option<Self>> {
         let d = shape.hidden;
         let names = layout.input_matrices();
         let mut at = BTreeMap::new();
@@ -97,13 +98,20 @@ impl StackedInputs {
         // The epilogue: q's, k's and v's taps where they lead the product, q, k and v each
         // filling whole aligned blocks (so their columns are contiguous)…
         let (hk, hv) = (shape.heads * shape.dk, shape.heads * shape.dv);
-        let taps = ["conv_q", "conv_k", "conv_v"];
-        let tap_shapes_fit = taps.iter().zip([hk, hk, hv]).all(|(n, c)| params.get(*n).is_some_and(|t| t.shape == [c, 4]));
+        let taps = crate::mixers::spec::CONV_TAPS;
+        // Trained taps [C, 4], or constants where `no_conv` fixes them.
+        let tap_values = |name: &str, c: usize| -> Option<&[f32]> {
+            match params.get(name) {
+                Some(t) => (t.shape == [c, 4]).then_some(t.data.as_slice()),
+                None => fixed.iter().find(|(n, v)| *n == name && v.len() == c * 4).map(|(_, v)| v.as_slice()),
+            }
+        };
+        let tap_shapes_fit = taps.iter().zip([hk, hk, hv]).all(|(n, c)| tap_values(n, c).is_some());
         let contiguous = at.get("q_proj") == Some(&(0, hk)) && at.get("k_proj") == Some(&(hk, hk)) && at.get("v_proj") == Some(&(2 * hk, hv));
         let convs = layout.conv && tap_shapes_fit && contiguous && hk % VIEW_ALIGN == 0;
         let mut table = vec![0.0f32; rows * 4];
         if convs {
-            let all: Vec<f32> = taps.iter().flat_map(|n| params[*n].data.iter().copied()).collect();
+            let all: Vec<f32> = taps.iter().zip([hk, hk, hv]).flat_map(|(n, c)| tap_values(n, c).unwrap_or_default().iter().copied()).collect();
             table[..all.len()].copy_from_slice(&all);
         }
         // …and each gate that reads x alone: its mode, bias and head's parameter per column.
@@ -381,7 +389,8 @@ impl MixerLayer {
         matrices.extend(defs.iter().filter(|d| d.matrix).map(|d| d.name.to_string()));
         let no_decay = defs.iter().filter(|d| !d.decay).map(|d| d.name.to_string()).collect();
         let mut bufs = BTreeMap::new();
-        let stacked = StackedInputs::upload(gpu, &layout, shape, params, dtype, &mut bufs)?;
+        let fixed = kind.constants(shape, opts);
+        let stacked = StackedInputs::upload(gpu, &layout, shape, params, &fixed, dtype, &mut bufs)?;
         for (name, t) in params {
             if bufs.contains_key(name) {
                 continue; // a view of the stacked inputs
@@ -397,9 +406,13 @@ impl MixerLayer {
             }
             bufs.insert(name.clone(), buf);
         }
-        let trainable = bufs.keys().cloned().collect();
-        for (name, values) in (kind.def().constants)(shape) {
-            bufs.insert(name.to_string(), gpu.upload_f32(name, &values)?);
+        // What was given is trained; the stack's epilogue may also hold fixed taps (constants).
+        let trainable = params.keys().cloned().collect();
+        for (name, values) in fixed {
+            // Fixed taps in the stack's epilogue are already views of it.
+            if !bufs.contains_key(name) {
+                bufs.insert(name.to_string(), gpu.upload_f32(name, &values)?);
+            }
         }
         Ok(MixerLayer { kind, opts: opts.clone(), shape, layout, params: bufs, trainable, matrices, no_decay, stacked })
     }
@@ -986,7 +999,9 @@ impl MixerLayer {
         if a.conv.is_some() {
             for (d_t, input, taps, ch) in [(&mut dq, &a.lin.q, "conv_q", hk), (&mut dk_, &a.lin.k, "conv_k", hk), (&mut dv_, &a.lin.v, "conv_v", hv)] {
                 let d_in = rec.temp(rows * ch)?;
-                ops::short_conv_backward(rec, &ShortConv { w: self.p(taps)?, batch, seq, channels: ch, silu: true }, input, d_t.get(), &d_in, grads.get(taps)?)?;
+                // Taps fixed by `no_conv` are constants, with no gradient.
+                let d_taps = if self.trainable.iter().any(|n| n == taps) { Some(grads.get(taps)?) } else { None };
+                ops::short_conv_backward(rec, &ShortConv { w: self.p(taps)?, batch, seq, channels: ch, silu: true }, input, d_t.get(), &d_in, d_taps)?;
                 d_t.replace(rec, d_in);
             }
         }

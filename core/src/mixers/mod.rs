@@ -58,13 +58,60 @@ impl MixerKind {
             .ok_or_else(|| Error::argument("--mixer", format!("unknown mixer '{name}'; expected one of {}", Self::names().join(", "))))
     }
 
+    /// The layer's wiring: the mixer's declaration for these options, less the decay where
+    /// `MixerOptions::no_decay` takes it away. (`no_conv` keeps the wiring: the conv's taps
+    /// become constants, see `constants`.)
     pub fn layout(self, opts: &MixerOptions) -> Layout {
-        (self.def().layout)(opts)
+        let mut layout = (self.def().layout)(opts);
+        // mLSTM's forget gate is also its stabiliser's decay: without it the stabilised form is
+        // another model, so the ablation leaves mLSTM as it is (`ablates_decay`).
+        if opts.no_decay && self.ablates_decay() {
+            layout.decay = None;
+        }
+        layout
     }
 
-    /// The parameters this mixer adds for these shapes and options.
+    /// Values the layer reads that are fixed, not trained or saved: the mixer's own (RetNet's
+    /// decays) and, with `MixerOptions::no_conv`, the short conv's taps at the identity, so that
+    /// q, k and v pass through the SiLU alone — what fla's layers compute with
+    /// `use_short_conv=False`.
+    pub fn constants(self, s: MixerShape, opts: &MixerOptions) -> Vec<(&'static str, Vec<f32>)> {
+        let mut fixed = (self.def().constants)(s);
+        if self.fixes_conv(opts) {
+            for tap in spec::convs(s) {
+                fixed.push((tap.name, spec::identity_taps(tap.shape[0])));
+            }
+        }
+        fixed
+    }
+
+    /// Whether `no_conv` fixes this mixer's conv taps (it has a conv with these options).
+    fn fixes_conv(self, opts: &MixerOptions) -> bool {
+        opts.no_conv && self.layout(opts).conv
+    }
+
+    /// Whether `MixerOptions::no_decay` changes this mixer: it has a decay, and it is not mLSTM's.
+    pub fn ablates_decay(self) -> bool {
+        let declared = (self.def().layout)(&MixerOptions::default());
+        declared.decay.is_some() && declared.normalizer != Normalizer::Mlstm
+    }
+
+    /// The parameters this mixer adds for these shapes and options: those its declaration lists,
+    /// less those that only the ablated pieces read.
     pub fn parameter_defs(self, s: MixerShape, opts: &MixerOptions) -> Vec<ParamDef> {
-        (self.def().parameters)(s, opts)
+        let removed = self.ablated_parameters(opts);
+        (self.def().parameters)(s, opts).into_iter().filter(|p| !removed.contains(&p.name)).collect()
+    }
+
+    /// Declared parameters that the ablations take away: those only the removed decay read (its
+    /// gate's projections, parameter and bias), and the conv taps that `constants` fixes.
+    fn ablated_parameters(self, opts: &MixerOptions) -> Vec<&'static str> {
+        let kept = self.layout(opts).parameter_names();
+        let mut removed: Vec<&'static str> = (self.def().layout)(opts).parameter_names().into_iter().filter(|n| !kept.contains(n)).collect();
+        if self.fixes_conv(opts) {
+            removed.extend(spec::CONV_TAPS);
+        }
+        removed
     }
 
     /// The recurrence this mixer runs (LA's denominator is an option).
@@ -138,6 +185,17 @@ pub struct MixerOptions {
     /// so a file that does not say reads as the teacher's.
     #[serde(default = "as_files_before_the_option")]
     pub retnet_teacher_rope: bool,
+    /// Ablation: no short conv on the mixers that have one (DeltaNet, Gated DeltaNet, KDA,
+    /// Mamba2; with `conv_all_mixers`, every one): q, k and v through the SiLU alone, as fla's
+    /// layers with `use_short_conv=False` (the taps fixed at the identity, `MixerKind::constants`).
+    #[serde(default)]
+    pub no_conv: bool,
+    /// Ablation: the state's decay removed (A = I; its gate's projections and parameters with
+    /// it), so a gated mixer runs ungated in its own architecture — the paper's gated against
+    /// ungated within one mixer (RetNet, GLA, Gated DeltaNet, KDA, Mamba2; not mLSTM, whose
+    /// forget gate is also its stabiliser's).
+    #[serde(default)]
+    pub no_decay: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -146,7 +204,7 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, no_conv: false, no_decay: false, norm_eps: 1e-5, seed: 0 }
     }
 }
 
@@ -199,15 +257,21 @@ pub type MixerParams = BTreeMap<String, Tensor>;
 /// The parameters a mixer adds to the copied q/k/v/o projections, initialised as its
 /// declaration says (the paper's students: new projections N(0, 0.02), norms 1, gates as
 /// listed), from a stream salted by the seed, the layer and the mixer.
+///
+/// Every declared parameter is drawn, the ablated ones too, and those then dropped: a student
+/// with an ablation starts from the same values of every other parameter as one without it.
 pub fn new_parameters(kind: MixerKind, s: MixerShape, opts: &MixerOptions, layer: usize) -> MixerParams {
     let mut rng = Rng::new(opts.seed ^ ((layer as u64 + 1) * 0x9E37_79B9) ^ ((kind.0 as u64 + 1) << 40));
-    kind.parameter_defs(s, opts)
+    let removed = kind.ablated_parameters(opts);
+    (kind.def().parameters)(s, opts)
         .into_iter()
         .map(|p| {
             let n = p.shape.iter().product();
             let data = p.init.values(&mut rng, n, opts);
-            (p.name.to_string(), Tensor::new(p.shape, data))
+            (p.name, Tensor::new(p.shape, data))
         })
+        .filter(|(name, _)| !removed.contains(name))
+        .map(|(name, t)| (name.to_string(), t))
         .collect()
 }
 

@@ -60,17 +60,24 @@ pub fn short_conv_from(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, state: &Gp
 pub const CONV_BACKWARD_TILE: usize = 16;
 
 /// Backward of `short_conv` from a zero state (training): dx = ∂L/∂x and dw (+)= ∂L/∂w for
-/// dy = ∂L/∂y, in one pass (dx and each tile's partial dw) and the partials' column sum.
-pub fn short_conv_backward(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: &GpuBuf) -> Result<()> {
-    for (what, b, n) in [("x", x, c.values()), ("dy", dy, c.values()), ("dx", dx, c.values()), ("w", c.w, c.channels * 4), ("dw", dw, c.channels * 4)] {
+/// dy = ∂L/∂y, in one pass (dx and each tile's partial dw) and the partials' column sum
+/// (none where the taps are fixed: `dw` None).
+pub fn short_conv_backward(rec: &mut Recorder, c: &ShortConv, x: &GpuBuf, dy: &GpuBuf, dx: &GpuBuf, dw: Option<&GpuBuf>) -> Result<()> {
+    for (what, b, n) in [("x", x, c.values()), ("dy", dy, c.values()), ("dx", dx, c.values()), ("w", c.w, c.channels * 4)] {
         need(&format!("conv backward {what}"), b, n)?;
+    }
+    if let Some(dw) = dw {
+        need("conv backward dw", dw, c.channels * 4)?;
     }
     let tiles = c.seq.div_ceil(CONV_BACKWARD_TILE);
     let splits = c.batch * tiles;
     let partial = rec.temp(splits * c.channels * 4)?;
     let bindings = [(1, x), (2, c.w), (5, dy), (6, dx), (7, &partial)];
     rec.dispatch_bindings(&c.kernel("conv_backward"), &c.params(), &bindings, [c.channels.div_ceil(64) as u32, tiles as u32, c.batch as u32])?;
-    crate::nn::column_sum(rec, &partial, dw, splits, c.channels * 4, true)
+    match dw {
+        Some(dw) => crate::nn::column_sum(rec, &partial, dw, splits, c.channels * 4, true),
+        None => Ok(()),
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -233,6 +233,30 @@ impl Layout {
             .collect()
     }
 
+    /// The names of every parameter (or fixed constant) this wiring reads: the conv's taps, the
+    /// feature maps', each gate's matrices, parameter and bias, the output path's.
+    pub fn parameter_names(&self) -> Vec<&'static str> {
+        let mut names = Vec::new();
+        if self.conv {
+            names.extend(CONV_TAPS);
+        }
+        if let Some(fm) = &self.feature_map {
+            for h in [&fm.q, &fm.k] {
+                names.extend([h.w1, h.b1, h.w2, h.b2]);
+            }
+        }
+        for g in self.gates() {
+            names.extend(g.input.matrices().into_iter().chain(g.param).chain(g.bias));
+        }
+        let out = &self.output;
+        names.extend(out.skip);
+        if let Some(g) = &out.gate {
+            names.extend(g.input.matrices().into_iter().chain(g.bias));
+        }
+        names.extend(out.norm.as_ref().map(|n| n.weight));
+        names
+    }
+
     /// Every matrix that reads the block's input x: q, k and v, then each gate's (a bottleneck's
     /// first) and the output gate's, each once — what decode multiplies in one product.
     pub fn input_matrices(&self) -> Vec<&'static str> {
@@ -264,13 +288,22 @@ pub fn vector(name: &'static str, len: usize, init: Init) -> ParamDef {
     ParamDef { name, shape: vec![len], init, decay: false, matrix: false }
 }
 
+/// The names of the short conv's taps of q, k and v.
+pub const CONV_TAPS: [&str; 3] = ["conv_q", "conv_k", "conv_v"];
+
 /// The short conv's taps [channels, 4] for q, k and v.
 pub fn convs(s: MixerShape) -> Vec<ParamDef> {
     let (hk, hv) = (s.heads * s.dk, s.heads * s.dv);
-    [("conv_q", hk), ("conv_k", hk), ("conv_v", hv)]
+    CONV_TAPS
         .into_iter()
+        .zip([hk, hk, hv])
         .map(|(name, c)| ParamDef { name, shape: vec![c, 4], init: Init::Conv, decay: true, matrix: false })
         .collect()
+}
+
+/// Taps [channels, 4] that pass each channel's input through: the last tap 1, the others 0.
+pub fn identity_taps(channels: usize) -> Vec<f32> {
+    (0..channels).flat_map(|_| [0.0, 0.0, 0.0, 1.0]).collect()
 }
 
 /// Box–Muller normals.
@@ -311,7 +344,7 @@ impl Init {
             Init::Uniform(lo, hi) => uniform(rng, n, *lo, *hi),
             Init::Const(c) => vec![*c; n],
             Init::Conv => match opts.conv_init {
-                ConvInit::Identity => (0..n / 4).flat_map(|_| [0.0, 0.0, 0.0, 1.0]).collect(),
+                ConvInit::Identity => identity_taps(n / 4),
                 ConvInit::Random => uniform(rng, n, -0.5, 0.5),
             },
             Init::Drawn(f) => f(rng, n),

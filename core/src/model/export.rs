@@ -65,7 +65,13 @@ const QKVO: [(&str, &str); 4] = [("q_proj", "q_proj.weight"), ("k_proj", "k_proj
 /// something else than the student.
 fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, String> {
     let (o, s) = (&m.config.options, m.config.shape);
-    let conv = m.config.mixer.layout(o).conv;
+    // Trained short convs; with `no_conv` the wiring keeps the SiLU (taps fixed at the identity),
+    // which fla's delta-rule layers apply without their convs and its GLA and RetNet do not.
+    let silu_only = o.no_conv && m.config.mixer.layout(o).conv;
+    let conv = m.config.mixer.layout(o).conv && !silu_only;
+    if o.no_decay && m.config.mixer.ablates_decay() {
+        return Err("its state's decay is removed (--no-decay), which fla's layer of this mixer always has".into());
+    }
     // fla sizes some layers by head (value head = expand_v · head_dim), others by the model
     // (key and value widths = expand · hidden_size).
     let per_head_v = s.dv as f64 / s.dk as f64;
@@ -74,10 +80,11 @@ fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, 
         "gated_deltanet" => FlaMixer {
             model_type: "gated_deltanet",
             architecture: "GatedDeltaNetForCausalLM",
-            config: json!({ "expand_v": per_head_v, "use_gate": true, "use_short_conv": true, "allow_neg_eigval": false, "conv_size": 4,
+            config: json!({ "expand_v": per_head_v, "use_gate": true, "use_short_conv": conv, "allow_neg_eigval": false, "conv_size": 4,
                             "head_dim": s.dk, "num_heads": s.heads, "num_v_heads": null, "output_gate_activation": "swish" }),
             params: &[("a_proj", "a_proj.weight"), ("b_proj", "b_proj.weight"), ("A_log", "A_log"), ("dt_bias", "dt_bias"), ("g_proj", "g_proj.weight"), ("o_norm", "o_norm.weight")],
         },
+        "gla" if silu_only => return Err("its q, k, v pass through the SiLU without a conv (--no-conv), which fla's GLA layer without short convs does not apply".into()),
         "gla" => FlaMixer {
             model_type: "gla",
             architecture: "GLAForCausalLM",
@@ -89,7 +96,7 @@ fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, 
         "deltanet" => FlaMixer {
             model_type: "delta_net",
             architecture: "DeltaNetForCausalLM",
-            config: json!({ "expand_k": expand_k, "expand_v": expand_v, "use_gate": false, "use_short_conv": true, "allow_neg_eigval": false,
+            config: json!({ "expand_k": expand_k, "expand_v": expand_v, "use_gate": false, "use_short_conv": conv, "allow_neg_eigval": false,
                             "conv_size": 4, "use_beta": true, "use_output_norm": true, "num_heads": s.heads, "qk_norm": "l2", "qk_activation": "silu" }),
             params: &[("b_proj", "b_proj.weight"), ("o_norm", "o_norm.weight")],
         },
@@ -97,7 +104,7 @@ fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, 
             if o.retnet_teacher_rope {
                 return Err(format!("its rotary positions use the teacher's base (--retnet-teacher-rope); fla's MultiScaleRetention fixes its base at {}", crate::mixers::MIXER_ROPE_THETA));
             }
-            if conv {
+            if conv || silu_only {
                 return Err("it has short convs (--conv-all-mixers), which fla's RetNet model does not pass to its layer".into());
             }
             FlaMixer {
@@ -118,7 +125,7 @@ fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, 
             FlaMixer {
                 model_type: "kda",
                 architecture: "KDAForCausalLM",
-                config: json!({ "expand_v": per_head_v, "use_short_conv": true, "allow_neg_eigval": false, "safe_gate": false, "lower_bound": null,
+                config: json!({ "expand_v": per_head_v, "use_short_conv": conv, "allow_neg_eigval": false, "safe_gate": false, "lower_bound": null,
                                 "conv_size": 4, "head_dim": s.dk, "num_heads": s.heads, "num_v_heads": null }),
                 params: &[
                     ("b_proj", "b_proj.weight"),
@@ -311,7 +318,7 @@ fn export_hf(w: &ModelWeights, m: &StudentMixers, tokenizer: &Tokenizer, out: &P
     }
     let (kind, opts, s) = (m.config.mixer, &m.config.options, m.config.shape);
     let parameters: serde_json::Map<String, serde_json::Value> = first.iter().map(|(name, t)| (name.clone(), json!(t.shape))).collect();
-    let constants: serde_json::Map<String, serde_json::Value> = (kind.def().constants)(s).into_iter().map(|(name, v)| (name.to_string(), json!(v))).collect();
+    let constants: serde_json::Map<String, serde_json::Value> = kind.constants(s, opts).into_iter().map(|(name, v)| (name.to_string(), json!(v))).collect();
     let mut config = serde_json::to_value(super::student::student_config(c)).expect("json");
     let fields = json!({
         "architectures": ["LinearizeForCausalLM"],

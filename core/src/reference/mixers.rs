@@ -33,12 +33,14 @@ fn p(params: &MixerParams, name: &str) -> Vec<f64> {
     params.get(name).unwrap_or_else(|| panic!("mixer parameter '{name}' missing")).data.iter().map(|&v| v as f64).collect()
 }
 
-/// A parameter or one of the mixer's fixed constants.
-fn value(kind: MixerKind, s: MixerShape, params: &MixerParams, name: &str) -> Vec<f64> {
-    match (kind.def().constants)(s).into_iter().find(|(n, _)| *n == name) {
-        Some((_, v)) => v.iter().map(|&x| x as f64).collect(),
-        None => p(params, name),
+/// The parameters with the mixer's fixed constants beside them (`MixerKind::constants`), as the
+/// layer reads both.
+fn with_constants(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &MixerParams) -> MixerParams {
+    let mut all = params.clone();
+    for (name, v) in kind.constants(s, opts) {
+        all.insert(name.to_string(), crate::mixers::Tensor::new(vec![v.len()], v));
     }
+    all
 }
 
 /// x [rows, d] through `input`'s matrices: [rows, cols] (zeros for a fixed input).
@@ -54,10 +56,10 @@ fn project(params: &MixerParams, input: GateInput, x: &[f64], rows: usize, cols:
 }
 
 /// A gate's value from x, as its declaration says.
-fn gate(kind: MixerKind, s: MixerShape, params: &MixerParams, g: &GateDef, x: &[f64], rows: usize) -> Vec<f64> {
+fn gate(s: MixerShape, params: &MixerParams, g: &GateDef, x: &[f64], rows: usize) -> Vec<f64> {
     let (cols, per_head) = if g.per_channel { (s.heads * s.dk, s.dk) } else { (s.heads, 1) };
     let pre = project(params, g.input, x, rows, cols, s.hidden);
-    let opt = |n: Option<&str>| n.map(|n| value(kind, s, params, n)).unwrap_or_default();
+    let opt = |n: Option<&str>| n.map(|n| p(params, n)).unwrap_or_default();
     ops::gate(g.f, &pre, &[], &opt(g.param), &opt(g.bias), rows, cols, per_head)
 }
 
@@ -66,6 +68,7 @@ fn gate(kind: MixerKind, s: MixerShape, params: &MixerParams, g: &GateDef, x: &[
 #[allow(clippy::too_many_arguments)]
 pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &MixerParams, x: &[f64], batch: usize, seq: usize, rope_theta: f64, state: &mut LayerState) -> Vec<f64> {
     let l = kind.layout(opts);
+    let params = &with_constants(kind, opts, s, params);
     let rows = batch * seq;
     let (d, h, dk, dv) = (s.hidden, s.heads, s.dk, s.dv);
     let (hk, hv) = (h * dk, h * dv);
@@ -97,10 +100,10 @@ pub fn forward(kind: MixerKind, opts: &MixerOptions, s: MixerShape, params: &Mix
         rope(&mut k, &positions, h, dk, rope_theta);
     }
     if let Some(g) = &l.key_step {
-        let step = gate(kind, s, params, g, x, rows);
+        let step = gate(s, params, g, x, rows);
         k = ops::gate(GateFn::ScaleHeads, &k, &step, &[], &[], rows, hk, dk);
     }
-    let gate_of = |g: &Option<GateDef>| g.as_ref().map(|g| gate(kind, s, params, g, x, rows)).unwrap_or_default();
+    let gate_of = |g: &Option<GateDef>| g.as_ref().map(|g| gate(s, params, g, x, rows)).unwrap_or_default();
     let (g, beta, igate) = (gate_of(&l.decay), gate_of(&l.beta), gate_of(&l.input_gate));
     let dims = recurrence::Dims { batch, seq, heads: h, dk, dv };
     let inputs = Inputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, igate: &igate };
