@@ -15,11 +15,12 @@ fn option_sets(kind: MixerKind) -> Vec<MixerOptions> {
         MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
         MixerOptions { conv_all_mixers: true, ..Default::default() },
         MixerOptions { no_conv: true, no_decay: true, ..Default::default() },
+        MixerOptions { gdn_channel_decay: true, ..Default::default() },
     ];
     let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
     let ablated = kind.layout(&MixerOptions::default()).conv || kind.ablates_decay();
     sets.into_iter()
-        .filter(|o| !((o.la_denominator && kind != mixer("linear_attn")) || (o.kda_gate_mixup && kind != mixer("kda")) || (o.conv_all_mixers && !conv_added) || (o.no_conv && !ablated)))
+        .filter(|o| !((o.la_denominator && kind != mixer("linear_attn")) || (o.kda_gate_mixup && kind != mixer("kda")) || (o.conv_all_mixers && !conv_added) || (o.no_conv && !ablated) || (o.gdn_channel_decay && kind != mixer("gated_deltanet"))))
         .collect()
 }
 
@@ -303,4 +304,17 @@ fn ablations_fix_the_conv_and_take_the_decay_away() {
     assert!(gone("retnet").is_empty() && gone("mlstm").is_empty(), "RetNet's decays are constants; mLSTM keeps its gate");
     assert_eq!(mixer("retnet").layout(&no_decay).recurrence(), mixer("linear_attn").layout(&paper).recurrence());
     assert_eq!(mixer("gated_deltanet").layout(&no_decay).recurrence(), mixer("deltanet").layout(&paper).recurrence());
+}
+
+/// `gdn_channel_decay`: Gated DeltaNet's decay gate one column per key channel (KDA's rule),
+/// its projection and bias that wide, A_log still one per head.
+#[test]
+fn gated_deltanet_decays_per_channel_with_the_option() {
+    let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
+    let gdn = mixer("gated_deltanet");
+    let o = MixerOptions { gdn_channel_decay: true, ..Default::default() };
+    let p = new_parameters(gdn, s, &o, 0);
+    assert_eq!((p["a_proj"].shape.clone(), p["dt_bias"].shape.clone(), p["A_log"].shape.clone()), (vec![128, 96], vec![128], vec![2]));
+    assert_eq!(gdn.layout(&o).recurrence(), mixer("kda").layout(&MixerOptions::default()).recurrence());
+    assert!(!gdn.layout(&MixerOptions::default()).decay.unwrap().per_channel, "one decay per head by default");
 }

@@ -116,7 +116,7 @@ fn every_mixer_runs_within_webgpus_default_storage_buffers() {
 /// activations inside it, q's and k's norms inside the recurrence — forced on lavapipe (which otherwise takes kernels without
 /// barriers), within WebGPU's 8 storage buffers, f32 and packed f16 weights: the same logits
 /// as the f64 reference for every mixer, with and without the convs on every mixer, and with the
-/// ablations (fixed taps, no decay).
+/// ablations (fixed taps, no decay, Gated DeltaNet's decay per channel).
 #[test]
 fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
     let t = teacher();
@@ -128,7 +128,11 @@ fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
         // The convs on every mixer change the layouts that have none.
         // The ablations: taps fixed at the identity in the product's epilogue, no decay.
         let ablated = MixerOptions { no_conv: true, no_decay: true, ..Default::default() };
-        let conv_variants = if kind.layout(&MixerOptions::default()).conv { vec![MixerOptions::default(), ablated] } else { vec![MixerOptions::default(), MixerOptions { conv_all_mixers: true, ..Default::default() }] };
+        let mut conv_variants = if kind.layout(&MixerOptions::default()).conv { vec![MixerOptions::default(), ablated] } else { vec![MixerOptions::default(), MixerOptions { conv_all_mixers: true, ..Default::default() }] };
+        if kind == mixer("gated_deltanet") {
+            // A decay per key channel, read by the stack's epilogue column by column.
+            conv_variants.push(MixerOptions { gdn_channel_decay: true, ..Default::default() });
+        }
         for opts in conv_variants {
             // The variants beyond the defaults run in f32 alone.
             let f32_only = opts != MixerOptions::default();
@@ -563,6 +567,7 @@ fn export_writes_fla_names_shapes_and_config_and_refuses_what_it_cannot_map() {
         ("kda", MixerOptions { kda_full_rank_gate: true, ..opts.clone() }, "full-rank"),
         ("kda", MixerOptions { kda_full_rank_gate: false, kda_gate_mixup: true, ..opts.clone() }, "mix-up"),
         ("gated_deltanet", MixerOptions { no_decay: true, ..opts.clone() }, "--no-decay"),
+        ("gated_deltanet", MixerOptions { gdn_channel_decay: true, ..opts.clone() }, "per key channel"),
         ("gla", MixerOptions { no_decay: true, ..opts.clone() }, "--no-decay"),
         ("gla", MixerOptions { conv_all_mixers: true, no_conv: true, ..opts.clone() }, "--no-conv"),
     ] {
@@ -594,6 +599,7 @@ fn export_to_hf_is_the_student_directory_with_remote_code_for_every_mixer() {
     cases.push((mixer("retnet"), MixerOptions { retnet_teacher_rope: true, ..base.clone() }, None));
     cases.push((mixer("gated_deltanet"), MixerOptions { no_conv: true, no_decay: true, ..base.clone() }, None));
     cases.push((mixer("mamba2"), MixerOptions { no_decay: true, ..base.clone() }, None));
+    cases.push((mixer("gated_deltanet"), MixerOptions { gdn_channel_decay: true, ..base.clone() }, None));
     for (kind, o, layers) in cases {
         let what = format!("{} {layers:?} {o:?}", kind.name());
         let (w, m) = from_teacher(&small, kind, layers.clone(), &o, "test").unwrap();

@@ -100,6 +100,9 @@ pub struct MixerFlags {
     /// KDA, Mamba2)
     #[arg(long)]
     pub no_decay: bool,
+    /// Ablation: Gated DeltaNet with a decay per key channel (KDA's granularity)
+    #[arg(long)]
+    pub gdn_channel_decay: bool,
 }
 
 impl MixerFlags {
@@ -120,6 +123,7 @@ impl MixerFlags {
             (self.retnet_teacher_rope, &mut o.retnet_teacher_rope),
             (self.no_conv, &mut o.no_conv),
             (self.no_decay, &mut o.no_decay),
+            (self.gdn_channel_decay, &mut o.gdn_channel_decay),
         ];
         for (on, field) in switches {
             if on {

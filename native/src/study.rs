@@ -133,6 +133,7 @@ pub enum Arm {
     LaNormalized,
     NoConv,
     NoDecay,
+    GdnChannelDecay,
 }
 
 /// Whose choice an arm is.
@@ -148,7 +149,7 @@ pub enum ArmKind {
 }
 
 impl Arm {
-    pub const ALL: [Arm; 14] = [
+    pub const ALL: [Arm; 15] = [
         Arm::Paper,
         Arm::ConvIdentity,
         Arm::KlTokenMean,
@@ -163,6 +164,7 @@ impl Arm {
         Arm::LaNormalized,
         Arm::NoConv,
         Arm::NoDecay,
+        Arm::GdnChannelDecay,
     ];
 
     pub fn name(self) -> &'static str {
@@ -181,6 +183,7 @@ impl Arm {
             Arm::LaNormalized => "la-normalized",
             Arm::NoConv => "no-conv",
             Arm::NoDecay => "no-decay",
+            Arm::GdnChannelDecay => "gdn-channel-decay",
         }
     }
 
@@ -192,7 +195,7 @@ impl Arm {
         match self {
             Arm::Paper => ArmKind::Paper,
             Arm::ConvIdentity | Arm::KlTokenMean | Arm::Stage2Mixers | Arm::MlstmForgetLinspace | Arm::LaTiedFeatureMap | Arm::KdaFullRankGate | Arm::RetnetTeacherRope => ArmKind::Ours,
-            Arm::ConvAllMixers | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized | Arm::NoConv | Arm::NoDecay => ArmKind::Ablation,
+            Arm::ConvAllMixers | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized | Arm::NoConv | Arm::NoDecay | Arm::GdnChannelDecay => ArmKind::Ablation,
         }
     }
 
@@ -212,6 +215,7 @@ impl Arm {
             Arm::LaNormalized => "linear attention: denominator and output norm",
             Arm::NoConv => "the short conv removed: q, k, v through the SiLU alone (fla's use_short_conv=False)",
             Arm::NoDecay => "the state's decay removed (A = I): the mixer run ungated",
+            Arm::GdnChannelDecay => "Gated DeltaNet's decay per key channel, KDA's granularity",
         }
     }
 
@@ -236,6 +240,7 @@ impl Arm {
             }
             Arm::NoConv => o.no_conv = true,
             Arm::NoDecay => o.no_decay = true,
+            Arm::GdnChannelDecay => o.gdn_channel_decay = true,
         }
     }
 
@@ -252,6 +257,10 @@ impl Arm {
             Arm::KdaFullRankGate => matches!(paper.output.gate.map(|g| g.input), Some(GateInput::LowRank { .. })),
             Arm::NoConv => paper.conv,
             Arm::NoDecay => mixer.ablates_decay(),
+            Arm::GdnChannelDecay => {
+                let channels = |o: &MixerOptions| mixer.layout(o).decay.is_some_and(|d| d.per_channel);
+                channels(&MixerOptions { gdn_channel_decay: true, ..Default::default() }) != channels(&MixerOptions::default())
+            }
         }
     }
 }

@@ -196,6 +196,10 @@ pub struct MixerOptions {
     /// forget gate is also its stabiliser's).
     #[serde(default)]
     pub no_decay: bool,
+    /// Ablation: Gated DeltaNet with a decay per key channel (KDA's granularity) in place of
+    /// one per head — the GDN → KDA gate granularity within one architecture.
+    #[serde(default)]
+    pub gdn_channel_decay: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -204,7 +208,7 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, no_conv: false, no_decay: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, no_conv: false, no_decay: false, gdn_channel_decay: false, norm_eps: 1e-5, seed: 0 }
     }
 }
 

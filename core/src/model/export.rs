@@ -77,6 +77,7 @@ fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, 
     let per_head_v = s.dv as f64 / s.dk as f64;
     let (expand_k, expand_v) = ((s.heads * s.dk) as f64 / hidden as f64, (s.heads * s.dv) as f64 / hidden as f64);
     Ok(match m.config.mixer.name() {
+        "gated_deltanet" if o.gdn_channel_decay => return Err("its decay is one per key channel (--gdn-channel-decay); fla's GatedDeltaNet decays each head by one number".into()),
         "gated_deltanet" => FlaMixer {
             model_type: "gated_deltanet",
             architecture: "GatedDeltaNetForCausalLM",
