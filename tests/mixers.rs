@@ -7,21 +7,18 @@ use linearize_core::reference::mixers::{self as reference, LayerState};
 use linearize_tests::{mixer, assert_close, f64s, gpu, random};
 
 /// The option sets each per-mixer test runs `kind` under: the defaults, then each set of our
-/// options that changes this mixer's layout.
+/// options and the ablations that changes this mixer (`MixerOptions::unused_by`).
 fn option_sets(kind: MixerKind) -> Vec<MixerOptions> {
     let sets = [
         MixerOptions { conv_init: ConvInit::Random, ..Default::default() },
         MixerOptions { la_denominator: true, la_output_norm: true, la_tied_feature_map: true, ..Default::default() },
         MixerOptions { kda_gate_mixup: true, kda_full_rank_gate: true, ..Default::default() },
         MixerOptions { conv_all_mixers: true, ..Default::default() },
-        MixerOptions { no_conv: true, no_decay: true, ..Default::default() },
+        MixerOptions { no_conv: true, ..Default::default() },
+        MixerOptions { no_decay: true, ..Default::default() },
         MixerOptions { gdn_channel_decay: true, ..Default::default() },
     ];
-    let conv_added = ["linear_attn", "gla", "retnet"].contains(&kind.name());
-    let ablated = kind.layout(&MixerOptions::default()).conv || kind.ablates_decay();
-    sets.into_iter()
-        .filter(|o| !((o.la_denominator && kind != mixer("linear_attn")) || (o.kda_gate_mixup && kind != mixer("kda")) || (o.conv_all_mixers && !conv_added) || (o.no_conv && !ablated) || (o.gdn_channel_decay && kind != mixer("gated_deltanet"))))
-        .collect()
+    sets.into_iter().filter(|o| o.unused_by(kind).is_empty()).collect()
 }
 
 /// Options as a student file written before the option `field` existed reads them.
@@ -317,4 +314,22 @@ fn gated_deltanet_decays_per_channel_with_the_option() {
     assert_eq!((p["a_proj"].shape.clone(), p["dt_bias"].shape.clone(), p["A_log"].shape.clone()), (vec![128, 96], vec![128], vec![2]));
     assert_eq!(gdn.layout(&o).recurrence(), mixer("kda").layout(&MixerOptions::default()).recurrence());
     assert!(!gdn.layout(&MixerOptions::default()).decay.unwrap().per_channel, "one decay per head by default");
+}
+
+/// `unused_by` names the choices that change nothing for a mixer: each switch is used exactly
+/// by the mixers whose student it changes.
+#[test]
+fn options_are_unused_exactly_where_they_change_nothing() {
+    let used_by = |o: &MixerOptions| -> Vec<&str> { MixerKind::all().filter(|k| o.unused_by(*k).is_empty()).map(|k| k.name()).collect() };
+    assert_eq!(used_by(&MixerOptions::default()).len(), 8, "the defaults are nothing to use");
+    assert_eq!(used_by(&MixerOptions { la_denominator: true, ..Default::default() }), ["linear_attn"]);
+    assert_eq!(used_by(&MixerOptions { mlstm_forget_linspace: true, ..Default::default() }), ["mlstm"]);
+    assert_eq!(used_by(&MixerOptions { retnet_teacher_rope: true, ..Default::default() }), ["retnet"]);
+    assert_eq!(used_by(&MixerOptions { conv_init: ConvInit::Identity, ..Default::default() }), ["deltanet", "gated_deltanet", "kda", "mamba2"]);
+    assert_eq!(used_by(&MixerOptions { no_decay: true, ..Default::default() }), ["retnet", "gla", "gated_deltanet", "kda", "mamba2"]);
+    // With the conv on every mixer, the conv's init and its removal apply everywhere but mLSTM.
+    let everywhere = MixerOptions { conv_all_mixers: true, no_conv: true, ..Default::default() };
+    assert_eq!(used_by(&everywhere), ["linear_attn", "retnet", "gla"]);
+    assert_eq!(everywhere.unused_by(mixer("gated_deltanet")), ["--conv-all-mixers"]);
+    assert_eq!(MixerOptions { no_decay: true, la_output_norm: true, ..Default::default() }.unused_by(mixer("mlstm")), ["--la-output-norm", "--no-decay"]);
 }

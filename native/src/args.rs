@@ -1,7 +1,7 @@
 //! Command-line values shared by several subcommands: the mixer options `student` and
 //! `distill` both take, and the enumerations as clap `ValueEnum`s (help lists their values,
 //! anything else is refused before any work).
-use linearize_core::mixers::{ConvInit, MixerOptions};
+use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
 use linearize_core::train::distill::{KlScaling, Stage2Trains};
 
 /// `--conv-init`.
@@ -106,9 +106,26 @@ pub struct MixerFlags {
 }
 
 impl MixerFlags {
-    /// Sets in `o` what these flags ask for; flags not given leave `o` as it is (the defaults,
-    /// or a run config's choices).
-    pub fn apply(&self, o: &mut MixerOptions) {
+    /// Sets in `o` what these flags ask for (flags not given leave `o` as it is: the defaults,
+    /// or a run config's choices), and refuses choices that would change nothing for `kind`.
+    pub fn apply_for(&self, kind: MixerKind, o: &mut MixerOptions) -> anyhow::Result<()> {
+        self.apply(o);
+        let unused = o.unused_by(kind);
+        if unused.is_empty() {
+            return Ok(());
+        }
+        let why: Vec<String> = unused
+            .iter()
+            .map(|flag| {
+                let applies: Vec<&str> = MixerKind::all().filter(|k| !o.unused_by(*k).contains(flag)).map(|k| k.name()).collect();
+                let elsewhere = if applies.is_empty() { String::new() } else { format!(" (it applies to {})", applies.join(", ")) };
+                format!("{flag} changes nothing for {}{elsewhere}", kind.name())
+            })
+            .collect();
+        anyhow::bail!("{}: a {} student is the same without it", why.join("; "), kind.name())
+    }
+
+    fn apply(&self, o: &mut MixerOptions) {
         if let Some(c) = self.conv_init {
             o.conv_init = c.into();
         }

@@ -169,7 +169,7 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     if let Some(s) = &a.mixer_layers {
         c.mixer_layers = crate::parse_list("--mixer-layers", s)?;
     }
-    a.mixer_flags.apply(&mut c.options);
+    a.mixer_flags.apply_for(c.mixer, &mut c.options)?;
     if let Some(k) = a.kl_scaling {
         c.kl_scaling = k.into();
     }

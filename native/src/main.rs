@@ -847,7 +847,7 @@ fn cmd_student(teacher: &str, mixer: &str, out: &std::path::Path, layers: Option
     }
     let chosen = mixer_layers.map(|s| parse_list::<usize>("--mixer-layers", s)).transpose()?;
     let mut opts = MixerOptions { seed, ..Default::default() };
-    flags.apply(&mut opts);
+    flags.apply_for(kind, &mut opts)?;
     let (weights, mixers) = linearize_core::model::student::from_teacher(&model.weights, kind, chosen, &opts, &model.source.display().to_string())?;
     prepare_model_dir("--out", out, force)?;
     linearize_core::model::student::save_dir(out, &weights, &mixers, &model.tokenizer)?;

@@ -19,8 +19,7 @@ use crate::distill::Progress;
 use crate::niah::Grid;
 use anyhow::{anyhow, bail, Context, Result};
 use linearize_core::gpu::{Gpu, ADAPTER_INDEX_VAR};
-use linearize_core::mixers::spec::GateInput;
-use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
+use linearize_core::mixers::{ConvInit, MixerKind};
 use linearize_core::model::load::{linearize_home, TEACHER_ALIAS};
 use linearize_core::model::{LanguageModel, Model, ModelWeights};
 use linearize_core::train::checkpoint::RunState;
@@ -244,24 +243,13 @@ impl Arm {
         }
     }
 
-    /// Whether the arm changes anything for `mixer` (a study runs it only where it does).
+    /// Whether the arm changes anything for `mixer` (a study runs it only where it does): the
+    /// distillation's own choices for every mixer, a mixer option where it changes the student
+    /// (`MixerOptions::unused_by`).
     pub fn applies_to(self, mixer: MixerKind) -> bool {
-        let paper = mixer.layout(&MixerOptions::default());
-        match self {
-            Arm::Paper | Arm::KlTokenMean | Arm::Stage2Mixers => true,
-            Arm::ConvIdentity => paper.conv,
-            Arm::ConvAllMixers => !paper.conv && mixer.layout(&MixerOptions { conv_all_mixers: true, ..Default::default() }).conv,
-            Arm::MlstmForgetLinspace => paper.input_gate.is_some(),
-            Arm::RetnetTeacherRope => paper.rotary,
-            Arm::LaTiedFeatureMap | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized => paper.feature_map.is_some(),
-            Arm::KdaFullRankGate => matches!(paper.output.gate.map(|g| g.input), Some(GateInput::LowRank { .. })),
-            Arm::NoConv => paper.conv,
-            Arm::NoDecay => mixer.ablates_decay(),
-            Arm::GdnChannelDecay => {
-                let channels = |o: &MixerOptions| mixer.layout(o).decay.is_some_and(|d| d.per_channel);
-                channels(&MixerOptions { gdn_channel_decay: true, ..Default::default() }) != channels(&MixerOptions::default())
-            }
-        }
+        let mut c = DistillConfig::default();
+        self.apply(&mut c);
+        c.options.unused_by(mixer).is_empty()
     }
 }
 

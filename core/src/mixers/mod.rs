@@ -222,7 +222,50 @@ fn as_files_before_the_option() -> bool {
 /// MultiScaleRetention default, which the paper's RetNet student uses.
 pub const MIXER_ROPE_THETA: f64 = 10_000.0;
 
+/// The switches of `MixerOptions`, by their command-line names (the TOML field is the name
+/// without the dashes, in snake case), each with the field it turns on.
+pub const SWITCHES: [(&str, fn(&mut MixerOptions) -> &mut bool); 11] = [
+    ("--la-denominator", |o| &mut o.la_denominator),
+    ("--la-output-norm", |o| &mut o.la_output_norm),
+    ("--kda-gate-mixup", |o| &mut o.kda_gate_mixup),
+    ("--mlstm-forget-linspace", |o| &mut o.mlstm_forget_linspace),
+    ("--la-tied-feature-map", |o| &mut o.la_tied_feature_map),
+    ("--kda-full-rank-gate", |o| &mut o.kda_full_rank_gate),
+    ("--conv-all-mixers", |o| &mut o.conv_all_mixers),
+    ("--retnet-teacher-rope", |o| &mut o.retnet_teacher_rope),
+    ("--no-conv", |o| &mut o.no_conv),
+    ("--no-decay", |o| &mut o.no_decay),
+    ("--gdn-channel-decay", |o| &mut o.gdn_channel_decay),
+];
+
 impl MixerOptions {
+    /// The choices set here that change nothing for `kind` — its wiring, its parameters (names,
+    /// shapes, initial values), its constants and rotary base stay as they are without them —
+    /// by their command-line names: a switch on (`SWITCHES`), or `--conv-init identity`.
+    pub fn unused_by(&self, kind: MixerKind) -> Vec<&'static str> {
+        let s = MixerShape { hidden: 32, heads: 2, dk: 8, dv: 8 };
+        let student = |o: &MixerOptions| {
+            let layout = kind.layout(o);
+            let theta = layout.rotary.then(|| o.rope_theta(1.0));
+            (layout, new_parameters(kind, s, o, 0), kind.constants(s, o), theta)
+        };
+        let this = student(self);
+        let mut unused = Vec::new();
+        if self.conv_init == ConvInit::Identity && student(&MixerOptions { conv_init: ConvInit::Random, ..self.clone() }) == this {
+            unused.push("--conv-init identity");
+        }
+        for (flag, field) in SWITCHES {
+            let mut off = self.clone();
+            if *field(&mut off) {
+                *field(&mut off) = false;
+                if student(&off) == this {
+                    unused.push(flag);
+                }
+            }
+        }
+        unused
+    }
+
     /// The base of a mixer's rotary positions (RetNet's; the only mixer with them) for a teacher
     /// whose own base is `teacher_theta`.
     pub fn rope_theta(&self, teacher_theta: f64) -> f64 {

@@ -58,6 +58,7 @@ pub enum Init {
 }
 
 /// How the layer is wired, read by the GPU layer and by the f64 reference alike.
+#[derive(Debug, PartialEq)]
 pub struct Layout {
     /// Depthwise causal conv (kernel 4) + SiLU on q, k and v.
     pub conv: bool,
@@ -82,12 +83,14 @@ pub struct Layout {
 }
 
 /// The feature maps of q and k (the same parameters when they are tied).
+#[derive(Debug, PartialEq)]
 pub struct FeatureMap {
     pub q: Hadamard,
     pub k: Hadamard,
 }
 
 /// φ(t) = (W1 t + b1) ⊙ (W2 t + b2) on each head's key vector (the paper's Hadamard map).
+#[derive(Debug, PartialEq)]
 pub struct Hadamard {
     pub w1: &'static str,
     pub b1: &'static str,
@@ -96,7 +99,7 @@ pub struct Hadamard {
 }
 
 /// Where a gate's pre-activation comes from.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum GateInput {
     /// x Wᵀ.
     Linear(&'static str),
@@ -119,6 +122,7 @@ impl GateInput {
 
 /// A gate: pre-activation, then an elementwise activation of `ops::GateFn` with its per-column
 /// parameter and bias.
+#[derive(Debug, PartialEq)]
 pub struct GateDef {
     pub input: GateInput,
     pub f: GateFn,
@@ -129,6 +133,7 @@ pub struct GateDef {
 }
 
 /// The output path: [o + D ⊙ v] → [gate] and [norm] in the declared order → o_proj.
+#[derive(Debug, PartialEq)]
 pub struct OutputDef {
     /// Mamba2's skip: o + D_h v with D one value per head.
     pub skip: Option<&'static str>,
@@ -138,6 +143,7 @@ pub struct OutputDef {
 
 /// The output gate: a projection of x (plus a bias), used as `place` says; `input` is Linear or
 /// LowRank (fla's KDA layer: d → d_v → H·d_v).
+#[derive(Debug, PartialEq)]
 pub struct OutputGateDef {
     pub input: GateInput,
     pub bias: Option<&'static str>,
@@ -171,6 +177,7 @@ impl OutputDef {
     }
 }
 
+#[derive(Debug, PartialEq)]
 pub struct NormDef {
     pub kind: HeadNorm,
     pub weight: &'static str,
