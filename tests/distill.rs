@@ -264,6 +264,12 @@ fn a_run_killed_and_resumed_repeats_the_uninterrupted_losses() {
     assert_eq!((state["stage"].as_u64(), state["step"].as_u64()), (Some(1), Some(3)), "{state}");
     let mut resumed = every_step.clone();
     resumed.push("--resume".into());
+    // Resumed with other settings: refused, naming each one that changed.
+    let mut other: Vec<String> = resumed.iter().map(|a| if a == "32" { "16".to_string() } else { a.clone() }).collect();
+    other.push("--no-conv".to_string());
+    let refused = std::process::Command::new(linearize_bin()).args(&other).output().unwrap();
+    let e = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && e.contains("options.no_conv: false in the checkpoint, true now") && e.contains("seq: 32 in the checkpoint, 16 now") && e.contains("heldout_tokens: 32 in the checkpoint, 16 now"), "{e}");
     let status = std::process::Command::new(linearize_bin()).args(&resumed).stdout(std::process::Stdio::null()).status().unwrap();
     assert!(status.success());
     let got = step_losses(&killed);
