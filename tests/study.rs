@@ -108,7 +108,7 @@ fn a_tiny_study_runs_resumes_after_a_kill_and_reports() {
     let mut other: Vec<&str> = args.iter().map(|a| if *a == "128,256" { "128" } else { a }).collect();
     other.push("--resume");
     let e = failure(&run(&other));
-    assert!(e.contains("study.json was started with other settings"), "{e}");
+    assert!(e.contains("study.json was started with other settings (budgets: [128,256] in study.json, [128] now)"), "{e}");
 
     // Resumed on two workers sharing the one adapter.
     let mut resume = args.clone();

@@ -568,7 +568,10 @@ pub fn run(a: &StudyArgs) -> Result<()> {
     }
     let study = config(a)?;
     match (read_study(out)?, a.resume) {
-        (Some(old), true) if old != study => bail!("--resume: {} was started with other settings; run with the same flags and config (it has {})", out.join(STUDY_FILE).display(), serde_json::to_string(&old)?),
+        (Some(old), true) if old != study => {
+            let changed = linearize_core::util::settings_changed(&old, &study, "in study.json").join(", ");
+            bail!("--resume: {} was started with other settings ({changed}); run with the same flags and config", out.join(STUDY_FILE).display())
+        }
         (Some(_), false) => bail!("--out: {} holds a study; pass --resume to continue it or choose another directory", out.display()),
         (None, true) => bail!("--resume: {} holds no study to continue", out.display()),
         _ => {}

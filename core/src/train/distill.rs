@@ -430,7 +430,7 @@ impl<'g> Distiller<'g> {
         let (sw, mixers) = from_teacher(&tw, config.mixer, layers, &config.options, source)?;
         let state = match (RunState::read(out)?, resume) {
             (Some(st), true) if st.config != config => {
-                let changed = settings_changed(&st.config, &config).join(", ");
+                let changed = crate::util::settings_changed(&st.config, &config, "in the checkpoint").join(", ");
                 return Err(Error::argument("--resume", format!("{} was written with other settings ({changed}); run with the same flags and config", RunState::path(out).display())));
             }
             (Some(st), true) => st,
@@ -950,27 +950,4 @@ impl<'g> Distiller<'g> {
         }
         save_dir_sharded(dir, &self.student_weights, &self.student_mixers, &self.tokenizer, Some(self.config.shard_mb.max(1) * 1_000_000))
     }
-}
-
-/// Each setting in which `now` differs from `then` (the checkpoint's), as `field: then → now`,
-/// nested fields by their dotted paths.
-fn settings_changed(then: &DistillConfig, now: &DistillConfig) -> Vec<String> {
-    fn walk(path: &str, a: &serde_json::Value, b: &serde_json::Value, out: &mut Vec<String>) {
-        match (a, b) {
-            (serde_json::Value::Object(x), serde_json::Value::Object(y)) => {
-                let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
-                for k in keys {
-                    let null = serde_json::Value::Null;
-                    let at = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
-                    walk(&at, x.get(k).unwrap_or(&null), y.get(k).unwrap_or(&null), out);
-                }
-            }
-            _ if a != b => out.push(format!("{path}: {a} in the checkpoint, {b} now")),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    let json = |c: &DistillConfig| serde_json::to_value(c).unwrap_or(serde_json::Value::Null);
-    walk("", &json(then), &json(now), &mut out);
-    out
 }
