@@ -121,9 +121,10 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["student", "--mixer", "gla", "--layers", "0", "--out", "/tmp/never"], &[], "--layers 0"),
         (&["student", "--mixer", "gla", "--mixer-layers", "3,99", "--out", "/tmp/never"], &[], "layer 99 does not exist"),
         // An option that would change nothing for the mixer is refused, naming where it applies.
-        (&["student", "--mixer", "mlstm", "--no-decay", "--out", "/tmp/never"], &[], "--no-decay changes nothing for mlstm (it applies to retnet, gla, gated_deltanet, kda, mamba2)"),
-        (&["student", "--mixer", "gla", "--conv-init", "identity", "--out", "/tmp/never"], &[], "--conv-init identity changes nothing for gla (it applies to deltanet, gated_deltanet, kda, mamba2)"),
-        (&["distill", "--mixer", "gated_deltanet", "--la-denominator", "--out", "/tmp/never"], &[], "--la-denominator changes nothing for gated_deltanet (it applies to linear_attn)"),
+        (&["student", "--mixer", "deltanet", "--no-decay", "--out", "/tmp/never"], &[], "--no-decay changes nothing for deltanet (on its own it applies to retnet, gla, gated_deltanet, kda, mlstm, mamba2)"),
+        (&["student", "--mixer", "mlstm", "--no-decay", "--mlstm-forget-linspace", "--out", "/tmp/never"], &[], "--mlstm-forget-linspace changes nothing for mlstm with the other choices given (on its own it applies to mlstm)"),
+        (&["student", "--mixer", "gla", "--conv-init", "identity", "--out", "/tmp/never"], &[], "--conv-init identity changes nothing for gla (on its own it applies to deltanet, gated_deltanet, kda, mamba2)"),
+        (&["distill", "--mixer", "gated_deltanet", "--la-denominator", "--out", "/tmp/never"], &[], "--la-denominator changes nothing for gated_deltanet (on its own it applies to linear_attn)"),
         (&["eval", "--tasks", "lambada,mmlu"], &[], "unknown task 'mmlu'"),
         (&["eval", "--precision", "f64"], &[], "possible values: best, f32, mixed"),
         (&["eval", "--ppl", "/nonexistent/text.txt"], &[], "/nonexistent/text.txt"),

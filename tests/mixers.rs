@@ -260,8 +260,8 @@ fn every_declared_parameter_is_read_by_the_layout() {
 
 /// The ablations: `no_conv` fixes the short conv's taps at the identity (constants, not
 /// parameters: q, k, v through the SiLU alone) and `no_decay` takes the decay and what only it
-/// reads away (mLSTM, whose forget gate is also its stabiliser's, is left as it is); every other
-/// parameter starts from the paper student's values.
+/// reads away (mLSTM's forget gate, which its stabiliser reads too, held open by a constant);
+/// every other parameter starts from the paper student's values.
 #[test]
 fn ablations_fix_the_conv_and_take_the_decay_away() {
     let s = MixerShape { hidden: 96, heads: 2, dk: 64, dv: 64 };
@@ -286,8 +286,8 @@ fn ablations_fix_the_conv_and_take_the_decay_away() {
             assert!(taps.is_empty() && names(kind, &no_conv) == names(kind, &paper), "{}: no conv, nothing to fix", kind.name());
         }
         let decays = kind.layout(&paper).decay.is_some();
-        assert_eq!(kind.ablates_decay(), decays && kind != mixer("mlstm"), "{}", kind.name());
-        assert_eq!(kind.layout(&no_decay).decay.is_some(), decays && !kind.ablates_decay(), "{}", kind.name());
+        assert_eq!(kind.ablates_decay(), decays, "{}", kind.name());
+        assert_eq!(kind.layout(&no_decay).decay.is_some(), kind == mixer("mlstm"), "{}: only mLSTM keeps a (constant) decay", kind.name());
     }
     let gone = |name: &str| -> Vec<String> {
         let kept = names(mixer(name), &no_decay);
@@ -298,7 +298,10 @@ fn ablations_fix_the_conv_and_take_the_decay_away() {
     assert_eq!(gone("gla"), ["gk_b", "gk_w1", "gk_w2"]);
     // Mamba2's Δ still scales the keys: only A goes.
     assert_eq!(gone("mamba2"), ["A_log"]);
-    assert!(gone("retnet").is_empty() && gone("mlstm").is_empty(), "RetNet's decays are constants; mLSTM keeps its gate");
+    assert!(gone("retnet").is_empty(), "RetNet's decays are constants");
+    assert_eq!(gone("mlstm"), ["f_bias", "f_proj"]);
+    let open: Vec<_> = mixer("mlstm").constants(s, &no_decay).into_iter().filter(|(n, _)| *n == linearize_core::mixers::OPEN_FORGET_GATE).collect();
+    assert_eq!(open, [(linearize_core::mixers::OPEN_FORGET_GATE, vec![0.0; 2])], "mLSTM's forget gate held at log f = 0");
     assert_eq!(mixer("retnet").layout(&no_decay).recurrence(), mixer("linear_attn").layout(&paper).recurrence());
     assert_eq!(mixer("gated_deltanet").layout(&no_decay).recurrence(), mixer("deltanet").layout(&paper).recurrence());
 }
@@ -326,10 +329,13 @@ fn options_are_unused_exactly_where_they_change_nothing() {
     assert_eq!(used_by(&MixerOptions { mlstm_forget_linspace: true, ..Default::default() }), ["mlstm"]);
     assert_eq!(used_by(&MixerOptions { retnet_teacher_rope: true, ..Default::default() }), ["retnet"]);
     assert_eq!(used_by(&MixerOptions { conv_init: ConvInit::Identity, ..Default::default() }), ["deltanet", "gated_deltanet", "kda", "mamba2"]);
-    assert_eq!(used_by(&MixerOptions { no_decay: true, ..Default::default() }), ["retnet", "gla", "gated_deltanet", "kda", "mamba2"]);
+    assert_eq!(used_by(&MixerOptions { no_decay: true, ..Default::default() }), ["retnet", "gla", "gated_deltanet", "kda", "mlstm", "mamba2"]);
     // With the conv on every mixer, the conv's init and its removal apply everywhere but mLSTM.
     let everywhere = MixerOptions { conv_all_mixers: true, no_conv: true, ..Default::default() };
     assert_eq!(used_by(&everywhere), ["linear_attn", "retnet", "gla"]);
     assert_eq!(everywhere.unused_by(mixer("gated_deltanet")), ["--conv-all-mixers"]);
-    assert_eq!(MixerOptions { no_decay: true, la_output_norm: true, ..Default::default() }.unused_by(mixer("mlstm")), ["--la-output-norm", "--no-decay"]);
+    assert_eq!(MixerOptions { no_decay: true, la_output_norm: true, ..Default::default() }.unused_by(mixer("deltanet")), ["--la-output-norm", "--no-decay"]);
+    // Identity taps on fixed taps, mLSTM's forget-gate bias with the gate: nothing left to set.
+    assert_eq!(MixerOptions { no_conv: true, conv_init: ConvInit::Identity, ..Default::default() }.unused_by(mixer("gated_deltanet")), ["--conv-init identity"]);
+    assert_eq!(MixerOptions { no_decay: true, mlstm_forget_linspace: true, ..Default::default() }.unused_by(mixer("mlstm")), ["--mlstm-forget-linspace"]);
 }

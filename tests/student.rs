@@ -133,6 +133,9 @@ fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
             // A decay per key channel, read by the stack's epilogue column by column.
             conv_variants.push(MixerOptions { gdn_channel_decay: true, ..Default::default() });
         }
+        if !kind.layout(&MixerOptions::default()).conv && kind.ablates_decay() {
+            conv_variants.push(MixerOptions { no_decay: true, ..Default::default() });
+        }
         for opts in conv_variants {
             // The variants beyond the defaults run in f32 alone.
             let f32_only = opts != MixerOptions::default();
@@ -154,6 +157,7 @@ fn every_mixer_decodes_with_the_gpu_kernels_and_stacked_products() {
                     "gated_deltanet" if opts.no_decay => vec!["b_proj"],
                     "gated_deltanet" => vec!["a_proj", "b_proj"],
                     "kda" => vec!["b_proj"],
+                    "mlstm" if opts.no_decay => vec!["i_proj"],
                     "mlstm" => vec!["f_proj", "i_proj"],
                     // Without the decay, Mamba2's step is the only gate that reads its matrix.
                     "mamba2" if opts.no_decay => vec!["dt_proj"],

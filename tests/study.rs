@@ -228,7 +228,7 @@ fn arms_apply_where_they_change_something_and_bad_settings_are_refused() {
     assert_eq!(applies("mlstm-forget-linspace"), "[mlstm]");
     assert_eq!(applies("retnet-teacher-rope"), "[retnet]");
     assert_eq!(applies("no-conv"), "[deltanet, gated_deltanet, kda, mamba2]");
-    assert_eq!(applies("no-decay"), "[retnet, gla, gated_deltanet, kda, mamba2]");
+    assert_eq!(applies("no-decay"), "[retnet, gla, gated_deltanet, kda, mlstm, mamba2]");
     assert_eq!(applies("gdn-channel-decay"), "[gated_deltanet]");
     let dir = tempdir("study-refusals");
     let o = dir.join("s");

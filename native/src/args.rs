@@ -1,7 +1,7 @@
 //! Command-line values shared by several subcommands: the mixer options `student` and
 //! `distill` both take, and the enumerations as clap `ValueEnum`s (help lists their values,
 //! anything else is refused before any work).
-use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
+use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions, SWITCHES};
 use linearize_core::train::distill::{KlScaling, Stage2Trains};
 
 /// `--conv-init`.
@@ -97,7 +97,7 @@ pub struct MixerFlags {
     #[arg(long)]
     pub no_conv: bool,
     /// Ablation: no decay of the state, a gated mixer run ungated (RetNet, GLA, Gated DeltaNet,
-    /// KDA, Mamba2)
+    /// KDA, Mamba2; mLSTM's forget gate held open)
     #[arg(long)]
     pub no_decay: bool,
     /// Ablation: Gated DeltaNet with a decay per key channel (KDA's granularity)
@@ -114,15 +114,24 @@ impl MixerFlags {
         if unused.is_empty() {
             return Ok(());
         }
+        // The mixers a choice changes when it is the only one.
+        let alone = |flag: &str| {
+            let mut only = MixerOptions::default();
+            match SWITCHES.iter().find(|(name, _)| *name == flag) {
+                Some((_, field)) => *field(&mut only) = true,
+                None => only.conv_init = ConvInit::Identity,
+            }
+            MixerKind::all().filter(move |k| only.unused_by(*k).is_empty()).map(|k| k.name()).collect::<Vec<_>>()
+        };
         let why: Vec<String> = unused
             .iter()
             .map(|flag| {
-                let applies: Vec<&str> = MixerKind::all().filter(|k| !o.unused_by(*k).contains(flag)).map(|k| k.name()).collect();
-                let elsewhere = if applies.is_empty() { String::new() } else { format!(" (it applies to {})", applies.join(", ")) };
-                format!("{flag} changes nothing for {}{elsewhere}", kind.name())
+                let applies = alone(flag);
+                let with_others = if applies.contains(&kind.name()) { " with the other choices given" } else { "" };
+                format!("{flag} changes nothing for {}{with_others} (on its own it applies to {})", kind.name(), applies.join(", "))
             })
             .collect();
-        anyhow::bail!("{}: a {} student is the same without it", why.join("; "), kind.name())
+        anyhow::bail!("{}: the student would be the same without it", why.join("; "))
     }
 
     fn apply(&self, o: &mut MixerOptions) {

@@ -63,10 +63,14 @@ impl MixerKind {
     /// become constants, see `constants`.)
     pub fn layout(self, opts: &MixerOptions) -> Layout {
         let mut layout = (self.def().layout)(opts);
-        // mLSTM's forget gate is also its stabiliser's decay: without it the stabilised form is
-        // another model, so the ablation leaves mLSTM as it is (`ablates_decay`).
-        if opts.no_decay && self.ablates_decay() {
-            layout.decay = None;
+        if opts.no_decay && layout.decay.is_some() {
+            layout.decay = if layout.normalizer == Normalizer::Mlstm {
+                // mLSTM's forget gate also feeds its stabiliser: held open (log f = 0, a
+                // constant) rather than removed, so the stabilised form stays whole.
+                Some(spec::GateDef { input: spec::GateInput::Fixed, f: ops::GateFn::Constant, param: Some(OPEN_FORGET_GATE), bias: None, per_channel: false })
+            } else {
+                None
+            };
         }
         layout
     }
@@ -77,6 +81,9 @@ impl MixerKind {
     /// `use_short_conv=False`.
     pub fn constants(self, s: MixerShape, opts: &MixerOptions) -> Vec<(&'static str, Vec<f32>)> {
         let mut fixed = (self.def().constants)(s);
+        if opts.no_decay && self.layout(opts).decay.is_some_and(|g| g.param == Some(OPEN_FORGET_GATE)) {
+            fixed.push((OPEN_FORGET_GATE, vec![0.0; s.heads]));
+        }
         if self.fixes_conv(opts) {
             for tap in spec::convs(s) {
                 fixed.push((tap.name, spec::identity_taps(tap.shape[0])));
@@ -90,10 +97,9 @@ impl MixerKind {
         opts.no_conv && self.layout(opts).conv
     }
 
-    /// Whether `MixerOptions::no_decay` changes this mixer: it has a decay, and it is not mLSTM's.
+    /// Whether `MixerOptions::no_decay` changes this mixer: it has a decay.
     pub fn ablates_decay(self) -> bool {
-        let declared = (self.def().layout)(&MixerOptions::default());
-        declared.decay.is_some() && declared.normalizer != Normalizer::Mlstm
+        (self.def().layout)(&MixerOptions::default()).decay.is_some()
     }
 
     /// The parameters this mixer adds for these shapes and options: those its declaration lists,
@@ -192,8 +198,8 @@ pub struct MixerOptions {
     pub no_conv: bool,
     /// Ablation: the state's decay removed (A = I; its gate's projections and parameters with
     /// it), so a gated mixer runs ungated in its own architecture — the paper's gated against
-    /// ungated within one mixer (RetNet, GLA, Gated DeltaNet, KDA, Mamba2; not mLSTM, whose
-    /// forget gate is also its stabiliser's).
+    /// ungated within one mixer (RetNet, GLA, Gated DeltaNet, KDA, Mamba2; mLSTM's forget gate,
+    /// which its stabiliser also reads, held open at f = 1).
     #[serde(default)]
     pub no_decay: bool,
     /// Ablation: Gated DeltaNet with a decay per key channel (KDA's granularity) in place of
@@ -218,6 +224,9 @@ fn as_files_before_the_option() -> bool {
     true
 }
 
+/// The constant log forget gate (0: f = 1) of an mLSTM with `no_decay`.
+pub const OPEN_FORGET_GATE: &str = "log_forget_open";
+
 /// The base of the mixers' rotary positions when the paper's layer sets its own: fla's
 /// MultiScaleRetention default, which the paper's RetNet student uses.
 pub const MIXER_ROPE_THETA: f64 = 10_000.0;
@@ -240,14 +249,17 @@ pub const SWITCHES: [(&str, fn(&mut MixerOptions) -> &mut bool); 11] = [
 
 impl MixerOptions {
     /// The choices set here that change nothing for `kind` — its wiring, its parameters (names,
-    /// shapes, initial values), its constants and rotary base stay as they are without them —
-    /// by their command-line names: a switch on (`SWITCHES`), or `--conv-init identity`.
+    /// shapes, how each is initialised), its constants and rotary base stay as they are without
+    /// them — by their command-line names: a switch on (`SWITCHES`), or `--conv-init identity`.
     pub fn unused_by(&self, kind: MixerKind) -> Vec<&'static str> {
         let s = MixerShape { hidden: 32, heads: 2, dk: 8, dv: 8 };
         let student = |o: &MixerOptions| {
             let layout = kind.layout(o);
             let theta = layout.rotary.then(|| o.rope_theta(1.0));
-            (layout, new_parameters(kind, s, o, 0), kind.constants(s, o), theta)
+            // Initialisations compared as rules, not drawn values: a rule that draws nothing
+            // (identity taps) moves the stream of every later draw without being used.
+            let params: Vec<(&str, Vec<usize>, String)> = kind.parameter_defs(s, o).into_iter().map(|p| (p.name, p.shape, p.init.rule(o))).collect();
+            (layout, params, kind.constants(s, o), theta)
         };
         let this = student(self);
         let mut unused = Vec::new();

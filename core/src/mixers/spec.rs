@@ -344,6 +344,19 @@ pub fn a_log(rng: &mut Rng, n: usize) -> Vec<f32> {
 }
 
 impl Init {
+    /// The rule as text (the same text, the same values from the same stream), for comparing
+    /// what students start from.
+    pub fn rule(&self, opts: &MixerOptions) -> String {
+        match self {
+            Init::Normal(std) => format!("normal {std}"),
+            Init::Uniform(lo, hi) => format!("uniform {lo} {hi}"),
+            Init::Const(c) => format!("const {c}"),
+            Init::Conv => format!("conv {:?}", opts.conv_init),
+            Init::Drawn(f) => format!("drawn {:p}", *f as *const ()),
+            Init::Values(v) => format!("values {v:?}"),
+        }
+    }
+
     /// The values of a tensor of `n` elements.
     pub fn values(&self, rng: &mut Rng, n: usize, opts: &MixerOptions) -> Vec<f32> {
         match self {
