@@ -40,6 +40,9 @@ fn defaults_are_the_papers() {
     assert!(!c.options.la_denominator && !c.options.la_output_norm && !c.options.kda_gate_mixup && !c.options.mlstm_forget_linspace && !c.options.la_tied_feature_map && !c.options.kda_full_rank_gate);
     // RetNet's rotary positions at fla's base, not the teacher's 100,000.
     assert!(!c.options.retnet_teacher_rope && c.options.rope_theta(100_000.0) == 10_000.0);
+    // The paper code's bugs fixed by default: k/v expanded by whole heads, stage 2's last
+    // target h_L, not its normed state.
+    assert!(!c.options.gqa_repeat_32 && !c.stage2_normed_last_target);
 }
 
 /// The teacher's text mixed into the real text: a share of the blocks, spread evenly, each
@@ -212,6 +215,29 @@ fn stage_two_trains_the_mixer_blocks_whole_or_their_mixers() {
         assert!(attention_block.q == l1.q && attention_block.down == l1.down && attention_block.ffn_norm == l1.ffn_norm, "{trains:?}: the attention block moved");
         assert!(s.embed == t.weights.embed && s.final_norm == t.weights.final_norm, "{trains:?}: embedding or final norm moved");
     }
+}
+
+/// `stage2_normed_last_target` (the paper code's bug): only the last block's stage-2 target
+/// changes — the held-out loss of block 0 stays, block 1's (the last) aims at the teacher's
+/// final normed state, farther from the un-normed stream the block computes (block 1's loss
+/// 100.7 against 70.5 on lavapipe).
+#[test]
+fn stage_two_normed_last_target_changes_the_last_block_alone() {
+    let parts = |normed: bool| -> Vec<f64> {
+        let c = DistillConfig { stage2_normed_last_target: normed, ..small(mixer("deltanet"), &[2], [0, 1, 0]) };
+        let events = run(c, &tempdir(&format!("distill-s2-normed-{normed}")));
+        events
+            .iter()
+            .find_map(|e| match e {
+                Event::StageLoss { after: false, parts, .. } => Some(parts.clone()),
+                _ => None,
+            })
+            .expect("stage 2's loss before training")
+    };
+    let (fixed, paper) = (parts(false), parts(true));
+    assert_eq!(fixed.len(), 2);
+    assert_eq!(fixed[0], paper[0], "block 0's target is the same");
+    assert!(paper[1] > 1.2 * fixed[1], "the last block against the normed state: {paper:?} against {fixed:?}");
 }
 
 /// The step losses of a metrics file, in order.

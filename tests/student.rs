@@ -3,7 +3,7 @@
 //! (prefill and decode), generation with constant memory, and clear errors on bad directories.
 use linearize_core::generate::{generate, generate_traced, Sampling};
 use linearize_core::mixers::{ConvInit, MixerKind, MixerOptions};
-use linearize_core::model::student::{expand_kv_heads, from_teacher, save_dir};
+use linearize_core::model::student::{expand_kv_heads, from_teacher, repeat_kv_chunks_32, save_dir};
 use linearize_core::eval::Diagnostics;
 use linearize_core::model::{LanguageModel, Model};
 use linearize_core::reference::teacher as reference;
@@ -16,6 +16,35 @@ fn gqa_expansion_repeats_whole_heads() {
     let e = expand_kv_heads(&w, 2, 4, 2, 3);
     let head = |h: usize| w[h * 6..(h + 1) * 6].to_vec();
     assert_eq!(e, [head(0), head(0), head(1), head(1)].concat());
+}
+
+/// The paper code's expansion (`--gqa-repeat-32`): 32-row chunks each repeated in place, so that
+/// a 64-wide student head of SmolLM2-135M reads [first half, first half], [first, second],
+/// [second, second] of its key/value head; refused for a teacher without GQA.
+#[test]
+fn gqa_repeat_32_reproduces_the_paper_codes_chunks() {
+    // 2 kv heads of 64 rows over 1 column → 4 query heads: chunks c0 c1 (head 0), c2 c3 (head 1).
+    let w: Vec<f32> = (0..128).map(|v| v as f32).collect();
+    let chunk = |c: usize| w[c * 32..(c + 1) * 32].to_vec();
+    assert_eq!(repeat_kv_chunks_32(&w, 2, 4, 64, 1), [chunk(0), chunk(0), chunk(1), chunk(1), chunk(2), chunk(2), chunk(3), chunk(3)].concat());
+    let t = teacher();
+    let c = &t.weights.config;
+    let o = MixerOptions { gqa_repeat_32: true, ..Default::default() };
+    let (_, m) = from_teacher(&t.weights, mixer("deltanet"), Some(vec![0]), &o, "test").unwrap();
+    let (d, hd) = (c.hidden_size, c.head_dim());
+    let rows = |w: &[f32], r0: usize, n: usize| w[r0 * d..(r0 + n) * d].to_vec();
+    let (k, teacher_k) = (&m.layers[&0]["k_proj"].data, &t.weights.layers[0].k);
+    // Student heads 0, 1, 2 of SmolLM2's group of three, from kv head 0's halves.
+    let (first, second) = (rows(teacher_k, 0, 32), rows(teacher_k, 32, 32));
+    assert_eq!(rows(k, 0, hd), [first.clone(), first.clone()].concat());
+    assert_eq!(rows(k, hd, hd), [first, second.clone()].concat());
+    assert_eq!(rows(k, 2 * hd, hd), [second.clone(), second].concat());
+    assert_ne!(m.layers[&0]["v_proj"].data, expand_kv_heads(&t.weights.layers[0].v, c.n_kv_heads(), c.num_attention_heads, hd, d), "v too");
+    let mut no_gqa = t.weights.clone();
+    no_gqa.truncate_layers(1);
+    no_gqa.config.num_key_value_heads = Some(no_gqa.config.num_attention_heads);
+    let e = from_teacher(&no_gqa, mixer("deltanet"), None, &o, "test").unwrap_err().to_string();
+    assert!(e.contains("--gqa-repeat-32") && e.contains("nothing is repeated"), "{e}");
 }
 
 #[test]

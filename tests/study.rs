@@ -230,6 +230,8 @@ fn arms_apply_where_they_change_something_and_bad_settings_are_refused() {
     assert_eq!(applies("no-conv"), "[deltanet, gated_deltanet, kda, mamba2]");
     assert_eq!(applies("no-decay"), "[retnet, gla, gated_deltanet, kda, mlstm, mamba2]");
     assert_eq!(applies("gdn-channel-decay"), "[gated_deltanet]");
+    let all = "[linear_attn, retnet, gla, deltanet, gated_deltanet, kda, mlstm, mamba2]";
+    assert_eq!((applies("gqa-repeat-32"), applies("stage2-normed-last-target")), (all.to_string(), all.to_string()));
     let dir = tempdir("study-refusals");
     let o = dir.join("s");
     let o = o.to_str().unwrap();

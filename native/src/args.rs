@@ -103,6 +103,10 @@ pub struct MixerFlags {
     /// Ablation: Gated DeltaNet with a decay per key channel (KDA's granularity)
     #[arg(long)]
     pub gdn_channel_decay: bool,
+    /// The paper code's bug: a GQA teacher's k/v expanded by repeating 32-row chunks, not whole
+    /// heads
+    #[arg(long)]
+    pub gqa_repeat_32: bool,
 }
 
 impl MixerFlags {
@@ -150,6 +154,7 @@ impl MixerFlags {
             (self.no_conv, &mut o.no_conv),
             (self.no_decay, &mut o.no_decay),
             (self.gdn_channel_decay, &mut o.gdn_channel_decay),
+            (self.gqa_repeat_32, &mut o.gqa_repeat_32),
         ];
         for (on, field) in switches {
             if on {

@@ -65,6 +65,10 @@ pub struct DistillArgs {
     /// What stage 2 trains [default: block]
     #[arg(long, value_enum)]
     pub stage2_trains: Option<crate::args::Stage2Arg>,
+    /// The paper code's bug: stage 2's last block aims at the teacher's final normed state, not
+    /// h_L
+    #[arg(long)]
+    pub stage2_normed_last_target: bool,
     /// Steps between checkpoints (default 50)
     #[arg(long)]
     pub checkpoint_every: Option<usize>,
@@ -175,6 +179,9 @@ pub fn config(a: &DistillArgs) -> Result<DistillConfig> {
     }
     if let Some(t) = a.stage2_trains {
         c.stage2_trains = t.into();
+    }
+    if a.stage2_normed_last_target {
+        c.stage2_normed_last_target = true;
     }
     if let Some(v) = a.checkpoint_every {
         c.checkpoint_every = v;

@@ -133,6 +133,8 @@ pub enum Arm {
     NoConv,
     NoDecay,
     GdnChannelDecay,
+    GqaRepeat32,
+    Stage2NormedLastTarget,
 }
 
 /// Whose choice an arm is.
@@ -145,10 +147,13 @@ pub enum ArmKind {
     Ours,
     /// An ablation the paper discusses, or a choice of the authors' code the paper does not use.
     Ablation,
+    /// The authors' code where it has a plain bug: the fix is the default, this arm shows what
+    /// it buys.
+    PaperCode,
 }
 
 impl Arm {
-    pub const ALL: [Arm; 15] = [
+    pub const ALL: [Arm; 17] = [
         Arm::Paper,
         Arm::ConvIdentity,
         Arm::KlTokenMean,
@@ -164,6 +169,8 @@ impl Arm {
         Arm::NoConv,
         Arm::NoDecay,
         Arm::GdnChannelDecay,
+        Arm::GqaRepeat32,
+        Arm::Stage2NormedLastTarget,
     ];
 
     pub fn name(self) -> &'static str {
@@ -183,6 +190,8 @@ impl Arm {
             Arm::NoConv => "no-conv",
             Arm::NoDecay => "no-decay",
             Arm::GdnChannelDecay => "gdn-channel-decay",
+            Arm::GqaRepeat32 => "gqa-repeat-32",
+            Arm::Stage2NormedLastTarget => "stage2-normed-last-target",
         }
     }
 
@@ -195,6 +204,7 @@ impl Arm {
             Arm::Paper => ArmKind::Paper,
             Arm::ConvIdentity | Arm::KlTokenMean | Arm::Stage2Mixers | Arm::MlstmForgetLinspace | Arm::LaTiedFeatureMap | Arm::KdaFullRankGate | Arm::RetnetTeacherRope => ArmKind::Ours,
             Arm::ConvAllMixers | Arm::LaDenominator | Arm::LaOutputNorm | Arm::LaNormalized | Arm::NoConv | Arm::NoDecay | Arm::GdnChannelDecay => ArmKind::Ablation,
+            Arm::GqaRepeat32 | Arm::Stage2NormedLastTarget => ArmKind::PaperCode,
         }
     }
 
@@ -215,6 +225,8 @@ impl Arm {
             Arm::NoConv => "the short conv removed: q, k, v through the SiLU alone (fla's use_short_conv=False)",
             Arm::NoDecay => "the state's decay removed (A = I): the mixer run ungated",
             Arm::GdnChannelDecay => "Gated DeltaNet's decay per key channel, KDA's granularity",
+            Arm::GqaRepeat32 => "the paper code's k/v expansion: 32-row chunks repeated, not whole heads",
+            Arm::Stage2NormedLastTarget => "the paper code's stage-2 target of the last block: the final normed state",
         }
     }
 
@@ -240,6 +252,8 @@ impl Arm {
             Arm::NoConv => o.no_conv = true,
             Arm::NoDecay => o.no_decay = true,
             Arm::GdnChannelDecay => o.gdn_channel_decay = true,
+            Arm::GqaRepeat32 => o.gqa_repeat_32 = true,
+            Arm::Stage2NormedLastTarget => c.stage2_normed_last_target = true,
         }
     }
 
@@ -553,7 +567,8 @@ pub fn run(a: &StudyArgs) -> Result<()> {
     if a.list_arms {
         for arm in Arm::ALL {
             let mixers: Vec<&str> = MixerKind::all().filter(|m| arm.applies_to(*m)).map(|m| m.name()).collect();
-            outln!("{:24} {:9} {} [{}]", arm.name(), format!("{:?}", arm.kind()).to_lowercase(), arm.what(), mixers.join(", "));
+            let kind = serde_json::to_value(arm.kind())?;
+            outln!("{:26} {:10} {} [{}]", arm.name(), kind.as_str().unwrap_or_default(), arm.what(), mixers.join(", "));
         }
         return Ok(());
     }

@@ -206,6 +206,11 @@ pub struct MixerOptions {
     /// one per head — the GDN → KDA gate granularity within one architecture.
     #[serde(default)]
     pub gdn_channel_decay: bool,
+    /// The paper's code (a bug there, MIXERS.md §3): a GQA teacher's k/v projections expanded to
+    /// every query head by repeating 32-row chunks in place (each 64-wide student head then
+    /// reads halves of one or two key/value heads) instead of whole heads.
+    #[serde(default)]
+    pub gqa_repeat_32: bool,
     /// Epsilon of the per-head output norms.
     pub norm_eps: f64,
     /// Seed of the initialisation of the new parameters.
@@ -214,7 +219,7 @@ pub struct MixerOptions {
 
 impl Default for MixerOptions {
     fn default() -> Self {
-        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, no_conv: false, no_decay: false, gdn_channel_decay: false, norm_eps: 1e-5, seed: 0 }
+        MixerOptions { conv_init: ConvInit::Random, la_denominator: false, la_output_norm: false, kda_gate_mixup: false, mlstm_forget_linspace: false, la_tied_feature_map: false, kda_full_rank_gate: false, conv_all_mixers: false, retnet_teacher_rope: false, no_conv: false, no_decay: false, gdn_channel_decay: false, gqa_repeat_32: false, norm_eps: 1e-5, seed: 0 }
     }
 }
 
@@ -233,7 +238,7 @@ pub const MIXER_ROPE_THETA: f64 = 10_000.0;
 
 /// The switches of `MixerOptions`, by their command-line names (the TOML field is the name
 /// without the dashes, in snake case), each with the field it turns on.
-pub const SWITCHES: [(&str, fn(&mut MixerOptions) -> &mut bool); 11] = [
+pub const SWITCHES: [(&str, fn(&mut MixerOptions) -> &mut bool); 12] = [
     ("--la-denominator", |o| &mut o.la_denominator),
     ("--la-output-norm", |o| &mut o.la_output_norm),
     ("--kda-gate-mixup", |o| &mut o.kda_gate_mixup),
@@ -245,6 +250,7 @@ pub const SWITCHES: [(&str, fn(&mut MixerOptions) -> &mut bool); 11] = [
     ("--no-conv", |o| &mut o.no_conv),
     ("--no-decay", |o| &mut o.no_decay),
     ("--gdn-channel-decay", |o| &mut o.gdn_channel_decay),
+    ("--gqa-repeat-32", |o| &mut o.gqa_repeat_32),
 ];
 
 impl MixerOptions {
@@ -259,7 +265,8 @@ impl MixerOptions {
             // Initialisations compared as rules, not drawn values: a rule that draws nothing
             // (identity taps) moves the stream of every later draw without being used.
             let params: Vec<(&str, Vec<usize>, String)> = kind.parameter_defs(s, o).into_iter().map(|p| (p.name, p.shape, p.init.rule(o))).collect();
-            (layout, params, kind.constants(s, o), theta)
+            // How the copied k/v are expanded changes every mixer's student (of a GQA teacher).
+            (layout, params, kind.constants(s, o), theta, o.gqa_repeat_32)
         };
         let this = student(self);
         let mut unused = Vec::new();

@@ -39,6 +39,22 @@ pub fn expand_kv_heads(w: &[f32], n_kv: usize, n_q: usize, head_dim: usize, cols
     out
 }
 
+/// The paper code's expansion (`MixerOptions::gqa_repeat_32`): the rows of `w` [n_kv·hd, cols]
+/// taken in chunks of 32, each repeated n_q / n_kv times in place — [n_q·hd, cols]. With heads
+/// of 64, student head 3j+1 (of a group of three) reads the second half of kv head j's first
+/// chunk pair: the layout of no attention head.
+pub fn repeat_kv_chunks_32(w: &[f32], n_kv: usize, n_q: usize, head_dim: usize, cols: usize) -> Vec<f32> {
+    const CHUNK: usize = 32;
+    let group = n_q / n_kv;
+    let mut out = Vec::with_capacity(n_q * head_dim * cols);
+    for chunk in w[..n_kv * head_dim * cols].chunks(CHUNK * cols) {
+        for _ in 0..group {
+            out.extend_from_slice(chunk);
+        }
+    }
+    out
+}
+
 /// Builds an untrained student from teacher weights. `layers`: the blocks to replace (None:
 /// all). The teacher's attention tensors of replaced blocks move into the mixer parameters.
 pub fn from_teacher(teacher: &ModelWeights, kind: MixerKind, layers: Option<Vec<usize>>, opts: &MixerOptions, source: &str) -> Result<(ModelWeights, StudentMixers)> {
@@ -58,6 +74,10 @@ pub fn from_teacher(teacher: &ModelWeights, kind: MixerKind, layers: Option<Vec<
     if !(hd == 64 || hd == 128) {
         return Err(Error::argument("head_dim", format!("mixers take heads of 64 or 128 channels, the teacher has {hd}")));
     }
+    if opts.gqa_repeat_32 && c.n_kv_heads() == c.num_attention_heads {
+        return Err(Error::argument("--gqa-repeat-32", format!("the teacher has as many key/value heads as query heads ({}): nothing is repeated", c.num_attention_heads)));
+    }
+    let expand = if opts.gqa_repeat_32 { repeat_kv_chunks_32 } else { expand_kv_heads };
     let shape = MixerShape { hidden: c.hidden_size, heads: c.num_attention_heads, dk: hd, dv: hd };
     let mut base = teacher.clone();
     let mut mixers = BTreeMap::new();
@@ -66,8 +86,8 @@ pub fn from_teacher(teacher: &ModelWeights, kind: MixerKind, layers: Option<Vec<
         let mut p: MixerParams = new_parameters(kind, shape, opts, i);
         let (d, hq) = (c.hidden_size, c.num_attention_heads * hd);
         p.insert("q_proj".into(), Tensor::new(vec![hq, d], std::mem::take(&mut l.q)));
-        p.insert("k_proj".into(), Tensor::new(vec![hq, d], expand_kv_heads(&l.k, c.n_kv_heads(), c.num_attention_heads, hd, d)));
-        p.insert("v_proj".into(), Tensor::new(vec![hq, d], expand_kv_heads(&l.v, c.n_kv_heads(), c.num_attention_heads, hd, d)));
+        p.insert("k_proj".into(), Tensor::new(vec![hq, d], expand(&l.k, c.n_kv_heads(), c.num_attention_heads, hd, d)));
+        p.insert("v_proj".into(), Tensor::new(vec![hq, d], expand(&l.v, c.n_kv_heads(), c.num_attention_heads, hd, d)));
         p.insert("o_proj".into(), Tensor::new(vec![d, hq], std::mem::take(&mut l.o)));
         l.k.clear();
         l.v.clear();

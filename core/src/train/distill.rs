@@ -83,6 +83,9 @@ pub struct DistillConfig {
     pub clip: f64,
     pub kl_scaling: KlScaling,
     pub stage2_trains: Stage2Trains,
+    /// The paper code's bug (MIXERS.md §5): stage 2's last block aims at the teacher's final
+    /// *normed* state (transformers' last hidden state) instead of h_L. Off: h_L (the fix).
+    pub stage2_normed_last_target: bool,
     /// Steps between checkpoints (and at the end of every stage).
     pub checkpoint_every: usize,
     /// Steps whose losses and gradient norms are read back together: the GPU runs that many
@@ -149,6 +152,7 @@ impl Default for DistillConfig {
             clip: 1.0,
             kl_scaling: KlScaling::PaperBatch,
             stage2_trains: Stage2Trains::Block,
+            stage2_normed_last_target: false,
             checkpoint_every: 50,
             log_every: 10,
             heldout_tokens: 16_384,
@@ -785,10 +789,13 @@ impl<'g> Distiller<'g> {
                 rec.submit()?;
                 acts.release(gpu);
             } else {
-                // The block on the teacher's input, against the teacher's next state.
+                // The block on the teacher's input, against the teacher's next state (the last
+                // block: its final normed state where the paper's code is reproduced).
                 let x = if i == 0 { &teacher.x0 } else { &teacher.blocks[i - 1].x_out };
+                let last = i + 1 == teacher.blocks.len();
+                let target = if last && self.config.stage2_normed_last_target { &teacher.xnf } else { &t.x_out };
                 let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq)?;
-                l2_error(&mut rec, &acts.x_out, &t.x_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: share / rows as f32, accumulate: false })?;
+                l2_error(&mut rec, &acts.x_out, target, rows, d, &LossOut { loss: &loss, grad: &grad, scale: share / rows as f32, accumulate: false })?;
                 self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, grads)?;
                 rec.submit()?;
                 acts.release(gpu);
