@@ -92,8 +92,9 @@ impl MixerKind {
         fixed
     }
 
-    /// Whether `no_conv` fixes this mixer's conv taps (it has a conv with these options).
-    fn fixes_conv(self, opts: &MixerOptions) -> bool {
+    /// Whether `no_conv` fixes this mixer's conv taps (it has a conv with these options): q, k
+    /// and v then pass through the SiLU alone.
+    pub fn fixes_conv(self, opts: &MixerOptions) -> bool {
         opts.no_conv && self.layout(opts).conv
     }
 

@@ -67,7 +67,7 @@ fn fla_mixer(m: &StudentMixers, hidden: usize) -> std::result::Result<FlaMixer, 
     let (o, s) = (&m.config.options, m.config.shape);
     // Trained short convs; with `no_conv` the wiring keeps the SiLU (taps fixed at the identity),
     // which fla's delta-rule layers apply without their convs and its GLA and RetNet do not.
-    let silu_only = o.no_conv && m.config.mixer.layout(o).conv;
+    let silu_only = m.config.mixer.fixes_conv(o);
     let conv = m.config.mixer.layout(o).conv && !silu_only;
     if o.no_decay && m.config.mixer.ablates_decay() {
         return Err("its state's decay is removed (--no-decay), which fla's layer of this mixer always has".into());
