@@ -41,8 +41,8 @@ pub fn expand_kv_heads(w: &[f32], n_kv: usize, n_q: usize, head_dim: usize, cols
 
 /// The paper code's expansion (`MixerOptions::gqa_repeat_32`): the rows of `w` [n_kv·hd, cols]
 /// taken in chunks of 32, each repeated n_q / n_kv times in place — [n_q·hd, cols]. With heads
-/// of 64, student head 3j+1 (of a group of three) reads the second half of kv head j's first
-/// chunk pair: the layout of no attention head.
+/// of 64 in groups of three (SmolLM2-135M), student heads 3j and 3j+2 read one half of kv head j
+/// twice ([first, first], [second, second]); only 3j+1 reads the head as it is.
 pub fn repeat_kv_chunks_32(w: &[f32], n_kv: usize, n_q: usize, head_dim: usize, cols: usize) -> Vec<f32> {
     const CHUNK: usize = 32;
     let group = n_q / n_kv;

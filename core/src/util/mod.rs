@@ -13,8 +13,8 @@ pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
 }
 
 /// Each field in which `now` differs from `then` (a run's saved settings), as
-/// `field: then in the checkpoint, now now` — nested fields by their dotted paths, `then_is`
-/// naming where the old values come from ("in the checkpoint", "in study.json").
+/// `field: OLD <then_is>, NEW now` — nested fields by their dotted paths, `then_is` naming
+/// where the old values come from ("in the checkpoint", "in study.json").
 pub fn settings_changed<T: serde::Serialize>(then: &T, now: &T, then_is: &str) -> Vec<String> {
     fn walk(path: &str, a: &serde_json::Value, b: &serde_json::Value, then_is: &str, out: &mut Vec<String>) {
         match (a, b) {
