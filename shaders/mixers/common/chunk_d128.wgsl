@@ -138,6 +138,16 @@ fn rhs(b: u32, h: u32, c0: u32, len: u32, t: u32, j: u32) -> f32 {
     return bt * decay * k_row[row * D4 + i / 4u][i % 4u];
 }
 
+// The gate of token t (of batch b, head h) for key channel j: one per head (GATE 1) or one per
+// key channel (GATE 2).
+fn gate_in(b: u32, h: u32, t: u32, j: u32) -> f32 {
+    let row = row_of(b, t, h);
+    if (GATE == 1u) {
+        return g_in[row];
+    }
+    return g_in[row * D + j];
+}
+
 fn load_x(b: u32, h: u32, c0: u32, t: u32, j: u32) -> f32 {
     let row = row_of(b, c0 + t, h);
     if (j < D) {
@@ -165,25 +175,90 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     let b = wid.z;
     let c0 = n * C;
     let len = min(C, p.seq - c0);
-    // Cumulative gates: thread j < 64 owns key channel j.
+    // Cumulative gates: thread j < D owns key channel j. Eight tokens' gates are loaded at a
+    // time, all in flight together (one at a time, each token waited for its load), then summed
+    // in token order.
     if (GATE != 0u && j < D) {
         var acc = 0.0;
-        for (var t = 0u; t < len; t++) {
-            let row = row_of(b, c0 + t, h);
-            if (GATE == 1u) {
-                acc += g_in[row];
-            } else {
-                acc += g_in[row * D + j];
+        for (var t0 = 0u; t0 < len; t0 += 8u) {
+            let g0 = gate_in(b, h, c0 + min(t0 + 0u, len - 1u), j);
+            let g1 = gate_in(b, h, c0 + min(t0 + 1u, len - 1u), j);
+            let g2 = gate_in(b, h, c0 + min(t0 + 2u, len - 1u), j);
+            let g3 = gate_in(b, h, c0 + min(t0 + 3u, len - 1u), j);
+            let g4 = gate_in(b, h, c0 + min(t0 + 4u, len - 1u), j);
+            let g5 = gate_in(b, h, c0 + min(t0 + 5u, len - 1u), j);
+            let g6 = gate_in(b, h, c0 + min(t0 + 6u, len - 1u), j);
+            let g7 = gate_in(b, h, c0 + min(t0 + 7u, len - 1u), j);
+            if (t0 + 0u < len) {
+                acc += g0;
+                b_cum[row_of(b, c0 + t0 + 0u, h) * D + j] = acc;
             }
-            b_cum[row * D + j] = acc;
+            if (t0 + 1u < len) {
+                acc += g1;
+                b_cum[row_of(b, c0 + t0 + 1u, h) * D + j] = acc;
+            }
+            if (t0 + 2u < len) {
+                acc += g2;
+                b_cum[row_of(b, c0 + t0 + 2u, h) * D + j] = acc;
+            }
+            if (t0 + 3u < len) {
+                acc += g3;
+                b_cum[row_of(b, c0 + t0 + 3u, h) * D + j] = acc;
+            }
+            if (t0 + 4u < len) {
+                acc += g4;
+                b_cum[row_of(b, c0 + t0 + 4u, h) * D + j] = acc;
+            }
+            if (t0 + 5u < len) {
+                acc += g5;
+                b_cum[row_of(b, c0 + t0 + 5u, h) * D + j] = acc;
+            }
+            if (t0 + 6u < len) {
+                acc += g6;
+                b_cum[row_of(b, c0 + t0 + 6u, h) * D + j] = acc;
+            }
+            if (t0 + 7u < len) {
+                acc += g7;
+                b_cum[row_of(b, c0 + t0 + 7u, h) * D + j] = acc;
+            }
         }
     }
     if (!DELTA) {
-        // Additive rules: u = v.
+        // Additive rules: u = v, eight tokens' loads in flight at a time.
         if (j < D) {
-            for (var t = 0u; t < len; t++) {
-                let row = row_of(b, c0 + t, h);
-                u_buf[row * D + j] = v_in[row * D + j];
+            for (var t0 = 0u; t0 < len; t0 += 8u) {
+                let v0 = v_in[row_of(b, c0 + min(t0 + 0u, len - 1u), h) * D + j];
+                let v1 = v_in[row_of(b, c0 + min(t0 + 1u, len - 1u), h) * D + j];
+                let v2 = v_in[row_of(b, c0 + min(t0 + 2u, len - 1u), h) * D + j];
+                let v3 = v_in[row_of(b, c0 + min(t0 + 3u, len - 1u), h) * D + j];
+                let v4 = v_in[row_of(b, c0 + min(t0 + 4u, len - 1u), h) * D + j];
+                let v5 = v_in[row_of(b, c0 + min(t0 + 5u, len - 1u), h) * D + j];
+                let v6 = v_in[row_of(b, c0 + min(t0 + 6u, len - 1u), h) * D + j];
+                let v7 = v_in[row_of(b, c0 + min(t0 + 7u, len - 1u), h) * D + j];
+                if (t0 + 0u < len) {
+                    u_buf[row_of(b, c0 + t0 + 0u, h) * D + j] = v0;
+                }
+                if (t0 + 1u < len) {
+                    u_buf[row_of(b, c0 + t0 + 1u, h) * D + j] = v1;
+                }
+                if (t0 + 2u < len) {
+                    u_buf[row_of(b, c0 + t0 + 2u, h) * D + j] = v2;
+                }
+                if (t0 + 3u < len) {
+                    u_buf[row_of(b, c0 + t0 + 3u, h) * D + j] = v3;
+                }
+                if (t0 + 4u < len) {
+                    u_buf[row_of(b, c0 + t0 + 4u, h) * D + j] = v4;
+                }
+                if (t0 + 5u < len) {
+                    u_buf[row_of(b, c0 + t0 + 5u, h) * D + j] = v5;
+                }
+                if (t0 + 6u < len) {
+                    u_buf[row_of(b, c0 + t0 + 6u, h) * D + j] = v6;
+                }
+                if (t0 + 7u < len) {
+                    u_buf[row_of(b, c0 + t0 + 7u, h) * D + j] = v7;
+                }
             }
         }
         return;
