@@ -1170,6 +1170,12 @@ def generate(D):
     workgroupBarrier();
 """
 
+    # chunk_prepare's first phase: eight tokens at a time, their loads in flight together.
+    gate_loads = "\n".join(f"            let g{u} = gate_in(b, h, c0 + min(t0 + {u}u, len - 1u), j);" for u in range(8))
+    gate_sums = "\n".join(f"            if (t0 + {u}u < len) {{\n                acc += g{u};\n                b_cum[row_of(b, c0 + t0 + {u}u, h) * D + j] = acc;\n            }}" for u in range(8))
+    copy_loads = "\n".join(f"                let v{u} = v_in[row_of(b, c0 + min(t0 + {u}u, len - 1u), h) * D + j];" for u in range(8))
+    copy_stores = "\n".join(f"                if (t0 + {u}u < len) {{\n                    u_buf[row_of(b, c0 + t0 + {u}u, h) * D + j] = v{u};\n                }}" for u in range(8))
+
     # chunk_prepare's blocked forward substitution: x0..x15 are the block's 16 rows.
     subst_load = "\n".join(f"        var x{e} = rhs(b, h, c0, len, t0 + {e}u, j);" for e in range(16))
     subst_xs = "\n".join(f"            let xs{u} = load_x(b, h, c0, s + {u}u, j);" for u in range(4))
@@ -1323,84 +1329,16 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     if (GATE != 0u && j < D) {{
         var acc = 0.0;
         for (var t0 = 0u; t0 < len; t0 += 8u) {{
-            let g0 = gate_in(b, h, c0 + min(t0 + 0u, len - 1u), j);
-            let g1 = gate_in(b, h, c0 + min(t0 + 1u, len - 1u), j);
-            let g2 = gate_in(b, h, c0 + min(t0 + 2u, len - 1u), j);
-            let g3 = gate_in(b, h, c0 + min(t0 + 3u, len - 1u), j);
-            let g4 = gate_in(b, h, c0 + min(t0 + 4u, len - 1u), j);
-            let g5 = gate_in(b, h, c0 + min(t0 + 5u, len - 1u), j);
-            let g6 = gate_in(b, h, c0 + min(t0 + 6u, len - 1u), j);
-            let g7 = gate_in(b, h, c0 + min(t0 + 7u, len - 1u), j);
-            if (t0 + 0u < len) {{
-                acc += g0;
-                b_cum[row_of(b, c0 + t0 + 0u, h) * D + j] = acc;
-            }}
-            if (t0 + 1u < len) {{
-                acc += g1;
-                b_cum[row_of(b, c0 + t0 + 1u, h) * D + j] = acc;
-            }}
-            if (t0 + 2u < len) {{
-                acc += g2;
-                b_cum[row_of(b, c0 + t0 + 2u, h) * D + j] = acc;
-            }}
-            if (t0 + 3u < len) {{
-                acc += g3;
-                b_cum[row_of(b, c0 + t0 + 3u, h) * D + j] = acc;
-            }}
-            if (t0 + 4u < len) {{
-                acc += g4;
-                b_cum[row_of(b, c0 + t0 + 4u, h) * D + j] = acc;
-            }}
-            if (t0 + 5u < len) {{
-                acc += g5;
-                b_cum[row_of(b, c0 + t0 + 5u, h) * D + j] = acc;
-            }}
-            if (t0 + 6u < len) {{
-                acc += g6;
-                b_cum[row_of(b, c0 + t0 + 6u, h) * D + j] = acc;
-            }}
-            if (t0 + 7u < len) {{
-                acc += g7;
-                b_cum[row_of(b, c0 + t0 + 7u, h) * D + j] = acc;
-            }}
+{gate_loads}
+{gate_sums}
         }}
     }}
     if (!DELTA) {{
         // Additive rules: u = v, eight tokens' loads in flight at a time.
         if (j < D) {{
             for (var t0 = 0u; t0 < len; t0 += 8u) {{
-                let v0 = v_in[row_of(b, c0 + min(t0 + 0u, len - 1u), h) * D + j];
-                let v1 = v_in[row_of(b, c0 + min(t0 + 1u, len - 1u), h) * D + j];
-                let v2 = v_in[row_of(b, c0 + min(t0 + 2u, len - 1u), h) * D + j];
-                let v3 = v_in[row_of(b, c0 + min(t0 + 3u, len - 1u), h) * D + j];
-                let v4 = v_in[row_of(b, c0 + min(t0 + 4u, len - 1u), h) * D + j];
-                let v5 = v_in[row_of(b, c0 + min(t0 + 5u, len - 1u), h) * D + j];
-                let v6 = v_in[row_of(b, c0 + min(t0 + 6u, len - 1u), h) * D + j];
-                let v7 = v_in[row_of(b, c0 + min(t0 + 7u, len - 1u), h) * D + j];
-                if (t0 + 0u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 0u, h) * D + j] = v0;
-                }}
-                if (t0 + 1u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 1u, h) * D + j] = v1;
-                }}
-                if (t0 + 2u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 2u, h) * D + j] = v2;
-                }}
-                if (t0 + 3u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 3u, h) * D + j] = v3;
-                }}
-                if (t0 + 4u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 4u, h) * D + j] = v4;
-                }}
-                if (t0 + 5u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 5u, h) * D + j] = v5;
-                }}
-                if (t0 + 6u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 6u, h) * D + j] = v6;
-                }}
-                if (t0 + 7u < len) {{
-                    u_buf[row_of(b, c0 + t0 + 7u, h) * D + j] = v7;
-                }}
+{copy_loads}
+{copy_stores}
             }}
         }}
         return;
