@@ -402,8 +402,9 @@ fn tensor_core_backward_matches_f64() {
 
 /// Prefill attention on tensor cores (native/attention_coop.wgsl: q kᵀ and P v as f16 products
 /// with f32 accumulation, the online softmax in f32) against the f64 reference: ragged tiles of
-/// queries and keys, a prefix already in the cache, grouped heads, peaked scores; prints its
-/// error beside the f32 kernel's.
+/// queries and keys, a prefix already in the cache, grouped heads, peaked scores, scores that grow
+/// along the keys (the output rescaled when a row's max moves); prints its error beside the f32
+/// kernel's.
 #[test]
 fn tensor_core_attention_matches_f64() {
     use linearize_core::nn::AttnShape;
@@ -413,11 +414,17 @@ fn tensor_core_attention_matches_f64() {
     let cache_to_seq = |cache: &[f32], b: usize, n_kv: usize, cap: usize, t: usize| -> Vec<f64> {
         (0..t).flat_map(|pos| (0..n_kv).flat_map(move |h| (0..d).map(move |i| ((b * n_kv + h) * cap + pos) * d + i))).map(|i| cache[i] as f64).collect()
     };
-    for &(batch, seq, pos0, n_q, n_kv, q_scale) in &[(2, 9, 0, 6, 2, 1.0), (1, 64, 0, 2, 2, 1.0), (2, 65, 7, 6, 3, 1.0), (1, 130, 0, 3, 1, 1.0), (1, 200, 70, 9, 3, 1.0), (1, 33, 5, 2, 1, 8.0)] {
+    // k_growth: keys at position p scaled by 1 + k_growth · p / 64, so that later tiles' scores
+    // exceed the first tiles' by far (the running max moves by 10 and more, and the output so
+    // far is rescaled by factors far below 1).
+    for &(batch, seq, pos0, n_q, n_kv, q_scale, k_growth) in &[(2, 9, 0, 6, 2, 1.0, 0.0), (1, 64, 0, 2, 2, 1.0, 0.0), (2, 65, 7, 6, 3, 1.0, 0.0), (1, 130, 0, 3, 1, 1.0, 0.0), (1, 200, 70, 9, 3, 1.0, 0.0), (1, 33, 5, 2, 1, 8.0, 0.0), (1, 260, 0, 3, 1, 4.0, 2.0), (2, 140, 30, 2, 1, 4.0, 3.0)] {
         let cap = pos0 + seq + 3;
         let s = AttnShape { batch, seq, pos0, n_q, n_kv, head_dim: d, cap };
         let q = random(&mut rng, batch * seq * n_q * d, q_scale);
-        let k = random(&mut rng, batch * n_kv * cap * d, 1.0);
+        let mut k = random(&mut rng, batch * n_kv * cap * d, 1.0);
+        for (i, x) in k.iter_mut().enumerate() {
+            *x *= 1.0 + k_growth * ((i / d) % cap) as f32 / 64.0;
+        }
         let v = random(&mut rng, batch * n_kv * cap * d, 1.0);
         let up = |name: &str, x: &[f32]| gpu.upload_f32(name, x).unwrap();
         let (qb, kb, vb) = (up("q", &q), up("k", &k), up("v", &v));
@@ -437,7 +444,7 @@ fn tensor_core_attention_matches_f64() {
             want.extend(reference::attention(&qs, &cache_to_seq(&k, b, n_kv, cap, t_k), &cache_to_seq(&v, b, n_kv, cap, t_k), seq, t_k, pos0, n_q, n_kv, d));
         }
         let err = |o: &[f32]| o.iter().zip(&want).map(|(&g, &w)| (g as f64 - w).abs()).fold(0.0, linearize_tests::nan_max);
-        let tag = format!("tensor-core attention B={batch} T={seq} pos0={pos0} heads={n_q}/{n_kv} q×{q_scale}");
+        let tag = format!("tensor-core attention B={batch} T={seq} pos0={pos0} heads={n_q}/{n_kv} q×{q_scale} k growth {k_growth}");
         assert_close(&tag, &got, &want, 2e-2, 0.0);
         eprintln!("{tag}: max |o − f64| = {:.1e} (f32 kernel {:.1e})", err(&got), err(&f32_out));
     }

@@ -6,7 +6,9 @@
 // One workgroup = 64 consecutive queries of one (batch, head), four subgroups of 32 threads,
 // subgroup s owning query rows 16s .. 16s + 15. Per tile of 64 keys (up to the last query's
 // position):
-//   1. k and v of the tile from the f32 cache into f16 tiles in workgroup memory;
+//   1. k and v of the tile from the f32 cache into f16 tiles in workgroup memory, from registers
+//      loaded during the tile before (software pipelining: the loads' latency hides behind the
+//      products);
 //   2. S = (scale·q) kᵀ on the tensor cores (q's fragments loaded once, before the tiles), stored
 //      to workgroup memory in f32;
 //   3. the online softmax in f32, two threads per query row, 32 keys each: the causal mask, the
@@ -75,6 +77,18 @@ fn put4(tile: u32, o: u32, x: vec4<f32>) {
     }
 }
 
+// Where thread `tid`'s i-th vec4 of the tile at keys k0.. comes from in the cache, and where it
+// goes in the f16 tile (8 per thread: 64 keys × 16 vec4 over 128 threads).
+fn kv_at(kv0: u32, k0: u32, last_pos: u32, tid: u32, i: u32) -> u32 {
+    let e = tid + 128u * i;
+    return (kv0 + min(k0 + e / D4, last_pos)) * D4 + e % D4;
+}
+
+fn kv_to(tid: u32, i: u32) -> u32 {
+    let e = tid + 128u * i;
+    return (e / D4) * LD + 4u * (e % D4);
+}
+
 fn pv4(o: u32) -> vec4<f32> {
     return vec4<f32>(s32[o], s32[o + 1u], s32[o + 2u], s32[o + 3u]);
 }
@@ -119,16 +133,63 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     var o7 = vec4<f32>(0.0);
     let kv0 = (b * p.n_kv + kh) * p.cap;
     let srow = sg * 16u * SLD;
+    // The first tile's k and v in registers; each tile's loads of the next go out before its
+    // products, so their latency hides behind them.
+    var kn0 = k_cache[kv_at(kv0, 0u, last_pos, tid, 0u)];
+    var vn0 = v_cache[kv_at(kv0, 0u, last_pos, tid, 0u)];
+    var kn1 = k_cache[kv_at(kv0, 0u, last_pos, tid, 1u)];
+    var vn1 = v_cache[kv_at(kv0, 0u, last_pos, tid, 1u)];
+    var kn2 = k_cache[kv_at(kv0, 0u, last_pos, tid, 2u)];
+    var vn2 = v_cache[kv_at(kv0, 0u, last_pos, tid, 2u)];
+    var kn3 = k_cache[kv_at(kv0, 0u, last_pos, tid, 3u)];
+    var vn3 = v_cache[kv_at(kv0, 0u, last_pos, tid, 3u)];
+    var kn4 = k_cache[kv_at(kv0, 0u, last_pos, tid, 4u)];
+    var vn4 = v_cache[kv_at(kv0, 0u, last_pos, tid, 4u)];
+    var kn5 = k_cache[kv_at(kv0, 0u, last_pos, tid, 5u)];
+    var vn5 = v_cache[kv_at(kv0, 0u, last_pos, tid, 5u)];
+    var kn6 = k_cache[kv_at(kv0, 0u, last_pos, tid, 6u)];
+    var vn6 = v_cache[kv_at(kv0, 0u, last_pos, tid, 6u)];
+    var kn7 = k_cache[kv_at(kv0, 0u, last_pos, tid, 7u)];
+    var vn7 = v_cache[kv_at(kv0, 0u, last_pos, tid, 7u)];
     for (var k0 = 0u; k0 <= last_pos; k0 += BK) {
-        // 1. The tile's k and v (keys past the last query's position repeat it; masked below).
-        for (var i = 0u; i < BK * D4 / 128u; i++) {
-            let e = tid + 128u * i;
-            let at = (kv0 + min(k0 + e / D4, last_pos)) * D4 + e % D4;
-            let o = (e / D4) * LD + 4u * (e % D4);
-            put4(0u, o, k_cache[at]);
-            put4(1u, o, v_cache[at]);
-        }
+        // 1. The tile's k and v as f16 (keys past the last query's position repeat it; masked
+        //    below), then the next tile's loads.
+        put4(0u, kv_to(tid, 0u), kn0);
+        put4(1u, kv_to(tid, 0u), vn0);
+        put4(0u, kv_to(tid, 1u), kn1);
+        put4(1u, kv_to(tid, 1u), vn1);
+        put4(0u, kv_to(tid, 2u), kn2);
+        put4(1u, kv_to(tid, 2u), vn2);
+        put4(0u, kv_to(tid, 3u), kn3);
+        put4(1u, kv_to(tid, 3u), vn3);
+        put4(0u, kv_to(tid, 4u), kn4);
+        put4(1u, kv_to(tid, 4u), vn4);
+        put4(0u, kv_to(tid, 5u), kn5);
+        put4(1u, kv_to(tid, 5u), vn5);
+        put4(0u, kv_to(tid, 6u), kn6);
+        put4(1u, kv_to(tid, 6u), vn6);
+        put4(0u, kv_to(tid, 7u), kn7);
+        put4(1u, kv_to(tid, 7u), vn7);
         workgroupBarrier();
+        let k1 = k0 + BK;
+        if (k1 <= last_pos) {
+            kn0 = k_cache[kv_at(kv0, k1, last_pos, tid, 0u)];
+            vn0 = v_cache[kv_at(kv0, k1, last_pos, tid, 0u)];
+            kn1 = k_cache[kv_at(kv0, k1, last_pos, tid, 1u)];
+            vn1 = v_cache[kv_at(kv0, k1, last_pos, tid, 1u)];
+            kn2 = k_cache[kv_at(kv0, k1, last_pos, tid, 2u)];
+            vn2 = v_cache[kv_at(kv0, k1, last_pos, tid, 2u)];
+            kn3 = k_cache[kv_at(kv0, k1, last_pos, tid, 3u)];
+            vn3 = v_cache[kv_at(kv0, k1, last_pos, tid, 3u)];
+            kn4 = k_cache[kv_at(kv0, k1, last_pos, tid, 4u)];
+            vn4 = v_cache[kv_at(kv0, k1, last_pos, tid, 4u)];
+            kn5 = k_cache[kv_at(kv0, k1, last_pos, tid, 5u)];
+            vn5 = v_cache[kv_at(kv0, k1, last_pos, tid, 5u)];
+            kn6 = k_cache[kv_at(kv0, k1, last_pos, tid, 6u)];
+            vn6 = v_cache[kv_at(kv0, k1, last_pos, tid, 6u)];
+            kn7 = k_cache[kv_at(kv0, k1, last_pos, tid, 7u)];
+            vn7 = v_cache[kv_at(kv0, k1, last_pos, tid, 7u)];
+        }
         // 2. S = q kᵀ for the subgroup's rows, one key block of 16 at a time.
         for (var c = 0u; c < BK / 16u; c++) {
             let kb = c * 16u * LD;
