@@ -1112,13 +1112,10 @@ def expand(text, consts):
     return "\n".join(out)
 
 
-def generate(D):
+def chunk_state(D):
+    """chunk_state's text: the f32 sweep of S over the chunks, one workgroup per value block."""
     N4 = D // 4
     comps = "xyzw"
-
-    def ln(fmt, n=N4, indent=4):
-        return "\n".join(" " * indent + fmt.format(a=a) for a in range(n))
-
     # chunk_state: thread (i0, cv) holds rows i0 + 64 r of its value block, r < D / 64.
     NR = D // 64
     rows = range(NR)
@@ -1142,6 +1139,133 @@ def generate(D):
     state_update = "\n".join(f"                s{r} = fma(vec4<f32>(kd{u}_{r}), us{u}, s{r});\n                if (NORM == 1u && live{u}) {{\n                    n{r} += kr{u}_{r};\n                }}" for u in range(4) for r in rows)
     rows_store_s = "\n".join("\n".join(f"    state_s[sb + (i0 + {64*r}u) * D + col + {e}u] = s{r}.{comps[e]};" for e in range(4)) for r in rows)
     n_store_tail = "\n".join(f"        h_out[tail + i0 + {64*r}u] = n{r};" for r in rows)
+    return f'''// ---- chunk_state ----
+//
+// Workgroup (value block, head, batch) owns the D×BV slice of one state's columns and advances
+// it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
+//   u   = Uc − W S_0                         (delta rules; [C, D]·[D, BV])
+//   S_C = exp(b_C) ⊙ S_0 + K̃ᵀ u              (K̃_s = k_s ⊙ exp(b_C − b_s); [D, C]·[C, BV])
+// so the sequential depth is the number of chunks, not of tokens. Thread (i, c) holds rows
+// i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
+// block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
+// after every workgroup has read the initial m (no workgroup may overwrite what another reads).
+
+const BV: u32 = 16u;
+const BV4: u32 = 4u;
+var<workgroup> s_sh: array<vec4<f32>, {D * 4}>; // S_0[i, block columns] as vec4
+var<workgroup> u_sh: array<vec4<f32>, {C * 4}>; // u[t, block columns] as vec4
+
+// The scalar cumulative gate of token row `row` for key channel i (0 without a gate).
+fn gate_at(row: u32, i: u32) -> f32 {{
+    if (GATE == 0u) {{
+        return 0.0;
+    }}
+    return b_row[row * D4 + i / 4u][i % 4u];
+}}
+
+@compute @workgroup_size(256)
+fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let vb = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    let sb = bh * D * D;
+    let cv = tid % BV4;
+    let col = vb * BV + cv * 4u;
+    let i0 = tid / BV4;
+    let own_n = vb == 0u && cv == 0u;
+{rows_load}
+{n_load}
+    var m0 = 0.0;
+    if (NORM == 2u) {{
+        m0 = state_nm[bh * NB * (D + 4u) + D];
+    }}
+{s_to_sh}
+    workgroupBarrier();
+    for (var n = 0u; n < p.chunks; n++) {{
+        let hb = (bh * p.chunks + n) * R;
+{rows_store_h}
+        if (NORM != 0u && own_n) {{
+{n_store_h}
+        }}
+        if (NORM == 2u && vb == 0u && tid == 0u) {{
+            h_out[hb + D * D + D] = m0;
+        }}
+        let c0 = n * C;
+        let len = min(C, p.seq - c0);
+        // u for token t = tid / 4 and the thread's four columns.
+        let t = i0;
+        var u = vec4<f32>(0.0);
+        if (t < len) {{
+            let row = row_of(b, c0 + t, h);
+            let ub = row * D + col;
+            u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
+            if (DELTA) {{
+                let wb = row * D4;
+                // Four W vec4s at a time, their loads first.
+                for (var a0 = 0u; a0 < D4; a0 += 4u) {{
+{w_loads}
+{w_update}
+                }}
+                u_buf[ub] = u.x;
+                u_buf[ub + 1u] = u.y;
+                u_buf[ub + 2u] = u.z;
+                u_buf[ub + 3u] = u.w;
+            }}
+        }}
+        u_sh[t * BV4 + cv] = u;
+        workgroupBarrier();
+        let last_row = row_of(b, c0 + len - 1u, h);
+        if (NORM == 2u) {{
+            // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
+            // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
+            let b_last = b_cum_at(last_row);
+            // Four tokens at a time, every load first (rows past the chunk's end are clamped:
+            // their u is 0, they repeat a maximum, and n skips them).
+            var m_c = b_last + m0;
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{m_loads}
+{m_max}
+            }}
+            let d0 = exp(b_last + m0 - m_c);
+{rows_scale_d0}
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{mlstm_loads}
+{mlstm_update}
+            }}
+            m0 = m_c;
+        }} else {{
+{rows_decay}
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{state_loads}
+{state_update}
+            }}
+        }}
+        // Past this barrier every thread has read s_sh (for u) and u_sh (for the update): the
+        // new S_0 may be written, and the next chunk reads it past the second.
+        workgroupBarrier();
+{s_to_sh}
+        workgroupBarrier();
+    }}
+{rows_store_s}
+    // The final n and m, for chunk_carry.
+    let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
+    if (NORM != 0u && own_n) {{
+{n_store_tail}
+    }}
+    if (NORM == 2u && vb == 0u && tid == 0u) {{
+        h_out[tail + D] = m0;
+    }}
+}}'''
+
+
+def generate(D):
+    N4 = D // 4
+    comps = "xyzw"
+
+    def ln(fmt, n=N4, indent=4):
+        return "\n".join(" " * indent + fmt.format(a=a) for a in range(n))
+
 
     # chunk_output: thread (t, part) accumulates value vec4s part·D/16 … of query t.
     # chunk_output's inter-chunk product: thread (tq, vq) takes queries 4tq.. and value vec4s
@@ -1362,124 +1486,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     }}
 }}
 
-// ---- chunk_state ----
-//
-// Workgroup (value block, head, batch) owns the D×BV slice of one state's columns and advances
-// it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
-//   u   = Uc − W S_0                         (delta rules; [C, D]·[D, BV])
-//   S_C = exp(b_C) ⊙ S_0 + K̃ᵀ u              (K̃_s = k_s ⊙ exp(b_C − b_s); [D, C]·[C, BV])
-// so the sequential depth is the number of chunks, not of tokens. Thread (i, c) holds rows
-// i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
-// block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
-// after every workgroup has read the initial m (no workgroup may overwrite what another reads).
-
-const BV: u32 = 16u;
-const BV4: u32 = 4u;
-var<workgroup> s_sh: array<vec4<f32>, {D * 4}>; // S_0[i, block columns] as vec4
-var<workgroup> u_sh: array<vec4<f32>, {C * 4}>; // u[t, block columns] as vec4
-
-// The scalar cumulative gate of token row `row` for key channel i (0 without a gate).
-fn gate_at(row: u32, i: u32) -> f32 {{
-    if (GATE == 0u) {{
-        return 0.0;
-    }}
-    return b_row[row * D4 + i / 4u][i % 4u];
-}}
-
-@compute @workgroup_size(256)
-fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let vb = wid.x;
-    let h = wid.y;
-    let b = wid.z;
-    let bh = b * p.heads + h;
-    let sb = bh * D * D;
-    let cv = tid % BV4;
-    let col = vb * BV + cv * 4u;
-    let i0 = tid / BV4;
-    let own_n = vb == 0u && cv == 0u;
-{rows_load}
-{n_load}
-    var m0 = 0.0;
-    if (NORM == 2u) {{
-        m0 = state_nm[bh * NB * (D + 4u) + D];
-    }}
-{s_to_sh}
-    workgroupBarrier();
-    for (var n = 0u; n < p.chunks; n++) {{
-        let hb = (bh * p.chunks + n) * R;
-{rows_store_h}
-        if (NORM != 0u && own_n) {{
-{n_store_h}
-        }}
-        if (NORM == 2u && vb == 0u && tid == 0u) {{
-            h_out[hb + D * D + D] = m0;
-        }}
-        let c0 = n * C;
-        let len = min(C, p.seq - c0);
-        // u for token t = tid / 4 and the thread's four columns.
-        let t = i0;
-        var u = vec4<f32>(0.0);
-        if (t < len) {{
-            let row = row_of(b, c0 + t, h);
-            let ub = row * D + col;
-            u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
-            if (DELTA) {{
-                let wb = row * D4;
-                // Four W vec4s at a time, their loads first.
-                for (var a0 = 0u; a0 < D4; a0 += 4u) {{
-{w_loads}
-{w_update}
-                }}
-                u_buf[ub] = u.x;
-                u_buf[ub + 1u] = u.y;
-                u_buf[ub + 2u] = u.z;
-                u_buf[ub + 3u] = u.w;
-            }}
-        }}
-        u_sh[t * BV4 + cv] = u;
-        workgroupBarrier();
-        let last_row = row_of(b, c0 + len - 1u, h);
-        if (NORM == 2u) {{
-            // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
-            // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
-            let b_last = b_cum_at(last_row);
-            // Four tokens at a time, every load first (rows past the chunk's end are clamped:
-            // their u is 0, they repeat a maximum, and n skips them).
-            var m_c = b_last + m0;
-            for (var sb = 0u; sb < len; sb += 4u) {{
-{m_loads}
-{m_max}
-            }}
-            let d0 = exp(b_last + m0 - m_c);
-{rows_scale_d0}
-            for (var sb = 0u; sb < len; sb += 4u) {{
-{mlstm_loads}
-{mlstm_update}
-            }}
-            m0 = m_c;
-        }} else {{
-{rows_decay}
-            for (var sb = 0u; sb < len; sb += 4u) {{
-{state_loads}
-{state_update}
-            }}
-        }}
-        // Past this barrier every thread has read s_sh (for u) and u_sh (for the update): the
-        // new S_0 may be written, and the next chunk reads it past the second.
-        workgroupBarrier();
-{s_to_sh}
-        workgroupBarrier();
-    }}
-{rows_store_s}
-    // The final n and m, for chunk_carry.
-    let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
-    if (NORM != 0u && own_n) {{
-{n_store_tail}
-    }}
-    if (NORM == 2u && vb == 0u && tid == 0u) {{
-        h_out[tail + D] = m0;
-    }}
-}}
+@CHUNK_STATE@
 
 // The carried n and m from the tail of h into state_nm, once per block of 64 value channels
 // (the recurrent kernel's layout). Workgroup (head, batch).
@@ -1587,6 +1594,7 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 }}
 '''
     score, kk = forward_blocks()
+    src = src.replace("@CHUNK_STATE@", chunk_state(D))
     src = src.replace("@SCORES@", expand(SCORES, {})).replace("@PREPARE_A@", expand(PREPARE_A, {})).replace("@OUTPUT_INTER@", output_inter)
     src = src.replace("@SCORE_BLOCK@\n", score).replace("@KK_BLOCK@\n", kk)
     backward = BACKWARD.replace("@BACK_SUBSTITUTE@\n", back_substitute()).replace("@BLOCK_DOTS@\n", block_dots()).replace("@STATE_PRODUCTS@\n", state_products())
