@@ -1139,7 +1139,7 @@ def chunk_state(D):
     state_update = "\n".join(f"                s{r} = fma(vec4<f32>(kd{u}_{r}), us{u}, s{r});\n                if (NORM == 1u && live{u}) {{\n                    n{r} += kr{u}_{r};\n                }}" for u in range(4) for r in rows)
     rows_store_s = "\n".join("\n".join(f"    state_s[sb + (i0 + {64*r}u) * D + col + {e}u] = s{r}.{comps[e]};" for e in range(4)) for r in rows)
     n_store_tail = "\n".join(f"        h_out[tail + i0 + {64*r}u] = n{r};" for r in rows)
-    return f'''// ---- chunk_state ----
+    plain = f'''// ---- chunk_state ----
 //
 // Workgroup (value block, head, batch) owns the D×BV slice of one state's columns and advances
 // it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
@@ -1257,6 +1257,214 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         h_out[tail + D] = m0;
     }}
 }}'''
+    if D == 64:
+        return plain
+    # At head size 128 the threads' own row loads (a few vec4 at a time, each waiting for the
+    # last) set the sweep's pace: each chunk's W and K̃ rows are staged in workgroup memory
+    # instead, by coalesced loads that go out together a phase ahead (staged_chunk_state).
+    return staged_chunk_state(D, rows, k_row_loads=None, parts=locals())
+
+
+def staged_chunk_state(D, rows, k_row_loads, parts):
+    """chunk_state at head size 128 with its operands staged in workgroup memory, in halves that
+    fit 32 KiB (Metal's and lavapipe's limit): W by halves of its key vec4s, K̃ by halves of the
+    chunk's tokens, each half's loads in flight while the products use the half before."""
+    N4 = D // 4
+    KH = N4 // 2            # W's key vec4s per half
+    SW = KH + 1             # a staged W row's stride in vec4 (the pad puts a warp's rows in different banks)
+    SK = N4 + 1             # a staged K̃ row's stride in vec4
+    TH = C // 2             # K̃'s tokens per half
+    WT = 256 // KH          # tokens one pass of W's loads covers (16)
+    KT = 256 // N4          # tokens one pass of K's loads covers (8)
+    E = 4                   # vec4 each thread loads per half
+    assert C * KH == 256 * E and TH * N4 == 256 * E
+    g = parts
+    w_fetch = lambda first, half, ind: "\n".join(" " * ind + f"wp{e} = w_row[row_of(b, min({first} + wt + {e * WT}u, p.seq - 1u), h) * D4 + {half * KH}u + wa];" for e in range(E))
+    w_stage = lambda ind: "\n".join(" " * ind + f"stage_sh[(wt + {e * WT}u) * SW + wa] = wp{e};" for e in range(E))
+    k_fetch = lambda half: "\n".join(f"        let krow{half}_{e} = row_of(b, min(c0 + {half * TH}u + kt + {e * KT}u, p.seq - 1u), h);\n        let kp{half}_{e} = k_row[krow{half}_{e} * D4 + ka];" for e in range(E))
+    g_fetch = lambda half: "\n".join(f"        var gp{half}_{e} = vec4<f32>(0.0);" for e in range(E)) + "\n        if (GATE != 0u && NORM != 2u) {\n" + "\n".join(f"            gp{half}_{e} = b_row[krow{half}_{e} * D4 + ka];" for e in range(E)) + "\n        }"
+    live = lambda half, e: f"{half * TH}u + kt + {e * KT}u < len"
+    k_value = lambda half, e: f"select(kp{half}_{e}, kp{half}_{e} * exp(bl4 - gp{half}_{e}), GATE != 0u)"
+    k_value_m = lambda half, e: f"kp{half}_{e} * exp(b_last - b_cum_at(krow{half}_{e}) + igate[krow{half}_{e}] - m_c)"
+    k_stage = lambda half: "        {\n" + "\n".join(f"            var kd{e} = {k_value(half, e)};\n            if (NORM == 2u) {{\n                kd{e} = {k_value_m(half, e)};\n            }}\n            stage_sh[(kt + {e * KT}u) * SK + ka] = select(vec4<f32>(0.0), kd{e}, {live(half, e)});" for e in range(E)) + "\n        }"
+    w_update_sh = lambda base: "\n".join(f"                    let w{u} = stage_sh[t * SW + a0 - {base}u + {u}u];" for u in range(4))
+    kd_at = lambda u, r, base: f"stage_sh[(sb - {base}u + {u}u) * SK + kq{r}][kc{r}]"
+    b_loads = lambda base: "\n".join(f"            let us{u} = u_sh[(sb + {u}u) * BV4 + cv];" for u in range(4)) + "\n" + "\n".join(f"            let kd{u}_{r} = {kd_at(u, r, base)};" for u in range(4) for r in rows)
+    b_update = "\n".join(f"            s{r} = fma(vec4<f32>(kd{u}_{r}), us{u}, s{r});\n            if (NORM != 0u && sb + {u}u < len) {{\n                n{r} += kd{u}_{r};\n            }}" for u in range(4) for r in rows)
+    k_cols = "\n".join(f"    let kq{r} = (i0 + {64*r}u) / 4u;\n    let kc{r} = (i0 + {64*r}u) % 4u;" for r in rows)
+    wp_decl = "\n".join(f"    var wp{e} = vec4<f32>(0.0);" for e in range(E))
+    bytes_ = (D * 4 + C * 4 + max(C * SW, TH * SK)) * 16
+    return f"""// ---- chunk_state ----
+//
+// Workgroup (value block, head, batch) owns the D×BV slice of one state's columns and advances
+// it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
+//   u   = Uc − W S_0                         (delta rules; [C, D]·[D, BV])
+//   S_C = exp(b_C) ⊙ S_0 + K̃ᵀ u              (K̃_s = k_s ⊙ exp(b_C − b_s); [D, C]·[C, BV])
+// so the sequential depth is the number of chunks, not of tokens. Thread (i, c) holds rows
+// i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
+// block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
+// after every workgroup has read the initial m (no workgroup may overwrite what another reads).
+//
+// The products' operands pass through stage_sh in halves: W's first {KH} key vec4s of every token,
+// then its last {KH}; K̃'s first {TH} tokens, then its last {TH} (mLSTM: k_s weighted by
+// e^(b_C − b_s + ĩ_s − m_C)). Each half is loaded by coalesced vec4 loads that all go out
+// together while the products use the half before (W's first half during the chunk before's
+// update), and the products take the staged values in the order of a per-thread loop over all
+// the keys and tokens. {bytes_} bytes of workgroup memory.
+
+const BV: u32 = 16u;
+const BV4: u32 = 4u;
+const SW: u32 = {SW}u; // a staged W row's stride in vec4 ({KH} + 1: a warp's rows fall in different banks)
+const SK: u32 = {SK}u; // a staged K̃ row's stride in vec4
+var<workgroup> s_sh: array<vec4<f32>, {D * 4}>; // S_0[i, block columns] as vec4
+var<workgroup> u_sh: array<vec4<f32>, {C * 4}>; // u[t, block columns] as vec4
+var<workgroup> stage_sh: array<vec4<f32>, {max(C * SW, TH * SK)}>; // half of W or of K̃
+
+// The scalar cumulative gate of token row `row` for key channel i (0 without a gate).
+fn gate_at(row: u32, i: u32) -> f32 {{
+    if (GATE == 0u) {{
+        return 0.0;
+    }}
+    return b_row[row * D4 + i / 4u][i % 4u];
+}}
+
+@compute @workgroup_size(256)
+fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let vb = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    let sb = bh * D * D;
+    let cv = tid % BV4;
+    let col = vb * BV + cv * 4u;
+    let i0 = tid / BV4;
+    let own_n = vb == 0u && cv == 0u;
+    // What this thread stages: W's vec4 wa of tokens wt + {WT}e, K's vec4 ka of tokens kt + {KT}e.
+    let wa = tid % {KH}u;
+    let wt = tid / {KH}u;
+    let ka = tid % D4;
+    let kt = tid / D4;
+{k_cols}
+{g['rows_load']}
+{g['n_load']}
+    var m0 = 0.0;
+    if (NORM == 2u) {{
+        m0 = state_nm[bh * NB * (D + 4u) + D];
+    }}
+{g['s_to_sh']}
+{wp_decl}
+    if (DELTA) {{
+{w_fetch("0u", 0, 8)}
+    }}
+    for (var n = 0u; n < p.chunks; n++) {{
+        let hb = (bh * p.chunks + n) * R;
+{g['rows_store_h']}
+        if (NORM != 0u && own_n) {{
+{g['n_store_h']}
+        }}
+        if (NORM == 2u && vb == 0u && tid == 0u) {{
+            h_out[hb + D * D + D] = m0;
+        }}
+        let c0 = n * C;
+        let len = min(C, p.seq - c0);
+        let last_row = row_of(b, c0 + len - 1u, h);
+        // u for token t = tid / 4 and the thread's four columns: W's first half.
+        if (DELTA) {{
+{w_stage(12)}
+        }}
+        workgroupBarrier();
+        if (DELTA) {{
+{w_fetch("c0", 1, 12)}
+        }}
+        let t = i0;
+        let ub = row_of(b, c0 + min(t, len - 1u), h) * D + col;
+        var u = vec4<f32>(0.0);
+        if (t < len) {{
+            u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
+            if (DELTA) {{
+                for (var a0 = 0u; a0 < {KH}u; a0 += 4u) {{
+{w_update_sh(0)}
+{g['w_update']}
+                }}
+            }}
+        }}
+        workgroupBarrier();
+        // W's second half; K's first half loads.
+        if (DELTA) {{
+{w_stage(12)}
+        }}
+{k_fetch(0)}
+{g_fetch(0)}
+        workgroupBarrier();
+        if (t < len) {{
+            if (DELTA) {{
+                for (var a0 = {KH}u; a0 < D4; a0 += 4u) {{
+{w_update_sh(KH)}
+{g['w_update']}
+                }}
+                u_buf[ub] = u.x;
+                u_buf[ub + 1u] = u.y;
+                u_buf[ub + 2u] = u.z;
+                u_buf[ub + 3u] = u.w;
+            }}
+        }}
+        u_sh[t * BV4 + cv] = u;
+        var b_last = 0.0;
+        var m_c = 0.0;
+        var bl4 = vec4<f32>(0.0);
+        if (NORM == 2u) {{
+            // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
+            // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
+            b_last = b_cum_at(last_row);
+            // Four tokens at a time, every load first (rows past the chunk's end are clamped:
+            // they repeat a maximum).
+            m_c = b_last + m0;
+            for (var sb = 0u; sb < len; sb += 4u) {{
+{g['m_loads']}
+{g['m_max']}
+            }}
+            let d0 = exp(b_last + m0 - m_c);
+{g['rows_scale_d0']}
+            m0 = m_c;
+        }} else {{
+            bl4 = b_row[last_row * D4 + ka];
+{g['rows_decay']}
+        }}
+        workgroupBarrier();
+        // K̃'s first half; its second half's loads.
+{k_stage(0)}
+{k_fetch(1)}
+{g_fetch(1)}
+        workgroupBarrier();
+        for (var sb = 0u; sb < min(len, {TH}u); sb += 4u) {{
+{b_loads(0)}
+{b_update}
+        }}
+        workgroupBarrier();
+        // K̃'s second half; the next chunk's first half of W.
+{k_stage(1)}
+        if (DELTA && n + 1u < p.chunks) {{
+{w_fetch("c0 + C", 0, 12)}
+        }}
+        workgroupBarrier();
+        for (var sb = {TH}u; sb < len; sb += 4u) {{
+{b_loads(TH)}
+{b_update}
+        }}
+        // s_sh was last read by the products with W, before the third barrier.
+{g['s_to_sh']}
+        workgroupBarrier();
+    }}
+{g['rows_store_s']}
+    // The final n and m, for chunk_carry.
+    let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
+    if (NORM != 0u && own_n) {{
+{g['n_store_tail']}
+    }}
+    if (NORM == 2u && vb == 0u && tid == 0u) {{
+        h_out[tail + D] = m0;
+    }}
+}}"""
 
 
 def generate(D):

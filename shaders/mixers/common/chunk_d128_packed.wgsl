@@ -634,11 +634,21 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
 // i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
 // block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
 // after every workgroup has read the initial m (no workgroup may overwrite what another reads).
+//
+// The products' operands pass through stage_sh in halves: W's first 16 key vec4s of every token,
+// then its last 16; K̃'s first 32 tokens, then its last 32 (mLSTM: k_s weighted by
+// e^(b_C − b_s + ĩ_s − m_C)). Each half is loaded by coalesced vec4 loads that all go out
+// together while the products use the half before (W's first half during the chunk before's
+// update), and the products take the staged values in the order of a per-thread loop over all
+// the keys and tokens. 29696 bytes of workgroup memory.
 
 const BV: u32 = 16u;
 const BV4: u32 = 4u;
+const SW: u32 = 17u; // a staged W row's stride in vec4 (16 + 1: a warp's rows fall in different banks)
+const SK: u32 = 33u; // a staged K̃ row's stride in vec4
 var<workgroup> s_sh: array<vec4<f32>, 512>; // S_0[i, block columns] as vec4
 var<workgroup> u_sh: array<vec4<f32>, 256>; // u[t, block columns] as vec4
+var<workgroup> stage_sh: array<vec4<f32>, 1088>; // half of W or of K̃
 
 // The scalar cumulative gate of token row `row` for key channel i (0 without a gate).
 fn gate_at(row: u32, i: u32) -> f32 {
@@ -659,6 +669,15 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let col = vb * BV + cv * 4u;
     let i0 = tid / BV4;
     let own_n = vb == 0u && cv == 0u;
+    // What this thread stages: W's vec4 wa of tokens wt + 16e, K's vec4 ka of tokens kt + 8e.
+    let wa = tid % 16u;
+    let wt = tid / 16u;
+    let ka = tid % D4;
+    let kt = tid / D4;
+    let kq0 = (i0 + 0u) / 4u;
+    let kc0 = (i0 + 0u) % 4u;
+    let kq1 = (i0 + 64u) / 4u;
+    let kc1 = (i0 + 64u) % 4u;
     var s0 = vec4<f32>(arena_out[arena_toc[9u] + (sb + (i0 + 0u) * D + col)], arena_out[arena_toc[9u] + (sb + (i0 + 0u) * D + col + 1u)], arena_out[arena_toc[9u] + (sb + (i0 + 0u) * D + col + 2u)], arena_out[arena_toc[9u] + (sb + (i0 + 0u) * D + col + 3u)]);
     var s1 = vec4<f32>(arena_out[arena_toc[9u] + (sb + (i0 + 64u) * D + col)], arena_out[arena_toc[9u] + (sb + (i0 + 64u) * D + col + 1u)], arena_out[arena_toc[9u] + (sb + (i0 + 64u) * D + col + 2u)], arena_out[arena_toc[9u] + (sb + (i0 + 64u) * D + col + 3u)]);
     var n0 = 0.0;
@@ -673,7 +692,16 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     }
         s_sh[(i0 + 0u) * BV4 + cv] = s0;
         s_sh[(i0 + 64u) * BV4 + cv] = s1;
-    workgroupBarrier();
+    var wp0 = vec4<f32>(0.0);
+    var wp1 = vec4<f32>(0.0);
+    var wp2 = vec4<f32>(0.0);
+    var wp3 = vec4<f32>(0.0);
+    if (DELTA) {
+        wp0 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(0u + wt + 0u, p.seq - 1u), h) * D4 + 0u + wa)];
+        wp1 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(0u + wt + 16u, p.seq - 1u), h) * D4 + 0u + wa)];
+        wp2 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(0u + wt + 32u, p.seq - 1u), h) * D4 + 0u + wa)];
+        wp3 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(0u + wt + 48u, p.seq - 1u), h) * D4 + 0u + wa)];
+    }
     for (var n = 0u; n < p.chunks; n++) {
         let hb = (bh * p.chunks + n) * R;
         arena_out[arena_toc[10u] + (hb + (i0 + 0u) * D + col + 0u)] = s0.x;
@@ -693,21 +721,85 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
-        // u for token t = tid / 4 and the thread's four columns.
+        let last_row = row_of(b, c0 + len - 1u, h);
+        // u for token t = tid / 4 and the thread's four columns: W's first half.
+        if (DELTA) {
+            stage_sh[(wt + 0u) * SW + wa] = wp0;
+            stage_sh[(wt + 16u) * SW + wa] = wp1;
+            stage_sh[(wt + 32u) * SW + wa] = wp2;
+            stage_sh[(wt + 48u) * SW + wa] = wp3;
+        }
+        workgroupBarrier();
+        if (DELTA) {
+            wp0 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + wt + 0u, p.seq - 1u), h) * D4 + 16u + wa)];
+            wp1 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + wt + 16u, p.seq - 1u), h) * D4 + 16u + wa)];
+            wp2 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + wt + 32u, p.seq - 1u), h) * D4 + 16u + wa)];
+            wp3 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + wt + 48u, p.seq - 1u), h) * D4 + 16u + wa)];
+        }
         let t = i0;
+        let ub = row_of(b, c0 + min(t, len - 1u), h) * D + col;
         var u = vec4<f32>(0.0);
         if (t < len) {
-            let row = row_of(b, c0 + t, h);
-            let ub = row * D + col;
             u = vec4<f32>(arena_out[arena_toc[7u] + (ub)], arena_out[arena_toc[7u] + (ub + 1u)], arena_out[arena_toc[7u] + (ub + 2u)], arena_out[arena_toc[7u] + (ub + 3u)]);
             if (DELTA) {
-                let wb = row * D4;
-                // Four W vec4s at a time, their loads first.
-                for (var a0 = 0u; a0 < D4; a0 += 4u) {
-                    let w0 = arena_in4[arena_toc[13u] / 4u + (wb + a0 + 0u)];
-                    let w1 = arena_in4[arena_toc[13u] / 4u + (wb + a0 + 1u)];
-                    let w2 = arena_in4[arena_toc[13u] / 4u + (wb + a0 + 2u)];
-                    let w3 = arena_in4[arena_toc[13u] / 4u + (wb + a0 + 3u)];
+                for (var a0 = 0u; a0 < 16u; a0 += 4u) {
+                    let w0 = stage_sh[t * SW + a0 - 0u + 0u];
+                    let w1 = stage_sh[t * SW + a0 - 0u + 1u];
+                    let w2 = stage_sh[t * SW + a0 - 0u + 2u];
+                    let w3 = stage_sh[t * SW + a0 - 0u + 3u];
+                    {
+                        let r = 4u * (a0 + 0u) * BV4 + cv;
+                        u -= w0.x * s_sh[r] + w0.y * s_sh[r + BV4] + w0.z * s_sh[r + 2u * BV4] + w0.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 1u) * BV4 + cv;
+                        u -= w1.x * s_sh[r] + w1.y * s_sh[r + BV4] + w1.z * s_sh[r + 2u * BV4] + w1.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 2u) * BV4 + cv;
+                        u -= w2.x * s_sh[r] + w2.y * s_sh[r + BV4] + w2.z * s_sh[r + 2u * BV4] + w2.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 3u) * BV4 + cv;
+                        u -= w3.x * s_sh[r] + w3.y * s_sh[r + BV4] + w3.z * s_sh[r + 2u * BV4] + w3.w * s_sh[r + 3u * BV4];
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+        // W's second half; K's first half loads.
+        if (DELTA) {
+            stage_sh[(wt + 0u) * SW + wa] = wp0;
+            stage_sh[(wt + 16u) * SW + wa] = wp1;
+            stage_sh[(wt + 32u) * SW + wa] = wp2;
+            stage_sh[(wt + 48u) * SW + wa] = wp3;
+        }
+        let krow0_0 = row_of(b, min(c0 + 0u + kt + 0u, p.seq - 1u), h);
+        let kp0_0 = arena_in4[arena_toc[2u] / 4u + (krow0_0 * D4 + ka)];
+        let krow0_1 = row_of(b, min(c0 + 0u + kt + 8u, p.seq - 1u), h);
+        let kp0_1 = arena_in4[arena_toc[2u] / 4u + (krow0_1 * D4 + ka)];
+        let krow0_2 = row_of(b, min(c0 + 0u + kt + 16u, p.seq - 1u), h);
+        let kp0_2 = arena_in4[arena_toc[2u] / 4u + (krow0_2 * D4 + ka)];
+        let krow0_3 = row_of(b, min(c0 + 0u + kt + 24u, p.seq - 1u), h);
+        let kp0_3 = arena_in4[arena_toc[2u] / 4u + (krow0_3 * D4 + ka)];
+        var gp0_0 = vec4<f32>(0.0);
+        var gp0_1 = vec4<f32>(0.0);
+        var gp0_2 = vec4<f32>(0.0);
+        var gp0_3 = vec4<f32>(0.0);
+        if (GATE != 0u && NORM != 2u) {
+            gp0_0 = arena_in4[arena_toc[15u] / 4u + (krow0_0 * D4 + ka)];
+            gp0_1 = arena_in4[arena_toc[15u] / 4u + (krow0_1 * D4 + ka)];
+            gp0_2 = arena_in4[arena_toc[15u] / 4u + (krow0_2 * D4 + ka)];
+            gp0_3 = arena_in4[arena_toc[15u] / 4u + (krow0_3 * D4 + ka)];
+        }
+        workgroupBarrier();
+        if (t < len) {
+            if (DELTA) {
+                for (var a0 = 16u; a0 < D4; a0 += 4u) {
+                    let w0 = stage_sh[t * SW + a0 - 16u + 0u];
+                    let w1 = stage_sh[t * SW + a0 - 16u + 1u];
+                    let w2 = stage_sh[t * SW + a0 - 16u + 2u];
+                    let w3 = stage_sh[t * SW + a0 - 16u + 3u];
                     {
                         let r = 4u * (a0 + 0u) * BV4 + cv;
                         u -= w0.x * s_sh[r] + w0.y * s_sh[r + BV4] + w0.z * s_sh[r + 2u * BV4] + w0.w * s_sh[r + 3u * BV4];
@@ -732,15 +824,16 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             }
         }
         u_sh[t * BV4 + cv] = u;
-        workgroupBarrier();
-        let last_row = row_of(b, c0 + len - 1u, h);
+        var b_last = 0.0;
+        var m_c = 0.0;
+        var bl4 = vec4<f32>(0.0);
         if (NORM == 2u) {
             // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
             // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
-            let b_last = b_cum_at(last_row);
+            b_last = b_cum_at(last_row);
             // Four tokens at a time, every load first (rows past the chunk's end are clamped:
-            // their u is 0, they repeat a maximum, and n skips them).
-            var m_c = b_last + m0;
+            // they repeat a maximum).
+            m_c = b_last + m0;
             for (var sb = 0u; sb < len; sb += 4u) {
                 let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
                 let live0 = sb + 0u < len;
@@ -764,136 +857,181 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             n0 = n0 * d0;
             s1 = s1 * d0;
             n1 = n1 * d0;
-            for (var sb = 0u; sb < len; sb += 4u) {
-                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
-                let live0 = sb + 0u < len;
-                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
-                let live1 = sb + 1u < len;
-                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
-                let live2 = sb + 2u < len;
-                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
-                let live3 = sb + 3u < len;
-                let us0 = u_sh[(sb + 0u) * BV4 + cv];
-                let us1 = u_sh[(sb + 1u) * BV4 + cv];
-                let us2 = u_sh[(sb + 2u) * BV4 + cv];
-                let us3 = u_sh[(sb + 3u) * BV4 + cv];
-                let wgt0 = exp(b_last - b_cum_at(row0) + arena_in[arena_toc[16u] + (row0)] - m_c);
-                let wgt1 = exp(b_last - b_cum_at(row1) + arena_in[arena_toc[16u] + (row1)] - m_c);
-                let wgt2 = exp(b_last - b_cum_at(row2) + arena_in[arena_toc[16u] + (row2)] - m_c);
-                let wgt3 = exp(b_last - b_cum_at(row3) + arena_in[arena_toc[16u] + (row3)] - m_c);
-                let k0_0 = arena_in4[arena_toc[2u] / 4u + (row0 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u] * wgt0;
-                let k0_1 = arena_in4[arena_toc[2u] / 4u + (row0 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u] * wgt0;
-                let k1_0 = arena_in4[arena_toc[2u] / 4u + (row1 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u] * wgt1;
-                let k1_1 = arena_in4[arena_toc[2u] / 4u + (row1 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u] * wgt1;
-                let k2_0 = arena_in4[arena_toc[2u] / 4u + (row2 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u] * wgt2;
-                let k2_1 = arena_in4[arena_toc[2u] / 4u + (row2 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u] * wgt2;
-                let k3_0 = arena_in4[arena_toc[2u] / 4u + (row3 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u] * wgt3;
-                let k3_1 = arena_in4[arena_toc[2u] / 4u + (row3 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u] * wgt3;
-                s0 = fma(vec4<f32>(k0_0), us0, s0);
-                if (live0) {
-                    n0 += k0_0;
-                }
-                s1 = fma(vec4<f32>(k0_1), us0, s1);
-                if (live0) {
-                    n1 += k0_1;
-                }
-                s0 = fma(vec4<f32>(k1_0), us1, s0);
-                if (live1) {
-                    n0 += k1_0;
-                }
-                s1 = fma(vec4<f32>(k1_1), us1, s1);
-                if (live1) {
-                    n1 += k1_1;
-                }
-                s0 = fma(vec4<f32>(k2_0), us2, s0);
-                if (live2) {
-                    n0 += k2_0;
-                }
-                s1 = fma(vec4<f32>(k2_1), us2, s1);
-                if (live2) {
-                    n1 += k2_1;
-                }
-                s0 = fma(vec4<f32>(k3_0), us3, s0);
-                if (live3) {
-                    n0 += k3_0;
-                }
-                s1 = fma(vec4<f32>(k3_1), us3, s1);
-                if (live3) {
-                    n1 += k3_1;
-                }
-            }
             m0 = m_c;
         } else {
+            bl4 = arena_in4[arena_toc[15u] / 4u + (last_row * D4 + ka)];
             let bl0 = gate_at(last_row, i0 + 0u);
             s0 = s0 * exp(bl0);
             let bl1 = gate_at(last_row, i0 + 64u);
             s1 = s1 * exp(bl1);
-            for (var sb = 0u; sb < len; sb += 4u) {
-                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
-                let live0 = sb + 0u < len;
-                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
-                let live1 = sb + 1u < len;
-                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
-                let live2 = sb + 2u < len;
-                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
-                let live3 = sb + 3u < len;
-                let us0 = u_sh[(sb + 0u) * BV4 + cv];
-                let us1 = u_sh[(sb + 1u) * BV4 + cv];
-                let us2 = u_sh[(sb + 2u) * BV4 + cv];
-                let us3 = u_sh[(sb + 3u) * BV4 + cv];
-                let kr0_0 = arena_in4[arena_toc[2u] / 4u + (row0 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u];
-                let kd0_0 = kr0_0 * exp(bl0 - gate_at(row0, i0 + 0u));
-                let kr0_1 = arena_in4[arena_toc[2u] / 4u + (row0 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u];
-                let kd0_1 = kr0_1 * exp(bl1 - gate_at(row0, i0 + 64u));
-                let kr1_0 = arena_in4[arena_toc[2u] / 4u + (row1 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u];
-                let kd1_0 = kr1_0 * exp(bl0 - gate_at(row1, i0 + 0u));
-                let kr1_1 = arena_in4[arena_toc[2u] / 4u + (row1 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u];
-                let kd1_1 = kr1_1 * exp(bl1 - gate_at(row1, i0 + 64u));
-                let kr2_0 = arena_in4[arena_toc[2u] / 4u + (row2 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u];
-                let kd2_0 = kr2_0 * exp(bl0 - gate_at(row2, i0 + 0u));
-                let kr2_1 = arena_in4[arena_toc[2u] / 4u + (row2 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u];
-                let kd2_1 = kr2_1 * exp(bl1 - gate_at(row2, i0 + 64u));
-                let kr3_0 = arena_in4[arena_toc[2u] / 4u + (row3 * D4 + (i0 + 0u) / 4u)][(i0 + 0u) % 4u];
-                let kd3_0 = kr3_0 * exp(bl0 - gate_at(row3, i0 + 0u));
-                let kr3_1 = arena_in4[arena_toc[2u] / 4u + (row3 * D4 + (i0 + 64u) / 4u)][(i0 + 64u) % 4u];
-                let kd3_1 = kr3_1 * exp(bl1 - gate_at(row3, i0 + 64u));
-                s0 = fma(vec4<f32>(kd0_0), us0, s0);
-                if (NORM == 1u && live0) {
-                    n0 += kr0_0;
-                }
-                s1 = fma(vec4<f32>(kd0_1), us0, s1);
-                if (NORM == 1u && live0) {
-                    n1 += kr0_1;
-                }
-                s0 = fma(vec4<f32>(kd1_0), us1, s0);
-                if (NORM == 1u && live1) {
-                    n0 += kr1_0;
-                }
-                s1 = fma(vec4<f32>(kd1_1), us1, s1);
-                if (NORM == 1u && live1) {
-                    n1 += kr1_1;
-                }
-                s0 = fma(vec4<f32>(kd2_0), us2, s0);
-                if (NORM == 1u && live2) {
-                    n0 += kr2_0;
-                }
-                s1 = fma(vec4<f32>(kd2_1), us2, s1);
-                if (NORM == 1u && live2) {
-                    n1 += kr2_1;
-                }
-                s0 = fma(vec4<f32>(kd3_0), us3, s0);
-                if (NORM == 1u && live3) {
-                    n0 += kr3_0;
-                }
-                s1 = fma(vec4<f32>(kd3_1), us3, s1);
-                if (NORM == 1u && live3) {
-                    n1 += kr3_1;
-                }
+        }
+        workgroupBarrier();
+        // K̃'s first half; its second half's loads.
+        {
+            var kd0 = select(kp0_0, kp0_0 * exp(bl4 - gp0_0), GATE != 0u);
+            if (NORM == 2u) {
+                kd0 = kp0_0 * exp(b_last - b_cum_at(krow0_0) + arena_in[arena_toc[16u] + (krow0_0)] - m_c);
+            }
+            stage_sh[(kt + 0u) * SK + ka] = select(vec4<f32>(0.0), kd0, 0u + kt + 0u < len);
+            var kd1 = select(kp0_1, kp0_1 * exp(bl4 - gp0_1), GATE != 0u);
+            if (NORM == 2u) {
+                kd1 = kp0_1 * exp(b_last - b_cum_at(krow0_1) + arena_in[arena_toc[16u] + (krow0_1)] - m_c);
+            }
+            stage_sh[(kt + 8u) * SK + ka] = select(vec4<f32>(0.0), kd1, 0u + kt + 8u < len);
+            var kd2 = select(kp0_2, kp0_2 * exp(bl4 - gp0_2), GATE != 0u);
+            if (NORM == 2u) {
+                kd2 = kp0_2 * exp(b_last - b_cum_at(krow0_2) + arena_in[arena_toc[16u] + (krow0_2)] - m_c);
+            }
+            stage_sh[(kt + 16u) * SK + ka] = select(vec4<f32>(0.0), kd2, 0u + kt + 16u < len);
+            var kd3 = select(kp0_3, kp0_3 * exp(bl4 - gp0_3), GATE != 0u);
+            if (NORM == 2u) {
+                kd3 = kp0_3 * exp(b_last - b_cum_at(krow0_3) + arena_in[arena_toc[16u] + (krow0_3)] - m_c);
+            }
+            stage_sh[(kt + 24u) * SK + ka] = select(vec4<f32>(0.0), kd3, 0u + kt + 24u < len);
+        }
+        let krow1_0 = row_of(b, min(c0 + 32u + kt + 0u, p.seq - 1u), h);
+        let kp1_0 = arena_in4[arena_toc[2u] / 4u + (krow1_0 * D4 + ka)];
+        let krow1_1 = row_of(b, min(c0 + 32u + kt + 8u, p.seq - 1u), h);
+        let kp1_1 = arena_in4[arena_toc[2u] / 4u + (krow1_1 * D4 + ka)];
+        let krow1_2 = row_of(b, min(c0 + 32u + kt + 16u, p.seq - 1u), h);
+        let kp1_2 = arena_in4[arena_toc[2u] / 4u + (krow1_2 * D4 + ka)];
+        let krow1_3 = row_of(b, min(c0 + 32u + kt + 24u, p.seq - 1u), h);
+        let kp1_3 = arena_in4[arena_toc[2u] / 4u + (krow1_3 * D4 + ka)];
+        var gp1_0 = vec4<f32>(0.0);
+        var gp1_1 = vec4<f32>(0.0);
+        var gp1_2 = vec4<f32>(0.0);
+        var gp1_3 = vec4<f32>(0.0);
+        if (GATE != 0u && NORM != 2u) {
+            gp1_0 = arena_in4[arena_toc[15u] / 4u + (krow1_0 * D4 + ka)];
+            gp1_1 = arena_in4[arena_toc[15u] / 4u + (krow1_1 * D4 + ka)];
+            gp1_2 = arena_in4[arena_toc[15u] / 4u + (krow1_2 * D4 + ka)];
+            gp1_3 = arena_in4[arena_toc[15u] / 4u + (krow1_3 * D4 + ka)];
+        }
+        workgroupBarrier();
+        for (var sb = 0u; sb < min(len, 32u); sb += 4u) {
+            let us0 = u_sh[(sb + 0u) * BV4 + cv];
+            let us1 = u_sh[(sb + 1u) * BV4 + cv];
+            let us2 = u_sh[(sb + 2u) * BV4 + cv];
+            let us3 = u_sh[(sb + 3u) * BV4 + cv];
+            let kd0_0 = stage_sh[(sb - 0u + 0u) * SK + kq0][kc0];
+            let kd0_1 = stage_sh[(sb - 0u + 0u) * SK + kq1][kc1];
+            let kd1_0 = stage_sh[(sb - 0u + 1u) * SK + kq0][kc0];
+            let kd1_1 = stage_sh[(sb - 0u + 1u) * SK + kq1][kc1];
+            let kd2_0 = stage_sh[(sb - 0u + 2u) * SK + kq0][kc0];
+            let kd2_1 = stage_sh[(sb - 0u + 2u) * SK + kq1][kc1];
+            let kd3_0 = stage_sh[(sb - 0u + 3u) * SK + kq0][kc0];
+            let kd3_1 = stage_sh[(sb - 0u + 3u) * SK + kq1][kc1];
+            s0 = fma(vec4<f32>(kd0_0), us0, s0);
+            if (NORM != 0u && sb + 0u < len) {
+                n0 += kd0_0;
+            }
+            s1 = fma(vec4<f32>(kd0_1), us0, s1);
+            if (NORM != 0u && sb + 0u < len) {
+                n1 += kd0_1;
+            }
+            s0 = fma(vec4<f32>(kd1_0), us1, s0);
+            if (NORM != 0u && sb + 1u < len) {
+                n0 += kd1_0;
+            }
+            s1 = fma(vec4<f32>(kd1_1), us1, s1);
+            if (NORM != 0u && sb + 1u < len) {
+                n1 += kd1_1;
+            }
+            s0 = fma(vec4<f32>(kd2_0), us2, s0);
+            if (NORM != 0u && sb + 2u < len) {
+                n0 += kd2_0;
+            }
+            s1 = fma(vec4<f32>(kd2_1), us2, s1);
+            if (NORM != 0u && sb + 2u < len) {
+                n1 += kd2_1;
+            }
+            s0 = fma(vec4<f32>(kd3_0), us3, s0);
+            if (NORM != 0u && sb + 3u < len) {
+                n0 += kd3_0;
+            }
+            s1 = fma(vec4<f32>(kd3_1), us3, s1);
+            if (NORM != 0u && sb + 3u < len) {
+                n1 += kd3_1;
             }
         }
-        // Past this barrier every thread has read s_sh (for u) and u_sh (for the update): the
-        // new S_0 may be written, and the next chunk reads it past the second.
         workgroupBarrier();
+        // K̃'s second half; the next chunk's first half of W.
+        {
+            var kd0 = select(kp1_0, kp1_0 * exp(bl4 - gp1_0), GATE != 0u);
+            if (NORM == 2u) {
+                kd0 = kp1_0 * exp(b_last - b_cum_at(krow1_0) + arena_in[arena_toc[16u] + (krow1_0)] - m_c);
+            }
+            stage_sh[(kt + 0u) * SK + ka] = select(vec4<f32>(0.0), kd0, 32u + kt + 0u < len);
+            var kd1 = select(kp1_1, kp1_1 * exp(bl4 - gp1_1), GATE != 0u);
+            if (NORM == 2u) {
+                kd1 = kp1_1 * exp(b_last - b_cum_at(krow1_1) + arena_in[arena_toc[16u] + (krow1_1)] - m_c);
+            }
+            stage_sh[(kt + 8u) * SK + ka] = select(vec4<f32>(0.0), kd1, 32u + kt + 8u < len);
+            var kd2 = select(kp1_2, kp1_2 * exp(bl4 - gp1_2), GATE != 0u);
+            if (NORM == 2u) {
+                kd2 = kp1_2 * exp(b_last - b_cum_at(krow1_2) + arena_in[arena_toc[16u] + (krow1_2)] - m_c);
+            }
+            stage_sh[(kt + 16u) * SK + ka] = select(vec4<f32>(0.0), kd2, 32u + kt + 16u < len);
+            var kd3 = select(kp1_3, kp1_3 * exp(bl4 - gp1_3), GATE != 0u);
+            if (NORM == 2u) {
+                kd3 = kp1_3 * exp(b_last - b_cum_at(krow1_3) + arena_in[arena_toc[16u] + (krow1_3)] - m_c);
+            }
+            stage_sh[(kt + 24u) * SK + ka] = select(vec4<f32>(0.0), kd3, 32u + kt + 24u < len);
+        }
+        if (DELTA && n + 1u < p.chunks) {
+            wp0 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + C + wt + 0u, p.seq - 1u), h) * D4 + 0u + wa)];
+            wp1 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + C + wt + 16u, p.seq - 1u), h) * D4 + 0u + wa)];
+            wp2 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + C + wt + 32u, p.seq - 1u), h) * D4 + 0u + wa)];
+            wp3 = arena_in4[arena_toc[13u] / 4u + (row_of(b, min(c0 + C + wt + 48u, p.seq - 1u), h) * D4 + 0u + wa)];
+        }
+        workgroupBarrier();
+        for (var sb = 32u; sb < len; sb += 4u) {
+            let us0 = u_sh[(sb + 0u) * BV4 + cv];
+            let us1 = u_sh[(sb + 1u) * BV4 + cv];
+            let us2 = u_sh[(sb + 2u) * BV4 + cv];
+            let us3 = u_sh[(sb + 3u) * BV4 + cv];
+            let kd0_0 = stage_sh[(sb - 32u + 0u) * SK + kq0][kc0];
+            let kd0_1 = stage_sh[(sb - 32u + 0u) * SK + kq1][kc1];
+            let kd1_0 = stage_sh[(sb - 32u + 1u) * SK + kq0][kc0];
+            let kd1_1 = stage_sh[(sb - 32u + 1u) * SK + kq1][kc1];
+            let kd2_0 = stage_sh[(sb - 32u + 2u) * SK + kq0][kc0];
+            let kd2_1 = stage_sh[(sb - 32u + 2u) * SK + kq1][kc1];
+            let kd3_0 = stage_sh[(sb - 32u + 3u) * SK + kq0][kc0];
+            let kd3_1 = stage_sh[(sb - 32u + 3u) * SK + kq1][kc1];
+            s0 = fma(vec4<f32>(kd0_0), us0, s0);
+            if (NORM != 0u && sb + 0u < len) {
+                n0 += kd0_0;
+            }
+            s1 = fma(vec4<f32>(kd0_1), us0, s1);
+            if (NORM != 0u && sb + 0u < len) {
+                n1 += kd0_1;
+            }
+            s0 = fma(vec4<f32>(kd1_0), us1, s0);
+            if (NORM != 0u && sb + 1u < len) {
+                n0 += kd1_0;
+            }
+            s1 = fma(vec4<f32>(kd1_1), us1, s1);
+            if (NORM != 0u && sb + 1u < len) {
+                n1 += kd1_1;
+            }
+            s0 = fma(vec4<f32>(kd2_0), us2, s0);
+            if (NORM != 0u && sb + 2u < len) {
+                n0 += kd2_0;
+            }
+            s1 = fma(vec4<f32>(kd2_1), us2, s1);
+            if (NORM != 0u && sb + 2u < len) {
+                n1 += kd2_1;
+            }
+            s0 = fma(vec4<f32>(kd3_0), us3, s0);
+            if (NORM != 0u && sb + 3u < len) {
+                n0 += kd3_0;
+            }
+            s1 = fma(vec4<f32>(kd3_1), us3, s1);
+            if (NORM != 0u && sb + 3u < len) {
+                n1 += kd3_1;
+            }
+        }
+        // s_sh was last read by the products with W, before the third barrier.
         s_sh[(i0 + 0u) * BV4 + cv] = s0;
         s_sh[(i0 + 64u) * BV4 + cv] = s1;
         workgroupBarrier();
