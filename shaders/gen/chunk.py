@@ -1259,39 +1259,60 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
 }}'''
     if D == 64:
         return plain
-    # At head size 128 the threads' own row loads (a few vec4 at a time, each waiting for the
-    # last) set the sweep's pace: each chunk's W and K̃ rows are staged in workgroup memory
-    # instead, by coalesced loads that go out together a phase ahead (staged_chunk_state).
-    return staged_chunk_state(D, rows, k_row_loads=None, parts=locals())
+    # At head size 128 the threads' own loads (three for every eight products) set the sweep's
+    # pace: staged_chunk_state blocks the products in registers instead.
+    return staged_chunk_state(D)
 
 
-def staged_chunk_state(D, rows, k_row_loads, parts):
-    """chunk_state at head size 128 with its operands staged in workgroup memory, in halves that
-    fit 32 KiB (Metal's and lavapipe's limit): W by halves of its key vec4s, K̃ by halves of the
-    chunk's tokens, each half's loads in flight while the products use the half before."""
+def staged_chunk_state(D):
+    """chunk_state at head size 128: 128 threads, each holding 4 rows × 4 columns of the value
+    block's slice (one vec4 of staged K̃ and one of u feed 16 products, where a thread of
+    chunk_state loads 3 values for 8), its operands staged in workgroup memory in halves that fit
+    32 KiB (Metal's and lavapipe's limit), each half's loads in flight while the products use the
+    half before."""
     N4 = D // 4
     KH = N4 // 2            # W's key vec4s per half
     SW = KH + 1             # a staged W row's stride in vec4 (the pad puts a warp's rows in different banks)
     SK = N4 + 1             # a staged K̃ row's stride in vec4
     TH = C // 2             # K̃'s tokens per half
-    WT = 256 // KH          # tokens one pass of W's loads covers (16)
-    KT = 256 // N4          # tokens one pass of K's loads covers (8)
-    E = 4                   # vec4 each thread loads per half
-    assert C * KH == 256 * E and TH * N4 == 256 * E
-    g = parts
+    NT = 128                # threads
+    E = 8                   # vec4 each thread loads per half
+    WT = NT // KH           # tokens one pass of W's loads covers
+    KT = NT // N4           # tokens one pass of K's loads covers
+    assert C * KH == NT * E and TH * N4 == NT * E and D == 4 * (NT // 4)
+    comps = "xyzw"
+    J = range(4)
+    rows_load = "\n".join(f"    var s{j} = vec4<f32>(state_s[sb + (4u * rq + {j}u) * D + col], state_s[sb + (4u * rq + {j}u) * D + col + 1u], state_s[sb + (4u * rq + {j}u) * D + col + 2u], state_s[sb + (4u * rq + {j}u) * D + col + 3u]);" for j in J)
+    n_load = "    var nq = vec4<f32>(0.0);\n    if (NORM != 0u && own_n) {\n        nq = vec4<f32>(" + ", ".join(f"state_nm[bh * NB * (D + 4u) + 4u * rq + {j}u]" for j in J) + ");\n    }"
+    s_to_sh = "\n".join(f"        s_sh[(4u * rq + {j}u) * BV4 + cv] = s{j};" for j in J)
+    rows_store_h = "\n".join(f"        h_out[hb + (4u * rq + {j}u) * D + col + {e}u] = s{j}.{comps[e]};" for j in J for e in range(4))
+    n_store_h = "\n".join(f"            h_out[hb + D * D + 4u * rq + {j}u] = nq.{comps[j]};" for j in J)
+    rows_store_s = "\n".join(f"    state_s[sb + (4u * rq + {j}u) * D + col + {e}u] = s{j}.{comps[e]};" for j in J for e in range(4))
+    n_store_tail = "\n".join(f"        h_out[tail + 4u * rq + {j}u] = nq.{comps[j]};" for j in J)
+    rows_scale_d0 = "\n".join(f"            s{j} = s{j} * d0;" for j in J) + "\n            nq = nq * d0;"
+    rows_decay = "            let bl = b_row[last_row * D4 + rq];\n" + "\n".join(f"            s{j} = s{j} * exp(bl.{comps[j]});" for j in J)
+    tok = "\n".join(f"                let row{u} = row_of(b, c0 + min(sb + {u}u, len - 1u), h);" for u in range(4))
+    m_loads = tok + "\n" + "\n".join(f"                let mc{u} = b_last - b_cum_at(row{u}) + igate[row{u}];" for u in range(4))
+    m_max = "\n".join(f"                m_c = max(m_c, mc{u});" for u in range(4))
     w_fetch = lambda first, half, ind: "\n".join(" " * ind + f"wp{e} = w_row[row_of(b, min({first} + wt + {e * WT}u, p.seq - 1u), h) * D4 + {half * KH}u + wa];" for e in range(E))
     w_stage = lambda ind: "\n".join(" " * ind + f"stage_sh[(wt + {e * WT}u) * SW + wa] = wp{e};" for e in range(E))
     k_fetch = lambda half: "\n".join(f"        let krow{half}_{e} = row_of(b, min(c0 + {half * TH}u + kt + {e * KT}u, p.seq - 1u), h);\n        let kp{half}_{e} = k_row[krow{half}_{e} * D4 + ka];" for e in range(E))
-    g_fetch = lambda half: "\n".join(f"        var gp{half}_{e} = vec4<f32>(0.0);" for e in range(E)) + "\n        if (GATE != 0u && NORM != 2u) {\n" + "\n".join(f"            gp{half}_{e} = b_row[krow{half}_{e} * D4 + ka];" for e in range(E)) + "\n        }"
+    # A scalar gate's cumulative log decay is the same in every key channel: one word per token.
+    g_fetch = lambda half: "\n".join(f"        var gp{half}_{e} = vec4<f32>(0.0);" for e in range(E)) + "\n        if (GATE == 1u && NORM != 2u) {\n" + "\n".join(f"            gp{half}_{e} = vec4<f32>(b_cum_at(krow{half}_{e}));" for e in range(E)) + "\n        } else if (GATE == 2u) {\n" + "\n".join(f"            gp{half}_{e} = b_row[krow{half}_{e} * D4 + ka];" for e in range(E)) + "\n        }"
     live = lambda half, e: f"{half * TH}u + kt + {e * KT}u < len"
-    k_value = lambda half, e: f"select(kp{half}_{e}, kp{half}_{e} * exp(bl4 - gp{half}_{e}), GATE != 0u)"
-    k_value_m = lambda half, e: f"kp{half}_{e} * exp(b_last - b_cum_at(krow{half}_{e}) + igate[krow{half}_{e}] - m_c)"
-    k_stage = lambda half: "        {\n" + "\n".join(f"            var kd{e} = {k_value(half, e)};\n            if (NORM == 2u) {{\n                kd{e} = {k_value_m(half, e)};\n            }}\n            stage_sh[(kt + {e * KT}u) * SK + ka] = select(vec4<f32>(0.0), kd{e}, {live(half, e)});" for e in range(E)) + "\n        }"
-    w_update_sh = lambda base: "\n".join(f"                    let w{u} = stage_sh[t * SW + a0 - {base}u + {u}u];" for u in range(4))
-    kd_at = lambda u, r, base: f"stage_sh[(sb - {base}u + {u}u) * SK + kq{r}][kc{r}]"
-    b_loads = lambda base: "\n".join(f"            let us{u} = u_sh[(sb + {u}u) * BV4 + cv];" for u in range(4)) + "\n" + "\n".join(f"            let kd{u}_{r} = {kd_at(u, r, base)};" for u in range(4) for r in rows)
-    b_update = "\n".join(f"            s{r} = fma(vec4<f32>(kd{u}_{r}), us{u}, s{r});\n            if (NORM != 0u && sb + {u}u < len) {{\n                n{r} += kd{u}_{r};\n            }}" for u in range(4) for r in rows)
-    k_cols = "\n".join(f"    let kq{r} = (i0 + {64*r}u) / 4u;\n    let kc{r} = (i0 + {64*r}u) % 4u;" for r in rows)
+    k_stage = lambda half: "        {\n" + "\n".join(
+        f"            var kd{e} = kp{half}_{e};\n"
+        f"            if (NORM == 2u) {{\n                kd{e} = kp{half}_{e} * exp(b_last - b_cum_at(krow{half}_{e}) + igate[krow{half}_{e}] - m_c);\n"
+        f"            }} else if (GATE == 1u) {{\n                kd{e} = kp{half}_{e} * exp(bl_c - gp{half}_{e}.x);\n"
+        f"            }} else if (GATE == 2u) {{\n                kd{e} = kp{half}_{e} * exp(bl4 - gp{half}_{e});\n            }}\n"
+        f"            stage_sh[(kt + {e * KT}u) * SK + ka] = select(vec4<f32>(0.0), kd{e}, {live(half, e)});" for e in range(E)) + "\n        }"
+    w_products = lambda base: "\n".join(f"                    let wa{u} = stage_sh[ta * SW + a0 - {base}u + {u}u];\n                    let wb{u} = stage_sh[tb * SW + a0 - {base}u + {u}u];" for u in range(4)) + "\n" + "\n".join(
+        f"                    {{\n                        let r = 4u * (a0 + {u}u) * BV4 + cv;\n"
+        f"                        let s_0 = s_sh[r];\n                        let s_1 = s_sh[r + BV4];\n                        let s_2 = s_sh[r + 2u * BV4];\n                        let s_3 = s_sh[r + 3u * BV4];\n"
+        f"                        ua -= wa{u}.x * s_0 + wa{u}.y * s_1 + wa{u}.z * s_2 + wa{u}.w * s_3;\n"
+        f"                        ub -= wb{u}.x * s_0 + wb{u}.y * s_1 + wb{u}.z * s_2 + wb{u}.w * s_3;\n                    }}" for u in range(4))
+    b_loads = lambda base: "\n".join(f"            let us{u} = u_sh[(sb + {u}u) * BV4 + cv];\n            let kd{u} = stage_sh[(sb - {base}u + {u}u) * SK + rq];" for u in range(4))
+    b_update = "\n".join("\n".join(f"            s{j} = fma(vec4<f32>(kd{u}.{comps[j]}), us{u}, s{j});" for j in J) + f"\n            if (NORM != 0u && sb + {u}u < len) {{\n                nq += kd{u};\n            }}" for u in range(4))
     wp_decl = "\n".join(f"    var wp{e} = vec4<f32>(0.0);" for e in range(E))
     bytes_ = (D * 4 + C * 4 + max(C * SW, TH * SK)) * 16
     return f"""// ---- chunk_state ----
@@ -1300,17 +1321,18 @@ def staged_chunk_state(D, rows, k_row_loads, parts):
 // it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
 //   u   = Uc − W S_0                         (delta rules; [C, D]·[D, BV])
 //   S_C = exp(b_C) ⊙ S_0 + K̃ᵀ u              (K̃_s = k_s ⊙ exp(b_C − b_s); [D, C]·[C, BV])
-// so the sequential depth is the number of chunks, not of tokens. Thread (i, c) holds rows
-// i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
-// block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
-// after every workgroup has read the initial m (no workgroup may overwrite what another reads).
+// so the sequential depth is the number of chunks, not of tokens. Thread (rq, c) holds rows
+// 4rq … 4rq + 3 of the slice for the four value columns c, and computes u for tokens rq and
+// rq + 32; n (key-sized) is kept by the value block 0 only. The final n and m go to the tail of
+// h, and chunk_carry writes them to state_nm after every workgroup has read the initial m (no
+// workgroup may overwrite what another reads).
 //
 // The products' operands pass through stage_sh in halves: W's first {KH} key vec4s of every token,
 // then its last {KH}; K̃'s first {TH} tokens, then its last {TH} (mLSTM: k_s weighted by
 // e^(b_C − b_s + ĩ_s − m_C)). Each half is loaded by coalesced vec4 loads that all go out
 // together while the products use the half before (W's first half during the chunk before's
-// update), and the products take the staged values in the order of a per-thread loop over all
-// the keys and tokens. {bytes_} bytes of workgroup memory.
+// update). Every sum keeps the order of the head-size-64 kernel's per-thread loops (keys, then
+// tokens, ascending): the same bits. {bytes_} bytes of workgroup memory.
 
 const BV: u32 = 16u;
 const BV4: u32 = 4u;
@@ -1328,7 +1350,7 @@ fn gate_at(row: u32, i: u32) -> f32 {{
     return b_row[row * D4 + i / 4u][i % 4u];
 }}
 
-@compute @workgroup_size(256)
+@compute @workgroup_size({NT})
 fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
     let vb = wid.x;
     let h = wid.y;
@@ -1337,30 +1359,29 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let sb = bh * D * D;
     let cv = tid % BV4;
     let col = vb * BV + cv * 4u;
-    let i0 = tid / BV4;
+    let rq = tid / BV4;
     let own_n = vb == 0u && cv == 0u;
     // What this thread stages: W's vec4 wa of tokens wt + {WT}e, K's vec4 ka of tokens kt + {KT}e.
     let wa = tid % {KH}u;
     let wt = tid / {KH}u;
     let ka = tid % D4;
     let kt = tid / D4;
-{k_cols}
-{g['rows_load']}
-{g['n_load']}
+{rows_load}
+{n_load}
     var m0 = 0.0;
     if (NORM == 2u) {{
         m0 = state_nm[bh * NB * (D + 4u) + D];
     }}
-{g['s_to_sh']}
+{s_to_sh}
 {wp_decl}
     if (DELTA) {{
 {w_fetch("0u", 0, 8)}
     }}
     for (var n = 0u; n < p.chunks; n++) {{
         let hb = (bh * p.chunks + n) * R;
-{g['rows_store_h']}
+{rows_store_h}
         if (NORM != 0u && own_n) {{
-{g['n_store_h']}
+{n_store_h}
         }}
         if (NORM == 2u && vb == 0u && tid == 0u) {{
             h_out[hb + D * D + D] = m0;
@@ -1368,7 +1389,7 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         let c0 = n * C;
         let len = min(C, p.seq - c0);
         let last_row = row_of(b, c0 + len - 1u, h);
-        // u for token t = tid / 4 and the thread's four columns: W's first half.
+        // u for tokens ta and tb and the thread's four columns: W's first half.
         if (DELTA) {{
 {w_stage(12)}
         }}
@@ -1376,16 +1397,15 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         if (DELTA) {{
 {w_fetch("c0", 1, 12)}
         }}
-        let t = i0;
-        let ub = row_of(b, c0 + min(t, len - 1u), h) * D + col;
-        var u = vec4<f32>(0.0);
-        if (t < len) {{
-            u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
-            if (DELTA) {{
-                for (var a0 = 0u; a0 < {KH}u; a0 += 4u) {{
-{w_update_sh(0)}
-{g['w_update']}
-                }}
+        let ta = rq;
+        let tb = rq + {TH}u;
+        let uba = row_of(b, c0 + min(ta, len - 1u), h) * D + col;
+        let ubb = row_of(b, c0 + min(tb, len - 1u), h) * D + col;
+        var ua = vec4<f32>(u_buf[uba], u_buf[uba + 1u], u_buf[uba + 2u], u_buf[uba + 3u]);
+        var ub = vec4<f32>(u_buf[ubb], u_buf[ubb + 1u], u_buf[ubb + 2u], u_buf[ubb + 3u]);
+        if (DELTA) {{
+            for (var a0 = 0u; a0 < {KH}u; a0 += 4u) {{
+{w_products(0)}
             }}
         }}
         workgroupBarrier();
@@ -1396,21 +1416,28 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
 {k_fetch(0)}
 {g_fetch(0)}
         workgroupBarrier();
-        if (t < len) {{
-            if (DELTA) {{
-                for (var a0 = {KH}u; a0 < D4; a0 += 4u) {{
-{w_update_sh(KH)}
-{g['w_update']}
-                }}
-                u_buf[ub] = u.x;
-                u_buf[ub + 1u] = u.y;
-                u_buf[ub + 2u] = u.z;
-                u_buf[ub + 3u] = u.w;
+        if (DELTA) {{
+            for (var a0 = {KH}u; a0 < D4; a0 += 4u) {{
+{w_products(KH)}
+            }}
+            if (ta < len) {{
+                u_buf[uba] = ua.x;
+                u_buf[uba + 1u] = ua.y;
+                u_buf[uba + 2u] = ua.z;
+                u_buf[uba + 3u] = ua.w;
+            }}
+            if (tb < len) {{
+                u_buf[ubb] = ub.x;
+                u_buf[ubb + 1u] = ub.y;
+                u_buf[ubb + 2u] = ub.z;
+                u_buf[ubb + 3u] = ub.w;
             }}
         }}
-        u_sh[t * BV4 + cv] = u;
+        u_sh[ta * BV4 + cv] = select(vec4<f32>(0.0), ua, ta < len);
+        u_sh[tb * BV4 + cv] = select(vec4<f32>(0.0), ub, tb < len);
         var b_last = 0.0;
         var m_c = 0.0;
+        var bl_c = 0.0;
         var bl4 = vec4<f32>(0.0);
         if (NORM == 2u) {{
             // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
@@ -1420,15 +1447,16 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             // they repeat a maximum).
             m_c = b_last + m0;
             for (var sb = 0u; sb < len; sb += 4u) {{
-{g['m_loads']}
-{g['m_max']}
+{m_loads}
+{m_max}
             }}
             let d0 = exp(b_last + m0 - m_c);
-{g['rows_scale_d0']}
+{rows_scale_d0}
             m0 = m_c;
-        }} else {{
+        }} else if (GATE != 0u) {{
+            bl_c = b_cum_at(last_row);
             bl4 = b_row[last_row * D4 + ka];
-{g['rows_decay']}
+{rows_decay}
         }}
         workgroupBarrier();
         // K̃'s first half; its second half's loads.
@@ -1452,14 +1480,14 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
 {b_update}
         }}
         // s_sh was last read by the products with W, before the third barrier.
-{g['s_to_sh']}
+{s_to_sh}
         workgroupBarrier();
     }}
-{g['rows_store_s']}
+{rows_store_s}
     // The final n and m, for chunk_carry.
     let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
     if (NORM != 0u && own_n) {{
-{g['n_store_tail']}
+{n_store_tail}
     }}
     if (NORM == 2u && vb == 0u && tid == 0u) {{
         h_out[tail + D] = m0;
