@@ -28,8 +28,8 @@ impl From<Kernel> for KernelSpec {
 
 /// The kernels whose occupancy decides the training step and decode (BENCHMARKS.md): every
 /// rule's chunked recurrence at head size 64 with the constants its layer runs them with,
-/// gated DeltaNet's backward (its products on tensor cores) and state sweep at 128, decode's
-/// products, split attention and recurrent step.
+/// gated DeltaNet's backward at 128 (its products on tensor cores), decode's products, split
+/// attention and recurrent step.
 pub fn default_kernels() -> Vec<KernelSpec> {
     use linearize_core::mixers::recurrence::chunk_constants;
     use linearize_core::mixers::{MixerKind, MixerOptions};
@@ -42,7 +42,6 @@ pub fn default_kernels() -> Vec<KernelSpec> {
     }
     let gdn = MixerKind::from_name("gated_deltanet").expect("a registered mixer").recurrence(&MixerOptions::default());
     out.push(chunk_constants(gdn, Kernel::new("mixers/common/chunk_d128", "chunk_bwd_grads")).with("PRODUCTS_DONE", 1.0).into());
-    out.push(chunk_constants(gdn, Kernel::new("mixers/common/chunk_d128", "chunk_state")).into());
     for prologue in [0.0, 1.0, 2.0, 3.0, 4.0] {
         out.push(Kernel::new("nn/matvec", "matvec").with("PROLOGUE", prologue).with("LANES", 64.0).into());
     }

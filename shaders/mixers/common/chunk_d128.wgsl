@@ -631,26 +631,15 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
 // it chunk by chunk with two products through workgroup memory (fla's inter-chunk sweep):
 //   u   = Uc − W S_0                         (delta rules; [C, D]·[D, BV])
 //   S_C = exp(b_C) ⊙ S_0 + K̃ᵀ u              (K̃_s = k_s ⊙ exp(b_C − b_s); [D, C]·[C, BV])
-// so the sequential depth is the number of chunks, not of tokens. Thread (rq, c) holds rows
-// 4rq … 4rq + 3 of the slice for the four value columns c, and computes u for tokens rq and
-// rq + 32; n (key-sized) is kept by the value block 0 only. The final n and m go to the tail of
-// h, and chunk_carry writes them to state_nm after every workgroup has read the initial m (no
-// workgroup may overwrite what another reads).
-//
-// The products' operands pass through stage_sh in halves: W's first 16 key vec4s of every token,
-// then its last 16; K̃'s first 32 tokens, then its last 32 (mLSTM: k_s weighted by
-// e^(b_C − b_s + ĩ_s − m_C)). Each half is loaded by coalesced vec4 loads that all go out
-// together while the products use the half before (W's first half during the chunk before's
-// update). Every sum keeps the order of the head-size-64 kernel's per-thread loops (keys, then
-// tokens, ascending): the same bits. 29696 bytes of workgroup memory.
+// so the sequential depth is the number of chunks, not of tokens. Thread (i, c) holds rows
+// i, i + 64, … of the slice for the four value columns c; n (key-sized) is kept by the value
+// block 0 only. The final n and m go to the tail of h, and chunk_carry writes them to state_nm
+// after every workgroup has read the initial m (no workgroup may overwrite what another reads).
 
 const BV: u32 = 16u;
 const BV4: u32 = 4u;
-const SW: u32 = 17u; // a staged W row's stride in vec4 (16 + 1: a warp's rows fall in different banks)
-const SK: u32 = 33u; // a staged K̃ row's stride in vec4
 var<workgroup> s_sh: array<vec4<f32>, 512>; // S_0[i, block columns] as vec4
 var<workgroup> u_sh: array<vec4<f32>, 256>; // u[t, block columns] as vec4
-var<workgroup> stage_sh: array<vec4<f32>, 1088>; // half of W or of K̃
 
 // The scalar cumulative gate of token row `row` for key channel i (0 without a gate).
 fn gate_at(row: u32, i: u32) -> f32 {
@@ -660,7 +649,7 @@ fn gate_at(row: u32, i: u32) -> f32 {
     return b_row[row * D4 + i / 4u][i % 4u];
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(256)
 fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let vb = wid.x;
     let h = wid.y;
@@ -669,287 +658,99 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     let sb = bh * D * D;
     let cv = tid % BV4;
     let col = vb * BV + cv * 4u;
-    let rq = tid / BV4;
+    let i0 = tid / BV4;
     let own_n = vb == 0u && cv == 0u;
-    // What this thread stages: W's vec4 wa of tokens wt + 8e, K's vec4 ka of tokens kt + 4e.
-    let wa = tid % 16u;
-    let wt = tid / 16u;
-    let ka = tid % D4;
-    let kt = tid / D4;
-    var s0 = vec4<f32>(state_s[sb + (4u * rq + 0u) * D + col], state_s[sb + (4u * rq + 0u) * D + col + 1u], state_s[sb + (4u * rq + 0u) * D + col + 2u], state_s[sb + (4u * rq + 0u) * D + col + 3u]);
-    var s1 = vec4<f32>(state_s[sb + (4u * rq + 1u) * D + col], state_s[sb + (4u * rq + 1u) * D + col + 1u], state_s[sb + (4u * rq + 1u) * D + col + 2u], state_s[sb + (4u * rq + 1u) * D + col + 3u]);
-    var s2 = vec4<f32>(state_s[sb + (4u * rq + 2u) * D + col], state_s[sb + (4u * rq + 2u) * D + col + 1u], state_s[sb + (4u * rq + 2u) * D + col + 2u], state_s[sb + (4u * rq + 2u) * D + col + 3u]);
-    var s3 = vec4<f32>(state_s[sb + (4u * rq + 3u) * D + col], state_s[sb + (4u * rq + 3u) * D + col + 1u], state_s[sb + (4u * rq + 3u) * D + col + 2u], state_s[sb + (4u * rq + 3u) * D + col + 3u]);
-    var nq = vec4<f32>(0.0);
+    var s0 = vec4<f32>(state_s[sb + (i0 + 0u) * D + col], state_s[sb + (i0 + 0u) * D + col + 1u], state_s[sb + (i0 + 0u) * D + col + 2u], state_s[sb + (i0 + 0u) * D + col + 3u]);
+    var s1 = vec4<f32>(state_s[sb + (i0 + 64u) * D + col], state_s[sb + (i0 + 64u) * D + col + 1u], state_s[sb + (i0 + 64u) * D + col + 2u], state_s[sb + (i0 + 64u) * D + col + 3u]);
+    var n0 = 0.0;
+    var n1 = 0.0;
     if (NORM != 0u && own_n) {
-        nq = vec4<f32>(state_nm[bh * NB * (D + 4u) + 4u * rq + 0u], state_nm[bh * NB * (D + 4u) + 4u * rq + 1u], state_nm[bh * NB * (D + 4u) + 4u * rq + 2u], state_nm[bh * NB * (D + 4u) + 4u * rq + 3u]);
+        n0 = state_nm[bh * NB * (D + 4u) + i0 + 0u];
+        n1 = state_nm[bh * NB * (D + 4u) + i0 + 64u];
     }
     var m0 = 0.0;
     if (NORM == 2u) {
         m0 = state_nm[bh * NB * (D + 4u) + D];
     }
-        s_sh[(4u * rq + 0u) * BV4 + cv] = s0;
-        s_sh[(4u * rq + 1u) * BV4 + cv] = s1;
-        s_sh[(4u * rq + 2u) * BV4 + cv] = s2;
-        s_sh[(4u * rq + 3u) * BV4 + cv] = s3;
-    var wp0 = vec4<f32>(0.0);
-    var wp1 = vec4<f32>(0.0);
-    var wp2 = vec4<f32>(0.0);
-    var wp3 = vec4<f32>(0.0);
-    var wp4 = vec4<f32>(0.0);
-    var wp5 = vec4<f32>(0.0);
-    var wp6 = vec4<f32>(0.0);
-    var wp7 = vec4<f32>(0.0);
-    if (DELTA) {
-        wp0 = w_row[row_of(b, min(0u + wt + 0u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp1 = w_row[row_of(b, min(0u + wt + 8u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp2 = w_row[row_of(b, min(0u + wt + 16u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp3 = w_row[row_of(b, min(0u + wt + 24u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp4 = w_row[row_of(b, min(0u + wt + 32u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp5 = w_row[row_of(b, min(0u + wt + 40u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp6 = w_row[row_of(b, min(0u + wt + 48u, p.seq - 1u), h) * D4 + 0u + wa];
-        wp7 = w_row[row_of(b, min(0u + wt + 56u, p.seq - 1u), h) * D4 + 0u + wa];
-    }
+        s_sh[(i0 + 0u) * BV4 + cv] = s0;
+        s_sh[(i0 + 64u) * BV4 + cv] = s1;
+    workgroupBarrier();
     for (var n = 0u; n < p.chunks; n++) {
         let hb = (bh * p.chunks + n) * R;
-        h_out[hb + (4u * rq + 0u) * D + col + 0u] = s0.x;
-        h_out[hb + (4u * rq + 0u) * D + col + 1u] = s0.y;
-        h_out[hb + (4u * rq + 0u) * D + col + 2u] = s0.z;
-        h_out[hb + (4u * rq + 0u) * D + col + 3u] = s0.w;
-        h_out[hb + (4u * rq + 1u) * D + col + 0u] = s1.x;
-        h_out[hb + (4u * rq + 1u) * D + col + 1u] = s1.y;
-        h_out[hb + (4u * rq + 1u) * D + col + 2u] = s1.z;
-        h_out[hb + (4u * rq + 1u) * D + col + 3u] = s1.w;
-        h_out[hb + (4u * rq + 2u) * D + col + 0u] = s2.x;
-        h_out[hb + (4u * rq + 2u) * D + col + 1u] = s2.y;
-        h_out[hb + (4u * rq + 2u) * D + col + 2u] = s2.z;
-        h_out[hb + (4u * rq + 2u) * D + col + 3u] = s2.w;
-        h_out[hb + (4u * rq + 3u) * D + col + 0u] = s3.x;
-        h_out[hb + (4u * rq + 3u) * D + col + 1u] = s3.y;
-        h_out[hb + (4u * rq + 3u) * D + col + 2u] = s3.z;
-        h_out[hb + (4u * rq + 3u) * D + col + 3u] = s3.w;
+        h_out[hb + (i0 + 0u) * D + col + 0u] = s0.x;
+        h_out[hb + (i0 + 0u) * D + col + 1u] = s0.y;
+        h_out[hb + (i0 + 0u) * D + col + 2u] = s0.z;
+        h_out[hb + (i0 + 0u) * D + col + 3u] = s0.w;
+        h_out[hb + (i0 + 64u) * D + col + 0u] = s1.x;
+        h_out[hb + (i0 + 64u) * D + col + 1u] = s1.y;
+        h_out[hb + (i0 + 64u) * D + col + 2u] = s1.z;
+        h_out[hb + (i0 + 64u) * D + col + 3u] = s1.w;
         if (NORM != 0u && own_n) {
-            h_out[hb + D * D + 4u * rq + 0u] = nq.x;
-            h_out[hb + D * D + 4u * rq + 1u] = nq.y;
-            h_out[hb + D * D + 4u * rq + 2u] = nq.z;
-            h_out[hb + D * D + 4u * rq + 3u] = nq.w;
+            h_out[hb + D * D + i0 + 0u] = n0;
+            h_out[hb + D * D + i0 + 64u] = n1;
         }
         if (NORM == 2u && vb == 0u && tid == 0u) {
             h_out[hb + D * D + D] = m0;
         }
         let c0 = n * C;
         let len = min(C, p.seq - c0);
+        // u for token t = tid / 4 and the thread's four columns.
+        let t = i0;
+        var u = vec4<f32>(0.0);
+        if (t < len) {
+            let row = row_of(b, c0 + t, h);
+            let ub = row * D + col;
+            u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
+            if (DELTA) {
+                let wb = row * D4;
+                // Four W vec4s at a time, their loads first.
+                for (var a0 = 0u; a0 < D4; a0 += 4u) {
+                    let w0 = w_row[wb + a0 + 0u];
+                    let w1 = w_row[wb + a0 + 1u];
+                    let w2 = w_row[wb + a0 + 2u];
+                    let w3 = w_row[wb + a0 + 3u];
+                    {
+                        let r = 4u * (a0 + 0u) * BV4 + cv;
+                        u -= w0.x * s_sh[r] + w0.y * s_sh[r + BV4] + w0.z * s_sh[r + 2u * BV4] + w0.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 1u) * BV4 + cv;
+                        u -= w1.x * s_sh[r] + w1.y * s_sh[r + BV4] + w1.z * s_sh[r + 2u * BV4] + w1.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 2u) * BV4 + cv;
+                        u -= w2.x * s_sh[r] + w2.y * s_sh[r + BV4] + w2.z * s_sh[r + 2u * BV4] + w2.w * s_sh[r + 3u * BV4];
+                    }
+                    {
+                        let r = 4u * (a0 + 3u) * BV4 + cv;
+                        u -= w3.x * s_sh[r] + w3.y * s_sh[r + BV4] + w3.z * s_sh[r + 2u * BV4] + w3.w * s_sh[r + 3u * BV4];
+                    }
+                }
+                u_buf[ub] = u.x;
+                u_buf[ub + 1u] = u.y;
+                u_buf[ub + 2u] = u.z;
+                u_buf[ub + 3u] = u.w;
+            }
+        }
+        u_sh[t * BV4 + cv] = u;
+        workgroupBarrier();
         let last_row = row_of(b, c0 + len - 1u, h);
-        // u for tokens ta and tb and the thread's four columns: W's first half.
-        if (DELTA) {
-            stage_sh[(wt + 0u) * SW + wa] = wp0;
-            stage_sh[(wt + 8u) * SW + wa] = wp1;
-            stage_sh[(wt + 16u) * SW + wa] = wp2;
-            stage_sh[(wt + 24u) * SW + wa] = wp3;
-            stage_sh[(wt + 32u) * SW + wa] = wp4;
-            stage_sh[(wt + 40u) * SW + wa] = wp5;
-            stage_sh[(wt + 48u) * SW + wa] = wp6;
-            stage_sh[(wt + 56u) * SW + wa] = wp7;
-        }
-        workgroupBarrier();
-        if (DELTA) {
-            wp0 = w_row[row_of(b, min(c0 + wt + 0u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp1 = w_row[row_of(b, min(c0 + wt + 8u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp2 = w_row[row_of(b, min(c0 + wt + 16u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp3 = w_row[row_of(b, min(c0 + wt + 24u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp4 = w_row[row_of(b, min(c0 + wt + 32u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp5 = w_row[row_of(b, min(c0 + wt + 40u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp6 = w_row[row_of(b, min(c0 + wt + 48u, p.seq - 1u), h) * D4 + 16u + wa];
-            wp7 = w_row[row_of(b, min(c0 + wt + 56u, p.seq - 1u), h) * D4 + 16u + wa];
-        }
-        let ta = rq;
-        let tb = rq + 32u;
-        let uba = row_of(b, c0 + min(ta, len - 1u), h) * D + col;
-        let ubb = row_of(b, c0 + min(tb, len - 1u), h) * D + col;
-        var ua = vec4<f32>(u_buf[uba], u_buf[uba + 1u], u_buf[uba + 2u], u_buf[uba + 3u]);
-        var ub = vec4<f32>(u_buf[ubb], u_buf[ubb + 1u], u_buf[ubb + 2u], u_buf[ubb + 3u]);
-        if (DELTA) {
-            for (var a0 = 0u; a0 < 16u; a0 += 4u) {
-                    let wa0 = stage_sh[ta * SW + a0 - 0u + 0u];
-                    let wb0 = stage_sh[tb * SW + a0 - 0u + 0u];
-                    let wa1 = stage_sh[ta * SW + a0 - 0u + 1u];
-                    let wb1 = stage_sh[tb * SW + a0 - 0u + 1u];
-                    let wa2 = stage_sh[ta * SW + a0 - 0u + 2u];
-                    let wb2 = stage_sh[tb * SW + a0 - 0u + 2u];
-                    let wa3 = stage_sh[ta * SW + a0 - 0u + 3u];
-                    let wb3 = stage_sh[tb * SW + a0 - 0u + 3u];
-                    {
-                        let r = 4u * (a0 + 0u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa0.x * s_0 + wa0.y * s_1 + wa0.z * s_2 + wa0.w * s_3;
-                        ub -= wb0.x * s_0 + wb0.y * s_1 + wb0.z * s_2 + wb0.w * s_3;
-                    }
-                    {
-                        let r = 4u * (a0 + 1u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa1.x * s_0 + wa1.y * s_1 + wa1.z * s_2 + wa1.w * s_3;
-                        ub -= wb1.x * s_0 + wb1.y * s_1 + wb1.z * s_2 + wb1.w * s_3;
-                    }
-                    {
-                        let r = 4u * (a0 + 2u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa2.x * s_0 + wa2.y * s_1 + wa2.z * s_2 + wa2.w * s_3;
-                        ub -= wb2.x * s_0 + wb2.y * s_1 + wb2.z * s_2 + wb2.w * s_3;
-                    }
-                    {
-                        let r = 4u * (a0 + 3u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa3.x * s_0 + wa3.y * s_1 + wa3.z * s_2 + wa3.w * s_3;
-                        ub -= wb3.x * s_0 + wb3.y * s_1 + wb3.z * s_2 + wb3.w * s_3;
-                    }
-            }
-        }
-        workgroupBarrier();
-        // W's second half; K's first half loads.
-        if (DELTA) {
-            stage_sh[(wt + 0u) * SW + wa] = wp0;
-            stage_sh[(wt + 8u) * SW + wa] = wp1;
-            stage_sh[(wt + 16u) * SW + wa] = wp2;
-            stage_sh[(wt + 24u) * SW + wa] = wp3;
-            stage_sh[(wt + 32u) * SW + wa] = wp4;
-            stage_sh[(wt + 40u) * SW + wa] = wp5;
-            stage_sh[(wt + 48u) * SW + wa] = wp6;
-            stage_sh[(wt + 56u) * SW + wa] = wp7;
-        }
-        let krow0_0 = row_of(b, min(c0 + 0u + kt + 0u, p.seq - 1u), h);
-        let kp0_0 = k_row[krow0_0 * D4 + ka];
-        let krow0_1 = row_of(b, min(c0 + 0u + kt + 4u, p.seq - 1u), h);
-        let kp0_1 = k_row[krow0_1 * D4 + ka];
-        let krow0_2 = row_of(b, min(c0 + 0u + kt + 8u, p.seq - 1u), h);
-        let kp0_2 = k_row[krow0_2 * D4 + ka];
-        let krow0_3 = row_of(b, min(c0 + 0u + kt + 12u, p.seq - 1u), h);
-        let kp0_3 = k_row[krow0_3 * D4 + ka];
-        let krow0_4 = row_of(b, min(c0 + 0u + kt + 16u, p.seq - 1u), h);
-        let kp0_4 = k_row[krow0_4 * D4 + ka];
-        let krow0_5 = row_of(b, min(c0 + 0u + kt + 20u, p.seq - 1u), h);
-        let kp0_5 = k_row[krow0_5 * D4 + ka];
-        let krow0_6 = row_of(b, min(c0 + 0u + kt + 24u, p.seq - 1u), h);
-        let kp0_6 = k_row[krow0_6 * D4 + ka];
-        let krow0_7 = row_of(b, min(c0 + 0u + kt + 28u, p.seq - 1u), h);
-        let kp0_7 = k_row[krow0_7 * D4 + ka];
-        var gp0_0 = vec4<f32>(0.0);
-        var gp0_1 = vec4<f32>(0.0);
-        var gp0_2 = vec4<f32>(0.0);
-        var gp0_3 = vec4<f32>(0.0);
-        var gp0_4 = vec4<f32>(0.0);
-        var gp0_5 = vec4<f32>(0.0);
-        var gp0_6 = vec4<f32>(0.0);
-        var gp0_7 = vec4<f32>(0.0);
-        if (GATE == 1u && NORM != 2u) {
-            gp0_0 = vec4<f32>(b_cum_at(krow0_0));
-            gp0_1 = vec4<f32>(b_cum_at(krow0_1));
-            gp0_2 = vec4<f32>(b_cum_at(krow0_2));
-            gp0_3 = vec4<f32>(b_cum_at(krow0_3));
-            gp0_4 = vec4<f32>(b_cum_at(krow0_4));
-            gp0_5 = vec4<f32>(b_cum_at(krow0_5));
-            gp0_6 = vec4<f32>(b_cum_at(krow0_6));
-            gp0_7 = vec4<f32>(b_cum_at(krow0_7));
-        } else if (GATE == 2u) {
-            gp0_0 = b_row[krow0_0 * D4 + ka];
-            gp0_1 = b_row[krow0_1 * D4 + ka];
-            gp0_2 = b_row[krow0_2 * D4 + ka];
-            gp0_3 = b_row[krow0_3 * D4 + ka];
-            gp0_4 = b_row[krow0_4 * D4 + ka];
-            gp0_5 = b_row[krow0_5 * D4 + ka];
-            gp0_6 = b_row[krow0_6 * D4 + ka];
-            gp0_7 = b_row[krow0_7 * D4 + ka];
-        }
-        workgroupBarrier();
-        if (DELTA) {
-            for (var a0 = 16u; a0 < D4; a0 += 4u) {
-                    let wa0 = stage_sh[ta * SW + a0 - 16u + 0u];
-                    let wb0 = stage_sh[tb * SW + a0 - 16u + 0u];
-                    let wa1 = stage_sh[ta * SW + a0 - 16u + 1u];
-                    let wb1 = stage_sh[tb * SW + a0 - 16u + 1u];
-                    let wa2 = stage_sh[ta * SW + a0 - 16u + 2u];
-                    let wb2 = stage_sh[tb * SW + a0 - 16u + 2u];
-                    let wa3 = stage_sh[ta * SW + a0 - 16u + 3u];
-                    let wb3 = stage_sh[tb * SW + a0 - 16u + 3u];
-                    {
-                        let r = 4u * (a0 + 0u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa0.x * s_0 + wa0.y * s_1 + wa0.z * s_2 + wa0.w * s_3;
-                        ub -= wb0.x * s_0 + wb0.y * s_1 + wb0.z * s_2 + wb0.w * s_3;
-                    }
-                    {
-                        let r = 4u * (a0 + 1u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa1.x * s_0 + wa1.y * s_1 + wa1.z * s_2 + wa1.w * s_3;
-                        ub -= wb1.x * s_0 + wb1.y * s_1 + wb1.z * s_2 + wb1.w * s_3;
-                    }
-                    {
-                        let r = 4u * (a0 + 2u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa2.x * s_0 + wa2.y * s_1 + wa2.z * s_2 + wa2.w * s_3;
-                        ub -= wb2.x * s_0 + wb2.y * s_1 + wb2.z * s_2 + wb2.w * s_3;
-                    }
-                    {
-                        let r = 4u * (a0 + 3u) * BV4 + cv;
-                        let s_0 = s_sh[r];
-                        let s_1 = s_sh[r + BV4];
-                        let s_2 = s_sh[r + 2u * BV4];
-                        let s_3 = s_sh[r + 3u * BV4];
-                        ua -= wa3.x * s_0 + wa3.y * s_1 + wa3.z * s_2 + wa3.w * s_3;
-                        ub -= wb3.x * s_0 + wb3.y * s_1 + wb3.z * s_2 + wb3.w * s_3;
-                    }
-            }
-            if (ta < len) {
-                u_buf[uba] = ua.x;
-                u_buf[uba + 1u] = ua.y;
-                u_buf[uba + 2u] = ua.z;
-                u_buf[uba + 3u] = ua.w;
-            }
-            if (tb < len) {
-                u_buf[ubb] = ub.x;
-                u_buf[ubb + 1u] = ub.y;
-                u_buf[ubb + 2u] = ub.z;
-                u_buf[ubb + 3u] = ub.w;
-            }
-        }
-        u_sh[ta * BV4 + cv] = select(vec4<f32>(0.0), ua, ta < len);
-        u_sh[tb * BV4 + cv] = select(vec4<f32>(0.0), ub, tb < len);
-        var b_last = 0.0;
-        var m_c = 0.0;
-        var bl_c = 0.0;
-        var bl4 = vec4<f32>(0.0);
         if (NORM == 2u) {
             // mLSTM: the stabiliser at the chunk's end, then C ← e^(b_C + m_0 − m_C) C +
             // Σ_s e^(b_C − b_s + ĩ_s − m_C) k_s v_sᵀ (n likewise); every exponent ≤ 0.
-            b_last = b_cum_at(last_row);
+            let b_last = b_cum_at(last_row);
             // Four tokens at a time, every load first (rows past the chunk's end are clamped:
-            // they repeat a maximum).
-            m_c = b_last + m0;
+            // their u is 0, they repeat a maximum, and n skips them).
+            var m_c = b_last + m0;
             for (var sb = 0u; sb < len; sb += 4u) {
                 let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
+                let live0 = sb + 0u < len;
                 let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
+                let live1 = sb + 1u < len;
                 let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
+                let live2 = sb + 2u < len;
                 let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
+                let live3 = sb + 3u < len;
                 let mc0 = b_last - b_cum_at(row0) + igate[row0];
                 let mc1 = b_last - b_cum_at(row1) + igate[row1];
                 let mc2 = b_last - b_cum_at(row2) + igate[row2];
@@ -961,333 +762,156 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             }
             let d0 = exp(b_last + m0 - m_c);
             s0 = s0 * d0;
+            n0 = n0 * d0;
             s1 = s1 * d0;
-            s2 = s2 * d0;
-            s3 = s3 * d0;
-            nq = nq * d0;
+            n1 = n1 * d0;
+            for (var sb = 0u; sb < len; sb += 4u) {
+                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
+                let live0 = sb + 0u < len;
+                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
+                let live1 = sb + 1u < len;
+                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
+                let live2 = sb + 2u < len;
+                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
+                let live3 = sb + 3u < len;
+                let us0 = u_sh[(sb + 0u) * BV4 + cv];
+                let us1 = u_sh[(sb + 1u) * BV4 + cv];
+                let us2 = u_sh[(sb + 2u) * BV4 + cv];
+                let us3 = u_sh[(sb + 3u) * BV4 + cv];
+                let wgt0 = exp(b_last - b_cum_at(row0) + igate[row0] - m_c);
+                let wgt1 = exp(b_last - b_cum_at(row1) + igate[row1] - m_c);
+                let wgt2 = exp(b_last - b_cum_at(row2) + igate[row2] - m_c);
+                let wgt3 = exp(b_last - b_cum_at(row3) + igate[row3] - m_c);
+                let k0_0 = k_row[row0 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt0;
+                let k0_1 = k_row[row0 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt0;
+                let k1_0 = k_row[row1 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt1;
+                let k1_1 = k_row[row1 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt1;
+                let k2_0 = k_row[row2 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt2;
+                let k2_1 = k_row[row2 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt2;
+                let k3_0 = k_row[row3 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u] * wgt3;
+                let k3_1 = k_row[row3 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u] * wgt3;
+                s0 = fma(vec4<f32>(k0_0), us0, s0);
+                if (live0) {
+                    n0 += k0_0;
+                }
+                s1 = fma(vec4<f32>(k0_1), us0, s1);
+                if (live0) {
+                    n1 += k0_1;
+                }
+                s0 = fma(vec4<f32>(k1_0), us1, s0);
+                if (live1) {
+                    n0 += k1_0;
+                }
+                s1 = fma(vec4<f32>(k1_1), us1, s1);
+                if (live1) {
+                    n1 += k1_1;
+                }
+                s0 = fma(vec4<f32>(k2_0), us2, s0);
+                if (live2) {
+                    n0 += k2_0;
+                }
+                s1 = fma(vec4<f32>(k2_1), us2, s1);
+                if (live2) {
+                    n1 += k2_1;
+                }
+                s0 = fma(vec4<f32>(k3_0), us3, s0);
+                if (live3) {
+                    n0 += k3_0;
+                }
+                s1 = fma(vec4<f32>(k3_1), us3, s1);
+                if (live3) {
+                    n1 += k3_1;
+                }
+            }
             m0 = m_c;
-        } else if (GATE != 0u) {
-            bl_c = b_cum_at(last_row);
-            bl4 = b_row[last_row * D4 + ka];
-            let bl = b_row[last_row * D4 + rq];
-            s0 = s0 * exp(bl.x);
-            s1 = s1 * exp(bl.y);
-            s2 = s2 * exp(bl.z);
-            s3 = s3 * exp(bl.w);
+        } else {
+            let bl0 = gate_at(last_row, i0 + 0u);
+            s0 = s0 * exp(bl0);
+            let bl1 = gate_at(last_row, i0 + 64u);
+            s1 = s1 * exp(bl1);
+            for (var sb = 0u; sb < len; sb += 4u) {
+                let row0 = row_of(b, c0 + min(sb + 0u, len - 1u), h);
+                let live0 = sb + 0u < len;
+                let row1 = row_of(b, c0 + min(sb + 1u, len - 1u), h);
+                let live1 = sb + 1u < len;
+                let row2 = row_of(b, c0 + min(sb + 2u, len - 1u), h);
+                let live2 = sb + 2u < len;
+                let row3 = row_of(b, c0 + min(sb + 3u, len - 1u), h);
+                let live3 = sb + 3u < len;
+                let us0 = u_sh[(sb + 0u) * BV4 + cv];
+                let us1 = u_sh[(sb + 1u) * BV4 + cv];
+                let us2 = u_sh[(sb + 2u) * BV4 + cv];
+                let us3 = u_sh[(sb + 3u) * BV4 + cv];
+                let kr0_0 = k_row[row0 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd0_0 = kr0_0 * exp(bl0 - gate_at(row0, i0 + 0u));
+                let kr0_1 = k_row[row0 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd0_1 = kr0_1 * exp(bl1 - gate_at(row0, i0 + 64u));
+                let kr1_0 = k_row[row1 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd1_0 = kr1_0 * exp(bl0 - gate_at(row1, i0 + 0u));
+                let kr1_1 = k_row[row1 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd1_1 = kr1_1 * exp(bl1 - gate_at(row1, i0 + 64u));
+                let kr2_0 = k_row[row2 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd2_0 = kr2_0 * exp(bl0 - gate_at(row2, i0 + 0u));
+                let kr2_1 = k_row[row2 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd2_1 = kr2_1 * exp(bl1 - gate_at(row2, i0 + 64u));
+                let kr3_0 = k_row[row3 * D4 + (i0 + 0u) / 4u][(i0 + 0u) % 4u];
+                let kd3_0 = kr3_0 * exp(bl0 - gate_at(row3, i0 + 0u));
+                let kr3_1 = k_row[row3 * D4 + (i0 + 64u) / 4u][(i0 + 64u) % 4u];
+                let kd3_1 = kr3_1 * exp(bl1 - gate_at(row3, i0 + 64u));
+                s0 = fma(vec4<f32>(kd0_0), us0, s0);
+                if (NORM == 1u && live0) {
+                    n0 += kr0_0;
+                }
+                s1 = fma(vec4<f32>(kd0_1), us0, s1);
+                if (NORM == 1u && live0) {
+                    n1 += kr0_1;
+                }
+                s0 = fma(vec4<f32>(kd1_0), us1, s0);
+                if (NORM == 1u && live1) {
+                    n0 += kr1_0;
+                }
+                s1 = fma(vec4<f32>(kd1_1), us1, s1);
+                if (NORM == 1u && live1) {
+                    n1 += kr1_1;
+                }
+                s0 = fma(vec4<f32>(kd2_0), us2, s0);
+                if (NORM == 1u && live2) {
+                    n0 += kr2_0;
+                }
+                s1 = fma(vec4<f32>(kd2_1), us2, s1);
+                if (NORM == 1u && live2) {
+                    n1 += kr2_1;
+                }
+                s0 = fma(vec4<f32>(kd3_0), us3, s0);
+                if (NORM == 1u && live3) {
+                    n0 += kr3_0;
+                }
+                s1 = fma(vec4<f32>(kd3_1), us3, s1);
+                if (NORM == 1u && live3) {
+                    n1 += kr3_1;
+                }
+            }
         }
+        // Past this barrier every thread has read s_sh (for u) and u_sh (for the update): the
+        // new S_0 may be written, and the next chunk reads it past the second.
         workgroupBarrier();
-        // K̃'s first half; its second half's loads.
-        {
-            var kd0 = kp0_0;
-            if (NORM == 2u) {
-                kd0 = kp0_0 * exp(b_last - b_cum_at(krow0_0) + igate[krow0_0] - m_c);
-            } else if (GATE == 1u) {
-                kd0 = kp0_0 * exp(bl_c - gp0_0.x);
-            } else if (GATE == 2u) {
-                kd0 = kp0_0 * exp(bl4 - gp0_0);
-            }
-            stage_sh[(kt + 0u) * SK + ka] = select(vec4<f32>(0.0), kd0, 0u + kt + 0u < len);
-            var kd1 = kp0_1;
-            if (NORM == 2u) {
-                kd1 = kp0_1 * exp(b_last - b_cum_at(krow0_1) + igate[krow0_1] - m_c);
-            } else if (GATE == 1u) {
-                kd1 = kp0_1 * exp(bl_c - gp0_1.x);
-            } else if (GATE == 2u) {
-                kd1 = kp0_1 * exp(bl4 - gp0_1);
-            }
-            stage_sh[(kt + 4u) * SK + ka] = select(vec4<f32>(0.0), kd1, 0u + kt + 4u < len);
-            var kd2 = kp0_2;
-            if (NORM == 2u) {
-                kd2 = kp0_2 * exp(b_last - b_cum_at(krow0_2) + igate[krow0_2] - m_c);
-            } else if (GATE == 1u) {
-                kd2 = kp0_2 * exp(bl_c - gp0_2.x);
-            } else if (GATE == 2u) {
-                kd2 = kp0_2 * exp(bl4 - gp0_2);
-            }
-            stage_sh[(kt + 8u) * SK + ka] = select(vec4<f32>(0.0), kd2, 0u + kt + 8u < len);
-            var kd3 = kp0_3;
-            if (NORM == 2u) {
-                kd3 = kp0_3 * exp(b_last - b_cum_at(krow0_3) + igate[krow0_3] - m_c);
-            } else if (GATE == 1u) {
-                kd3 = kp0_3 * exp(bl_c - gp0_3.x);
-            } else if (GATE == 2u) {
-                kd3 = kp0_3 * exp(bl4 - gp0_3);
-            }
-            stage_sh[(kt + 12u) * SK + ka] = select(vec4<f32>(0.0), kd3, 0u + kt + 12u < len);
-            var kd4 = kp0_4;
-            if (NORM == 2u) {
-                kd4 = kp0_4 * exp(b_last - b_cum_at(krow0_4) + igate[krow0_4] - m_c);
-            } else if (GATE == 1u) {
-                kd4 = kp0_4 * exp(bl_c - gp0_4.x);
-            } else if (GATE == 2u) {
-                kd4 = kp0_4 * exp(bl4 - gp0_4);
-            }
-            stage_sh[(kt + 16u) * SK + ka] = select(vec4<f32>(0.0), kd4, 0u + kt + 16u < len);
-            var kd5 = kp0_5;
-            if (NORM == 2u) {
-                kd5 = kp0_5 * exp(b_last - b_cum_at(krow0_5) + igate[krow0_5] - m_c);
-            } else if (GATE == 1u) {
-                kd5 = kp0_5 * exp(bl_c - gp0_5.x);
-            } else if (GATE == 2u) {
-                kd5 = kp0_5 * exp(bl4 - gp0_5);
-            }
-            stage_sh[(kt + 20u) * SK + ka] = select(vec4<f32>(0.0), kd5, 0u + kt + 20u < len);
-            var kd6 = kp0_6;
-            if (NORM == 2u) {
-                kd6 = kp0_6 * exp(b_last - b_cum_at(krow0_6) + igate[krow0_6] - m_c);
-            } else if (GATE == 1u) {
-                kd6 = kp0_6 * exp(bl_c - gp0_6.x);
-            } else if (GATE == 2u) {
-                kd6 = kp0_6 * exp(bl4 - gp0_6);
-            }
-            stage_sh[(kt + 24u) * SK + ka] = select(vec4<f32>(0.0), kd6, 0u + kt + 24u < len);
-            var kd7 = kp0_7;
-            if (NORM == 2u) {
-                kd7 = kp0_7 * exp(b_last - b_cum_at(krow0_7) + igate[krow0_7] - m_c);
-            } else if (GATE == 1u) {
-                kd7 = kp0_7 * exp(bl_c - gp0_7.x);
-            } else if (GATE == 2u) {
-                kd7 = kp0_7 * exp(bl4 - gp0_7);
-            }
-            stage_sh[(kt + 28u) * SK + ka] = select(vec4<f32>(0.0), kd7, 0u + kt + 28u < len);
-        }
-        let krow1_0 = row_of(b, min(c0 + 32u + kt + 0u, p.seq - 1u), h);
-        let kp1_0 = k_row[krow1_0 * D4 + ka];
-        let krow1_1 = row_of(b, min(c0 + 32u + kt + 4u, p.seq - 1u), h);
-        let kp1_1 = k_row[krow1_1 * D4 + ka];
-        let krow1_2 = row_of(b, min(c0 + 32u + kt + 8u, p.seq - 1u), h);
-        let kp1_2 = k_row[krow1_2 * D4 + ka];
-        let krow1_3 = row_of(b, min(c0 + 32u + kt + 12u, p.seq - 1u), h);
-        let kp1_3 = k_row[krow1_3 * D4 + ka];
-        let krow1_4 = row_of(b, min(c0 + 32u + kt + 16u, p.seq - 1u), h);
-        let kp1_4 = k_row[krow1_4 * D4 + ka];
-        let krow1_5 = row_of(b, min(c0 + 32u + kt + 20u, p.seq - 1u), h);
-        let kp1_5 = k_row[krow1_5 * D4 + ka];
-        let krow1_6 = row_of(b, min(c0 + 32u + kt + 24u, p.seq - 1u), h);
-        let kp1_6 = k_row[krow1_6 * D4 + ka];
-        let krow1_7 = row_of(b, min(c0 + 32u + kt + 28u, p.seq - 1u), h);
-        let kp1_7 = k_row[krow1_7 * D4 + ka];
-        var gp1_0 = vec4<f32>(0.0);
-        var gp1_1 = vec4<f32>(0.0);
-        var gp1_2 = vec4<f32>(0.0);
-        var gp1_3 = vec4<f32>(0.0);
-        var gp1_4 = vec4<f32>(0.0);
-        var gp1_5 = vec4<f32>(0.0);
-        var gp1_6 = vec4<f32>(0.0);
-        var gp1_7 = vec4<f32>(0.0);
-        if (GATE == 1u && NORM != 2u) {
-            gp1_0 = vec4<f32>(b_cum_at(krow1_0));
-            gp1_1 = vec4<f32>(b_cum_at(krow1_1));
-            gp1_2 = vec4<f32>(b_cum_at(krow1_2));
-            gp1_3 = vec4<f32>(b_cum_at(krow1_3));
-            gp1_4 = vec4<f32>(b_cum_at(krow1_4));
-            gp1_5 = vec4<f32>(b_cum_at(krow1_5));
-            gp1_6 = vec4<f32>(b_cum_at(krow1_6));
-            gp1_7 = vec4<f32>(b_cum_at(krow1_7));
-        } else if (GATE == 2u) {
-            gp1_0 = b_row[krow1_0 * D4 + ka];
-            gp1_1 = b_row[krow1_1 * D4 + ka];
-            gp1_2 = b_row[krow1_2 * D4 + ka];
-            gp1_3 = b_row[krow1_3 * D4 + ka];
-            gp1_4 = b_row[krow1_4 * D4 + ka];
-            gp1_5 = b_row[krow1_5 * D4 + ka];
-            gp1_6 = b_row[krow1_6 * D4 + ka];
-            gp1_7 = b_row[krow1_7 * D4 + ka];
-        }
-        workgroupBarrier();
-        for (var sb = 0u; sb < min(len, 32u); sb += 4u) {
-            let us0 = u_sh[(sb + 0u) * BV4 + cv];
-            let kd0 = stage_sh[(sb - 0u + 0u) * SK + rq];
-            let us1 = u_sh[(sb + 1u) * BV4 + cv];
-            let kd1 = stage_sh[(sb - 0u + 1u) * SK + rq];
-            let us2 = u_sh[(sb + 2u) * BV4 + cv];
-            let kd2 = stage_sh[(sb - 0u + 2u) * SK + rq];
-            let us3 = u_sh[(sb + 3u) * BV4 + cv];
-            let kd3 = stage_sh[(sb - 0u + 3u) * SK + rq];
-            s0 = fma(vec4<f32>(kd0.x), us0, s0);
-            s1 = fma(vec4<f32>(kd0.y), us0, s1);
-            s2 = fma(vec4<f32>(kd0.z), us0, s2);
-            s3 = fma(vec4<f32>(kd0.w), us0, s3);
-            if (NORM != 0u && sb + 0u < len) {
-                nq += kd0;
-            }
-            s0 = fma(vec4<f32>(kd1.x), us1, s0);
-            s1 = fma(vec4<f32>(kd1.y), us1, s1);
-            s2 = fma(vec4<f32>(kd1.z), us1, s2);
-            s3 = fma(vec4<f32>(kd1.w), us1, s3);
-            if (NORM != 0u && sb + 1u < len) {
-                nq += kd1;
-            }
-            s0 = fma(vec4<f32>(kd2.x), us2, s0);
-            s1 = fma(vec4<f32>(kd2.y), us2, s1);
-            s2 = fma(vec4<f32>(kd2.z), us2, s2);
-            s3 = fma(vec4<f32>(kd2.w), us2, s3);
-            if (NORM != 0u && sb + 2u < len) {
-                nq += kd2;
-            }
-            s0 = fma(vec4<f32>(kd3.x), us3, s0);
-            s1 = fma(vec4<f32>(kd3.y), us3, s1);
-            s2 = fma(vec4<f32>(kd3.z), us3, s2);
-            s3 = fma(vec4<f32>(kd3.w), us3, s3);
-            if (NORM != 0u && sb + 3u < len) {
-                nq += kd3;
-            }
-        }
-        workgroupBarrier();
-        // K̃'s second half; the next chunk's first half of W.
-        {
-            var kd0 = kp1_0;
-            if (NORM == 2u) {
-                kd0 = kp1_0 * exp(b_last - b_cum_at(krow1_0) + igate[krow1_0] - m_c);
-            } else if (GATE == 1u) {
-                kd0 = kp1_0 * exp(bl_c - gp1_0.x);
-            } else if (GATE == 2u) {
-                kd0 = kp1_0 * exp(bl4 - gp1_0);
-            }
-            stage_sh[(kt + 0u) * SK + ka] = select(vec4<f32>(0.0), kd0, 32u + kt + 0u < len);
-            var kd1 = kp1_1;
-            if (NORM == 2u) {
-                kd1 = kp1_1 * exp(b_last - b_cum_at(krow1_1) + igate[krow1_1] - m_c);
-            } else if (GATE == 1u) {
-                kd1 = kp1_1 * exp(bl_c - gp1_1.x);
-            } else if (GATE == 2u) {
-                kd1 = kp1_1 * exp(bl4 - gp1_1);
-            }
-            stage_sh[(kt + 4u) * SK + ka] = select(vec4<f32>(0.0), kd1, 32u + kt + 4u < len);
-            var kd2 = kp1_2;
-            if (NORM == 2u) {
-                kd2 = kp1_2 * exp(b_last - b_cum_at(krow1_2) + igate[krow1_2] - m_c);
-            } else if (GATE == 1u) {
-                kd2 = kp1_2 * exp(bl_c - gp1_2.x);
-            } else if (GATE == 2u) {
-                kd2 = kp1_2 * exp(bl4 - gp1_2);
-            }
-            stage_sh[(kt + 8u) * SK + ka] = select(vec4<f32>(0.0), kd2, 32u + kt + 8u < len);
-            var kd3 = kp1_3;
-            if (NORM == 2u) {
-                kd3 = kp1_3 * exp(b_last - b_cum_at(krow1_3) + igate[krow1_3] - m_c);
-            } else if (GATE == 1u) {
-                kd3 = kp1_3 * exp(bl_c - gp1_3.x);
-            } else if (GATE == 2u) {
-                kd3 = kp1_3 * exp(bl4 - gp1_3);
-            }
-            stage_sh[(kt + 12u) * SK + ka] = select(vec4<f32>(0.0), kd3, 32u + kt + 12u < len);
-            var kd4 = kp1_4;
-            if (NORM == 2u) {
-                kd4 = kp1_4 * exp(b_last - b_cum_at(krow1_4) + igate[krow1_4] - m_c);
-            } else if (GATE == 1u) {
-                kd4 = kp1_4 * exp(bl_c - gp1_4.x);
-            } else if (GATE == 2u) {
-                kd4 = kp1_4 * exp(bl4 - gp1_4);
-            }
-            stage_sh[(kt + 16u) * SK + ka] = select(vec4<f32>(0.0), kd4, 32u + kt + 16u < len);
-            var kd5 = kp1_5;
-            if (NORM == 2u) {
-                kd5 = kp1_5 * exp(b_last - b_cum_at(krow1_5) + igate[krow1_5] - m_c);
-            } else if (GATE == 1u) {
-                kd5 = kp1_5 * exp(bl_c - gp1_5.x);
-            } else if (GATE == 2u) {
-                kd5 = kp1_5 * exp(bl4 - gp1_5);
-            }
-            stage_sh[(kt + 20u) * SK + ka] = select(vec4<f32>(0.0), kd5, 32u + kt + 20u < len);
-            var kd6 = kp1_6;
-            if (NORM == 2u) {
-                kd6 = kp1_6 * exp(b_last - b_cum_at(krow1_6) + igate[krow1_6] - m_c);
-            } else if (GATE == 1u) {
-                kd6 = kp1_6 * exp(bl_c - gp1_6.x);
-            } else if (GATE == 2u) {
-                kd6 = kp1_6 * exp(bl4 - gp1_6);
-            }
-            stage_sh[(kt + 24u) * SK + ka] = select(vec4<f32>(0.0), kd6, 32u + kt + 24u < len);
-            var kd7 = kp1_7;
-            if (NORM == 2u) {
-                kd7 = kp1_7 * exp(b_last - b_cum_at(krow1_7) + igate[krow1_7] - m_c);
-            } else if (GATE == 1u) {
-                kd7 = kp1_7 * exp(bl_c - gp1_7.x);
-            } else if (GATE == 2u) {
-                kd7 = kp1_7 * exp(bl4 - gp1_7);
-            }
-            stage_sh[(kt + 28u) * SK + ka] = select(vec4<f32>(0.0), kd7, 32u + kt + 28u < len);
-        }
-        if (DELTA && n + 1u < p.chunks) {
-            wp0 = w_row[row_of(b, min(c0 + C + wt + 0u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp1 = w_row[row_of(b, min(c0 + C + wt + 8u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp2 = w_row[row_of(b, min(c0 + C + wt + 16u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp3 = w_row[row_of(b, min(c0 + C + wt + 24u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp4 = w_row[row_of(b, min(c0 + C + wt + 32u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp5 = w_row[row_of(b, min(c0 + C + wt + 40u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp6 = w_row[row_of(b, min(c0 + C + wt + 48u, p.seq - 1u), h) * D4 + 0u + wa];
-            wp7 = w_row[row_of(b, min(c0 + C + wt + 56u, p.seq - 1u), h) * D4 + 0u + wa];
-        }
-        workgroupBarrier();
-        for (var sb = 32u; sb < len; sb += 4u) {
-            let us0 = u_sh[(sb + 0u) * BV4 + cv];
-            let kd0 = stage_sh[(sb - 32u + 0u) * SK + rq];
-            let us1 = u_sh[(sb + 1u) * BV4 + cv];
-            let kd1 = stage_sh[(sb - 32u + 1u) * SK + rq];
-            let us2 = u_sh[(sb + 2u) * BV4 + cv];
-            let kd2 = stage_sh[(sb - 32u + 2u) * SK + rq];
-            let us3 = u_sh[(sb + 3u) * BV4 + cv];
-            let kd3 = stage_sh[(sb - 32u + 3u) * SK + rq];
-            s0 = fma(vec4<f32>(kd0.x), us0, s0);
-            s1 = fma(vec4<f32>(kd0.y), us0, s1);
-            s2 = fma(vec4<f32>(kd0.z), us0, s2);
-            s3 = fma(vec4<f32>(kd0.w), us0, s3);
-            if (NORM != 0u && sb + 0u < len) {
-                nq += kd0;
-            }
-            s0 = fma(vec4<f32>(kd1.x), us1, s0);
-            s1 = fma(vec4<f32>(kd1.y), us1, s1);
-            s2 = fma(vec4<f32>(kd1.z), us1, s2);
-            s3 = fma(vec4<f32>(kd1.w), us1, s3);
-            if (NORM != 0u && sb + 1u < len) {
-                nq += kd1;
-            }
-            s0 = fma(vec4<f32>(kd2.x), us2, s0);
-            s1 = fma(vec4<f32>(kd2.y), us2, s1);
-            s2 = fma(vec4<f32>(kd2.z), us2, s2);
-            s3 = fma(vec4<f32>(kd2.w), us2, s3);
-            if (NORM != 0u && sb + 2u < len) {
-                nq += kd2;
-            }
-            s0 = fma(vec4<f32>(kd3.x), us3, s0);
-            s1 = fma(vec4<f32>(kd3.y), us3, s1);
-            s2 = fma(vec4<f32>(kd3.z), us3, s2);
-            s3 = fma(vec4<f32>(kd3.w), us3, s3);
-            if (NORM != 0u && sb + 3u < len) {
-                nq += kd3;
-            }
-        }
-        // s_sh was last read by the products with W, before the third barrier.
-        s_sh[(4u * rq + 0u) * BV4 + cv] = s0;
-        s_sh[(4u * rq + 1u) * BV4 + cv] = s1;
-        s_sh[(4u * rq + 2u) * BV4 + cv] = s2;
-        s_sh[(4u * rq + 3u) * BV4 + cv] = s3;
+        s_sh[(i0 + 0u) * BV4 + cv] = s0;
+        s_sh[(i0 + 64u) * BV4 + cv] = s1;
         workgroupBarrier();
     }
-    state_s[sb + (4u * rq + 0u) * D + col + 0u] = s0.x;
-    state_s[sb + (4u * rq + 0u) * D + col + 1u] = s0.y;
-    state_s[sb + (4u * rq + 0u) * D + col + 2u] = s0.z;
-    state_s[sb + (4u * rq + 0u) * D + col + 3u] = s0.w;
-    state_s[sb + (4u * rq + 1u) * D + col + 0u] = s1.x;
-    state_s[sb + (4u * rq + 1u) * D + col + 1u] = s1.y;
-    state_s[sb + (4u * rq + 1u) * D + col + 2u] = s1.z;
-    state_s[sb + (4u * rq + 1u) * D + col + 3u] = s1.w;
-    state_s[sb + (4u * rq + 2u) * D + col + 0u] = s2.x;
-    state_s[sb + (4u * rq + 2u) * D + col + 1u] = s2.y;
-    state_s[sb + (4u * rq + 2u) * D + col + 2u] = s2.z;
-    state_s[sb + (4u * rq + 2u) * D + col + 3u] = s2.w;
-    state_s[sb + (4u * rq + 3u) * D + col + 0u] = s3.x;
-    state_s[sb + (4u * rq + 3u) * D + col + 1u] = s3.y;
-    state_s[sb + (4u * rq + 3u) * D + col + 2u] = s3.z;
-    state_s[sb + (4u * rq + 3u) * D + col + 3u] = s3.w;
+    state_s[sb + (i0 + 0u) * D + col + 0u] = s0.x;
+    state_s[sb + (i0 + 0u) * D + col + 1u] = s0.y;
+    state_s[sb + (i0 + 0u) * D + col + 2u] = s0.z;
+    state_s[sb + (i0 + 0u) * D + col + 3u] = s0.w;
+    state_s[sb + (i0 + 64u) * D + col + 0u] = s1.x;
+    state_s[sb + (i0 + 64u) * D + col + 1u] = s1.y;
+    state_s[sb + (i0 + 64u) * D + col + 2u] = s1.z;
+    state_s[sb + (i0 + 64u) * D + col + 3u] = s1.w;
     // The final n and m, for chunk_carry.
     let tail = p.batch * p.heads * p.chunks * R + bh * (D + 4u);
     if (NORM != 0u && own_n) {
-        h_out[tail + 4u * rq + 0u] = nq.x;
-        h_out[tail + 4u * rq + 1u] = nq.y;
-        h_out[tail + 4u * rq + 2u] = nq.z;
-        h_out[tail + 4u * rq + 3u] = nq.w;
+        h_out[tail + i0 + 0u] = n0;
+        h_out[tail + i0 + 64u] = n1;
     }
     if (NORM == 2u && vb == 0u && tid == 0u) {
         h_out[tail + D] = m0;
