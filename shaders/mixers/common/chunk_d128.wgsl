@@ -675,8 +675,28 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         s_sh[(i0 + 0u) * BV4 + cv] = s0;
         s_sh[(i0 + 64u) * BV4 + cv] = s1;
     workgroupBarrier();
+    // The sweep's loads are chained (each waits for the one before), so every one that goes to
+    // DRAM stalls the whole chunk for its latency. Each chunk therefore touches the next one's
+    // rows first, a word per 128-byte line of k, W and the gates (and the thread's own u), so
+    // that they wait in L2 when the next chunk reads them; the words are summed into `warm`,
+    // which is stored only on a dispatch that cannot happen (no batch), so that they are loaded.
+    var warm = 0.0;
+    let line_tok = min(tid / 4u, C - 1u);
+    let line_at = (tid % 4u) * 8u;
     for (var n = 0u; n < p.chunks; n++) {
         let hb = (bh * p.chunks + n) * R;
+        let next0 = min(n + 1u, p.chunks - 1u) * C;
+        let line_row = row_of(b, min(next0 + line_tok, p.seq - 1u), h);
+        let warm_k = k_row[line_row * D4 + line_at].x;
+        var warm_w = 0.0;
+        if (DELTA) {
+            warm_w = w_row[line_row * D4 + line_at].x;
+        }
+        var warm_g = 0.0;
+        if (GATE != 0u) {
+            warm_g = b_row[line_row * D4 + line_at].x;
+        }
+        let warm_u = u_buf[row_of(b, min(next0 + i0, p.seq - 1u), h) * D + col];
         h_out[hb + (i0 + 0u) * D + col + 0u] = s0.x;
         h_out[hb + (i0 + 0u) * D + col + 1u] = s0.y;
         h_out[hb + (i0 + 0u) * D + col + 2u] = s0.z;
@@ -897,7 +917,11 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         workgroupBarrier();
         s_sh[(i0 + 0u) * BV4 + cv] = s0;
         s_sh[(i0 + 64u) * BV4 + cv] = s1;
+        warm += warm_k + warm_w + warm_g + warm_u;
         workgroupBarrier();
+    }
+    if (p.batch == 0u) {
+        h_out[0] = warm;
     }
     state_s[sb + (i0 + 0u) * D + col + 0u] = s0.x;
     state_s[sb + (i0 + 0u) * D + col + 1u] = s0.y;
