@@ -1851,9 +1851,30 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let own_n = NORM != 0u && vb == 0u && cv == 0u;
     var ds0 = vec4<f32>(0.0);
     var dn0 = 0.0;
+    // As in chunk_state: each chunk first touches the rows of the one visited next (the one
+    // before it), a word per 128-byte line of q, k, W and the gates and the thread's own dO and
+    // du, so that the chained loads find them in L2; `warm` is stored only without a batch.
+    var warm = 0.0;
+    let line_tok = min(tid / (D4 / 8u), C - 1u);
+    let line_at = (tid % (D4 / 8u)) * 8u;
     for (var nn = 0u; nn < p.chunks; nn++) {
         let n = p.chunks - 1u - nn;
         let eb = (bh * p.chunks + n) * DS;
+        let next0 = select(n, n - 1u, n > 0u) * C;
+        let line_row = row_of(b, min(next0 + line_tok, p.seq - 1u), h);
+        let warm_q = q_row[line_row * D4 + line_at].x;
+        let warm_k = k_row[line_row * D4 + line_at].x;
+        var warm_w = 0.0;
+        if (DELTA) {
+            warm_w = w_row[line_row * D4 + line_at].x;
+        }
+        var warm_g = 0.0;
+        if (GATE != 0u) {
+            warm_g = b_row[line_row * D4 + line_at].x;
+        }
+        let own_at = row_of(b, min(next0 + i0, p.seq - 1u), h) * D4 + vb * BV4 + cv;
+        let warm_o = dout_row[own_at].x;
+        let warm_d = du_rw[own_at].x;
         {
             let i = i0 + 0u;
             ds_end[eb + i * D + col] = ds0.x;
@@ -2052,7 +2073,11 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 dn0 += q3_0 * tok_sh[st3];
             }
         }
+        warm += warm_q + warm_k + warm_w + warm_g + warm_o + warm_d;
         workgroupBarrier();
+    }
+    if (p.batch == 0u) {
+        ds_end[0] = warm;
     }
 }
 
