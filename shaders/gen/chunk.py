@@ -290,30 +290,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     var ds{r} = vec4<f32>(0.0);
     var dn{r} = 0.0;
     //@end
-    // As in chunk_state: each chunk first touches the rows of the one visited next (the one
-    // before it), a word per 128-byte line of q, k, W and the gates and the thread's own dO and
-    // du, so that the chained loads find them in L2; `warm` is stored only without a batch.
-    var warm = 0.0;
-    let line_tok = min(tid / (D4 / 8u), C - 1u);
-    let line_at = (tid % (D4 / 8u)) * 8u;
     for (var nn = 0u; nn < p.chunks; nn++) {
         let n = p.chunks - 1u - nn;
         let eb = (bh * p.chunks + n) * DS;
-        let next0 = select(n, n - 1u, n > 0u) * C;
-        let line_row = row_of(b, min(next0 + line_tok, p.seq - 1u), h);
-        let warm_q = q_row[line_row * D4 + line_at].x;
-        let warm_k = k_row[line_row * D4 + line_at].x;
-        var warm_w = 0.0;
-        if (DELTA) {
-            warm_w = w_row[line_row * D4 + line_at].x;
-        }
-        var warm_g = 0.0;
-        if (GATE != 0u) {
-            warm_g = b_row[line_row * D4 + line_at].x;
-        }
-        let own_at = row_of(b, min(next0 + i0, p.seq - 1u), h) * D4 + vb * BV4 + cv;
-        let warm_o = dout_row[own_at].x;
-        let warm_d = du_rw[own_at].x;
         //@for r NB
         let i = i0 + {64r}u;
         ds_end[eb + i * D + col] = ds{r}.x;
@@ -430,11 +409,7 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             //@end
             //@end
         }
-        warm += warm_q + warm_k + warm_w + warm_g + warm_o + warm_d;
         workgroupBarrier();
-    }
-    if (p.batch == 0u) {
-        ds_end[0] = warm;
     }
 }
 
@@ -1207,28 +1182,8 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     }}
 {s_to_sh}
     workgroupBarrier();
-    // The sweep's loads are chained (each waits for the one before), so every one that goes to
-    // DRAM stalls the whole chunk for its latency. Each chunk therefore touches the next one's
-    // rows first, a word per 128-byte line of k, W and the gates (and the thread's own u), so
-    // that they wait in L2 when the next chunk reads them; the words are summed into `warm`,
-    // which is stored only on a dispatch that cannot happen (no batch), so that they are loaded.
-    var warm = 0.0;
-    let line_tok = min(tid / {N4 // 8}u, C - 1u);
-    let line_at = (tid % {N4 // 8}u) * 8u;
     for (var n = 0u; n < p.chunks; n++) {{
         let hb = (bh * p.chunks + n) * R;
-        let next0 = min(n + 1u, p.chunks - 1u) * C;
-        let line_row = row_of(b, min(next0 + line_tok, p.seq - 1u), h);
-        let warm_k = k_row[line_row * D4 + line_at].x;
-        var warm_w = 0.0;
-        if (DELTA) {{
-            warm_w = w_row[line_row * D4 + line_at].x;
-        }}
-        var warm_g = 0.0;
-        if (GATE != 0u) {{
-            warm_g = b_row[line_row * D4 + line_at].x;
-        }}
-        let warm_u = u_buf[row_of(b, min(next0 + i0, p.seq - 1u), h) * D + col];
 {rows_store_h}
         if (NORM != 0u && own_n) {{
 {n_store_h}
@@ -1290,11 +1245,7 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         // new S_0 may be written, and the next chunk reads it past the second.
         workgroupBarrier();
 {s_to_sh}
-        warm += warm_k + warm_w + warm_g + warm_u;
         workgroupBarrier();
-    }}
-    if (p.batch == 0u) {{
-        h_out[0] = warm;
     }}
 {rows_store_s}
     // The final n and m, for chunk_carry.

@@ -670,28 +670,8 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     }
         s_sh[(i0 + 0u) * BV4 + cv] = s0;
     workgroupBarrier();
-    // The sweep's loads are chained (each waits for the one before), so every one that goes to
-    // DRAM stalls the whole chunk for its latency. Each chunk therefore touches the next one's
-    // rows first, a word per 128-byte line of k, W and the gates (and the thread's own u), so
-    // that they wait in L2 when the next chunk reads them; the words are summed into `warm`,
-    // which is stored only on a dispatch that cannot happen (no batch), so that they are loaded.
-    var warm = 0.0;
-    let line_tok = min(tid / 2u, C - 1u);
-    let line_at = (tid % 2u) * 8u;
     for (var n = 0u; n < p.chunks; n++) {
         let hb = (bh * p.chunks + n) * R;
-        let next0 = min(n + 1u, p.chunks - 1u) * C;
-        let line_row = row_of(b, min(next0 + line_tok, p.seq - 1u), h);
-        let warm_k = arena_in4[arena_toc[2u] / 4u + (line_row * D4 + line_at)].x;
-        var warm_w = 0.0;
-        if (DELTA) {
-            warm_w = arena_in4[arena_toc[13u] / 4u + (line_row * D4 + line_at)].x;
-        }
-        var warm_g = 0.0;
-        if (GATE != 0u) {
-            warm_g = arena_in4[arena_toc[15u] / 4u + (line_row * D4 + line_at)].x;
-        }
-        let warm_u = arena_out[arena_toc[7u] + (row_of(b, min(next0 + i0, p.seq - 1u), h) * D + col)];
         arena_out[arena_toc[10u] + (hb + (i0 + 0u) * D + col + 0u)] = s0.x;
         arena_out[arena_toc[10u] + (hb + (i0 + 0u) * D + col + 1u)] = s0.y;
         arena_out[arena_toc[10u] + (hb + (i0 + 0u) * D + col + 2u)] = s0.z;
@@ -858,11 +838,7 @@ fn chunk_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         // new S_0 may be written, and the next chunk reads it past the second.
         workgroupBarrier();
         s_sh[(i0 + 0u) * BV4 + cv] = s0;
-        warm += warm_k + warm_w + warm_g + warm_u;
         workgroupBarrier();
-    }
-    if (p.batch == 0u) {
-        arena_out[arena_toc[10u] + (0)] = warm;
     }
     arena_out[arena_toc[9u] + (sb + (i0 + 0u) * D + col + 0u)] = s0.x;
     arena_out[arena_toc[9u] + (sb + (i0 + 0u) * D + col + 1u)] = s0.y;
@@ -1837,30 +1813,9 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     let own_n = NORM != 0u && vb == 0u && cv == 0u;
     var ds0 = vec4<f32>(0.0);
     var dn0 = 0.0;
-    // As in chunk_state: each chunk first touches the rows of the one visited next (the one
-    // before it), a word per 128-byte line of q, k, W and the gates and the thread's own dO and
-    // du, so that the chained loads find them in L2; `warm` is stored only without a batch.
-    var warm = 0.0;
-    let line_tok = min(tid / (D4 / 8u), C - 1u);
-    let line_at = (tid % (D4 / 8u)) * 8u;
     for (var nn = 0u; nn < p.chunks; nn++) {
         let n = p.chunks - 1u - nn;
         let eb = (bh * p.chunks + n) * DS;
-        let next0 = select(n, n - 1u, n > 0u) * C;
-        let line_row = row_of(b, min(next0 + line_tok, p.seq - 1u), h);
-        let warm_q = arena_in4[arena_toc[1u] / 4u + (line_row * D4 + line_at)].x;
-        let warm_k = arena_in4[arena_toc[2u] / 4u + (line_row * D4 + line_at)].x;
-        var warm_w = 0.0;
-        if (DELTA) {
-            warm_w = arena_in4[arena_toc[13u] / 4u + (line_row * D4 + line_at)].x;
-        }
-        var warm_g = 0.0;
-        if (GATE != 0u) {
-            warm_g = arena_in4[arena_toc[15u] / 4u + (line_row * D4 + line_at)].x;
-        }
-        let own_at = row_of(b, min(next0 + i0, p.seq - 1u), h) * D4 + vb * BV4 + cv;
-        let warm_o = arena_in4[arena_toc[21u] / 4u + (own_at)].x;
-        let warm_d = out_load4(arena_toc[20u] / 4u + (own_at)).x;
         {
             let i = i0 + 0u;
             arena_out[arena_toc[18u] + (eb + i * D + col)] = ds0.x;
@@ -2059,11 +2014,7 @@ fn chunk_bwd_state(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 dn0 += q3_0 * tok_sh[st3];
             }
         }
-        warm += warm_q + warm_k + warm_w + warm_g + warm_o + warm_d;
         workgroupBarrier();
-    }
-    if (p.batch == 0u) {
-        arena_out[arena_toc[18u] + (0)] = warm;
     }
 }
 
