@@ -1,6 +1,7 @@
 //! The state recurrence on the GPU against its f64 reference, for the variant of every mixer,
 //! at awkward shapes (one token, T around the chunk size, several heads, batch > 1), with gates
-//! near 0 and near 1, and with the state carried across two calls.
+//! near 0 and near 1, the delta rules' β near 0 and near 1, and with the state carried across
+//! two calls.
 use linearize_core::util::Rng;
 use linearize_core::mixers::recurrence::{self as recurrence, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence, RecurrenceArgs};
 use linearize_core::reference::recurrence::{self as reference, Inputs};
@@ -231,6 +232,55 @@ fn backward_kernel_matches_reference_for_every_mixer() {
 }
 
 
+
+/// The delta rules with β near 0 (the state barely written: u ≈ β v) and near 1 (each key's old
+/// value replaced outright), where the UT transform's T = (I + StrictLower(A))⁻¹ is at its
+/// extremes: the chunked forward (outputs and final state) and the backward against f64, at
+/// head sizes 64 and 128, across a chunk boundary.
+#[test]
+fn delta_rules_match_reference_with_beta_near_0_and_1() {
+    let mut rng = Rng::new(26);
+    for (name, r) in variants().into_iter().filter(|(_, r)| r.delta) {
+        for &(batch, seq, heads, dk) in &[(1, 65, 2, 64), (1, 70, 1, 128)] {
+            for (level, beta_of) in [("near 0", (|x: f32| 1e-3 * (x + 1.0)) as fn(f32) -> f32), ("near 1", |x: f32| 1.0 - 1e-3 * (x + 1.0))] {
+                let d = Dims { batch, seq, heads, dk, dv: dk };
+                let mut x = data(&mut rng, r, d, 0);
+                x.beta = x.beta.iter().map(|&b| beta_of(b - 0.5)).collect();
+                let tag = format!("{name} B={batch} T={seq} H={heads} D={dk} β {level}");
+                let (want, want_state) = reference_run(r, d, &x);
+                let state = GpuState::zeros(gpu(), d).unwrap();
+                let got = gpu_run_with(true, r, d, &x, &state, 0, seq);
+                let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
+                assert_close(&format!("chunked {tag}: outputs vs f64"), &got, &want, 1e-4 * max_abs(&want), 1e-3);
+                let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
+                assert_close(&format!("chunked {tag}: final state vs f64"), &s, &want_state.s, 1e-4 * max_abs(&want_state.s), 1e-3);
+
+                let rows = batch * seq * heads;
+                let dout = random(&mut rng, rows * d.dv, 1.0);
+                let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
+                let inputs = Inputs { q: &q, k: &k, v: &v, g: if r.gate == Gate::None { &[] } else { &g }, beta: &beta, igate: &igate };
+                let scale = 1.0 / (d.dk as f64).sqrt();
+                let want = reference::backward(r, d, &inputs, scale, &f64s(&dout));
+                let up = |n: &str, a: &[f32]| gpu().upload_f32(n, a).unwrap();
+                let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
+                let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
+                let args = RecurrenceArgs { r, dims: d, scale: scale as f32, q: &gq, k: &gk, v: &gv, gates };
+                let mut rec = gpu().recorder();
+                let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
+                rec.submit().unwrap();
+                let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
+                let mut checks = vec![("q", read(&grads.q, rows * dk), &want.q), ("k", read(&grads.k, rows * dk), &want.k), ("v", read(&grads.v, rows * dk), &want.v), ("beta", read(&grads.beta, rows), &want.beta)];
+                if r.gate != Gate::None {
+                    checks.push(("g", read(&grads.g, want.g.len()), &want.g));
+                }
+                for (what, got, want) in checks {
+                    assert_close(&format!("backward {tag}: d{what}"), &got, want, 1e-4 * max_abs(want), 1e-3);
+                }
+                grads.release(gpu());
+            }
+        }
+    }
+}
 
 /// On a device that binds at most 8 storage buffers per shader stage (WebGPU's default, what a
 /// browser gives), the backward runs its packed flavour (four storage buffers per kernel; the
