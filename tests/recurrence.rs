@@ -2,6 +2,7 @@
 //! at awkward shapes (one token, T around the chunk size, several heads, batch > 1), with gates
 //! near 0 and near 1, the delta rules' β near 0 and near 1, and with the state carried across
 //! two calls.
+use linearize_core::gpu::GpuBuf;
 use linearize_core::util::Rng;
 use linearize_core::mixers::recurrence::{self as recurrence, chunked, recurrent, Dims, Gate, Gates, GpuState, Normalizer, Recurrence, RecurrenceArgs};
 use linearize_core::reference::recurrence::{self as reference, Inputs};
@@ -21,6 +22,36 @@ fn gpu_run_with(chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState,
 fn tolerance(want: &[f64]) -> f64 {
     let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
     2e-5 * scale
+}
+
+/// The f64 reverse-mode gradients of ⟨dout, output⟩ (the scale 1/√dk, as the GPU runs).
+fn reference_grads(r: Recurrence, d: Dims, x: &Data, dout: &[f32]) -> reference::Grads {
+    let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
+    let inputs = Inputs { q: &q, k: &k, v: &v, g: if r.gate == Gate::None { &[] } else { &g }, beta: &beta, igate: &igate };
+    reference::backward(r, d, &inputs, 1.0 / (d.dk as f64).sqrt(), &f64s(dout))
+}
+
+/// `x` and `dout` on the GPU, in the order RecurrenceArgs and `backward` take them.
+struct Uploaded {
+    q: GpuBuf,
+    k: GpuBuf,
+    v: GpuBuf,
+    g: GpuBuf,
+    beta: GpuBuf,
+    igate: GpuBuf,
+    dout: GpuBuf,
+}
+
+impl Uploaded {
+    fn new(x: &Data, dout: &[f32]) -> Self {
+        let up = |n: &str, a: &[f32]| gpu().upload_f32(n, a).unwrap();
+        Uploaded { q: up("q", &x.q), k: up("k", &x.k), v: up("v", &x.v), g: up("g", &x.g), beta: up("beta", &x.beta), igate: up("igate", &x.igate), dout: up("dout", dout) }
+    }
+
+    fn args(&self, r: Recurrence, d: Dims) -> RecurrenceArgs<'_> {
+        let gates = Gates { g: Some(&self.g), beta: Some(&self.beta), igate: Some(&self.igate) };
+        RecurrenceArgs { r, dims: d, scale: 1.0 / (d.dk as f32).sqrt(), q: &self.q, k: &self.k, v: &self.v, gates }
+    }
 }
 
 #[test]
@@ -177,17 +208,11 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             let x = data(&mut rng, r, d, regime);
             let rows = batch * seq * heads;
             let dout = random(&mut rng, rows * d.dv, 1.0);
-            let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
-            let inputs = Inputs { q: &q, k: &k, v: &v, g: if r.gate == Gate::None { &[] } else { &g }, beta: &beta, igate: &igate };
-            let scale = 1.0 / (d.dk as f64).sqrt();
-            let want = reference::backward(r, d, &inputs, scale, &f64s(&dout));
-
-            let up = |n: &str, a: &[f32]| gpu().upload_f32(n, a).unwrap();
-            let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
-            let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
+            let want = reference_grads(r, d, &x, &dout);
+            let gpu_in = Uploaded::new(&x, &dout);
+            let (args, gd) = (gpu_in.args(r, d), &gpu_in.dout);
             let mut rec = gpu().recorder();
-            let args = RecurrenceArgs { r, dims: d, scale: scale as f32, q: &gq, k: &gk, v: &gv, gates };
-            let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
+            let grads = recurrence::backward(&mut rec, &args, gd, None).unwrap();
             rec.submit().unwrap();
             let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
             let tag = format!("backward {name} B={batch} T={seq} H={heads} D={dk} gates regime {regime}");
@@ -214,7 +239,7 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             let mut rec = gpu().recorder();
             let saved = recurrence::chunked_train(&mut rec, &args, &GpuState::zeros(gpu(), d).unwrap(), &o_train).unwrap();
             chunked(&mut rec, &args, &GpuState::zeros(gpu(), d).unwrap(), &o_chunked).unwrap();
-            let kept = recurrence::backward(&mut rec, &args, &gd, Some(&saved)).unwrap();
+            let kept = recurrence::backward(&mut rec, &args, gd, Some(&saved)).unwrap();
             rec.submit().unwrap();
             assert_eq!(read(&o_train, rows * dk), read(&o_chunked, rows * dk), "{tag}: chunked_train's output");
             for (what, a, b, n) in [("q", &kept.q, &grads.q, rows * dk), ("k", &kept.k, &grads.k, rows * dk), ("v", &kept.v, &grads.v, rows * dk), ("g", &kept.g, &grads.g, want.g.len()), ("beta", &kept.beta, &grads.beta, if r.delta { rows } else { 0 })] {
@@ -257,16 +282,10 @@ fn delta_rules_match_reference_with_beta_near_0_and_1() {
 
                 let rows = batch * seq * heads;
                 let dout = random(&mut rng, rows * d.dv, 1.0);
-                let (q, k, v, g, beta, igate) = (f64s(&x.q), f64s(&x.k), f64s(&x.v), f64s(&x.g), f64s(&x.beta), f64s(&x.igate));
-                let inputs = Inputs { q: &q, k: &k, v: &v, g: if r.gate == Gate::None { &[] } else { &g }, beta: &beta, igate: &igate };
-                let scale = 1.0 / (d.dk as f64).sqrt();
-                let want = reference::backward(r, d, &inputs, scale, &f64s(&dout));
-                let up = |n: &str, a: &[f32]| gpu().upload_f32(n, a).unwrap();
-                let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
-                let gates = Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) };
-                let args = RecurrenceArgs { r, dims: d, scale: scale as f32, q: &gq, k: &gk, v: &gv, gates };
+                let want = reference_grads(r, d, &x, &dout);
+                let gpu_in = Uploaded::new(&x, &dout);
                 let mut rec = gpu().recorder();
-                let grads = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
+                let grads = recurrence::backward(&mut rec, &gpu_in.args(r, d), &gpu_in.dout, None).unwrap();
                 rec.submit().unwrap();
                 let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
                 let mut checks = vec![("q", read(&grads.q, rows * dk), &want.q), ("k", read(&grads.k, rows * dk), &want.k), ("v", read(&grads.v, rows * dk), &want.v), ("beta", read(&grads.beta, rows), &want.beta)];
