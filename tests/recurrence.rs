@@ -19,9 +19,33 @@ fn gpu_run_with(chunk: bool, r: Recurrence, d: Dims, x: &Data, state: &GpuState,
     run_on(gpu(), chunk, r, d, x, state, (t0, t1))
 }
 
+/// max |x| over `v`, at least 1: what the tolerances scale with.
+fn scale_of(v: &[f64]) -> f64 {
+    v.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0)
+}
+
 fn tolerance(want: &[f64]) -> f64 {
-    let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
-    2e-5 * scale
+    2e-5 * scale_of(want)
+}
+
+/// The GPU's gradients against the f64 ones, each within 1e-4 of its own scale: dq, dk, dv, and
+/// dg, dβ and dĩ where the rule has them.
+fn check_grads(tag: &str, r: Recurrence, d: Dims, grads: &recurrence::RecurrenceGrads, want: &reference::Grads) {
+    let rows = d.batch * d.seq * d.heads;
+    let read = |b: &GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
+    let check = |what: &str, got: Vec<f32>, want: &[f64]| assert_close(&format!("{tag}: d{what}"), &got, want, 1e-4 * scale_of(want), 1e-3);
+    check("q", read(&grads.q, rows * d.dk), &want.q);
+    check("k", read(&grads.k, rows * d.dk), &want.k);
+    check("v", read(&grads.v, rows * d.dv), &want.v);
+    if r.gate != Gate::None {
+        check("g", read(&grads.g, want.g.len()), &want.g);
+    }
+    if r.delta {
+        check("beta", read(&grads.beta, rows), &want.beta);
+    }
+    if r.normalizer == Normalizer::Mlstm {
+        check("igate", read(&grads.igate, rows), &want.igate);
+    }
 }
 
 /// The f64 reverse-mode gradients of ⟨dout, output⟩ (the scale 1/√dk, as the GPU runs).
@@ -134,17 +158,17 @@ fn chunked_kernels_match_recurrent_and_reference() {
             let state = GpuState::zeros(gpu(), d).unwrap();
             let got = gpu_run_with(true, r, d, &x, &state, 0, seq);
             let tag = format!("chunked {name} B={batch} T={seq} H={heads} D={dh} gates regime {regime}");
-            let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
+            let scale = scale_of(&want);
             assert_close(&format!("{tag}: outputs vs f64"), &got, &want, 1e-4 * scale, 1e-3);
             let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
-            let s_scale = want_state.s.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
+            let s_scale = scale_of(&want_state.s);
             assert_close(&format!("{tag}: final state vs f64"), &s, &want_state.s, 1e-4 * s_scale, 1e-3);
             if r.normalizer != Normalizer::None {
                 // n is kept once per block of 64 value channels; compare the first copy.
                 let blocks = dh / 64;
                 let (n_all, _) = pollster::block_on(state.read_normaliser(gpu())).unwrap();
                 let n: Vec<f32> = n_all.chunks(blocks * dh).flat_map(|c| c[..dh].to_vec()).collect();
-                let n_scale = want_state.n.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
+                let n_scale = scale_of(&want_state.n);
                 assert_close(&format!("{tag}: final normaliser vs f64"), &n, &want_state.n, 1e-4 * n_scale, 1e-3);
             }
             if r.normalizer == Normalizer::Mlstm {
@@ -170,7 +194,7 @@ fn chunked_kernels_match_recurrent_and_reference() {
             joined.extend_from_slice(&first[b * 70 * per..(b + 1) * 70 * per]);
             joined.extend_from_slice(&second[b * 80 * per..(b + 1) * 80 * per]);
         }
-        let scale = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
+        let scale = scale_of(&want);
         assert_close(&format!("chunked {name}: two pieces vs f64"), &joined, &want, 1e-4 * scale, 1e-3);
         // A chunked prefill, then decode token by token from the state it leaves. mLSTM with
         // forget gates near 1 and input gates below the carried stabiliser, so that m comes from
@@ -216,22 +240,7 @@ fn backward_kernel_matches_reference_for_every_mixer() {
             rec.submit().unwrap();
             let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
             let tag = format!("backward {name} B={batch} T={seq} H={heads} D={dk} gates regime {regime}");
-            let check = |what: &str, got: Vec<f32>, want: &[f64]| {
-                let tol = want.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0) * 1e-4;
-                assert_close(&format!("{tag}: d{what}"), &got, want, tol, 1e-3);
-            };
-            check("q", read(&grads.q, rows * dk), &want.q);
-            check("k", read(&grads.k, rows * dk), &want.k);
-            check("v", read(&grads.v, rows * dk), &want.v);
-            if r.gate != Gate::None {
-                check("g", read(&grads.g, want.g.len()), &want.g);
-            }
-            if r.delta {
-                check("beta", read(&grads.beta, rows), &want.beta);
-            }
-            if r.normalizer == Normalizer::Mlstm {
-                check("igate", read(&grads.igate, rows), &want.igate);
-            }
+            check_grads(&tag, r, d, &grads, &want);
 
             // The training forward keeps its sweep for the backward: the same output as `chunked`
             // from a zero state, and the same gradients, bit for bit.
@@ -275,10 +284,9 @@ fn delta_rules_match_reference_with_beta_near_0_and_1() {
                 let (want, want_state) = reference_run(r, d, &x);
                 let state = GpuState::zeros(gpu(), d).unwrap();
                 let got = gpu_run_with(true, r, d, &x, &state, 0, seq);
-                let max_abs = |v: &[f64]| v.iter().fold(0.0f64, |a, b| linearize_tests::nan_max(a, b.abs())).max(1.0);
-                assert_close(&format!("chunked {tag}: outputs vs f64"), &got, &want, 1e-4 * max_abs(&want), 1e-3);
+                assert_close(&format!("chunked {tag}: outputs vs f64"), &got, &want, 1e-4 * scale_of(&want), 1e-3);
                 let s = gpu().read_f32_blocking(&state.s, want_state.s.len()).unwrap();
-                assert_close(&format!("chunked {tag}: final state vs f64"), &s, &want_state.s, 1e-4 * max_abs(&want_state.s), 1e-3);
+                assert_close(&format!("chunked {tag}: final state vs f64"), &s, &want_state.s, 1e-4 * scale_of(&want_state.s), 1e-3);
 
                 let rows = batch * seq * heads;
                 let dout = random(&mut rng, rows * d.dv, 1.0);
@@ -287,14 +295,7 @@ fn delta_rules_match_reference_with_beta_near_0_and_1() {
                 let mut rec = gpu().recorder();
                 let grads = recurrence::backward(&mut rec, &gpu_in.args(r, d), &gpu_in.dout, None).unwrap();
                 rec.submit().unwrap();
-                let read = |b: &linearize_core::gpu::GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
-                let mut checks = vec![("q", read(&grads.q, rows * dk), &want.q), ("k", read(&grads.k, rows * dk), &want.k), ("v", read(&grads.v, rows * dk), &want.v), ("beta", read(&grads.beta, rows), &want.beta)];
-                if r.gate != Gate::None {
-                    checks.push(("g", read(&grads.g, want.g.len()), &want.g));
-                }
-                for (what, got, want) in checks {
-                    assert_close(&format!("backward {tag}: d{what}"), &got, want, 1e-4 * max_abs(want), 1e-3);
-                }
+                check_grads(&format!("backward {tag}"), r, d, &grads, &want);
                 grads.release(gpu());
             }
         }

@@ -1266,7 +1266,6 @@ def generate(D):
     def ln(fmt, n=N4, indent=4):
         return "\n".join(" " * indent + fmt.format(a=a) for a in range(n))
 
-
     # chunk_output: thread (t, part) accumulates value vec4s part·D/16 … of query t.
     # chunk_output's inter-chunk product: thread (tq, vq) takes queries 4tq.. and value vec4s
     # vq, vq + 16, …; each output sums the keys in the order of the per-query loop it replaces.
