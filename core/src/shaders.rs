@@ -33,6 +33,7 @@ pub const ALL: &[(&str, &str)] = &[
     // Native only: built on adapters that offer cooperative matrices and f16 (Gpu::tensor_cores).
     ("native/matmul_coop", include_str!("../../shaders/native/matmul_coop.wgsl")),
     ("native/chunk_coop", include_str!("../../shaders/native/chunk_coop.wgsl")),
+    ("native/chunk_sweep_coop", include_str!("../../shaders/native/chunk_sweep_coop.wgsl")),
     ("native/attention_coop", include_str!("../../shaders/native/attention_coop.wgsl")),
 ];
 
@@ -126,7 +127,7 @@ shader_params!(
 );
 shader_params!(
     /// The chunked recurrence and its backward: `chunks` chunks of the sequence per head.
-    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "mixers/common/chunk_packed", "mixers/common/chunk_d128_packed", "native/chunk_coop"] {
+    ChunkParams for ["mixers/common/chunk", "mixers/common/chunk_d128", "mixers/common/chunk_packed", "mixers/common/chunk_d128_packed", "native/chunk_coop", "native/chunk_sweep_coop"] {
         batch: u32, seq: u32, heads: u32, chunks: u32, scale: f32,
     }
 );

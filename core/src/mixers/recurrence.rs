@@ -331,6 +331,19 @@ fn tensor_core_output(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
     tensor_cores_for(rec, r, d, coop_operand_words(r, d))
 }
 
+/// Whether the state sweep runs on tensor cores (native/chunk_sweep_coop.wgsl): as
+/// `tensor_core_output`, for a gate per head or none (a vector gate scales each row of S, which
+/// an accumulator does not allow).
+fn tensor_core_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
+    r.gate != Gate::Vector && tensor_cores_for(rec, r, d, sweep_tile_words(d))
+}
+
+/// Words of the sweep's f16 tiles on tensor cores (K̃, then W or v; 64 × 128 per chunk each),
+/// and of its f32 tiles of Uc.
+fn sweep_tile_words(d: Dims) -> usize {
+    d.batch * d.heads * d.seq.div_ceil(CHUNK) * CHUNK * d.dk
+}
+
 /// Whether the backward's products with the chunk states run on tensor cores
 /// (native/chunk_coop.wgsl's chunk_bwd_products): as `tensor_core_output`.
 fn tensor_core_backward(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
@@ -442,9 +455,18 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
+    let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
+    if tensor_core_sweep(rec, r, d) {
+        let tiles = rec.temp(sweep_tile_words(d))?;
+        let uc = rec.temp(if r.delta { sweep_tile_words(d) } else { 4 })?;
+        let sweep_kernel = |entry| Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64);
+        rec.dispatch_bindings(&sweep_kernel("chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
+        rec.dispatch_bindings(&sweep_kernel("chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc)], state_grid)?;
+        return Ok(ChunkSweep { params, h, u, w, b_cum });
+    }
     // Eight storage buffers at most per stage: WebGPU's default.
     let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
-    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, [(d.dv / 16) as u32, d.heads as u32, d.batch as u32])?;
+    rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, state_grid)?;
     if r.normalizer != Normalizer::None {
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
