@@ -180,14 +180,20 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         let next_kd = tile_at(0u, bh, nn);
         let next_x = tile_at(1u, bh, nn);
         let next_uc = (bh * p.chunks + nn) * TILE + col0;
-        var warm_t = 0.0;
-        for (var j = 0u; j < 4u; j++) {
-            let line = (tid + 32u * j) * 64u;
-            warm_t += f32(tiles[next_kd + line]) + f32(tiles[next_x + line]);
-        }
-        var warm_u = 0.0;
+        // (Summed only at the chunk's end, so that nothing waits for them before.)
+        let wk0 = tiles[next_kd + (tid + 0u) * 64u];
+        let wk1 = tiles[next_kd + (tid + 32u) * 64u];
+        let wk2 = tiles[next_kd + (tid + 64u) * 64u];
+        let wk3 = tiles[next_kd + (tid + 96u) * 64u];
+        let wx0 = tiles[next_x + (tid + 0u) * 64u];
+        let wx1 = tiles[next_x + (tid + 32u) * 64u];
+        let wx2 = tiles[next_x + (tid + 64u) * 64u];
+        let wx3 = tiles[next_x + (tid + 96u) * 64u];
+        var wu0 = 0.0;
+        var wu1 = 0.0;
         if (DELTA) {
-            warm_u = uc_tiles[next_uc + tid * D] + uc_tiles[next_uc + (tid + 32u) * D];
+            wu0 = uc_tiles[next_uc + tid * D];
+            wu1 = uc_tiles[next_uc + (tid + 32u) * D];
         }
         // S_0 of the chunk, for the output and the backward.
         let hb = (bh * p.chunks + n) * R + col0;
@@ -293,7 +299,7 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         s5 = kt_times_u(kd_at, 5u, s5, u0, u1, u2, u3);
         s6 = kt_times_u(kd_at, 6u, s6, u0, u1, u2, u3);
         s7 = kt_times_u(kd_at, 7u, s7, u0, u1, u2, u3);
-        warm += warm_t + warm_u;
+        warm += f32(wk0 + wk1 + wk2 + wk3) + f32(wx0 + wx1 + wx2 + wx3) + wu0 + wu1;
         // The next chunk writes s32, s16 and u16s again: every thread is past its reads.
         workgroupBarrier();
     }
