@@ -285,7 +285,9 @@ fn tensor_core_backward_reads_the_forwards_copies_transposed() {
 }
 
 /// The chunked recurrence at head size 128 under mixed precision (native/chunk_coop.wgsl: the
-/// output on tensor cores for the rules without a normaliser)
+/// output on tensor cores for the rules without a normaliser; native/chunk_sweep_coop.wgsl: the
+/// state sweep too where the gate is one per head or none, its expected error in
+/// scripts/emulate_coop_sweep.py)
 /// against f64, for every mixer's variant (those the tensor cores do not serve run the f32
 /// kernels under mixed precision too and must match as tightly as ever): one token, T around the chunk
 /// size and across several chunks, several heads, gates near 1 and near 0 (regime 2: log
