@@ -10,12 +10,10 @@
 //
 // chunk_sweep_operands (parallel over chunks) first writes each chunk's operands as tiles of
 // 64 rows × 128, rows past the sequence zero (matrix loads are not bounds-checked): K̃ and
-// W (delta rules) or v (the additive rules' u) in f16, and Uc in f32. chunk_state_coop, one
-// subgroup per (value block of 16, head, batch), then walks the chunks: each one's S_0 to h,
+// W (delta rules) or v (the additive rules' u) in f16, and Uc in f32. chunk_state_coop, four
+// subgroups per (value block of 16, head, batch), then walks the chunks: each one's S_0 to h,
 // for the delta rules S through workgroup memory to f16 (an accumulator cannot be an operand)
-// and u back to u_buf and to f16 the same way, and the update. Each chunk first touches the
-// next one's tiles, a word per 128-byte line, so that its loads find them in L2 (the sweep's
-// chunks are in sequence: each load that waits for DRAM stalls the whole sweep).
+// and u back to u_buf and to f16 the same way, and the update.
 // Loads: coopLoadT reads row-major (element (r, c) at r·stride + c), coopLoad column-major.
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -114,148 +112,100 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
     }
 }
 
-// ---- chunk_state_coop: workgroup (value block of 16, head, batch), one subgroup ----
+// ---- chunk_state_coop: workgroup (value block of 16, head, batch), four subgroups ----
+// Subgroup g holds key blocks 2g and 2g + 1 of the slice of S (two accumulators) and, in the
+// delta rules' u = Uc − W S_0, computes token block g: each chunk's chain of dependent loads
+// and products per subgroup is a quarter of one subgroup's whole (the sweep is bound by that
+// chain's latency, BENCHMARKS.md), and each SM holds four times as many subgroups to overlap.
 
 var<workgroup> s32: array<f32, 2048>;  // S_0 [128][16], then u [64][16]
 var<workgroup> s16: array<f16, 3072>;  // S_0 as f16 [128][LDS]
 var<workgroup> u16s: array<f16, 1536>; // u as f16 [64][LDS]
 
-// acc + Σ_kb W[tb, kb] S16[kb]: token block tb of the chunk's W against S_0 as f16.
-fn w_times_s(w_at: u32, tb: u32, s0: coop_mat16x16<f16, B>, s1: coop_mat16x16<f16, B>, s2: coop_mat16x16<f16, B>, s3: coop_mat16x16<f16, B>, s4: coop_mat16x16<f16, B>, s5: coop_mat16x16<f16, B>, s6: coop_mat16x16<f16, B>, s7: coop_mat16x16<f16, B>) -> coop_mat16x16<f32, C> {
-    let at = w_at + 16u * tb * D;
-    var acc = coop_mat16x16<f32, C>();
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 0u], D), s0, acc);
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 16u], D), s1, acc);
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 32u], D), s2, acc);
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 48u], D), s3, acc);
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 64u], D), s4, acc);
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 80u], D), s5, acc);
-    acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 96u], D), s6, acc);
-    return coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 112u], D), s7, acc);
-}
-
 // s + Σ_tb K̃ᵀ[kb, tb] u[tb]: key block kb of S updated by the chunk's four token blocks
-// (K̃ᵀ's block is K̃'s rows read column-major).
+// (K̃ᵀ's block is K̃'s rows read column-major). The loads first: none waits on a product.
 fn kt_times_u(kd_at: u32, kb: u32, s: coop_mat16x16<f32, C>, u0: coop_mat16x16<f16, B>, u1: coop_mat16x16<f16, B>, u2: coop_mat16x16<f16, B>, u3: coop_mat16x16<f16, B>) -> coop_mat16x16<f32, C> {
     let at = kd_at + 16u * kb;
-    var acc = coopMultiplyAdd(coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 0u * 16u * D], D), u0, s);
-    acc = coopMultiplyAdd(coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 1u * 16u * D], D), u1, acc);
-    acc = coopMultiplyAdd(coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 2u * 16u * D], D), u2, acc);
-    return coopMultiplyAdd(coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 3u * 16u * D], D), u3, acc);
+    let k0 = coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 0u * 16u * D], D);
+    let k1 = coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 1u * 16u * D], D);
+    let k2 = coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 2u * 16u * D], D);
+    let k3 = coopLoad<coop_mat16x16<f16, A>>(&tiles[at + 3u * 16u * D], D);
+    var acc = coopMultiplyAdd(k0, u0, s);
+    acc = coopMultiplyAdd(k1, u1, acc);
+    acc = coopMultiplyAdd(k2, u2, acc);
+    return coopMultiplyAdd(k3, u3, acc);
 }
 
-@compute @workgroup_size(32)
+// Uc[tb] − Σ_kb W[tb, kb] S16[kb]: token block tb of u, S_0 as f16 from s16.
+fn u_block(w_at: u32, uc_at: u32, tb: u32) -> coop_mat16x16<f32, C> {
+    let at = w_at + 16u * tb * D;
+    let w0 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 0u], D);
+    let w1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 16u], D);
+    let w2 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 32u], D);
+    let w3 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 48u], D);
+    let w4 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 64u], D);
+    let w5 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 80u], D);
+    let w6 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 96u], D);
+    let w7 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 112u], D);
+    let uc = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[uc_at + 16u * tb * D], D);
+    var acc = coopMultiplyAdd(w0, coopLoadT<coop_mat16x16<f16, B>>(&s16[0u * 16u * LDS], LDS), coop_mat16x16<f32, C>());
+    acc = coopMultiplyAdd(w1, coopLoadT<coop_mat16x16<f16, B>>(&s16[1u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(w2, coopLoadT<coop_mat16x16<f16, B>>(&s16[2u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(w3, coopLoadT<coop_mat16x16<f16, B>>(&s16[3u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(w4, coopLoadT<coop_mat16x16<f16, B>>(&s16[4u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(w5, coopLoadT<coop_mat16x16<f16, B>>(&s16[5u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(w6, coopLoadT<coop_mat16x16<f16, B>>(&s16[6u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(w7, coopLoadT<coop_mat16x16<f16, B>>(&s16[7u * 16u * LDS], LDS), acc);
+    return uc + acc * -1.0;
+}
+
+@compute @workgroup_size(128)
 fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let vb = wid.x;
     let h = wid.y;
     let b = wid.z;
+    let g = tid / 32u;
     let bh = b * p.heads + h;
     let col0 = vb * 16u;
-    let sb = bh * D * D;
-    let i0 = sb + 0u * 16u * D + col0;
-    let i1 = sb + 1u * 16u * D + col0;
-    let i2 = sb + 2u * 16u * D + col0;
-    let i3 = sb + 3u * 16u * D + col0;
-    let i4 = sb + 4u * 16u * D + col0;
-    let i5 = sb + 5u * 16u * D + col0;
-    let i6 = sb + 6u * 16u * D + col0;
-    let i7 = sb + 7u * 16u * D + col0;
+    let kb0 = 2u * g;
+    let kb1 = 2u * g + 1u;
+    let i0 = bh * D * D + kb0 * 16u * D + col0;
+    let i1 = bh * D * D + kb1 * 16u * D + col0;
     var s0 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i0], D);
     var s1 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i1], D);
-    var s2 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i2], D);
-    var s3 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i3], D);
-    var s4 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i4], D);
-    var s5 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i5], D);
-    var s6 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i6], D);
-    var s7 = coopLoadT<coop_mat16x16<f32, C>>(&state_s[i7], D);
-    var warm = 0.0;
     for (var n = 0u; n < p.chunks; n++) {
         let c0 = n * CH;
         let len = min(CH, p.seq - c0);
         let kd_at = tile_at(0u, bh, n);
         let x_at = tile_at(1u, bh, n);
-        let uc_at = (bh * p.chunks + n) * TILE;
-        // The next chunk's lines (K̃ and W or v: 128 lines each; Uc: this block's 64 rows).
-        let nn = min(n + 1u, p.chunks - 1u);
-        let next_kd = tile_at(0u, bh, nn);
-        let next_x = tile_at(1u, bh, nn);
-        let next_uc = (bh * p.chunks + nn) * TILE + col0;
-        // (Summed only at the chunk's end, so that nothing waits for them before.)
-        let wk0 = tiles[next_kd + (tid + 0u) * 64u];
-        let wk1 = tiles[next_kd + (tid + 32u) * 64u];
-        let wk2 = tiles[next_kd + (tid + 64u) * 64u];
-        let wk3 = tiles[next_kd + (tid + 96u) * 64u];
-        let wx0 = tiles[next_x + (tid + 0u) * 64u];
-        let wx1 = tiles[next_x + (tid + 32u) * 64u];
-        let wx2 = tiles[next_x + (tid + 64u) * 64u];
-        let wx3 = tiles[next_x + (tid + 96u) * 64u];
-        var wu0 = 0.0;
-        var wu1 = 0.0;
-        if (DELTA) {
-            wu0 = uc_tiles[next_uc + tid * D];
-            wu1 = uc_tiles[next_uc + (tid + 32u) * D];
+        var decay = 1.0;
+        if (GATE != 0u) {
+            decay = exp(b_row[row_of(b, c0 + len - 1u, h) * D4].x);
         }
         // S_0 of the chunk, for the output and the backward.
         let hb = (bh * p.chunks + n) * R + col0;
-        let h0 = hb + 0u * 16u * D;
-        let h1 = hb + 1u * 16u * D;
-        let h2 = hb + 2u * 16u * D;
-        let h3 = hb + 3u * 16u * D;
-        let h4 = hb + 4u * 16u * D;
-        let h5 = hb + 5u * 16u * D;
-        let h6 = hb + 6u * 16u * D;
-        let h7 = hb + 7u * 16u * D;
-        coopStoreT(s0, &h_out[h0], D);
-        coopStoreT(s1, &h_out[h1], D);
-        coopStoreT(s2, &h_out[h2], D);
-        coopStoreT(s3, &h_out[h3], D);
-        coopStoreT(s4, &h_out[h4], D);
-        coopStoreT(s5, &h_out[h5], D);
-        coopStoreT(s6, &h_out[h6], D);
-        coopStoreT(s7, &h_out[h7], D);
+        coopStoreT(s0, &h_out[hb + kb0 * 16u * D], D);
+        coopStoreT(s1, &h_out[hb + kb1 * 16u * D], D);
         var u0: coop_mat16x16<f16, B>;
         var u1: coop_mat16x16<f16, B>;
         var u2: coop_mat16x16<f16, B>;
         var u3: coop_mat16x16<f16, B>;
         if (DELTA) {
-            // S_0 to f16 through workgroup memory, then u = Uc − W S_0 per token block.
-            coopStoreT(s0, &s32[0u * 256u], 16u);
-            coopStoreT(s1, &s32[1u * 256u], 16u);
-            coopStoreT(s2, &s32[2u * 256u], 16u);
-            coopStoreT(s3, &s32[3u * 256u], 16u);
-            coopStoreT(s4, &s32[4u * 256u], 16u);
-            coopStoreT(s5, &s32[5u * 256u], 16u);
-            coopStoreT(s6, &s32[6u * 256u], 16u);
-            coopStoreT(s7, &s32[7u * 256u], 16u);
+            // S_0 to f16 through workgroup memory (the previous chunk's last barrier is past
+            // every read of s32), then u's token block g.
+            coopStoreT(s0, &s32[kb0 * 256u], 16u);
+            coopStoreT(s1, &s32[kb1 * 256u], 16u);
             workgroupBarrier();
-            for (var e = tid; e < 2048u; e += 32u) {
+            for (var e = tid; e < 2048u; e += 128u) {
                 s16[(e / 16u) * LDS + e % 16u] = f16(s32[e]);
             }
             workgroupBarrier();
-            let f0 = coopLoadT<coop_mat16x16<f16, B>>(&s16[0u * 16u * LDS], LDS);
-            let f1 = coopLoadT<coop_mat16x16<f16, B>>(&s16[1u * 16u * LDS], LDS);
-            let f2 = coopLoadT<coop_mat16x16<f16, B>>(&s16[2u * 16u * LDS], LDS);
-            let f3 = coopLoadT<coop_mat16x16<f16, B>>(&s16[3u * 16u * LDS], LDS);
-            let f4 = coopLoadT<coop_mat16x16<f16, B>>(&s16[4u * 16u * LDS], LDS);
-            let f5 = coopLoadT<coop_mat16x16<f16, B>>(&s16[5u * 16u * LDS], LDS);
-            let f6 = coopLoadT<coop_mat16x16<f16, B>>(&s16[6u * 16u * LDS], LDS);
-            let f7 = coopLoadT<coop_mat16x16<f16, B>>(&s16[7u * 16u * LDS], LDS);
-            let c_0 = uc_at + 0u * 16u * D + col0;
-            let c_1 = uc_at + 1u * 16u * D + col0;
-            let c_2 = uc_at + 2u * 16u * D + col0;
-            let c_3 = uc_at + 3u * 16u * D + col0;
-            let v0 = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[c_0], D) + w_times_s(x_at, 0u, f0, f1, f2, f3, f4, f5, f6, f7) * -1.0;
-            let v1 = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[c_1], D) + w_times_s(x_at, 1u, f0, f1, f2, f3, f4, f5, f6, f7) * -1.0;
-            let v2 = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[c_2], D) + w_times_s(x_at, 2u, f0, f1, f2, f3, f4, f5, f6, f7) * -1.0;
-            let v3 = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[c_3], D) + w_times_s(x_at, 3u, f0, f1, f2, f3, f4, f5, f6, f7) * -1.0;
-            // Every thread has read s32 for the copy above (the barrier before the loads).
-            coopStoreT(v0, &s32[0u * 256u], 16u);
-            coopStoreT(v1, &s32[1u * 256u], 16u);
-            coopStoreT(v2, &s32[2u * 256u], 16u);
-            coopStoreT(v3, &s32[3u * 256u], 16u);
+            let ug = u_block(x_at, (bh * p.chunks + n) * TILE + col0, g);
+            // Every thread is past its reads of s32 (the barrier above).
+            coopStoreT(ug, &s32[g * 256u], 16u);
             workgroupBarrier();
             // u to u_buf (the chunk's rows only) and to f16.
-            for (var e = tid; e < 1024u; e += 32u) {
+            for (var e = tid; e < 1024u; e += 128u) {
                 let t = e / 16u;
                 let x = s32[e];
                 u16s[t * LDS + e % 16u] = f16(x);
@@ -270,49 +220,15 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             u3 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[3u * 16u * LDS], LDS);
         } else {
             // The additive rules' u is v, whose f16 tile the operands kernel wrote.
-            let v_0 = x_at + 0u * 16u * D + col0;
-            let v_1 = x_at + 1u * 16u * D + col0;
-            let v_2 = x_at + 2u * 16u * D + col0;
-            let v_3 = x_at + 3u * 16u * D + col0;
-            u0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[v_0], D);
-            u1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[v_1], D);
-            u2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[v_2], D);
-            u3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[v_3], D);
+            u0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[x_at + 0u * 16u * D + col0], D);
+            u1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[x_at + 1u * 16u * D + col0], D);
+            u2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[x_at + 2u * 16u * D + col0], D);
+            u3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[x_at + 3u * 16u * D + col0], D);
         }
         // S_C = exp(b_C) S_0 + K̃ᵀ u.
-        if (GATE != 0u) {
-            let decay = exp(b_row[row_of(b, c0 + len - 1u, h) * D4].x);
-            s0 = s0 * decay;
-            s1 = s1 * decay;
-            s2 = s2 * decay;
-            s3 = s3 * decay;
-            s4 = s4 * decay;
-            s5 = s5 * decay;
-            s6 = s6 * decay;
-            s7 = s7 * decay;
-        }
-        s0 = kt_times_u(kd_at, 0u, s0, u0, u1, u2, u3);
-        s1 = kt_times_u(kd_at, 1u, s1, u0, u1, u2, u3);
-        s2 = kt_times_u(kd_at, 2u, s2, u0, u1, u2, u3);
-        s3 = kt_times_u(kd_at, 3u, s3, u0, u1, u2, u3);
-        s4 = kt_times_u(kd_at, 4u, s4, u0, u1, u2, u3);
-        s5 = kt_times_u(kd_at, 5u, s5, u0, u1, u2, u3);
-        s6 = kt_times_u(kd_at, 6u, s6, u0, u1, u2, u3);
-        s7 = kt_times_u(kd_at, 7u, s7, u0, u1, u2, u3);
-        warm += f32(wk0 + wk1 + wk2 + wk3) + f32(wx0 + wx1 + wx2 + wx3) + wu0 + wu1;
-        // The next chunk writes s32, s16 and u16s again: every thread is past its reads.
-        workgroupBarrier();
+        s0 = kt_times_u(kd_at, kb0, s0 * decay, u0, u1, u2, u3);
+        s1 = kt_times_u(kd_at, kb1, s1 * decay, u0, u1, u2, u3);
     }
     coopStoreT(s0, &state_s[i0], D);
     coopStoreT(s1, &state_s[i1], D);
-    coopStoreT(s2, &state_s[i2], D);
-    coopStoreT(s3, &state_s[i3], D);
-    coopStoreT(s4, &state_s[i4], D);
-    coopStoreT(s5, &state_s[i5], D);
-    coopStoreT(s6, &state_s[i6], D);
-    coopStoreT(s7, &state_s[i7], D);
-    // The warming loads are summed and stored only on a dispatch that cannot happen (no batch).
-    if (p.batch == 0u) {
-        h_out[0] = warm;
-    }
 }
