@@ -49,8 +49,16 @@ const LDS: u32 = 24u;
 // Two sections of f16 tiles, [B, H, chunks, 64, 128] each: K̃, then W (delta) or v.
 @group(0) @binding(30) var<storage, read_write> tiles_out: array<f16>;
 @group(0) @binding(31) var<storage, read> tiles: array<f16>;
-// Uc in f32 tiles, [B, H, chunks, 64, 128] (delta rules).
+// f32 tiles, [B, H, chunks, 64, 128]: Uc (the forward's delta rules), or du within the chunk
+// (the backward).
 @group(0) @binding(32) var<storage, read_write> uc_tiles: array<f32>;
+// The backward's.
+@group(0) @binding(1) var<storage, read> q_row: array<vec4<f32>>;     // [B, T, H, D/4]
+@group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;   // [B, H, chunks, DS] dS_L
+@group(0) @binding(20) var<storage, read_write> du_rw: array<f32>;    // [B, T, H, D] du
+@group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>; // [B, T, H, D/4] dO
+@group(0) @binding(33) var<storage, read_write> scale_out: array<f32>; // [B, H, chunks, 8]
+@group(0) @binding(34) var<storage, read> scale_in: array<f32>;
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
@@ -136,27 +144,25 @@ fn kt_times_u(kd_at: u32, kb: u32, s: coop_mat16x16<f32, C>, u0: coop_mat16x16<f
     return coopMultiplyAdd(k3, u3, acc);
 }
 
-// Uc[tb] − Σ_kb W[tb, kb] S16[kb]: token block tb of u, S_0 as f16 from s16.
-fn u_block(w_at: u32, uc_at: u32, tb: u32) -> coop_mat16x16<f32, C> {
-    let at = w_at + 16u * tb * D;
-    let w0 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 0u], D);
-    let w1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 16u], D);
-    let w2 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 32u], D);
-    let w3 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 48u], D);
-    let w4 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 64u], D);
-    let w5 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 80u], D);
-    let w6 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 96u], D);
-    let w7 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 112u], D);
-    let uc = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[uc_at + 16u * tb * D], D);
-    var acc = coopMultiplyAdd(w0, coopLoadT<coop_mat16x16<f16, B>>(&s16[0u * 16u * LDS], LDS), coop_mat16x16<f32, C>());
-    acc = coopMultiplyAdd(w1, coopLoadT<coop_mat16x16<f16, B>>(&s16[1u * 16u * LDS], LDS), acc);
-    acc = coopMultiplyAdd(w2, coopLoadT<coop_mat16x16<f16, B>>(&s16[2u * 16u * LDS], LDS), acc);
-    acc = coopMultiplyAdd(w3, coopLoadT<coop_mat16x16<f16, B>>(&s16[3u * 16u * LDS], LDS), acc);
-    acc = coopMultiplyAdd(w4, coopLoadT<coop_mat16x16<f16, B>>(&s16[4u * 16u * LDS], LDS), acc);
-    acc = coopMultiplyAdd(w5, coopLoadT<coop_mat16x16<f16, B>>(&s16[5u * 16u * LDS], LDS), acc);
-    acc = coopMultiplyAdd(w6, coopLoadT<coop_mat16x16<f16, B>>(&s16[6u * 16u * LDS], LDS), acc);
-    acc = coopMultiplyAdd(w7, coopLoadT<coop_mat16x16<f16, B>>(&s16[7u * 16u * LDS], LDS), acc);
-    return uc + acc * -1.0;
+// Σ_kb X[tb, kb] S16[kb] for the 16 rows of a chunk's f16 tile X at `at` (X's token block tb,
+// all 128 key columns) and the slice in s16. The loads first: none waits on a product.
+fn rows_times_s16(at: u32) -> coop_mat16x16<f32, C> {
+    let x0 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 0u], D);
+    let x1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 16u], D);
+    let x2 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 32u], D);
+    let x3 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 48u], D);
+    let x4 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 64u], D);
+    let x5 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 80u], D);
+    let x6 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 96u], D);
+    let x7 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[at + 112u], D);
+    var acc = coopMultiplyAdd(x0, coopLoadT<coop_mat16x16<f16, B>>(&s16[0u * 16u * LDS], LDS), coop_mat16x16<f32, C>());
+    acc = coopMultiplyAdd(x1, coopLoadT<coop_mat16x16<f16, B>>(&s16[1u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(x2, coopLoadT<coop_mat16x16<f16, B>>(&s16[2u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(x3, coopLoadT<coop_mat16x16<f16, B>>(&s16[3u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(x4, coopLoadT<coop_mat16x16<f16, B>>(&s16[4u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(x5, coopLoadT<coop_mat16x16<f16, B>>(&s16[5u * 16u * LDS], LDS), acc);
+    acc = coopMultiplyAdd(x6, coopLoadT<coop_mat16x16<f16, B>>(&s16[6u * 16u * LDS], LDS), acc);
+    return coopMultiplyAdd(x7, coopLoadT<coop_mat16x16<f16, B>>(&s16[7u * 16u * LDS], LDS), acc);
 }
 
 @compute @workgroup_size(128)
@@ -200,7 +206,9 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
                 s16[(e / 16u) * LDS + e % 16u] = f16(s32[e]);
             }
             workgroupBarrier();
-            let ug = u_block(x_at, (bh * p.chunks + n) * TILE + col0, g);
+            // Uc − W S_0 for token block g.
+            let uc = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[(bh * p.chunks + n) * TILE + 16u * g * D + col0], D);
+            let ug = uc + rows_times_s16(x_at + 16u * g * D) * -1.0;
             // Every thread is past its reads of s32 (the barrier above).
             coopStoreT(ug, &s32[g * 256u], 16u);
             workgroupBarrier();
@@ -231,4 +239,199 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
     }
     coopStoreT(s0, &state_s[i0], D);
     coopStoreT(s1, &state_s[i1], D);
+}
+
+// ---- the backward: chunk_bwd_state's reverse sweep on tensor cores ----
+//
+// Per chunk, last first, from dS_L (0 after the last chunk):
+//   du  = du_local + K̃ dS_L                       ([64, 128]·[128, 16])
+//   dS_0 = exp(b_C) dS_L + Q̃ᵀ dO − Wᵀ du           (W only for the delta rules)
+// with K̃_t = k_t exp(b_C − b_t) and Q̃_t = scale · exp(b_t) q_t: chunk_d128.wgsl's
+// chunk_bwd_state, which it replaces where chunk_state_coop runs. Gradients can lie far below
+// f16's smallest normal, so each f16 operand that is a gradient (dS_L, dO, du) is scaled by a
+// power of two (pow2_scale) for its slice of 16 value columns and the products scaled back.
+// chunk_bwd_sweep_operands (parallel over chunks) writes K̃, W, Q̃ and the scaled dO as f16 tiles
+// (sections 0–3) with dO's inverse scales, and du_local as f32 tiles; chunk_bwd_state_coop then
+// walks the chunks as chunk_state_coop does, four subgroups per value block.
+
+const DS: u32 = 16512u; // a record of dS_L [D, D] and dn [D]
+
+var<workgroup> red: array<vec4<f32>, 32>;
+
+// A power of two that brings a largest magnitude `mx` into [2^12, 2^13] (1 for zeros), as
+// chunk_coop.wgsl's: values down to 2^-27 of it stay normal f16s.
+fn pow2_scale(mx: f32) -> f32 {
+    if (mx > 0.0) {
+        return exp2(13.0 - clamp(ceil(log2(mx)), -100.0, 100.0));
+    }
+    return 1.0;
+}
+
+fn max4(x: vec4<f32>) -> f32 {
+    let a = abs(x);
+    return max(max(a.x, a.y), max(a.z, a.w));
+}
+
+// The largest of every thread's `mx` (every thread gets it; a barrier first, so `red` is free).
+fn workgroup_max(tid: u32, mx: f32) -> f32 {
+    red[tid / 4u][tid % 4u] = mx;
+    workgroupBarrier();
+    var m = vec4<f32>(0.0);
+    for (var i = 0u; i < 32u; i += 4u) {
+        m = max(max(m, max(red[i], red[i + 1u])), max(red[i + 2u], red[i + 3u]));
+    }
+    return max(max(m.x, m.y), max(m.z, m.w));
+}
+
+fn put_f16(at: u32, x: vec4<f32>) {
+    tiles_out[at] = f16(x.x);
+    tiles_out[at + 1u] = f16(x.y);
+    tiles_out[at + 2u] = f16(x.z);
+    tiles_out[at + 3u] = f16(x.w);
+}
+
+// ---- chunk_bwd_sweep_operands: workgroup (chunk, head, batch), after chunk_bwd_local ----
+// Thread tid takes key vec4 a = tid % 32 of rows tid / 32 + 4 i; dO's value block a / 4 is
+// shared by the 16 threads with that block's four vec4s.
+@compute @workgroup_size(128)
+fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let bh = b * p.heads + h;
+    let c0 = n * CH;
+    let len = min(CH, p.seq - c0);
+    let a = tid % D4;
+    var b_last = vec4<f32>(0.0);
+    if (GATE != 0u) {
+        b_last = b_row[row_of(b, c0 + len - 1u, h) * D4 + a];
+    }
+    let du_at = (bh * p.chunks + n) * TILE;
+    var mx = 0.0;
+    for (var i = 0u; i < CH * D4 / 128u; i++) {
+        let t = tid / D4 + 4u * i;
+        let live = t < len;
+        let row = row_of(b, c0 + min(t, len - 1u), h);
+        var kd = k_row[row * D4 + a];
+        var qd = q_row[row * D4 + a] * p.scale;
+        if (GATE != 0u) {
+            let bt = b_row[row * D4 + a];
+            kd = kd * exp(b_last - bt);
+            qd = qd * exp(bt);
+        }
+        let o = t * D + 4u * a;
+        put_f16(tile_at(0u, bh, n) + o, select(vec4<f32>(0.0), kd, live));
+        if (DELTA) {
+            put_f16(tile_at(1u, bh, n) + o, select(vec4<f32>(0.0), w_row[row * D4 + a], live));
+        }
+        put_f16(tile_at(2u, bh, n) + o, select(vec4<f32>(0.0), qd, live));
+        let ub = row * D + 4u * a;
+        let du = select(vec4<f32>(0.0), vec4<f32>(du_rw[ub], du_rw[ub + 1u], du_rw[ub + 2u], du_rw[ub + 3u]), live);
+        uc_tiles[du_at + o] = du.x;
+        uc_tiles[du_at + o + 1u] = du.y;
+        uc_tiles[du_at + o + 2u] = du.z;
+        uc_tiles[du_at + o + 3u] = du.w;
+        mx = max(mx, select(0.0, max4(dout_row[row * D4 + a]), live));
+    }
+    red[tid / 4u][tid % 4u] = mx;
+    workgroupBarrier();
+    // Block a / 4: the threads 32 r + 4 (a / 4) + j, r and j in 0..3 (vec4 8 r + a / 4).
+    let m4 = max(max(red[a / 4u], red[8u + a / 4u]), max(red[16u + a / 4u], red[24u + a / 4u]));
+    let sc = pow2_scale(max(max(m4.x, m4.y), max(m4.z, m4.w)));
+    if (tid < D4 && a % 4u == 0u) {
+        scale_out[(bh * p.chunks + n) * 8u + a / 4u] = 1.0 / sc;
+    }
+    for (var i = 0u; i < CH * D4 / 128u; i++) {
+        let t = tid / D4 + 4u * i;
+        let row = row_of(b, c0 + min(t, len - 1u), h);
+        put_f16(tile_at(3u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), dout_row[row * D4 + a] * sc, t < len));
+    }
+}
+
+// ---- chunk_bwd_state_coop: workgroup (value block of 16, head, batch), four subgroups ----
+// Subgroup g holds key blocks 2g and 2g + 1 of the slice of dS and computes token block g of du.
+@compute @workgroup_size(128)
+fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let vb = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let g = tid / 32u;
+    let bh = b * p.heads + h;
+    let col0 = vb * 16u;
+    let kb0 = 2u * g;
+    let kb1 = 2u * g + 1u;
+    var s0 = coop_mat16x16<f32, C>();
+    var s1 = coop_mat16x16<f32, C>();
+    for (var nn = 0u; nn < p.chunks; nn++) {
+        let n = p.chunks - 1u - nn;
+        let c0 = n * CH;
+        let len = min(CH, p.seq - c0);
+        var decay = 1.0;
+        if (GATE != 0u) {
+            decay = exp(b_row[row_of(b, c0 + len - 1u, h) * D4].x);
+        }
+        let inv_do = scale_in[(bh * p.chunks + n) * 8u + vb];
+        // dS_L of the chunk, for chunk_bwd_grads.
+        let eb = (bh * p.chunks + n) * DS + col0;
+        coopStoreT(s0, &ds_end[eb + kb0 * 16u * D], D);
+        coopStoreT(s1, &ds_end[eb + kb1 * 16u * D], D);
+        // dS_L to f16 through workgroup memory, scaled (the previous chunk's barriers are past
+        // every read of s32 and red).
+        coopStoreT(s0, &s32[kb0 * 256u], 16u);
+        coopStoreT(s1, &s32[kb1 * 256u], 16u);
+        workgroupBarrier();
+        var mx = 0.0;
+        for (var e = tid; e < 2048u; e += 128u) {
+            mx = max(mx, abs(s32[e]));
+        }
+        let sc = pow2_scale(workgroup_max(tid, mx));
+        for (var e = tid; e < 2048u; e += 128u) {
+            s16[(e / 16u) * LDS + e % 16u] = f16(s32[e] * sc);
+        }
+        workgroupBarrier();
+        // du's token block g = du_local + K̃ dS_L.
+        let acc = rows_times_s16(tile_at(0u, bh, n) + 16u * g * D);
+        let du_local = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[(bh * p.chunks + n) * TILE + 16u * g * D + col0], D);
+        coopStoreT(du_local + acc * (1.0 / sc), &s32[g * 256u], 16u);
+        workgroupBarrier();
+        // du to du_rw (the chunk's rows only) and, for the delta rules, to f16, scaled.
+        mx = 0.0;
+        for (var e = tid; e < 1024u; e += 128u) {
+            let t = e / 16u;
+            let x = s32[e];
+            mx = max(mx, abs(x));
+            if (t < len) {
+                du_rw[row_of(b, c0 + t, h) * D + col0 + e % 16u] = x;
+            }
+        }
+        var inv_du = 1.0;
+        if (DELTA) {
+            let su = pow2_scale(workgroup_max(tid, mx));
+            inv_du = 1.0 / su;
+            for (var e = tid; e < 1024u; e += 128u) {
+                u16s[(e / 16u) * LDS + e % 16u] = f16(s32[e] * su);
+            }
+            workgroupBarrier();
+        }
+        // dS_0 = exp(b_C) dS_L + Q̃ᵀ dO − Wᵀ du.
+        let do_at = tile_at(3u, bh, n) + col0;
+        let o0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[do_at + 0u * 16u * D], D);
+        let o1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[do_at + 1u * 16u * D], D);
+        let o2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[do_at + 2u * 16u * D], D);
+        let o3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[do_at + 3u * 16u * D], D);
+        let q_at = tile_at(2u, bh, n);
+        var t0 = s0 * decay + kt_times_u(q_at, kb0, coop_mat16x16<f32, C>(), o0, o1, o2, o3) * inv_do;
+        var t1 = s1 * decay + kt_times_u(q_at, kb1, coop_mat16x16<f32, C>(), o0, o1, o2, o3) * inv_do;
+        if (DELTA) {
+            let d0 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[0u * 16u * LDS], LDS);
+            let d1 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[1u * 16u * LDS], LDS);
+            let d2 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[2u * 16u * LDS], LDS);
+            let d3 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[3u * 16u * LDS], LDS);
+            let w_at = tile_at(1u, bh, n);
+            t0 = t0 + kt_times_u(w_at, kb0, coop_mat16x16<f32, C>(), d0, d1, d2, d3) * -inv_du;
+            t1 = t1 + kt_times_u(w_at, kb1, coop_mat16x16<f32, C>(), d0, d1, d2, d3) * -inv_du;
+        }
+        s0 = t0;
+        s1 = t1;
+    }
 }

@@ -338,6 +338,12 @@ fn tensor_core_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
     r.gate != Gate::Vector && tensor_cores_for(rec, r, d, sweep_tile_words(d))
 }
 
+/// Whether the backward's reverse sweep runs on tensor cores (native/chunk_sweep_coop.wgsl's
+/// chunk_bwd_state_coop): as `tensor_core_sweep`, with four sections of f16 tiles.
+fn tensor_core_backward_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
+    r.gate != Gate::Vector && tensor_cores_for(rec, r, d, 2 * sweep_tile_words(d))
+}
+
 /// Words of the sweep's f16 tiles on tensor cores (K̃, then W or v; 64 × 128 per chunk each),
 /// and of its f32 tiles of Uc.
 fn sweep_tile_words(d: Dims) -> usize {
@@ -575,7 +581,20 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         return Ok(grads);
     }
     rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
-    rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
+    if tensor_core_backward_sweep(rec, r, d) {
+        // The reverse sweep on tensor cores (native/chunk_sweep_coop.wgsl): f16 tiles of K̃, W,
+        // q̃ and the scaled dO, du_local as f32 tiles, then the sweep.
+        let tiles = rec.temp(2 * sweep_tile_words(d))?;
+        let du_tiles = rec.temp(sweep_tile_words(d))?;
+        let do_scales = rec.temp(bh * chunks * 8)?;
+        let sweep_kernel = |entry| Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64);
+        let operand_bindings = [(1, q), (2, k), (13, sweep_w), (15, sweep_b), (20, &du), (21, d_out), (30, &tiles), (32, &du_tiles), (33, &do_scales)];
+        rec.dispatch_bindings(&sweep_kernel("chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
+        let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
+        rec.dispatch_bindings(&sweep_kernel("chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
+    } else {
+        rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
+    }
     let mut grads_kernel = kernel("chunk_bwd_grads");
     if coop {
         let states16 = rec.temp(coop_state_words(d))?;
