@@ -212,14 +212,14 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             // Every thread is past its reads of s32 (the barrier above).
             coopStoreT(ug, &s32[g * 256u], 16u);
             workgroupBarrier();
-            // u to u_buf (the chunk's rows only) and to f16.
+            // u to u_buf and to f16.
             for (var e = tid; e < 1024u; e += 128u) {
                 let t = e / 16u;
-                let x = s32[e];
-                u16s[t * LDS + e % 16u] = f16(x);
-                if (t < len) {
-                    u_buf[row_of(b, c0 + t, h) * D + col0 + e % 16u] = x;
-                }
+                u16s[t * LDS + e % 16u] = f16(s32[e]);
+                // Rows past the chunk store the last row's value again (no branch while the
+                // accumulators are live: BENCHMARKS.md, divergent code corrupts them).
+                let tc = min(t, len - 1u);
+                u_buf[row_of(b, c0 + tc, h) * D + col0 + e % 16u] = s32[tc * 16u + e % 16u];
             }
             workgroupBarrier();
             u0 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[0u * 16u * LDS], LDS);
@@ -394,15 +394,13 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         let du_local = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[(bh * p.chunks + n) * TILE + 16u * g * D + col0], D);
         coopStoreT(du_local + acc * (1.0 / sc), &s32[g * 256u], 16u);
         workgroupBarrier();
-        // du to du_rw (the chunk's rows only) and, for the delta rules, to f16, scaled.
+        // du to du_rw and, for the delta rules, to f16, scaled.
         mx = 0.0;
         for (var e = tid; e < 1024u; e += 128u) {
-            let t = e / 16u;
-            let x = s32[e];
-            mx = max(mx, abs(x));
-            if (t < len) {
-                du_rw[row_of(b, c0 + t, h) * D + col0 + e % 16u] = x;
-            }
+            mx = max(mx, abs(s32[e]));
+            // Rows past the chunk store the last row's value again (as chunk_state_coop's u).
+            let tc = min(e / 16u, len - 1u);
+            du_rw[row_of(b, c0 + tc, h) * D + col0 + e % 16u] = s32[tc * 16u + e % 16u];
         }
         var inv_du = 1.0;
         if (DELTA) {
