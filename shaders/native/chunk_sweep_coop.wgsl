@@ -69,6 +69,21 @@ fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
 }
 
+// Four consecutive elements of a tile: f16 into tiles_out, f32 into uc_tiles.
+fn put_f16(at: u32, x: vec4<f32>) {
+    tiles_out[at] = f16(x.x);
+    tiles_out[at + 1u] = f16(x.y);
+    tiles_out[at + 2u] = f16(x.z);
+    tiles_out[at + 3u] = f16(x.w);
+}
+
+fn put_f32(at: u32, x: vec4<f32>) {
+    uc_tiles[at] = x.x;
+    uc_tiles[at + 1u] = x.y;
+    uc_tiles[at + 2u] = x.z;
+    uc_tiles[at + 3u] = x.w;
+}
+
 // ---- chunk_sweep_operands: workgroup (chunk, head, batch), after chunk_prepare ----
 // Thread tid takes key vec4 tid % 32 of rows tid / 32 + 4 i; every load unconditional (rows
 // clamped to the chunk, their values selected after).
@@ -99,24 +114,15 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
         }
         kd = select(vec4<f32>(0.0), kd, live);
         let o = t * D + 4u * a;
-        tiles_out[kd_at + o] = f16(kd.x);
-        tiles_out[kd_at + o + 1u] = f16(kd.y);
-        tiles_out[kd_at + o + 2u] = f16(kd.z);
-        tiles_out[kd_at + o + 3u] = f16(kd.w);
+        put_f16(kd_at + o, kd);
         let ub = row * D + 4u * a;
         let uc = select(vec4<f32>(0.0), vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]), live);
         var x = uc;
         if (DELTA) {
             x = select(vec4<f32>(0.0), w_row[row * D4 + a], live);
-            uc_tiles[uc_at + o] = uc.x;
-            uc_tiles[uc_at + o + 1u] = uc.y;
-            uc_tiles[uc_at + o + 2u] = uc.z;
-            uc_tiles[uc_at + o + 3u] = uc.w;
+            put_f32(uc_at + o, uc);
         }
-        tiles_out[x_at + o] = f16(x.x);
-        tiles_out[x_at + o + 1u] = f16(x.y);
-        tiles_out[x_at + o + 2u] = f16(x.z);
-        tiles_out[x_at + o + 3u] = f16(x.w);
+        put_f16(x_at + o, x);
     }
 }
 
@@ -283,13 +289,6 @@ fn workgroup_max(tid: u32, mx: f32) -> f32 {
     return max(max(m.x, m.y), max(m.z, m.w));
 }
 
-fn put_f16(at: u32, x: vec4<f32>) {
-    tiles_out[at] = f16(x.x);
-    tiles_out[at + 1u] = f16(x.y);
-    tiles_out[at + 2u] = f16(x.z);
-    tiles_out[at + 3u] = f16(x.w);
-}
-
 // ---- chunk_bwd_sweep_operands: workgroup (chunk, head, batch), after chunk_bwd_local ----
 // Thread tid takes key vec4 a = tid % 32 of rows tid / 32 + 4 i; dO's value block a / 4 is
 // shared by the 16 threads with that block's four vec4s.
@@ -327,10 +326,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
         put_f16(tile_at(2u, bh, n) + o, select(vec4<f32>(0.0), qd, live));
         let ub = row * D + 4u * a;
         let du = select(vec4<f32>(0.0), vec4<f32>(du_rw[ub], du_rw[ub + 1u], du_rw[ub + 2u], du_rw[ub + 3u]), live);
-        uc_tiles[du_at + o] = du.x;
-        uc_tiles[du_at + o + 1u] = du.y;
-        uc_tiles[du_at + o + 2u] = du.z;
-        uc_tiles[du_at + o + 3u] = du.w;
+        put_f32(du_at + o, du);
         mx = max(mx, select(0.0, max4(dout_row[row * D4 + a]), live));
     }
     red[tid / 4u][tid % 4u] = mx;
