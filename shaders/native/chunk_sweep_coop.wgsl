@@ -46,7 +46,8 @@ const LDS: u32 = 24u;
 @group(0) @binding(10) var<storage, read_write> h_out: array<f32>;    // [B, H, chunks, R]
 @group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;    // [B, T, H, D/4] W
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;    // cumulative gates
-// Two sections of f16 tiles, [B, H, chunks, 64, 128] each: K̃, then W (delta) or v.
+// Sections of f16 tiles, [B, H, chunks, 64, 128] each: the forward's K̃, then W (delta) or v;
+// the backward's K̃, W, Q̃ and the scaled dO.
 @group(0) @binding(30) var<storage, read_write> tiles_out: array<f16>;
 @group(0) @binding(31) var<storage, read> tiles: array<f16>;
 // f32 tiles, [B, H, chunks, 64, 128]: Uc (the forward's delta rules), or du within the chunk
@@ -64,7 +65,7 @@ fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// Where section s (0: K̃, 1: W or v) has chunk n of (batch, head) bh.
+// Where section s (the forward's 0–1, the backward's 0–3) has chunk n of (batch, head) bh.
 fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
 }

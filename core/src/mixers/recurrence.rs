@@ -382,6 +382,12 @@ fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
     Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64)
 }
 
+/// A kernel of native/chunk_sweep_coop.wgsl (the state sweeps on tensor cores, forward and
+/// backward): the gate and the delta rule shape it.
+fn sweep_kernel(r: Recurrence, entry: &'static str) -> Kernel {
+    Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64)
+}
+
 fn chunk_kernel(r: Recurrence, d: Dims, entry: &'static str) -> Kernel {
     let shader = if d.dk == 64 { "mixers/common/chunk" } else { "mixers/common/chunk_d128" };
     chunk_constants(r, Kernel::new(shader, entry))
@@ -465,9 +471,8 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     if tensor_core_sweep(rec, r, d) {
         let tiles = rec.temp(sweep_tile_words(d))?;
         let uc = rec.temp(if r.delta { sweep_tile_words(d) } else { 4 })?;
-        let sweep_kernel = |entry| Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64);
-        rec.dispatch_bindings(&sweep_kernel("chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
-        rec.dispatch_bindings(&sweep_kernel("chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc)], state_grid)?;
+        rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
+        rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc)], state_grid)?;
         return Ok(ChunkSweep { params, h, u, w, b_cum });
     }
     // Eight storage buffers at most per stage: WebGPU's default.
@@ -587,11 +592,10 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         let tiles = rec.temp(2 * sweep_tile_words(d))?;
         let du_tiles = rec.temp(sweep_tile_words(d))?;
         let do_scales = rec.temp(bh * chunks * 8)?;
-        let sweep_kernel = |entry| Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64);
         let operand_bindings = [(1, q), (2, k), (13, sweep_w), (15, sweep_b), (20, &du), (21, d_out), (30, &tiles), (32, &du_tiles), (33, &do_scales)];
-        rec.dispatch_bindings(&sweep_kernel("chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
+        rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
         let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
-        rec.dispatch_bindings(&sweep_kernel("chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
+        rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
     } else {
         rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
     }
