@@ -42,8 +42,36 @@ pub fn is_native_only(name: &str) -> bool {
     name.starts_with("native/")
 }
 
+/// The environment variable naming a folder laid out as shaders/ whose files replace the
+/// embedded ones of the same name (native only, read once per shader): kernel variants are timed
+/// with one binary.
+pub const SHADER_DIR_VAR: &str = "LINEARIZE_SHADER_DIR";
+
 pub fn source(name: &str) -> Option<&'static str> {
-    ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+    let embedded = ALL.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)?;
+    #[cfg(not(target_arch = "wasm32"))]
+    if let Some(text) = replaced(name) {
+        return Some(text);
+    }
+    Some(embedded)
+}
+
+/// The text of `$LINEARIZE_SHADER_DIR/<name>.wgsl` where that file exists, kept for the process.
+#[cfg(not(target_arch = "wasm32"))]
+fn replaced(name: &str) -> Option<&'static str> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static TEXTS: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
+    let dir = std::env::var_os(SHADER_DIR_VAR)?;
+    let mut texts = TEXTS.get_or_init(Default::default).lock().unwrap();
+    if let Some(text) = texts.get(name) {
+        return Some(text);
+    }
+    let path = std::path::Path::new(&dir).join(format!("{name}.wgsl"));
+    let text: &'static str = Box::leak(std::fs::read_to_string(&path).ok()?.into_boxed_str());
+    eprintln!("{SHADER_DIR_VAR}: {name} from {}", path.display());
+    texts.insert(name.to_string(), text);
+    Some(text)
 }
 
 shader_params!(
