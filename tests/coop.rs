@@ -12,18 +12,39 @@ use linearize_core::util::Rng;
 use linearize_tests::{assert_close, f64s, random};
 
 /// A device of its own: the precision is a device-wide choice, and other tests in a binary
-/// share `linearize_tests::gpu()` in f32.
+/// share `linearize_tests::gpu()` in f32. Where the adapter has f16 but no cooperative matrices
+/// (lavapipe in CI), their emulation in plain WGSL (gpu/coop_emulation.rs): the kernels' logic
+/// is checked there, and their tensor-core arithmetic on adapters that have it (the H200:
+/// BENCHMARKS.md).
 fn mixed_gpu() -> Option<Gpu> {
-    let gpu = Gpu::new_blocking().unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe in CI): {e}"));
-    if !gpu.adapter.tensor_cores {
-        let err = gpu.set_precision(Precision::Mixed).unwrap_err().to_string();
-        assert!(err.contains("tensor cores") && err.contains(&gpu.adapter.name), "{err}");
-        assert_eq!(gpu.precision(), Precision::F32);
-        eprintln!("NOT RUN: adapter '{}' ({}) offers no cooperative matrices with f16; the tensor-core GEMM is checked on adapters that do (the H200: BENCHMARKS.md)", gpu.adapter.name, gpu.adapter.backend);
-        return None;
+    let gpu = match Gpu::with_emulated_tensor_cores_blocking() {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            let gpu = Gpu::new_blocking().unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe in CI): {e}"));
+            eprintln!("NOT RUN: {e}; the tensor-core kernels are checked on adapters that have them");
+            assert!(!gpu.adapter.tensor_cores);
+            return None;
+        }
+    };
+    if gpu.adapter.tensor_cores_emulated {
+        eprintln!("EMULATED: adapter '{}' ({}) offers no cooperative matrices; the tensor-core kernels run with them emulated (their logic, not the tensor cores' arithmetic)", gpu.adapter.name, gpu.adapter.backend);
     }
     gpu.set_precision(Precision::Mixed).unwrap();
     Some(gpu)
+}
+
+/// An adapter without cooperative matrices refuses mixed precision with a clear error (unless
+/// they are emulated on purpose).
+#[test]
+fn mixed_precision_is_refused_without_tensor_cores() {
+    let gpu = Gpu::new_blocking().unwrap_or_else(|e| panic!("tests need a GPU adapter (lavapipe in CI): {e}"));
+    if gpu.adapter.tensor_cores {
+        eprintln!("NOT RUN: adapter '{}' has cooperative matrices", gpu.adapter.name);
+        return;
+    }
+    let err = gpu.set_precision(Precision::Mixed).unwrap_err().to_string();
+    assert!(err.contains("tensor cores") && err.contains(&gpu.adapter.name), "{err}");
+    assert_eq!(gpu.precision(), Precision::F32);
 }
 
 /// What the GEMM multiplies: each operand scaled by the power of two that puts its max |value|
@@ -413,6 +434,10 @@ fn tensor_core_backward_matches_f64() {
 fn tensor_core_attention_matches_f64() {
     use linearize_core::nn::AttnShape;
     let Some(gpu) = mixed_gpu() else { return };
+    if gpu.limits.max_compute_workgroup_storage_size < nn::ATTENTION_COOP_WORKGROUP_BYTES {
+        // The runtime then takes the f32 kernel in mixed precision too: checked below all the same.
+        eprintln!("NOT RUN on tensor cores: attention_coop needs {} bytes of workgroup memory, adapter '{}' has {}; mixed precision runs the f32 kernel there", nn::ATTENTION_COOP_WORKGROUP_BYTES, gpu.adapter.name, gpu.limits.max_compute_workgroup_storage_size);
+    }
     let mut rng = Rng::new(31);
     let d = 64;
     let cache_to_seq = |cache: &[f32], b: usize, n_kv: usize, cap: usize, t: usize| -> Vec<f64> {

@@ -31,6 +31,28 @@ fn every_shader_validates_with_only_what_its_targets_offer() {
     }
 }
 
+/// Every native/ shader with its cooperative matrices emulated (gpu/coop_emulation.rs, the path
+/// of adapters with f16 but no cooperative matrices, lavapipe in CI) validates with f16 alone and
+/// writes SPIR-V, for every combination of its overrides.
+#[test]
+fn every_native_shader_validates_emulated() {
+    let mut seen = 0;
+    for (name, source) in ALL.iter().filter(|(n, _)| is_native_only(n)) {
+        let text = linearize_core::gpu::coop_emulation::emulate(source).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(!text.contains("coop_mat16x16") && !text.contains("coopMultiplyAdd"), "{name}: cooperative matrices left");
+        let module = naga::front::wgsl::parse_str(&text).unwrap_or_else(|e| panic!("{name} emulated: {}", e.emit_to_string(&text)));
+        let caps = naga::valid::Capabilities::SHADER_FLOAT16_IN_FLOAT32 | naga::valid::Capabilities::SHADER_FLOAT16;
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps).validate(&module).unwrap_or_else(|e| panic!("{name} emulated: {}", e.emit_to_string(&text)));
+        let options = naga::back::spv::Options { lang_version: (1, 6), ..Default::default() };
+        for constants in override_combinations(&module) {
+            let (module, info) = naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants).unwrap_or_else(|e| panic!("{name} emulated with {constants:?}: {e}"));
+            naga::back::spv::write_vec(&module, &info, &options, None).unwrap_or_else(|e| panic!("{name} emulated with {constants:?}: SPIR-V: {e}"));
+        }
+        seen += 1;
+    }
+    assert!(seen >= 4, "the native shaders were not found");
+}
+
 /// The override constants over the values the runtime gives them (GATE 0–2, DELTA, NORM and
 /// PRODUCTS_DONE as recurrence.rs sets them, A_T and B_T as nn::coop does); one empty set for a shader without overrides.
 fn override_combinations(module: &naga::Module) -> Vec<naga::back::PipelineConstants> {

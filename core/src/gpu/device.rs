@@ -20,6 +20,9 @@ pub struct AdapterReport {
     /// Cooperative matrices of 16×16×16 with f16 operands and f32 accumulation, in subgroups of
     /// 32: the tensor-core GEMM (native/matmul_coop.wgsl) can run.
     pub tensor_cores: bool,
+    /// The cooperative matrices are emulated in plain WGSL (`Gpu::with_emulated_tensor_cores`:
+    /// the tensor-core kernels' logic on an adapter with f16 but without them, as in CI).
+    pub tensor_cores_emulated: bool,
     /// A CPU implementation (lavapipe, SwiftShader): `device_type` read once, since launchers
     /// ask on every dispatch.
     #[serde(skip)]
@@ -135,7 +138,20 @@ impl Gpu {
         let adapter = Self::choose_adapter(&instance, backends).await?;
         let mut limits = adapter.limits();
         adjust(&mut limits);
-        Self::from_adapter(adapter, limits).await
+        Self::from_adapter(adapter, limits, false).await
+    }
+
+    /// As `new`, and where the adapter has f16 but no cooperative matrices, the tensor-core
+    /// kernels run with their matrices emulated in plain WGSL (gpu/coop_emulation.rs): slow, for
+    /// testing their logic on adapters such as lavapipe. An adapter with cooperative matrices
+    /// runs them as `new` does; one without f16 is an error.
+    pub async fn with_emulated_tensor_cores() -> Result<Self> {
+        let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+        let backends = desc.backends;
+        let instance = wgpu::Instance::new(desc);
+        let adapter = Self::choose_adapter(&instance, backends).await?;
+        let limits = adapter.limits();
+        Self::from_adapter(adapter, limits, true).await
     }
 
     /// Takes the kernels meant for GPUs even on a CPU adapter — decode's fused norms and stacked
@@ -203,15 +219,22 @@ impl Gpu {
             .map_err(|e| Error::NoAdapter(format!("this browser offers no WebGPU adapter ({e})")))
     }
 
-    async fn from_adapter(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Self> {
+    async fn from_adapter(adapter: wgpu::Adapter, limits: wgpu::Limits, emulate: bool) -> Result<Self> {
         let info = adapter.get_info();
-        let tensor_cores = offers_tensor_cores(&adapter);
+        let native_tensor_cores = offers_tensor_cores(&adapter);
+        let emulated = emulate && !native_tensor_cores;
+        if emulated && !adapter.features().contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::Gpu(format!("adapter '{}' offers neither cooperative matrices nor f16: the tensor-core kernels cannot run there, not even emulated", info.name)));
+        }
+        let tensor_cores = native_tensor_cores || emulated;
         let timestamps = super::profile::enabled() && !super::profile::wall_clock_only() && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-        let (features, experimental) = if tensor_cores {
+        let (features, experimental) = if native_tensor_cores {
             // SAFETY: wgpu asks callers of its experimental features to accept that they may
             // misbehave; the one shader using them is checked against f64 on the adapters that
             // run it (tests/coop.rs) and is used only where the adapter reports the feature.
             (wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16, unsafe { wgpu::ExperimentalFeatures::enabled() })
+        } else if emulated {
+            (wgpu::Features::SHADER_F16, wgpu::ExperimentalFeatures::disabled())
         } else {
             (wgpu::Features::empty(), wgpu::ExperimentalFeatures::disabled())
         };
@@ -238,6 +261,7 @@ impl Gpu {
             max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
             max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
             tensor_cores,
+            tensor_cores_emulated: emulated,
             cpu: info.device_type == wgpu::DeviceType::Cpu,
         };
         let gpu = Gpu {
@@ -283,5 +307,11 @@ impl Gpu {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn new_blocking() -> Result<Self> {
         pollster::block_on(Self::new())
+    }
+
+    /// `with_emulated_tensor_cores`, blocking.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn with_emulated_tensor_cores_blocking() -> Result<Self> {
+        pollster::block_on(Self::with_emulated_tensor_cores())
     }
 }

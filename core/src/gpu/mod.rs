@@ -1,6 +1,7 @@
 //! The GPU runtime: adapter choice, device, buffer pool, pipeline cache, dispatch and async
 //! readback. The same code runs natively (Vulkan, Metal, DX12, lavapipe) and on WebGPU.
 mod buffers;
+pub mod coop_emulation;
 mod device;
 mod dispatch;
 mod params;

@@ -551,7 +551,8 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         // Prefill: 64 queries per workgroup; in mixed precision both products on tensor cores
         // (native/attention_coop.wgsl: f16 operands, the softmax in f32).
         let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
-        let kernel = if tensor_cores(rec) { Kernel::new("native/attention_coop", "attention_coop") } else { Kernel::new("nn/attention", "attention") };
+        let coop = tensor_cores(rec) && rec.gpu().limits.max_compute_workgroup_storage_size >= ATTENTION_COOP_WORKGROUP_BYTES;
+        let kernel = if coop { Kernel::new("native/attention_coop", "attention_coop") } else { Kernel::new("nn/attention", "attention") };
         rec.dispatch(&kernel, &params, &bufs, groups)
     }
 }
@@ -762,6 +763,10 @@ fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, 
     let groups = [cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1];
     rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
 }
+
+/// Workgroup memory of native/attention_coop.wgsl (its k16, v16, p16, s32 and red): an adapter
+/// with tensor cores but less (lavapipe's 32 KiB, emulating them) runs the f32 kernel.
+pub const ATTENTION_COOP_WORKGROUP_BYTES: u32 = 3 * 4608 * 2 + 4352 * 4 + 128 * 4;
 
 /// Whether the GEMMs run on tensor cores: mixed precision chosen (Gpu::set_precision), which
 /// only an adapter with cooperative matrices allows.
