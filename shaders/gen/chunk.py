@@ -87,6 +87,10 @@ BACKWARD = r'''
 // dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
+// With PRODUCTS_DONE, dq and dk finished before it too (native/chunk_sweep_coop.wgsl's
+// chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
+// the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
+override SCORES_DONE: bool = false;
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -107,6 +111,16 @@ var<workgroup> red_sh: array<f32, 256>;      // partial sums; chunk_bwd_state: t
 // chunk_bwd_state: what q_t carries from S_0 under a scalar gate, exp(b_t) (mLSTM: exp(b_t + m_0 −
 // m_t)), once per token rather than once per token and key in every thread.
 var<workgroup> qdec_sh: array<f32, 64>;
+
+// q or k as they entered the scores' products: with SCORES_DONE rounded to f16 as there, so that
+// db's terms q_t·(dP_ts k_s) and k_s·(dP_ts q_t) cancel where they should (exactly, for s = t)
+// rather than leave f16's rounding of large terms; as they are otherwise.
+fn scores_operand(x: vec4<f32>) -> vec4<f32> {
+    if (SCORES_DONE) {
+        return vec4<f32>(unpack2x16float(pack2x16float(x.xy)), unpack2x16float(pack2x16float(x.zw)));
+    }
+    return x;
+}
 
 // exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
 fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
@@ -498,7 +512,9 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var mp = mat4x4<f32>();
         var ma = mat4x4<f32>();
         if (sq <= tq && 4u * tq < len) {
-            mp = block_dots(b, h, c0, len, tq, sq, 0u);
+            if (!SCORES_DONE) {
+                mp = block_dots(b, h, c0, len, tq, sq, 0u);
+            }
             if (DELTA) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
@@ -556,9 +572,15 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
     if (NORM != 0u) {
         x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
     }
-    dq{e} = x * start_decay(row, a, m0, m_t) * p.scale;
+    if (SCORES_DONE) {
+        dq{e} = x;
+    } else {
+        dq{e} = x * start_decay(row, a, m0, m_t) * p.scale;
+    }
     //@end
-    for (var s = 0u; s <= min(t, len - 1u); s++) {
+    // (SCORES_DONE: no term, the loops run no step.)
+    let scores_end = select(min(t, len - 1u) + 1u, 0u, SCORES_DONE);
+    for (var s = 0u; s < scores_end; s++) {
         let cf = p_sh[t * C + s];
         let srow = row_of(b, c0 + s, h);
         //@for e NV
@@ -567,7 +589,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         //@end
     }
     // 3. dk_t from the later queries' scores and from the chunk's end state.
-    for (var tt = t; tt < len; tt++) {
+    for (var tt = t; tt < select(len, t, SCORES_DONE); tt++) {
         let cf = p_sh[tt * C + t];
         let trow = row_of(b, c0 + tt, h);
         //@for e NV
@@ -585,8 +607,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x += ds_in[eb4 + D * D4 + a];
         }
-        dk{e} += x * end_decay(last_row, row, a, m_end);
-        db{e} = q_row[row * D4 + a] * dq{e} - k_row[row * D4 + a] * dk{e};
+        if (SCORES_DONE) {
+            dk{e} = x;
+        } else {
+            dk{e} += x * end_decay(last_row, row, a, m_end);
+        }
+        db{e} = scores_operand(q_row[row * D4 + a]) * dq{e} - scores_operand(k_row[row * D4 + a]) * dk{e};
         if (!DELTA) {
             // db is final here for the additive rules: spend it at once (phase 8's terms, in
             // its order), so that it is not held in registers beside dq and dk till then.

@@ -47,7 +47,7 @@ const LDS: u32 = 24u;
 @group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;    // [B, T, H, D/4] W
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;    // cumulative gates
 // Sections of f16 tiles, [B, H, chunks, 64, 128] each: the forward's K̃, then W (delta) or v;
-// the backward's K̃, W, Q̃ and the scaled dO.
+// the backward's K̃, W, Q̃, the scaled dO, then k, q and u as they are (chunk_bwd_scores_coop).
 @group(0) @binding(30) var<storage, read_write> tiles_out: array<f16>;
 @group(0) @binding(31) var<storage, read> tiles: array<f16>;
 // f32 tiles, [B, H, chunks, 64, 128]: Uc (the forward's delta rules), or du within the chunk
@@ -60,12 +60,14 @@ const LDS: u32 = 24u;
 @group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>; // [B, T, H, D/4] dO
 @group(0) @binding(33) var<storage, read_write> scale_out: array<f32>; // [B, H, chunks, 8]
 @group(0) @binding(34) var<storage, read> scale_in: array<f32>;
+@group(0) @binding(22) var<storage, read_write> dq_out: array<f32>;   // [B, T, H, D]
+@group(0) @binding(23) var<storage, read_write> dk_out: array<f32>;
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// Where section s (the forward's 0–1, the backward's 0–3) has chunk n of (batch, head) bh.
+// Where section s (the forward's 0–1, the backward's 0–6) has chunk n of (batch, head) bh.
 fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
 }
@@ -258,8 +260,9 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
 // f16's smallest normal, so each f16 operand that is a gradient (dS_L, dO, du) is scaled by a
 // power of two (pow2_scale) for its slice of 16 value columns and the products scaled back.
 // chunk_bwd_sweep_operands (parallel over chunks) writes K̃, W, Q̃ and the scaled dO as f16 tiles
-// (sections 0–3) with dO's inverse scales, and du_local as f32 tiles; chunk_bwd_state_coop then
-// walks the chunks as chunk_state_coop does, four subgroups per value block.
+// (sections 0–3) with dO's inverse scales, k, q and u (4–6, for chunk_bwd_scores_coop), and
+// du_local as f32 tiles; chunk_bwd_state_coop then walks the chunks as chunk_state_coop does,
+// four subgroups per value block.
 
 const DS: u32 = 16512u; // a record of dS_L [D, D] and dn [D]
 
@@ -325,7 +328,11 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
             put_f16(tile_at(1u, bh, n) + o, select(vec4<f32>(0.0), w_row[row * D4 + a], live));
         }
         put_f16(tile_at(2u, bh, n) + o, select(vec4<f32>(0.0), qd, live));
+        put_f16(tile_at(4u, bh, n) + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live));
+        put_f16(tile_at(5u, bh, n) + o, select(vec4<f32>(0.0), q_row[row * D4 + a], live));
         let ub = row * D + 4u * a;
+        let u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
+        put_f16(tile_at(6u, bh, n) + o, select(vec4<f32>(0.0), u, live));
         let du = select(vec4<f32>(0.0), vec4<f32>(du_rw[ub], du_rw[ub + 1u], du_rw[ub + 2u], du_rw[ub + 3u]), live);
         put_f32(du_at + o, du);
         mx = max(mx, select(0.0, max4(dout_row[row * D4 + a]), live));
@@ -428,5 +435,189 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         }
         s0 = t0;
         s1 = t1;
+    }
+}
+
+// ---- chunk_bwd_scores_coop: workgroup (chunk, head, batch), after chunk_bwd_products ----
+//
+//   dP_ts = scale Γ_ts dO_t·u_s  (s ≤ t; Γ_ts = exp(b_t − b_s) under a gate per head, else 1)
+//   dq_t  = scale exp(b_t) S_0 dO_t + Σ_(s≤t) dP_ts k_s
+//   dk_s  = exp(b_L − b_s) dS_L u_s + Σ_(t≥s) dP_ts q_t
+// chunk_bwd_products left S_0 dO_t in dq and dS_L u_s in dk; this finishes both, and
+// chunk_d128.wgsl's chunk_bwd_grads (SCORES_DONE) takes them as they are. dP's ten tiles on or
+// below the diagonal come from the tiles of dO (scaled per value block: each block's product is
+// scaled back on its own) and u, are masked and decayed in f32, then enter the two products as
+// f16 at one power-of-two scale for the chunk. Subgroup g computes query block g of dq and key
+// block g of dk, each over all four blocks of dP (those above the diagonal are zero) so that
+// control flow stays uniform, and each in two halves of 64 columns through x32 (26 KiB of
+// workgroup memory in all); no branch runs while an accumulator is live.
+
+const PS: u32 = CH + 8u;                  // p16's row stride, in halves
+var<workgroup> x32: array<f32, 4096>;     // dP [64][64] in f32, then half a product [64][64]
+var<workgroup> p16: array<f16, 4608>;     // dP · σ as f16 [64][PS]
+var<workgroup> gsh: array<f32, 64>;       // the chunk's cumulative gates b_t
+
+// Tile i of dP's lower triangle in the order (0, 0), (1, 0), (1, 1), (2, 0), …: its query block
+// and key block.
+fn tile_query(i: u32) -> u32 {
+    return select(select(select(0u, 1u, i >= 1u), 2u, i >= 3u), 3u, i >= 6u);
+}
+
+fn tile_key(i: u32) -> u32 {
+    let a = tile_query(i);
+    return i - a * (a + 1u) / 2u;
+}
+
+// Columns 64·half .. + 63 of dq's query block `blk` = Σ_c dP[blk, c] · k[c, :], k the f16 tile
+// at `at`, into x32 [token][column]: A from p16 row-major, B from the tile row-major.
+fn dq_half(at: u32, blk: u32, half: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    for (var c = 0u; c < 4u; c++) {
+        let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[blk * 16u * PS + c * 16u], PS);
+        let rt = at + c * 16u * D + half * 64u;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
+        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 32u], D);
+        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 48u], D);
+        o0 = coopMultiplyAdd(pa, r0, o0);
+        o1 = coopMultiplyAdd(pa, r1, o1);
+        o2 = coopMultiplyAdd(pa, r2, o2);
+        o3 = coopMultiplyAdd(pa, r3, o3);
+    }
+    let xo = blk * 16u * CH;
+    coopStoreT(o0, &x32[xo + 0u], CH);
+    coopStoreT(o1, &x32[xo + 16u], CH);
+    coopStoreT(o2, &x32[xo + 32u], CH);
+    coopStoreT(o3, &x32[xo + 48u], CH);
+}
+
+// The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = Σ_c qᵀ[:, c] ·
+// dP[c, blk], q the f16 tile at `at`: A from the tile column-major (element (i, t) at t·D + i),
+// B from p16 row-major; the (key, token) tiles stored column-major land in x32 [token][column].
+fn dk_half(at: u32, blk: u32, half: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    for (var c = 0u; c < 4u; c++) {
+        let pb = coopLoadT<coop_mat16x16<f16, B>>(&p16[c * 16u * PS + blk * 16u], PS);
+        let rt = at + c * 16u * D + half * 64u;
+        let r0 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 0u], D);
+        let r1 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 16u], D);
+        let r2 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 32u], D);
+        let r3 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 48u], D);
+        o0 = coopMultiplyAdd(r0, pb, o0);
+        o1 = coopMultiplyAdd(r1, pb, o1);
+        o2 = coopMultiplyAdd(r2, pb, o2);
+        o3 = coopMultiplyAdd(r3, pb, o3);
+    }
+    let xo = blk * 16u * CH;
+    coopStore(o0, &x32[xo + 0u], CH);
+    coopStore(o1, &x32[xo + 16u], CH);
+    coopStore(o2, &x32[xo + 32u], CH);
+    coopStore(o3, &x32[xo + 48u], CH);
+}
+
+@compute @workgroup_size(128)
+fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let g = tid / 32u;
+    let bh = b * p.heads + h;
+    let c0 = n * CH;
+    let len = min(CH, p.seq - c0);
+    if (tid < CH) {
+        var bt = 0.0;
+        if (GATE != 0u) {
+            bt = b_row[row_of(b, c0 + min(tid, len - 1u), h) * D4].x;
+        }
+        gsh[tid] = bt;
+    }
+    // dO uᵀ, a tile per subgroup and round (one past the last repeats it: the same values to
+    // the same place), each value block's product scaled back by dO's inverse scale.
+    let do_at = tile_at(3u, bh, n);
+    let u_at = tile_at(6u, bh, n);
+    let sc_at = (bh * p.chunks + n) * 8u;
+    for (var round = 0u; round < 3u; round++) {
+        let tile = min(round * 4u + g, 9u);
+        let qa = do_at + tile_query(tile) * 16u * D;
+        let ub = u_at + tile_key(tile) * 16u * D;
+        // uᵀ: element (i, s) at s·D + i, read column-major.
+        let a0 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 0u], D);
+        let b0 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 0u], D);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 16u], D);
+        let b1 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 16u], D);
+        let a2 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 32u], D);
+        let b2 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 32u], D);
+        let a3 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 48u], D);
+        let b3 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 48u], D);
+        let a4 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 64u], D);
+        let b4 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 64u], D);
+        let a5 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 80u], D);
+        let b5 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 80u], D);
+        let a6 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 96u], D);
+        let b6 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 96u], D);
+        let a7 = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + 112u], D);
+        let b7 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 112u], D);
+        let z = coop_mat16x16<f32, C>();
+        var pt = coopMultiplyAdd(a0, b0, z) * scale_in[sc_at + 0u];
+        pt = pt + coopMultiplyAdd(a1, b1, z) * scale_in[sc_at + 1u];
+        pt = pt + coopMultiplyAdd(a2, b2, z) * scale_in[sc_at + 2u];
+        pt = pt + coopMultiplyAdd(a3, b3, z) * scale_in[sc_at + 3u];
+        pt = pt + coopMultiplyAdd(a4, b4, z) * scale_in[sc_at + 4u];
+        pt = pt + coopMultiplyAdd(a5, b5, z) * scale_in[sc_at + 5u];
+        pt = pt + coopMultiplyAdd(a6, b6, z) * scale_in[sc_at + 6u];
+        pt = pt + coopMultiplyAdd(a7, b7, z) * scale_in[sc_at + 7u];
+        let xo = tile_query(tile) * 16u * CH + tile_key(tile) * 16u;
+        coopStoreT(pt, &x32[xo], CH);
+    }
+    workgroupBarrier();
+    // The mask and the decay in f32 (the tiles above the diagonal were never written), then dP
+    // to f16 at one scale σ.
+    var mx = 0.0;
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let t = e / CH;
+        let s = e % CH;
+        var v = 0.0;
+        if (s <= t && t < len) {
+            v = x32[e] * p.scale * exp(gsh[t] - gsh[s]);
+        }
+        x32[e] = v;
+        mx = max(mx, abs(v));
+    }
+    let sigma = pow2_scale(workgroup_max(tid, mx));
+    for (var e = tid; e < CH * CH; e += 128u) {
+        p16[(e / CH) * PS + e % CH] = f16(x32[e] * sigma);
+    }
+    workgroupBarrier();
+    let inv = 1.0 / sigma;
+    let b_last = gsh[len - 1u];
+    for (var half = 0u; half < 2u; half++) {
+        // dq: query block g of dP times k.
+        dq_half(tile_at(4u, bh, n), g, half);
+        workgroupBarrier();
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let t = e / CH;
+            if (t < len) {
+                let o = row_of(b, c0 + t, h) * D + 64u * half + e % CH;
+                dq_out[o] = dq_out[o] * p.scale * exp(gsh[t]) + x32[e] * inv;
+            }
+        }
+        workgroupBarrier();
+        // dk: key block g of dPᵀ times q.
+        dk_half(tile_at(5u, bh, n), g, half);
+        workgroupBarrier();
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let s = e / CH;
+            if (s < len) {
+                let o = row_of(b, c0 + s, h) * D + 64u * half + e % CH;
+                dk_out[o] = dk_out[o] * exp(b_last - gsh[s]) + x32[e] * inv;
+            }
+        }
+        workgroupBarrier();
     }
 }

@@ -339,9 +339,17 @@ fn tensor_core_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
 }
 
 /// Whether the backward's reverse sweep runs on tensor cores (native/chunk_sweep_coop.wgsl's
-/// chunk_bwd_state_coop): as `tensor_core_sweep`, with four sections of f16 tiles.
+/// chunk_bwd_state_coop, and after chunk_bwd_products its chunk_bwd_scores_coop): as
+/// `tensor_core_sweep`, with `BACKWARD_TILE_SECTIONS` sections of f16 tiles.
 fn tensor_core_backward_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
-    r.gate != Gate::Vector && tensor_cores_for(rec, r, d, 2 * sweep_tile_words(d))
+    r.gate != Gate::Vector && tensor_cores_for(rec, r, d, backward_tile_words(d))
+}
+
+/// The backward's f16 tiles on tensor cores: K̃, W, Q̃, the scaled dO, k, q and u.
+const BACKWARD_TILE_SECTIONS: usize = 7;
+
+fn backward_tile_words(d: Dims) -> usize {
+    (BACKWARD_TILE_SECTIONS * sweep_tile_words(d)).div_ceil(2)
 }
 
 /// Words of the sweep's f16 tiles on tensor cores (K̃, then W or v; 64 × 128 per chunk each),
@@ -586,16 +594,19 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         return Ok(grads);
     }
     rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
+    // The reverse sweep on tensor cores (native/chunk_sweep_coop.wgsl): f16 tiles of K̃, W, q̃, the
+    // scaled dO, k, q and u, du_local as f32 tiles, then the sweep. The tiles serve the scores
+    // after chunk_bwd_products too.
+    let mut sweep_tiles = None;
     if tensor_core_backward_sweep(rec, r, d) {
-        // The reverse sweep on tensor cores (native/chunk_sweep_coop.wgsl): f16 tiles of K̃, W,
-        // q̃ and the scaled dO, du_local as f32 tiles, then the sweep.
-        let tiles = rec.temp(2 * sweep_tile_words(d))?;
+        let tiles = rec.temp(backward_tile_words(d))?;
         let du_tiles = rec.temp(sweep_tile_words(d))?;
         let do_scales = rec.temp(bh * chunks * 8)?;
-        let operand_bindings = [(1, q), (2, k), (13, sweep_w), (15, sweep_b), (20, &du), (21, d_out), (30, &tiles), (32, &du_tiles), (33, &do_scales)];
+        let operand_bindings = [(1, q), (2, k), (7, sweep_u), (13, sweep_w), (15, sweep_b), (20, &du), (21, d_out), (30, &tiles), (32, &du_tiles), (33, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
         let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
+        sweep_tiles = Some((tiles, do_scales));
     } else {
         rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
     }
@@ -607,6 +618,12 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
         rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64), &params, &product_bindings, grid)?;
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
+        if let Some((tiles, do_scales)) = &sweep_tiles {
+            // dP and its products with k and q, finishing dq and dk but for the delta rules' terms.
+            let score_bindings = [(15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales)];
+            rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
+            grads_kernel = grads_kernel.with("SCORES_DONE", 1.0);
+        }
     }
     rec.dispatch_bindings(&grads_kernel, &params, &grads_bindings, grid)?;
     Ok(grads)

@@ -1459,6 +1459,10 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 // dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
+// With PRODUCTS_DONE, dq and dk finished before it too (native/chunk_sweep_coop.wgsl's
+// chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
+// the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
+override SCORES_DONE: bool = false;
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -1479,6 +1483,16 @@ var<workgroup> red_sh: array<f32, 256>;      // partial sums; chunk_bwd_state: t
 // chunk_bwd_state: what q_t carries from S_0 under a scalar gate, exp(b_t) (mLSTM: exp(b_t + m_0 −
 // m_t)), once per token rather than once per token and key in every thread.
 var<workgroup> qdec_sh: array<f32, 64>;
+
+// q or k as they entered the scores' products: with SCORES_DONE rounded to f16 as there, so that
+// db's terms q_t·(dP_ts k_s) and k_s·(dP_ts q_t) cancel where they should (exactly, for s = t)
+// rather than leave f16's rounding of large terms; as they are otherwise.
+fn scores_operand(x: vec4<f32>) -> vec4<f32> {
+    if (SCORES_DONE) {
+        return vec4<f32>(unpack2x16float(pack2x16float(x.xy)), unpack2x16float(pack2x16float(x.zw)));
+    }
+    return x;
+}
 
 // exp(b_t − b_s) of key channels 4a..4a+3 under a vector gate (1 otherwise).
 fn pair_decay(row_t: u32, row_s: u32, a: u32) -> vec4<f32> {
@@ -2794,7 +2808,9 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         var mp = mat4x4<f32>();
         var ma = mat4x4<f32>();
         if (sq <= tq && 4u * tq < len) {
-            mp = block_dots(b, h, c0, len, tq, sq, 0u);
+            if (!SCORES_DONE) {
+                mp = block_dots(b, h, c0, len, tq, sq, 0u);
+            }
             if (DELTA) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
@@ -3256,7 +3272,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq0 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq0 = x;
+        } else {
+            dq0 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 4u;
@@ -3267,7 +3287,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq1 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq1 = x;
+        } else {
+            dq1 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 8u;
@@ -3278,7 +3302,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq2 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq2 = x;
+        } else {
+            dq2 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 12u;
@@ -3289,7 +3317,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq3 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq3 = x;
+        } else {
+            dq3 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 16u;
@@ -3300,7 +3332,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq4 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq4 = x;
+        } else {
+            dq4 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 20u;
@@ -3311,7 +3347,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq5 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq5 = x;
+        } else {
+            dq5 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 24u;
@@ -3322,7 +3362,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq6 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq6 = x;
+        } else {
+            dq6 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
     {
         let a = part + 28u;
@@ -3333,9 +3377,15 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         if (NORM != 0u) {
             x = x * inv_den + h_in[hb4 + D * D4 + a] * dnq;
         }
-        dq7 = x * start_decay(row, a, m0, m_t) * p.scale;
+        if (SCORES_DONE) {
+            dq7 = x;
+        } else {
+            dq7 = x * start_decay(row, a, m0, m_t) * p.scale;
+        }
     }
-    for (var s = 0u; s <= min(t, len - 1u); s++) {
+    // (SCORES_DONE: no term, the loops run no step.)
+    let scores_end = select(min(t, len - 1u) + 1u, 0u, SCORES_DONE);
+    for (var s = 0u; s < scores_end; s++) {
         let cf = p_sh[t * C + s];
         let srow = row_of(b, c0 + s, h);
         {
@@ -3372,7 +3422,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
         }
     }
     // 3. dk_t from the later queries' scores and from the chunk's end state.
-    for (var tt = t; tt < len; tt++) {
+    for (var tt = t; tt < select(len, t, SCORES_DONE); tt++) {
         let cf = p_sh[tt * C + t];
         let trow = row_of(b, c0 + tt, h);
         {
@@ -3418,8 +3468,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk0 += x * end_decay(last_row, row, a, m_end);
-            db0 = q_row[row * D4 + a] * dq0 - k_row[row * D4 + a] * dk0;
+            if (SCORES_DONE) {
+                dk0 = x;
+            } else {
+                dk0 += x * end_decay(last_row, row, a, m_end);
+            }
+            db0 = scores_operand(q_row[row * D4 + a]) * dq0 - scores_operand(k_row[row * D4 + a]) * dk0;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3442,8 +3496,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk1 += x * end_decay(last_row, row, a, m_end);
-            db1 = q_row[row * D4 + a] * dq1 - k_row[row * D4 + a] * dk1;
+            if (SCORES_DONE) {
+                dk1 = x;
+            } else {
+                dk1 += x * end_decay(last_row, row, a, m_end);
+            }
+            db1 = scores_operand(q_row[row * D4 + a]) * dq1 - scores_operand(k_row[row * D4 + a]) * dk1;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3466,8 +3524,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk2 += x * end_decay(last_row, row, a, m_end);
-            db2 = q_row[row * D4 + a] * dq2 - k_row[row * D4 + a] * dk2;
+            if (SCORES_DONE) {
+                dk2 = x;
+            } else {
+                dk2 += x * end_decay(last_row, row, a, m_end);
+            }
+            db2 = scores_operand(q_row[row * D4 + a]) * dq2 - scores_operand(k_row[row * D4 + a]) * dk2;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3490,8 +3552,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk3 += x * end_decay(last_row, row, a, m_end);
-            db3 = q_row[row * D4 + a] * dq3 - k_row[row * D4 + a] * dk3;
+            if (SCORES_DONE) {
+                dk3 = x;
+            } else {
+                dk3 += x * end_decay(last_row, row, a, m_end);
+            }
+            db3 = scores_operand(q_row[row * D4 + a]) * dq3 - scores_operand(k_row[row * D4 + a]) * dk3;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3514,8 +3580,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk4 += x * end_decay(last_row, row, a, m_end);
-            db4 = q_row[row * D4 + a] * dq4 - k_row[row * D4 + a] * dk4;
+            if (SCORES_DONE) {
+                dk4 = x;
+            } else {
+                dk4 += x * end_decay(last_row, row, a, m_end);
+            }
+            db4 = scores_operand(q_row[row * D4 + a]) * dq4 - scores_operand(k_row[row * D4 + a]) * dk4;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3538,8 +3608,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk5 += x * end_decay(last_row, row, a, m_end);
-            db5 = q_row[row * D4 + a] * dq5 - k_row[row * D4 + a] * dk5;
+            if (SCORES_DONE) {
+                dk5 = x;
+            } else {
+                dk5 += x * end_decay(last_row, row, a, m_end);
+            }
+            db5 = scores_operand(q_row[row * D4 + a]) * dq5 - scores_operand(k_row[row * D4 + a]) * dk5;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3562,8 +3636,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk6 += x * end_decay(last_row, row, a, m_end);
-            db6 = q_row[row * D4 + a] * dq6 - k_row[row * D4 + a] * dk6;
+            if (SCORES_DONE) {
+                dk6 = x;
+            } else {
+                dk6 += x * end_decay(last_row, row, a, m_end);
+            }
+            db6 = scores_operand(q_row[row * D4 + a]) * dq6 - scores_operand(k_row[row * D4 + a]) * dk6;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
@@ -3586,8 +3664,12 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (NORM != 0u) {
                 x += ds_in[eb4 + D * D4 + a];
             }
-            dk7 += x * end_decay(last_row, row, a, m_end);
-            db7 = q_row[row * D4 + a] * dq7 - k_row[row * D4 + a] * dk7;
+            if (SCORES_DONE) {
+                dk7 = x;
+            } else {
+                dk7 += x * end_decay(last_row, row, a, m_end);
+            }
+            db7 = scores_operand(q_row[row * D4 + a]) * dq7 - scores_operand(k_row[row * D4 + a]) * dk7;
             if (!DELTA) {
                 // db is final here for the additive rules: spend it at once (phase 8's terms, in
                 // its order), so that it is not held in registers beside dq and dk till then.
