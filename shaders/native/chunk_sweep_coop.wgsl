@@ -38,6 +38,8 @@ const R: u32 = 16516u;
 const TILE: u32 = CH * D;
 // Rows of the f16 copies in workgroup memory: 16 halves and 8 of padding.
 const LDS: u32 = 24u;
+// Scales per chunk in the backward's scale_out.
+const SCALES: u32 = 16u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> k_row: array<vec4<f32>>;     // [B, T, H, D/4]
@@ -47,7 +49,8 @@ const LDS: u32 = 24u;
 @group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;    // [B, T, H, D/4] W
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;    // cumulative gates
 // Sections of f16 tiles, [B, H, chunks, 64, 128] each: the forward's K̃, then W (delta) or v;
-// the backward's K̃, W, Q̃, the scaled dO, then k, q and u as they are (chunk_bwd_scores_coop).
+// the backward's K̃, W, Q̃, the scaled dO, then for chunk_bwd_scores_coop k, q and u as they are,
+// dÕ = scale exp(b_t) dO_t (scaled) and ũ_s = exp(b_L − b_s) u_s.
 @group(0) @binding(30) var<storage, read_write> tiles_out: array<f16>;
 @group(0) @binding(31) var<storage, read> tiles: array<f16>;
 // f32 tiles, [B, H, chunks, 64, 128]: Uc (the forward's delta rules), or du within the chunk
@@ -58,7 +61,8 @@ const LDS: u32 = 24u;
 @group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;   // [B, H, chunks, DS] dS_L
 @group(0) @binding(20) var<storage, read_write> du_rw: array<f32>;    // [B, T, H, D] du
 @group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>; // [B, T, H, D/4] dO
-@group(0) @binding(33) var<storage, read_write> scale_out: array<f32>; // [B, H, chunks, 8]
+// Per chunk: dO's inverse scale per value block of 16, then dÕ's (chunk_bwd_sweep_operands).
+@group(0) @binding(33) var<storage, read_write> scale_out: array<f32>; // [B, H, chunks, SCALES]
 @group(0) @binding(34) var<storage, read> scale_in: array<f32>;
 @group(0) @binding(22) var<storage, read_write> dq_out: array<f32>;   // [B, T, H, D]
 @group(0) @binding(23) var<storage, read_write> dk_out: array<f32>;
@@ -67,7 +71,7 @@ fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// Where section s (the forward's 0–1, the backward's 0–6) has chunk n of (batch, head) bh.
+// Where section s (the forward's 0–1, the backward's 0–8) has chunk n of (batch, head) bh.
 fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
 }
@@ -311,6 +315,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
     }
     let du_at = (bh * p.chunks + n) * TILE;
     var mx = 0.0;
+    var mx_d = 0.0;
     for (var i = 0u; i < CH * D4 / 128u; i++) {
         let t = tid / D4 + 4u * i;
         let live = t < len;
@@ -333,9 +338,18 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
         let ub = row * D + 4u * a;
         let u = vec4<f32>(u_buf[ub], u_buf[ub + 1u], u_buf[ub + 2u], u_buf[ub + 3u]);
         put_f16(tile_at(6u, bh, n) + o, select(vec4<f32>(0.0), u, live));
+        var ud = u;
+        var dd = dout_row[row * D4 + a] * p.scale;
+        if (GATE != 0u) {
+            let bt = b_row[row * D4].x;
+            ud = u * exp(b_last.x - bt);
+            dd = dd * exp(bt);
+        }
+        put_f16(tile_at(8u, bh, n) + o, select(vec4<f32>(0.0), ud, live));
         let du = select(vec4<f32>(0.0), vec4<f32>(du_rw[ub], du_rw[ub + 1u], du_rw[ub + 2u], du_rw[ub + 3u]), live);
         put_f32(du_at + o, du);
         mx = max(mx, select(0.0, max4(dout_row[row * D4 + a]), live));
+        mx_d = max(mx_d, select(0.0, max4(dd), live));
     }
     red[tid / 4u][tid % 4u] = mx;
     workgroupBarrier();
@@ -343,12 +357,24 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
     let m4 = max(max(red[a / 4u], red[8u + a / 4u]), max(red[16u + a / 4u], red[24u + a / 4u]));
     let sc = pow2_scale(max(max(m4.x, m4.y), max(m4.z, m4.w)));
     if (tid < D4 && a % 4u == 0u) {
-        scale_out[(bh * p.chunks + n) * 8u + a / 4u] = 1.0 / sc;
+        scale_out[(bh * p.chunks + n) * SCALES + a / 4u] = 1.0 / sc;
+    }
+    // dÕ's one scale for the chunk (every read of red for the blocks' is past this barrier).
+    workgroupBarrier();
+    let sd = pow2_scale(workgroup_max(tid, mx_d));
+    if (tid == 0u) {
+        scale_out[(bh * p.chunks + n) * SCALES + 8u] = 1.0 / sd;
     }
     for (var i = 0u; i < CH * D4 / 128u; i++) {
         let t = tid / D4 + 4u * i;
         let row = row_of(b, c0 + min(t, len - 1u), h);
-        put_f16(tile_at(3u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), dout_row[row * D4 + a] * sc, t < len));
+        let d_o = dout_row[row * D4 + a];
+        put_f16(tile_at(3u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), d_o * sc, t < len));
+        var dd = d_o * p.scale;
+        if (GATE != 0u) {
+            dd = dd * exp(b_row[row * D4].x);
+        }
+        put_f16(tile_at(7u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), dd * sd, t < len));
     }
 }
 
@@ -374,7 +400,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         if (GATE != 0u) {
             decay = exp(b_row[row_of(b, c0 + len - 1u, h) * D4].x);
         }
-        let inv_do = scale_in[(bh * p.chunks + n) * 8u + vb];
+        let inv_do = scale_in[(bh * p.chunks + n) * SCALES + vb];
         // dS_L of the chunk, for chunk_bwd_grads.
         let eb = (bh * p.chunks + n) * DS + col0;
         coopStoreT(s0, &ds_end[eb + kb0 * 16u * D], D);
@@ -438,19 +464,24 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
     }
 }
 
-// ---- chunk_bwd_scores_coop: workgroup (chunk, head, batch), after chunk_bwd_products ----
+// ---- chunk_bwd_scores_coop: workgroup (chunk, head, batch), after chunk_bwd_states16 ----
 //
 //   dP_ts = scale Γ_ts dO_t·u_s  (s ≤ t; Γ_ts = exp(b_t − b_s) under a gate per head, else 1)
-//   dq_t  = scale exp(b_t) S_0 dO_t + Σ_(s≤t) dP_ts k_s
-//   dk_s  = exp(b_L − b_s) dS_L u_s + Σ_(t≥s) dP_ts q_t
-// chunk_bwd_products left S_0 dO_t in dq and dS_L u_s in dk; this finishes both, and
-// chunk_d128.wgsl's chunk_bwd_grads (SCORES_DONE) takes them as they are. dP's ten tiles on or
-// below the diagonal come from the tiles of dO (scaled per value block: each block's product is
-// scaled back on its own) and u, are masked and decayed in f32, then enter the two products as
-// f16 at one power-of-two scale for the chunk. Subgroup g computes query block g of dq and key
-// block g of dk, each over all four blocks of dP (those above the diagonal are zero) so that
-// control flow stays uniform, and each in two halves of 64 columns through x32 (26 KiB of
+//   dq_t  = dÕ_t S_0ᵀ + Σ_(s≤t) dP_ts k_s          (dÕ_t = scale exp(b_t) dO_t)
+//   dk_s  = dS_L ũ_s + Σ_(t≥s) dP_ts q_t            (ũ_s = exp(b_L − b_s) u_s)
+// dq and dk but for the delta rules' terms, which chunk_d128.wgsl's chunk_bwd_grads
+// (SCORES_DONE) adds. dP's ten tiles on or below the diagonal come from the tiles of dO (scaled
+// per value block: each block's product is scaled back on its own) and u, are masked and
+// decayed in f32, then enter the products as f16 at one power-of-two scale for the chunk; the
+// state terms come from chunk_bwd_states16's f16 S_0 and dS_L (each at its own scale) and are
+// brought to dP's scale before its products add to them. Subgroup g computes query block g of dq
+// and key block g of dk, each over all four blocks of dP (those above the diagonal are zero) so
+// that control flow stays uniform, and each in two halves of 64 columns through x32 (26 KiB of
 // workgroup memory in all); no branch runs while an accumulator is live.
+
+// chunk_bwd_states16's f16 S_0 then dS_L [128, 128] per chunk, and their inverse scales.
+@group(0) @binding(35) var<storage, read> states16: array<f16>;
+@group(0) @binding(36) var<storage, read> state_scales: array<f32>;
 
 const PS: u32 = CH + 8u;                  // p16's row stride, in halves
 var<workgroup> x32: array<f32, 4096>;     // dP [64][64] in f32, then half a product [64][64]
@@ -468,16 +499,35 @@ fn tile_key(i: u32) -> u32 {
     return i - a * (a + 1u) / 2u;
 }
 
-// Columns 64·half .. + 63 of dq's query block `blk` = Σ_c dP[blk, c] · k[c, :], k the f16 tile
-// at `at`, into x32 [token][column]: A from p16 row-major, B from the tile row-major.
-fn dq_half(at: u32, blk: u32, half: u32) {
+// Columns 64·half .. + 63 of dq's query block `blk` into x32 [token][column], at dP's scale σ:
+// dÕ[blk, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
+// brought to σ by `to_p`, then + Σ_c dP[blk, c] · k[c, :] (A from p16, B from the k tile).
+fn dq_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     var o2 = coop_mat16x16<f32, C>();
     var o3 = coop_mat16x16<f32, C>();
+    let da = tile_at(7u, bh, n) + blk * 16u * D;
+    let st = (bh * p.chunks + n) * 2u * D * D + half * 64u * D;
+    for (var j = 0u; j < D; j += 16u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[da + j], D);
+        let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 0u * D + j], D);
+        let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 16u * D + j], D);
+        let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 32u * D + j], D);
+        let s3 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 48u * D + j], D);
+        o0 = coopMultiplyAdd(a, s0, o0);
+        o1 = coopMultiplyAdd(a, s1, o1);
+        o2 = coopMultiplyAdd(a, s2, o2);
+        o3 = coopMultiplyAdd(a, s3, o3);
+    }
+    o0 = o0 * to_p;
+    o1 = o1 * to_p;
+    o2 = o2 * to_p;
+    o3 = o3 * to_p;
+    let kt = tile_at(4u, bh, n) + half * 64u;
     for (var c = 0u; c < 4u; c++) {
         let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[blk * 16u * PS + c * 16u], PS);
-        let rt = at + c * 16u * D + half * 64u;
+        let rt = kt + c * 16u * D;
         let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
         let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
         let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 32u], D);
@@ -494,17 +544,36 @@ fn dq_half(at: u32, blk: u32, half: u32) {
     coopStoreT(o3, &x32[xo + 48u], CH);
 }
 
-// The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = Σ_c qᵀ[:, c] ·
-// dP[c, blk], q the f16 tile at `at`: A from the tile column-major (element (i, t) at t·D + i),
-// B from p16 row-major; the (key, token) tiles stored column-major land in x32 [token][column].
-fn dk_half(at: u32, blk: u32, half: u32) {
+// The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = dS_L ũᵀ[:, blk] (A from
+// dS_L's rows row-major, B = ũᵀ read column-major from the ũ tile), brought to σ, + Σ_c qᵀ[:, c]
+// · dP[c, blk] (A = qᵀ read column-major from the q tile, B from p16); the (key, token) tiles
+// stored column-major land in x32 [token][column] as dq_half's.
+fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     var o2 = coop_mat16x16<f32, C>();
     var o3 = coop_mat16x16<f32, C>();
+    let ub = tile_at(8u, bh, n) + blk * 16u * D;
+    let st = (bh * p.chunks + n) * 2u * D * D + D * D + half * 64u * D;
+    for (var j = 0u; j < D; j += 16u) {
+        let u = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + j], D);
+        let s0 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 0u * D + j], D);
+        let s1 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 16u * D + j], D);
+        let s2 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 32u * D + j], D);
+        let s3 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 48u * D + j], D);
+        o0 = coopMultiplyAdd(s0, u, o0);
+        o1 = coopMultiplyAdd(s1, u, o1);
+        o2 = coopMultiplyAdd(s2, u, o2);
+        o3 = coopMultiplyAdd(s3, u, o3);
+    }
+    o0 = o0 * to_p;
+    o1 = o1 * to_p;
+    o2 = o2 * to_p;
+    o3 = o3 * to_p;
+    let qt = tile_at(5u, bh, n) + half * 64u;
     for (var c = 0u; c < 4u; c++) {
         let pb = coopLoadT<coop_mat16x16<f16, B>>(&p16[c * 16u * PS + blk * 16u], PS);
-        let rt = at + c * 16u * D + half * 64u;
+        let rt = qt + c * 16u * D;
         let r0 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 0u], D);
         let r1 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 16u], D);
         let r2 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 32u], D);
@@ -541,7 +610,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     // the same place), each value block's product scaled back by dO's inverse scale.
     let do_at = tile_at(3u, bh, n);
     let u_at = tile_at(6u, bh, n);
-    let sc_at = (bh * p.chunks + n) * 8u;
+    let sc_at = (bh * p.chunks + n) * SCALES;
     for (var round = 0u; round < 3u; round++) {
         let tile = min(round * 4u + g, 9u);
         let qa = do_at + tile_query(tile) * 16u * D;
@@ -595,27 +664,26 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     }
     workgroupBarrier();
     let inv = 1.0 / sigma;
-    let b_last = gsh[len - 1u];
+    // The state terms' products are at the scales of their operands: dÕ's and S_0's, dS_L's.
+    let sc = (bh * p.chunks + n) * 2u;
+    let dq_to_p = scale_in[sc_at + 8u] * state_scales[sc] * sigma;
+    let dk_to_p = state_scales[sc + 1u] * sigma;
     for (var half = 0u; half < 2u; half++) {
-        // dq: query block g of dP times k.
-        dq_half(tile_at(4u, bh, n), g, half);
+        dq_half(bh, n, g, half, dq_to_p);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += 128u) {
             let t = e / CH;
             if (t < len) {
-                let o = row_of(b, c0 + t, h) * D + 64u * half + e % CH;
-                dq_out[o] = dq_out[o] * p.scale * exp(gsh[t]) + x32[e] * inv;
+                dq_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e] * inv;
             }
         }
         workgroupBarrier();
-        // dk: key block g of dPᵀ times q.
-        dk_half(tile_at(5u, bh, n), g, half);
+        dk_half(bh, n, g, half, dk_to_p);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += 128u) {
             let s = e / CH;
             if (s < len) {
-                let o = row_of(b, c0 + s, h) * D + 64u * half + e % CH;
-                dk_out[o] = dk_out[o] * exp(b_last - gsh[s]) + x32[e] * inv;
+                dk_out[row_of(b, c0 + s, h) * D + 64u * half + e % CH] = x32[e] * inv;
             }
         }
         workgroupBarrier();

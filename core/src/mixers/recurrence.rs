@@ -345,8 +345,10 @@ fn tensor_core_backward_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
     r.gate != Gate::Vector && tensor_cores_for(rec, r, d, backward_tile_words(d))
 }
 
-/// The backward's f16 tiles on tensor cores: K̃, W, Q̃, the scaled dO, k, q and u.
-const BACKWARD_TILE_SECTIONS: usize = 7;
+/// The backward's f16 tiles on tensor cores: K̃, W, Q̃, the scaled dO, k, q, u, dÕ and ũ.
+const BACKWARD_TILE_SECTIONS: usize = 9;
+/// Scales per chunk of the backward's tiles (native/chunk_sweep_coop.wgsl's SCALES).
+const BACKWARD_TILE_SCALES: usize = 16;
 
 fn backward_tile_words(d: Dims) -> usize {
     (BACKWARD_TILE_SECTIONS * sweep_tile_words(d)).div_ceil(2)
@@ -601,7 +603,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     if tensor_core_backward_sweep(rec, r, d) {
         let tiles = rec.temp(backward_tile_words(d))?;
         let du_tiles = rec.temp(sweep_tile_words(d))?;
-        let do_scales = rec.temp(bh * chunks * 8)?;
+        let do_scales = rec.temp(bh * chunks * BACKWARD_TILE_SCALES)?;
         let operand_bindings = [(1, q), (2, k), (7, sweep_u), (13, sweep_w), (15, sweep_b), (20, &du), (21, d_out), (30, &tiles), (32, &du_tiles), (33, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
         let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
@@ -615,12 +617,19 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         let states16 = rec.temp(coop_state_words(d))?;
         let scales = rec.temp(bh * chunks * 2)?;
         rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_states16"), &params, &[(11, sweep_h), (19, &ds_end), (30, &states16), (33, &scales)], grid)?;
-        let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
-        rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64), &params, &product_bindings, grid)?;
+        // With the scores on tensor cores (the sweep's tiles at hand), S_0 dO and dS_L u are theirs
+        // too, and the products here are the delta rules' −S_0 du and Uc only.
+        let scores = sweep_tiles.is_some();
+        if r.delta || !scores {
+            let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
+            let products = coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64).with("SCORES", scores as u8 as f64);
+            rec.dispatch_bindings(&products, &params, &product_bindings, grid)?;
+        }
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
         if let Some((tiles, do_scales)) = &sweep_tiles {
-            // dP and its products with k and q, finishing dq and dk but for the delta rules' terms.
-            let score_bindings = [(15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales)];
+            // dP, its products with k and q and the state terms: dq and dk but for the delta
+            // rules' terms.
+            let score_bindings = [(15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             grads_kernel = grads_kernel.with("SCORES_DONE", 1.0);
         }
