@@ -91,6 +91,9 @@ override PRODUCTS_DONE: bool = false;
 // chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
 // the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
 override SCORES_DONE: bool = false;
+// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
+// same kernel (on tensor cores), in place of phase 1's products k·k.
+@group(0) @binding(37) var<storage, read> kk_in: array<f32>;  // [B, H, chunks, C, C]
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -515,7 +518,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA) {
+            if (DELTA && !SCORES_DONE) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -540,7 +543,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 }
                 cf = acc * p.scale * ps;
                 if (DELTA && s < tt) {
-                    akk = ma[{j}][{i}] * ps;
+                    if (SCORES_DONE) {
+                        akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                    } else {
+                        akk = ma[{j}][{i}] * ps;
+                    }
                 }
             }
             p_sh[tt * C + s] = cf;
@@ -1645,7 +1652,7 @@ def _closing(text, i):
 
 def packed(src):
     """The same kernels with every storage array moved into two arenas, for adapters that bind
-    fewer than the backward's 21 storage buffers per stage (WebGPU's default is 8): what the
+    fewer than the backward's 22 storage buffers per stage (WebGPU's default is 8): what the
     kernels read in `arena_in` (bound twice, as f32 and as vec4), what they write — and what
     an earlier kernel of the backward wrote — in `arena_out`, and word N of `arena_toc` where
     binding N's array starts in its arena. Accesses are rewritten, nothing else: the same

@@ -470,7 +470,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 //   dq_t  = dÕ_t S_0ᵀ + Σ_(s≤t) dP_ts k_s          (dÕ_t = scale exp(b_t) dO_t)
 //   dk_s  = dS_L ũ_s + Σ_(t≥s) dP_ts q_t            (ũ_s = exp(b_L − b_s) u_s)
 // dq and dk but for the delta rules' terms, which chunk_d128.wgsl's chunk_bwd_grads
-// (SCORES_DONE) adds. dP's ten tiles on or below the diagonal come from the tiles of dO (scaled
+// (SCORES_DONE) adds, and for the delta rules A_ts / β_t = Γ_ts k_t·k_s (s < t) into kk_out. dP's ten tiles on or below the diagonal come from the tiles of dO (scaled
 // per value block: each block's product is scaled back on its own) and u, are masked and
 // decayed in f32, then enter the products as f16 at one power-of-two scale for the chunk; the
 // state terms come from chunk_bwd_states16's f16 S_0 and dS_L (each at its own scale) and are
@@ -482,6 +482,8 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 // chunk_bwd_states16's f16 S_0 then dS_L [128, 128] per chunk, and their inverse scales.
 @group(0) @binding(35) var<storage, read> states16: array<f16>;
 @group(0) @binding(36) var<storage, read> state_scales: array<f32>;
+// The delta rules' A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk, for chunk_bwd_grads.
+@group(0) @binding(37) var<storage, read_write> kk_out: array<f32>;  // [B, H, chunks, 64, 64]
 
 const PS: u32 = CH + 8u;                  // p16's row stride, in halves
 var<workgroup> x32: array<f32, 4096>;     // dP [64][64] in f32, then half a product [64][64]
@@ -664,6 +666,34 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     }
     workgroupBarrier();
     let inv = 1.0 / sigma;
+    if (DELTA) {
+        // k kᵀ's ten tiles as dO uᵀ's, then the mask (s < t) and the decay in f32.
+        let kt = tile_at(4u, bh, n);
+        for (var round = 0u; round < 3u; round++) {
+            let tile = min(round * 4u + g, 9u);
+            let ka = kt + tile_query(tile) * 16u * D;
+            let kb = kt + tile_key(tile) * 16u * D;
+            var acc = coop_mat16x16<f32, C>();
+            for (var j = 0u; j < D; j += 16u) {
+                let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ka + j], D);
+                let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[kb + j], D);
+                acc = coopMultiplyAdd(a, bm, acc);
+            }
+            coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+        }
+        workgroupBarrier();
+        let kk_at = (bh * p.chunks + n) * CH * CH;
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let t = e / CH;
+            let s = e % CH;
+            var v = 0.0;
+            if (s < t && t < len) {
+                v = x32[e] * exp(gsh[t] - gsh[s]);
+            }
+            kk_out[kk_at + e] = v;
+        }
+        workgroupBarrier();
+    }
     // The state terms' products are at the scales of their operands: dÕ's and S_0's, dS_L's.
     let sc = (bh * p.chunks + n) * 2u;
     let dq_to_p = scale_in[sc_at + 8u] * state_scales[sc] * sigma;

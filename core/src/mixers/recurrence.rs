@@ -411,7 +411,7 @@ pub fn chunk_constants(r: Recurrence, kernel: Kernel) -> Kernel {
 
 /// Storage buffers that chunk_bwd_grads binds, the most of any kernel of the backward: on an
 /// adapter that allows fewer per shader stage (WebGPU's default is 8) the backward runs packed.
-const BACKWARD_BINDINGS: usize = 21;
+const BACKWARD_BINDINGS: usize = 22;
 
 /// The bindings of the backward that its kernels write, or read after an earlier kernel wrote
 /// them: the packed flavour keeps them in its output arena (shaders/gen/chunk.py `packed`).
@@ -585,10 +585,12 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
     let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
-    let grads_bindings = [
+    let mut grads_bindings = vec![
         (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
         (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
         (32, uc.as_ref().unwrap_or(sweep_u)),
+        // The scores' A (SCORES_DONE below); otherwise unread.
+        (37, &dummy),
     ];
     if packed {
         let passes = [("chunk_bwd_local", &local_bindings[..], grid), ("chunk_bwd_state", &state_bindings[..], state_grid), ("chunk_bwd_grads", &grads_bindings[..], grid)];
@@ -613,6 +615,8 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
     }
     let mut grads_kernel = kernel("chunk_bwd_grads");
+    // The scores' A_ts / β_t for chunk_bwd_grads (SCORES_DONE).
+    let kk;
     if coop {
         let states16 = rec.temp(coop_state_words(d))?;
         let scales = rec.temp(bh * chunks * 2)?;
@@ -629,9 +633,12 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         if let Some((tiles, do_scales)) = &sweep_tiles {
             // dP, its products with k and q and the state terms: dq and dk but for the delta
             // rules' terms.
-            let score_bindings = [(15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales)];
+            kk = rec.temp(if r.delta { bh * chunks * CHUNK * CHUNK } else { 4 })?;
+            let score_bindings = [(15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             grads_kernel = grads_kernel.with("SCORES_DONE", 1.0);
+            grads_bindings.retain(|(b, _)| *b != 37);
+            grads_bindings.push((37, &kk));
         }
     }
     rec.dispatch_bindings(&grads_kernel, &params, &grads_bindings, grid)?;

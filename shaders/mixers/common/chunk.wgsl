@@ -1344,6 +1344,9 @@ override PRODUCTS_DONE: bool = false;
 // chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
 // the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
 override SCORES_DONE: bool = false;
+// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
+// same kernel (on tensor cores), in place of phase 1's products k·k.
+@group(0) @binding(37) var<storage, read> kk_in: array<f32>;  // [B, H, chunks, C, C]
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2591,7 +2594,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA) {
+            if (DELTA && !SCORES_DONE) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2615,7 +2618,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2640,7 +2647,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2665,7 +2676,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2690,7 +2705,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2719,7 +2738,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2744,7 +2767,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2769,7 +2796,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2794,7 +2825,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2823,7 +2858,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2848,7 +2887,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2873,7 +2916,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2898,7 +2945,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2927,7 +2978,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2952,7 +3007,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2977,7 +3036,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3002,7 +3065,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;

@@ -1463,6 +1463,9 @@ override PRODUCTS_DONE: bool = false;
 // chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
 // the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
 override SCORES_DONE: bool = false;
+// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
+// same kernel (on tensor cores), in place of phase 1's products k·k.
+@group(0) @binding(37) var<storage, read> kk_in: array<f32>;  // [B, H, chunks, C, C]
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2811,7 +2814,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA) {
+            if (DELTA && !SCORES_DONE) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2835,7 +2838,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2860,7 +2867,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2885,7 +2896,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2910,7 +2925,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[0][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2939,7 +2958,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2964,7 +2987,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2989,7 +3016,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3014,7 +3045,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[1][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3043,7 +3078,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3068,7 +3107,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3093,7 +3136,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3118,7 +3165,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[2][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3147,7 +3198,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3172,7 +3227,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3197,7 +3256,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3222,7 +3285,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
+                        } else {
+                            akk = ma[3][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;

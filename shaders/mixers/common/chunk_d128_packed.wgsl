@@ -1449,6 +1449,8 @@ override PRODUCTS_DONE: bool = false;
 // chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
 // the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
 override SCORES_DONE: bool = false;
+// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
+// same kernel (on tensor cores), in place of phase 1's products k·k.
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2797,7 +2799,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA) {
+            if (DELTA && !SCORES_DONE) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2821,7 +2823,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2846,7 +2852,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2871,7 +2881,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2896,7 +2910,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2925,7 +2943,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2950,7 +2972,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2975,7 +3001,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3000,7 +3030,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3029,7 +3063,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3054,7 +3092,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3079,7 +3121,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3104,7 +3150,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3133,7 +3183,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3158,7 +3212,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3183,7 +3241,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3208,7 +3270,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;

@@ -1330,6 +1330,8 @@ override PRODUCTS_DONE: bool = false;
 // chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
 // the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
 override SCORES_DONE: bool = false;
+// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
+// same kernel (on tensor cores), in place of phase 1's products k·k.
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2577,7 +2579,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA) {
+            if (DELTA && !SCORES_DONE) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2601,7 +2603,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2626,7 +2632,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2651,7 +2661,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2676,7 +2690,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[0][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[0][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2705,7 +2723,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2730,7 +2752,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2755,7 +2781,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2780,7 +2810,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[1][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[1][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2809,7 +2843,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2834,7 +2872,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2859,7 +2901,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2884,7 +2930,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[2][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[2][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2913,7 +2963,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][0] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][0] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2938,7 +2992,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][1] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][1] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2963,7 +3021,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][2] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][2] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2988,7 +3050,11 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        akk = ma[3][3] * ps;
+                        if (SCORES_DONE) {
+                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
+                        } else {
+                            akk = ma[3][3] * ps;
+                        }
                     }
                 }
                 p_sh[tt * C + s] = cf;
