@@ -375,7 +375,7 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         coopStoreT(o7, &out[at7], stride);
         return;
     }
-    // A partial chunk: each tile through sc32, rows past the end not written.
+    // A partial chunk: each tile through sc32.
     for (var jt = 0u; jt < 8u; jt++) {
         let at = sg * 256u;
         switch jt {
@@ -405,12 +405,11 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             }
         }
         workgroupBarrier();
+        // Rows past the end store the last row's value again, with no branch (as put_tile).
         for (var i = 0u; i < 1024u / 128u; i++) {
             let e = tid + 128u * i;
-            let t = 16u * (e / 256u) + (e % 256u) / 16u;
-            if (t < len) {
-                out[row_of(b, c0 + t, h) * D + 16u * jt + e % 16u] = sc32[e];
-            }
+            let t = min(16u * (e / 256u) + (e % 256u) / 16u, len - 1u);
+            out[row_of(b, c0 + t, h) * D + 16u * jt + e % 16u] = sc32[sc32_at(t, e % 16u)];
         }
         workgroupBarrier();
     }
@@ -558,16 +557,25 @@ fn stage_rows(which: u32, tid: u32, b: u32, h: u32, c0: u32, len: u32) {
     workgroupBarrier();
 }
 
+// Where sc32 holds element (token t, column c) of the subgroups' tiles: subgroup t / 16's tile
+// at 256·(t / 16), row-major.
+fn sc32_at(t: u32, c: u32) -> u32 {
+    return 256u * (t / 16u) + (t % 16u) * 16u + c;
+}
+
 // Value tile jt of product j from sc32 (subgroup s's tile at 256·s, row-major (token, value))
 // into its output, scaled back (msc: the state's inverse scale), then a barrier before sc32 is
-// written again. (Measured on the H200: faster than four tiles a round through 16 KiB.)
+// written again. (Measured on the H200: faster than four tiles a round through 16 KiB.) Rows
+// past the chunk's end store the last row's value again, with no branch: the caller's other
+// accumulators are live, and on the H100 an accumulator held across divergent code came out
+// wrong (BENCHMARKS.md).
 fn put_tile(j: u32, jt: u32, tid: u32, b: u32, h: u32, c0: u32, len: u32, msc: f32) {
     for (var i = 0u; i < 1024u / 128u; i++) {
         let e = tid + 128u * i;
-        let t = 16u * (e / 256u) + (e % 256u) / 16u;
-        if (t < len) {
+        let t = min(16u * (e / 256u) + (e % 256u) / 16u, len - 1u);
+        {
             let o = row_of(b, c0 + t, h) * D + 16u * jt + e % 16u;
-            let y = sc32[e] * msc * row_inv[t];
+            let y = sc32[sc32_at(t, e % 16u)] * msc * row_inv[t];
             switch j {
                 case 0u: {
                     dq_out[o] = y;
