@@ -264,9 +264,9 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
 // f16's smallest normal, so each f16 operand that is a gradient (dS_L, dO, du) is scaled by a
 // power of two (pow2_scale) for its slice of 16 value columns and the products scaled back.
 // chunk_bwd_sweep_operands (parallel over chunks) writes K̃, W, Q̃ and the scaled dO as f16 tiles
-// (sections 0–3) with dO's inverse scales, k, q and u (4–6, for chunk_bwd_scores_coop), and
-// du_local as f32 tiles; chunk_bwd_state_coop then walks the chunks as chunk_state_coop does,
-// four subgroups per value block.
+// (sections 0–3) with dO's inverse scales, and k, q, u, dÕ and ũ (4–8, for the kernels after the
+// sweep); chunk_bwd_local_coop then du within each chunk as f32 tiles; chunk_bwd_state_coop walks
+// the chunks as chunk_state_coop does, four subgroups per value block.
 
 const DS: u32 = 16512u; // a record of dS_L [D, D] and dn [D]
 
@@ -297,7 +297,7 @@ fn workgroup_max(tid: u32, mx: f32) -> f32 {
     return max(max(m.x, m.y), max(m.z, m.w));
 }
 
-// ---- chunk_bwd_sweep_operands: workgroup (chunk, head, batch), after chunk_bwd_local ----
+// ---- chunk_bwd_sweep_operands: workgroup (chunk, head, batch), first ----
 // Thread tid takes key vec4 a = tid % 32 of rows tid / 32 + 4 i; dO's value block a / 4 is
 // shared by the 16 threads with that block's four vec4s.
 @compute @workgroup_size(128)
@@ -313,7 +313,6 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
     if (GATE != 0u) {
         b_last = b_row[row_of(b, c0 + len - 1u, h) * D4 + a];
     }
-    let du_at = (bh * p.chunks + n) * TILE;
     var mx = 0.0;
     var mx_d = 0.0;
     for (var i = 0u; i < CH * D4 / 128u; i++) {
@@ -346,8 +345,6 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
             dd = dd * exp(bt);
         }
         put_f16(tile_at(8u, bh, n) + o, select(vec4<f32>(0.0), ud, live));
-        let du = select(vec4<f32>(0.0), vec4<f32>(du_rw[ub], du_rw[ub + 1u], du_rw[ub + 2u], du_rw[ub + 3u]), live);
-        put_f32(du_at + o, du);
         mx = max(mx, select(0.0, max4(dout_row[row * D4 + a]), live));
         mx_d = max(mx_d, select(0.0, max4(dd), live));
     }
@@ -376,6 +373,96 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
         }
         put_f16(tile_at(7u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), dd * sd, t < len));
     }
+}
+
+// ---- chunk_bwd_local_coop: workgroup (chunk, head, batch), after chunk_bwd_sweep_operands ----
+//   du_s = Σ_(t≥s) P_ts dO_t,  P_ts = scale Γ_ts q_t·k_s  (s ≤ t; Γ as chunk_bwd_scores_coop's)
+// mixers/common/chunk_d128.wgsl's chunk_bwd_local for the rules without a normaliser: P's ten
+// tiles from the k and q tiles, masked and decayed in f32, to f16 (its values are the forward's
+// scores, no scale needed); subgroup g then takes du's token block g over all four blocks of P
+// (those above the diagonal are zero), each value block of dO scaled back on its own, and stores
+// it straight into the f32 tile that chunk_bwd_state_coop reads (rows past the chunk: zero).
+@compute @workgroup_size(128)
+fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let g = tid / 32u;
+    let bh = b * p.heads + h;
+    let c0 = n * CH;
+    let len = min(CH, p.seq - c0);
+    if (tid < CH) {
+        var bt = 0.0;
+        if (GATE != 0u) {
+            bt = b_row[row_of(b, c0 + min(tid, len - 1u), h) * D4].x;
+        }
+        gsh[tid] = bt;
+    }
+    let qt = tile_at(5u, bh, n);
+    let kt = tile_at(4u, bh, n);
+    for (var round = 0u; round < 3u; round++) {
+        let tile = min(round * 4u + g, 9u);
+        let qa = qt + tile_query(tile) * 16u * D;
+        let kb = kt + tile_key(tile) * 16u * D;
+        var acc = coop_mat16x16<f32, C>();
+        for (var j = 0u; j < D; j += 16u) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + j], D);
+            let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[kb + j], D);
+            acc = coopMultiplyAdd(a, bm, acc);
+        }
+        coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+    }
+    workgroupBarrier();
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let t = e / CH;
+        let s = e % CH;
+        var v = 0.0;
+        if (s <= t && t < len) {
+            v = x32[e] * p.scale * exp(gsh[t] - gsh[s]);
+        }
+        p16[t * PS + s] = f16(v);
+    }
+    workgroupBarrier();
+    // du[g, :] = Σ_c Pᵀ[g, c] dO[c, :]: A = Pᵀ read column-major from p16, B the dO tile.
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    var o4 = coop_mat16x16<f32, C>();
+    var o5 = coop_mat16x16<f32, C>();
+    var o6 = coop_mat16x16<f32, C>();
+    var o7 = coop_mat16x16<f32, C>();
+    let dt = tile_at(3u, bh, n);
+    for (var c = 0u; c < 4u; c++) {
+        let pa = coopLoad<coop_mat16x16<f16, A>>(&p16[c * 16u * PS + g * 16u], PS);
+        let rt = dt + c * 16u * D;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
+        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 32u], D);
+        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 48u], D);
+        let r4 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 64u], D);
+        let r5 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 80u], D);
+        let r6 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 96u], D);
+        let r7 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 112u], D);
+        o0 = coopMultiplyAdd(pa, r0, o0);
+        o1 = coopMultiplyAdd(pa, r1, o1);
+        o2 = coopMultiplyAdd(pa, r2, o2);
+        o3 = coopMultiplyAdd(pa, r3, o3);
+        o4 = coopMultiplyAdd(pa, r4, o4);
+        o5 = coopMultiplyAdd(pa, r5, o5);
+        o6 = coopMultiplyAdd(pa, r6, o6);
+        o7 = coopMultiplyAdd(pa, r7, o7);
+    }
+    let sc_at = (bh * p.chunks + n) * SCALES;
+    let du_at = (bh * p.chunks + n) * TILE + g * 16u * D;
+    coopStoreT(o0 * scale_in[sc_at + 0u], &uc_tiles[du_at + 0u], D);
+    coopStoreT(o1 * scale_in[sc_at + 1u], &uc_tiles[du_at + 16u], D);
+    coopStoreT(o2 * scale_in[sc_at + 2u], &uc_tiles[du_at + 32u], D);
+    coopStoreT(o3 * scale_in[sc_at + 3u], &uc_tiles[du_at + 48u], D);
+    coopStoreT(o4 * scale_in[sc_at + 4u], &uc_tiles[du_at + 64u], D);
+    coopStoreT(o5 * scale_in[sc_at + 5u], &uc_tiles[du_at + 80u], D);
+    coopStoreT(o6 * scale_in[sc_at + 6u], &uc_tiles[du_at + 96u], D);
+    coopStoreT(o7 * scale_in[sc_at + 7u], &uc_tiles[du_at + 112u], D);
 }
 
 // ---- chunk_bwd_state_coop: workgroup (value block of 16, head, batch), four subgroups ----

@@ -597,21 +597,23 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         backward_packed(rec, r, d, &params, &passes)?;
         return Ok(grads);
     }
-    rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
-    // The reverse sweep on tensor cores (native/chunk_sweep_coop.wgsl): f16 tiles of K̃, W, q̃, the
-    // scaled dO, k, q and u, du_local as f32 tiles, then the sweep. The tiles serve the scores
-    // after chunk_bwd_products too.
+    // On tensor cores (native/chunk_sweep_coop.wgsl): f16 tiles of K̃, W, q̃, the scaled dO, k, q,
+    // u, dÕ and ũ, then du within the chunks as f32 tiles, then the reverse sweep. The tiles serve
+    // the scores after chunk_bwd_products too.
     let mut sweep_tiles = None;
     if tensor_core_backward_sweep(rec, r, d) {
         let tiles = rec.temp(backward_tile_words(d))?;
         let du_tiles = rec.temp(sweep_tile_words(d))?;
         let do_scales = rec.temp(bh * chunks * BACKWARD_TILE_SCALES)?;
-        let operand_bindings = [(1, q), (2, k), (7, sweep_u), (13, sweep_w), (15, sweep_b), (20, &du), (21, d_out), (30, &tiles), (32, &du_tiles), (33, &do_scales)];
+        let operand_bindings = [(1, q), (2, k), (7, sweep_u), (13, sweep_w), (15, sweep_b), (21, d_out), (30, &tiles), (33, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
+        let local_bindings = [(15, sweep_b), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
+        rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_local_coop"), &params, &local_bindings, grid)?;
         let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
         sweep_tiles = Some((tiles, do_scales));
     } else {
+        rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
         rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
     }
     let mut grads_kernel = kernel("chunk_bwd_grads");
