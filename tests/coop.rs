@@ -3,8 +3,11 @@
 //! tiles, with and without accumulation. Its operands are rounded to f16 when staged, so the
 //! reference multiplies the f16-rounded values in f64 (a tight check of everything but that
 //! rounding), and the error against the unrounded f64 product is printed: what mixed
-//! precision costs. lavapipe and browsers offer no cooperative matrices: there the numeric
-//! test prints NOT RUN and checks only that mixed precision is refused with a clear error.
+//! precision costs. The recurrence's and attention's tensor-core kernels are checked against
+//! f64 below too. lavapipe offers f16 but no cooperative matrices: there every test runs with
+//! them emulated in plain WGSL (gpu/coop_emulation.rs; it prints EMULATED), which checks the
+//! kernels' logic but not the tensor cores' arithmetic, and a test checks that mixed precision
+//! is refused with a clear error without the emulation.
 use linearize_core::gpu::{Gpu, GpuBuf, Precision};
 use linearize_core::nn::{self, Gemm};
 use linearize_core::reference::nn as reference;
