@@ -398,20 +398,7 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         }
         gsh[tid] = bt;
     }
-    let qt = tile_at(5u, bh, n);
-    let kt = tile_at(4u, bh, n);
-    for (var round = 0u; round < 3u; round++) {
-        let tile = min(round * 4u + g, 9u);
-        let qa = qt + tile_query(tile) * 16u * D;
-        let kb = kt + tile_key(tile) * 16u * D;
-        var acc = coop_mat16x16<f32, C>();
-        for (var j = 0u; j < D; j += 16u) {
-            let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[qa + j], D);
-            let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[kb + j], D);
-            acc = coopMultiplyAdd(a, bm, acc);
-        }
-        coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
-    }
+    lower_tiles(tile_at(5u, bh, n), tile_at(4u, bh, n), g);
     workgroupBarrier();
     for (var e = tid; e < CH * CH; e += 128u) {
         let t = e / CH;
@@ -588,6 +575,24 @@ fn tile_key(i: u32) -> u32 {
     return i - a * (a + 1u) / 2u;
 }
 
+// The ten tiles on or below the diagonal of X Yᵀ, X and Y the f16 token tiles at x_at and y_at,
+// into x32 [64][64] in f32: subgroup g takes a tile a round (one past the last repeats it: the
+// same values to the same place). Yᵀ: element (i, s) at s·D + i, read column-major.
+fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
+    for (var round = 0u; round < 3u; round++) {
+        let tile = min(round * 4u + g, 9u);
+        let xa = x_at + tile_query(tile) * 16u * D;
+        let yb = y_at + tile_key(tile) * 16u * D;
+        var acc = coop_mat16x16<f32, C>();
+        for (var j = 0u; j < D; j += 16u) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[xa + j], D);
+            let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[yb + j], D);
+            acc = coopMultiplyAdd(a, bm, acc);
+        }
+        coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+    }
+}
+
 // Columns 64·half .. + 63 of dq's query block `blk` into x32 [token][column], at dP's scale σ:
 // dÕ[blk, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
 // brought to σ by `to_p`, then + Σ_c dP[blk, c] · k[c, :] (A from p16, B from the k tile).
@@ -754,20 +759,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     workgroupBarrier();
     let inv = 1.0 / sigma;
     if (DELTA) {
-        // k kᵀ's ten tiles as dO uᵀ's, then the mask (s < t) and the decay in f32.
-        let kt = tile_at(4u, bh, n);
-        for (var round = 0u; round < 3u; round++) {
-            let tile = min(round * 4u + g, 9u);
-            let ka = kt + tile_query(tile) * 16u * D;
-            let kb = kt + tile_key(tile) * 16u * D;
-            var acc = coop_mat16x16<f32, C>();
-            for (var j = 0u; j < D; j += 16u) {
-                let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[ka + j], D);
-                let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[kb + j], D);
-                acc = coopMultiplyAdd(a, bm, acc);
-            }
-            coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
-        }
+        // k kᵀ's ten tiles, then the mask (s < t) and the decay in f32.
+        lower_tiles(tile_at(4u, bh, n), tile_at(4u, bh, n), g);
         workgroupBarrier();
         let kk_at = (bh * p.chunks + n) * CH * CH;
         for (var e = tid; e < CH * CH; e += 128u) {
