@@ -32,9 +32,6 @@ enable wgpu_cooperative_matrix;
 override GATE: u32 = 0u;
 // The delta rules' two more backward products (chunk_bwd_products); the forward ignores it.
 override DELTA: bool = false;
-// chunk_bwd_products leaves S_0 dO and dS_L u to chunk_sweep_coop.wgsl's chunk_bwd_scores_coop
-// (which computes dq and dk whole): only the delta rules' products here.
-override SCORES: bool = false;
 
 struct Params {
     batch: u32,
@@ -610,7 +607,7 @@ fn chunk_bwd_products(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     let ys = sg * 256u;
     // Products j = 0, 1, 2: rows dO, u, du (x_vec's order) times S_0ᵀ, dS_Lᵀ, S_0ᵀ, with
     // B[c, i] = M[i, c] loaded column-major from M (M's row i is B's column i).
-    for (var j = select(0u, 2u, SCORES); j < select(2u, 3u, DELTA); j++) {
+    for (var j = 0u; j < select(2u, 3u, DELTA); j++) {
         stage_rows(j, tid, b, h, c0, len);
         let m = select(0u, 1u, j == 1u);
         let at = states16_at(bh, n) + m * STATE;

@@ -510,8 +510,15 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         if (DELTA) {
             let su = pow2_scale(workgroup_max(tid, mx));
             inv_du = 1.0 / su;
+            // Also to the chunk's f16 tile of du, for chunk_bwd_scores_coop.
+            let du16_at = (bh * p.chunks + n) * TILE + col0;
             for (var e = tid; e < 1024u; e += 128u) {
-                u16s[(e / 16u) * LDS + e % 16u] = f16(s32[e] * su);
+                let x = f16(s32[e] * su);
+                u16s[(e / 16u) * LDS + e % 16u] = x;
+                du16_out[du16_at + (e / 16u) * D + e % 16u] = x;
+            }
+            if (tid == 0u) {
+                du_scales_out[(bh * p.chunks + n) * 8u + vb] = inv_du;
             }
             workgroupBarrier();
         }
@@ -558,6 +565,15 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 @group(0) @binding(36) var<storage, read> state_scales: array<f32>;
 // The delta rules' A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk, for chunk_bwd_grads.
 @group(0) @binding(37) var<storage, read_write> kk_out: array<f32>;  // [B, H, chunks, 64, 64]
+// The delta rules' du as f16 tiles [B, H, chunks, 64, 128] (chunk_bwd_state_coop writes them, each
+// value block of 16 at its own scale; the inverses in du_scales [B, H, chunks, 8]), and what
+// chunk_bwd_scores_coop makes of them: −S_0 du_t into dr_k and Uc_t = u_t + S_0ᵀ W_t.
+@group(0) @binding(38) var<storage, read_write> du16_out: array<f16>;
+@group(0) @binding(39) var<storage, read> du16: array<f16>;
+@group(0) @binding(40) var<storage, read_write> du_scales_out: array<f32>;
+@group(0) @binding(41) var<storage, read> du_scales: array<f32>;
+@group(0) @binding(27) var<storage, read_write> dr_k: array<f32>;    // [B, T, H, D]
+@group(0) @binding(42) var<storage, read_write> uc_out: array<f32>;  // [B, T, H, D]
 
 const PS: u32 = CH + 8u;                  // p16's row stride, in halves
 var<workgroup> x32: array<f32, 4096>;     // dP [64][64] in f32, then half a product [64][64]
@@ -684,6 +700,63 @@ fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
     coopStore(o3, &x32[xo + 48u], CH);
 }
 
+// The delta rules' products with S_0, columns 64·half .. + 63 of token block `blk` into x32
+// [token][column], at S_0's scale: S_0 du_t as du S_0ᵀ (A from the du tile, each value block
+// scaled back on its own, B = S_0ᵀ read column-major).
+fn s0_times_du(bh: u32, n: u32, blk: u32, half: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    let z = coop_mat16x16<f32, C>();
+    let da = (bh * p.chunks + n) * TILE + blk * 16u * D;
+    let sc = (bh * p.chunks + n) * 8u;
+    let sh = (bh * p.chunks + n) * 2u * D * D + half * 64u * D;
+    for (var j = 0u; j < 8u; j++) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&du16[da + 16u * j], D);
+        let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 0u * D + 16u * j], D);
+        let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 16u * D + 16u * j], D);
+        let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 32u * D + 16u * j], D);
+        let s3 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 48u * D + 16u * j], D);
+        let inv = du_scales[sc + j];
+        o0 = o0 + coopMultiplyAdd(a, s0, z) * inv;
+        o1 = o1 + coopMultiplyAdd(a, s1, z) * inv;
+        o2 = o2 + coopMultiplyAdd(a, s2, z) * inv;
+        o3 = o3 + coopMultiplyAdd(a, s3, z) * inv;
+    }
+    let xo = blk * 16u * CH;
+    coopStoreT(o0, &x32[xo + 0u], CH);
+    coopStoreT(o1, &x32[xo + 16u], CH);
+    coopStoreT(o2, &x32[xo + 32u], CH);
+    coopStoreT(o3, &x32[xo + 48u], CH);
+}
+
+// The same for W_t S_0 (= S_0ᵀ W_t as a row; A from the W tile, B = S_0 row-major).
+fn w_times_s0(bh: u32, n: u32, blk: u32, half: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    let wa = tile_at(1u, bh, n) + blk * 16u * D;
+    let sv = (bh * p.chunks + n) * 2u * D * D + half * 64u;
+    for (var i = 0u; i < D; i += 16u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[wa + i], D);
+        let s0 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 0u], D);
+        let s1 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 16u], D);
+        let s2 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 32u], D);
+        let s3 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 48u], D);
+        o0 = coopMultiplyAdd(a, s0, o0);
+        o1 = coopMultiplyAdd(a, s1, o1);
+        o2 = coopMultiplyAdd(a, s2, o2);
+        o3 = coopMultiplyAdd(a, s3, o3);
+    }
+    let xo = blk * 16u * CH;
+    coopStoreT(o0, &x32[xo + 0u], CH);
+    coopStoreT(o1, &x32[xo + 16u], CH);
+    coopStoreT(o2, &x32[xo + 32u], CH);
+    coopStoreT(o3, &x32[xo + 48u], CH);
+}
+
 @compute @workgroup_size(128)
 fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -797,5 +870,29 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
             }
         }
         workgroupBarrier();
+        if (DELTA) {
+            // dR_k's right-hand side −S_0 du_t, and Uc_t = u_t + S_0ᵀ W_t (the same as W_t S_0 as a
+            // row), for chunk_bwd_grads.
+            s0_times_du(bh, n, g, half);
+            workgroupBarrier();
+            let inv_s0 = state_scales[sc];
+            for (var e = tid; e < CH * CH; e += 128u) {
+                let t = e / CH;
+                if (t < len) {
+                    dr_k[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = -x32[e] * inv_s0;
+                }
+            }
+            workgroupBarrier();
+            w_times_s0(bh, n, g, half);
+            workgroupBarrier();
+            for (var e = tid; e < CH * CH; e += 128u) {
+                let t = e / CH;
+                if (t < len) {
+                    let o = row_of(b, c0 + t, h) * D + 64u * half + e % CH;
+                    uc_out[o] = u_buf[o] + x32[e] * inv_s0;
+                }
+            }
+            workgroupBarrier();
+        }
     }
 }

@@ -609,9 +609,12 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_sweep_operands"), &params, &operand_bindings, grid)?;
         let local_bindings = [(15, sweep_b), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_local_coop"), &params, &local_bindings, grid)?;
-        let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
+        // The delta rules' du as f16 tiles too, each value block at its own scale.
+        let du16 = rec.temp(if r.delta { sweep_tile_words(d).div_ceil(2) } else { 1 })?;
+        let du_scales = rec.temp(if r.delta { bh * chunks * 8 } else { 1 })?;
+        let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales), (38, &du16), (40, &du_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
-        sweep_tiles = Some((tiles, do_scales));
+        sweep_tiles = Some((tiles, do_scales, du16, du_scales));
     } else {
         rec.dispatch_bindings(&kernel("chunk_bwd_local"), &params, &local_bindings, grid)?;
         rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
@@ -623,20 +626,22 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         let states16 = rec.temp(coop_state_words(d))?;
         let scales = rec.temp(bh * chunks * 2)?;
         rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_states16"), &params, &[(11, sweep_h), (19, &ds_end), (30, &states16), (33, &scales)], grid)?;
-        // With the scores on tensor cores (the sweep's tiles at hand), S_0 dO and dS_L u are theirs
-        // too, and the products here are the delta rules' −S_0 du and Uc only.
-        let scores = sweep_tiles.is_some();
-        if r.delta || !scores {
+        // With the scores on tensor cores (the sweep's tiles at hand), every product with the
+        // chunk states is theirs; otherwise chunk_bwd_products makes them.
+        if sweep_tiles.is_none() {
             let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
-            let products = coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64).with("SCORES", scores as u8 as f64);
+            let products = coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64);
             rec.dispatch_bindings(&products, &params, &product_bindings, grid)?;
         }
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
-        if let Some((tiles, do_scales)) = &sweep_tiles {
+        if let Some((tiles, do_scales, du16, du_scales)) = &sweep_tiles {
             // dP, its products with k and q and the state terms: dq and dk but for the delta
-            // rules' terms.
+            // rules' terms; for the delta rules A, −S_0 du and Uc.
             kk = rec.temp(if r.delta { bh * chunks * CHUNK * CHUNK } else { 4 })?;
-            let score_bindings = [(15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk)];
+            let score_bindings = [
+                (7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk),
+                (39, du16), (41, du_scales), (42, uc.as_ref().unwrap_or(&dummy)),
+            ];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             grads_kernel = grads_kernel.with("SCORES_DONE", 1.0);
             grads_bindings.retain(|(b, _)| *b != 37);
