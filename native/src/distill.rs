@@ -246,10 +246,10 @@ pub fn run(a: &DistillArgs, load: impl Fn(&str) -> Result<linearize_core::model:
     let (rank, size) = (ranks.rank(), ranks.size());
     let mut d = Distiller::new(&gpu, &teacher.weights, &teacher.tokenizer, &teacher.source.display().to_string(), corpus, cfg, &a.out, a.resume)?.with_ranks(ranks)?;
     if size > 1 {
-        eprintln!("rank {rank} of {size}: {} of {} sequences per step on {}", d.config.batch / size, d.config.batch, gpu.adapter.name);
+        crate::ranks::say(&format!("rank {rank} of {size}: {} of {} sequences per step on {}", d.config.batch / size, d.config.batch, gpu.adapter.name));
     }
     if rank == 0 {
-        eprintln!("precision: {} (GEMMs on {}) on {}", gpu.precision().name(), gpu.precision().gemm_path(), gpu.adapter.name);
+        crate::ranks::say(&format!("precision: {} (GEMMs on {}) on {}", gpu.precision().name(), gpu.precision().gemm_path(), gpu.adapter.name));
     }
     let mut progress = Progress::new(a.json, "");
     let mut report = |e: &Event| progress.event(e);

@@ -14,6 +14,14 @@ fn launched() -> Option<(usize, usize)> {
     Some((size, local))
 }
 
+/// `line` and a newline to stderr in one write: the ranks share the launcher's stderr, and
+/// `eprintln!` writes each formatted piece on its own (stderr is unbuffered), so two ranks'
+/// lines could interleave mid-line.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// This process's ranks, and the GPU it runs on.
 pub fn start() -> Result<(Box<dyn Collective>, Gpu)> {
     let ranks: Box<dyn Collective> = match launched() {
@@ -23,7 +31,7 @@ pub fn start() -> Result<(Box<dyn Collective>, Gpu)> {
                 // processes (a CPU adapter, a test) they take turns on them.
                 let adapters = Gpu::adapters_blocking().len().max(1);
                 if local >= adapters {
-                    eprintln!("rank on host {local}: {adapters} adapter(s) for more processes; sharing adapter {}", local % adapters);
+                    say(&format!("rank on host {local}: {adapters} adapter(s) for more processes; sharing adapter {}", local % adapters));
                 }
                 std::env::set_var(ADAPTER_INDEX_VAR, (local % adapters).to_string());
             }
