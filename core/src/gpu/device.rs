@@ -114,6 +114,16 @@ fn type_rank(t: wgpu::DeviceType) -> u8 {
     }
 }
 
+/// The environment variable that, set to 1, makes every native device emulate cooperative
+/// matrices where the adapter has f16 but none (`Gpu::with_emulated_tensor_cores`): the command
+/// line's mixed precision on lavapipe, e.g. to compare a tensor-core kernel's bits before and after
+/// a change with `bench mixers --digest`.
+pub const EMULATE_TENSOR_CORES_VAR: &str = "LINEARIZE_EMULATE_TENSOR_CORES";
+
+fn emulate_from_env() -> bool {
+    !cfg!(target_arch = "wasm32") && std::env::var(EMULATE_TENSOR_CORES_VAR).is_ok_and(|v| v.trim() == "1")
+}
+
 /// The environment variable that picks an adapter by its index in `Gpu::adapters_blocking()`.
 pub const ADAPTER_INDEX_VAR: &str = "LINEARIZE_ADAPTER";
 
@@ -138,7 +148,7 @@ impl Gpu {
         let adapter = Self::choose_adapter(&instance, backends).await?;
         let mut limits = adapter.limits();
         adjust(&mut limits);
-        Self::from_adapter(adapter, limits, false).await
+        Self::from_adapter(adapter, limits, emulate_from_env()).await
     }
 
     /// As `new`, and where the adapter has f16 but no cooperative matrices, the tensor-core
@@ -291,7 +301,10 @@ impl Gpu {
         if precision == Precision::Mixed && !self.adapter.tensor_cores {
             return Err(Error::argument(
                 "--precision",
-                format!("mixed precision needs cooperative matrices with f16 (tensor cores); adapter '{}' ({}) offers none — use f32", self.adapter.name, self.adapter.backend),
+                format!(
+                    "mixed precision needs cooperative matrices with f16 (tensor cores); adapter '{}' ({}) offers none — use f32 (or, to test the kernels' logic slowly, {EMULATE_TENSOR_CORES_VAR}=1 to emulate them where it has f16)",
+                    self.adapter.name, self.adapter.backend
+                ),
             ));
         }
         self.mixed.store(precision == Precision::Mixed, Ordering::Relaxed);
