@@ -142,13 +142,7 @@ impl Gpu {
     /// paths of smaller devices run anywhere (WebGPU's default 8 storage buffers per stage, a
     /// storage binding smaller than a weight).
     pub async fn with_limits(adjust: impl FnOnce(&mut wgpu::Limits)) -> Result<Self> {
-        let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-        let backends = desc.backends;
-        let instance = wgpu::Instance::new(desc);
-        let adapter = Self::choose_adapter(&instance, backends).await?;
-        let mut limits = adapter.limits();
-        adjust(&mut limits);
-        Self::from_adapter(adapter, limits, emulate_from_env()).await
+        Self::open(adjust, emulate_from_env()).await
     }
 
     /// As `new`, and where the adapter has f16 but no cooperative matrices, the tensor-core
@@ -156,12 +150,19 @@ impl Gpu {
     /// testing their logic on adapters such as lavapipe. An adapter with cooperative matrices
     /// runs them as `new` does; one without f16 is an error.
     pub async fn with_emulated_tensor_cores() -> Result<Self> {
+        Self::open(|_| {}, true).await
+    }
+
+    /// The chosen adapter's device with its limits lowered by `adjust`, emulating cooperative
+    /// matrices where asked and needed.
+    async fn open(adjust: impl FnOnce(&mut wgpu::Limits), emulate: bool) -> Result<Self> {
         let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
         let backends = desc.backends;
         let instance = wgpu::Instance::new(desc);
         let adapter = Self::choose_adapter(&instance, backends).await?;
-        let limits = adapter.limits();
-        Self::from_adapter(adapter, limits, true).await
+        let mut limits = adapter.limits();
+        adjust(&mut limits);
+        Self::from_adapter(adapter, limits, emulate).await
     }
 
     /// Takes the kernels meant for GPUs even on a CPU adapter — decode's fused norms and stacked
