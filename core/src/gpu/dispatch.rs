@@ -204,19 +204,17 @@ impl Gpu {
         }
         let source = crate::shaders::source(kernel.shader)
             .ok_or_else(|| Error::Gpu(format!("no shader named '{}'", kernel.shader)))?;
-        let emulated;
-        let source = if self.adapter.tensor_cores_emulated && crate::shaders::is_native_only(kernel.shader) {
-            emulated = super::coop_emulation::emulate(source).map_err(|e| Error::Gpu(format!("{}: emulating its cooperative matrices: {e}", kernel.shader)))?;
-            emulated.as_str()
+        let source: std::borrow::Cow<'static, str> = if self.adapter.tensor_cores_emulated && crate::shaders::is_native_only(kernel.shader) {
+            super::coop_emulation::emulate(source).map_err(|e| Error::Gpu(format!("{}: emulating its cooperative matrices: {e}", kernel.shader)))?.into()
         } else {
-            source
+            source.into()
         };
-        let layout = self.layout(kernel, source, bindings)?;
+        let layout = self.layout(kernel, &source, bindings)?;
         let mut modules = self.pipelines.modules.lock().unwrap();
         let module = modules.entry(kernel.shader).or_insert_with(|| {
             self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(kernel.shader),
-                source: wgpu::ShaderSource::Wgsl(source.to_string().into()),
+                source: wgpu::ShaderSource::Wgsl(source.clone()),
             })
         });
         let name = kernel.name();
