@@ -17,7 +17,8 @@
 //!   in its subgroup's part of a workgroup array (`coop_ab`, 1 KiB per subgroup), and after a
 //!   barrier sums its eight outputs from there; a second barrier frees the array. The kernels
 //!   keep cooperative-matrix operations in uniform control flow, so the barriers are too.
-//! Each entry point sets the thread's lane first (from its `local_invocation_index`).
+//! Each entry point first keeps its `local_invocation_index`, which gives the thread's subgroup
+//! and lane.
 //! (Holding whole operands in every thread instead, lavapipe's compiler took minutes a kernel.)
 
 /// `source` (a shader of shaders/native/) with its cooperative matrices emulated; an error names
@@ -30,40 +31,44 @@ pub fn emulate(source: &str) -> Result<String, String> {
     while let Some((at, call)) = next_call(rest) {
         out.push_str(&rest[..at]);
         rest = &rest[at..];
-        let (access, open) = match call {
-            Call::Load { transposed, role } => {
-                let close = matching(rest, rest.find('<').unwrap(), '<', '>').ok_or("an unclosed type in a coopLoad")?;
-                let ty = &rest[rest.find('<').unwrap() + 1..close];
-                if !["coop_mat16x16<f32, C>", "coop_mat16x16<f16, A>", "coop_mat16x16<f16, B>"].contains(&ty) {
-                    return Err(format!("a load of `{ty}`, which the emulation does not know"));
-                }
-                (Access::Load { role, transposed }, close + 1)
-            }
-            Call::Store { transposed } => (Access::Store { transposed }, rest.find('(').unwrap()),
+        let (kind, transposed) = match call {
+            Call::Access { kind, transposed } => (kind, transposed),
             Call::MultiplyAdd => {
                 out.push_str("coop_mma");
                 rest = &rest["coopMultiplyAdd".len()..];
                 continue;
             }
         };
+        // A load's arguments follow its type parameter, a store's its name.
+        let open = match kind {
+            Kind::Load(_) => {
+                let lt = rest.find('<').unwrap();
+                let close = matching(rest, lt, '<', '>').ok_or("an unclosed type in a coopLoad")?;
+                let ty = &rest[lt + 1..close];
+                if !["coop_mat16x16<f32, C>", "coop_mat16x16<f16, A>", "coop_mat16x16<f16, B>"].contains(&ty) {
+                    return Err(format!("a load of `{ty}`, which the emulation does not know"));
+                }
+                close + 1
+            }
+            Kind::Store => rest.find('(').unwrap(),
+        };
         let args_end = matching(rest, open, '(', ')').ok_or("an unclosed call of a cooperative-matrix function")?;
         let args = split_args(&rest[open + 1..args_end]);
-        let (matrix, target, stride) = match (access, args.as_slice()) {
-            (Access::Load { .. }, [target, stride]) => (None, *target, *stride),
-            (Access::Store { .. }, [matrix, target, stride]) => (Some(*matrix), *target, *stride),
+        let (matrix, target, stride) = match (kind, args.as_slice()) {
+            (Kind::Load(_), [target, stride]) => (None, *target, *stride),
+            (Kind::Store, [matrix, target, stride]) => (Some(*matrix), *target, *stride),
             _ => return Err(format!("unexpected arguments in `{}`", &rest[..=args_end])),
         };
         let (array, index) = parse_target(target).ok_or_else(|| format!("expected `&array[index]`, found `{target}`"))?;
         if !arrays.iter().any(|(n, _)| n == array) {
             return Err(format!("`{array}` is not a declared array of f16 or f32"));
         }
-        let (row, col) = if access.transposed() { (stride.to_string(), "1u".to_string()) } else { ("1u".to_string(), stride.to_string()) };
-        let name = access.function(array);
+        let (row, col) = if transposed { (stride, "1u") } else { ("1u", stride) };
+        let name = kind.function(array);
         match matrix {
             Some(m) => out.push_str(&format!("{name}({m}, {index}, {row}, {col})")),
             None => out.push_str(&format!("{name}({index}, {row}, {col})")),
         }
-        let kind = access.kind();
         if !used.iter().any(|(k, a)| *k == kind && a == array) {
             used.push((kind, array.to_string()));
         }
@@ -95,16 +100,15 @@ const PRELUDE: &str = r#"
 alias CoopC = mat2x4<f32>;
 alias CoopA = mat2x4<f32>;
 alias CoopB = mat2x4<f32>;
-var<private> coop_lane: u32;
-// The subgroup's thread index 32·s + lane.
+// The thread's local_invocation_index: subgroup coop_thread / 32, lane coop_thread % 32.
 var<private> coop_thread: u32;
 // Per subgroup, a and b of its product in progress (row-major, 256 halves each).
 var<workgroup> coop_ab: array<f16, COOP_AB_HALVES>;
 
 fn coop_mma(a: CoopA, b: CoopB, c: CoopC) -> CoopC {
     let base = (coop_thread / 32u) * 512u;
-    let r = coop_lane / 2u;
-    let c0 = (coop_lane % 2u) * 8u;
+    let r = (coop_thread % 32u) / 2u;
+    let c0 = (coop_thread % 2u) * 8u;
     for (var j = 0u; j < 8u; j++) {
         coop_ab[base + r * 16u + c0 + j] = f16(a[j / 4u][j % 4u]);
         coop_ab[base + 256u + r * 16u + c0 + j] = f16(b[j / 4u][j % 4u]);
@@ -123,14 +127,6 @@ fn coop_mma(a: CoopA, b: CoopB, c: CoopC) -> CoopC {
 }
 "#;
 
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    LoadA,
-    LoadB,
-    LoadC,
-    Store,
-}
-
 /// The operand a load makes.
 #[derive(Clone, Copy, PartialEq)]
 enum Role {
@@ -139,33 +135,19 @@ enum Role {
     C,
 }
 
-#[derive(Clone, Copy)]
-enum Access {
-    Load { role: Role, transposed: bool },
-    Store { transposed: bool },
+/// What a load or store call does: the emulation writes one function per kind and array.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Load(Role),
+    Store,
 }
 
-impl Access {
-    fn transposed(self) -> bool {
-        match self {
-            Access::Load { transposed, .. } | Access::Store { transposed } => transposed,
-        }
-    }
-
-    fn kind(self) -> Kind {
-        match self {
-            Access::Load { role: Role::A, .. } => Kind::LoadA,
-            Access::Load { role: Role::B, .. } => Kind::LoadB,
-            Access::Load { role: Role::C, .. } => Kind::LoadC,
-            Access::Store { .. } => Kind::Store,
-        }
-    }
-
+impl Kind {
     fn function(self, array: &str) -> String {
-        match self.kind() {
-            Kind::LoadA => format!("coop_load_a_{array}"),
-            Kind::LoadB => format!("coop_load_b_{array}"),
-            Kind::LoadC => format!("coop_load_c_{array}"),
+        match self {
+            Kind::Load(Role::A) => format!("coop_load_a_{array}"),
+            Kind::Load(Role::B) => format!("coop_load_b_{array}"),
+            Kind::Load(Role::C) => format!("coop_load_c_{array}"),
             Kind::Store => format!("coop_store_{array}"),
         }
     }
@@ -174,40 +156,31 @@ impl Access {
 /// The emulation's load or store for `array` (elements of type `elem`), element (r, c) at
 /// index + r·rs + c·cs.
 fn access_function(kind: Kind, array: &str, elem: &str) -> String {
+    let name = kind.function(array);
     match kind {
-        Kind::LoadA | Kind::LoadB => format!(
-            "
-fn coop_load_{ab}_{array}(i: u32, rs: u32, cs: u32) -> CoopC {{
+        Kind::Load(role) => {
+            // The A and B operands are f16 on tensor cores, whatever the array holds.
+            let value = if role == Role::C { format!("f32({array}[i + r * rs + (c0 + j) * cs])") } else { format!("f32(f16({array}[i + r * rs + (c0 + j) * cs]))") };
+            format!(
+                "
+fn {name}(i: u32, rs: u32, cs: u32) -> CoopC {{
     var m = CoopC();
-    let r = coop_lane / 2u;
-    let c0 = (coop_lane % 2u) * 8u;
+    let r = (coop_thread % 32u) / 2u;
+    let c0 = (coop_thread % 2u) * 8u;
     for (var j = 0u; j < 8u; j++) {{
-        m[j / 4u][j % 4u] = f32(f16({array}[i + r * rs + (c0 + j) * cs]));
-    }}
-    return m;
-}}
-",
-            ab = if kind == Kind::LoadA { "a" } else { "b" }
-        ),
-        Kind::LoadC => format!(
-            "
-fn coop_load_c_{array}(i: u32, rs: u32, cs: u32) -> CoopC {{
-    var m = CoopC();
-    let r = coop_lane / 2u;
-    let c0 = (coop_lane % 2u) * 8u;
-    for (var j = 0u; j < 8u; j++) {{
-        m[j / 4u][j % 4u] = f32({array}[i + r * rs + (c0 + j) * cs]);
+        m[j / 4u][j % 4u] = {value};
     }}
     return m;
 }}
 "
-        ),
+            )
+        }
         Kind::Store => format!(
             "
-fn coop_store_{array}(m: CoopC, i: u32, rs: u32, cs: u32) {{
+fn {name}(m: CoopC, i: u32, rs: u32, cs: u32) {{
     var mv = m;
-    let r = coop_lane / 2u;
-    let c0 = (coop_lane % 2u) * 8u;
+    let r = (coop_thread % 32u) / 2u;
+    let c0 = (coop_thread % 2u) * 8u;
     for (var j = 0u; j < 8u; j++) {{
         {array}[i + r * rs + (c0 + j) * cs] = {elem}(mv[j / 4u][j % 4u]);
     }}
@@ -218,8 +191,7 @@ fn coop_store_{array}(m: CoopC, i: u32, rs: u32, cs: u32) {{
 }
 
 enum Call {
-    Load { transposed: bool, role: Role },
-    Store { transposed: bool },
+    Access { kind: Kind, transposed: bool },
     MultiplyAdd,
 }
 
@@ -241,10 +213,10 @@ fn next_call(text: &str) -> Option<(usize, Call)> {
                         Role::A
                     };
                     let call = match call {
-                        0 => Call::Load { transposed: true, role },
-                        1 => Call::Load { transposed: false, role },
-                        2 => Call::Store { transposed: true },
-                        3 => Call::Store { transposed: false },
+                        0 => Call::Access { kind: Kind::Load(role), transposed: true },
+                        1 => Call::Access { kind: Kind::Load(role), transposed: false },
+                        2 => Call::Access { kind: Kind::Store, transposed: true },
+                        3 => Call::Access { kind: Kind::Store, transposed: false },
                         _ => Call::MultiplyAdd,
                     };
                     return Some((i, call));
@@ -334,8 +306,8 @@ fn largest_workgroup(text: &str) -> Result<u32, String> {
     Ok(largest)
 }
 
-/// Every `@compute` entry point sets `coop_lane` first, from its `local_invocation_index` (one is
-/// added where it takes none).
+/// Every `@compute` entry point sets `coop_thread` first, from its `local_invocation_index` (one
+/// is added where it takes none).
 fn set_lane_in_entry_points(text: &str) -> Result<String, String> {
     let mut out = String::with_capacity(text.len() + 1024);
     let mut rest = text;
@@ -345,23 +317,18 @@ fn set_lane_in_entry_points(text: &str) -> Result<String, String> {
         let close = matching(rest, open, '(', ')').ok_or("an unclosed parameter list")?;
         let params = &rest[open + 1..close];
         let brace = close + rest[close..].find('{').ok_or("an entry point without a body")?;
-        // The name of a builtin parameter, or a new parameter of that builtin.
-        let mut added = Vec::new();
-        let mut builtin = |b: &str, new: &str, ty: &str| match params.find(&format!("@builtin({b})")) {
-            Some(p) => params[p + b.len() + 10..].trim_start().split(':').next().unwrap().trim().to_string(),
+        const BUILTIN: &str = "@builtin(local_invocation_index)";
+        out.push_str(&rest[..close]);
+        let index = match params.find(BUILTIN) {
+            Some(p) => params[p + BUILTIN.len()..].trim_start().split(':').next().unwrap().trim().to_string(),
             None => {
-                added.push(format!("@builtin({b}) {new}: {ty}"));
-                new.to_string()
+                let sep = if params.trim().is_empty() { "" } else { ", " };
+                out.push_str(&format!("{sep}{BUILTIN} coop_lii: u32"));
+                "coop_lii".to_string()
             }
         };
-        let lane = builtin("local_invocation_index", "coop_lii", "u32");
-        out.push_str(&rest[..close]);
-        for (i, param) in added.iter().enumerate() {
-            let sep = if i == 0 && params.trim().is_empty() { "" } else { ", " };
-            out.push_str(&format!("{sep}{param}"));
-        }
         out.push_str(&rest[close..=brace]);
-        out.push_str(&format!("\n    coop_thread = {lane};\n    coop_lane = {lane} % 32u;"));
+        out.push_str(&format!("\n    coop_thread = {index};"));
         rest = &rest[brace + 1..];
     }
     out.push_str(rest);
@@ -380,7 +347,7 @@ mod tests {
         assert!(out.contains("coop_load_b_t16(256u, 1u, 16u)"), "{out}");
         assert!(out.contains("coop_mma(a, b, c) * 2.0"), "{out}");
         assert!(out.contains("coop_store_o32(c, 0u, 16u, 1u)"), "{out}");
-        assert!(out.contains("coop_lane = tid % 32u;"), "{out}");
+        assert!(out.contains("coop_thread = tid;"), "{out}");
         assert!(!out.contains("coop_mat16x16") && !out.contains("wgpu_cooperative_matrix"), "{out}");
     }
 }
