@@ -582,15 +582,19 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     // Uc would be).
     let coop = !packed && tensor_core_backward(rec, r, d);
     let uc = if coop && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
+    // The reverse sweep on tensor cores, and after it (with the other products on them) the
+    // scores, whose A_ts / β_t chunk_bwd_grads (SCORES_DONE) reads at binding 37, else unread.
+    let sweep_coop = !packed && tensor_core_backward_sweep(rec, r, d);
+    let scores = coop && sweep_coop;
+    let kk = rec.temp(if scores && r.delta { bh * chunks * CHUNK * CHUNK } else { 4 })?;
     let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
     let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
-    let mut grads_bindings = vec![
+    let grads_bindings = [
         (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
         (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
         (32, uc.as_ref().unwrap_or(sweep_u)),
-        // The scores' A (SCORES_DONE below); otherwise unread.
-        (37, &dummy),
+        (37, &kk),
     ];
     if packed {
         let passes = [("chunk_bwd_local", &local_bindings[..], grid), ("chunk_bwd_state", &state_bindings[..], state_grid), ("chunk_bwd_grads", &grads_bindings[..], grid)];
@@ -601,7 +605,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     // u, dÕ and ũ, then du within the chunks as f32 tiles, then the reverse sweep. The tiles serve
     // the scores after chunk_bwd_products too.
     let mut sweep_tiles = None;
-    if tensor_core_backward_sweep(rec, r, d) {
+    if sweep_coop {
         let tiles = rec.temp(backward_tile_words(d))?;
         let du_tiles = rec.temp(sweep_tile_words(d))?;
         let do_scales = rec.temp(bh * chunks * BACKWARD_TILE_SCALES)?;
@@ -620,15 +624,13 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         rec.dispatch_bindings(&kernel("chunk_bwd_state"), &params, &state_bindings, state_grid)?;
     }
     let mut grads_kernel = kernel("chunk_bwd_grads");
-    // The scores' A_ts / β_t for chunk_bwd_grads (SCORES_DONE).
-    let kk;
     if coop {
         let states16 = rec.temp(coop_state_words(d))?;
         let scales = rec.temp(bh * chunks * 2)?;
         rec.dispatch_bindings(&coop_kernel(r, "chunk_bwd_states16"), &params, &[(11, sweep_h), (19, &ds_end), (30, &states16), (33, &scales)], grid)?;
-        // With the scores on tensor cores (the sweep's tiles at hand), every product with the
-        // chunk states is theirs; otherwise chunk_bwd_products makes them.
-        if sweep_tiles.is_none() {
+        // With the scores on tensor cores, every product with the chunk states is theirs;
+        // otherwise chunk_bwd_products makes them.
+        if !scores {
             let product_bindings = [(11, sweep_h), (12, sweep_u), (13, sweep_w), (19, &ds_end), (20, &du), (21, d_out), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, &states16), (32, uc.as_ref().unwrap_or(&dummy)), (34, &scales)];
             let products = coop_kernel(r, "chunk_bwd_products").with("DELTA", r.delta as u8 as f64);
             rec.dispatch_bindings(&products, &params, &product_bindings, grid)?;
@@ -637,15 +639,12 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         if let Some((tiles, do_scales, du16, du_scales)) = &sweep_tiles {
             // dP, its products with k and q and the state terms: dq and dk but for the delta
             // rules' terms; for the delta rules A, −S_0 du and Uc.
-            kk = rec.temp(if r.delta { bh * chunks * CHUNK * CHUNK } else { 4 })?;
             let score_bindings = [
                 (7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk),
                 (39, du16), (41, du_scales), (42, uc.as_ref().unwrap_or(&dummy)),
             ];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             grads_kernel = grads_kernel.with("SCORES_DONE", 1.0);
-            grads_bindings.retain(|(b, _)| *b != 37);
-            grads_bindings.push((37, &kk));
         }
     }
     rec.dispatch_bindings(&grads_kernel, &params, &grads_bindings, grid)?;
