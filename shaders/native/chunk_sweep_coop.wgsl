@@ -14,6 +14,11 @@
 // subgroups per (value block of 16, head, batch), then walks the chunks: each one's S_0 to h,
 // for the delta rules S through workgroup memory to f16 (an accumulator cannot be an operand)
 // and u back to u_buf and to f16 the same way, and the update.
+//
+// The backward's kernels on tensor cores for the same rules follow (each section says what it
+// computes): chunk_bwd_sweep_operands, chunk_bwd_local_coop (du within the chunks),
+// chunk_bwd_state_coop (the reverse sweep) and chunk_bwd_scores_coop (dq, dk and the delta
+// rules' products with S_0 and A for chunk_d128.wgsl's chunk_bwd_grads).
 // Loads: coopLoadT reads row-major (element (r, c) at r·stride + c), coopLoad column-major.
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -391,13 +396,7 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
     let bh = b * p.heads + h;
     let c0 = n * CH;
     let len = min(CH, p.seq - c0);
-    if (tid < CH) {
-        var bt = 0.0;
-        if (GATE != 0u) {
-            bt = b_row[row_of(b, c0 + min(tid, len - 1u), h) * D4].x;
-        }
-        gsh[tid] = bt;
-    }
+    load_gates(tid, b, h, c0, len);
     lower_tiles(tile_at(5u, bh, n), tile_at(4u, bh, n), g);
     workgroupBarrier();
     for (var e = tid; e < CH * CH; e += 128u) {
@@ -591,6 +590,18 @@ fn tile_key(i: u32) -> u32 {
     return i - a * (a + 1u) / 2u;
 }
 
+// The chunk's cumulative gates b_t into gsh (0 without a gate; rows past the end repeat the
+// last); the caller's next barrier makes them visible.
+fn load_gates(tid: u32, b: u32, h: u32, c0: u32, len: u32) {
+    if (tid < CH) {
+        var bt = 0.0;
+        if (GATE != 0u) {
+            bt = b_row[row_of(b, c0 + min(tid, len - 1u), h) * D4].x;
+        }
+        gsh[tid] = bt;
+    }
+}
+
 // The ten tiles on or below the diagonal of X Yᵀ, X and Y the f16 token tiles at x_at and y_at,
 // into x32 [64][64] in f32: subgroup g takes a tile a round (one past the last repeats it: the
 // same values to the same place). Yᵀ: element (i, s) at s·D + i, read column-major.
@@ -766,13 +777,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     let bh = b * p.heads + h;
     let c0 = n * CH;
     let len = min(CH, p.seq - c0);
-    if (tid < CH) {
-        var bt = 0.0;
-        if (GATE != 0u) {
-            bt = b_row[row_of(b, c0 + min(tid, len - 1u), h) * D4].x;
-        }
-        gsh[tid] = bt;
-    }
+    load_gates(tid, b, h, c0, len);
     // dO uᵀ, a tile per subgroup and round (one past the last repeats it: the same values to
     // the same place), each value block's product scaled back by dO's inverse scale.
     let do_at = tile_at(3u, bh, n);
