@@ -17,8 +17,8 @@
 //
 // The backward's kernels on tensor cores for the same rules follow (each section says what it
 // computes): chunk_bwd_sweep_operands, chunk_bwd_local_coop (du within the chunks),
-// chunk_bwd_state_coop (the reverse sweep) and chunk_bwd_scores_coop (dq, dk and the delta
-// rules' products with S_0 and A for chunk_d128.wgsl's chunk_bwd_grads).
+// chunk_bwd_state_coop (the reverse sweep), chunk_bwd_scores_coop (dq, dk and the delta rules'
+// A) and chunk_bwd_wy_coop (the delta rules' gradients through the WY form).
 // Loads: coopLoadT reads row-major (element (r, c) at r·stride + c), coopLoad column-major.
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -549,8 +549,10 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 //   dP_ts = scale Γ_ts dO_t·u_s  (s ≤ t; Γ_ts = exp(b_t − b_s) under a gate per head, else 1)
 //   dq_t  = dÕ_t S_0ᵀ + Σ_(s≤t) dP_ts k_s          (dÕ_t = scale exp(b_t) dO_t)
 //   dk_s  = dS_L ũ_s + Σ_(t≥s) dP_ts q_t            (ũ_s = exp(b_L − b_s) u_s)
-// dq and dk but for the delta rules' terms, which chunk_d128.wgsl's chunk_bwd_grads
-// (SCORES_DONE) adds, and for the delta rules A_ts / β_t = Γ_ts k_t·k_s (s < t) into kk_out. dP's ten tiles on or below the diagonal come from the tiles of dO (scaled
+// dq whole, and dk but for the delta rules' terms (chunk_bwd_wy_coop adds them; the other rules'
+// db, dv and dg are chunk_d128.wgsl's chunk_bwd_grads', SCORES_DONE), and for the delta rules
+// A_ts / β_t = Γ_ts k_t·k_s (s < t) into kk_out. dP's ten tiles on or below the diagonal come
+// from the tiles of dO (scaled
 // per value block: each block's product is scaled back on its own) and u, are masked and
 // decayed in f32, then enter the products as f16 at one power-of-two scale for the chunk; the
 // state terms come from chunk_bwd_states16's f16 S_0 and dS_L (each at its own scale) and are
@@ -562,17 +564,15 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 // chunk_bwd_states16's f16 S_0 then dS_L [128, 128] per chunk, and their inverse scales.
 @group(0) @binding(35) var<storage, read> states16: array<f16>;
 @group(0) @binding(36) var<storage, read> state_scales: array<f32>;
-// The delta rules' A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk, for chunk_bwd_grads.
+// The delta rules' A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk, for chunk_bwd_wy_coop.
 @group(0) @binding(37) var<storage, read_write> kk_out: array<f32>;  // [B, H, chunks, 64, 64]
 // The delta rules' du as f16 tiles [B, H, chunks, 64, 128] (chunk_bwd_state_coop writes them, each
-// value block of 16 at its own scale; the inverses in du_scales [B, H, chunks, 8]), and what
-// chunk_bwd_scores_coop makes of them: −S_0 du_t into dr_k and Uc_t = u_t + S_0ᵀ W_t.
+// value block of 16 at its own scale; the inverses in du_scales [B, H, chunks, 8]), for
+// chunk_bwd_wy_coop.
 @group(0) @binding(38) var<storage, read_write> du16_out: array<f16>;
 @group(0) @binding(39) var<storage, read> du16: array<f16>;
 @group(0) @binding(40) var<storage, read_write> du_scales_out: array<f32>;
 @group(0) @binding(41) var<storage, read> du_scales: array<f32>;
-@group(0) @binding(27) var<storage, read_write> dr_k: array<f32>;    // [B, T, H, D]
-@group(0) @binding(42) var<storage, read_write> uc_out: array<f32>;  // [B, T, H, D]
 
 const PS: u32 = CH + 8u;                  // p16's row stride, in halves
 var<workgroup> x32: array<f32, 4096>;     // dP [64][64] in f32, then half a product [64][64]
@@ -711,63 +711,6 @@ fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
     coopStore(o3, &x32[xo + 48u], CH);
 }
 
-// The delta rules' products with S_0, columns 64·half .. + 63 of token block `blk` into x32
-// [token][column], at S_0's scale: S_0 du_t as du S_0ᵀ (A from the du tile, each value block
-// scaled back on its own, B = S_0ᵀ read column-major).
-fn s0_times_du(bh: u32, n: u32, blk: u32, half: u32) {
-    var o0 = coop_mat16x16<f32, C>();
-    var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
-    let z = coop_mat16x16<f32, C>();
-    let da = (bh * p.chunks + n) * TILE + blk * 16u * D;
-    let sc = (bh * p.chunks + n) * 8u;
-    let sh = (bh * p.chunks + n) * 2u * D * D + half * 64u * D;
-    for (var j = 0u; j < 8u; j++) {
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&du16[da + 16u * j], D);
-        let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 0u * D + 16u * j], D);
-        let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 16u * D + 16u * j], D);
-        let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 32u * D + 16u * j], D);
-        let s3 = coopLoad<coop_mat16x16<f16, B>>(&states16[sh + 48u * D + 16u * j], D);
-        let inv = du_scales[sc + j];
-        o0 = o0 + coopMultiplyAdd(a, s0, z) * inv;
-        o1 = o1 + coopMultiplyAdd(a, s1, z) * inv;
-        o2 = o2 + coopMultiplyAdd(a, s2, z) * inv;
-        o3 = o3 + coopMultiplyAdd(a, s3, z) * inv;
-    }
-    let xo = blk * 16u * CH;
-    coopStoreT(o0, &x32[xo + 0u], CH);
-    coopStoreT(o1, &x32[xo + 16u], CH);
-    coopStoreT(o2, &x32[xo + 32u], CH);
-    coopStoreT(o3, &x32[xo + 48u], CH);
-}
-
-// The same for W_t S_0 (= S_0ᵀ W_t as a row; A from the W tile, B = S_0 row-major).
-fn w_times_s0(bh: u32, n: u32, blk: u32, half: u32) {
-    var o0 = coop_mat16x16<f32, C>();
-    var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
-    let wa = tile_at(1u, bh, n) + blk * 16u * D;
-    let sv = (bh * p.chunks + n) * 2u * D * D + half * 64u;
-    for (var i = 0u; i < D; i += 16u) {
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[wa + i], D);
-        let s0 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 0u], D);
-        let s1 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 16u], D);
-        let s2 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 32u], D);
-        let s3 = coopLoadT<coop_mat16x16<f16, B>>(&states16[sv + i * D + 48u], D);
-        o0 = coopMultiplyAdd(a, s0, o0);
-        o1 = coopMultiplyAdd(a, s1, o1);
-        o2 = coopMultiplyAdd(a, s2, o2);
-        o3 = coopMultiplyAdd(a, s3, o3);
-    }
-    let xo = blk * 16u * CH;
-    coopStoreT(o0, &x32[xo + 0u], CH);
-    coopStoreT(o1, &x32[xo + 16u], CH);
-    coopStoreT(o2, &x32[xo + 32u], CH);
-    coopStoreT(o3, &x32[xo + 48u], CH);
-}
-
 @compute @workgroup_size(128)
 fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -875,29 +818,409 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
             }
         }
         workgroupBarrier();
-        if (DELTA) {
-            // dR_k's right-hand side −S_0 du_t, and Uc_t = u_t + S_0ᵀ W_t (the same as W_t S_0 as a
-            // row), for chunk_bwd_grads.
-            s0_times_du(bh, n, g, half);
-            workgroupBarrier();
-            let inv_s0 = state_scales[sc];
-            for (var e = tid; e < CH * CH; e += 128u) {
-                let t = e / CH;
-                if (t < len) {
-                    dr_k[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = -x32[e] * inv_s0;
-                }
+    }
+}
+
+// ---- chunk_bwd_wy_coop: workgroup (chunk, head, batch), after chunk_bwd_scores_coop ----
+//
+// The delta rules' gradients through their WY form. With A_ts = β_t kk_ts (kk from
+// chunk_bwd_scores_coop) and T = (I + A)⁻¹, the forward made W = T R_k and Uc = T R_v
+// (R_k,t = β_t exp(b_t) k_t, R_v,t = β_t v_t) and the sweep u = Uc − W S_0. From the sweep's du
+// (dUc = du, dW = −du S_0ᵀ):
+//   dR_v = Tᵀ du,   dR_k = −dR_v S_0ᵀ,   dA = −dR_v uᵀ (s < t)
+// (dA = −Tᵀ dT Tᵀ with dT = du R_vᵀ + dW R_kᵀ, and T R_v − T R_k S_0 = u). Then
+//   dv_t  = β_t dR_v,t
+//   dk_t += β_t exp(b_t) dR_k,t + Σ_s N_ts k_s     (N = M + Mᵀ, M_ts = dA_ts β_t Γ_ts)
+//   dβ_t  = v_t·dR_v,t + exp(b_t) k_t·dR_k,t + Σ_s dA_ts kk_ts
+//   db_t  = q_t·dq_t − k_t·dk_t (the scores' dq, dk) + β_t exp(b_t) k_t·dR_k,t
+//           + Σ_s dA_ts A_ts − Σ_t' dA_t't A_t't
+// and dg_t = Σ_(t'≥t) db_t' + Σ dS_L ⊙ S_L: what chunk_d128.wgsl's chunk_bwd_grads computes for
+// these rules by back substitution, here as products. T is inverted in f32 (16×16 diagonal
+// blocks by substitution, the blocks below by products) and enters its product as two f16s
+// (hi + lo) at a power-of-two scale; dR_v as f16 at one scale per half of its columns, N at one
+// scale. T's and dR_v's f16 copies go to the dead tile sections 0 and 1 (K̃ and W), read back
+// through the same binding.
+
+@group(0) @binding(3) var<storage, read> v_row: array<vec4<f32>>;     // [B, T, H, D/4]
+@group(0) @binding(5) var<storage, read> beta: array<f32>;            // [B, T, H]
+@group(0) @binding(24) var<storage, read_write> dv_out: array<f32>;   // [B, T, H, D]
+@group(0) @binding(25) var<storage, read_write> dg_out: array<f32>;   // [B, T, H]
+@group(0) @binding(26) var<storage, read_write> dbeta_out: array<f32>; // [B, T, H]
+
+var<workgroup> bsh: array<f32, 64>;      // β_t of the chunk (0 past its end)
+
+// A_ts = β_t kk_ts (0 unless s < t < len).
+fn a_at(kk_at: u32, t: u32, s: u32) -> f32 {
+    return bsh[t] * kk_out[kk_at + t * CH + s];
+}
+
+// T = (I + A)⁻¹ into x32 [64][64] in f32.
+fn invert_unit_lower(tid: u32, kk_at: u32) {
+    for (var e = tid; e < CH * CH; e += 128u) {
+        x32[e] = 0.0;
+    }
+    workgroupBarrier();
+    // The diagonal blocks: thread (block, j) substitutes down column j of its block.
+    if (tid < CH) {
+        let o = (tid / 16u) * 16u;
+        let j = tid % 16u;
+        x32[(o + j) * CH + o + j] = 1.0;
+        for (var i = j + 1u; i < 16u; i++) {
+            var acc = 0.0;
+            for (var s = j; s < i; s++) {
+                acc -= a_at(kk_at, o + i, o + s) * x32[(o + s) * CH + o + j];
             }
-            workgroupBarrier();
-            w_times_s0(bh, n, g, half);
-            workgroupBarrier();
-            for (var e = tid; e < CH * CH; e += 128u) {
-                let t = e / CH;
-                if (t < len) {
-                    let o = row_of(b, c0 + t, h) * D + 64u * half + e % CH;
-                    uc_out[o] = u_buf[o] + x32[e] * inv_s0;
-                }
+            x32[(o + i) * CH + o + j] = acc;
+        }
+    }
+    workgroupBarrier();
+    // Below them, a block row at a time: T_ij = −T_ii Σ_(j≤k<i) A_ik T_kj, the sum first into
+    // block (i, j) itself (no thread reads it in that step), then T_ii times it.
+    for (var bi = 1u; bi < 4u; bi++) {
+        for (var e = tid; e < bi * 256u; e += 128u) {
+            let r = 16u * bi + (e % 256u) / 16u;
+            let c = 16u * (e / 256u) + e % 16u;
+            var y = 0.0;
+            for (var m = 16u * (e / 256u); m < 16u * bi; m++) {
+                y += a_at(kk_at, r, m) * x32[m * CH + c];
             }
-            workgroupBarrier();
+            x32[r * CH + c] = y;
+        }
+        workgroupBarrier();
+        var out: array<f32, 6>;
+        for (var w = 0u; w < 2u * bi; w++) {
+            let e = tid + 128u * w;
+            let r = 16u * bi + (e % 256u) / 16u;
+            let c = 16u * (e / 256u) + e % 16u;
+            var acc = 0.0;
+            for (var m = 16u * bi; m <= r; m++) {
+                acc -= x32[r * CH + m] * x32[m * CH + c];
+            }
+            out[w] = acc;
+        }
+        workgroupBarrier();
+        for (var w = 0u; w < 2u * bi; w++) {
+            let e = tid + 128u * w;
+            x32[(16u * bi + (e % 256u) / 16u) * CH + 16u * (e / 256u) + e % 16u] = out[w];
+        }
+        workgroupBarrier();
+    }
+}
+
+// Columns 64·half .. + 63 of dR_v = Tᵀ du into x32 [token][column], subgroup g its token block:
+// A = Tᵀ read column-major from T's rows (hi, then lo), B the du tile, each value block of du
+// scaled back on its own.
+fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    let col = du_at + 64u * half;
+    for (var m = 0u; m < 4u; m++) {
+        let th = coopLoad<coop_mat16x16<f16, A>>(&tiles_out[t_at + 16u * m * CH + 16u * g], CH);
+        let tl = coopLoad<coop_mat16x16<f16, A>>(&tiles_out[t_at + CH * CH + 16u * m * CH + 16u * g], CH);
+        let d0 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 0u], D);
+        let d1 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 16u], D);
+        let d2 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 32u], D);
+        let d3 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 48u], D);
+        o0 = coopMultiplyAdd(tl, d0, coopMultiplyAdd(th, d0, o0));
+        o1 = coopMultiplyAdd(tl, d1, coopMultiplyAdd(th, d1, o1));
+        o2 = coopMultiplyAdd(tl, d2, coopMultiplyAdd(th, d2, o2));
+        o3 = coopMultiplyAdd(tl, d3, coopMultiplyAdd(th, d3, o3));
+    }
+    let xo = g * 16u * CH;
+    let s = sc + 4u * half;
+    coopStoreT(o0 * (inv_tau * du_scales[s + 0u]), &x32[xo + 0u], CH);
+    coopStoreT(o1 * (inv_tau * du_scales[s + 1u]), &x32[xo + 16u], CH);
+    coopStoreT(o2 * (inv_tau * du_scales[s + 2u]), &x32[xo + 32u], CH);
+    coopStoreT(o3 * (inv_tau * du_scales[s + 3u]), &x32[xo + 48u], CH);
+}
+
+// Columns 64·half .. + 63 of dR_v S_0ᵀ into x32 (subgroup g its token block), at S_0's scale:
+// A the f16 dR_v (its two halves at their scales, inv0 and inv1), B = S_0ᵀ read column-major from
+// S_0's rows.
+fn dr_v_times_s0t(r_at: u32, st: u32, g: u32, half: u32, inv0: f32, inv1: f32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    var p0 = coop_mat16x16<f32, C>();
+    var p1 = coop_mat16x16<f32, C>();
+    var p2 = coop_mat16x16<f32, C>();
+    var p3 = coop_mat16x16<f32, C>();
+    let sr = st + half * 64u * D;
+    for (var j = 0u; j < 64u; j += 16u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[r_at + 16u * g * D + j], D);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[r_at + 16u * g * D + 64u + j], D);
+        let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 0u * D + j], D);
+        let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 16u * D + j], D);
+        let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 32u * D + j], D);
+        let s3 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 48u * D + j], D);
+        let t0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 0u * D + 64u + j], D);
+        let t1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 16u * D + 64u + j], D);
+        let t2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 32u * D + 64u + j], D);
+        let t3 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 48u * D + 64u + j], D);
+        o0 = coopMultiplyAdd(a, s0, o0);
+        o1 = coopMultiplyAdd(a, s1, o1);
+        o2 = coopMultiplyAdd(a, s2, o2);
+        o3 = coopMultiplyAdd(a, s3, o3);
+        p0 = coopMultiplyAdd(a1, t0, p0);
+        p1 = coopMultiplyAdd(a1, t1, p1);
+        p2 = coopMultiplyAdd(a1, t2, p2);
+        p3 = coopMultiplyAdd(a1, t3, p3);
+    }
+    let xo = g * 16u * CH;
+    coopStoreT(o0 * inv0 + p0 * inv1, &x32[xo + 0u], CH);
+    coopStoreT(o1 * inv0 + p1 * inv1, &x32[xo + 16u], CH);
+    coopStoreT(o2 * inv0 + p2 * inv1, &x32[xo + 32u], CH);
+    coopStoreT(o3 * inv0 + p3 * inv1, &x32[xo + 48u], CH);
+}
+
+// The ten tiles on or below the diagonal of dR_v uᵀ into x32 [64][64] (as lower_tiles, A the
+// f16 dR_v at its two scales).
+fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
+    for (var round = 0u; round < 3u; round++) {
+        let tile = min(round * 4u + g, 9u);
+        let ra = r_at + tile_query(tile) * 16u * D;
+        let ub = u_at + tile_key(tile) * 16u * D;
+        var o = coop_mat16x16<f32, C>();
+        var p = coop_mat16x16<f32, C>();
+        for (var j = 0u; j < 64u; j += 16u) {
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[ra + j], D);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[ra + 64u + j], D);
+            let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles_out[ub + j], D);
+            let bm1 = coopLoad<coop_mat16x16<f16, B>>(&tiles_out[ub + 64u + j], D);
+            o = coopMultiplyAdd(a, bm, o);
+            p = coopMultiplyAdd(a1, bm1, p);
+        }
+        coopStoreT(o * inv0 + p * inv1, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+    }
+}
+
+// Columns 64·half .. + 63 of N k into x32 (subgroup g its token block): A = N from p16, B the
+// k tile.
+fn n_times_k(k_at: u32, g: u32, half: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    for (var m = 0u; m < 4u; m++) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&p16[g * 16u * PS + 16u * m], PS);
+        let rt = k_at + 16u * m * D + 64u * half;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 16u], D);
+        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 32u], D);
+        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 48u], D);
+        o0 = coopMultiplyAdd(a, r0, o0);
+        o1 = coopMultiplyAdd(a, r1, o1);
+        o2 = coopMultiplyAdd(a, r2, o2);
+        o3 = coopMultiplyAdd(a, r3, o3);
+    }
+    let xo = g * 16u * CH;
+    coopStoreT(o0, &x32[xo + 0u], CH);
+    coopStoreT(o1, &x32[xo + 16u], CH);
+    coopStoreT(o2, &x32[xo + 32u], CH);
+    coopStoreT(o3, &x32[xo + 48u], CH);
+}
+
+@compute @workgroup_size(128)
+fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let g = tid / 32u;
+    let bh = b * p.heads + h;
+    let c0 = n * CH;
+    let len = min(CH, p.seq - c0);
+    // Per-token sums: thread tid takes token t = tid / 2 and half tid % 2 of each row.
+    let t = tid / 2u;
+    let hh = tid % 2u;
+    let live = t < len;
+    let row = row_of(b, c0 + min(t, len - 1u), h);
+    load_gates(tid, b, h, c0, len);
+    if (tid < CH) {
+        bsh[tid] = select(0.0, beta[row_of(b, c0 + min(tid, len - 1u), h)], tid < len);
+    }
+    let kk_at = (bh * p.chunks + n) * CH * CH;
+    let k_at = tile_at(4u, bh, n);
+    let q_at = tile_at(5u, bh, n);
+    let u_at = tile_at(6u, bh, n);
+    let t_at = tile_at(0u, bh, n);
+    let r_at = tile_at(1u, bh, n);
+    let du_at = (bh * p.chunks + n) * TILE;
+    let sc_du = (bh * p.chunks + n) * 8u;
+    let st = (bh * p.chunks + n) * 2u * D * D;
+    let inv_s0 = state_scales[(bh * p.chunks + n) * 2u];
+
+    // The scores' part of db_t: q_t·dq_t − k_t·dk_t with q and k as they entered the scores'
+    // products (f16), so that the two cancel exactly where they should.
+    var db = 0.0;
+    if (GATE != 0u && live) {
+        for (var i = 64u * hh; i < 64u * hh + 64u; i++) {
+            let x = row * D + i;
+            db += f32(tiles_out[q_at + t * D + i]) * dq_out[x] - f32(tiles_out[k_at + t * D + i]) * dk_out[x];
+        }
+    }
+    var dbeta = 0.0;
+    storageBarrier();
+    workgroupBarrier();
+
+    // T = (I + A)⁻¹ to f16, hi and lo, at one power-of-two scale.
+    invert_unit_lower(tid, kk_at);
+    var mx = 0.0;
+    for (var e = tid; e < CH * CH; e += 128u) {
+        mx = max(mx, abs(x32[e]));
+    }
+    let tau = pow2_scale(workgroup_max(tid, mx));
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let x = x32[e] * tau;
+        let hi = f16(x);
+        tiles_out[t_at + e] = hi;
+        tiles_out[t_at + CH * CH + e] = f16(x - f32(hi));
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    // dR_v = Tᵀ du by halves of 64 columns: dv = β dR_v, dβ += v·dR_v, and dR_v to f16.
+    var inv_r = vec2<f32>(1.0);
+    for (var half = 0u; half < 2u; half++) {
+        dr_v_half(t_at, du_at, sc_du, g, half, 1.0 / tau);
+        workgroupBarrier();
+        mx = 0.0;
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let x = x32[e];
+            mx = max(mx, abs(x));
+            let tt = e / CH;
+            if (tt < len) {
+                dv_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] = bsh[tt] * x;
+            }
+        }
+        if (live) {
+            for (var j = 0u; j < 8u; j++) {
+                // Rotated by token, so that a subgroup's reads of a column spread over banks.
+                let c = 32u * hh + 4u * ((j + t) % 8u);
+                let v = v_row[row * D4 + (64u * half + c) / 4u];
+                let x = t * CH + c;
+                dbeta += v.x * x32[x] + v.y * x32[x + 1u] + v.z * x32[x + 2u] + v.w * x32[x + 3u];
+            }
+        }
+        let rho = pow2_scale(workgroup_max(tid, mx));
+        inv_r[half] = 1.0 / rho;
+        for (var e = tid; e < CH * CH; e += 128u) {
+            tiles_out[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[e] * rho);
+        }
+        workgroupBarrier();
+    }
+    storageBarrier();
+    workgroupBarrier();
+
+    // dR_k = −dR_v S_0ᵀ by halves: dk += β exp(b) dR_k; k·dR_k into dβ and db.
+    var kdr = 0.0;
+    for (var half = 0u; half < 2u; half++) {
+        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
+        workgroupBarrier();
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let tt = e / CH;
+            if (tt < len) {
+                let o = row_of(b, c0 + tt, h) * D + 64u * half + e % CH;
+                dk_out[o] += bsh[tt] * exp(gsh[tt]) * x32[e];
+            }
+        }
+        if (live) {
+            for (var j = 0u; j < 8u; j++) {
+                let c = 32u * hh + 4u * ((j + t) % 8u);
+                let k = k_row[row * D4 + (64u * half + c) / 4u];
+                let x = t * CH + c;
+                kdr += k.x * x32[x] + k.y * x32[x + 1u] + k.z * x32[x + 2u] + k.w * x32[x + 3u];
+            }
+        }
+        workgroupBarrier();
+    }
+    let eb = exp(gsh[t]);
+    dbeta += eb * kdr;
+    db += bsh[t] * eb * kdr;
+
+    // dA = −dR_v uᵀ (s < t): dβ_t += Σ_s dA_ts kk_ts, db_t += Σ_s dA_ts A_ts − Σ_t' dA_t't A_t't.
+    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);
+    workgroupBarrier();
+    if (live) {
+        var row_sum = 0.0;
+        var col_sum = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            let s = 32u * hh + (j + t) % 32u;
+            if (s < t) {
+                row_sum += x32[t * CH + s] * kk_out[kk_at + t * CH + s];
+            }
+            // Token t as the key of a later row s.
+            if (t < s && s < len) {
+                col_sum += x32[s * CH + t] * a_at(kk_at, s, t);
+            }
+        }
+        dbeta += row_sum;
+        db += bsh[t] * row_sum - col_sum;
+    }
+    workgroupBarrier();
+    // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.
+    mx = 0.0;
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let tt = e / CH;
+        let s = e % CH;
+        var m = 0.0;
+        if (s < tt && tt < len) {
+            m = x32[e] * bsh[tt] * exp(gsh[tt] - gsh[s]);
+        }
+        x32[e] = m;
+        mx = max(mx, abs(m));
+    }
+    let sigma = pow2_scale(workgroup_max(tid, mx));
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let tt = e / CH;
+        let s = e % CH;
+        p16[tt * PS + s] = f16((x32[e] + x32[s * CH + tt]) * sigma);
+    }
+    workgroupBarrier();
+    // dk += N k by halves.
+    for (var half = 0u; half < 2u; half++) {
+        n_times_k(k_at, g, half);
+        workgroupBarrier();
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let tt = e / CH;
+            if (tt < len) {
+                dk_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] += x32[e] / sigma;
+            }
+        }
+        workgroupBarrier();
+    }
+
+    // dβ, then dg: the reverse cumulative sum of db from the chunk's end, which starts at
+    // Σ dS_L ⊙ S_L (S_L the next chunk's S_0; the last chunk's dS_L is zero).
+    x32[tid] = dbeta;
+    workgroupBarrier();
+    if (hh == 0u && live) {
+        dbeta_out[row] = x32[tid] + x32[tid + 1u];
+    }
+    if (GATE != 0u) {
+        var e_part = 0.0;
+        if (n + 1u < p.chunks) {
+            let eb_at = (bh * p.chunks + n) * DS;
+            let nb_at = (bh * p.chunks + n + 1u) * R;
+            for (var x = tid; x < D * D; x += 128u) {
+                e_part += ds_end[eb_at + x] * h_out[nb_at + x];
+            }
+        }
+        workgroupBarrier();
+        x32[tid] = e_part;
+        x32[128u + tid] = db;
+        workgroupBarrier();
+        if (tid == 0u) {
+            var acc = 0.0;
+            for (var x = 0u; x < 128u; x++) {
+                acc += x32[x];
+            }
+            for (var tt = len; tt > 0u; tt--) {
+                acc += x32[128u + 2u * (tt - 1u)] + x32[129u + 2u * (tt - 1u)];
+                dg_out[row_of(b, c0 + tt - 1u, h)] = acc;
+            }
         }
     }
 }

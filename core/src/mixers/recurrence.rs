@@ -637,13 +637,19 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         }
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
         if let Some((tiles, do_scales, du16, du_scales)) = &sweep_tiles {
-            // dP, its products with k and q and the state terms: dq and dk but for the delta
-            // rules' terms; for the delta rules A, −S_0 du and Uc.
-            let score_bindings = [
-                (7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (27, &dr_k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk),
-                (39, du16), (41, du_scales), (42, uc.as_ref().unwrap_or(&dummy)),
-            ];
+            // dP, its products with k and q and the state terms: dq, and dk but for the delta
+            // rules' terms; for the delta rules A.
+            let score_bindings = [(7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
+            if r.delta {
+                // The rest of the delta rules' gradients through the WY form, as products.
+                let wy_bindings = [
+                    (2, k), (3, v), (5, beta), (10, sweep_h), (15, sweep_b), (18, &ds_end), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta),
+                    (30, tiles), (35, &states16), (36, &scales), (37, &kk), (39, du16), (41, du_scales),
+                ];
+                rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_wy_coop"), &params, &wy_bindings, grid)?;
+                return Ok(grads);
+            }
             grads_kernel = grads_kernel.with("SCORES_DONE", 1.0);
         }
     }
