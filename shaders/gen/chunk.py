@@ -87,13 +87,11 @@ BACKWARD = r'''
 // dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
-// With PRODUCTS_DONE, dq and dk finished before it too (native/chunk_sweep_coop.wgsl's
-// chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
-// the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
+// With PRODUCTS_DONE, dq and dk finished before it too, for the additive rules with a gate per
+// head or none and no normaliser (native/chunk_sweep_coop.wgsl's chunk_bwd_scores_coop; the
+// delta rules' gradients are then its chunk_bwd_wy_coop's): the scores dP and phases 2 and 3's
+// sums are not needed here.
 override SCORES_DONE: bool = false;
-// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
-// same kernel (on tensor cores), in place of phase 1's products k·k.
-@group(0) @binding(37) var<storage, read> kk_in: array<f32>;  // [B, H, chunks, C, C]
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -518,7 +516,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA && !SCORES_DONE) {
+            if (DELTA) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -543,11 +541,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                 }
                 cf = acc * p.scale * ps;
                 if (DELTA && s < tt) {
-                    if (SCORES_DONE) {
-                        akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                    } else {
-                        akk = ma[{j}][{i}] * ps;
-                    }
+                    akk = ma[{j}][{i}] * ps;
                 }
             }
             p_sh[tt * C + s] = cf;

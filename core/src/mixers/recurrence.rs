@@ -411,7 +411,7 @@ pub fn chunk_constants(r: Recurrence, kernel: Kernel) -> Kernel {
 
 /// Storage buffers that chunk_bwd_grads binds, the most of any kernel of the backward: on an
 /// adapter that allows fewer per shader stage (WebGPU's default is 8) the backward runs packed.
-const BACKWARD_BINDINGS: usize = 22;
+const BACKWARD_BINDINGS: usize = 21;
 
 /// The bindings of the backward that its kernels write, or read after an earlier kernel wrote
 /// them: the packed flavour keeps them in its output arena (shaders/gen/chunk.py `packed`).
@@ -581,12 +581,11 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     // tensor cores where they run, else inside chunk_bwd_grads (which then reads u, unused, where
     // Uc would be).
     let coop = !packed && tensor_core_backward(rec, r, d);
-    let uc = if coop && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
     // The reverse sweep on tensor cores, and after it (with the other products on them) the
-    // scores, whose A_ts / β_t chunk_bwd_grads (SCORES_DONE) reads at binding 37, else unread.
+    // scores, and for the delta rules chunk_bwd_wy_coop in place of chunk_bwd_grads.
     let sweep_coop = !packed && tensor_core_backward_sweep(rec, r, d);
     let scores = coop && sweep_coop;
-    let kk = rec.temp(if scores && r.delta { bh * chunks * CHUNK * CHUNK } else { 4 })?;
+    let uc = if coop && !scores && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
     let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
     let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
@@ -594,7 +593,6 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         (1, q), (2, k), (3, v), (5, beta), (11, sweep_h), (12, sweep_u), (13, sweep_w), (15, sweep_b), (16, igate), (19, &ds_end), (20, &du),
         (21, d_out), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta), (27, &dr_k), (28, &nrm), (29, &grads.igate),
         (32, uc.as_ref().unwrap_or(sweep_u)),
-        (37, &kk),
     ];
     if packed {
         let passes = [("chunk_bwd_local", &local_bindings[..], grid), ("chunk_bwd_state", &state_bindings[..], state_grid), ("chunk_bwd_grads", &grads_bindings[..], grid)];
@@ -638,7 +636,8 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
         if let Some((tiles, do_scales, du16, du_scales)) = &sweep_tiles {
             // dP, its products with k and q and the state terms: dq, and dk but for the delta
-            // rules' terms; for the delta rules A.
+            // rules' terms; for the delta rules A_ts / β_t.
+            let kk = rec.temp(if r.delta { bh * chunks * CHUNK * CHUNK } else { 1 })?;
             let score_bindings = [(7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             if r.delta {

@@ -1340,13 +1340,11 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 // dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
-// With PRODUCTS_DONE, dq and dk finished before it too (native/chunk_sweep_coop.wgsl's
-// chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
-// the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
+// With PRODUCTS_DONE, dq and dk finished before it too, for the additive rules with a gate per
+// head or none and no normaliser (native/chunk_sweep_coop.wgsl's chunk_bwd_scores_coop; the
+// delta rules' gradients are then its chunk_bwd_wy_coop's): the scores dP and phases 2 and 3's
+// sums are not needed here.
 override SCORES_DONE: bool = false;
-// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
-// same kernel (on tensor cores), in place of phase 1's products k·k.
-@group(0) @binding(37) var<storage, read> kk_in: array<f32>;  // [B, H, chunks, C, C]
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2594,7 +2592,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA && !SCORES_DONE) {
+            if (DELTA) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2618,11 +2616,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[0][0] * ps;
-                        }
+                        akk = ma[0][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2647,11 +2641,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[0][1] * ps;
-                        }
+                        akk = ma[0][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2676,11 +2666,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[0][2] * ps;
-                        }
+                        akk = ma[0][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2705,11 +2691,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[0][3] * ps;
-                        }
+                        akk = ma[0][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2738,11 +2720,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[1][0] * ps;
-                        }
+                        akk = ma[1][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2767,11 +2745,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[1][1] * ps;
-                        }
+                        akk = ma[1][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2796,11 +2770,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[1][2] * ps;
-                        }
+                        akk = ma[1][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2825,11 +2795,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[1][3] * ps;
-                        }
+                        akk = ma[1][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2858,11 +2824,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[2][0] * ps;
-                        }
+                        akk = ma[2][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2887,11 +2849,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[2][1] * ps;
-                        }
+                        akk = ma[2][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2916,11 +2874,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[2][2] * ps;
-                        }
+                        akk = ma[2][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2945,11 +2899,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[2][3] * ps;
-                        }
+                        akk = ma[2][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2978,11 +2928,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[3][0] * ps;
-                        }
+                        akk = ma[3][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3007,11 +2953,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[3][1] * ps;
-                        }
+                        akk = ma[3][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3036,11 +2978,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[3][2] * ps;
-                        }
+                        akk = ma[3][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3065,11 +3003,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = kk_in[(bh * p.chunks + n) * C * C + tt * C + s];
-                        } else {
-                            akk = ma[3][3] * ps;
-                        }
+                        akk = ma[3][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;

@@ -1445,12 +1445,11 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 // dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
-// With PRODUCTS_DONE, dq and dk finished before it too (native/chunk_sweep_coop.wgsl's
-// chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
-// the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
+// With PRODUCTS_DONE, dq and dk finished before it too, for the additive rules with a gate per
+// head or none and no normaliser (native/chunk_sweep_coop.wgsl's chunk_bwd_scores_coop; the
+// delta rules' gradients are then its chunk_bwd_wy_coop's): the scores dP and phases 2 and 3's
+// sums are not needed here.
 override SCORES_DONE: bool = false;
-// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
-// same kernel (on tensor cores), in place of phase 1's products k·k.
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2799,7 +2798,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA && !SCORES_DONE) {
+            if (DELTA) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2823,11 +2822,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][0] * ps;
-                        }
+                        akk = ma[0][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2852,11 +2847,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][1] * ps;
-                        }
+                        akk = ma[0][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2881,11 +2872,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][2] * ps;
-                        }
+                        akk = ma[0][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2910,11 +2897,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][3] * ps;
-                        }
+                        akk = ma[0][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2943,11 +2926,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][0] * ps;
-                        }
+                        akk = ma[1][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2972,11 +2951,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][1] * ps;
-                        }
+                        akk = ma[1][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3001,11 +2976,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][2] * ps;
-                        }
+                        akk = ma[1][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3030,11 +3001,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][3] * ps;
-                        }
+                        akk = ma[1][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3063,11 +3030,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][0] * ps;
-                        }
+                        akk = ma[2][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3092,11 +3055,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][1] * ps;
-                        }
+                        akk = ma[2][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3121,11 +3080,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][2] * ps;
-                        }
+                        akk = ma[2][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3150,11 +3105,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][3] * ps;
-                        }
+                        akk = ma[2][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3183,11 +3134,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][0] * ps;
-                        }
+                        akk = ma[3][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3212,11 +3159,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][1] * ps;
-                        }
+                        akk = ma[3][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3241,11 +3184,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][2] * ps;
-                        }
+                        akk = ma[3][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3270,11 +3209,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][3] * ps;
-                        }
+                        akk = ma[3][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;

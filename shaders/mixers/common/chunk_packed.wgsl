@@ -1326,12 +1326,11 @@ fn chunk_output(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
 // dR_k,t·W_s) needs no S_0 dR_v (the same value as the form with y below: y_t·W_s = dR_k,t·W_s +
 // dR_v,t·S_0ᵀW_s).
 override PRODUCTS_DONE: bool = false;
-// With PRODUCTS_DONE, dq and dk finished before it too (native/chunk_sweep_coop.wgsl's
-// chunk_bwd_scores_coop: a gate per head or none, no normaliser): they arrive complete but for
-// the delta rules' terms, so that the scores dP and phases 2 and 3's sums are not needed here.
+// With PRODUCTS_DONE, dq and dk finished before it too, for the additive rules with a gate per
+// head or none and no normaliser (native/chunk_sweep_coop.wgsl's chunk_bwd_scores_coop; the
+// delta rules' gradients are then its chunk_bwd_wy_coop's): the scores dP and phases 2 and 3's
+// sums are not needed here.
 override SCORES_DONE: bool = false;
-// With SCORES_DONE and a delta rule, A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk from the
-// same kernel (on tensor cores), in place of phase 1's products k·k.
 
 // Row vector i of Uc with the products done before, else of u (dA's first operand).
 fn uc_or_u(i: u32) -> vec4<f32> {
@@ -2579,7 +2578,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
             if (!SCORES_DONE) {
                 mp = block_dots(b, h, c0, len, tq, sq, 0u);
             }
-            if (DELTA && !SCORES_DONE) {
+            if (DELTA) {
                 ma = block_dots(b, h, c0, len, tq, sq, 1u);
             }
         }
@@ -2603,11 +2602,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][0] * ps;
-                        }
+                        akk = ma[0][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2632,11 +2627,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][1] * ps;
-                        }
+                        akk = ma[0][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2661,11 +2652,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][2] * ps;
-                        }
+                        akk = ma[0][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2690,11 +2677,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[0][3] * ps;
-                        }
+                        akk = ma[0][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2723,11 +2706,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][0] * ps;
-                        }
+                        akk = ma[1][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2752,11 +2731,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][1] * ps;
-                        }
+                        akk = ma[1][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2781,11 +2756,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][2] * ps;
-                        }
+                        akk = ma[1][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2810,11 +2781,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[1][3] * ps;
-                        }
+                        akk = ma[1][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2843,11 +2810,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][0] * ps;
-                        }
+                        akk = ma[2][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2872,11 +2835,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][1] * ps;
-                        }
+                        akk = ma[2][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2901,11 +2860,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][2] * ps;
-                        }
+                        akk = ma[2][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2930,11 +2885,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[2][3] * ps;
-                        }
+                        akk = ma[2][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2963,11 +2914,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][0] * ps;
-                        }
+                        akk = ma[3][0] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -2992,11 +2939,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][1] * ps;
-                        }
+                        akk = ma[3][1] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3021,11 +2964,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][2] * ps;
-                        }
+                        akk = ma[3][2] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
@@ -3050,11 +2989,7 @@ fn chunk_bwd_grads(@builtin(local_invocation_index) tid: u32, @builtin(workgroup
                     }
                     cf = acc * p.scale * ps;
                     if (DELTA && s < tt) {
-                        if (SCORES_DONE) {
-                            akk = arena_in[arena_toc[37u] + ((bh * p.chunks + n) * C * C + tt * C + s)];
-                        } else {
-                            akk = ma[3][3] * ps;
-                        }
+                        akk = ma[3][3] * ps;
                     }
                 }
                 p_sh[tt * C + s] = cf;
