@@ -364,10 +364,12 @@ fn tensor_core_recurrence_matches_f64() {
     }
 }
 
-/// The backward at head size 128 with its products with the chunk states on tensor cores
-/// (native/chunk_coop.wgsl's chunk_bwd_states16 and chunk_bwd_products, then chunk_bwd_grads
-/// with PRODUCTS_DONE; for a gate per head or none the reverse sweep too, native/
-/// chunk_sweep_coop.wgsl's chunk_bwd_state_coop, with dO at gradients' scale of 1e-6) against
+/// The backward at head size 128 on tensor cores: for a vector gate (GLA, KDA) its products
+/// with the chunk states (native/chunk_coop.wgsl's chunk_bwd_states16 and chunk_bwd_products,
+/// then chunk_bwd_grads with PRODUCTS_DONE); for a gate per head or none the reverse sweep, dq
+/// and dk too (native/chunk_sweep_coop.wgsl's chunk_bwd_state_coop and chunk_bwd_scores_coop) and
+/// for the delta rules the WY form's gradients (chunk_bwd_wy_coop), with dO at gradients' scale
+/// of 1e-6, against
 /// the f64 reverse-mode reference, for every variant without a
 /// normaliser (those keep the f32 kernels), at one token, around and across the chunk size,
 /// several heads, gates moderate, near 1 and near 0; prints its error beside the f32 kernels'.
