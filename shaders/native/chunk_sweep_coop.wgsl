@@ -1224,3 +1224,193 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
     }
 }
+
+// ---- chunk_prepare_coop: workgroup (chunk, head, batch), the delta rules' forward, first ----
+//
+// chunk_d128.wgsl's chunk_prepare and chunk_sweep_operands in one kernel for the delta rules with
+// a gate per head or none, its products on tensor cores (fla's chunk_scaled_dot_kkt, solve_tril
+// and recompute_w_u):
+//   b_t  = Σ_(s≤t) g_s                           (the cumulative gate, in f32, in token order)
+//   A_ts = β_t Γ_ts k_t·k_s  (s < t)             (k kᵀ's ten tiles on or below the diagonal)
+//   T    = (I + A)⁻¹                             (f32, invert_unit_lower)
+//   Uc   = T diag(β) v,   W = T diag(β exp(b)) k (T's two column scalings as f16 hi + lo)
+// then the sweep's operands as chunk_sweep_operands writes them: K̃ = k exp(b_L − b) and W as f16
+// tiles, Uc as an f32 tile, and W in f32 for the backward. k and v enter the products as f16,
+// staged in prep16 beside T's copies; A goes through kk_out, which the inversion reads.
+
+@group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
+@group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
+@group(0) @binding(8) var<storage, read_write> w_out: array<f32>;   // [B, T, H, D]: W
+// Per chunk: k and v as f16 [64, 128], then T diag(β) and T diag(β exp(b)), hi and lo [64, 64].
+@group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
+const PREP: u32 = 2u * TILE + 4u * CH * CH;
+
+fn put_prep(at: u32, x: vec4<f32>) {
+    prep16[at] = f16(x.x);
+    prep16[at + 1u] = f16(x.y);
+    prep16[at + 2u] = f16(x.z);
+    prep16[at + 3u] = f16(x.w);
+}
+
+// k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at (as lower_tiles).
+fn prep_kkt(k_at: u32, g: u32) {
+    for (var round = 0u; round < 3u; round++) {
+        let tile = min(round * 4u + g, 9u);
+        let xa = k_at + tile_query(tile) * 16u * D;
+        let yb = k_at + tile_key(tile) * 16u * D;
+        var acc = coop_mat16x16<f32, C>();
+        for (var j = 0u; j < D; j += 16u) {
+            acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&prep16[xa + j], D), coopLoad<coop_mat16x16<f16, B>>(&prep16[yb + j], D), acc);
+        }
+        coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+    }
+}
+
+// T (in x32) with column s scaled by β_s (times exp(b_s) if `decayed`) to f16 hi and lo at `at`,
+// at one power-of-two scale; returns its inverse. Starts and ends with a barrier.
+fn scaled_t_to_f16(tid: u32, at: u32, decayed: bool) -> f32 {
+    workgroupBarrier();
+    var mx = 0.0;
+    for (var e = tid; e < CH * CH; e += 128u) {
+        var c = bsh[e % CH];
+        if (decayed) {
+            c *= exp(gsh[e % CH]);
+        }
+        mx = max(mx, abs(x32[e] * c));
+    }
+    let tau = pow2_scale(workgroup_max(tid, mx));
+    for (var e = tid; e < CH * CH; e += 128u) {
+        var c = bsh[e % CH];
+        if (decayed) {
+            c *= exp(gsh[e % CH]);
+        }
+        let x = x32[e] * c * tau;
+        let hi = f16(x);
+        prep16[at + e] = hi;
+        prep16[at + CH * CH + e] = f16(x - f32(hi));
+    }
+    workgroupBarrier();
+    return 1.0 / tau;
+}
+
+// Columns 64·half .. + 63 of T' X into x32 [token][column] (subgroup g its token block): A = T'
+// (hi, then lo) from its rows at t_at, B the f16 tile X at x_at.
+fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    var o2 = coop_mat16x16<f32, C>();
+    var o3 = coop_mat16x16<f32, C>();
+    for (var m = 0u; m < 4u; m++) {
+        let th = coopLoadT<coop_mat16x16<f16, A>>(&prep16[t_at + 16u * g * CH + 16u * m], CH);
+        let tl = coopLoadT<coop_mat16x16<f16, A>>(&prep16[t_at + CH * CH + 16u * g * CH + 16u * m], CH);
+        let rt = x_at + 16u * m * D + 64u * half;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
+        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 32u], D);
+        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 48u], D);
+        o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
+        o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
+        o2 = coopMultiplyAdd(tl, r2, coopMultiplyAdd(th, r2, o2));
+        o3 = coopMultiplyAdd(tl, r3, coopMultiplyAdd(th, r3, o3));
+    }
+    let xo = g * 16u * CH;
+    coopStoreT(o0 * inv_tau, &x32[xo + 0u], CH);
+    coopStoreT(o1 * inv_tau, &x32[xo + 16u], CH);
+    coopStoreT(o2 * inv_tau, &x32[xo + 32u], CH);
+    coopStoreT(o3 * inv_tau, &x32[xo + 48u], CH);
+}
+
+@compute @workgroup_size(128)
+fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let g = tid / 32u;
+    let bh = b * p.heads + h;
+    let c0 = n * CH;
+    let len = min(CH, p.seq - c0);
+    let at = (bh * p.chunks + n) * PREP;
+    let k_at = at;
+    let v_at = at + TILE;
+    let tv_at = at + 2u * TILE;
+    let tk_at = tv_at + 2u * CH * CH;
+    let kk_at = (bh * p.chunks + n) * CH * CH;
+    // The gates and their sum in token order (the f32 kernel's), β (0 past the chunk's end).
+    if (tid < CH) {
+        let row = row_of(b, c0 + min(tid, len - 1u), h);
+        var gt = 0.0;
+        if (GATE != 0u) {
+            gt = g_in[row];
+        }
+        gsh[tid] = select(0.0, gt, tid < len);
+        bsh[tid] = select(0.0, beta[row], tid < len);
+    }
+    workgroupBarrier();
+    if (tid == 0u) {
+        var acc = 0.0;
+        for (var t = 0u; t < CH; t++) {
+            acc += gsh[t];
+            gsh[t] = acc;
+        }
+    }
+    workgroupBarrier();
+    // b to b_out; k and v to f16, and K̃ to its tile (rows past the chunk zero).
+    if (GATE != 0u) {
+        for (var e = tid; e < len * D; e += 128u) {
+            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];
+        }
+    }
+    let b_last = gsh[len - 1u];
+    let a = tid % D4;
+    for (var i = 0u; i < CH * D4 / 128u; i++) {
+        let t = tid / D4 + 4u * i;
+        let live = t < len;
+        let row = row_of(b, c0 + min(t, len - 1u), h);
+        let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
+        let o = t * D + 4u * a;
+        put_prep(k_at + o, k);
+        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live));
+        put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));
+    }
+    storageBarrier();
+    workgroupBarrier();
+    // A / β = Γ k kᵀ (s < t) through kk_out, then T.
+    prep_kkt(k_at, g);
+    workgroupBarrier();
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let t = e / CH;
+        let s = e % CH;
+        var x = 0.0;
+        if (s < t && t < len) {
+            x = x32[e] * exp(gsh[t] - gsh[s]);
+        }
+        kk_out[kk_at + e] = x;
+    }
+    storageBarrier();
+    invert_unit_lower(tid, kk_at);
+    let inv_v = scaled_t_to_f16(tid, tv_at, false);
+    let inv_k = scaled_t_to_f16(tid, tk_at, true);
+    storageBarrier();
+    workgroupBarrier();
+    // Uc = T diag(β) v to its f32 tile; W = T diag(β exp(b)) k to f32 and to its f16 tile.
+    let uc_at = (bh * p.chunks + n) * TILE;
+    for (var half = 0u; half < 2u; half++) {
+        prep_product_half(tv_at, v_at, g, half, inv_v);
+        workgroupBarrier();
+        for (var e = tid; e < CH * CH; e += 128u) {
+            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[e];
+        }
+        workgroupBarrier();
+        prep_product_half(tk_at, k_at, g, half, inv_k);
+        workgroupBarrier();
+        for (var e = tid; e < CH * CH; e += 128u) {
+            let t = e / CH;
+            let o = t * D + 64u * half + e % CH;
+            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[e]);
+            if (t < len) {
+                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e];
+            }
+        }
+        workgroupBarrier();
+    }
+}

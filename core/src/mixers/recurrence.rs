@@ -345,6 +345,10 @@ fn tensor_core_backward_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
     r.gate != Gate::Vector && tensor_cores_for(rec, r, d, backward_tile_words(d))
 }
 
+/// Words per chunk of chunk_prepare_coop's f16 staging: k and v [64, 128], then two scalings of
+/// T, hi and lo [64, 64] each (native/chunk_sweep_coop.wgsl's PREP, two halves a word).
+const PREPARE_STAGING_WORDS: usize = (2 * CHUNK * 128 + 4 * CHUNK * CHUNK) / 2;
+
 /// The backward's f16 tiles on tensor cores: K̃, W, Q̃, the scaled dO, k, q, u, dÕ and ũ.
 const BACKWARD_TILE_SECTIONS: usize = 9;
 /// Scales per chunk of the backward's tiles (native/chunk_sweep_coop.wgsl's SCALES).
@@ -476,15 +480,26 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let kernel = |entry| chunk_kernel(r, d, entry);
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
-    rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
     if tensor_core_sweep(rec, r, d) {
         let tiles = rec.temp(sweep_tile_words(d))?;
         let uc = rec.temp(if r.delta { sweep_tile_words(d) } else { 4 })?;
-        rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
+        if r.delta {
+            // The delta rules' preparation and the sweep's operands in one kernel, its products
+            // on tensor cores (k and v staged as f16 beside T's copies; A through `kk`).
+            let bh = d.batch * d.heads;
+            let staged = rec.temp(bh * chunks * PREPARE_STAGING_WORDS)?;
+            let kk = rec.temp(bh * chunks * CHUNK * CHUNK)?;
+            let bindings = [(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &kk), (43, &staged)];
+            rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
+        } else {
+            rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
+            rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
+        }
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc)], state_grid)?;
         return Ok(ChunkSweep { params, h, u, w, b_cum });
     }
+    rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
     let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
     rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, state_grid)?;
