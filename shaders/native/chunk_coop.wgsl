@@ -2,9 +2,9 @@
 // f32 accumulation): the forward's output here, the backward's products with the chunk states
 // at the end. mixers/common/chunk_d128.wgsl's chunk_output with its products
 // as 16×16×16 matrix multiplies, the same equations (shaders/gen/chunk.py's docstring) from the
-// same f32 sweep (chunk_prepare, chunk_state), so the backward reads what it reads after the f32
-// kernels. `Precision::Mixed` only, for the rules without a normaliser (not mLSTM or linear
-// attention's denominator).
+// sweep's chunk starts and u (the f32 chunk_state for a vector gate; native/chunk_sweep_coop.wgsl's
+// chunk_state_coop otherwise). `Precision::Mixed` only, for the rules without a normaliser (not
+// mLSTM or linear attention's denominator).
 //
 // The matrix operands are f16 copies in memory, in tiles of one chunk, rows past the
 // sequence's end zero (matrix loads are not bounds-checked), written once by chunk_operands and
@@ -23,9 +23,9 @@
 // one-dimensional workgroup is packed in order). Loads: coopLoadT reads row-major (element
 // (r, c) at r·stride + c), coopLoad column-major.
 //
-// Measured on the H200 (BENCHMARKS.md, 2026-12-02): the state sweep on tensor cores too was
-// slower than chunk_state's f32 sweep (its 64 chunks in sequence wait on each chunk's loads and
-// barriers, and its eight workgroups per head each staged the same tiles), so it stays f32.
+// Measured on the H200 (BENCHMARKS.md, 2026-12-02): a state sweep on tensor cores with one
+// subgroup per slice was slower than chunk_state's f32 sweep (its 64 chunks in sequence wait on
+// each chunk's loads and barriers); chunk_sweep_coop.wgsl's four subgroups per slice are not.
 enable f16;
 enable wgpu_cooperative_matrix;
 
