@@ -620,6 +620,14 @@ fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
     }
 }
 
+// A row block of 16 tokens × 64 columns (four accumulators) into x32 [token][column] at row xo / 64.
+fn rows_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>, o2: coop_mat16x16<f32, C>, o3: coop_mat16x16<f32, C>) {
+    coopStoreT(o0, &x32[xo + 0u], CH);
+    coopStoreT(o1, &x32[xo + 16u], CH);
+    coopStoreT(o2, &x32[xo + 32u], CH);
+    coopStoreT(o3, &x32[xo + 48u], CH);
+}
+
 // Columns 64·half .. + 63 of dq's query block `blk` into x32 [token][column], at dP's scale σ:
 // dÕ[blk, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
 // brought to σ by `to_p`, then + Σ_c dP[blk, c] · k[c, :] (A from p16, B from the k tile).
@@ -659,10 +667,7 @@ fn dq_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
         o3 = coopMultiplyAdd(pa, r3, o3);
     }
     let xo = blk * 16u * CH;
-    coopStoreT(o0, &x32[xo + 0u], CH);
-    coopStoreT(o1, &x32[xo + 16u], CH);
-    coopStoreT(o2, &x32[xo + 32u], CH);
-    coopStoreT(o3, &x32[xo + 48u], CH);
+    rows_to_x32(xo, o0, o1, o2, o3);
 }
 
 // The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = dS_L ũᵀ[:, blk] (A from
@@ -930,10 +935,7 @@ fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
     }
     let xo = g * 16u * CH;
     let s = sc + 4u * half;
-    coopStoreT(o0 * (inv_tau * du_scales[s + 0u]), &x32[xo + 0u], CH);
-    coopStoreT(o1 * (inv_tau * du_scales[s + 1u]), &x32[xo + 16u], CH);
-    coopStoreT(o2 * (inv_tau * du_scales[s + 2u]), &x32[xo + 32u], CH);
-    coopStoreT(o3 * (inv_tau * du_scales[s + 3u]), &x32[xo + 48u], CH);
+    rows_to_x32(xo, o0 * (inv_tau * du_scales[s + 0u]), o1 * (inv_tau * du_scales[s + 1u]), o2 * (inv_tau * du_scales[s + 2u]), o3 * (inv_tau * du_scales[s + 3u]));
 }
 
 // Columns 64·half .. + 63 of dR_v S_0ᵀ into x32 (subgroup g its token block), at S_0's scale:
@@ -970,10 +972,7 @@ fn dr_v_times_s0t(r_at: u32, st: u32, g: u32, half: u32, inv0: f32, inv1: f32) {
         p3 = coopMultiplyAdd(a1, t3, p3);
     }
     let xo = g * 16u * CH;
-    coopStoreT(o0 * inv0 + p0 * inv1, &x32[xo + 0u], CH);
-    coopStoreT(o1 * inv0 + p1 * inv1, &x32[xo + 16u], CH);
-    coopStoreT(o2 * inv0 + p2 * inv1, &x32[xo + 32u], CH);
-    coopStoreT(o3 * inv0 + p3 * inv1, &x32[xo + 48u], CH);
+    rows_to_x32(xo, o0 * inv0 + p0 * inv1, o1 * inv0 + p1 * inv1, o2 * inv0 + p2 * inv1, o3 * inv0 + p3 * inv1);
 }
 
 // The ten tiles on or below the diagonal of dR_v uᵀ into x32 [64][64] (as lower_tiles, A the
@@ -1017,10 +1016,7 @@ fn n_times_k(k_at: u32, g: u32, half: u32) {
         o3 = coopMultiplyAdd(a, r3, o3);
     }
     let xo = g * 16u * CH;
-    coopStoreT(o0, &x32[xo + 0u], CH);
-    coopStoreT(o1, &x32[xo + 16u], CH);
-    coopStoreT(o2, &x32[xo + 32u], CH);
-    coopStoreT(o3, &x32[xo + 48u], CH);
+    rows_to_x32(xo, o0, o1, o2, o3);
 }
 
 @compute @workgroup_size(128)
@@ -1314,10 +1310,7 @@ fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
         o3 = coopMultiplyAdd(tl, r3, coopMultiplyAdd(th, r3, o3));
     }
     let xo = g * 16u * CH;
-    coopStoreT(o0 * inv_tau, &x32[xo + 0u], CH);
-    coopStoreT(o1 * inv_tau, &x32[xo + 16u], CH);
-    coopStoreT(o2 * inv_tau, &x32[xo + 32u], CH);
-    coopStoreT(o3 * inv_tau, &x32[xo + 48u], CH);
+    rows_to_x32(xo, o0 * inv_tau, o1 * inv_tau, o2 * inv_tau, o3 * inv_tau);
 }
 
 @compute @workgroup_size(128)
