@@ -21,7 +21,7 @@
 #                                            # profiled in $PROFILE_PRECISIONS at $SHAPES
 #                                            # (kernel variants side by side)
 #   scripts/device-bench-mixers.sh pair      # binaries before and after a change side by side (see pair)
-#   scripts/device-bench-mixers.sh parts     # chunk_bwd_grads' parts, one dropped at a time (see parts)
+#   scripts/device-bench-mixers.sh parts     # a kernel's parts, one dropped at a time (see parts)
 #   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
 #                                            # after, twice, a profiled run, then fla's
 #                                            # forward+backward of every mixer it has
@@ -113,16 +113,17 @@ variants)
   done
   ;;
 parts)
-  # Where chunk_bwd_grads' time goes, with one binary (.bin/linearize): timing-only variants
-  # that each drop one part (scripts/kernel_parts.py, as LINEARIZE_SHADER_DIR folders), profiled
-  # in $PRECISION (mixed) at $SHAPES for $MIXERS, the unchanged shader first.
+  # Where a kernel's time goes ($KERNEL: grads, chunk_bwd_grads, the default; wy,
+  # chunk_bwd_wy_coop), with one binary (.bin/linearize): timing-only variants that each drop one
+  # part (scripts/kernel_parts.py, as LINEARIZE_SHADER_DIR folders), profiled in $PRECISION
+  # (mixed) at $SHAPES for $MIXERS, the unchanged shader first.
   for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-  python3 scripts/kernel_parts.py /root/parts > "$OUT/parts.txt"
+  python3 scripts/kernel_parts.py "${KERNEL:-grads}" /root/parts > "$OUT/parts.txt"
   for v in main $(cut -f1 "$OUT/parts.txt"); do
     dir=/root/parts/$v; [ "$v" = main ] && dir=/nonexistent
     LINEARIZE_SHADER_DIR=$dir LINEARIZE_PROFILE=1 .bin/linearize bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "${SHAPES:-4x4096x16x128}" --mixers "${MIXERS:-gated_deltanet,retnet}" --iters 5 --json > "$OUT/parts-$v.json" 2> "$OUT/parts-$v.txt"
-    grep '^profile\|chunk_bwd_grads' "$OUT/parts-$v.txt" | head -4 | sed "s/^/$v /"
+    grep '^profile' "$OUT/parts-$v.txt" | head -6 | sed "s/^/$v /"
   done
   ;;
 pair)

@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-"""Where chunk_bwd_grads' time goes: timing-only variants of shaders/mixers/common/chunk_d128.wgsl,
-each with one part of chunk_bwd_grads dropped (their results are wrong by design), written as
-folders for LINEARIZE_SHADER_DIR (README: one binary times kernel variants). Run from the repo
-root: python3 scripts/kernel_parts.py OUTDIR; then for each printed variant V,
+"""Where a kernel's time goes: timing-only variants of its shader, each with one part of the
+kernel dropped (their results are wrong by design), written as folders for LINEARIZE_SHADER_DIR
+(README: one binary times kernel variants). Kernels: `grads` (chunk_bwd_grads of
+shaders/mixers/common/chunk_d128.wgsl) and `wy` (chunk_bwd_wy_coop of
+shaders/native/chunk_sweep_coop.wgsl, with the helpers it calls). Run from the repo root:
+python3 scripts/kernel_parts.py [grads|wy] OUTDIR; then for each printed variant V,
 LINEARIZE_SHADER_DIR=OUTDIR/V LINEARIZE_PROFILE=1 linearize bench mixers --backward ...
 (scripts/device-bench-mixers.sh parts). A variant whose text is not found fails here, naming it.
 """
 import pathlib
 import sys
 
-SHADER = 'mixers/common/chunk_d128'
 # Variant: (what it drops, [(text in chunk_bwd_grads, replacement)]).
-PARTS = {
+GRADS = {
     'no-kk': ('the products k·k of A (phase 1)', [('ma = block_dots(b, h, c0, len, tq, sq, 1u);', '')]),
     'no-scores': ('the products dO·u of dP (phase 1; none with SCORES_DONE)', [('mp = block_dots(b, h, c0, len, tq, sq, 0u);', '')]),
     'no-score-sums': ('the sums over dP into dq and dk (phases 2 and 3; none with SCORES_DONE)', [
@@ -27,19 +28,38 @@ PARTS = {
         'if (n + 1u < 0u) {\n            let nb4 = (bh * p.chunks + n + 1u) * R4;\n            var words')]),
 }
 
+# The same for chunk_bwd_wy_coop; its helpers sit above it, so the edits apply to the whole file.
+WY = {
+    'no-invert': ('the inversion of I + A (diagonal blocks and the blocks below)', [
+        ('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)'),
+        ('for (var i = j + 1u; i < 16u; i++)', 'for (var i = j + 1u; i < j + 1u; i++)')]),
+    'no-invert-blocks': ('the inversion\'s blocks below the diagonal', [('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)')]),
+    'no-drv': ('dR_v = Tᵀ du', [('        dr_v_half(t_at, du_at, sc_du, g, half, 1.0 / tau);\n', '')]),
+    'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
+    'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
+    'no-nk': ('dk += N k', [('        n_times_k(k_at, g, half);\n', '')]),
+    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('    if (GATE != 0u && live) {\n        for (var i = 64u * hh;', '    if (GATE == 7u && live) {\n        for (var i = 64u * hh;')]),
+}
+
+# Kernel: (shader, where the edits start, variants).
+KERNELS = {'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS), 'wy': ('native/chunk_sweep_coop', '', WY)}
+
 
 def main():
-    out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else '.exp/parts')
-    src = (pathlib.Path(__file__).resolve().parent.parent / 'shaders' / f'{SHADER}.wgsl').read_text()
-    head, sep, kernel = src.partition('fn chunk_bwd_grads(')
-    assert sep, 'chunk_bwd_grads not found'
-    for name, (what, edits) in PARTS.items():
-        text = kernel
+    args = sys.argv[1:]
+    kernel = args.pop(0) if args and args[0] in KERNELS else 'grads'
+    out = pathlib.Path(args[0] if args else '.exp/parts')
+    shader, start, parts = KERNELS[kernel]
+    src = (pathlib.Path(__file__).resolve().parent.parent / 'shaders' / f'{shader}.wgsl').read_text()
+    head, sep, body = src.partition(start) if start else ('', '', src)
+    assert body, f'{start} not found in {shader}'
+    for name, (what, edits) in parts.items():
+        text = body
         for old, new in edits:
             if old not in text:
-                sys.exit(f'{name}: `{old}` is not in chunk_bwd_grads')
+                sys.exit(f'{name}: `{old}` is not in {shader}')
             text = text.replace(old, new)
-        path = out / name / f'{SHADER}.wgsl'
+        path = out / name / f'{shader}.wgsl'
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(head + sep + text)
         print(f'{name}\t{what}')
