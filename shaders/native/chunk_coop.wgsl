@@ -32,6 +32,10 @@ enable wgpu_cooperative_matrix;
 override GATE: u32 = 0u;
 // The delta rules' two more backward products (chunk_bwd_products); the forward ignores it.
 override DELTA: bool = false;
+// The delta rules under a gate per head or none: chunk_sweep_coop.wgsl's chunk_prepare_coop and
+// chunk_state_coop already wrote k16, u16 and h16 (the same values), so chunk_operands writes
+// only q16 and qd16.
+override SWEEP_WROTE: bool = false;
 
 struct Params {
     batch: u32,
@@ -145,6 +149,9 @@ fn chunk_operands(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         let bt = gate_b(row, a);
         put4(f16_at(Q16, bh, n) + o, qv);
         put4(f16_at(QD16, bh, n) + o, qv * exp(bt));
+        if (SWEEP_WROTE) {
+            continue;
+        }
         put4(f16_at(K16, bh, n) + o, kv);
         put4(f16_at(U16, bh, n) + o, select(vec4<f32>(0.0), u_row[row * D4 + a], live));
         if (GATE == 2u) {
@@ -155,6 +162,9 @@ fn chunk_operands(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
             put4(f16_at(QR16 + 1u, bh, n) + o, select(vec4<f32>(0.0), qv * exp(bt - b_r1), qblock > 1u));
             put4(f16_at(QR16 + 2u, bh, n) + o, select(vec4<f32>(0.0), qv * exp(bt - b_r2), qblock > 2u));
         }
+    }
+    if (SWEEP_WROTE) {
+        return;
     }
     let hb4 = (bh * p.chunks + n) * R4;
     for (var i = 0u; i < D * D4 / 128u; i++) {

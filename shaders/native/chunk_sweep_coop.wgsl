@@ -13,7 +13,8 @@
 // W (delta rules) or v (the additive rules' u) in f16, and Uc in f32. chunk_state_coop, four
 // subgroups per (value block of 16, head, batch), then walks the chunks: each one's S_0 to h,
 // for the delta rules S through workgroup memory to f16 (an accumulator cannot be an operand)
-// and u back to u_buf and to f16 the same way, and the update.
+// and u back to u_buf and to f16 the same way (both f16 copies also to out16, the output's
+// operands), and the update.
 //
 // The backward's kernels on tensor cores for the same rules follow (each section says what it
 // computes): chunk_bwd_sweep_operands, chunk_bwd_local_coop (du within the chunks),
@@ -61,6 +62,21 @@ const SCALES: u32 = 16u;
 // f32 tiles, [B, H, chunks, 64, 128]: Uc (the forward's delta rules), or du within the chunk
 // (the backward).
 @group(0) @binding(32) var<storage, read_write> uc_tiles: array<f32>;
+// chunk_coop.wgsl's f16 operands of the output (its f16_at layout for a gate per head or none:
+// the token tiles q16, qd16, k16, u16, then h16): for the delta rules chunk_prepare_coop writes
+// k16 and chunk_state_coop u16 and h16 here, so that chunk_operands need not (SWEEP_WROTE).
+@group(0) @binding(44) var<storage, read_write> out16: array<f16>;
+const OUT_K16: u32 = 2u;
+const OUT_U16: u32 = 3u;
+
+// Where the output's token tile `s` (or, for s = 4, h16 [128, 128]) has chunk n of bh.
+fn out16_at(s: u32, bh: u32, n: u32) -> u32 {
+    let tiles = p.batch * p.heads * p.chunks;
+    if (s == 4u) {
+        return 4u * tiles * TILE + (bh * p.chunks + n) * D * D;
+    }
+    return (s * tiles + bh * p.chunks + n) * TILE;
+}
 // The backward's.
 @group(0) @binding(1) var<storage, read> q_row: array<vec4<f32>>;     // [B, T, H, D/4]
 @group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;   // [B, H, chunks, DS] dS_L
@@ -220,8 +236,11 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             coopStoreT(s0, &s32[kb0 * 256u], 16u);
             coopStoreT(s1, &s32[kb1 * 256u], 16u);
             workgroupBarrier();
+            let h16_at = out16_at(4u, bh, n) + col0;
             for (var e = tid; e < 2048u; e += 128u) {
-                s16[(e / 16u) * LDS + e % 16u] = f16(s32[e]);
+                let x = f16(s32[e]);
+                s16[(e / 16u) * LDS + e % 16u] = x;
+                out16[h16_at + (e / 16u) * D + e % 16u] = x;
             }
             workgroupBarrier();
             // Uc − W S_0 for token block g.
@@ -230,10 +249,12 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             // Every thread is past its reads of s32 (the barrier above).
             coopStoreT(ug, &s32[g * 256u], 16u);
             workgroupBarrier();
-            // u to u_buf and to f16.
+            // u to u_buf and to f16 (here and for the output, its rows past the chunk zero).
+            let u16_at = out16_at(OUT_U16, bh, n) + col0;
             for (var e = tid; e < 1024u; e += 128u) {
                 let t = e / 16u;
                 u16s[t * LDS + e % 16u] = f16(s32[e]);
+                out16[u16_at + t * D + e % 16u] = f16(select(0.0, s32[e], t < len));
                 // Rows past the chunk store the last row's value again (no branch while the
                 // accumulators are live: BENCHMARKS.md, divergent code corrupts them).
                 let tc = min(t, len - 1u);
@@ -1231,8 +1252,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 //   T    = (I + A)⁻¹                             (f32, invert_unit_lower)
 //   Uc   = T diag(β) v,   W = T diag(β exp(b)) k (T's two column scalings as f16 hi + lo)
 // then the sweep's operands as chunk_sweep_operands writes them: K̃ = k exp(b_L − b) and W as f16
-// tiles, Uc as an f32 tile, and W in f32 for the backward. k and v enter the products as f16,
-// staged in prep16 beside T's copies; A goes through kk_out, which the inversion reads.
+// tiles, Uc as an f32 tile, and W in f32 for the backward; and k16 for the output (out16). k and v
+// enter the products as f16, staged in prep16 beside T's copies; A goes through kk_out, which
+// the inversion reads.
 
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
 @group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
@@ -1362,6 +1384,10 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
         let o = t * D + 4u * a;
         put_prep(k_at + o, k);
+        out16[out16_at(OUT_K16, bh, n) + o] = f16(k.x);
+        out16[out16_at(OUT_K16, bh, n) + o + 1u] = f16(k.y);
+        out16[out16_at(OUT_K16, bh, n) + o + 2u] = f16(k.z);
+        out16[out16_at(OUT_K16, bh, n) + o + 3u] = f16(k.w);
         put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live));
         put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));
     }

@@ -276,9 +276,12 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
     let (r, d, q, k) = (a.r, a.dims, a.q, a.k);
     let grid = [sweep.params.chunks, d.heads as u32, d.batch as u32];
     if tensor_core_output(rec, r, d) {
-        let f16 = rec.temp(coop_operand_words(r, d))?;
-        rec.dispatch_bindings(&coop_kernel(r, "chunk_operands"), &sweep.params, &[(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (30, &f16)], grid)?;
-        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(1, q), (2, k), (14, out), (15, &sweep.b_cum), (31, &f16)], grid);
+        let (f16, operands) = match &sweep.out16 {
+            Some(b) => (b, coop_kernel(r, "chunk_operands").with("SWEEP_WROTE", 1.0)),
+            None => (&rec.temp(coop_operand_words(r, d))?, coop_kernel(r, "chunk_operands")),
+        };
+        rec.dispatch_bindings(&operands, &sweep.params, &[(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (15, &sweep.b_cum), (30, f16)], grid)?;
+        return rec.dispatch_bindings(&coop_kernel(r, "chunk_output_coop"), &sweep.params, &[(1, q), (2, k), (14, out), (15, &sweep.b_cum), (31, f16)], grid);
     }
     let output_bindings = [(1, q), (2, k), (11, &sweep.h), (12, &sweep.u), (14, out), (15, &sweep.b_cum), (16, igate)];
     rec.dispatch_bindings(&chunk_kernel(r, d, "chunk_output"), &sweep.params, &output_bindings, grid)
@@ -322,6 +325,9 @@ struct ChunkSweep {
     /// The delta rules' W (unwritten for the additive rules).
     w: GpuBuf,
     b_cum: GpuBuf,
+    /// The output's f16 operands with k16, u16 and h16 written by the sweep (the delta rules on
+    /// tensor cores), for chunk_operands to complete.
+    out16: Option<GpuBuf>,
 }
 
 /// Whether the chunked output runs on tensor cores (native/chunk_coop.wgsl): under
@@ -484,20 +490,27 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     if tensor_core_sweep(rec, r, d) {
         let tiles = rec.temp(sweep_tile_words(d))?;
         let uc = rec.temp(if r.delta { sweep_tile_words(d) } else { 4 })?;
+        // The delta rules' sweep writes three of the output's f16 operands as it goes (k16, u16
+        // and h16: the values chunk_operands would write), when the output runs on tensor cores.
+        let out16 = if r.delta && tensor_core_output(rec, r, d) { Some(rec.temp(coop_operand_words(r, d))?) } else { None };
+        let out16_binding = match &out16 {
+            Some(b) => b,
+            None => &rec.temp(1)?,
+        };
         if r.delta {
             // The delta rules' preparation and the sweep's operands in one kernel, its products
             // on tensor cores (k and v staged as f16 beside T's copies; A through `kk`).
             let bh = d.batch * d.heads;
             let staged = rec.temp(bh * chunks * PREPARE_STAGING_WORDS)?;
             let kk = rec.temp(bh * chunks * CHUNK * CHUNK)?;
-            let bindings = [(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &kk), (43, &staged)];
+            let bindings = [(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &kk), (43, &staged), (44, out16_binding)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
         } else {
             rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
         }
-        rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc)], state_grid)?;
-        return Ok(ChunkSweep { params, h, u, w, b_cum });
+        rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
+        return Ok(ChunkSweep { params, h, u, w, b_cum, out16 });
     }
     rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
@@ -506,7 +519,7 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     if r.normalizer != Normalizer::None {
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
-    Ok(ChunkSweep { params, h, u, w, b_cum })
+    Ok(ChunkSweep { params, h, u, w, b_cum, out16: None })
 }
 
 /// Words of the sweep's `h`: a record per (batch, head, chunk), then the final n and m.
