@@ -670,11 +670,17 @@ fn dq_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
         o2 = coopMultiplyAdd(a, s2, o2);
         o3 = coopMultiplyAdd(a, s3, o3);
     }
-    o0 = o0 * to_p;
-    o1 = o1 * to_p;
-    o2 = o2 * to_p;
-    o3 = o3 * to_p;
-    let kt = tile_at(4u, bh, n) + half * 64u;
+    p16_times_k(tile_at(4u, bh, n), blk, half, o0 * to_p, o1 * to_p, o2 * to_p, o3 * to_p);
+}
+
+// o + Σ_c p16[blk, c] · k[c, 64·half ..] into x32's row block `blk` (A from p16, B the k tile
+// at k_at; o0..o3 its four blocks of 16 columns).
+fn p16_times_k(k_at: u32, blk: u32, half: u32, a0: coop_mat16x16<f32, C>, a1: coop_mat16x16<f32, C>, a2: coop_mat16x16<f32, C>, a3: coop_mat16x16<f32, C>) {
+    var o0 = a0;
+    var o1 = a1;
+    var o2 = a2;
+    var o3 = a3;
+    let kt = k_at + half * 64u;
     for (var c = 0u; c < 4u; c++) {
         let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[blk * 16u * PS + c * 16u], PS);
         let rt = kt + c * 16u * D;
@@ -687,8 +693,7 @@ fn dq_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
         o2 = coopMultiplyAdd(pa, r2, o2);
         o3 = coopMultiplyAdd(pa, r3, o3);
     }
-    let xo = blk * 16u * CH;
-    rows_to_x32(xo, o0, o1, o2, o3);
+    rows_to_x32(blk * 16u * CH, o0, o1, o2, o3);
 }
 
 // The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = dS_L ũᵀ[:, blk] (A from
@@ -864,8 +869,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
 // these rules by back substitution, here as products. T is inverted in f32 (16×16 diagonal
 // blocks by substitution, the blocks below by products) and enters its product as two f16s
 // (hi + lo) at a power-of-two scale; dR_v as f16 at one scale per half of its columns, N at one
-// scale. T's and dR_v's f16 copies go to the dead tile sections 0 and 1 (K̃ and W), read back
-// through the same binding.
+// scale. T's and dR_v's f16 copies are staged in prep16 (chunk_prepare_coop's layout, T hi and lo
+// [64, 64] then dR_v [64, 128] per chunk).
 
 @group(0) @binding(3) var<storage, read> v_row: array<vec4<f32>>;     // [B, T, H, D/4]
 @group(0) @binding(5) var<storage, read> beta: array<f32>;            // [B, T, H]
@@ -943,8 +948,8 @@ fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
     var o3 = coop_mat16x16<f32, C>();
     let col = du_at + 64u * half;
     for (var m = 0u; m < 4u; m++) {
-        let th = coopLoad<coop_mat16x16<f16, A>>(&tiles_out[t_at + 16u * m * CH + 16u * g], CH);
-        let tl = coopLoad<coop_mat16x16<f16, A>>(&tiles_out[t_at + CH * CH + 16u * m * CH + 16u * g], CH);
+        let th = coopLoad<coop_mat16x16<f16, A>>(&prep16[t_at + 16u * m * CH + 16u * g], CH);
+        let tl = coopLoad<coop_mat16x16<f16, A>>(&prep16[t_at + CH * CH + 16u * m * CH + 16u * g], CH);
         let d0 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 0u], D);
         let d1 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 16u], D);
         let d2 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 32u], D);
@@ -973,8 +978,8 @@ fn dr_v_times_s0t(r_at: u32, st: u32, g: u32, half: u32, inv0: f32, inv1: f32) {
     var p3 = coop_mat16x16<f32, C>();
     let sr = st + half * 64u * D;
     for (var j = 0u; j < 64u; j += 16u) {
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[r_at + 16u * g * D + j], D);
-        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[r_at + 16u * g * D + 64u + j], D);
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&prep16[r_at + 16u * g * D + j], D);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&prep16[r_at + 16u * g * D + 64u + j], D);
         let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 0u * D + j], D);
         let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 16u * D + j], D);
         let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 32u * D + j], D);
@@ -1006,38 +1011,15 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
         var o = coop_mat16x16<f32, C>();
         var p = coop_mat16x16<f32, C>();
         for (var j = 0u; j < 64u; j += 16u) {
-            let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[ra + j], D);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&tiles_out[ra + 64u + j], D);
-            let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles_out[ub + j], D);
-            let bm1 = coopLoad<coop_mat16x16<f16, B>>(&tiles_out[ub + 64u + j], D);
+            let a = coopLoadT<coop_mat16x16<f16, A>>(&prep16[ra + j], D);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&prep16[ra + 64u + j], D);
+            let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + j], D);
+            let bm1 = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + 64u + j], D);
             o = coopMultiplyAdd(a, bm, o);
             p = coopMultiplyAdd(a1, bm1, p);
         }
         coopStoreT(o * inv0 + p * inv1, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
     }
-}
-
-// Columns 64·half .. + 63 of N k into x32 (subgroup g its token block): A = N from p16, B the
-// k tile.
-fn n_times_k(k_at: u32, g: u32, half: u32) {
-    var o0 = coop_mat16x16<f32, C>();
-    var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
-    for (var m = 0u; m < 4u; m++) {
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&p16[g * 16u * PS + 16u * m], PS);
-        let rt = k_at + 16u * m * D + 64u * half;
-        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 0u], D);
-        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 16u], D);
-        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 32u], D);
-        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles_out[rt + 48u], D);
-        o0 = coopMultiplyAdd(a, r0, o0);
-        o1 = coopMultiplyAdd(a, r1, o1);
-        o2 = coopMultiplyAdd(a, r2, o2);
-        o3 = coopMultiplyAdd(a, r3, o3);
-    }
-    let xo = g * 16u * CH;
-    rows_to_x32(xo, o0, o1, o2, o3);
 }
 
 @compute @workgroup_size(128)
@@ -1062,8 +1044,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let k_at = tile_at(4u, bh, n);
     let q_at = tile_at(5u, bh, n);
     let u_at = tile_at(6u, bh, n);
-    let t_at = tile_at(0u, bh, n);
-    let r_at = tile_at(1u, bh, n);
+    let t_at = (bh * p.chunks + n) * PREP;
+    let r_at = t_at + 2u * CH * CH;
     let du_at = (bh * p.chunks + n) * TILE;
     let sc_du = (bh * p.chunks + n) * 8u;
     let st = (bh * p.chunks + n) * 2u * D * D;
@@ -1075,7 +1057,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     if (GATE != 0u && live) {
         for (var i = 64u * hh; i < 64u * hh + 64u; i++) {
             let x = row * D + i;
-            db += f32(tiles_out[q_at + t * D + i]) * dq_out[x] - f32(tiles_out[k_at + t * D + i]) * dk_out[x];
+            db += f32(tiles[q_at + t * D + i]) * dq_out[x] - f32(tiles[k_at + t * D + i]) * dk_out[x];
         }
     }
     var dbeta = 0.0;
@@ -1092,8 +1074,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     for (var e = tid; e < CH * CH; e += 128u) {
         let x = x32[e] * tau;
         let hi = f16(x);
-        tiles_out[t_at + e] = hi;
-        tiles_out[t_at + CH * CH + e] = f16(x - f32(hi));
+        prep16[t_at + e] = hi;
+        prep16[t_at + CH * CH + e] = f16(x - f32(hi));
     }
     storageBarrier();
     workgroupBarrier();
@@ -1124,7 +1106,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let rho = pow2_scale(workgroup_max(tid, mx));
         inv_r[half] = 1.0 / rho;
         for (var e = tid; e < CH * CH; e += 128u) {
-            tiles_out[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[e] * rho);
+            prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[e] * rho);
         }
         workgroupBarrier();
     }
@@ -1198,7 +1180,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     workgroupBarrier();
     // dk += N k by halves.
     for (var half = 0u; half < 2u; half++) {
-        n_times_k(k_at, g, half);
+        let z = coop_mat16x16<f32, C>();
+        p16_times_k(k_at, g, half, z, z, z, z);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += 128u) {
             let tt = e / CH;

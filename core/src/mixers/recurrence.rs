@@ -352,7 +352,8 @@ fn tensor_core_backward_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
 }
 
 /// Words per chunk of chunk_prepare_coop's f16 staging: k and v [64, 128], then two scalings of
-/// T, hi and lo [64, 64] each (native/chunk_sweep_coop.wgsl's PREP, two halves a word).
+/// T, hi and lo [64, 64] each (native/chunk_sweep_coop.wgsl's PREP, two halves a word);
+/// chunk_bwd_wy_coop stages T and dR_v in the same layout's first half.
 const PREPARE_STAGING_WORDS: usize = (2 * CHUNK * 128 + 4 * CHUNK * CHUNK) / 2;
 
 /// The backward's f16 tiles on tensor cores: K̃, W, Q̃, the scaled dO, k, q, u, dÕ and ũ.
@@ -669,10 +670,12 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
             let score_bindings = [(7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             if r.delta {
-                // The rest of the delta rules' gradients through the WY form, as products.
+                // The rest of the delta rules' gradients through the WY form, as products (T and
+                // dR_v staged as f16 as the forward's preparation stages its operands).
+                let staged = rec.temp(bh * chunks * PREPARE_STAGING_WORDS)?;
                 let wy_bindings = [
                     (2, k), (3, v), (5, beta), (10, sweep_h), (15, sweep_b), (18, &ds_end), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta),
-                    (30, tiles), (35, &states16), (36, &scales), (37, &kk), (39, du16), (41, du_scales),
+                    (31, tiles), (35, &states16), (36, &scales), (37, &kk), (39, du16), (41, du_scales), (43, &staged),
                 ];
                 rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_wy_coop"), &params, &wy_bindings, grid)?;
                 return Ok(grads);
