@@ -742,6 +742,20 @@ fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
     coopStore(o3, &x32[xo + 48u], CH);
 }
 
+// k kᵀ in x32 masked (s < t < len) and decayed (Γ_ts = exp(b_t − b_s), gsh) into kk_out at kk_at:
+// the delta rules' A_ts / β_t.
+fn masked_kk_to(tid: u32, len: u32, kk_at: u32) {
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let t = e / CH;
+        let s = e % CH;
+        var v = 0.0;
+        if (s < t && t < len) {
+            v = x32[e] * exp(gsh[t] - gsh[s]);
+        }
+        kk_out[kk_at + e] = v;
+    }
+}
+
 @compute @workgroup_size(128)
 fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -814,16 +828,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         // k kᵀ's ten tiles, then the mask (s < t) and the decay in f32.
         lower_tiles(tile_at(4u, bh, n), tile_at(4u, bh, n), g);
         workgroupBarrier();
-        let kk_at = (bh * p.chunks + n) * CH * CH;
-        for (var e = tid; e < CH * CH; e += 128u) {
-            let t = e / CH;
-            let s = e % CH;
-            var v = 0.0;
-            if (s < t && t < len) {
-                v = x32[e] * exp(gsh[t] - gsh[s]);
-            }
-            kk_out[kk_at + e] = v;
-        }
+        masked_kk_to(tid, len, (bh * p.chunks + n) * CH * CH);
         workgroupBarrier();
     }
     // The state terms' products are at the scales of their operands: dÕ's and S_0's, dS_L's.
@@ -1379,15 +1384,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     // A / β = Γ k kᵀ (s < t) through kk_out, then T.
     prep_kkt(k_at, g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += 128u) {
-        let t = e / CH;
-        let s = e % CH;
-        var x = 0.0;
-        if (s < t && t < len) {
-            x = x32[e] * exp(gsh[t] - gsh[s]);
-        }
-        kk_out[kk_at + e] = x;
-    }
+    masked_kk_to(tid, len, kk_at);
     storageBarrier();
     invert_unit_lower(tid, kk_at);
     let inv_v = scaled_t_to_f16(tid, tv_at, false);
