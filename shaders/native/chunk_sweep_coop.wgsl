@@ -1071,24 +1071,15 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 
     // T = (I + A)⁻¹ to f16, hi and lo, at one power-of-two scale.
     invert_unit_lower(tid, kk_at);
-    var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += 128u) {
-        mx = max(mx, abs(x32[e]));
-    }
-    let tau = pow2_scale(workgroup_max(tid, mx));
-    for (var e = tid; e < CH * CH; e += 128u) {
-        let x = x32[e] * tau;
-        let hi = f16(x);
-        prep16[t_at + e] = hi;
-        prep16[t_at + CH * CH + e] = f16(x - f32(hi));
-    }
+    let inv_tau = t_to_f16(tid, t_at, T_PLAIN);
     storageBarrier();
     workgroupBarrier();
 
     // dR_v = Tᵀ du by halves of 64 columns: dv = β dR_v, dβ += v·dR_v, and dR_v to f16.
+    var mx = 0.0;
     var inv_r = vec2<f32>(1.0);
     for (var half = 0u; half < 2u; half++) {
-        dr_v_half(t_at, du_at, sc_du, g, half, 1.0 / tau);
+        dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);
         workgroupBarrier();
         mx = 0.0;
         for (var e = tid; e < CH * CH; e += 128u) {
@@ -1272,25 +1263,33 @@ fn prep_kkt(k_at: u32, g: u32) {
     }
 }
 
-// T (in x32) with column s scaled by β_s (times exp(b_s) if `decayed`) to f16 hi and lo at `at`,
-// at one power-of-two scale; returns its inverse. Starts and ends with a barrier.
-fn scaled_t_to_f16(tid: u32, at: u32, decayed: bool) -> f32 {
+// How T's column s is scaled on its way to f16: not at all (the backward's Tᵀ du), by β_s (Uc's
+// T diag(β)) or by β_s exp(b_s) (W's T diag(β exp(b))).
+const T_PLAIN: u32 = 0u;
+const T_BETA: u32 = 1u;
+const T_BETA_DECAY: u32 = 2u;
+
+fn t_column_scale(s: u32, scaling: u32) -> f32 {
+    if (scaling == T_PLAIN) {
+        return 1.0;
+    }
+    if (scaling == T_BETA) {
+        return bsh[s];
+    }
+    return bsh[s] * exp(gsh[s]);
+}
+
+// T (in x32), its columns scaled as `scaling` says, to f16 hi and lo at `at` at one power-of-two
+// scale; returns its inverse. Starts and ends with a barrier.
+fn t_to_f16(tid: u32, at: u32, scaling: u32) -> f32 {
     workgroupBarrier();
     var mx = 0.0;
     for (var e = tid; e < CH * CH; e += 128u) {
-        var c = bsh[e % CH];
-        if (decayed) {
-            c *= exp(gsh[e % CH]);
-        }
-        mx = max(mx, abs(x32[e] * c));
+        mx = max(mx, abs(x32[e] * t_column_scale(e % CH, scaling)));
     }
     let tau = pow2_scale(workgroup_max(tid, mx));
     for (var e = tid; e < CH * CH; e += 128u) {
-        var c = bsh[e % CH];
-        if (decayed) {
-            c *= exp(gsh[e % CH]);
-        }
-        let x = x32[e] * c * tau;
+        let x = x32[e] * t_column_scale(e % CH, scaling) * tau;
         let hi = f16(x);
         prep16[at + e] = hi;
         prep16[at + CH * CH + e] = f16(x - f32(hi));
@@ -1387,8 +1386,8 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     masked_kk_to(tid, len, kk_at);
     storageBarrier();
     invert_unit_lower(tid, kk_at);
-    let inv_v = scaled_t_to_f16(tid, tv_at, false);
-    let inv_k = scaled_t_to_f16(tid, tk_at, true);
+    let inv_v = t_to_f16(tid, tv_at, T_BETA);
+    let inv_k = t_to_f16(tid, tk_at, T_BETA_DECAY);
     storageBarrier();
     workgroupBarrier();
     // Uc = T diag(β) v to its f32 tile; W = T diag(β exp(b)) k to f32 and to its f16 tile.

@@ -488,7 +488,12 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let params = ChunkParams { batch: d.batch as u32, seq: d.seq as u32, heads: d.heads as u32, chunks: chunks as u32, scale };
     let grid = [chunks as u32, d.heads as u32, d.batch as u32];
     let state_grid = [(d.dv / 16) as u32, d.heads as u32, d.batch as u32];
-    if tensor_core_sweep(rec, r, d) {
+    let coop_sweep = tensor_core_sweep(rec, r, d);
+    // The delta rules on tensor cores prepare in chunk_prepare_coop (below), the rest here.
+    if !(coop_sweep && r.delta) {
+        rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
+    }
+    if coop_sweep {
         let tiles = rec.temp(sweep_tile_words(d))?;
         let uc = rec.temp(if r.delta { sweep_tile_words(d) } else { 4 })?;
         // The delta rules' sweep writes three of the output's f16 operands as it goes (k16, u16
@@ -507,13 +512,11 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
             let bindings = [(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &kk), (43, &staged), (44, out16_binding)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
         } else {
-            rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
         }
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
         return Ok(ChunkSweep { params, h, u, w, b_cum, out16 });
     }
-    rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
     // Eight storage buffers at most per stage: WebGPU's default.
     let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
     rec.dispatch_bindings(&kernel("chunk_state"), &params, &state_bindings, state_grid)?;
@@ -599,7 +602,6 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     // ∂L/∂S [K, V] then ∂L/∂n [K] at every chunk's end.
     let ds_end = rec.temp(bh * chunks * (d.dk * d.dv + d.dk))?;
     let du = rec.temp(rows * d.dv)?;
-    let dr_k = rec.temp(if r.delta { rows * d.dk } else { 4 })?;
     // Per token with a normaliser: 1/den, ∂L/∂(nᵀq̃) and du of n's column of ones.
     let nrm = rec.temp(if r.normalizer == Normalizer::None { 1 } else { rows * 4 })?;
     let kernel = |entry| chunk_kernel(r, d, entry);
@@ -614,6 +616,8 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
     // scores, and for the delta rules chunk_bwd_wy_coop in place of chunk_bwd_grads.
     let sweep_coop = !packed && tensor_core_backward_sweep(rec, r, d);
     let scores = coop && sweep_coop;
+    // dR_k for the delta rules' chunk_bwd_grads (chunk_bwd_wy_coop needs none).
+    let dr_k = rec.temp(if r.delta && !scores { rows * d.dk } else { 4 })?;
     let uc = if coop && !scores && r.delta { Some(rec.temp(rows * d.dv)?) } else { None };
     let local_bindings = [(1, q), (2, k), (11, sweep_h), (12, sweep_u), (15, sweep_b), (16, igate), (20, &du), (21, d_out), (28, &nrm)];
     let state_bindings = [(1, q), (2, k), (11, sweep_h), (13, sweep_w), (15, sweep_b), (16, igate), (18, &ds_end), (20, &du), (21, d_out), (28, &nrm)];
