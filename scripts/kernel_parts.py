@@ -34,10 +34,10 @@ WY = {
         ('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)'),
         ('for (var i = j + 1u; i < 16u; i++)', 'for (var i = j + 1u; i < j + 1u; i++)')]),
     'no-invert-blocks': ('the inversion\'s blocks below the diagonal', [('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)')]),
-    'no-drv': ('dR_v = Tᵀ du', [('        dr_v_half(t_at, du_at, sc_du, g, half, 1.0 / tau);\n', '')]),
+    'no-drv': ('dR_v = Tᵀ du', [('        dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);\n', '')]),
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
-    'no-nk': ('dk += N k', [('        n_times_k(k_at, g, half);\n', '')]),
+    'no-nk': ('dk += N k', [('        p16_times_k(k_at, g, half, z, z, z, z);\n', '')]),
     'no-dbq': ("the scores' part of db, q·dq − k·dk", [('    if (GATE != 0u && live) {\n        for (var i = 64u * hh;', '    if (GATE == 7u && live) {\n        for (var i = 64u * hh;')]),
 }
 
