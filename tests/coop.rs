@@ -415,14 +415,24 @@ fn tensor_core_backward_matches_f64() {
             let f32_grads = run(Precision::F32);
             let mixed = run(Precision::Mixed);
             let tag = format!("tensor-core backward {name} B={batch} T={seq} H={heads} D=128 gates regime {regime}");
-            // Each gradient against its own largest magnitude, or dq's where it is far smaller
-            // (dg is 0 at one token, q·dq − k·dk cancelling: the output does not depend on it).
+            // Each gradient against its own largest magnitude, or dq's where it is far smaller.
+            // dg is a difference of sums, Σ_i q_i dq_i − k_i dk_i at a token (one term of its
+            // suffix sum): it is held to the size of those sums, which cancel where dg is 0 (at
+            // one token, where the output does not depend on the gate; on tensor cores q·dq and
+            // k·dk come from different f16 products and leave a residue of their rounding).
             let dq_max = max_abs(&want.q);
+            // (A vector gate has a term per channel, not their sum over the row.)
+            let term = |i: usize| (q[i] * want.q[i]).abs() + (k[i] * want.k[i]).abs();
+            let cancelling = match want.g.len() == rows {
+                true => (0..rows).map(|r| (r * 128..(r + 1) * 128).map(term).sum::<f64>()).fold(0.0, f64::max),
+                false => (0..rows * 128).map(term).fold(0.0, f64::max),
+            };
             for ((what, got, want), (_, f32_got, _)) in mixed.iter().zip(&f32_grads) {
                 if got.is_empty() {
                     continue;
                 }
-                let s = max_abs(want).max(1e-3 * dq_max);
+                let floor = if *what == "g" { cancelling } else { 1e-3 * dq_max };
+                let s = max_abs(want).max(floor);
                 assert_close(&format!("{tag}: d{what} vs f64"), got, want, 4e-3 * s, 1e-2);
                 eprintln!("{tag}: max |d{what} − f64| / max |d{what}| = {:.1e} (f32 kernels {:.1e})", err(got, want) / s, err(f32_got, want) / s);
             }
