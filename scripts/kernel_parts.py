@@ -39,6 +39,26 @@ WY = {
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
     'no-nk': ('dk += N k', [('        p16_times_k(k_at, g, half, z, z, z, z);\n', '')]),
     'no-dbq': ("the scores' part of db, q·dq − k·dk", [('    if (GATE != 0u && live) {\n        for (var i = 64u * hh;', '    if (GATE == 7u && live) {\n        for (var i = 64u * hh;')]),
+    'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            let s = 32u * hh + (j + t) % 32u;', '        for (var j = 0u; j < 0u; j++) {\n            let s = 32u * hh + (j + t) % 32u;')]),
+    'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('        if (n + 1u < p.chunks) {\n            let eb_at', '        if (n + 1u < 0u) {\n            let eb_at')]),
+    'no-dk-writes': ("dk's read-modify-writes (dR_k's and N k's terms)", [
+        ('                dk_out[o] += bsh[tt] * exp(gsh[tt]) * x32[e];', ''),
+        ('                dk_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] += x32[e] / sigma;', '')]),
+    # chunk_prepare_coop's parts (the same file, so these variants also time chunk_bwd_wy_coop whole)
+    'prep-no-staging': ("the preparation's f16 staging of k and v, and k16 and K̃ (global stores)", [
+        ('        put_prep(k_at + o, k);\n        out16', '        out16'),
+        ('        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live));\n', ''),
+        ('        out16[out16_at(OUT_K16, bh, n) + o] = f16(k.x);\n        out16[out16_at(OUT_K16, bh, n) + o + 1u] = f16(k.y);\n        out16[out16_at(OUT_K16, bh, n) + o + 2u] = f16(k.z);\n        out16[out16_at(OUT_K16, bh, n) + o + 3u] = f16(k.w);\n', ''),
+        ('        put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));\n', '')]),
+    'prep-no-products': ("the preparation's Uc and W products (T' v, T' k)", [
+        ('        prep_product_half(tv_at, v_at, g, half, inv_v);\n', ''),
+        ('        prep_product_half(tk_at, k_at, g, half, inv_k);\n', '')]),
+    'prep-no-t16': ("the preparation's two copies of T to f16", [
+        ('    let inv_v = t_to_f16(tid, tv_at, T_BETA);\n    let inv_k = t_to_f16(tid, tk_at, T_BETA_DECAY);', '    let inv_v = 1.0;\n    let inv_k = 1.0;')]),
+    'prep-no-outputs': ("the preparation's stores of Uc, W (f32 and f16) and b", [
+        ('            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[e];\n', ''),
+        ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[e]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e];\n            }\n', ''),
+        ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
 }
 
 # Kernel: (shader, where the edits start, variants).
