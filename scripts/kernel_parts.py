@@ -38,7 +38,7 @@ WY = {
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
     'no-nk': ('dk += N k', [('        p16_times_k(k_at, g, half, z, z, z, z);\n', '')]),
-    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('    if (GATE != 0u && live) {\n        for (var i = 64u * hh;', '    if (GATE == 7u && live) {\n        for (var i = 64u * hh;')]),
+    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('    if (GATE != 0u) {\n        let lane = tid % 32u;', '    if (GATE == 7u) {\n        let lane = tid % 32u;')]),
     'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            let s = 32u * hh + (j + t) % 32u;', '        for (var j = 0u; j < 0u; j++) {\n            let s = 32u * hh + (j + t) % 32u;')]),
     'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('        if (n + 1u < p.chunks) {\n            let eb_at', '        if (n + 1u < 0u) {\n            let eb_at')]),
     'no-dk-writes': ("dk's read-modify-writes (dR_k's and N k's terms)", [

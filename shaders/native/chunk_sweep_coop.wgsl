@@ -1057,12 +1057,27 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let inv_s0 = state_scales[(bh * p.chunks + n) * 2u];
 
     // The scores' part of db_t: q_t·dq_t − k_t·dk_t with q and k as they entered the scores'
-    // products (f16), so that the two cancel exactly where they should.
+    // products (f16). Subgroup g takes its 16 tokens a row at a time, each lane four columns
+    // (the rows' loads coalesced), then thread (t, hh) sums half of token t's 32 lane sums.
     var db = 0.0;
-    if (GATE != 0u && live) {
-        for (var i = 64u * hh; i < 64u * hh + 64u; i++) {
-            let x = row * D + i;
-            db += f32(tiles[q_at + t * D + i]) * dq_out[x] - f32(tiles[k_at + t * D + i]) * dk_out[x];
+    if (GATE != 0u) {
+        let lane = tid % 32u;
+        for (var i = 0u; i < 16u; i++) {
+            let tt = 16u * g + i;
+            var acc = 0.0;
+            if (tt < len) {
+                let x = row_of(b, c0 + tt, h) * D;
+                for (var j = 0u; j < 4u; j++) {
+                    let c = lane + 32u * j;
+                    acc += f32(tiles[q_at + tt * D + c]) * dq_out[x + c] - f32(tiles[k_at + tt * D + c]) * dk_out[x + c];
+                }
+            }
+            x32[tt * 32u + lane] = acc;
+        }
+        workgroupBarrier();
+        for (var j = 0u; j < 16u; j++) {
+            // Rotated by token: the subgroup's reads fall in different banks.
+            db += x32[t * 32u + 16u * hh + (j + t) % 16u];
         }
     }
     var dbeta = 0.0;
