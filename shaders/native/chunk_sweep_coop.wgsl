@@ -871,11 +871,10 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
 //   db_t  = q_t·dq_t − k_t·dk_t (the scores' dq, dk) + β_t exp(b_t) k_t·dR_k,t
 //           + Σ_s dA_ts A_ts − Σ_t' dA_t't A_t't
 // and dg_t = Σ_(t'≥t) db_t' + Σ dS_L ⊙ S_L: what chunk_d128.wgsl's chunk_bwd_grads computes for
-// these rules by back substitution, here as products. T is inverted in f32 (16×16 diagonal
-// blocks by substitution, the blocks below by products) and enters its product as two f16s
-// (hi + lo) at a power-of-two scale; dR_v as f16 at one scale per half of its columns, N at one
-// scale. T's and dR_v's f16 copies are staged in prep16 (chunk_prepare_coop's layout, T hi and lo
-// [64, 64] then dR_v [64, 128] per chunk).
+// these rules by back substitution, here as products. T is the forward's (chunk_prepare_coop
+// inverted it in f32 and kept it as two f16s, hi + lo, at a power-of-two scale: wy_t), as fla
+// keeps its A for the backward; dR_v enters its products as f16 at one scale per half of its
+// columns (staged in prep16, [64, 128] per chunk), N at one scale.
 
 @group(0) @binding(3) var<storage, read> v_row: array<vec4<f32>>;     // [B, T, H, D/4]
 @group(0) @binding(5) var<storage, read> beta: array<f32>;            // [B, T, H]
@@ -953,8 +952,8 @@ fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
     var o3 = coop_mat16x16<f32, C>();
     let col = du_at + 64u * half;
     for (var m = 0u; m < 4u; m++) {
-        let th = coopLoad<coop_mat16x16<f16, A>>(&prep16[t_at + 16u * m * CH + 16u * g], CH);
-        let tl = coopLoad<coop_mat16x16<f16, A>>(&prep16[t_at + CH * CH + 16u * m * CH + 16u * g], CH);
+        let th = coopLoad<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * m * CH + 16u * g], CH);
+        let tl = coopLoad<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * m * CH + 16u * g], CH);
         let d0 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 0u], D);
         let d1 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 16u], D);
         let d2 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 32u], D);
@@ -1049,8 +1048,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let k_at = tile_at(4u, bh, n);
     let q_at = tile_at(5u, bh, n);
     let u_at = tile_at(6u, bh, n);
-    let t_at = (bh * p.chunks + n) * PREP;
-    let r_at = t_at + 2u * CH * CH;
+    let t_at = (bh * p.chunks + n) * 2u * CH * CH;
+    let inv_tau = wy_t_scale[bh * p.chunks + n];
+    let r_at = (bh * p.chunks + n) * PREP;
     let du_at = (bh * p.chunks + n) * TILE;
     let sc_du = (bh * p.chunks + n) * 8u;
     let st = (bh * p.chunks + n) * 2u * D * D;
@@ -1081,13 +1081,6 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
     }
     var dbeta = 0.0;
-    storageBarrier();
-    workgroupBarrier();
-
-    // T = (I + A)⁻¹ to f16, hi and lo, at one power-of-two scale.
-    invert_unit_lower(tid, kk_at);
-    let inv_tau = t_to_f16(tid, t_at, T_PLAIN);
-    storageBarrier();
     workgroupBarrier();
 
     // dR_v = Tᵀ du by halves of 64 columns: dv = β dR_v, dβ += v·dR_v, and dR_v to f16.
@@ -1243,19 +1236,24 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // and recompute_w_u):
 //   b_t  = Σ_(s≤t) g_s                           (the cumulative gate, in f32, in token order)
 //   A_ts = β_t Γ_ts k_t·k_s  (s < t)             (k kᵀ's ten tiles on or below the diagonal)
-//   T    = (I + A)⁻¹                             (f32, invert_unit_lower)
-//   Uc   = T diag(β) v,   W = T diag(β exp(b)) k (T's two column scalings as f16 hi + lo)
+//   T    = (I + A)⁻¹                             (f32, invert_unit_lower; kept as f16 hi + lo)
+//   Uc   = T R_v,   W = T R_k,   R_v = diag(β) v,   R_k = diag(β exp(b)) k
 // then the sweep's operands as chunk_sweep_operands writes them: K̃ = k exp(b_L − b) and W as f16
-// tiles, Uc as an f32 tile, and W in f32 for the backward; and k16 for the output (out16). k and v
-// enter the products as f16, staged in prep16 beside T's copies; A goes through kk_out, which
-// the inversion reads.
+// tiles, Uc as an f32 tile, and W in f32 for the backward; and k16 for the output (out16). k,
+// then R_k and R_v, enter the products as f16 (each R at a power-of-two scale of its own),
+// staged in prep16; A goes through kk_out, which the inversion reads. T stays in wy_t, two f16s
+// at one power-of-two scale (its inverse in wy_t_scale), for chunk_bwd_wy_coop.
 
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
 @group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
 @group(0) @binding(8) var<storage, read_write> w_out: array<f32>;   // [B, T, H, D]: W
-// Per chunk: k and v as f16 [64, 128], then T diag(β) and T diag(β exp(b)), hi and lo [64, 64].
+// Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128]).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
-const PREP: u32 = 2u * TILE + 4u * CH * CH;
+const PREP: u32 = 2u * TILE;
+// Per chunk: T = (I + A)⁻¹ as f16, hi then lo [64, 64], at a power-of-two scale whose inverse is
+// in wy_t_scale.
+@group(0) @binding(45) var<storage, read_write> wy_t: array<f16>;
+@group(0) @binding(46) var<storage, read_write> wy_t_scale: array<f32>;
 
 fn put_prep(at: u32, x: vec4<f32>) {
     prep16[at] = f16(x.x);
@@ -1278,51 +1276,38 @@ fn prep_kkt(k_at: u32, g: u32) {
     }
 }
 
-// How T's column s is scaled on its way to f16: not at all (the backward's Tᵀ du), by β_s (Uc's
-// T diag(β)) or by β_s exp(b_s) (W's T diag(β exp(b))).
-const T_PLAIN: u32 = 0u;
-const T_BETA: u32 = 1u;
-const T_BETA_DECAY: u32 = 2u;
-
-fn t_column_scale(s: u32, scaling: u32) -> f32 {
-    if (scaling == T_PLAIN) {
-        return 1.0;
-    }
-    if (scaling == T_BETA) {
-        return bsh[s];
-    }
-    return bsh[s] * exp(gsh[s]);
-}
-
-// T (in x32), its columns scaled as `scaling` says, to f16 hi and lo at `at` at one power-of-two
-// scale; returns its inverse. Starts and ends with a barrier.
-fn t_to_f16(tid: u32, at: u32, scaling: u32) -> f32 {
+// T (in x32) to f16 hi and lo in wy_t at `at`, at one power-of-two scale, whose inverse goes to
+// wy_t_scale[chunk] and is returned. Starts and ends with a barrier.
+fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     workgroupBarrier();
     var mx = 0.0;
     for (var e = tid; e < CH * CH; e += 128u) {
-        mx = max(mx, abs(x32[e] * t_column_scale(e % CH, scaling)));
+        mx = max(mx, abs(x32[e]));
     }
     let tau = pow2_scale(workgroup_max(tid, mx));
     for (var e = tid; e < CH * CH; e += 128u) {
-        let x = x32[e] * t_column_scale(e % CH, scaling) * tau;
+        let x = x32[e] * tau;
         let hi = f16(x);
-        prep16[at + e] = hi;
-        prep16[at + CH * CH + e] = f16(x - f32(hi));
+        wy_t[at + e] = hi;
+        wy_t[at + CH * CH + e] = f16(x - f32(hi));
+    }
+    if (tid == 0u) {
+        wy_t_scale[chunk] = 1.0 / tau;
     }
     workgroupBarrier();
     return 1.0 / tau;
 }
 
-// Columns 64·half .. + 63 of T' X into x32 [token][column] (subgroup g its token block): A = T'
-// (hi, then lo) from its rows at t_at, B the f16 tile X at x_at.
+// Columns 64·half .. + 63 of T X into x32 [token][column] (subgroup g its token block): A = T
+// (hi, then lo) from its rows at t_at in wy_t, B the f16 tile X at x_at; `inv` undoes both scales.
 fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     var o2 = coop_mat16x16<f32, C>();
     var o3 = coop_mat16x16<f32, C>();
     for (var m = 0u; m < 4u; m++) {
-        let th = coopLoadT<coop_mat16x16<f16, A>>(&prep16[t_at + 16u * g * CH + 16u * m], CH);
-        let tl = coopLoadT<coop_mat16x16<f16, A>>(&prep16[t_at + CH * CH + 16u * g * CH + 16u * m], CH);
+        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * g * CH + 16u * m], CH);
+        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * g * CH + 16u * m], CH);
         let rt = x_at + 16u * m * D + 64u * half;
         let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
         let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
@@ -1349,8 +1334,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     let at = (bh * p.chunks + n) * PREP;
     let k_at = at;
     let v_at = at + TILE;
-    let tv_at = at + 2u * TILE;
-    let tk_at = tv_at + 2u * CH * CH;
+    let t_at = (bh * p.chunks + n) * 2u * CH * CH;
     let kk_at = (bh * p.chunks + n) * CH * CH;
     // The gates and their sum in token order (the f32 kernel's), β (0 past the chunk's end).
     if (tid < CH) {
@@ -1379,6 +1363,9 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     }
     let b_last = gsh[len - 1u];
     let a = tid % D4;
+    // The largest |R_v| and |R_k|, for their scales.
+    var mx_v = 0.0;
+    var mx_k = 0.0;
     for (var i = 0u; i < CH * D4 / 128u; i++) {
         let t = tid / D4 + 4u * i;
         let live = t < len;
@@ -1390,31 +1377,44 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         out16[out16_at(OUT_K16, bh, n) + o + 1u] = f16(k.y);
         out16[out16_at(OUT_K16, bh, n) + o + 2u] = f16(k.z);
         out16[out16_at(OUT_K16, bh, n) + o + 3u] = f16(k.w);
-        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live));
         put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));
+        mx_v = max(mx_v, max4(select(vec4<f32>(0.0), v_row[row * D4 + a], live)) * bsh[t]);
+        mx_k = max(mx_k, max4(k) * bsh[t] * exp(gsh[t]));
     }
     storageBarrier();
     workgroupBarrier();
-    // A / β = Γ k kᵀ (s < t) through kk_out, then T.
+    // A / β = Γ k kᵀ (s < t) through kk_out.
     prep_kkt(k_at, g);
     workgroupBarrier();
     masked_kk_to(tid, len, kk_at);
+    // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
+    let sigma_v = pow2_scale(workgroup_max(tid, mx_v));
+    workgroupBarrier();
+    let sigma_k = pow2_scale(workgroup_max(tid, mx_k));
+    for (var i = 0u; i < CH * D4 / 128u; i++) {
+        let t = tid / D4 + 4u * i;
+        let live = t < len;
+        let row = row_of(b, c0 + min(t, len - 1u), h);
+        let o = t * D + 4u * a;
+        put_prep(k_at + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live) * (bsh[t] * exp(gsh[t]) * sigma_k));
+        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live) * (bsh[t] * sigma_v));
+    }
     storageBarrier();
+    // T, kept for the backward.
     invert_unit_lower(tid, kk_at);
-    let inv_v = t_to_f16(tid, tv_at, T_BETA);
-    let inv_k = t_to_f16(tid, tk_at, T_BETA_DECAY);
+    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);
     storageBarrier();
     workgroupBarrier();
-    // Uc = T diag(β) v to its f32 tile; W = T diag(β exp(b)) k to f32 and to its f16 tile.
+    // Uc = T R_v to its f32 tile; W = T R_k to f32 and to its f16 tile.
     let uc_at = (bh * p.chunks + n) * TILE;
     for (var half = 0u; half < 2u; half++) {
-        prep_product_half(tv_at, v_at, g, half, inv_v);
+        prep_product_half(t_at, v_at, g, half, inv_tau / sigma_v);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += 128u) {
             uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[e];
         }
         workgroupBarrier();
-        prep_product_half(tk_at, k_at, g, half, inv_k);
+        prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += 128u) {
             let t = e / CH;
