@@ -30,10 +30,10 @@ GRADS = {
 
 # The same for chunk_bwd_wy_coop; its helpers sit above it, so the edits apply to the whole file.
 WY = {
-    'no-invert': ('the inversion of I + A (diagonal blocks and the blocks below)', [
+    'no-invert': ('the inversion of I + A (diagonal blocks and the blocks below; chunk_prepare_coop)', [
         ('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)'),
         ('for (var i = j + 1u; i < 16u; i++)', 'for (var i = j + 1u; i < j + 1u; i++)')]),
-    'no-invert-blocks': ('the inversion\'s blocks below the diagonal', [('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)')]),
+    'no-invert-blocks': ('the inversion\'s blocks below the diagonal (chunk_prepare_coop)', [('for (var bi = 1u; bi < 4u; bi++)', 'for (var bi = 1u; bi < 1u; bi++)')]),
     'no-drv': ('dR_v = Tᵀ du', [('        dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);\n', '')]),
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
@@ -45,16 +45,17 @@ WY = {
         ('                dk_out[o] += bsh[tt] * exp(gsh[tt]) * x32[e];', ''),
         ('                dk_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] += x32[e] / sigma;', '')]),
     # chunk_prepare_coop's parts (the same file, so these variants also time chunk_bwd_wy_coop whole)
-    'prep-no-staging': ("the preparation's f16 staging of k and v, and k16 and K̃ (global stores)", [
+    'prep-no-staging': ("the preparation's f16 staging of k, R_k and R_v, and k16 and K̃ (global stores)", [
         ('        put_prep(k_at + o, k);\n        out16', '        out16'),
-        ('        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live));\n', ''),
         ('        out16[out16_at(OUT_K16, bh, n) + o] = f16(k.x);\n        out16[out16_at(OUT_K16, bh, n) + o + 1u] = f16(k.y);\n        out16[out16_at(OUT_K16, bh, n) + o + 2u] = f16(k.z);\n        out16[out16_at(OUT_K16, bh, n) + o + 3u] = f16(k.w);\n', ''),
-        ('        put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));\n', '')]),
-    'prep-no-products': ("the preparation's Uc and W products (T' v, T' k)", [
-        ('        prep_product_half(tv_at, v_at, g, half, inv_v);\n', ''),
-        ('        prep_product_half(tk_at, k_at, g, half, inv_k);\n', '')]),
-    'prep-no-t16': ("the preparation's two copies of T to f16", [
-        ('    let inv_v = t_to_f16(tid, tv_at, T_BETA);\n    let inv_k = t_to_f16(tid, tk_at, T_BETA_DECAY);', '    let inv_v = 1.0;\n    let inv_k = 1.0;')]),
+        ('        put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));\n', ''),
+        ('        put_prep(k_at + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live) * (bsh[t] * exp(gsh[t]) * sigma_k));\n', ''),
+        ('        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live) * (bsh[t] * sigma_v));\n', '')]),
+    'prep-no-products': ("the preparation's Uc and W products (T R_v, T R_k)", [
+        ('        prep_product_half(t_at, v_at, g, half, inv_tau / sigma_v);\n', ''),
+        ('        prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);\n', '')]),
+    'prep-no-t16': ("the preparation's copy of T to f16", [
+        ('    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', '    let inv_tau = 1.0;')]),
     'prep-no-outputs': ("the preparation's stores of Uc, W (f32 and f16) and b", [
         ('            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[e];\n', ''),
         ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[e]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e];\n            }\n', ''),
