@@ -2,8 +2,9 @@
 """Where a kernel's time goes: timing-only variants of its shader, each with one part of the
 kernel dropped (their results are wrong by design), written as folders for LINEARIZE_SHADER_DIR
 (README: one binary times kernel variants). Kernels: `grads` (chunk_bwd_grads of
-shaders/mixers/common/chunk_d128.wgsl) and `wy` (chunk_bwd_wy_coop of
-shaders/native/chunk_sweep_coop.wgsl, with the helpers it calls). Run from the repo root:
+shaders/mixers/common/chunk_d128.wgsl), `wy` (chunk_bwd_wy_coop of
+shaders/native/chunk_sweep_coop.wgsl, with the helpers it calls, and chunk_prepare_coop), and
+`local`, an occupancy probe: chunk_bwd_local_coop with more workgroup memory. Run from the repo root:
 python3 scripts/kernel_parts.py [grads|wy] OUTDIR; then for each printed variant V,
 LINEARIZE_SHADER_DIR=OUTDIR/V LINEARIZE_PROFILE=1 linearize bench mixers --backward ...
 (scripts/device-bench-mixers.sh parts). A variant whose text is not found fails here, naming it.
@@ -62,8 +63,23 @@ WY = {
         ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
 }
 
+# Not parts but a probe of occupancy: chunk_bwd_local_coop (25.3 KiB of workgroup memory) with
+# more of it declared and touched, so that fewer workgroups fit an SM if workgroup memory is
+# what bounds them there.
+def _pad(words):
+    return (f'pad-{words * 4 // 1024}k', (f'{words * 4} bytes more workgroup memory', [
+        ('    let n = wid.x;\n', f'    pad[tid] = f32(tid);\n    let n = wid.x;\n'),
+        ('    coopStoreT(o7 * scale_in[sc_at + 7u], &uc_tiles[du_at + 112u], D);\n}\n',
+         f'    coopStoreT(o7 * scale_in[sc_at + 7u], &uc_tiles[du_at + 112u], D);\n    uc_tiles[du_at + tid] += pad[(tid + 1u) % 128u] * 1e-30;\n}}\nvar<workgroup> pad: array<f32, {words}>;\n')]))
+
+LOCAL = dict(_pad(w) for w in (1536, 4096, 5632))
+
 # Kernel: (shader, where the edits start, variants).
-KERNELS = {'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS), 'wy': ('native/chunk_sweep_coop', '', WY)}
+KERNELS = {
+    'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS),
+    'wy': ('native/chunk_sweep_coop', '', WY),
+    'local': ('native/chunk_sweep_coop', 'fn chunk_bwd_local_coop(', LOCAL),
+}
 
 
 def main():
