@@ -39,12 +39,12 @@ WY = {
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
     'no-nk': ('dk += N k', [('        p16_times_k(k_at, g, half, z, z, z, z);\n', '')]),
-    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('    if (GATE != 0u) {\n        let lane = tid % 32u;', '    if (GATE == 7u) {\n        let lane = tid % 32u;')]),
-    'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            let s = 32u * hh + (j + t) % 32u;', '        for (var j = 0u; j < 0u; j++) {\n            let s = 32u * hh + (j + t) % 32u;')]),
-    'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('        if (n + 1u < p.chunks) {\n            let eb_at', '        if (n + 1u < 0u) {\n            let eb_at')]),
+    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('        for (var i = 0u; i < 64u; i += 4u) {\n            let qv', '        for (var i = 0u; i < 0u; i += 4u) {\n            let qv')]),
+    'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            // Loads unconditional', '        for (var j = 0u; j < 0u; j++) {\n            // Loads unconditional')]),
+    'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('            for (var x = tid; x < D * D / 4u; x += 512u) {', '            for (var x = tid; x < 0u; x += 512u) {')]),
     'no-dk-writes': ("dk's read-modify-writes (dR_k's and N k's terms)", [
-        ('                dk_out[o] += bsh[tt] * exp(gsh[tt]) * x32[e];', ''),
-        ('                dk_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] += x32[e] / sigma;', '')]),
+        ('        add_to_dk(tid, b, h, c0, len, half, true, 1.0);\n', ''),
+        ('        add_to_dk(tid, b, h, c0, len, half, false, 1.0 / sigma);\n', '')]),
     # chunk_prepare_coop's parts (the same file, so these variants also time chunk_bwd_wy_coop whole)
     'prep-no-staging': ("the preparation's f16 staging of k, R_k and R_v, and k16 and K̃ (global stores)", [
         ('        put_prep(k_at + o, k);\n        out16', '        out16'),

@@ -1026,6 +1026,31 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
     }
 }
 
+// dk_t += x32[t][c] · m (· β_t exp(b_t) where `decayed`) for columns 64·half + c, rows t < len:
+// four rows' loads first, then their stores (a store to dk between loads of it would make each
+// load wait for the one before).
+fn add_to_dk(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, decayed: bool, m: f32) {
+    let c = tid % CH;
+    for (var t0 = tid / CH; t0 < CH; t0 += 8u) {
+        var o: array<u32, 4>;
+        var d: vec4<f32>;
+        for (var j = 0u; j < 4u; j++) {
+            o[j] = row_of(b, c0 + min(t0 + 2u * j, len - 1u), h) * D + 64u * half + c;
+            d[j] = dk_out[o[j]];
+        }
+        for (var j = 0u; j < 4u; j++) {
+            let tt = t0 + 2u * j;
+            if (tt < len) {
+                dk_out[o[j]] = d[j] + x32[tt * CH + c] * m * select(1.0, bsh[tt] * exp(gsh[tt]), decayed);
+            }
+        }
+    }
+}
+
+// dS_L and the chunk starts as vec4, for dg's end-state term.
+@group(0) @binding(19) var<storage, read> ds_vec: array<vec4<f32>>;   // [B, H, chunks, DS / 4]
+@group(0) @binding(11) var<storage, read> h_vec: array<vec4<f32>>;    // [B, H, chunks, R / 4]
+
 @compute @workgroup_size(128)
 fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -1057,28 +1082,22 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let inv_s0 = state_scales[(bh * p.chunks + n) * 2u];
 
     // The scores' part of db_t: q_t·dq_t − k_t·dk_t with q and k as they entered the scores'
-    // products (f16). Subgroup g takes its 16 tokens a row at a time, each lane four columns
-    // (the rows' loads coalesced), then thread (t, hh) sums half of token t's 32 lane sums.
+    // products (f16), thread (t, hh) over half of row t, four columns' loads at a time (a loop
+    // whose loads wait one by one is what this kernel's time is made of; rows past the chunk
+    // read the last row's dq and dk against zero tiles).
     var db = 0.0;
     if (GATE != 0u) {
-        let lane = tid % 32u;
-        for (var i = 0u; i < 16u; i++) {
-            let tt = 16u * g + i;
-            var acc = 0.0;
-            if (tt < len) {
-                let x = row_of(b, c0 + tt, h) * D;
-                for (var j = 0u; j < 4u; j++) {
-                    let c = lane + 32u * j;
-                    acc += f32(tiles[q_at + tt * D + c]) * dq_out[x + c] - f32(tiles[k_at + tt * D + c]) * dk_out[x + c];
-                }
-            }
-            x32[tt * 32u + lane] = acc;
+        let x = row * D + 64u * hh;
+        let y = t * D + 64u * hh;
+        var acc = vec4<f32>(0.0);
+        for (var i = 0u; i < 64u; i += 4u) {
+            let qv = vec4<f32>(f32(tiles[q_at + y + i]), f32(tiles[q_at + y + i + 1u]), f32(tiles[q_at + y + i + 2u]), f32(tiles[q_at + y + i + 3u]));
+            let kv = vec4<f32>(f32(tiles[k_at + y + i]), f32(tiles[k_at + y + i + 1u]), f32(tiles[k_at + y + i + 2u]), f32(tiles[k_at + y + i + 3u]));
+            let dqv = vec4<f32>(dq_out[x + i], dq_out[x + i + 1u], dq_out[x + i + 2u], dq_out[x + i + 3u]);
+            let dkv = vec4<f32>(dk_out[x + i], dk_out[x + i + 1u], dk_out[x + i + 2u], dk_out[x + i + 3u]);
+            acc += qv * dqv - kv * dkv;
         }
-        workgroupBarrier();
-        for (var j = 0u; j < 16u; j++) {
-            // Rotated by token: the subgroup's reads fall in different banks.
-            db += x32[t * 32u + 16u * hh + (j + t) % 16u];
-        }
+        db = acc.x + acc.y + acc.z + acc.w;
     }
     var dbeta = 0.0;
     workgroupBarrier();
@@ -1122,13 +1141,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     for (var half = 0u; half < 2u; half++) {
         dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += 128u) {
-            let tt = e / CH;
-            if (tt < len) {
-                let o = row_of(b, c0 + tt, h) * D + 64u * half + e % CH;
-                dk_out[o] += bsh[tt] * exp(gsh[tt]) * x32[e];
-            }
-        }
+        add_to_dk(tid, b, h, c0, len, half, true, 1.0);
         if (live) {
             for (var j = 0u; j < 8u; j++) {
                 let c = 32u * hh + 4u * ((j + t) % 8u);
@@ -1150,14 +1163,11 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         var row_sum = 0.0;
         var col_sum = 0.0;
         for (var j = 0u; j < 32u; j++) {
+            // Loads unconditional (within the chunk's 64 × 64), so that they need not wait on
+            // each other; token t as the key of a later row s for the column.
             let s = 32u * hh + (j + t) % 32u;
-            if (s < t) {
-                row_sum += x32[t * CH + s] * kk_out[kk_at + t * CH + s];
-            }
-            // Token t as the key of a later row s.
-            if (t < s && s < len) {
-                col_sum += x32[s * CH + t] * a_at(kk_at, s, t);
-            }
+            row_sum += select(0.0, x32[t * CH + s] * kk_out[kk_at + t * CH + s], s < t);
+            col_sum += select(0.0, x32[s * CH + t] * a_at(kk_at, s, t), t < s && s < len);
         }
         dbeta += row_sum;
         db += bsh[t] * row_sum - col_sum;
@@ -1187,12 +1197,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let z = coop_mat16x16<f32, C>();
         p16_times_k(k_at, g, half, z, z, z, z);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += 128u) {
-            let tt = e / CH;
-            if (tt < len) {
-                dk_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] += x32[e] / sigma;
-            }
-        }
+        add_to_dk(tid, b, h, c0, len, half, false, 1.0 / sigma);
         workgroupBarrier();
     }
 
@@ -1204,16 +1209,25 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         dbeta_out[row] = x32[tid] + x32[tid + 1u];
     }
     if (GATE != 0u) {
-        var e_part = 0.0;
+        var e_part = vec4<f32>(0.0);
         if (n + 1u < p.chunks) {
-            let eb_at = (bh * p.chunks + n) * DS;
-            let nb_at = (bh * p.chunks + n + 1u) * R;
-            for (var x = tid; x < D * D; x += 128u) {
-                e_part += ds_end[eb_at + x] * h_out[nb_at + x];
+            // 32 vec4 of each per thread, four of each in flight at a time.
+            let eb4 = (bh * p.chunks + n) * DS / 4u;
+            let nb4 = (bh * p.chunks + n + 1u) * R / 4u;
+            for (var x = tid; x < D * D / 4u; x += 512u) {
+                let a0 = ds_vec[eb4 + x];
+                let a1 = ds_vec[eb4 + x + 128u];
+                let a2 = ds_vec[eb4 + x + 256u];
+                let a3 = ds_vec[eb4 + x + 384u];
+                let s0 = h_vec[nb4 + x];
+                let s1 = h_vec[nb4 + x + 128u];
+                let s2 = h_vec[nb4 + x + 256u];
+                let s3 = h_vec[nb4 + x + 384u];
+                e_part += a0 * s0 + a1 * s1 + a2 * s2 + a3 * s3;
             }
         }
         workgroupBarrier();
-        x32[tid] = e_part;
+        x32[tid] = e_part.x + e_part.y + e_part.z + e_part.w;
         x32[128u + tid] = db;
         workgroupBarrier();
         if (tid == 0u) {
