@@ -915,11 +915,13 @@ fn invert_unit_lower(tid: u32, kk_at: u32) {
         for (var e = tid; e < bi * 256u; e += 128u) {
             let r = 16u * bi + (e % 256u) / 16u;
             let c = 16u * (e / 256u) + e % 16u;
-            var y = 0.0;
-            for (var m = 16u * (e / 256u); m < 16u * bi; m++) {
-                y += a_at(kk_at, r, m) * x32[m * CH + c];
+            // Four of A's loads in flight at a time (they come from global memory).
+            var y = vec4<f32>(0.0);
+            for (var m = 16u * (e / 256u); m < 16u * bi; m += 4u) {
+                let a = vec4<f32>(a_at(kk_at, r, m), a_at(kk_at, r, m + 1u), a_at(kk_at, r, m + 2u), a_at(kk_at, r, m + 3u));
+                y += a * vec4<f32>(x32[m * CH + c], x32[(m + 1u) * CH + c], x32[(m + 2u) * CH + c], x32[(m + 3u) * CH + c]);
             }
-            x32[r * CH + c] = y;
+            x32[r * CH + c] = y.x + y.y + y.z + y.w;
         }
         workgroupBarrier();
         var out: array<f32, 6>;
