@@ -1077,7 +1077,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let u_at = tile_at(6u, bh, n);
     let t_at = (bh * p.chunks + n) * 2u * CH * CH;
     let inv_tau = wy_t_scale[bh * p.chunks + n];
-    let r_at = (bh * p.chunks + n) * PREP;
+    let r_at = (bh * p.chunks + n) * TILE;
     let du_at = (bh * p.chunks + n) * TILE;
     let sc_du = (bh * p.chunks + n) * 8u;
     let st = (bh * p.chunks + n) * 2u * D * D;
@@ -1263,7 +1263,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
 @group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
 @group(0) @binding(8) var<storage, read_write> w_out: array<f32>;   // [B, T, H, D]: W
-// Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128]).
+// Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
+// per chunk).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
 const PREP: u32 = 2u * TILE;
 // Per chunk: T = (I + A)⁻¹ as f16, hi then lo [64, 64], at a power-of-two scale whose inverse is

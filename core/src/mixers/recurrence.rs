@@ -371,9 +371,10 @@ fn tensor_core_backward_sweep(rec: &Recorder, r: Recurrence, d: Dims) -> bool {
 }
 
 /// Words per chunk of chunk_prepare_coop's f16 staging: k (then R_k) and R_v [64, 128]
-/// (native/chunk_sweep_coop.wgsl's PREP, two halves a word); chunk_bwd_wy_coop stages dR_v in
-/// its first half.
+/// (native/chunk_sweep_coop.wgsl's PREP, two halves a word).
 const PREPARE_STAGING_WORDS: usize = 2 * CHUNK * 128 / 2;
+/// Words per chunk of chunk_bwd_wy_coop's f16 staging: dR_v [64, 128] (its TILE).
+const WY_STAGING_WORDS: usize = CHUNK * 128 / 2;
 
 /// The backward's f16 tiles on tensor cores: K̃, W, Q̃, the scaled dO, k, q, u, dÕ and ũ.
 const BACKWARD_TILE_SECTIONS: usize = 9;
@@ -525,7 +526,7 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
         let mut wy_t = None;
         if r.delta {
             // The delta rules' preparation and the sweep's operands in one kernel, its products
-            // on tensor cores (k and v staged as f16 beside T's copies; A through `kk`).
+            // on tensor cores (k, R_k and R_v staged as f16; A through `kk`; T kept in `wy`).
             let bh = d.batch * d.heads;
             let staged = rec.temp(bh * chunks * PREPARE_STAGING_WORDS)?;
             let kk = rec.temp(bh * chunks * CHUNK * CHUNK)?;
@@ -703,12 +704,11 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
             if r.delta {
                 // The rest of the delta rules' gradients through the WY form, as products, with
-                // the forward's T (dR_v staged as f16 as the forward's preparation stages its
-                // operands).
+                // the forward's T (dR_v staged as f16).
                 let Some(wy_t) = sweep_wy_t else {
                     return Err(Error::argument("saved sweep", "the backward runs on tensor cores but the saved forward kept no WY inverse: it ran in f32 (run both in one precision)"));
                 };
-                let staged = rec.temp(bh * chunks * PREPARE_STAGING_WORDS)?;
+                let staged = rec.temp(bh * chunks * WY_STAGING_WORDS)?;
                 let wy_bindings = [
                     (2, k), (3, v), (5, beta), (11, sweep_h), (15, sweep_b), (19, &ds_end), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta),
                     (31, tiles), (35, &states16), (36, &scales), (37, &kk), (39, du16), (41, du_scales), (43, &staged), (45, &wy_t.t16), (46, &wy_t.scales),
