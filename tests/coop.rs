@@ -440,6 +440,68 @@ fn tensor_core_backward_matches_f64() {
     }
 }
 
+/// The delta rules' T kept from a training forward on tensor cores (chunked_train's SavedSweep
+/// carries chunk_prepare_coop's WyInverse): the backward from the kept sweep gives the same bits
+/// as the backward that runs the sweep again; a sweep kept by an f32 forward, which has no T, is
+/// refused by a tensor-core backward with an error that says so.
+#[test]
+fn tensor_core_backward_reads_the_forwards_t() {
+    use linearize_core::mixers::recurrence::{self, Dims, Gate, Gates, GpuState, RecurrenceArgs};
+    use linearize_tests::recurrence_data::{data, variants};
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(37);
+    for (name, r) in variants().into_iter().filter(|(n, _)| *n == "gated_deltanet" || *n == "deltanet") {
+        let d = Dims { batch: 1, seq: 70, heads: 2, dk: 128, dv: 128 };
+        let x = data(&mut rng, r, d, 0);
+        let rows = d.batch * d.seq * d.heads;
+        let dout = random(&mut rng, rows * d.dv, 1e-6);
+        let up = |n: &str, a: &[f32]| gpu.upload_f32(n, a).unwrap();
+        let (gq, gk, gv, gg, gb, gi, gd) = (up("q", &x.q), up("k", &x.k), up("v", &x.v), up("g", &x.g), up("beta", &x.beta), up("igate", &x.igate), up("dout", &dout));
+        let args = RecurrenceArgs { r, dims: d, scale: 1.0 / (128f32).sqrt(), q: &gq, k: &gk, v: &gv, gates: Gates { g: Some(&gg), beta: Some(&gb), igate: Some(&gi) } };
+        let read = |b: &GpuBuf, n: usize| gpu.read_f32_blocking(b, n).unwrap();
+        let train = |precision| {
+            gpu.set_precision(precision).unwrap();
+            let out = gpu.scratch(rows * d.dv).unwrap();
+            let mut rec = gpu.recorder();
+            let saved = recurrence::chunked_train(&mut rec, &args, &GpuState::zeros(&gpu, d).unwrap(), &out).unwrap();
+            rec.submit().unwrap();
+            gpu.release(out);
+            saved
+        };
+        let saved = train(Precision::Mixed);
+        assert!(saved.wy_t.is_some(), "{name}: a forward on tensor cores keeps T");
+        let mut rec = gpu.recorder();
+        let kept = recurrence::backward(&mut rec, &args, &gd, Some(&saved)).unwrap();
+        let again = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
+        rec.submit().unwrap();
+        let g_len = if r.gate == Gate::None { 0 } else { rows };
+        for (what, a, b, n) in [("q", &kept.q, &again.q, rows * 128), ("k", &kept.k, &again.k, rows * 128), ("v", &kept.v, &again.v, rows * 128), ("g", &kept.g, &again.g, g_len), ("beta", &kept.beta, &again.beta, rows)] {
+            if n > 0 {
+                assert_eq!(read(a, n), read(b, n), "{name}: d{what} from the kept sweep");
+            }
+        }
+        kept.release(&gpu);
+        again.release(&gpu);
+        for b in saved.buffers() {
+            gpu.release(b);
+        }
+        let f32_saved = train(Precision::F32);
+        assert!(f32_saved.wy_t.is_none(), "{name}: an f32 forward keeps no T");
+        gpu.set_precision(Precision::Mixed).unwrap();
+        let mut rec = gpu.recorder();
+        let err = match recurrence::backward(&mut rec, &args, &gd, Some(&f32_saved)) {
+            Ok(_) => panic!("{name}: a tensor-core backward took a sweep kept without T"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("saved sweep") && err.contains("WY inverse"), "{name}: {err}");
+        drop(rec);
+        for b in f32_saved.buffers() {
+            gpu.release(b);
+        }
+        eprintln!("{name}: the kept T gives the recomputed sweep's gradients bit for bit; an f32 forward's sweep is refused: {err}");
+    }
+}
+
 /// Prefill attention on tensor cores (native/attention_coop.wgsl: q kᵀ and P v as f16 products
 /// with f32 accumulation, the online softmax in f32) against the f64 reference: ragged tiles of
 /// queries and keys, a prefix already in the cache, grouped heads, peaked scores, scores that grow
