@@ -889,42 +889,53 @@ fn a_at(kk_at: u32, t: u32, s: u32) -> f32 {
     return bsh[t] * kk_out[kk_at + t * CH + s];
 }
 
-// T = (I + A)⁻¹ into x32 [64][64] in f32.
-fn invert_unit_lower(tid: u32, kk_at: u32) {
-    for (var e = tid; e < CH * CH; e += 128u) {
-        x32[e] = 0.0;
+var<workgroup> adiag: array<f32, 1024>;  // A's four diagonal blocks [4][16][16], while T overwrites them
+
+// T = (I + A)⁻¹ in place in x32 [64][64], which holds A (zero on and above the diagonal): every
+// operand in workgroup memory, none of the substitution's dependent steps waits on global memory.
+fn invert_unit_lower(tid: u32) {
+    for (var e = tid; e < 1024u; e += 128u) {
+        let o = 16u * (e / 256u);
+        adiag[e] = x32[(o + (e % 256u) / 16u) * CH + o + e % 16u];
     }
     workgroupBarrier();
-    // The diagonal blocks: thread (block, j) substitutes down column j of its block.
+    // The diagonal blocks: thread (block, j) substitutes down column j of its block, which only
+    // it reads and writes.
     if (tid < CH) {
         let o = (tid / 16u) * 16u;
         let j = tid % 16u;
+        let ad = o * 16u;
         x32[(o + j) * CH + o + j] = 1.0;
         for (var i = j + 1u; i < 16u; i++) {
             var acc = 0.0;
             for (var s = j; s < i; s++) {
-                acc -= a_at(kk_at, o + i, o + s) * x32[(o + s) * CH + o + j];
+                acc -= adiag[ad + i * 16u + s] * x32[(o + s) * CH + o + j];
             }
             x32[(o + i) * CH + o + j] = acc;
         }
     }
     workgroupBarrier();
-    // Below them, a block row at a time: T_ij = −T_ii Σ_(j≤k<i) A_ik T_kj, the sum first into
-    // block (i, j) itself (no thread reads it in that step), then T_ii times it.
+    // Below them, a block row at a time: T_ij = −T_ii Σ_(j≤k<i) A_ik T_kj. The sums read A from
+    // the block row they replace, so all are formed before any is stored; then T_ii times them.
     for (var bi = 1u; bi < 4u; bi++) {
-        for (var e = tid; e < bi * 256u; e += 128u) {
+        var out: array<f32, 6>;
+        for (var w = 0u; w < 2u * bi; w++) {
+            let e = tid + 128u * w;
             let r = 16u * bi + (e % 256u) / 16u;
             let c = 16u * (e / 256u) + e % 16u;
-            // Four of A's loads in flight at a time (they come from global memory).
             var y = vec4<f32>(0.0);
             for (var m = 16u * (e / 256u); m < 16u * bi; m += 4u) {
-                let a = vec4<f32>(a_at(kk_at, r, m), a_at(kk_at, r, m + 1u), a_at(kk_at, r, m + 2u), a_at(kk_at, r, m + 3u));
+                let a = vec4<f32>(x32[r * CH + m], x32[r * CH + m + 1u], x32[r * CH + m + 2u], x32[r * CH + m + 3u]);
                 y += a * vec4<f32>(x32[m * CH + c], x32[(m + 1u) * CH + c], x32[(m + 2u) * CH + c], x32[(m + 3u) * CH + c]);
             }
-            x32[r * CH + c] = y.x + y.y + y.z + y.w;
+            out[w] = y.x + y.y + y.z + y.w;
         }
         workgroupBarrier();
-        var out: array<f32, 6>;
+        for (var w = 0u; w < 2u * bi; w++) {
+            let e = tid + 128u * w;
+            x32[(16u * bi + (e % 256u) / 16u) * CH + 16u * (e / 256u) + e % 16u] = out[w];
+        }
+        workgroupBarrier();
         for (var w = 0u; w < 2u * bi; w++) {
             let e = tid + 128u * w;
             let r = 16u * bi + (e % 256u) / 16u;
@@ -1257,8 +1268,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // then the sweep's operands as chunk_sweep_operands writes them: K̃ = k exp(b_L − b) and W as f16
 // tiles, Uc as an f32 tile, and W in f32 for the backward; and k16 for the output (out16). k,
 // then R_k and R_v, enter the products as f16 (each R at a power-of-two scale of its own),
-// staged in prep16; A goes through kk_out, which the inversion reads. T stays in wy_t, two f16s
-// at one power-of-two scale (its inverse in wy_t_scale), for chunk_bwd_wy_coop.
+// staged in prep16; A stays in workgroup memory, where T replaces it (A / β also goes to kk_out for
+// the backward). T stays in wy_t, two f16s at one power-of-two scale (its inverse in
+// wy_t_scale), for chunk_bwd_wy_coop.
 
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
 @group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
@@ -1400,10 +1412,19 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     }
     storageBarrier();
     workgroupBarrier();
-    // A / β = Γ k kᵀ (s < t) through kk_out.
+    // A / β = Γ k kᵀ (s < t) to kk_out (the backward's), and A in x32 for the inversion.
     prep_kkt(k_at, g);
     workgroupBarrier();
-    masked_kk_to(tid, len, kk_at);
+    for (var e = tid; e < CH * CH; e += 128u) {
+        let t = e / CH;
+        let s = e % CH;
+        var v = 0.0;
+        if (s < t && t < len) {
+            v = x32[e] * exp(gsh[t] - gsh[s]);
+        }
+        kk_out[kk_at + e] = v;
+        x32[e] = bsh[t] * v;
+    }
     // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
     let sigma_v = pow2_scale(workgroup_max(tid, mx_v));
     workgroupBarrier();
@@ -1417,8 +1438,9 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live) * (bsh[t] * sigma_v));
     }
     storageBarrier();
+    workgroupBarrier();
     // T, kept for the backward.
-    invert_unit_lower(tid, kk_at);
+    invert_unit_lower(tid);
     let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);
     storageBarrier();
     workgroupBarrier();
