@@ -425,7 +425,7 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         let s = e % CH;
         var v = 0.0;
         if (s <= t && t < len) {
-            v = x32[e] * p.scale * exp(gsh[t] - gsh[s]);
+            v = x32[xi(e)] * p.scale * exp(gsh[t] - gsh[s]);
         }
         p16[t * PS + s] = f16(v);
     }
@@ -596,7 +596,15 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 @group(0) @binding(41) var<storage, read> du_scales: array<f32>;
 
 const PS: u32 = CH + 8u;                  // p16's row stride, in halves
-var<workgroup> x32: array<f32, 4096>;     // dP [64][64] in f32, then half a product [64][64]
+// x32's row stride: 64 floats padded so that the rows of a 16×16 tile's store or a column's
+// reads do not all fall on the same banks.
+const XS: u32 = 72u;
+var<workgroup> x32: array<f32, 4608>;     // dP [64][XS] in f32, then half a product [64][XS]
+
+// Element e of a [64][64] matrix in x32, row-major.
+fn xi(e: u32) -> u32 {
+    return (e / CH) * XS + e % CH;
+}
 var<workgroup> p16: array<f16, 4608>;     // dP · σ as f16 [64][PS]
 var<workgroup> gsh: array<f32, 64>;       // the chunk's cumulative gates b_t
 
@@ -637,16 +645,16 @@ fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
             let bm = coopLoad<coop_mat16x16<f16, B>>(&tiles[yb + j], D);
             acc = coopMultiplyAdd(a, bm, acc);
         }
-        coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+        coopStoreT(acc, &x32[tile_query(tile) * 16u * XS + tile_key(tile) * 16u], XS);
     }
 }
 
-// A row block of 16 tokens × 64 columns (four accumulators) into x32 [token][column] at row xo / 64.
+// A row block of 16 tokens × 64 columns (four accumulators) into x32 [token][column] at offset xo (a multiple of 16 rows).
 fn rows_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>, o2: coop_mat16x16<f32, C>, o3: coop_mat16x16<f32, C>) {
-    coopStoreT(o0, &x32[xo + 0u], CH);
-    coopStoreT(o1, &x32[xo + 16u], CH);
-    coopStoreT(o2, &x32[xo + 32u], CH);
-    coopStoreT(o3, &x32[xo + 48u], CH);
+    coopStoreT(o0, &x32[xo + 0u], XS);
+    coopStoreT(o1, &x32[xo + 16u], XS);
+    coopStoreT(o2, &x32[xo + 32u], XS);
+    coopStoreT(o3, &x32[xo + 48u], XS);
 }
 
 // Columns 64·half .. + 63 of dq's query block `blk` into x32 [token][column], at dP's scale σ:
@@ -693,7 +701,7 @@ fn p16_times_k(k_at: u32, blk: u32, half: u32, a0: coop_mat16x16<f32, C>, a1: co
         o2 = coopMultiplyAdd(pa, r2, o2);
         o3 = coopMultiplyAdd(pa, r3, o3);
     }
-    rows_to_x32(blk * 16u * CH, o0, o1, o2, o3);
+    rows_to_x32(blk * 16u * XS, o0, o1, o2, o3);
 }
 
 // The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = dS_L ũᵀ[:, blk] (A from
@@ -735,11 +743,11 @@ fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
         o2 = coopMultiplyAdd(r2, pb, o2);
         o3 = coopMultiplyAdd(r3, pb, o3);
     }
-    let xo = blk * 16u * CH;
-    coopStore(o0, &x32[xo + 0u], CH);
-    coopStore(o1, &x32[xo + 16u], CH);
-    coopStore(o2, &x32[xo + 32u], CH);
-    coopStore(o3, &x32[xo + 48u], CH);
+    let xo = blk * 16u * XS;
+    coopStore(o0, &x32[xo + 0u], XS);
+    coopStore(o1, &x32[xo + 16u], XS);
+    coopStore(o2, &x32[xo + 32u], XS);
+    coopStore(o3, &x32[xo + 48u], XS);
 }
 
 // k kᵀ in x32 masked (s < t < len) and decayed (Γ_ts = exp(b_t − b_s), gsh) into kk_out at kk_at:
@@ -750,7 +758,7 @@ fn masked_kk_to(tid: u32, len: u32, kk_at: u32) {
         let s = e % CH;
         var v = 0.0;
         if (s < t && t < len) {
-            v = x32[e] * exp(gsh[t] - gsh[s]);
+            v = x32[xi(e)] * exp(gsh[t] - gsh[s]);
         }
         kk_out[kk_at + e] = v;
     }
@@ -801,8 +809,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         pt = pt + coopMultiplyAdd(a5, b5, z) * scale_in[sc_at + 5u];
         pt = pt + coopMultiplyAdd(a6, b6, z) * scale_in[sc_at + 6u];
         pt = pt + coopMultiplyAdd(a7, b7, z) * scale_in[sc_at + 7u];
-        let xo = tile_query(tile) * 16u * CH + tile_key(tile) * 16u;
-        coopStoreT(pt, &x32[xo], CH);
+        let xo = tile_query(tile) * 16u * XS + tile_key(tile) * 16u;
+        coopStoreT(pt, &x32[xo], XS);
     }
     workgroupBarrier();
     // The mask and the decay in f32 (the tiles above the diagonal were never written), then dP
@@ -813,14 +821,14 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         let s = e % CH;
         var v = 0.0;
         if (s <= t && t < len) {
-            v = x32[e] * p.scale * exp(gsh[t] - gsh[s]);
+            v = x32[xi(e)] * p.scale * exp(gsh[t] - gsh[s]);
         }
-        x32[e] = v;
+        x32[xi(e)] = v;
         mx = max(mx, abs(v));
     }
     let sigma = pow2_scale(workgroup_max(tid, mx));
     for (var e = tid; e < CH * CH; e += 128u) {
-        p16[(e / CH) * PS + e % CH] = f16(x32[e] * sigma);
+        p16[(e / CH) * PS + e % CH] = f16(x32[xi(e)] * sigma);
     }
     workgroupBarrier();
     let inv = 1.0 / sigma;
@@ -841,7 +849,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         for (var e = tid; e < CH * CH; e += 128u) {
             let t = e / CH;
             if (t < len) {
-                dq_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e] * inv;
+                dq_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)] * inv;
             }
         }
         workgroupBarrier();
@@ -850,7 +858,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         for (var e = tid; e < CH * CH; e += 128u) {
             let s = e / CH;
             if (s < len) {
-                dk_out[row_of(b, c0 + s, h) * D + 64u * half + e % CH] = x32[e] * inv;
+                dk_out[row_of(b, c0 + s, h) * D + 64u * half + e % CH] = x32[xi(e)] * inv;
             }
         }
         workgroupBarrier();
@@ -896,7 +904,7 @@ var<workgroup> adiag: array<f32, 1024>;  // A's four diagonal blocks [4][16][16]
 fn invert_unit_lower(tid: u32) {
     for (var e = tid; e < 1024u; e += 128u) {
         let o = 16u * (e / 256u);
-        adiag[e] = x32[(o + (e % 256u) / 16u) * CH + o + e % 16u];
+        adiag[e] = x32[(o + (e % 256u) / 16u) * XS + o + e % 16u];
     }
     workgroupBarrier();
     // The diagonal blocks: thread (block, j) substitutes down column j of its block, which only
@@ -905,13 +913,13 @@ fn invert_unit_lower(tid: u32) {
         let o = (tid / 16u) * 16u;
         let j = tid % 16u;
         let ad = o * 16u;
-        x32[(o + j) * CH + o + j] = 1.0;
+        x32[(o + j) * XS + o + j] = 1.0;
         for (var i = j + 1u; i < 16u; i++) {
             var acc = 0.0;
             for (var s = j; s < i; s++) {
-                acc -= adiag[ad + i * 16u + s] * x32[(o + s) * CH + o + j];
+                acc -= adiag[ad + i * 16u + s] * x32[(o + s) * XS + o + j];
             }
-            x32[(o + i) * CH + o + j] = acc;
+            x32[(o + i) * XS + o + j] = acc;
         }
     }
     workgroupBarrier();
@@ -925,15 +933,15 @@ fn invert_unit_lower(tid: u32) {
             let c = 16u * (e / 256u) + e % 16u;
             var y = vec4<f32>(0.0);
             for (var m = 16u * (e / 256u); m < 16u * bi; m += 4u) {
-                let a = vec4<f32>(x32[r * CH + m], x32[r * CH + m + 1u], x32[r * CH + m + 2u], x32[r * CH + m + 3u]);
-                y += a * vec4<f32>(x32[m * CH + c], x32[(m + 1u) * CH + c], x32[(m + 2u) * CH + c], x32[(m + 3u) * CH + c]);
+                let a = vec4<f32>(x32[r * XS + m], x32[r * XS + m + 1u], x32[r * XS + m + 2u], x32[r * XS + m + 3u]);
+                y += a * vec4<f32>(x32[m * XS + c], x32[(m + 1u) * XS + c], x32[(m + 2u) * XS + c], x32[(m + 3u) * XS + c]);
             }
             out[w] = y.x + y.y + y.z + y.w;
         }
         workgroupBarrier();
         for (var w = 0u; w < 2u * bi; w++) {
             let e = tid + 128u * w;
-            x32[(16u * bi + (e % 256u) / 16u) * CH + 16u * (e / 256u) + e % 16u] = out[w];
+            x32[(16u * bi + (e % 256u) / 16u) * XS + 16u * (e / 256u) + e % 16u] = out[w];
         }
         workgroupBarrier();
         for (var w = 0u; w < 2u * bi; w++) {
@@ -942,14 +950,14 @@ fn invert_unit_lower(tid: u32) {
             let c = 16u * (e / 256u) + e % 16u;
             var acc = 0.0;
             for (var m = 16u * bi; m <= r; m++) {
-                acc -= x32[r * CH + m] * x32[m * CH + c];
+                acc -= x32[r * XS + m] * x32[m * XS + c];
             }
             out[w] = acc;
         }
         workgroupBarrier();
         for (var w = 0u; w < 2u * bi; w++) {
             let e = tid + 128u * w;
-            x32[(16u * bi + (e % 256u) / 16u) * CH + 16u * (e / 256u) + e % 16u] = out[w];
+            x32[(16u * bi + (e % 256u) / 16u) * XS + 16u * (e / 256u) + e % 16u] = out[w];
         }
         workgroupBarrier();
     }
@@ -976,7 +984,7 @@ fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
         o2 = coopMultiplyAdd(tl, d2, coopMultiplyAdd(th, d2, o2));
         o3 = coopMultiplyAdd(tl, d3, coopMultiplyAdd(th, d3, o3));
     }
-    let xo = g * 16u * CH;
+    let xo = g * 16u * XS;
     let s = sc + 4u * half;
     rows_to_x32(xo, o0 * (inv_tau * du_scales[s + 0u]), o1 * (inv_tau * du_scales[s + 1u]), o2 * (inv_tau * du_scales[s + 2u]), o3 * (inv_tau * du_scales[s + 3u]));
 }
@@ -1014,7 +1022,7 @@ fn dr_v_times_s0t(r_at: u32, st: u32, g: u32, half: u32, inv0: f32, inv1: f32) {
         p2 = coopMultiplyAdd(a1, t2, p2);
         p3 = coopMultiplyAdd(a1, t3, p3);
     }
-    let xo = g * 16u * CH;
+    let xo = g * 16u * XS;
     rows_to_x32(xo, o0 * inv0 + p0 * inv1, o1 * inv0 + p1 * inv1, o2 * inv0 + p2 * inv1, o3 * inv0 + p3 * inv1);
 }
 
@@ -1035,7 +1043,7 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
             o = coopMultiplyAdd(a, bm, o);
             p = coopMultiplyAdd(a1, bm1, p);
         }
-        coopStoreT(o * inv0 + p * inv1, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+        coopStoreT(o * inv0 + p * inv1, &x32[tile_query(tile) * 16u * XS + tile_key(tile) * 16u], XS);
     }
 }
 
@@ -1054,7 +1062,7 @@ fn add_to_dk(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, decayed: bo
         for (var j = 0u; j < 4u; j++) {
             let tt = t0 + 2u * j;
             if (tt < len) {
-                dk_out[o[j]] = d[j] + x32[tt * CH + c] * m * select(1.0, bsh[tt] * exp(gsh[tt]), decayed);
+                dk_out[o[j]] = d[j] + x32[tt * XS + c] * m * select(1.0, bsh[tt] * exp(gsh[tt]), decayed);
             }
         }
     }
@@ -1123,7 +1131,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         workgroupBarrier();
         mx = 0.0;
         for (var e = tid; e < CH * CH; e += 128u) {
-            let x = x32[e];
+            let x = x32[xi(e)];
             mx = max(mx, abs(x));
             let tt = e / CH;
             if (tt < len) {
@@ -1135,14 +1143,14 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
                 // Rotated by token, so that a subgroup's reads of a column spread over banks.
                 let c = 32u * hh + 4u * ((j + t) % 8u);
                 let v = v_row[row * D4 + (64u * half + c) / 4u];
-                let x = t * CH + c;
+                let x = t * XS + c;
                 dbeta += v.x * x32[x] + v.y * x32[x + 1u] + v.z * x32[x + 2u] + v.w * x32[x + 3u];
             }
         }
         let rho = pow2_scale(workgroup_max(tid, mx));
         inv_r[half] = 1.0 / rho;
         for (var e = tid; e < CH * CH; e += 128u) {
-            prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[e] * rho);
+            prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[xi(e)] * rho);
         }
         workgroupBarrier();
     }
@@ -1159,7 +1167,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             for (var j = 0u; j < 8u; j++) {
                 let c = 32u * hh + 4u * ((j + t) % 8u);
                 let k = k_row[row * D4 + (64u * half + c) / 4u];
-                let x = t * CH + c;
+                let x = t * XS + c;
                 kdr += k.x * x32[x] + k.y * x32[x + 1u] + k.z * x32[x + 2u] + k.w * x32[x + 3u];
             }
         }
@@ -1179,8 +1187,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             // Loads unconditional (within the chunk's 64 × 64), so that they need not wait on
             // each other; token t as the key of a later row s for the column.
             let s = 32u * hh + (j + t) % 32u;
-            row_sum += select(0.0, x32[t * CH + s] * kk_out[kk_at + t * CH + s], s < t);
-            col_sum += select(0.0, x32[s * CH + t] * a_at(kk_at, s, t), t < s && s < len);
+            row_sum += select(0.0, x32[t * XS + s] * kk_out[kk_at + t * CH + s], s < t);
+            col_sum += select(0.0, x32[s * XS + t] * a_at(kk_at, s, t), t < s && s < len);
         }
         dbeta += row_sum;
         db += bsh[t] * row_sum - col_sum;
@@ -1193,16 +1201,16 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let s = e % CH;
         var m = 0.0;
         if (s < tt && tt < len) {
-            m = x32[e] * bsh[tt] * exp(gsh[tt] - gsh[s]);
+            m = x32[xi(e)] * bsh[tt] * exp(gsh[tt] - gsh[s]);
         }
-        x32[e] = m;
+        x32[xi(e)] = m;
         mx = max(mx, abs(m));
     }
     let sigma = pow2_scale(workgroup_max(tid, mx));
     for (var e = tid; e < CH * CH; e += 128u) {
         let tt = e / CH;
         let s = e % CH;
-        p16[tt * PS + s] = f16((x32[e] + x32[s * CH + tt]) * sigma);
+        p16[tt * PS + s] = f16((x32[xi(e)] + x32[s * XS + tt]) * sigma);
     }
     workgroupBarrier();
     // dk += N k by halves.
@@ -1301,7 +1309,7 @@ fn prep_kkt(k_at: u32, g: u32) {
         for (var j = 0u; j < D; j += 16u) {
             acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&prep16[xa + j], D), coopLoad<coop_mat16x16<f16, B>>(&prep16[yb + j], D), acc);
         }
-        coopStoreT(acc, &x32[tile_query(tile) * 16u * CH + tile_key(tile) * 16u], CH);
+        coopStoreT(acc, &x32[tile_query(tile) * 16u * XS + tile_key(tile) * 16u], XS);
     }
 }
 
@@ -1311,11 +1319,11 @@ fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     workgroupBarrier();
     var mx = 0.0;
     for (var e = tid; e < CH * CH; e += 128u) {
-        mx = max(mx, abs(x32[e]));
+        mx = max(mx, abs(x32[xi(e)]));
     }
     let tau = pow2_scale(workgroup_max(tid, mx));
     for (var e = tid; e < CH * CH; e += 128u) {
-        let x = x32[e] * tau;
+        let x = x32[xi(e)] * tau;
         let hi = f16(x);
         wy_t[at + e] = hi;
         wy_t[at + CH * CH + e] = f16(x - f32(hi));
@@ -1347,7 +1355,7 @@ fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
         o2 = coopMultiplyAdd(tl, r2, coopMultiplyAdd(th, r2, o2));
         o3 = coopMultiplyAdd(tl, r3, coopMultiplyAdd(th, r3, o3));
     }
-    let xo = g * 16u * CH;
+    let xo = g * 16u * XS;
     rows_to_x32(xo, o0 * inv_tau, o1 * inv_tau, o2 * inv_tau, o3 * inv_tau);
 }
 
@@ -1420,10 +1428,10 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         let s = e % CH;
         var v = 0.0;
         if (s < t && t < len) {
-            v = x32[e] * exp(gsh[t] - gsh[s]);
+            v = x32[xi(e)] * exp(gsh[t] - gsh[s]);
         }
         kk_out[kk_at + e] = v;
-        x32[e] = bsh[t] * v;
+        x32[xi(e)] = bsh[t] * v;
     }
     // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
     let sigma_v = pow2_scale(workgroup_max(tid, mx_v));
@@ -1450,7 +1458,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         prep_product_half(t_at, v_at, g, half, inv_tau / sigma_v);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += 128u) {
-            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[e];
+            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[xi(e)];
         }
         workgroupBarrier();
         prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);
@@ -1458,9 +1466,9 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         for (var e = tid; e < CH * CH; e += 128u) {
             let t = e / CH;
             let o = t * D + 64u * half + e % CH;
-            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[e]);
+            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);
             if (t < len) {
-                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e];
+                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];
             }
         }
         workgroupBarrier();
