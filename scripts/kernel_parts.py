@@ -4,8 +4,13 @@ kernel dropped (their results are wrong by design), written as folders for LINEA
 (README: one binary times kernel variants). Kernels: `grads` (chunk_bwd_grads of
 shaders/mixers/common/chunk_d128.wgsl), `wy` (chunk_bwd_wy_coop of
 shaders/native/chunk_sweep_coop.wgsl, with the helpers it calls, and chunk_prepare_coop), and
-`local`, an occupancy probe: chunk_bwd_local_coop with more workgroup memory. Run from the repo root:
-python3 scripts/kernel_parts.py [grads|wy] OUTDIR; then for each printed variant V,
+`local`, an occupancy probe: chunk_bwd_local_coop with more workgroup memory; `cuts`, where the
+time goes phase by phase: chunk_prepare_coop, chunk_bwd_wy_coop and chunk_bwd_scores_coop each
+returning (uniformly, at run time) before one of their phases, so that a variant's time is that of
+the phases before the cut at the whole kernel's registers; `occupancy`: chunk_prepare_coop and
+chunk_state_coop with more workgroup memory, and every tensor-core product loop with a trip count
+the compiler cannot see (`nounroll`: far fewer registers). Run from the repo root:
+python3 scripts/kernel_parts.py [grads|wy|local|cuts|occupancy] OUTDIR; then for each printed variant V,
 LINEARIZE_SHADER_DIR=OUTDIR/V LINEARIZE_PROFILE=1 linearize bench mixers --backward ...
 (scripts/device-bench-mixers.sh parts). A variant whose text is not found fails here, naming it.
 """
@@ -58,8 +63,8 @@ WY = {
     'prep-no-t16': ("the preparation's copy of T to f16", [
         ('    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', '    let inv_tau = 1.0;')]),
     'prep-no-outputs': ("the preparation's stores of Uc, W (f32 and f16) and b", [
-        ('            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[e];\n', ''),
-        ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[e]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[e];\n            }\n', ''),
+        ('            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[xi(e)];\n', ''),
+        ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];\n            }\n', ''),
         ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
 }
 
@@ -74,11 +79,81 @@ def _pad(words):
 
 LOCAL = dict(_pad(w) for w in (1536, 4096, 5632))
 
+# Cuts: `if (p.batch > 0u) { return; }` before the anchor (the wy backward first stores its
+# per-token sums, so that the phases before the cut are not dropped as dead code).
+_WY_SINK = '        if (hh == 0u && live) {\n            dbeta_out[row] = dbeta + db;\n        }\n'
+_CUT_AT = {
+    'prep1-gates': ('chunk_prepare_coop', '    // b to b_out; k and v to f16', ''),
+    'prep2-staging': ('chunk_prepare_coop', '    // A / β = Γ k kᵀ (s < t) to kk_out', ''),
+    'prep3-kkt': ('chunk_prepare_coop', '    // R_v and R_k to f16 at their scales', ''),
+    'prep4-r': ('chunk_prepare_coop', '    // T, kept for the backward.', ''),
+    'prep5-invert': ('chunk_prepare_coop', '    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', ''),
+    'prep6-t16': ('chunk_prepare_coop', '    // Uc = T R_v to its f32 tile', ''),
+    'wy1-dbq': ('chunk_bwd_wy_coop', '    // dR_v = Tᵀ du by halves', _WY_SINK),
+    'wy2-drv': ('chunk_bwd_wy_coop', '    // dR_k = −dR_v S_0ᵀ by halves', _WY_SINK),
+    'wy3-drk': ('chunk_bwd_wy_coop', '    // dA = −dR_v uᵀ (s < t)', _WY_SINK),
+    'wy4-da': ('chunk_bwd_wy_coop', '    // M_ts = dA_ts β_t Γ_ts in place', _WY_SINK),
+    'wy5-nk': ('chunk_bwd_wy_coop', '    // dβ, then dg:', _WY_SINK),
+    'sc1-dou': ('chunk_bwd_scores_coop', '    // The mask and the decay in f32 (the tiles above', ''),
+    'sc2-mask': ('chunk_bwd_scores_coop', '    let inv = 1.0 / sigma;', ''),
+    'sc3-kk': ('chunk_bwd_scores_coop', "    // The state terms' products are at the scales", ''),
+}
+
+
+class Cut:
+    """An edit that inserts the early return in function `fn` before `anchor`."""
+
+    def __init__(self, fn, anchor, sink):
+        self.fn, self.anchor, self.sink = fn, anchor, sink
+
+    def apply(self, text):
+        at = text.index(self.anchor, text.index(f'fn {self.fn}('))
+        return text[:at] + f'    if (p.batch > 0u) {{\n{self.sink}        return;\n    }}\n' + text[at:]
+
+
+CUTS = {name: (f'{fn}: the phases before `{anchor.strip()}`', [Cut(fn, anchor, sink)]) for name, (fn, anchor, sink) in _CUT_AT.items()}
+
+
+class Pad:
+    """More workgroup memory for one kernel: written at its start, read by a store that never runs."""
+
+    def __init__(self, fn, sink, words):
+        self.fn, self.sink, self.words = fn, sink, words
+
+    def apply(self, text):
+        head = f'fn {self.fn}(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{\n'
+        if text.count(head) != 1:
+            sys.exit(f'{self.fn}: its header is not in the shader once')
+        body = f'    pad_{self.fn}[tid] = f32(tid);\n    workgroupBarrier();\n    if (p.batch == 4294967295u) {{\n        {self.sink} = pad_{self.fn}[(tid + 1u) % 128u];\n    }}\n'
+        return text.replace(head, head + body) + f'\nvar<workgroup> pad_{self.fn}: array<f32, {self.words}>;\n'
+
+
+class NoUnroll:
+    """The tensor-core product loops with trip counts known only at run time (rt(x) = x)."""
+    LOOPS = ['for (var j = 0u; j < D; j += 16u)', 'for (var m = 0u; m < 4u; m++)', 'for (var j = 0u; j < 64u; j += 16u)',
+             'for (var c = 0u; c < 4u; c++)', 'for (var round = 0u; round < 3u; round++)']
+
+    def apply(self, text):
+        for loop in self.LOOPS:
+            bound = loop.split('; ')[1]
+            var, _, limit = bound.split(' ', 2)
+            text = text.replace(loop, loop.replace(bound, f'{var} < rt({limit})'))
+        return text + '\nfn rt(x: u32) -> u32 {\n    return min(x, p.batch + x);\n}\n'
+
+
+OCCUPANCY = {
+    'nounroll': ('every product loop not unrollable (fewer registers)', [NoUnroll()]),
+    **{f'prep-pad{kb}k': (f'{kb} KiB more workgroup memory for chunk_prepare_coop', [Pad('chunk_prepare_coop', 'wy_t_scale[0]', kb * 256)]) for kb in (8, 16)},
+    **{f'state-pad{kb}k': (f'{kb} KiB more workgroup memory for chunk_state_coop', [Pad('chunk_state_coop', 'h_out[0]', kb * 256)]) for kb in (6, 16)},
+}
+
 # Kernel: (shader, where the edits start, variants).
 KERNELS = {
     'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS),
     'wy': ('native/chunk_sweep_coop', '', WY),
     'local': ('native/chunk_sweep_coop', 'fn chunk_bwd_local_coop(', LOCAL),
+    'cuts': ('native/chunk_sweep_coop', '', CUTS),
+    'occupancy': ('native/chunk_sweep_coop', '', OCCUPANCY),
 }
 
 
@@ -92,10 +167,14 @@ def main():
     assert body, f'{start} not found in {shader}'
     for name, (what, edits) in parts.items():
         text = body
-        for old, new in edits:
-            if old not in text:
-                sys.exit(f'{name}: `{old}` is not in {shader}')
-            text = text.replace(old, new)
+        for edit in edits:
+            if isinstance(edit, tuple):
+                old, new = edit
+                if old not in text:
+                    sys.exit(f'{name}: `{old}` is not in {shader}')
+                text = text.replace(old, new)
+            else:
+                text = edit.apply(text)
         path = out / name / f'{shader}.wgsl'
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(head + sep + text)
