@@ -96,7 +96,6 @@ _CUT_AT = {
     'wy5-nk': ('chunk_bwd_wy_coop', '    // dβ, then dg:', _WY_SINK),
     'sc1-dou': ('chunk_bwd_scores_coop', '    // The mask and the decay in f32 (the tiles above', ''),
     'sc2-mask': ('chunk_bwd_scores_coop', '    let inv = 1.0 / sigma;', ''),
-    'sc3-kk': ('chunk_bwd_scores_coop', "    // The state terms' products are at the scales", ''),
 }
 
 

@@ -440,12 +440,12 @@ fn tensor_core_backward_matches_f64() {
     }
 }
 
-/// The delta rules' T kept from a training forward on tensor cores (chunked_train's SavedSweep
-/// carries chunk_prepare_coop's WyInverse): the backward from the kept sweep gives the same bits
-/// as the backward that runs the sweep again; a sweep kept by an f32 forward, which has no T, is
-/// refused by a tensor-core backward with an error that says so.
+/// The delta rules' WY form (T and A / β) kept from a training forward on tensor cores
+/// (chunked_train's SavedSweep carries chunk_prepare_coop's WyForm): the backward from the kept
+/// sweep gives the same bits as the backward that runs the sweep again; a sweep kept by an f32
+/// forward, which has none, is refused by a tensor-core backward with an error that says so.
 #[test]
-fn tensor_core_backward_reads_the_forwards_t() {
+fn tensor_core_backward_reads_the_forwards_wy_form() {
     use linearize_core::mixers::recurrence::{self, Dims, Gate, Gates, GpuState, RecurrenceArgs};
     use linearize_tests::recurrence_data::{data, variants};
     let Some(gpu) = mixed_gpu() else { return };
@@ -469,7 +469,7 @@ fn tensor_core_backward_reads_the_forwards_t() {
             saved
         };
         let saved = train(Precision::Mixed);
-        assert!(saved.wy_t.is_some(), "{name}: a forward on tensor cores keeps T");
+        assert!(saved.wy.is_some(), "{name}: a forward on tensor cores keeps its WY form");
         let mut rec = gpu.recorder();
         let kept = recurrence::backward(&mut rec, &args, &gd, Some(&saved)).unwrap();
         let again = recurrence::backward(&mut rec, &args, &gd, None).unwrap();
@@ -486,19 +486,19 @@ fn tensor_core_backward_reads_the_forwards_t() {
             gpu.release(b);
         }
         let f32_saved = train(Precision::F32);
-        assert!(f32_saved.wy_t.is_none(), "{name}: an f32 forward keeps no T");
+        assert!(f32_saved.wy.is_none(), "{name}: an f32 forward keeps no WY form");
         gpu.set_precision(Precision::Mixed).unwrap();
         let mut rec = gpu.recorder();
         let err = match recurrence::backward(&mut rec, &args, &gd, Some(&f32_saved)) {
             Ok(_) => panic!("{name}: a tensor-core backward took a sweep kept without T"),
             Err(e) => e.to_string(),
         };
-        assert!(err.contains("saved sweep") && err.contains("WY inverse"), "{name}: {err}");
+        assert!(err.contains("saved sweep") && err.contains("WY form"), "{name}: {err}");
         drop(rec);
         for b in f32_saved.buffers() {
             gpu.release(b);
         }
-        eprintln!("{name}: the kept T gives the recomputed sweep's gradients bit for bit; an f32 forward's sweep is refused: {err}");
+        eprintln!("{name}: the kept WY form gives the recomputed sweep's gradients bit for bit; an f32 forward's sweep is refused: {err}");
     }
 }
 

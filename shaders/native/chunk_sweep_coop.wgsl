@@ -571,21 +571,21 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 //   dq_t  = dÕ_t S_0ᵀ + Σ_(s≤t) dP_ts k_s          (dÕ_t = scale exp(b_t) dO_t)
 //   dk_s  = dS_L ũ_s + Σ_(t≥s) dP_ts q_t            (ũ_s = exp(b_L − b_s) u_s)
 // dq whole, and dk but for the delta rules' terms (chunk_bwd_wy_coop adds them; the other rules'
-// db, dv and dg are chunk_d128.wgsl's chunk_bwd_grads', SCORES_DONE), and for the delta rules
-// A_ts / β_t = Γ_ts k_t·k_s (s < t) into kk_out. dP's ten tiles on or below the diagonal come
-// from the tiles of dO (scaled
-// per value block: each block's product is scaled back on its own) and u, are masked and
+// db, dv and dg are chunk_d128.wgsl's chunk_bwd_grads', SCORES_DONE). dP's ten tiles on or below
+// the diagonal come from the tiles of dO (scaled per value block: each block's product is scaled
+// back on its own) and u, are masked and
 // decayed in f32, then enter the products as f16 at one power-of-two scale for the chunk; the
 // state terms come from chunk_bwd_states16's f16 S_0 and dS_L (each at its own scale) and are
 // brought to dP's scale before its products add to them. Subgroup g computes query block g of dq
 // and key block g of dk, each over all four blocks of dP (those above the diagonal are zero) so
-// that control flow stays uniform, and each in two halves of 64 columns through x32 (26 KiB of
+// that control flow stays uniform, and each in two halves of 64 columns through x32 (28 KiB of
 // workgroup memory in all); no branch runs while an accumulator is live.
 
 // chunk_bwd_states16's f16 S_0 then dS_L [128, 128] per chunk, and their inverse scales.
 @group(0) @binding(35) var<storage, read> states16: array<f16>;
 @group(0) @binding(36) var<storage, read> state_scales: array<f32>;
-// The delta rules' A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk, for chunk_bwd_wy_coop.
+// The delta rules' A_ts / β_t = Γ_ts k_t·k_s (s < t, else 0) per chunk: chunk_prepare_coop's,
+// kept for chunk_bwd_wy_coop.
 @group(0) @binding(37) var<storage, read_write> kk_out: array<f32>;  // [B, H, chunks, 64, 64]
 // The delta rules' du as f16 tiles [B, H, chunks, 64, 128] (chunk_bwd_state_coop writes them, each
 // value block of 16 at its own scale; the inverses in du_scales [B, H, chunks, 8]), for
@@ -750,20 +750,6 @@ fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
     coopStore(o3, &x32[xo + 48u], XS);
 }
 
-// k kᵀ in x32 masked (s < t < len) and decayed (Γ_ts = exp(b_t − b_s), gsh) into kk_out at kk_at:
-// the delta rules' A_ts / β_t.
-fn masked_kk_to(tid: u32, len: u32, kk_at: u32) {
-    for (var e = tid; e < CH * CH; e += 128u) {
-        let t = e / CH;
-        let s = e % CH;
-        var v = 0.0;
-        if (s < t && t < len) {
-            v = x32[xi(e)] * exp(gsh[t] - gsh[s]);
-        }
-        kk_out[kk_at + e] = v;
-    }
-}
-
 @compute @workgroup_size(128)
 fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -832,13 +818,6 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     }
     workgroupBarrier();
     let inv = 1.0 / sigma;
-    if (DELTA) {
-        // k kᵀ's ten tiles, then the mask (s < t) and the decay in f32.
-        lower_tiles(tile_at(4u, bh, n), tile_at(4u, bh, n), g);
-        workgroupBarrier();
-        masked_kk_to(tid, len, (bh * p.chunks + n) * CH * CH);
-        workgroupBarrier();
-    }
     // The state terms' products are at the scales of their operands: dÕ's and S_0's, dS_L's.
     let sc = (bh * p.chunks + n) * 2u;
     let dq_to_p = scale_in[sc_at + 8u] * state_scales[sc] * sigma;
@@ -867,8 +846,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
 
 // ---- chunk_bwd_wy_coop: workgroup (chunk, head, batch), after chunk_bwd_scores_coop ----
 //
-// The delta rules' gradients through their WY form. With A_ts = β_t kk_ts (kk from
-// chunk_bwd_scores_coop) and T = (I + A)⁻¹, the forward made W = T R_k and Uc = T R_v
+// The delta rules' gradients through their WY form. With A_ts = β_t kk_ts (kk kept from
+// chunk_prepare_coop) and T = (I + A)⁻¹, the forward made W = T R_k and Uc = T R_v
 // (R_k,t = β_t exp(b_t) k_t, R_v,t = β_t v_t) and the sweep u = Uc − W S_0. From the sweep's du
 // (dUc = du, dW = −du S_0ᵀ):
 //   dR_v = Tᵀ du,   dR_k = −dR_v S_0ᵀ,   dA = −dR_v uᵀ (s < t)
@@ -879,9 +858,9 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
 //   db_t  = q_t·dq_t − k_t·dk_t (the scores' dq, dk) + β_t exp(b_t) k_t·dR_k,t
 //           + Σ_s dA_ts A_ts − Σ_t' dA_t't A_t't
 // and dg_t = Σ_(t'≥t) db_t' + Σ dS_L ⊙ S_L: what chunk_d128.wgsl's chunk_bwd_grads computes for
-// these rules by back substitution, here as products. T is the forward's (chunk_prepare_coop
-// inverted it in f32 and kept it as two f16s, hi + lo, at a power-of-two scale: wy_t), as fla
-// keeps its A for the backward; dR_v enters its products as f16 at one scale per half of its
+// these rules by back substitution, here as products. T and kk are the forward's
+// (chunk_prepare_coop inverted I + A in f32 and kept T as two f16s, hi + lo, at a power-of-two
+// scale: wy_t), as fla keeps its A for the backward; dR_v enters its products as f16 at one scale per half of its
 // columns (staged in prep16, [64, 128] per chunk), N at one scale.
 
 @group(0) @binding(3) var<storage, read> v_row: array<vec4<f32>>;     // [B, T, H, D/4]

@@ -269,7 +269,7 @@ pub fn chunked_train(rec: &mut Recorder, a: &RecurrenceArgs, zero: &GpuState, ou
     let inputs = checked_inputs(a, d, out, &dummy)?;
     let sweep = chunk_sweep(rec, a, zero, inputs, Keep::Caller)?;
     chunk_output(rec, a, &sweep, inputs.2, out)?;
-    Ok(SavedSweep { h: sweep.h, u: sweep.u, w: sweep.w, b_cum: sweep.b_cum, wy_t: sweep.wy_t })
+    Ok(SavedSweep { h: sweep.h, u: sweep.u, w: sweep.w, b_cum: sweep.b_cum, wy: sweep.wy })
 }
 
 fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igate: &GpuBuf, out: &GpuBuf) -> Result<()> {
@@ -294,27 +294,30 @@ pub struct SavedSweep {
     pub u: GpuBuf,
     pub w: GpuBuf,
     pub b_cum: GpuBuf,
-    /// The delta rules' T = (I + A)⁻¹ per chunk and its scales, where the sweep ran on tensor
-    /// cores (`WyInverse`).
-    pub wy_t: Option<WyInverse>,
+    /// The delta rules' WY form per chunk (T = (I + A)⁻¹ and A / β), where the sweep ran on
+    /// tensor cores (`WyForm`).
+    pub wy: Option<WyForm>,
 }
 
 impl SavedSweep {
     pub fn buffers(self) -> Vec<GpuBuf> {
-        let wy = self.wy_t.into_iter().flat_map(|t| [t.t16, t.scales]);
+        let wy = self.wy.into_iter().flat_map(|f| [f.t16, f.scales, f.kk]);
         [self.h, self.u, self.w, self.b_cum].into_iter().chain(wy).collect()
     }
 }
 
-/// chunk_prepare_coop's T = (I + A)⁻¹ of every chunk (the delta rules' WY form on tensor cores),
-/// which chunk_bwd_wy_coop reads instead of inverting again: two f16s, hi and lo [64, 64], at a
-/// power-of-two scale per chunk whose inverse is in `scales`.
-pub struct WyInverse {
+/// What chunk_prepare_coop makes of every chunk's WY form (the delta rules on tensor cores) for
+/// the backward, so that it need not form them again: T = (I + A)⁻¹ as two f16s, hi and lo
+/// [64, 64], at a power-of-two scale per chunk whose inverse is in `scales` (chunk_bwd_wy_coop
+/// reads it instead of inverting); and A / β = Γ k kᵀ masked to s < t, in f32 [64, 64] (`kk`: the
+/// WY backward's sums read it instead of chunk_bwd_scores_coop forming it again).
+pub struct WyForm {
     pub t16: GpuBuf,
     pub scales: GpuBuf,
+    pub kk: GpuBuf,
 }
 
-/// Words of `WyInverse::t16`: T's hi and lo per chunk, two halves a word.
+/// Words of `WyForm::t16`: T's hi and lo per chunk, two halves a word.
 fn wy_inverse_words(d: Dims) -> usize {
     d.batch * d.heads * d.seq.div_ceil(CHUNK) * CHUNK * CHUNK
 }
@@ -346,7 +349,7 @@ struct ChunkSweep {
     /// tensor cores), for chunk_operands to complete.
     out16: Option<GpuBuf>,
     /// The delta rules' T on tensor cores, for the backward.
-    wy_t: Option<WyInverse>,
+    wy: Option<WyForm>,
 }
 
 /// Whether the chunked output runs on tensor cores (native/chunk_coop.wgsl): under
@@ -523,24 +526,27 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
             Some(b) => b,
             None => &rec.temp(1)?,
         };
-        let mut wy_t = None;
+        let mut wy_form = None;
         if r.delta {
             // The delta rules' preparation and the sweep's operands in one kernel, its products
-            // on tensor cores (k, R_k and R_v staged as f16; A through `kk`; T kept in `wy`).
+            // on tensor cores (k, R_k and R_v staged as f16); T and A / β kept in `wy`.
             let bh = d.batch * d.heads;
             let staged = rec.temp(bh * chunks * PREPARE_STAGING_WORDS)?;
-            let kk = rec.temp(bh * chunks * CHUNK * CHUNK)?;
-            let wy = WyInverse { t16: sweep_buf(rec, wy_inverse_words(d), keep)?, scales: sweep_buf(rec, bh * chunks, keep)? };
+            let wy = WyForm {
+                t16: sweep_buf(rec, wy_inverse_words(d), keep)?,
+                scales: sweep_buf(rec, bh * chunks, keep)?,
+                kk: sweep_buf(rec, bh * chunks * CHUNK * CHUNK, keep)?,
+            };
             let bindings = [
-                (2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &kk), (43, &staged), (44, out16_binding), (45, &wy.t16), (46, &wy.scales),
+                (2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &wy.kk), (43, &staged), (44, out16_binding), (45, &wy.t16), (46, &wy.scales),
             ];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
-            wy_t = Some(wy);
+            wy_form = Some(wy);
         } else {
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
         }
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
-        return Ok(ChunkSweep { params, h, u, w, b_cum, out16, wy_t });
+        return Ok(ChunkSweep { params, h, u, w, b_cum, out16, wy: wy_form });
     }
     // Eight storage buffers at most per stage: WebGPU's default.
     let state_bindings = [(2, k), (7, &u), (9, &state.s), (10, &h), (13, &w), (15, &b_cum), (16, igate), (17, &state.nm)];
@@ -548,7 +554,7 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     if r.normalizer != Normalizer::None {
         rec.dispatch_bindings(&kernel("chunk_carry"), &params, &[(10, &h), (17, &state.nm)], [d.heads as u32, d.batch as u32, 1])?;
     }
-    Ok(ChunkSweep { params, h, u, w, b_cum, out16: None, wy_t: None })
+    Ok(ChunkSweep { params, h, u, w, b_cum, out16: None, wy: None })
 }
 
 /// Words of the sweep's `h`: a record per (batch, head, chunk), then the final n and m.
@@ -615,19 +621,20 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
             need("saved sweep u", &s.u, rows * d.dv)?;
             need("saved sweep b_cum", &s.b_cum, rows * d.dk)?;
             need("saved sweep W", &s.w, if r.delta { rows * d.dk } else { 4 })?;
-            if let Some(t) = &s.wy_t {
-                need("saved sweep T", &t.t16, wy_inverse_words(d))?;
-                need("saved sweep T's scales", &t.scales, bh * chunks)?;
+            if let Some(f) = &s.wy {
+                need("saved sweep T", &f.t16, wy_inverse_words(d))?;
+                need("saved sweep T's scales", &f.scales, bh * chunks)?;
+                need("saved sweep A", &f.kk, bh * chunks * CHUNK * CHUNK)?;
             }
-            (&s.h, &s.u, &s.w, &s.b_cum, s.wy_t.as_ref())
+            (&s.h, &s.u, &s.w, &s.b_cum, s.wy.as_ref())
         }
         None => {
             let zero = GpuState::zeroed(rec, d)?;
             recomputed = chunk_sweep(rec, a, &zero, (g, beta, igate), Keep::Recorder)?;
-            (&recomputed.h, &recomputed.u, &recomputed.w, &recomputed.b_cum, recomputed.wy_t.as_ref())
+            (&recomputed.h, &recomputed.u, &recomputed.w, &recomputed.b_cum, recomputed.wy.as_ref())
         }
     };
-    let (sweep_h, sweep_u, sweep_w, sweep_b, sweep_wy_t) = sweep;
+    let (sweep_h, sweep_u, sweep_w, sweep_b, sweep_wy) = sweep;
     // ∂L/∂S [K, V] then ∂L/∂n [K] at every chunk's end.
     let ds_end = rec.temp(bh * chunks * (d.dk * d.dv + d.dk))?;
     let du = rec.temp(rows * d.dv)?;
@@ -698,20 +705,22 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         grads_kernel = grads_kernel.with("PRODUCTS_DONE", 1.0);
         if let Some((tiles, do_scales, du16, du_scales)) = &sweep_tiles {
             // dP, its products with k and q and the state terms: dq, and dk but for the delta
-            // rules' terms; for the delta rules A_ts / β_t.
-            let kk = rec.temp(if r.delta { bh * chunks * CHUNK * CHUNK } else { 1 })?;
-            let score_bindings = [(7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales), (37, &kk)];
+            // rules' terms. The delta rules go on through the WY form, as products, with the
+            // forward's T and A / β (dR_v staged as f16).
+            let wy = match (r.delta, sweep_wy) {
+                (false, _) => None,
+                (true, Some(f)) => Some(f),
+                (true, None) => {
+                    return Err(Error::argument("saved sweep", "the backward runs on tensor cores but the saved forward kept no WY form (T and A): it ran in f32 (run both in one precision)"));
+                }
+            };
+            let score_bindings = [(7, sweep_u), (15, sweep_b), (22, &grads.q), (23, &grads.k), (31, tiles), (34, do_scales), (35, &states16), (36, &scales)];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_scores_coop"), &params, &score_bindings, grid)?;
-            if r.delta {
-                // The rest of the delta rules' gradients through the WY form, as products, with
-                // the forward's T (dR_v staged as f16).
-                let Some(wy_t) = sweep_wy_t else {
-                    return Err(Error::argument("saved sweep", "the backward runs on tensor cores but the saved forward kept no WY inverse: it ran in f32 (run both in one precision)"));
-                };
+            if let Some(wy) = wy {
                 let staged = rec.temp(bh * chunks * WY_STAGING_WORDS)?;
                 let wy_bindings = [
                     (2, k), (3, v), (5, beta), (11, sweep_h), (15, sweep_b), (19, &ds_end), (22, &grads.q), (23, &grads.k), (24, &grads.v), (25, &grads.g), (26, &grads.beta),
-                    (31, tiles), (35, &states16), (36, &scales), (37, &kk), (39, du16), (41, du_scales), (43, &staged), (45, &wy_t.t16), (46, &wy_t.scales),
+                    (31, tiles), (35, &states16), (36, &scales), (37, &wy.kk), (39, du16), (41, du_scales), (43, &staged), (45, &wy.t16), (46, &wy.scales),
                 ];
                 rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_wy_coop"), &params, &wy_bindings, grid)?;
                 return Ok(grads);
