@@ -649,7 +649,8 @@ fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
     }
 }
 
-// A row block of 16 tokens × 64 columns (four accumulators) into x32 [token][column] at offset xo (a multiple of 16 rows).
+// A row block of 16 tokens × 64 columns (four accumulators) into x32 [token][column] at offset
+// xo (a multiple of 16 rows).
 fn rows_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>, o2: coop_mat16x16<f32, C>, o3: coop_mat16x16<f32, C>) {
     coopStoreT(o0, &x32[xo + 0u], XS);
     coopStoreT(o1, &x32[xo + 16u], XS);
@@ -860,8 +861,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
 // and dg_t = Σ_(t'≥t) db_t' + Σ dS_L ⊙ S_L: what chunk_d128.wgsl's chunk_bwd_grads computes for
 // these rules by back substitution, here as products. T and kk are the forward's
 // (chunk_prepare_coop inverted I + A in f32 and kept T as two f16s, hi + lo, at a power-of-two
-// scale: wy_t), as fla keeps its A for the backward; dR_v enters its products as f16 at one scale per half of its
-// columns (staged in prep16, [64, 128] per chunk), N at one scale.
+// scale: wy_t), as fla keeps its A for the backward; dR_v enters its products as f16 at one
+// scale per half of its columns (staged in prep16, [64, 128] per chunk), N at one scale.
 
 @group(0) @binding(3) var<storage, read> v_row: array<vec4<f32>>;     // [B, T, H, D/4]
 @group(0) @binding(5) var<storage, read> beta: array<f32>;            // [B, T, H]

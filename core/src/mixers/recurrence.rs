@@ -348,7 +348,7 @@ struct ChunkSweep {
     /// The output's f16 operands with k16, u16 and h16 written by the sweep (the delta rules on
     /// tensor cores), for chunk_operands to complete.
     out16: Option<GpuBuf>,
-    /// The delta rules' T on tensor cores, for the backward.
+    /// The delta rules' WY form on tensor cores (T and A / β), for the backward.
     wy: Option<WyForm>,
 }
 
