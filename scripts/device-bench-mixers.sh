@@ -22,6 +22,7 @@
 #                                            # (kernel variants side by side)
 #   scripts/device-bench-mixers.sh pair      # binaries before and after a change side by side (see pair)
 #   scripts/device-bench-mixers.sh parts     # a kernel's parts, one dropped at a time (see parts)
+#   scripts/device-bench-mixers.sh shaders   # one binary over shader variant folders (see shaders)
 #   scripts/device-bench-mixers.sh backward  # `bench mixers --backward` before ($BEFORE) and
 #                                            # after, twice, a profiled run, then fla's
 #                                            # forward+backward of every mixer it has
@@ -124,6 +125,37 @@ parts)
     dir=/root/parts/$v; [ "$v" = main ] && dir=/nonexistent
     LINEARIZE_SHADER_DIR=$dir LINEARIZE_PROFILE=1 .bin/linearize bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "${SHAPES:-4x4096x16x128}" --mixers "${MIXERS:-gated_deltanet,retnet}" --iters 5 --json > "$OUT/parts-$v.json" 2> "$OUT/parts-$v.txt"
     grep '^profile' "$OUT/parts-$v.txt" | head -6 | sed "s/^/$v /"
+  done
+  ;;
+shaders)
+  # One binary ($BIN, an .exp/run/NAME.xz or .stage/NAME.xz name, else .bin/linearize) over the
+  # shader variant folders $DIRS (default: every folder in $VARIANTS_DIR, itself default .exp/var;
+  # scripts/kernel_parts.py writes such folders; "main" is the embedded shaders): per variant the
+  # registers, binary size and workgroup memory of each of $ENTRIES (native/chunk_sweep_coop's,
+  # GATE=1 DELTA=1) and the profiled kernels of $MIXERS at $SHAPES, for $ROUNDS rounds (a first
+  # run of a new shader is sometimes inflated in every kernel at once). Each step has its own
+  # timeout and every line goes to $OUT/lines.txt as it comes, so a hung variant (too much
+  # workgroup memory can hang the GPU) costs its timeout, not the call.
+  for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  B=.bin/linearize
+  for f in ".stage/${BIN:-}.xz" ".exp/run/${BIN:-}.xz"; do [ -n "${BIN:-}" ] && [ -f "$f" ] && xz -dc "$f" > /root/bin && chmod +x /root/bin && B=/root/bin; done
+  D=${DIRS:-$(ls "${VARIANTS_DIR:-.exp/var}")}
+  for round in $(seq 1 "${ROUNDS:-2}"); do
+    for v in $D; do
+      dir=${VARIANTS_DIR:-.exp/var}/$v; [ "$v" = main ] && dir=/nonexistent
+      regs=""
+      if [ "$round" = 1 ]; then
+        for e in ${ENTRIES:-chunk_prepare_coop chunk_bwd_wy_coop chunk_bwd_scores_coop}; do
+          regs="$regs $e: $(LINEARIZE_SHADER_DIR=$dir timeout 30 "$B" bench registers --shader native/chunk_sweep_coop --entry "$e" --constants GATE=1,DELTA=1 2>&1 | grep -o 'Register Count [0-9]*\|Binary Size [0-9]*\|Shared Memory Size [0-9]*' | tr '\n' ' ')"
+        done
+      fi
+      LINEARIZE_SHADER_DIR=$dir LINEARIZE_PROFILE=1 timeout "${STEP_TIMEOUT:-40}" "$B" bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "${SHAPES:-4x4096x16x128}" --mixers "${MIXERS:-gated_deltanet}" --iters 5 --digest --json > /root/variant.json 2> /root/variant.txt
+      rc=$?
+      kernels=$(grep '^profile' /root/variant.txt | head -"${KERNELS:-7}" | awk '{print $2, $3}' | tr '\n' ' ')
+      digest=$(grep -o '"digests":{[^}]*}' /root/variant.json | md5sum | cut -c1-8)
+      echo "$round $v rc=$rc $kernels digests $digest |$regs" | tee -a "$OUT/lines.txt"
+    done
   done
   ;;
 pair)
