@@ -9,8 +9,10 @@ time goes phase by phase: chunk_prepare_coop, chunk_bwd_wy_coop and chunk_bwd_sc
 returning (uniformly, at run time) before one of their phases, so that a variant's time is that of
 the phases before the cut at the whole kernel's registers; `occupancy`: chunk_prepare_coop and
 chunk_state_coop with more workgroup memory, and every tensor-core product loop with a trip count
-the compiler cannot see (`nounroll`: far fewer registers). Run from the repo root:
-python3 scripts/kernel_parts.py [grads|wy|local|cuts|occupancy] OUTDIR; then for each printed variant V,
+the compiler cannot see (`nounroll`: far fewer registers); `prep-occupancy`: the preparation's
+first phases alone (the rest compiled away) at three occupancies and at 256 threads. Run from the
+repo root:
+python3 scripts/kernel_parts.py [grads|wy|local|cuts|occupancy|prep-occupancy] OUTDIR; then for each printed variant V,
 LINEARIZE_SHADER_DIR=OUTDIR/V LINEARIZE_PROFILE=1 linearize bench mixers --backward ...
 (scripts/device-bench-mixers.sh parts). A variant whose text is not found fails here, naming it.
 """
@@ -113,6 +115,29 @@ class Cut:
 CUTS = {name: (f'{fn}: the phases before `{anchor.strip()}`', [Cut(fn, anchor, sink)]) for name, (fn, anchor, sink) in _CUT_AT.items()}
 
 
+class Trunc(Cut):
+    """As Cut, but the return is unconditional: the later code is compiled away (fewer registers,
+    a smaller binary; session 55 found the phases before it take the same time)."""
+
+    def apply(self, text):
+        at = text.index(self.anchor, text.index(f'fn {self.fn}('))
+        return text[:at] + f'    {{\n{self.sink}        return;\n    }}\n' + text[at:]
+
+
+class Edit:
+    """A text replacement made once, after `start` (a function's header), checked."""
+
+    def __init__(self, start, old, new):
+        self.start, self.old, self.new = start, old, new
+
+    def apply(self, text):
+        i = text.index(self.start)
+        j = text.find(self.old, i)
+        if j < 0:
+            sys.exit(f'`{self.old}` is not after `{self.start}`')
+        return text[:j] + self.new + text[j + len(self.old):]
+
+
 class Pad:
     """More workgroup memory for one kernel: written at its start, read by a store that never runs."""
 
@@ -146,6 +171,27 @@ OCCUPANCY = {
     **{f'state-pad{kb}k': (f'{kb} KiB more workgroup memory for chunk_state_coop', [Pad('chunk_state_coop', 'h_out[0]', kb * 256)]) for kb in (6, 16)},
 }
 
+# The preparation's first phases alone (to the masked k kᵀ, 39 registers), at other occupancies:
+# t1 as it is (23.5 KiB of workgroup memory), t2 at about 17 KiB (x32 unpadded, adiag unused), t3
+# at 31.7 KiB (one workgroup per SM), t4 with 256 threads a workgroup (eight subgroups).
+_T1 = Trunc('chunk_prepare_coop', '    // R_v and R_k to f16 at their scales', '')
+_PREP = 'fn chunk_prepare_coop('
+PREP_OCCUPANCY = {
+    't1': ('the preparation to k kᵀ, as it is', [_T1]),
+    't2': ('t1 at about 17 KiB of workgroup memory', [_T1, ('const XS: u32 = 72u;', 'const XS: u32 = 64u;'),
+                                                      ('var<workgroup> adiag: array<f32, 1024>;', 'var<workgroup> adiag: array<f32, 4>;')]),
+    't3': ('t1 with 8 KiB more workgroup memory', [_T1, Pad('chunk_prepare_coop', 'wy_t_scale[0]', 8 * 256)]),
+    't4': ('t1 with 256 threads a workgroup', [
+        _T1,
+        ('@compute @workgroup_size(128)\nfn chunk_prepare_coop(', '@compute @workgroup_size(256)\nfn chunk_prepare_coop('),
+        Edit(_PREP, 'for (var e = tid; e < len * D; e += 128u)', 'for (var e = tid; e < len * D; e += 256u)'),
+        Edit(_PREP, 'for (var i = 0u; i < CH * D4 / 128u; i++) {\n        let t = tid / D4 + 4u * i;',
+             'for (var i = 0u; i < CH * D4 / 256u; i++) {\n        let t = tid / D4 + 8u * i;'),
+        Edit(_PREP, 'for (var e = tid; e < CH * CH; e += 128u) {', 'for (var e = tid; e < CH * CH; e += 256u) {'),
+        Edit('fn prep_kkt(', 'for (var round = 0u; round < 3u; round++) {\n        let tile = min(round * 4u + g, 9u);',
+             'for (var round = 0u; round < 2u; round++) {\n        let tile = min(round * 8u + g, 9u);')]),
+}
+
 # Kernel: (shader, where the edits start, variants).
 KERNELS = {
     'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS),
@@ -153,6 +199,7 @@ KERNELS = {
     'local': ('native/chunk_sweep_coop', 'fn chunk_bwd_local_coop(', LOCAL),
     'cuts': ('native/chunk_sweep_coop', '', CUTS),
     'occupancy': ('native/chunk_sweep_coop', '', OCCUPANCY),
+    'prep-occupancy': ('native/chunk_sweep_coop', '', PREP_OCCUPANCY),
 }
 
 
