@@ -102,14 +102,16 @@ _CUT_AT = {
 
 
 class Cut:
-    """An edit that inserts the early return in function `fn` before `anchor`."""
+    """An edit that inserts the early return in function `fn` before `anchor`, under a uniform
+    condition the compiler cannot decide (the later code stays in the binary)."""
+    GUARD = 'if (p.batch > 0u) '
 
     def __init__(self, fn, anchor, sink):
         self.fn, self.anchor, self.sink = fn, anchor, sink
 
     def apply(self, text):
         at = text.index(self.anchor, text.index(f'fn {self.fn}('))
-        return text[:at] + f'    if (p.batch > 0u) {{\n{self.sink}        return;\n    }}\n' + text[at:]
+        return text[:at] + f'    {self.GUARD}{{\n{self.sink}        return;\n    }}\n' + text[at:]
 
 
 CUTS = {name: (f'{fn}: the phases before `{anchor.strip()}`', [Cut(fn, anchor, sink)]) for name, (fn, anchor, sink) in _CUT_AT.items()}
@@ -118,10 +120,7 @@ CUTS = {name: (f'{fn}: the phases before `{anchor.strip()}`', [Cut(fn, anchor, s
 class Trunc(Cut):
     """As Cut, but the return is unconditional: the later code is compiled away (fewer registers,
     a smaller binary; session 55 found the phases before it take the same time)."""
-
-    def apply(self, text):
-        at = text.index(self.anchor, text.index(f'fn {self.fn}('))
-        return text[:at] + f'    {{\n{self.sink}        return;\n    }}\n' + text[at:]
+    GUARD = ''
 
 
 class Edit:
