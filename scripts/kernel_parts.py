@@ -170,6 +170,80 @@ OCCUPANCY = {
     **{f'state-pad{kb}k': (f'{kb} KiB more workgroup memory for chunk_state_coop', [Pad('chunk_state_coop', 'h_out[0]', kb * 256)]) for kb in (6, 16)},
 }
 
+def _region(text, start, end):
+    """The text from `start` up to `end` (both function headers or markers, checked)."""
+    i = text.index(start)
+    j = text.index(end, i)
+    return i, j
+
+
+class Prep256:
+    """chunk_prepare_coop with 256 threads (eight subgroups) a workgroup instead of 128, every
+    product tile and value computed as before (the same bits): the loops over the chunk step by
+    256, k kᵀ's ten tiles take two rounds, each subgroup of T X takes one token block and half of
+    a half's columns, the workgroup's max reads 64 slots. Its helpers serve no other kernel."""
+
+    def apply(self, text):
+        text = text.replace('@compute @workgroup_size(128)\nfn chunk_prepare_coop(', '@compute @workgroup_size(256)\nfn chunk_prepare_coop(')
+        # invert_unit_lower .. the end of chunk_prepare_coop: the preparation's helpers and itself.
+        i, _ = _region(text, 'fn invert_unit_lower(', 'fn invert_unit_lower(')
+        j = text.index('fn dr_v_half(')
+        head, inv, mid = text[:i], text[i:j], text[j:]
+        inv = inv.replace('for (var e = tid; e < 1024u; e += 128u)', 'for (var e = tid; e < 1024u; e += 256u)')
+        inv = inv.replace('for (var w = 0u; w < 2u * bi; w++) {\n            let e = tid + 128u * w;', 'for (var w = 0u; w < bi; w++) {\n            let e = tid + 256u * w;')
+        if inv.count('let e = tid + 256u * w;') != 4:
+            sys.exit('prep256: invert_unit_lower\'s block-row loops are not as expected')
+        k = mid.index('fn prep_kkt(')
+        before, prep = mid[:k], mid[k:]
+        prep = prep.replace('for (var round = 0u; round < 3u; round++) {\n        let tile = min(round * 4u + g, 9u);',
+                            'for (var round = 0u; round < 2u; round++) {\n        let tile = min(round * 8u + g, 9u);')
+        n_e = prep.count('e += 128u')
+        prep = prep.replace('e += 128u', 'e += 256u')
+        prep = prep.replace('for (var i = 0u; i < CH * D4 / 128u; i++) {\n        let t = tid / D4 + 4u * i;',
+                            'for (var i = 0u; i < CH * D4 / 256u; i++) {\n        let t = tid / D4 + 8u * i;')
+        prep = prep.replace('workgroup_max(tid, ', 'workgroup_max_256(tid, ')
+        # T X: subgroup g takes token block g % 4 and columns 32 (g / 4) .. + 31 of the half.
+        old = prep[prep.index('fn prep_product_half('):prep.index('@compute @workgroup_size(256)')]
+        new = """fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    let tb = g % 4u;
+    let cb = 32u * (g / 4u);
+    for (var m = 0u; m < 4u; m++) {
+        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * tb * CH + 16u * m], CH);
+        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * tb * CH + 16u * m], CH);
+        let rt = x_at + 16u * m * D + 64u * half + cb;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
+        o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
+        o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
+    }
+    let xo = tb * 16u * XS + cb;
+    coopStoreT(o0 * inv_tau, &x32[xo + 0u], XS);
+    coopStoreT(o1 * inv_tau, &x32[xo + 16u], XS);
+}
+
+"""
+        prep = prep.replace(old, new)
+        if n_e != 6 or prep.count("tid / D4 + 8u * i") != 2 or "workgroup_max_256" not in prep:
+            sys.exit('prep256: the preparation is not as expected')
+        extra = """
+var<workgroup> red256: array<vec4<f32>, 64>;
+
+// workgroup_max for 256 threads.
+fn workgroup_max_256(tid: u32, mx: f32) -> f32 {
+    red256[tid / 4u][tid % 4u] = mx;
+    workgroupBarrier();
+    var m = vec4<f32>(0.0);
+    for (var i = 0u; i < 64u; i += 4u) {
+        m = max(max(m, max(red256[i], red256[i + 1u])), max(red256[i + 2u], red256[i + 3u]));
+    }
+    return max(max(m.x, m.y), max(m.z, m.w));
+}
+"""
+        return head + inv + before + prep + extra
+
+
 # The preparation's first phases alone (to the masked k kᵀ, 39 registers), at other occupancies:
 # t1 as it is (23.5 KiB of workgroup memory), t2 at about 17 KiB (x32 unpadded, adiag unused), t3
 # at 31.7 KiB (one workgroup per SM), t4 with 256 threads a workgroup (eight subgroups).
@@ -180,6 +254,7 @@ PREP_OCCUPANCY = {
     't2': ('t1 at about 17 KiB of workgroup memory', [_T1, ('const XS: u32 = 72u;', 'const XS: u32 = 64u;'),
                                                       ('var<workgroup> adiag: array<f32, 1024>;', 'var<workgroup> adiag: array<f32, 4>;')]),
     't3': ('t1 with 8 KiB more workgroup memory', [_T1, Pad('chunk_prepare_coop', 'wy_t_scale[0]', 8 * 256)]),
+    'prep256': ('the whole preparation with 256 threads a workgroup (the same bits)', [Prep256()]),
     't4': ('t1 with 256 threads a workgroup', [
         _T1,
         ('@compute @workgroup_size(128)\nfn chunk_prepare_coop(', '@compute @workgroup_size(256)\nfn chunk_prepare_coop('),
