@@ -123,20 +123,6 @@ class Trunc(Cut):
     GUARD = ''
 
 
-class Edit:
-    """A text replacement made once, after `start` (a function's header), checked."""
-
-    def __init__(self, start, old, new):
-        self.start, self.old, self.new = start, old, new
-
-    def apply(self, text):
-        i = text.index(self.start)
-        j = text.find(self.old, i)
-        if j < 0:
-            sys.exit(f'`{self.old}` is not after `{self.start}`')
-        return text[:j] + self.new + text[j + len(self.old):]
-
-
 class Pad:
     """More workgroup memory for one kernel: written at its start, read by a store that never runs."""
 
@@ -170,13 +156,6 @@ OCCUPANCY = {
     **{f'state-pad{kb}k': (f'{kb} KiB more workgroup memory for chunk_state_coop', [Pad('chunk_state_coop', 'h_out[0]', kb * 256)]) for kb in (6, 16)},
 }
 
-def _region(text, start, end):
-    """The text from `start` up to `end` (both function headers or markers, checked)."""
-    i = text.index(start)
-    j = text.index(end, i)
-    return i, j
-
-
 class Prep256:
     """chunk_prepare_coop with 256 threads (eight subgroups) a workgroup instead of 128, every
     product tile and value computed as before (the same bits): the loops over the chunk step by
@@ -186,7 +165,7 @@ class Prep256:
     def apply(self, text):
         text = text.replace('@compute @workgroup_size(128)\nfn chunk_prepare_coop(', '@compute @workgroup_size(256)\nfn chunk_prepare_coop(')
         # invert_unit_lower .. the end of chunk_prepare_coop: the preparation's helpers and itself.
-        i, _ = _region(text, 'fn invert_unit_lower(', 'fn invert_unit_lower(')
+        i = text.index('fn invert_unit_lower(')
         j = text.index('fn dr_v_half(')
         head, inv, mid = text[:i], text[i:j], text[j:]
         inv = inv.replace('for (var e = tid; e < 1024u; e += 128u)', 'for (var e = tid; e < 1024u; e += 256u)')
@@ -227,20 +206,12 @@ class Prep256:
         prep = prep.replace(old, new)
         if n_e != 6 or prep.count("tid / D4 + 8u * i") != 2 or "workgroup_max_256" not in prep:
             sys.exit('prep256: the preparation is not as expected')
-        extra = """
-var<workgroup> red256: array<vec4<f32>, 64>;
-
-// workgroup_max for 256 threads.
-fn workgroup_max_256(tid: u32, mx: f32) -> f32 {
-    red256[tid / 4u][tid % 4u] = mx;
-    workgroupBarrier();
-    var m = vec4<f32>(0.0);
-    for (var i = 0u; i < 64u; i += 4u) {
-        m = max(max(m, max(red256[i], red256[i + 1u])), max(red256[i + 2u], red256[i + 3u]));
-    }
-    return max(max(m.x, m.y), max(m.z, m.w));
-}
-"""
+        # workgroup_max for 256 threads: the shader's own, over 64 slots of its own array.
+        w = text.index('fn workgroup_max(')
+        one = text[w:text.index('\n}\n', w) + 3]
+        if one.count('red[') != 5 or 'i < 32u' not in one:
+            sys.exit('prep256: workgroup_max is not as expected')
+        extra = '\nvar<workgroup> red256: array<vec4<f32>, 64>;\n\n' + one.replace('fn workgroup_max(', 'fn workgroup_max_256(').replace('red[', 'red256[').replace('i < 32u', 'i < 64u')
         return head + inv + before + prep + extra
 
 
@@ -248,22 +219,13 @@ fn workgroup_max_256(tid: u32, mx: f32) -> f32 {
 # t1 as it is (23.5 KiB of workgroup memory), t2 at about 17 KiB (x32 unpadded, adiag unused), t3
 # at 31.7 KiB (one workgroup per SM), t4 with 256 threads a workgroup (eight subgroups).
 _T1 = Trunc('chunk_prepare_coop', '    // R_v and R_k to f16 at their scales', '')
-_PREP = 'fn chunk_prepare_coop('
 PREP_OCCUPANCY = {
     't1': ('the preparation to k kᵀ, as it is', [_T1]),
     't2': ('t1 at about 17 KiB of workgroup memory', [_T1, ('const XS: u32 = 72u;', 'const XS: u32 = 64u;'),
                                                       ('var<workgroup> adiag: array<f32, 1024>;', 'var<workgroup> adiag: array<f32, 4>;')]),
     't3': ('t1 with 8 KiB more workgroup memory', [_T1, Pad('chunk_prepare_coop', 'wy_t_scale[0]', 8 * 256)]),
     'prep256': ('the whole preparation with 256 threads a workgroup (the same bits)', [Prep256()]),
-    't4': ('t1 with 256 threads a workgroup', [
-        _T1,
-        ('@compute @workgroup_size(128)\nfn chunk_prepare_coop(', '@compute @workgroup_size(256)\nfn chunk_prepare_coop('),
-        Edit(_PREP, 'for (var e = tid; e < len * D; e += 128u)', 'for (var e = tid; e < len * D; e += 256u)'),
-        Edit(_PREP, 'for (var i = 0u; i < CH * D4 / 128u; i++) {\n        let t = tid / D4 + 4u * i;',
-             'for (var i = 0u; i < CH * D4 / 256u; i++) {\n        let t = tid / D4 + 8u * i;'),
-        Edit(_PREP, 'for (var e = tid; e < CH * CH; e += 128u) {', 'for (var e = tid; e < CH * CH; e += 256u) {'),
-        Edit('fn prep_kkt(', 'for (var round = 0u; round < 3u; round++) {\n        let tile = min(round * 4u + g, 9u);',
-             'for (var round = 0u; round < 2u; round++) {\n        let tile = min(round * 8u + g, 9u);')]),
+    't4': ('t1 with 256 threads a workgroup (prep256 of t1)', [_T1, Prep256()]),
 }
 
 # Kernel: (shader, where the edits start, variants).
