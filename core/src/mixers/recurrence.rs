@@ -317,9 +317,14 @@ pub struct WyForm {
     pub kk: GpuBuf,
 }
 
-/// Words of `WyForm::t16`: T's hi and lo per chunk, two halves a word.
-fn wy_inverse_words(d: Dims) -> usize {
+/// Words of `WyForm::kk`: A / β per chunk in f32.
+fn wy_a_words(d: Dims) -> usize {
     d.batch * d.heads * d.seq.div_ceil(CHUNK) * CHUNK * CHUNK
+}
+
+/// Words of `WyForm::t16`: T's hi and lo per chunk, two halves a word — as many as A's.
+fn wy_inverse_words(d: Dims) -> usize {
+    wy_a_words(d)
 }
 
 /// Where the sweep's buffers live: recorder temporaries, or the caller's to keep.
@@ -535,7 +540,7 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
             let wy = WyForm {
                 t16: sweep_buf(rec, wy_inverse_words(d), keep)?,
                 scales: sweep_buf(rec, bh * chunks, keep)?,
-                kk: sweep_buf(rec, bh * chunks * CHUNK * CHUNK, keep)?,
+                kk: sweep_buf(rec, wy_a_words(d), keep)?,
             };
             let bindings = [
                 (2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &wy.kk), (43, &staged), (44, out16_binding), (45, &wy.t16), (46, &wy.scales),
@@ -624,7 +629,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
             if let Some(f) = &s.wy {
                 need("saved sweep T", &f.t16, wy_inverse_words(d))?;
                 need("saved sweep T's scales", &f.scales, bh * chunks)?;
-                need("saved sweep A", &f.kk, bh * chunks * CHUNK * CHUNK)?;
+                need("saved sweep A", &f.kk, wy_a_words(d))?;
             }
             (&s.h, &s.u, &s.w, &s.b_cum, s.wy.as_ref())
         }
