@@ -9,10 +9,10 @@ time goes phase by phase: chunk_prepare_coop, chunk_bwd_wy_coop and chunk_bwd_sc
 returning (uniformly, at run time) before one of their phases, so that a variant's time is that of
 the phases before the cut at the whole kernel's registers; `occupancy`: chunk_prepare_coop and
 chunk_state_coop with more workgroup memory, and every tensor-core product loop with a trip count
-the compiler cannot see (`nounroll`: far fewer registers); `prep-occupancy`: the preparation's
-first phases alone (the rest compiled away) at three occupancies and at 256 threads. Run from the
-repo root:
-python3 scripts/kernel_parts.py [grads|wy|local|cuts|occupancy|prep-occupancy] OUTDIR; then for each printed variant V,
+the compiler cannot see (`nounroll`: far fewer registers). (Session 56's `prep-occupancy`, which
+showed 256 threads a workgroup faster for the preparation, went when main took that form.) Run
+from the repo root:
+python3 scripts/kernel_parts.py [grads|wy|local|cuts|occupancy] OUTDIR; then for each printed variant V,
 LINEARIZE_SHADER_DIR=OUTDIR/V LINEARIZE_PROFILE=1 linearize bench mixers --backward ...
 (scripts/device-bench-mixers.sh parts). A variant whose text is not found fails here, naming it.
 """
@@ -117,12 +117,6 @@ class Cut:
 CUTS = {name: (f'{fn}: the phases before `{anchor.strip()}`', [Cut(fn, anchor, sink)]) for name, (fn, anchor, sink) in _CUT_AT.items()}
 
 
-class Trunc(Cut):
-    """As Cut, but the return is unconditional: the later code is compiled away (fewer registers,
-    a smaller binary; session 55 found the phases before it take the same time)."""
-    GUARD = ''
-
-
 class Pad:
     """More workgroup memory for one kernel: written at its start, read by a store that never runs."""
 
@@ -156,78 +150,6 @@ OCCUPANCY = {
     **{f'state-pad{kb}k': (f'{kb} KiB more workgroup memory for chunk_state_coop', [Pad('chunk_state_coop', 'h_out[0]', kb * 256)]) for kb in (6, 16)},
 }
 
-class Prep256:
-    """chunk_prepare_coop with 256 threads (eight subgroups) a workgroup instead of 128, every
-    product tile and value computed as before (the same bits): the loops over the chunk step by
-    256, k kᵀ's ten tiles take two rounds, each subgroup of T X takes one token block and half of
-    a half's columns, the workgroup's max reads 64 slots. Its helpers serve no other kernel."""
-
-    def apply(self, text):
-        text = text.replace('@compute @workgroup_size(128)\nfn chunk_prepare_coop(', '@compute @workgroup_size(256)\nfn chunk_prepare_coop(')
-        # invert_unit_lower .. the end of chunk_prepare_coop: the preparation's helpers and itself.
-        i = text.index('fn invert_unit_lower(')
-        j = text.index('fn dr_v_half(')
-        head, inv, mid = text[:i], text[i:j], text[j:]
-        inv = inv.replace('for (var e = tid; e < 1024u; e += 128u)', 'for (var e = tid; e < 1024u; e += 256u)')
-        inv = inv.replace('for (var w = 0u; w < 2u * bi; w++) {\n            let e = tid + 128u * w;', 'for (var w = 0u; w < bi; w++) {\n            let e = tid + 256u * w;')
-        if inv.count('let e = tid + 256u * w;') != 4:
-            sys.exit('prep256: invert_unit_lower\'s block-row loops are not as expected')
-        k = mid.index('fn prep_kkt(')
-        before, prep = mid[:k], mid[k:]
-        prep = prep.replace('for (var round = 0u; round < 3u; round++) {\n        let tile = min(round * 4u + g, 9u);',
-                            'for (var round = 0u; round < 2u; round++) {\n        let tile = min(round * 8u + g, 9u);')
-        n_e = prep.count('e += 128u')
-        prep = prep.replace('e += 128u', 'e += 256u')
-        prep = prep.replace('for (var i = 0u; i < CH * D4 / 128u; i++) {\n        let t = tid / D4 + 4u * i;',
-                            'for (var i = 0u; i < CH * D4 / 256u; i++) {\n        let t = tid / D4 + 8u * i;')
-        prep = prep.replace('workgroup_max(tid, ', 'workgroup_max_256(tid, ')
-        # T X: subgroup g takes token block g % 4 and columns 32 (g / 4) .. + 31 of the half.
-        old = prep[prep.index('fn prep_product_half('):prep.index('@compute @workgroup_size(256)')]
-        new = """fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
-    var o0 = coop_mat16x16<f32, C>();
-    var o1 = coop_mat16x16<f32, C>();
-    let tb = g % 4u;
-    let cb = 32u * (g / 4u);
-    for (var m = 0u; m < 4u; m++) {
-        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * tb * CH + 16u * m], CH);
-        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * tb * CH + 16u * m], CH);
-        let rt = x_at + 16u * m * D + 64u * half + cb;
-        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
-        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
-        o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
-        o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
-    }
-    let xo = tb * 16u * XS + cb;
-    coopStoreT(o0 * inv_tau, &x32[xo + 0u], XS);
-    coopStoreT(o1 * inv_tau, &x32[xo + 16u], XS);
-}
-
-"""
-        prep = prep.replace(old, new)
-        if n_e != 6 or prep.count("tid / D4 + 8u * i") != 2 or "workgroup_max_256" not in prep:
-            sys.exit('prep256: the preparation is not as expected')
-        # workgroup_max for 256 threads: the shader's own, over 64 slots of its own array.
-        w = text.index('fn workgroup_max(')
-        one = text[w:text.index('\n}\n', w) + 3]
-        if one.count('red[') != 5 or 'i < 32u' not in one:
-            sys.exit('prep256: workgroup_max is not as expected')
-        extra = '\nvar<workgroup> red256: array<vec4<f32>, 64>;\n\n' + one.replace('fn workgroup_max(', 'fn workgroup_max_256(').replace('red[', 'red256[').replace('i < 32u', 'i < 64u')
-        return head + inv + before + prep + extra
-
-
-# The preparation's first phases alone (to the masked k kᵀ, 39 registers), at other occupancies:
-# t1 as it is (23.5 KiB of workgroup memory), t2 at about 17 KiB (x32 unpadded, adiag unused), t3
-# at 31.7 KiB (one workgroup per SM), t4 with 256 threads a workgroup (eight subgroups).
-_T1 = Trunc('chunk_prepare_coop', '    // R_v and R_k to f16 at their scales', '')
-PREP_OCCUPANCY = {
-    't1': ('the preparation to k kᵀ, as it is', [_T1]),
-    't2': ('t1 at about 17 KiB of workgroup memory', [_T1, ('const XS: u32 = 72u;', 'const XS: u32 = 64u;'),
-                                                      ('var<workgroup> adiag: array<f32, 1024>;', 'var<workgroup> adiag: array<f32, 4>;')]),
-    't3': ('t1 with 8 KiB more workgroup memory', [_T1, Pad('chunk_prepare_coop', 'wy_t_scale[0]', 8 * 256)]),
-    'prep256': ('the whole preparation with 256 threads a workgroup (the same bits)', [Prep256()]),
-    't4': ('t1 with 256 threads a workgroup (prep256 of t1)', [_T1, Prep256()]),
-}
-
 # Kernel: (shader, where the edits start, variants).
 KERNELS = {
     'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS),
@@ -235,7 +157,6 @@ KERNELS = {
     'local': ('native/chunk_sweep_coop', 'fn chunk_bwd_local_coop(', LOCAL),
     'cuts': ('native/chunk_sweep_coop', '', CUTS),
     'occupancy': ('native/chunk_sweep_coop', '', OCCUPANCY),
-    'prep-occupancy': ('native/chunk_sweep_coop', '', PREP_OCCUPANCY),
 }
 
 

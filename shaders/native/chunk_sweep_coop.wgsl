@@ -296,7 +296,7 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
 
 const DS: u32 = 16512u; // a record of dS_L [D, D] and dn [D]
 
-var<workgroup> red: array<vec4<f32>, 32>;
+var<workgroup> red: array<vec4<f32>, 64>; // a slot per thread, for up to 256 threads
 
 // A power of two that brings a largest magnitude `mx` into [2^12, 2^13] (1 for zeros), as
 // chunk_coop.wgsl's: values down to 2^-27 of it stay normal f16s.
@@ -312,12 +312,13 @@ fn max4(x: vec4<f32>) -> f32 {
     return max(max(a.x, a.y), max(a.z, a.w));
 }
 
-// The largest of every thread's `mx` (every thread gets it; a barrier first, so `red` is free).
-fn workgroup_max(tid: u32, mx: f32) -> f32 {
+// The largest of every thread's `mx` over a workgroup of `threads` (every thread gets it; a
+// barrier first, so `red` is free).
+fn workgroup_max(tid: u32, mx: f32, threads: u32) -> f32 {
     red[tid / 4u][tid % 4u] = mx;
     workgroupBarrier();
     var m = vec4<f32>(0.0);
-    for (var i = 0u; i < 32u; i += 4u) {
+    for (var i = 0u; i < threads / 4u; i += 4u) {
         m = max(max(m, max(red[i], red[i + 1u])), max(red[i + 2u], red[i + 3u]));
     }
     return max(max(m.x, m.y), max(m.z, m.w));
@@ -384,7 +385,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
     }
     // dÕ's one scale for the chunk (every read of red for the blocks' is past this barrier).
     workgroupBarrier();
-    let sd = pow2_scale(workgroup_max(tid, mx_d));
+    let sd = pow2_scale(workgroup_max(tid, mx_d, 128u));
     if (tid == 0u) {
         scale_out[(bh * p.chunks + n) * SCALES + 8u] = 1.0 / sd;
     }
@@ -508,7 +509,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         for (var e = tid; e < 2048u; e += 128u) {
             mx = max(mx, abs(s32[e]));
         }
-        let sc = pow2_scale(workgroup_max(tid, mx));
+        let sc = pow2_scale(workgroup_max(tid, mx, 128u));
         for (var e = tid; e < 2048u; e += 128u) {
             s16[(e / 16u) * LDS + e % 16u] = f16(s32[e] * sc);
         }
@@ -528,7 +529,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         }
         var inv_du = 1.0;
         if (DELTA) {
-            let su = pow2_scale(workgroup_max(tid, mx));
+            let su = pow2_scale(workgroup_max(tid, mx, 128u));
             inv_du = 1.0 / su;
             // Also to the chunk's f16 tile of du, for chunk_bwd_scores_coop.
             let du16_at = (bh * p.chunks + n) * TILE + col0;
@@ -813,7 +814,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         x32[xi(e)] = v;
         mx = max(mx, abs(v));
     }
-    let sigma = pow2_scale(workgroup_max(tid, mx));
+    let sigma = pow2_scale(workgroup_max(tid, mx, 128u));
     for (var e = tid; e < CH * CH; e += 128u) {
         p16[(e / CH) * PS + e % CH] = f16(x32[xi(e)] * sigma);
     }
@@ -881,17 +882,18 @@ var<workgroup> adiag: array<f32, 1024>;  // A's four diagonal blocks [4][16][16]
 
 // T = (I + A)⁻¹ in place in x32 [64][64], which holds A (zero on and above the diagonal): every
 // operand in workgroup memory, none of the substitution's dependent steps waits on global memory.
+// chunk_prepare_coop's PT = 256 threads: thread tid is element (tid / 16, tid % 16) of a block.
 fn invert_unit_lower(tid: u32) {
-    for (var e = tid; e < 1024u; e += 128u) {
-        let o = 16u * (e / 256u);
-        adiag[e] = x32[(o + (e % 256u) / 16u) * XS + o + e % 16u];
+    let ri = tid / 16u;
+    let j = tid % 16u;
+    for (var o = 0u; o < CH; o += 16u) {
+        adiag[o * 16u + tid] = x32[(o + ri) * XS + o + j];
     }
     workgroupBarrier();
     // The diagonal blocks: thread (block, j) substitutes down column j of its block, which only
     // it reads and writes.
     if (tid < CH) {
         let o = (tid / 16u) * 16u;
-        let j = tid % 16u;
         let ad = o * 16u;
         x32[(o + j) * XS + o + j] = 1.0;
         for (var i = j + 1u; i < 16u; i++) {
@@ -905,29 +907,26 @@ fn invert_unit_lower(tid: u32) {
     workgroupBarrier();
     // Below them, a block row at a time: T_ij = −T_ii Σ_(j≤k<i) A_ik T_kj. The sums read A from
     // the block row they replace, so all are formed before any is stored; then T_ii times them.
+    // Thread tid takes its element of each block w < bi of the row.
     for (var bi = 1u; bi < 4u; bi++) {
-        var out: array<f32, 6>;
-        for (var w = 0u; w < 2u * bi; w++) {
-            let e = tid + 128u * w;
-            let r = 16u * bi + (e % 256u) / 16u;
-            let c = 16u * (e / 256u) + e % 16u;
+        let r = 16u * bi + ri;
+        var out: array<f32, 3>;
+        for (var w = 0u; w < bi; w++) {
+            let c = 16u * w + j;
             var y = vec4<f32>(0.0);
-            for (var m = 16u * (e / 256u); m < 16u * bi; m += 4u) {
+            for (var m = 16u * w; m < 16u * bi; m += 4u) {
                 let a = vec4<f32>(x32[r * XS + m], x32[r * XS + m + 1u], x32[r * XS + m + 2u], x32[r * XS + m + 3u]);
                 y += a * vec4<f32>(x32[m * XS + c], x32[(m + 1u) * XS + c], x32[(m + 2u) * XS + c], x32[(m + 3u) * XS + c]);
             }
             out[w] = y.x + y.y + y.z + y.w;
         }
         workgroupBarrier();
-        for (var w = 0u; w < 2u * bi; w++) {
-            let e = tid + 128u * w;
-            x32[(16u * bi + (e % 256u) / 16u) * XS + 16u * (e / 256u) + e % 16u] = out[w];
+        for (var w = 0u; w < bi; w++) {
+            x32[r * XS + 16u * w + j] = out[w];
         }
         workgroupBarrier();
-        for (var w = 0u; w < 2u * bi; w++) {
-            let e = tid + 128u * w;
-            let r = 16u * bi + (e % 256u) / 16u;
-            let c = 16u * (e / 256u) + e % 16u;
+        for (var w = 0u; w < bi; w++) {
+            let c = 16u * w + j;
             var acc = 0.0;
             for (var m = 16u * bi; m <= r; m++) {
                 acc -= x32[r * XS + m] * x32[m * XS + c];
@@ -935,9 +934,8 @@ fn invert_unit_lower(tid: u32) {
             out[w] = acc;
         }
         workgroupBarrier();
-        for (var w = 0u; w < 2u * bi; w++) {
-            let e = tid + 128u * w;
-            x32[(16u * bi + (e % 256u) / 16u) * XS + 16u * (e / 256u) + e % 16u] = out[w];
+        for (var w = 0u; w < bi; w++) {
+            x32[r * XS + 16u * w + j] = out[w];
         }
         workgroupBarrier();
     }
@@ -1127,7 +1125,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
                 dbeta += v.x * x32[x] + v.y * x32[x + 1u] + v.z * x32[x + 2u] + v.w * x32[x + 3u];
             }
         }
-        let rho = pow2_scale(workgroup_max(tid, mx));
+        let rho = pow2_scale(workgroup_max(tid, mx, 128u));
         inv_r[half] = 1.0 / rho;
         for (var e = tid; e < CH * CH; e += 128u) {
             prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[xi(e)] * rho);
@@ -1186,7 +1184,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         x32[xi(e)] = m;
         mx = max(mx, abs(m));
     }
-    let sigma = pow2_scale(workgroup_max(tid, mx));
+    let sigma = pow2_scale(workgroup_max(tid, mx, 128u));
     for (var e = tid; e < CH * CH; e += 128u) {
         let tt = e / CH;
         let s = e % CH;
@@ -1244,7 +1242,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     }
 }
 
-// ---- chunk_prepare_coop: workgroup (chunk, head, batch), the delta rules' forward, first ----
+// ---- chunk_prepare_coop: workgroup (chunk, head, batch) of eight subgroups, the delta rules' forward, first ----
 //
 // chunk_d128.wgsl's chunk_prepare and chunk_sweep_operands in one kernel for the delta rules with
 // a gate per head or none, its products on tensor cores (fla's chunk_scaled_dot_kkt, solve_tril
@@ -1266,6 +1264,10 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
+// chunk_prepare_coop's threads: eight subgroups (256 against four made it 1.81 → 1.58 ms a
+// dispatch on the H100 at D=128, the same bits: half the registers a thread, twice the subgroups
+// sharing one workgroup's memory).
+const PT: u32 = 256u;
 const PREP: u32 = 2u * TILE;
 // Per chunk: T = (I + A)⁻¹ as f16, hi then lo [64, 64], at a power-of-two scale whose inverse is
 // in wy_t_scale.
@@ -1279,10 +1281,11 @@ fn put_prep(at: u32, x: vec4<f32>) {
     prep16[at + 3u] = f16(x.w);
 }
 
-// k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at (as lower_tiles).
+// k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at (as lower_tiles;
+// subgroup g tiles g and g + 8).
 fn prep_kkt(k_at: u32, g: u32) {
-    for (var round = 0u; round < 3u; round++) {
-        let tile = min(round * 4u + g, 9u);
+    for (var round = 0u; round < 2u; round++) {
+        let tile = min(round * 8u + g, 9u);
         let xa = k_at + tile_query(tile) * 16u * D;
         let yb = k_at + tile_key(tile) * 16u * D;
         var acc = coop_mat16x16<f32, C>();
@@ -1298,11 +1301,11 @@ fn prep_kkt(k_at: u32, g: u32) {
 fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     workgroupBarrier();
     var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += 128u) {
+    for (var e = tid; e < CH * CH; e += PT) {
         mx = max(mx, abs(x32[xi(e)]));
     }
-    let tau = pow2_scale(workgroup_max(tid, mx));
-    for (var e = tid; e < CH * CH; e += 128u) {
+    let tau = pow2_scale(workgroup_max(tid, mx, PT));
+    for (var e = tid; e < CH * CH; e += PT) {
         let x = x32[xi(e)] * tau;
         let hi = f16(x);
         wy_t[at + e] = hi;
@@ -1315,31 +1318,29 @@ fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     return 1.0 / tau;
 }
 
-// Columns 64·half .. + 63 of T X into x32 [token][column] (subgroup g its token block): A = T
-// (hi, then lo) from its rows at t_at in wy_t, B the f16 tile X at x_at; `inv` undoes both scales.
+// Columns 64·half .. + 63 of T X into x32 [token][column] (subgroup g token block g % 4 and
+// 32 columns from 32 (g / 4)): A = T (hi, then lo) from its rows at t_at in wy_t, B the f16 tile X
+// at x_at; `inv_tau` undoes both scales.
 fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
+    let tb = g % 4u;
+    let cb = 32u * (g / 4u);
     for (var m = 0u; m < 4u; m++) {
-        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * g * CH + 16u * m], CH);
-        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * g * CH + 16u * m], CH);
-        let rt = x_at + 16u * m * D + 64u * half;
+        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * tb * CH + 16u * m], CH);
+        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * tb * CH + 16u * m], CH);
+        let rt = x_at + 16u * m * D + 64u * half + cb;
         let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
         let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
-        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 32u], D);
-        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 48u], D);
         o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
         o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
-        o2 = coopMultiplyAdd(tl, r2, coopMultiplyAdd(th, r2, o2));
-        o3 = coopMultiplyAdd(tl, r3, coopMultiplyAdd(th, r3, o3));
     }
-    let xo = g * 16u * XS;
-    rows_to_x32(xo, o0 * inv_tau, o1 * inv_tau, o2 * inv_tau, o3 * inv_tau);
+    let xo = tb * 16u * XS + cb;
+    coopStoreT(o0 * inv_tau, &x32[xo + 0u], XS);
+    coopStoreT(o1 * inv_tau, &x32[xo + 16u], XS);
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(256) // PT (written out: the tensor-core emulation reads a literal)
 fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -1374,7 +1375,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     workgroupBarrier();
     // b to b_out; k and v to f16, and K̃ to its tile (rows past the chunk zero).
     if (GATE != 0u) {
-        for (var e = tid; e < len * D; e += 128u) {
+        for (var e = tid; e < len * D; e += PT) {
             b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];
         }
     }
@@ -1383,8 +1384,8 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     // The largest |R_v| and |R_k|, for their scales.
     var mx_v = 0.0;
     var mx_k = 0.0;
-    for (var i = 0u; i < CH * D4 / 128u; i++) {
-        let t = tid / D4 + 4u * i;
+    for (var i = 0u; i < CH * D4 / PT; i++) {
+        let t = tid / D4 + (PT / D4) * i;
         let live = t < len;
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
@@ -1403,7 +1404,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     // A / β = Γ k kᵀ (s < t) to kk_out (the backward's), and A in x32 for the inversion.
     prep_kkt(k_at, g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += 128u) {
+    for (var e = tid; e < CH * CH; e += PT) {
         let t = e / CH;
         let s = e % CH;
         var v = 0.0;
@@ -1414,11 +1415,11 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         x32[xi(e)] = bsh[t] * v;
     }
     // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
-    let sigma_v = pow2_scale(workgroup_max(tid, mx_v));
+    let sigma_v = pow2_scale(workgroup_max(tid, mx_v, PT));
     workgroupBarrier();
-    let sigma_k = pow2_scale(workgroup_max(tid, mx_k));
-    for (var i = 0u; i < CH * D4 / 128u; i++) {
-        let t = tid / D4 + 4u * i;
+    let sigma_k = pow2_scale(workgroup_max(tid, mx_k, PT));
+    for (var i = 0u; i < CH * D4 / PT; i++) {
+        let t = tid / D4 + (PT / D4) * i;
         let live = t < len;
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let o = t * D + 4u * a;
@@ -1437,13 +1438,13 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     for (var half = 0u; half < 2u; half++) {
         prep_product_half(t_at, v_at, g, half, inv_tau / sigma_v);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += 128u) {
+        for (var e = tid; e < CH * CH; e += PT) {
             uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[xi(e)];
         }
         workgroupBarrier();
         prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += 128u) {
+        for (var e = tid; e < CH * CH; e += PT) {
             let t = e / CH;
             let o = t * D + 64u * half + e % CH;
             tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);
