@@ -659,6 +659,12 @@ fn rows_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>, o2
     coopStoreT(o3, &x32[xo + 48u], XS);
 }
 
+// Two tiles side by side (16 tokens × 32 columns) into x32 [token][column] at offset xo.
+fn cols32_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>) {
+    coopStoreT(o0, &x32[xo + 0u], XS);
+    coopStoreT(o1, &x32[xo + 16u], XS);
+}
+
 // Columns 64·half .. + 63 of dq's query block `blk` into x32 [token][column], at dP's scale σ:
 // dÕ[blk, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
 // brought to σ by `to_p`, then + Σ_c dP[blk, c] · k[c, :] (A from p16, B from the k tile).
@@ -941,74 +947,58 @@ fn invert_unit_lower(tid: u32) {
     }
 }
 
-// Columns 64·half .. + 63 of dR_v = Tᵀ du into x32 [token][column], subgroup g its token block:
-// A = Tᵀ read column-major from T's rows (hi, then lo), B the du tile, each value block of du
-// scaled back on its own.
+// Columns 64·half .. + 63 of dR_v = Tᵀ du into x32 [token][column], subgroup g token block g % 4
+// and 32 columns from 32 (g / 4) (wy_block): A = Tᵀ read column-major from T's rows (hi, then lo),
+// B the du tile, each value block of du scaled back on its own.
 fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
+    let tb = g % 4u;
+    let cb = 32u * (g / 4u);
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
-    let col = du_at + 64u * half;
+    let col = du_at + 64u * half + cb;
     for (var m = 0u; m < 4u; m++) {
-        let th = coopLoad<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * m * CH + 16u * g], CH);
-        let tl = coopLoad<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * m * CH + 16u * g], CH);
+        let th = coopLoad<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * m * CH + 16u * tb], CH);
+        let tl = coopLoad<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * m * CH + 16u * tb], CH);
         let d0 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 0u], D);
         let d1 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 16u], D);
-        let d2 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 32u], D);
-        let d3 = coopLoadT<coop_mat16x16<f16, B>>(&du16[col + 16u * m * D + 48u], D);
         o0 = coopMultiplyAdd(tl, d0, coopMultiplyAdd(th, d0, o0));
         o1 = coopMultiplyAdd(tl, d1, coopMultiplyAdd(th, d1, o1));
-        o2 = coopMultiplyAdd(tl, d2, coopMultiplyAdd(th, d2, o2));
-        o3 = coopMultiplyAdd(tl, d3, coopMultiplyAdd(th, d3, o3));
     }
-    let xo = g * 16u * XS;
-    let s = sc + 4u * half;
-    rows_to_x32(xo, o0 * (inv_tau * du_scales[s + 0u]), o1 * (inv_tau * du_scales[s + 1u]), o2 * (inv_tau * du_scales[s + 2u]), o3 * (inv_tau * du_scales[s + 3u]));
+    let s = sc + 4u * half + cb / 16u;
+    cols32_to_x32(tb * 16u * XS + cb, o0 * (inv_tau * du_scales[s]), o1 * (inv_tau * du_scales[s + 1u]));
 }
 
-// Columns 64·half .. + 63 of dR_v S_0ᵀ into x32 (subgroup g its token block), at S_0's scale:
+// Columns 64·half .. + 63 of dR_v S_0ᵀ into x32 (subgroup g as dr_v_half's), at S_0's scale:
 // A the f16 dR_v (its two halves at their scales, inv0 and inv1), B = S_0ᵀ read column-major from
 // S_0's rows.
 fn dr_v_times_s0t(r_at: u32, st: u32, g: u32, half: u32, inv0: f32, inv1: f32) {
+    let tb = g % 4u;
+    let cb = 32u * (g / 4u);
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
     var p0 = coop_mat16x16<f32, C>();
     var p1 = coop_mat16x16<f32, C>();
-    var p2 = coop_mat16x16<f32, C>();
-    var p3 = coop_mat16x16<f32, C>();
-    let sr = st + half * 64u * D;
+    let sr = st + (half * 64u + cb) * D;
     for (var j = 0u; j < 64u; j += 16u) {
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&prep16[r_at + 16u * g * D + j], D);
-        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&prep16[r_at + 16u * g * D + 64u + j], D);
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&prep16[r_at + 16u * tb * D + j], D);
+        let a1 = coopLoadT<coop_mat16x16<f16, A>>(&prep16[r_at + 16u * tb * D + 64u + j], D);
         let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 0u * D + j], D);
         let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 16u * D + j], D);
-        let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 32u * D + j], D);
-        let s3 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 48u * D + j], D);
         let t0 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 0u * D + 64u + j], D);
         let t1 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 16u * D + 64u + j], D);
-        let t2 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 32u * D + 64u + j], D);
-        let t3 = coopLoad<coop_mat16x16<f16, B>>(&states16[sr + 48u * D + 64u + j], D);
         o0 = coopMultiplyAdd(a, s0, o0);
         o1 = coopMultiplyAdd(a, s1, o1);
-        o2 = coopMultiplyAdd(a, s2, o2);
-        o3 = coopMultiplyAdd(a, s3, o3);
         p0 = coopMultiplyAdd(a1, t0, p0);
         p1 = coopMultiplyAdd(a1, t1, p1);
-        p2 = coopMultiplyAdd(a1, t2, p2);
-        p3 = coopMultiplyAdd(a1, t3, p3);
     }
-    let xo = g * 16u * XS;
-    rows_to_x32(xo, o0 * inv0 + p0 * inv1, o1 * inv0 + p1 * inv1, o2 * inv0 + p2 * inv1, o3 * inv0 + p3 * inv1);
+    cols32_to_x32(tb * 16u * XS + cb, o0 * inv0 + p0 * inv1, o1 * inv0 + p1 * inv1);
 }
 
 // The ten tiles on or below the diagonal of dR_v uᵀ into x32 [64][64] (as lower_tiles, A the
-// f16 dR_v at its two scales).
+// f16 dR_v at its two scales; subgroup g tiles g and g + 8).
 fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
-    for (var round = 0u; round < 3u; round++) {
-        let tile = min(round * 4u + g, 9u);
+    for (var round = 0u; round < 2u; round++) {
+        let tile = min(round * 8u + g, 9u);
         let ra = r_at + tile_query(tile) * 16u * D;
         let ub = u_at + tile_key(tile) * 16u * D;
         var o = coop_mat16x16<f32, C>();
@@ -1025,20 +1015,37 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
     }
 }
 
+// Columns 64·half + cb .. + 31 of N k for token block tb into x32 (A from p16, B the k tile at
+// k_at), at columns cb of row block tb.
+fn p16_times_k_cols32(k_at: u32, tb: u32, half: u32, cb: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    let kt = k_at + half * 64u + cb;
+    for (var c = 0u; c < 4u; c++) {
+        let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[tb * 16u * PS + c * 16u], PS);
+        let rt = kt + c * 16u * D;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
+        o0 = coopMultiplyAdd(pa, r0, o0);
+        o1 = coopMultiplyAdd(pa, r1, o1);
+    }
+    cols32_to_x32(tb * 16u * XS + cb, o0, o1);
+}
+
 // dk_t += x32[t][c] · m (· β_t exp(b_t) where `decayed`) for columns 64·half + c, rows t < len:
 // four rows' loads first, then their stores (a store to dk between loads of it would make each
 // load wait for the one before).
 fn add_to_dk(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, decayed: bool, m: f32) {
     let c = tid % CH;
-    for (var t0 = tid / CH; t0 < CH; t0 += 8u) {
+    for (var t0 = tid / CH; t0 < CH; t0 += 4u * (WT / CH)) {
         var o: array<u32, 4>;
         var d: vec4<f32>;
         for (var j = 0u; j < 4u; j++) {
-            o[j] = row_of(b, c0 + min(t0 + 2u * j, len - 1u), h) * D + 64u * half + c;
+            o[j] = row_of(b, c0 + min(t0 + (WT / CH) * j, len - 1u), h) * D + 64u * half + c;
             d[j] = dk_out[o[j]];
         }
         for (var j = 0u; j < 4u; j++) {
-            let tt = t0 + 2u * j;
+            let tt = t0 + (WT / CH) * j;
             if (tt < len) {
                 dk_out[o[j]] = d[j] + x32[tt * XS + c] * m * select(1.0, bsh[tt] * exp(gsh[tt]), decayed);
             }
@@ -1050,7 +1057,10 @@ fn add_to_dk(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, decayed: bo
 @group(0) @binding(19) var<storage, read> ds_vec: array<vec4<f32>>;   // [B, H, chunks, DS / 4]
 @group(0) @binding(11) var<storage, read> h_vec: array<vec4<f32>>;    // [B, H, chunks, R / 4]
 
-@compute @workgroup_size(128)
+// chunk_bwd_wy_coop's threads: eight subgroups (as chunk_prepare_coop's PT).
+const WT: u32 = 256u;
+
+@compute @workgroup_size(256) // WT
 fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -1059,10 +1069,12 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let bh = b * p.heads + h;
     let c0 = n * CH;
     let len = min(CH, p.seq - c0);
-    // Per-token sums: thread tid takes token t = tid / 2 and half tid % 2 of each row.
-    let t = tid / 2u;
+    // Per-token sums: thread tid < 128 takes token t = tid / 2 and half tid % 2 of each row (the
+    // rest mirror them and add nothing).
+    let sums = tid < 128u;
+    let t = (tid % 128u) / 2u;
     let hh = tid % 2u;
-    let live = t < len;
+    let live = sums && t < len;
     let row = row_of(b, c0 + min(t, len - 1u), h);
     load_gates(tid, b, h, c0, len);
     if (tid < CH) {
@@ -1085,7 +1097,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     // whose loads wait one by one is what this kernel's time is made of; rows past the chunk
     // read the last row's dq and dk against zero tiles).
     var db = 0.0;
-    if (GATE != 0u) {
+    if (GATE != 0u && sums) {
         let x = row * D + 64u * hh;
         let y = t * D + 64u * hh;
         var acc = vec4<f32>(0.0);
@@ -1108,7 +1120,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);
         workgroupBarrier();
         mx = 0.0;
-        for (var e = tid; e < CH * CH; e += 128u) {
+        for (var e = tid; e < CH * CH; e += WT) {
             let x = x32[xi(e)];
             mx = max(mx, abs(x));
             let tt = e / CH;
@@ -1125,9 +1137,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
                 dbeta += v.x * x32[x] + v.y * x32[x + 1u] + v.z * x32[x + 2u] + v.w * x32[x + 3u];
             }
         }
-        let rho = pow2_scale(workgroup_max(tid, mx, 128u));
+        let rho = pow2_scale(workgroup_max(tid, mx, WT));
         inv_r[half] = 1.0 / rho;
-        for (var e = tid; e < CH * CH; e += 128u) {
+        for (var e = tid; e < CH * CH; e += WT) {
             prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[xi(e)] * rho);
         }
         workgroupBarrier();
@@ -1174,7 +1186,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     workgroupBarrier();
     // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.
     mx = 0.0;
-    for (var e = tid; e < CH * CH; e += 128u) {
+    for (var e = tid; e < CH * CH; e += WT) {
         let tt = e / CH;
         let s = e % CH;
         var m = 0.0;
@@ -1184,8 +1196,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         x32[xi(e)] = m;
         mx = max(mx, abs(m));
     }
-    let sigma = pow2_scale(workgroup_max(tid, mx, 128u));
-    for (var e = tid; e < CH * CH; e += 128u) {
+    let sigma = pow2_scale(workgroup_max(tid, mx, WT));
+    for (var e = tid; e < CH * CH; e += WT) {
         let tt = e / CH;
         let s = e % CH;
         p16[tt * PS + s] = f16((x32[xi(e)] + x32[s * XS + tt]) * sigma);
@@ -1193,8 +1205,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     workgroupBarrier();
     // dk += N k by halves.
     for (var half = 0u; half < 2u; half++) {
-        let z = coop_mat16x16<f32, C>();
-        p16_times_k(k_at, g, half, z, z, z, z);
+        p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u));
         workgroupBarrier();
         add_to_dk(tid, b, h, c0, len, half, false, 1.0 / sigma);
         workgroupBarrier();
@@ -1202,14 +1213,16 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 
     // dβ, then dg: the reverse cumulative sum of db from the chunk's end, which starts at
     // Σ dS_L ⊙ S_L (S_L the next chunk's S_0; the last chunk's dS_L is zero).
-    x32[tid] = dbeta;
+    if (sums) {
+        x32[tid] = dbeta;
+    }
     workgroupBarrier();
     if (hh == 0u && live) {
         dbeta_out[row] = x32[tid] + x32[tid + 1u];
     }
     if (GATE != 0u) {
         var e_part = vec4<f32>(0.0);
-        if (n + 1u < p.chunks) {
+        if (n + 1u < p.chunks && sums) {
             // 32 vec4 of each per thread, four of each in flight at a time.
             let eb4 = (bh * p.chunks + n) * DS / 4u;
             let nb4 = (bh * p.chunks + n + 1u) * R / 4u;
@@ -1226,8 +1239,10 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             }
         }
         workgroupBarrier();
-        x32[tid] = e_part.x + e_part.y + e_part.z + e_part.w;
-        x32[128u + tid] = db;
+        if (sums) {
+            x32[tid] = e_part.x + e_part.y + e_part.z + e_part.w;
+            x32[128u + tid] = db;
+        }
         workgroupBarrier();
         if (tid == 0u) {
             var acc = 0.0;
@@ -1335,9 +1350,7 @@ fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
         o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
         o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
     }
-    let xo = tb * 16u * XS + cb;
-    coopStoreT(o0 * inv_tau, &x32[xo + 0u], XS);
-    coopStoreT(o1 * inv_tau, &x32[xo + 16u], XS);
+    cols32_to_x32(tb * 16u * XS + cb, o0 * inv_tau, o1 * inv_tau);
 }
 
 @compute @workgroup_size(256) // PT (written out: the tensor-core emulation reads a literal)
