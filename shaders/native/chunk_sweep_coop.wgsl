@@ -577,10 +577,11 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 // back on its own) and u, are masked and
 // decayed in f32, then enter the products as f16 at one power-of-two scale for the chunk; the
 // state terms come from chunk_bwd_states16's f16 S_0 and dS_L (each at its own scale) and are
-// brought to dP's scale before its products add to them. Subgroup g computes query block g of dq
-// and key block g of dk, each over all four blocks of dP (those above the diagonal are zero) so
-// that control flow stays uniform, and each in two halves of 64 columns through x32 (28 KiB of
-// workgroup memory in all); no branch runs while an accumulator is live.
+// brought to dP's scale before its products add to them. Eight subgroups: subgroup g computes 32
+// columns (from 32 (g / 4)) of each half of query block g % 4 of dq and of key block g % 4 of dk,
+// each over all four blocks of dP (those above the diagonal are zero) so that control flow stays
+// uniform, through x32 (28 KiB of workgroup memory in all); no branch runs while an accumulator
+// is live.
 
 // chunk_bwd_states16's f16 S_0 then dS_L [128, 128] per chunk, and their inverse scales.
 @group(0) @binding(35) var<storage, read> states16: array<f16>;
@@ -650,115 +651,80 @@ fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
     }
 }
 
-// A row block of 16 tokens × 64 columns (four accumulators) into x32 [token][column] at offset
-// xo (a multiple of 16 rows).
-fn rows_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>, o2: coop_mat16x16<f32, C>, o3: coop_mat16x16<f32, C>) {
-    coopStoreT(o0, &x32[xo + 0u], XS);
-    coopStoreT(o1, &x32[xo + 16u], XS);
-    coopStoreT(o2, &x32[xo + 32u], XS);
-    coopStoreT(o3, &x32[xo + 48u], XS);
-}
-
 // Two tiles side by side (16 tokens × 32 columns) into x32 [token][column] at offset xo.
 fn cols32_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>) {
     coopStoreT(o0, &x32[xo + 0u], XS);
     coopStoreT(o1, &x32[xo + 16u], XS);
 }
 
-// Columns 64·half .. + 63 of dq's query block `blk` into x32 [token][column], at dP's scale σ:
-// dÕ[blk, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
-// brought to σ by `to_p`, then + Σ_c dP[blk, c] · k[c, :] (A from p16, B from the k tile).
-fn dq_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
+// Columns 64·half + cb .. + 31 of dq's query block tb into x32 [token][column], at dP's scale σ:
+// dÕ[tb, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
+// brought to σ by `to_p`, then + Σ_c dP[tb, c] · k[c, :] (A from p16, B from the k tile).
+fn dq_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
-    let da = tile_at(7u, bh, n) + blk * 16u * D;
-    let st = (bh * p.chunks + n) * 2u * D * D + half * 64u * D;
+    let da = tile_at(7u, bh, n) + tb * 16u * D;
+    let st = (bh * p.chunks + n) * 2u * D * D + (half * 64u + cb) * D;
     for (var j = 0u; j < D; j += 16u) {
         let a = coopLoadT<coop_mat16x16<f16, A>>(&tiles[da + j], D);
         let s0 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 0u * D + j], D);
         let s1 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 16u * D + j], D);
-        let s2 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 32u * D + j], D);
-        let s3 = coopLoad<coop_mat16x16<f16, B>>(&states16[st + 48u * D + j], D);
         o0 = coopMultiplyAdd(a, s0, o0);
         o1 = coopMultiplyAdd(a, s1, o1);
-        o2 = coopMultiplyAdd(a, s2, o2);
-        o3 = coopMultiplyAdd(a, s3, o3);
     }
-    p16_times_k(tile_at(4u, bh, n), blk, half, o0 * to_p, o1 * to_p, o2 * to_p, o3 * to_p);
+    p16_times_k_cols32(tile_at(4u, bh, n), tb, half, cb, o0 * to_p, o1 * to_p);
 }
 
-// o + Σ_c p16[blk, c] · k[c, 64·half ..] into x32's row block `blk` (A from p16, B the k tile
-// at k_at; o0..o3 its four blocks of 16 columns).
-fn p16_times_k(k_at: u32, blk: u32, half: u32, a0: coop_mat16x16<f32, C>, a1: coop_mat16x16<f32, C>, a2: coop_mat16x16<f32, C>, a3: coop_mat16x16<f32, C>) {
+// o + Σ_c p16[tb, c] · k[c, 64·half + cb ..] (32 columns) into x32's row block tb at columns cb
+// (A from p16, B the k tile at k_at; o0, o1 its two blocks of 16 columns).
+fn p16_times_k_cols32(k_at: u32, tb: u32, half: u32, cb: u32, a0: coop_mat16x16<f32, C>, a1: coop_mat16x16<f32, C>) {
     var o0 = a0;
     var o1 = a1;
-    var o2 = a2;
-    var o3 = a3;
-    let kt = k_at + half * 64u;
+    let kt = k_at + half * 64u + cb;
     for (var c = 0u; c < 4u; c++) {
-        let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[blk * 16u * PS + c * 16u], PS);
+        let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[tb * 16u * PS + c * 16u], PS);
         let rt = kt + c * 16u * D;
         let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
         let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
-        let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 32u], D);
-        let r3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 48u], D);
         o0 = coopMultiplyAdd(pa, r0, o0);
         o1 = coopMultiplyAdd(pa, r1, o1);
-        o2 = coopMultiplyAdd(pa, r2, o2);
-        o3 = coopMultiplyAdd(pa, r3, o3);
     }
-    rows_to_x32(blk * 16u * XS, o0, o1, o2, o3);
+    cols32_to_x32(tb * 16u * XS + cb, o0, o1);
 }
 
-// The same half of dk's key block `blk`, as its transpose: dkᵀ[:, blk] = dS_L ũᵀ[:, blk] (A from
+// The same columns of dk's key block tb, as its transpose: dkᵀ[:, tb] = dS_L ũᵀ[:, tb] (A from
 // dS_L's rows row-major, B = ũᵀ read column-major from the ũ tile), brought to σ, + Σ_c qᵀ[:, c]
-// · dP[c, blk] (A = qᵀ read column-major from the q tile, B from p16); the (key, token) tiles
+// · dP[c, tb] (A = qᵀ read column-major from the q tile, B from p16); the (key, token) tiles
 // stored column-major land in x32 [token][column] as dq_half's.
-fn dk_half(bh: u32, n: u32, blk: u32, half: u32, to_p: f32) {
+fn dk_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
-    var o2 = coop_mat16x16<f32, C>();
-    var o3 = coop_mat16x16<f32, C>();
-    let ub = tile_at(8u, bh, n) + blk * 16u * D;
-    let st = (bh * p.chunks + n) * 2u * D * D + D * D + half * 64u * D;
+    let ub = tile_at(8u, bh, n) + tb * 16u * D;
+    let st = (bh * p.chunks + n) * 2u * D * D + D * D + (half * 64u + cb) * D;
     for (var j = 0u; j < D; j += 16u) {
         let u = coopLoad<coop_mat16x16<f16, B>>(&tiles[ub + j], D);
         let s0 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 0u * D + j], D);
         let s1 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 16u * D + j], D);
-        let s2 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 32u * D + j], D);
-        let s3 = coopLoadT<coop_mat16x16<f16, A>>(&states16[st + 48u * D + j], D);
         o0 = coopMultiplyAdd(s0, u, o0);
         o1 = coopMultiplyAdd(s1, u, o1);
-        o2 = coopMultiplyAdd(s2, u, o2);
-        o3 = coopMultiplyAdd(s3, u, o3);
     }
     o0 = o0 * to_p;
     o1 = o1 * to_p;
-    o2 = o2 * to_p;
-    o3 = o3 * to_p;
-    let qt = tile_at(5u, bh, n) + half * 64u;
+    let qt = tile_at(5u, bh, n) + half * 64u + cb;
     for (var c = 0u; c < 4u; c++) {
-        let pb = coopLoadT<coop_mat16x16<f16, B>>(&p16[c * 16u * PS + blk * 16u], PS);
+        let pb = coopLoadT<coop_mat16x16<f16, B>>(&p16[c * 16u * PS + tb * 16u], PS);
         let rt = qt + c * 16u * D;
         let r0 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 0u], D);
         let r1 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 16u], D);
-        let r2 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 32u], D);
-        let r3 = coopLoad<coop_mat16x16<f16, A>>(&tiles[rt + 48u], D);
         o0 = coopMultiplyAdd(r0, pb, o0);
         o1 = coopMultiplyAdd(r1, pb, o1);
-        o2 = coopMultiplyAdd(r2, pb, o2);
-        o3 = coopMultiplyAdd(r3, pb, o3);
     }
-    let xo = blk * 16u * XS;
+    let xo = tb * 16u * XS + cb;
     coopStore(o0, &x32[xo + 0u], XS);
     coopStore(o1, &x32[xo + 16u], XS);
-    coopStore(o2, &x32[xo + 32u], XS);
-    coopStore(o3, &x32[xo + 48u], XS);
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(256) // eight subgroups, as chunk_prepare_coop's PT
 fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -773,8 +739,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     let do_at = tile_at(3u, bh, n);
     let u_at = tile_at(6u, bh, n);
     let sc_at = (bh * p.chunks + n) * SCALES;
-    for (var round = 0u; round < 3u; round++) {
-        let tile = min(round * 4u + g, 9u);
+    for (var round = 0u; round < 2u; round++) {
+        let tile = min(round * 8u + g, 9u);
         let qa = do_at + tile_query(tile) * 16u * D;
         let ub = u_at + tile_key(tile) * 16u * D;
         // uᵀ: element (i, s) at s·D + i, read column-major.
@@ -810,7 +776,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     // The mask and the decay in f32 (the tiles above the diagonal were never written), then dP
     // to f16 at one scale σ.
     var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += 128u) {
+    for (var e = tid; e < CH * CH; e += PT) {
         let t = e / CH;
         let s = e % CH;
         var v = 0.0;
@@ -820,8 +786,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         x32[xi(e)] = v;
         mx = max(mx, abs(v));
     }
-    let sigma = pow2_scale(workgroup_max(tid, mx, 128u));
-    for (var e = tid; e < CH * CH; e += 128u) {
+    let sigma = pow2_scale(workgroup_max(tid, mx, PT));
+    for (var e = tid; e < CH * CH; e += PT) {
         p16[(e / CH) * PS + e % CH] = f16(x32[xi(e)] * sigma);
     }
     workgroupBarrier();
@@ -831,18 +797,18 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     let dq_to_p = scale_in[sc_at + 8u] * state_scales[sc] * sigma;
     let dk_to_p = state_scales[sc + 1u] * sigma;
     for (var half = 0u; half < 2u; half++) {
-        dq_half(bh, n, g, half, dq_to_p);
+        dq_half(bh, n, g % 4u, half, 32u * (g / 4u), dq_to_p);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += 128u) {
+        for (var e = tid; e < CH * CH; e += PT) {
             let t = e / CH;
             if (t < len) {
                 dq_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)] * inv;
             }
         }
         workgroupBarrier();
-        dk_half(bh, n, g, half, dk_to_p);
+        dk_half(bh, n, g % 4u, half, 32u * (g / 4u), dk_to_p);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += 128u) {
+        for (var e = tid; e < CH * CH; e += PT) {
             let s = e / CH;
             if (s < len) {
                 dk_out[row_of(b, c0 + s, h) * D + 64u * half + e % CH] = x32[xi(e)] * inv;
@@ -1013,23 +979,6 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
         }
         coopStoreT(o * inv0 + p * inv1, &x32[tile_query(tile) * 16u * XS + tile_key(tile) * 16u], XS);
     }
-}
-
-// Columns 64·half + cb .. + 31 of N k for token block tb into x32 (A from p16, B the k tile at
-// k_at), at columns cb of row block tb.
-fn p16_times_k_cols32(k_at: u32, tb: u32, half: u32, cb: u32) {
-    var o0 = coop_mat16x16<f32, C>();
-    var o1 = coop_mat16x16<f32, C>();
-    let kt = k_at + half * 64u + cb;
-    for (var c = 0u; c < 4u; c++) {
-        let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[tb * 16u * PS + c * 16u], PS);
-        let rt = kt + c * 16u * D;
-        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
-        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
-        o0 = coopMultiplyAdd(pa, r0, o0);
-        o1 = coopMultiplyAdd(pa, r1, o1);
-    }
-    cols32_to_x32(tb * 16u * XS + cb, o0, o1);
 }
 
 // dk_t += x32[t][c] · m (· β_t exp(b_t) where `decayed`) for columns 64·half + c, rows t < len:
@@ -1205,7 +1154,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     workgroupBarrier();
     // dk += N k by halves.
     for (var half = 0u; half < 2u; half++) {
-        p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u));
+        let z = coop_mat16x16<f32, C>();
+        p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u), z, z);
         workgroupBarrier();
         add_to_dk(tid, b, h, c0, len, half, false, 1.0 / sigma);
         workgroupBarrier();
