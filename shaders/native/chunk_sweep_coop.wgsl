@@ -406,10 +406,11 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
 //   du_s = Σ_(t≥s) P_ts dO_t,  P_ts = scale Γ_ts q_t·k_s  (s ≤ t; Γ as chunk_bwd_scores_coop's)
 // mixers/common/chunk_d128.wgsl's chunk_bwd_local for the rules without a normaliser: P's ten
 // tiles from the k and q tiles, masked and decayed in f32, to f16 (its values are the forward's
-// scores, no scale needed); subgroup g then takes du's token block g over all four blocks of P
-// (those above the diagonal are zero), each value block of dO scaled back on its own, and stores
-// it straight into the f32 tile that chunk_bwd_state_coop reads (rows past the chunk: zero).
-@compute @workgroup_size(128)
+// scores, no scale needed); of eight subgroups, subgroup g then takes 64 columns (from 64 (g / 4))
+// of du's token block g % 4 over all four blocks of P (those above the diagonal are zero), each
+// value block of dO scaled back on its own, and stores them straight into the f32 tile that
+// chunk_bwd_state_coop reads (rows past the chunk: zero).
+@compute @workgroup_size(256) // eight subgroups, as chunk_prepare_coop's PT
 fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -421,7 +422,7 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
     load_gates(tid, b, h, c0, len);
     lower_tiles(tile_at(5u, bh, n), tile_at(4u, bh, n), g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += 128u) {
+    for (var e = tid; e < CH * CH; e += PT) {
         let t = e / CH;
         let s = e % CH;
         var v = 0.0;
@@ -431,46 +432,33 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         p16[t * PS + s] = f16(v);
     }
     workgroupBarrier();
-    // du[g, :] = Σ_c Pᵀ[g, c] dO[c, :]: A = Pᵀ read column-major from p16, B the dO tile.
+    // du[tb, cb ..] = Σ_c Pᵀ[tb, c] dO[c, cb ..]: A = Pᵀ read column-major from p16, B the dO
+    // tile.
+    let tb = g % 4u;
+    let cb = 64u * (g / 4u);
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     var o2 = coop_mat16x16<f32, C>();
     var o3 = coop_mat16x16<f32, C>();
-    var o4 = coop_mat16x16<f32, C>();
-    var o5 = coop_mat16x16<f32, C>();
-    var o6 = coop_mat16x16<f32, C>();
-    var o7 = coop_mat16x16<f32, C>();
-    let dt = tile_at(3u, bh, n);
+    let dt = tile_at(3u, bh, n) + cb;
     for (var c = 0u; c < 4u; c++) {
-        let pa = coopLoad<coop_mat16x16<f16, A>>(&p16[c * 16u * PS + g * 16u], PS);
+        let pa = coopLoad<coop_mat16x16<f16, A>>(&p16[c * 16u * PS + tb * 16u], PS);
         let rt = dt + c * 16u * D;
         let r0 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 0u], D);
         let r1 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 16u], D);
         let r2 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 32u], D);
         let r3 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 48u], D);
-        let r4 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 64u], D);
-        let r5 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 80u], D);
-        let r6 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 96u], D);
-        let r7 = coopLoadT<coop_mat16x16<f16, B>>(&tiles[rt + 112u], D);
         o0 = coopMultiplyAdd(pa, r0, o0);
         o1 = coopMultiplyAdd(pa, r1, o1);
         o2 = coopMultiplyAdd(pa, r2, o2);
         o3 = coopMultiplyAdd(pa, r3, o3);
-        o4 = coopMultiplyAdd(pa, r4, o4);
-        o5 = coopMultiplyAdd(pa, r5, o5);
-        o6 = coopMultiplyAdd(pa, r6, o6);
-        o7 = coopMultiplyAdd(pa, r7, o7);
     }
-    let sc_at = (bh * p.chunks + n) * SCALES;
-    let du_at = (bh * p.chunks + n) * TILE + g * 16u * D;
+    let sc_at = (bh * p.chunks + n) * SCALES + cb / 16u;
+    let du_at = (bh * p.chunks + n) * TILE + tb * 16u * D + cb;
     coopStoreT(o0 * scale_in[sc_at + 0u], &uc_tiles[du_at + 0u], D);
     coopStoreT(o1 * scale_in[sc_at + 1u], &uc_tiles[du_at + 16u], D);
     coopStoreT(o2 * scale_in[sc_at + 2u], &uc_tiles[du_at + 32u], D);
     coopStoreT(o3 * scale_in[sc_at + 3u], &uc_tiles[du_at + 48u], D);
-    coopStoreT(o4 * scale_in[sc_at + 4u], &uc_tiles[du_at + 64u], D);
-    coopStoreT(o5 * scale_in[sc_at + 5u], &uc_tiles[du_at + 80u], D);
-    coopStoreT(o6 * scale_in[sc_at + 6u], &uc_tiles[du_at + 96u], D);
-    coopStoreT(o7 * scale_in[sc_at + 7u], &uc_tiles[du_at + 112u], D);
 }
 
 // ---- chunk_bwd_state_coop: workgroup (value block of 16, head, batch), four subgroups ----
@@ -634,11 +622,12 @@ fn load_gates(tid: u32, b: u32, h: u32, c0: u32, len: u32) {
 }
 
 // The ten tiles on or below the diagonal of X Yᵀ, X and Y the f16 token tiles at x_at and y_at,
-// into x32 [64][64] in f32: subgroup g takes a tile a round (one past the last repeats it: the
-// same values to the same place). Yᵀ: element (i, s) at s·D + i, read column-major.
+// into x32 [64][64] in f32: each of eight subgroups takes a tile a round (one past the last
+// repeats it: the same values to the same place). Yᵀ: element (i, s) at s·D + i, read
+// column-major.
 fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
-    for (var round = 0u; round < 3u; round++) {
-        let tile = min(round * 4u + g, 9u);
+    for (var round = 0u; round < 2u; round++) {
+        let tile = min(round * 8u + g, 9u);
         let xa = x_at + tile_query(tile) * 16u * D;
         let yb = y_at + tile_key(tile) * 16u * D;
         var acc = coop_mat16x16<f32, C>();
