@@ -3,16 +3,16 @@
 kernel dropped (their results are wrong by design), written as folders for LINEARIZE_SHADER_DIR
 (README: one binary times kernel variants). Kernels: `grads` (chunk_bwd_grads of
 shaders/mixers/common/chunk_d128.wgsl), `wy` (chunk_bwd_wy_coop of
-shaders/native/chunk_sweep_coop.wgsl, with the helpers it calls, and chunk_prepare_coop), and
-`local`, an occupancy probe: chunk_bwd_local_coop with more workgroup memory; `cuts`, where the
+shaders/native/chunk_sweep_coop.wgsl, with the helpers it calls, and chunk_prepare_coop); `cuts`, where the
 time goes phase by phase: chunk_prepare_coop, chunk_bwd_wy_coop and chunk_bwd_scores_coop each
 returning (uniformly, at run time) before one of their phases, so that a variant's time is that of
 the phases before the cut at the whole kernel's registers; `occupancy`: chunk_prepare_coop and
 chunk_state_coop with more workgroup memory, and every tensor-core product loop with a trip count
 the compiler cannot see (`nounroll`: far fewer registers). (Session 56's `prep-occupancy`, which
-showed 256 threads a workgroup faster for the preparation, went when main took that form.) Run
+showed 256 threads a workgroup faster for the preparation, went when main took that form, as
+did `local`, an occupancy probe of chunk_bwd_local_coop answered in session 55.) Run
 from the repo root:
-python3 scripts/kernel_parts.py [grads|wy|local|cuts|occupancy] OUTDIR; then for each printed variant V,
+python3 scripts/kernel_parts.py [grads|wy|cuts|occupancy] OUTDIR; then for each printed variant V,
 LINEARIZE_SHADER_DIR=OUTDIR/V LINEARIZE_PROFILE=1 linearize bench mixers --backward ...
 (scripts/device-bench-mixers.sh parts). A variant whose text is not found fails here, naming it.
 """
@@ -45,7 +45,7 @@ WY = {
     'no-drv': ('dR_v = Tᵀ du', [('        dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);\n', '')]),
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
-    'no-nk': ('dk += N k', [('        p16_times_k(k_at, g, half, z, z, z, z);\n', '')]),
+    'no-nk': ('dk += N k', [('        p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u), z, z);\n', '')]),
     'no-dbq': ("the scores' part of db, q·dq − k·dk", [('        for (var i = 0u; i < 64u; i += 4u) {\n            let qv', '        for (var i = 0u; i < 0u; i += 4u) {\n            let qv')]),
     'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            // Loads unconditional', '        for (var j = 0u; j < 0u; j++) {\n            // Loads unconditional')]),
     'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('            for (var x = tid; x < D * D / 4u; x += 512u) {', '            for (var x = tid; x < 0u; x += 512u) {')]),
@@ -69,17 +69,6 @@ WY = {
         ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];\n            }\n', ''),
         ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
 }
-
-# Not parts but a probe of occupancy: chunk_bwd_local_coop (25.3 KiB of workgroup memory) with
-# more of it declared and touched, so that fewer workgroups fit an SM if workgroup memory is
-# what bounds them there.
-def _pad(words):
-    return (f'pad-{words * 4 // 1024}k', (f'{words * 4} bytes more workgroup memory', [
-        ('    let n = wid.x;\n', f'    pad[tid] = f32(tid);\n    let n = wid.x;\n'),
-        ('    coopStoreT(o7 * scale_in[sc_at + 7u], &uc_tiles[du_at + 112u], D);\n}\n',
-         f'    coopStoreT(o7 * scale_in[sc_at + 7u], &uc_tiles[du_at + 112u], D);\n    uc_tiles[du_at + tid] += pad[(tid + 1u) % 128u] * 1e-30;\n}}\nvar<workgroup> pad: array<f32, {words}>;\n')]))
-
-LOCAL = dict(_pad(w) for w in (1536, 4096, 5632))
 
 # Cuts: `if (p.batch > 0u) { return; }` before the anchor (the wy backward first stores its
 # per-token sums, so that the phases before the cut are not dropped as dead code).
@@ -154,7 +143,6 @@ OCCUPANCY = {
 KERNELS = {
     'grads': ('mixers/common/chunk_d128', 'fn chunk_bwd_grads(', GRADS),
     'wy': ('native/chunk_sweep_coop', '', WY),
-    'local': ('native/chunk_sweep_coop', 'fn chunk_bwd_local_coop(', LOCAL),
     'cuts': ('native/chunk_sweep_coop', '', CUTS),
     'occupancy': ('native/chunk_sweep_coop', '', OCCUPANCY),
 }
