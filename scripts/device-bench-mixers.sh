@@ -154,7 +154,8 @@ shaders)
       rc=$?
       kernels=$(grep '^profile' /root/variant.txt | head -"${KERNELS:-7}" | awk '{print $2, $3}' | tr '\n' ' ')
       digest=$(grep -o '"digests":{[^}]*}' /root/variant.json | md5sum | cut -c1-8)
-      echo "$round $v rc=$rc $kernels digests $digest |$regs" | tee -a "$OUT/lines.txt"
+      calls=$(grep -o '"fwd_bwd_seconds":[0-9.e-]*\|"fwd_seconds":[0-9.e-]*' /root/variant.json | tr '\n' ' ')
+      echo "$round $v rc=$rc $kernels $calls digests $digest |$regs" | tee -a "$OUT/lines.txt"
     done
   done
   ;;

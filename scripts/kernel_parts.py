@@ -49,9 +49,9 @@ WY = {
     'no-dbq': ("the scores' part of db, q·dq − k·dk", [('        for (var i = 0u; i < 64u; i += 4u) {\n            let qv', '        for (var i = 0u; i < 0u; i += 4u) {\n            let qv')]),
     'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            // Loads unconditional', '        for (var j = 0u; j < 0u; j++) {\n            // Loads unconditional')]),
     'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('            for (var x = tid; x < D * D / 4u; x += 512u) {', '            for (var x = tid; x < 0u; x += 512u) {')]),
-    'no-dk-writes': ("dk's read-modify-writes (dR_k's and N k's terms)", [
-        ('        add_to_dk(tid, b, h, c0, len, half, true, 1.0);\n', ''),
-        ('        add_to_dk(tid, b, h, c0, len, half, false, 1.0 / sigma);\n', '')]),
+    'no-dk-writes': ("dk's read and write (dR_k's and N k's terms)", [
+        ('            dk[i] = dk_out[dk_rows(tid, b, h, c0, len, half, i)];\n', ''),
+        ('                dk_out[dk_rows(tid, b, h, c0, len, half, i)] = dk[i] + x32[tt * XS + tid % CH] * (1.0 / sigma);\n', '')]),
     # chunk_prepare_coop's parts (the same file, so these variants also time chunk_bwd_wy_coop whole)
     'prep-no-staging': ("the preparation's f16 staging of k, R_k and R_v, and k16 and K̃ (global stores)", [
         ('        put_prep(k_at + o, k);\n        out16', '        out16'),
@@ -81,10 +81,10 @@ _CUT_AT = {
     'prep5-invert': ('chunk_prepare_coop', '    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', ''),
     'prep6-t16': ('chunk_prepare_coop', '    // Uc = T R_v to its f32 tile', ''),
     'wy1-dbq': ('chunk_bwd_wy_coop', '    // dR_v = Tᵀ du by halves', _WY_SINK),
-    'wy2-drv': ('chunk_bwd_wy_coop', '    // dR_k = −dR_v S_0ᵀ by halves', _WY_SINK),
-    'wy3-drk': ('chunk_bwd_wy_coop', '    // dA = −dR_v uᵀ (s < t)', _WY_SINK),
-    'wy4-da': ('chunk_bwd_wy_coop', '    // M_ts = dA_ts β_t Γ_ts in place', _WY_SINK),
-    'wy5-nk': ('chunk_bwd_wy_coop', '    // dβ, then dg:', _WY_SINK),
+    'wy2-drv': ('chunk_bwd_wy_coop', '    // dA = −dR_v uᵀ (s < t)', _WY_SINK),
+    'wy3-da': ('chunk_bwd_wy_coop', '    // M_ts = dA_ts β_t Γ_ts in place', _WY_SINK),
+    'wy4-n': ('chunk_bwd_wy_coop', '    // By halves: dR_k = −dR_v S_0ᵀ', _WY_SINK),
+    'wy5-drk-nk': ('chunk_bwd_wy_coop', '    // dβ, then dg:', _WY_SINK),
     'sc1-dou': ('chunk_bwd_scores_coop', '    // The mask and the decay in f32 (the tiles above', ''),
     'sc2-mask': ('chunk_bwd_scores_coop', '    let inv = 1.0 / sigma;', ''),
 }

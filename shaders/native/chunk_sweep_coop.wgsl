@@ -970,25 +970,10 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
     }
 }
 
-// dk_t += x32[t][c] · m (· β_t exp(b_t) where `decayed`) for columns 64·half + c, rows t < len:
-// four rows' loads first, then their stores (a store to dk between loads of it would make each
-// load wait for the one before).
-fn add_to_dk(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, decayed: bool, m: f32) {
-    let c = tid % CH;
-    for (var t0 = tid / CH; t0 < CH; t0 += 4u * (WT / CH)) {
-        var o: array<u32, 4>;
-        var d: vec4<f32>;
-        for (var j = 0u; j < 4u; j++) {
-            o[j] = row_of(b, c0 + min(t0 + (WT / CH) * j, len - 1u), h) * D + 64u * half + c;
-            d[j] = dk_out[o[j]];
-        }
-        for (var j = 0u; j < 4u; j++) {
-            let tt = t0 + (WT / CH) * j;
-            if (tt < len) {
-                dk_out[o[j]] = d[j] + x32[tt * XS + c] * m * select(1.0, bsh[tt] * exp(gsh[tt]), decayed);
-            }
-        }
-    }
+// Where thread tid's value i < 16 of dk's half `half` is: column 64·half + tid % 64 of row
+// tid / 64 + 4 i (rows past the chunk read its last).
+fn dk_rows(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, i: u32) -> u32 {
+    return row_of(b, c0 + min(tid / CH + (WT / CH) * i, len - 1u), h) * D + 64u * half + tid % CH;
 }
 
 // dS_L and the chunk starts as vec4, for dg's end-state term.
@@ -1085,32 +1070,13 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     storageBarrier();
     workgroupBarrier();
 
-    // dR_k = −dR_v S_0ᵀ by halves: dk += β exp(b) dR_k; k·dR_k into dβ and db.
-    var kdr = 0.0;
-    for (var half = 0u; half < 2u; half++) {
-        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
-        workgroupBarrier();
-        add_to_dk(tid, b, h, c0, len, half, true, 1.0);
-        if (live) {
-            for (var j = 0u; j < 8u; j++) {
-                let c = 32u * hh + 4u * ((j + t) % 8u);
-                let k = k_row[row * D4 + (64u * half + c) / 4u];
-                let x = t * XS + c;
-                kdr += k.x * x32[x] + k.y * x32[x + 1u] + k.z * x32[x + 2u] + k.w * x32[x + 3u];
-            }
-        }
-        workgroupBarrier();
-    }
-    let eb = exp(gsh[t]);
-    dbeta += eb * kdr;
-    db += bsh[t] * eb * kdr;
-
-    // dA = −dR_v uᵀ (s < t): dβ_t += Σ_s dA_ts kk_ts, db_t += Σ_s dA_ts A_ts − Σ_t' dA_t't A_t't.
+    // dA = −dR_v uᵀ (s < t): dβ_t gets Σ_s dA_ts kk_ts, db_t Σ_s dA_ts A_ts − Σ_t' dA_t't A_t't
+    // (added after dR_k's terms, in the order of the sums).
     dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);
     workgroupBarrier();
+    var row_sum = 0.0;
+    var col_sum = 0.0;
     if (live) {
-        var row_sum = 0.0;
-        var col_sum = 0.0;
         for (var j = 0u; j < 32u; j++) {
             // Loads unconditional (within the chunk's 64 × 64), so that they need not wait on
             // each other; token t as the key of a later row s for the column.
@@ -1118,8 +1084,6 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             row_sum += select(0.0, x32[t * XS + s] * kk_out[kk_at + t * CH + s], s < t);
             col_sum += select(0.0, x32[s * XS + t] * a_at(kk_at, s, t), t < s && s < len);
         }
-        dbeta += row_sum;
-        db += bsh[t] * row_sum - col_sum;
     }
     workgroupBarrier();
     // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.
@@ -1141,14 +1105,46 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         p16[tt * PS + s] = f16((x32[xi(e)] + x32[s * XS + tt]) * sigma);
     }
     workgroupBarrier();
-    // dk += N k by halves.
+
+    // By halves: dR_k = −dR_v S_0ᵀ, k·dR_k into dβ and db, then dk += β exp(b) dR_k + N k — one
+    // read and one write of dk (thread tid its 16 values of the half, dk_rows').
+    var kdr = 0.0;
     for (var half = 0u; half < 2u; half++) {
+        var dk: array<f32, 16>;
+        for (var i = 0u; i < 16u; i++) {
+            dk[i] = dk_out[dk_rows(tid, b, h, c0, len, half, i)];
+        }
+        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
+        workgroupBarrier();
+        for (var i = 0u; i < 16u; i++) {
+            let tt = tid / CH + (WT / CH) * i;
+            dk[i] += x32[tt * XS + tid % CH] * (bsh[tt] * exp(gsh[tt]));
+        }
+        if (live) {
+            for (var j = 0u; j < 8u; j++) {
+                let c = 32u * hh + 4u * ((j + t) % 8u);
+                let k = k_row[row * D4 + (64u * half + c) / 4u];
+                let x = t * XS + c;
+                kdr += k.x * x32[x] + k.y * x32[x + 1u] + k.z * x32[x + 2u] + k.w * x32[x + 3u];
+            }
+        }
+        workgroupBarrier();
         let z = coop_mat16x16<f32, C>();
         p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u), z, z);
         workgroupBarrier();
-        add_to_dk(tid, b, h, c0, len, half, false, 1.0 / sigma);
+        for (var i = 0u; i < 16u; i++) {
+            let tt = tid / CH + (WT / CH) * i;
+            if (tt < len) {
+                dk_out[dk_rows(tid, b, h, c0, len, half, i)] = dk[i] + x32[tt * XS + tid % CH] * (1.0 / sigma);
+            }
+        }
         workgroupBarrier();
     }
+    let eb = exp(gsh[t]);
+    dbeta += eb * kdr;
+    db += bsh[t] * eb * kdr;
+    dbeta += row_sum;
+    db += bsh[t] * row_sum - col_sum;
 
     // dβ, then dg: the reverse cumulative sum of db from the chunk's end, which starts at
     // Σ dS_L ⊙ S_L (S_L the next chunk's S_0; the last chunk's dS_L is zero).
