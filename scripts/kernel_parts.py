@@ -60,12 +60,12 @@ WY = {
         ('        put_prep(k_at + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live) * (bsh[t] * exp(gsh[t]) * sigma_k));\n', ''),
         ('        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live) * (bsh[t] * sigma_v));\n', '')]),
     'prep-no-products': ("the preparation's Uc and W products (T R_v, T R_k)", [
-        ('        prep_product_half(t_at, v_at, g, half, inv_tau / sigma_v);\n', ''),
+        ('    prep_uc_half(t_at, v_at, g, 0u, inv_tau / sigma_v, uc_at);\n    prep_uc_half(t_at, v_at, g, 1u, inv_tau / sigma_v, uc_at);\n', ''),
         ('        prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);\n', '')]),
     'prep-no-t16': ("the preparation's copy of T to f16", [
         ('    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', '    let inv_tau = 1.0;')]),
     'prep-no-outputs': ("the preparation's stores of Uc, W (f32 and f16) and b", [
-        ('            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[xi(e)];\n', ''),
+        ('    coopStoreT(o0 * inv_tau, &uc_tiles[at], D);\n    coopStoreT(o1 * inv_tau, &uc_tiles[at + 16u], D);\n', ''),
         ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];\n            }\n', ''),
         ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
 }

@@ -1288,6 +1288,29 @@ fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
     cols32_to_x32(tb * 16u * XS + cb, o0 * inv_tau, o1 * inv_tau);
 }
 
+// prep_product_half's product for Uc = T R_v, stored from the accumulators straight into Uc's f32
+// tile at uc_at (rows past the chunk are zero rows of R_v's): no round trip through x32, no barrier.
+// A copy of the product rather than a branch on a parameter: naga requires cooperative-matrix
+// operations under control flow it can prove uniform.
+fn prep_uc_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32, uc_at: u32) {
+    var o0 = coop_mat16x16<f32, C>();
+    var o1 = coop_mat16x16<f32, C>();
+    let tb = g % 4u;
+    let cb = 32u * (g / 4u);
+    for (var m = 0u; m < 4u; m++) {
+        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * tb * CH + 16u * m], CH);
+        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * tb * CH + 16u * m], CH);
+        let rt = x_at + 16u * m * D + 64u * half + cb;
+        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
+        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
+        o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
+        o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
+    }
+    let at = uc_at + 16u * tb * D + 64u * half + cb;
+    coopStoreT(o0 * inv_tau, &uc_tiles[at], D);
+    coopStoreT(o1 * inv_tau, &uc_tiles[at + 16u], D);
+}
+
 @compute @workgroup_size(256) // PT (written out: the tensor-core emulation reads a literal)
 fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -1383,13 +1406,9 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     workgroupBarrier();
     // Uc = T R_v to its f32 tile; W = T R_k to f32 and to its f16 tile.
     let uc_at = (bh * p.chunks + n) * TILE;
+    prep_uc_half(t_at, v_at, g, 0u, inv_tau / sigma_v, uc_at);
+    prep_uc_half(t_at, v_at, g, 1u, inv_tau / sigma_v, uc_at);
     for (var half = 0u; half < 2u; half++) {
-        prep_product_half(t_at, v_at, g, half, inv_tau / sigma_v);
-        workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += PT) {
-            uc_tiles[uc_at + (e / CH) * D + 64u * half + e % CH] = x32[xi(e)];
-        }
-        workgroupBarrier();
         prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += PT) {
