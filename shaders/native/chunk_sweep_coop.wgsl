@@ -903,8 +903,8 @@ fn invert_unit_lower(tid: u32) {
 }
 
 // Columns 64·half .. + 63 of dR_v = Tᵀ du into x32 [token][column], subgroup g token block g % 4
-// and 32 columns from 32 (g / 4) (wy_block): A = Tᵀ read column-major from T's rows (hi, then lo),
-// B the du tile, each value block of du scaled back on its own.
+// and 32 columns from 32 (g / 4): A = Tᵀ read column-major from T's rows (hi, then lo), B the du
+// tile, each value block of du scaled back on its own.
 fn dr_v_half(t_at: u32, du_at: u32, sc: u32, g: u32, half: u32, inv_tau: f32) {
     let tb = g % 4u;
     let cb = 32u * (g / 4u);
@@ -1192,7 +1192,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     }
 }
 
-// ---- chunk_prepare_coop: workgroup (chunk, head, batch) of eight subgroups, the delta rules' forward, first ----
+// ---- chunk_prepare_coop: workgroup (chunk, head, batch), eight subgroups, first ----
 //
 // chunk_d128.wgsl's chunk_prepare and chunk_sweep_operands in one kernel for the delta rules with
 // a gate per head or none, its products on tensor cores (fla's chunk_scaled_dot_kkt, solve_tril
