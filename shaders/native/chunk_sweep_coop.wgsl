@@ -46,6 +46,13 @@ const TILE: u32 = CH * D;
 const LDS: u32 = 24u;
 // Scales per chunk in the backward's scale_out.
 const SCALES: u32 = 16u;
+// Threads of the kernels parallel over chunks on tensor cores (chunk_prepare_coop,
+// chunk_bwd_local_coop, chunk_bwd_scores_coop, chunk_bwd_wy_coop): eight subgroups. Against four,
+// half the registers a thread and twice the subgroups sharing one workgroup's memory, the same
+// bits: the preparation 1.81 → 1.58 ms a dispatch on the H100 at D=128 (BENCHMARKS.md, session
+// 56). The sweeps and the operand kernels keep 128. `@workgroup_size` writes it out: the
+// tensor-core emulation reads a literal.
+const THREADS: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> k_row: array<vec4<f32>>;     // [B, T, H, D/4]
@@ -410,7 +417,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
 // of du's token block g % 4 over all four blocks of P (those above the diagonal are zero), each
 // value block of dO scaled back on its own, and stores them straight into the f32 tile that
 // chunk_bwd_state_coop reads (rows past the chunk: zero).
-@compute @workgroup_size(256) // eight subgroups, as chunk_prepare_coop's PT
+@compute @workgroup_size(256) // THREADS
 fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -422,7 +429,7 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
     load_gates(tid, b, h, c0, len);
     lower_tiles(tile_at(5u, bh, n), tile_at(4u, bh, n), g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += PT) {
+    for (var e = tid; e < CH * CH; e += THREADS) {
         let t = e / CH;
         let s = e % CH;
         var v = 0.0;
@@ -713,7 +720,7 @@ fn dk_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
     coopStore(o1, &x32[xo + 16u], XS);
 }
 
-@compute @workgroup_size(256) // eight subgroups, as chunk_prepare_coop's PT
+@compute @workgroup_size(256) // THREADS
 fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -765,7 +772,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     // The mask and the decay in f32 (the tiles above the diagonal were never written), then dP
     // to f16 at one scale σ.
     var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += PT) {
+    for (var e = tid; e < CH * CH; e += THREADS) {
         let t = e / CH;
         let s = e % CH;
         var v = 0.0;
@@ -775,8 +782,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         x32[xi(e)] = v;
         mx = max(mx, abs(v));
     }
-    let sigma = pow2_scale(workgroup_max(tid, mx, PT));
-    for (var e = tid; e < CH * CH; e += PT) {
+    let sigma = pow2_scale(workgroup_max(tid, mx, THREADS));
+    for (var e = tid; e < CH * CH; e += THREADS) {
         p16[(e / CH) * PS + e % CH] = f16(x32[xi(e)] * sigma);
     }
     workgroupBarrier();
@@ -788,7 +795,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     for (var half = 0u; half < 2u; half++) {
         dq_half(bh, n, g % 4u, half, 32u * (g / 4u), dq_to_p);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += PT) {
+        for (var e = tid; e < CH * CH; e += THREADS) {
             let t = e / CH;
             if (t < len) {
                 dq_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)] * inv;
@@ -797,7 +804,7 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
         workgroupBarrier();
         dk_half(bh, n, g % 4u, half, 32u * (g / 4u), dk_to_p);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += PT) {
+        for (var e = tid; e < CH * CH; e += THREADS) {
             let s = e / CH;
             if (s < len) {
                 dk_out[row_of(b, c0 + s, h) * D + 64u * half + e % CH] = x32[xi(e)] * inv;
@@ -843,7 +850,7 @@ var<workgroup> adiag: array<f32, 1024>;  // A's four diagonal blocks [4][16][16]
 
 // T = (I + A)⁻¹ in place in x32 [64][64], which holds A (zero on and above the diagonal): every
 // operand in workgroup memory, none of the substitution's dependent steps waits on global memory.
-// chunk_prepare_coop's PT = 256 threads: thread tid is element (tid / 16, tid % 16) of a block.
+// THREADS = 256: thread tid is element (tid / 16, tid % 16) of a 16×16 block.
 fn invert_unit_lower(tid: u32) {
     let ri = tid / 16u;
     let j = tid % 16u;
@@ -970,20 +977,22 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
     }
 }
 
-// Where thread tid's value i < 16 of dk's half `half` is: column 64·half + tid % 64 of row
-// tid / 64 + 4 i (rows past the chunk read its last).
+// Thread tid's value i < 16 of dk's half `half`: token dk_token(tid, i), column
+// 64·half + tid % 64.
+fn dk_token(tid: u32, i: u32) -> u32 {
+    return tid / CH + (THREADS / CH) * i;
+}
+
+// Where thread tid's value i of dk's half `half` is in dk_out (rows past the chunk read its last).
 fn dk_rows(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, i: u32) -> u32 {
-    return row_of(b, c0 + min(tid / CH + (WT / CH) * i, len - 1u), h) * D + 64u * half + tid % CH;
+    return row_of(b, c0 + min(dk_token(tid, i), len - 1u), h) * D + 64u * half + tid % CH;
 }
 
 // dS_L and the chunk starts as vec4, for dg's end-state term.
 @group(0) @binding(19) var<storage, read> ds_vec: array<vec4<f32>>;   // [B, H, chunks, DS / 4]
 @group(0) @binding(11) var<storage, read> h_vec: array<vec4<f32>>;    // [B, H, chunks, R / 4]
 
-// chunk_bwd_wy_coop's threads: eight subgroups (as chunk_prepare_coop's PT).
-const WT: u32 = 256u;
-
-@compute @workgroup_size(256) // WT
+@compute @workgroup_size(256) // THREADS
 fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -1043,7 +1052,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);
         workgroupBarrier();
         mx = 0.0;
-        for (var e = tid; e < CH * CH; e += WT) {
+        for (var e = tid; e < CH * CH; e += THREADS) {
             let x = x32[xi(e)];
             mx = max(mx, abs(x));
             let tt = e / CH;
@@ -1060,9 +1069,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
                 dbeta += v.x * x32[x] + v.y * x32[x + 1u] + v.z * x32[x + 2u] + v.w * x32[x + 3u];
             }
         }
-        let rho = pow2_scale(workgroup_max(tid, mx, WT));
+        let rho = pow2_scale(workgroup_max(tid, mx, THREADS));
         inv_r[half] = 1.0 / rho;
-        for (var e = tid; e < CH * CH; e += WT) {
+        for (var e = tid; e < CH * CH; e += THREADS) {
             prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[xi(e)] * rho);
         }
         workgroupBarrier();
@@ -1088,7 +1097,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     workgroupBarrier();
     // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.
     mx = 0.0;
-    for (var e = tid; e < CH * CH; e += WT) {
+    for (var e = tid; e < CH * CH; e += THREADS) {
         let tt = e / CH;
         let s = e % CH;
         var m = 0.0;
@@ -1098,8 +1107,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         x32[xi(e)] = m;
         mx = max(mx, abs(m));
     }
-    let sigma = pow2_scale(workgroup_max(tid, mx, WT));
-    for (var e = tid; e < CH * CH; e += WT) {
+    let sigma = pow2_scale(workgroup_max(tid, mx, THREADS));
+    for (var e = tid; e < CH * CH; e += THREADS) {
         let tt = e / CH;
         let s = e % CH;
         p16[tt * PS + s] = f16((x32[xi(e)] + x32[s * XS + tt]) * sigma);
@@ -1117,7 +1126,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
         workgroupBarrier();
         for (var i = 0u; i < 16u; i++) {
-            let tt = tid / CH + (WT / CH) * i;
+            let tt = dk_token(tid, i);
             dk[i] += x32[tt * XS + tid % CH] * (bsh[tt] * exp(gsh[tt]));
         }
         if (live) {
@@ -1133,7 +1142,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u), z, z);
         workgroupBarrier();
         for (var i = 0u; i < 16u; i++) {
-            let tt = tid / CH + (WT / CH) * i;
+            let tt = dk_token(tid, i);
             if (tt < len) {
                 dk_out[dk_rows(tid, b, h, c0, len, half, i)] = dk[i] + x32[tt * XS + tid % CH] * (1.0 / sigma);
             }
@@ -1214,10 +1223,6 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
-// chunk_prepare_coop's threads: eight subgroups (256 against four made it 1.81 → 1.58 ms a
-// dispatch on the H100 at D=128, the same bits: half the registers a thread, twice the subgroups
-// sharing one workgroup's memory).
-const PT: u32 = 256u;
 const PREP: u32 = 2u * TILE;
 // Per chunk: T = (I + A)⁻¹ as f16, hi then lo [64, 64], at a power-of-two scale whose inverse is
 // in wy_t_scale.
@@ -1251,11 +1256,11 @@ fn prep_kkt(k_at: u32, g: u32) {
 fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     workgroupBarrier();
     var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += PT) {
+    for (var e = tid; e < CH * CH; e += THREADS) {
         mx = max(mx, abs(x32[xi(e)]));
     }
-    let tau = pow2_scale(workgroup_max(tid, mx, PT));
-    for (var e = tid; e < CH * CH; e += PT) {
+    let tau = pow2_scale(workgroup_max(tid, mx, THREADS));
+    for (var e = tid; e < CH * CH; e += THREADS) {
         let x = x32[xi(e)] * tau;
         let hi = f16(x);
         wy_t[at + e] = hi;
@@ -1311,7 +1316,7 @@ fn prep_uc_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32, uc_at: u3
     coopStoreT(o1 * inv_tau, &uc_tiles[at + 16u], D);
 }
 
-@compute @workgroup_size(256) // PT (written out: the tensor-core emulation reads a literal)
+@compute @workgroup_size(256) // THREADS
 fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
     let h = wid.y;
@@ -1346,7 +1351,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     workgroupBarrier();
     // b to b_out; k and v to f16, and K̃ to its tile (rows past the chunk zero).
     if (GATE != 0u) {
-        for (var e = tid; e < len * D; e += PT) {
+        for (var e = tid; e < len * D; e += THREADS) {
             b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];
         }
     }
@@ -1355,8 +1360,8 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     // The largest |R_v| and |R_k|, for their scales.
     var mx_v = 0.0;
     var mx_k = 0.0;
-    for (var i = 0u; i < CH * D4 / PT; i++) {
-        let t = tid / D4 + (PT / D4) * i;
+    for (var i = 0u; i < CH * D4 / THREADS; i++) {
+        let t = tid / D4 + (THREADS / D4) * i;
         let live = t < len;
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
@@ -1375,7 +1380,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     // A / β = Γ k kᵀ (s < t) to kk_out (the backward's), and A in x32 for the inversion.
     prep_kkt(k_at, g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += PT) {
+    for (var e = tid; e < CH * CH; e += THREADS) {
         let t = e / CH;
         let s = e % CH;
         var v = 0.0;
@@ -1386,11 +1391,11 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         x32[xi(e)] = bsh[t] * v;
     }
     // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
-    let sigma_v = pow2_scale(workgroup_max(tid, mx_v, PT));
+    let sigma_v = pow2_scale(workgroup_max(tid, mx_v, THREADS));
     workgroupBarrier();
-    let sigma_k = pow2_scale(workgroup_max(tid, mx_k, PT));
-    for (var i = 0u; i < CH * D4 / PT; i++) {
-        let t = tid / D4 + (PT / D4) * i;
+    let sigma_k = pow2_scale(workgroup_max(tid, mx_k, THREADS));
+    for (var i = 0u; i < CH * D4 / THREADS; i++) {
+        let t = tid / D4 + (THREADS / D4) * i;
         let live = t < len;
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let o = t * D + 4u * a;
@@ -1411,7 +1416,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     for (var half = 0u; half < 2u; half++) {
         prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += PT) {
+        for (var e = tid; e < CH * CH; e += THREADS) {
             let t = e / CH;
             let o = t * D + 64u * half + e % CH;
             tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);
