@@ -45,7 +45,7 @@ WY = {
     'no-drv': ('dR_v = Tᵀ du', [('        dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);\n', '')]),
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
-    'no-nk': ('dk += N k', [('        p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u), z, z);\n', '')]),
+    'no-nk': ('dk += N k', [('        let nk = p16_times_k(k_at, g % 4u, half, 32u * (g / 4u), TilePair(z, z));\n', '        let nk = TilePair(z, z);\n')]),
     'no-dbq': ("the scores' part of db, q·dq − k·dk", [('        for (var i = 0u; i < 64u; i += 4u) {\n            let qv', '        for (var i = 0u; i < 0u; i += 4u) {\n            let qv')]),
     'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            // Loads unconditional', '        for (var j = 0u; j < 0u; j++) {\n            // Loads unconditional')]),
     'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('            for (var x = tid; x < D * D / 4u; x += 512u) {', '            for (var x = tid; x < 0u; x += 512u) {')]),
@@ -60,12 +60,12 @@ WY = {
         ('        put_prep(k_at + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live) * (bsh[t] * exp(gsh[t]) * sigma_k));\n', ''),
         ('        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live) * (bsh[t] * sigma_v));\n', '')]),
     'prep-no-products': ("the preparation's Uc and W products (T R_v, T R_k)", [
-        ('    prep_uc_half(t_at, v_at, g, 0u, inv_tau / sigma_v, uc_at);\n    prep_uc_half(t_at, v_at, g, 1u, inv_tau / sigma_v, uc_at);\n', ''),
-        ('        prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);\n', '')]),
+        ('        let uc = t_times_half(t_at, v_at, g, half, inv_tau / sigma_v);\n', '        let uc = TilePair(coop_mat16x16<f32, C>(), coop_mat16x16<f32, C>());\n'),
+        ('        let w = t_times_half(t_at, k_at, g, half, inv_tau / sigma_k);\n', '        let w = TilePair(coop_mat16x16<f32, C>(), coop_mat16x16<f32, C>());\n')]),
     'prep-no-t16': ("the preparation's copy of T to f16", [
         ('    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', '    let inv_tau = 1.0;')]),
     'prep-no-outputs': ("the preparation's stores of Uc, W (f32 and f16) and b", [
-        ('    coopStoreT(o0 * inv_tau, &uc_tiles[at], D);\n    coopStoreT(o1 * inv_tau, &uc_tiles[at + 16u], D);\n', ''),
+        ('        coopStoreT(uc.o0, &uc_tiles[at], D);\n        coopStoreT(uc.o1, &uc_tiles[at16], D);\n', ''),
         ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];\n            }\n', ''),
         ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
 }

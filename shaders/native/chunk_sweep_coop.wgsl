@@ -647,16 +647,22 @@ fn lower_tiles(x_at: u32, y_at: u32, g: u32) {
     }
 }
 
+// Two accumulator tiles side by side: 16 rows × 32 columns of a product.
+struct TilePair {
+    o0: coop_mat16x16<f32, C>,
+    o1: coop_mat16x16<f32, C>,
+}
+
 // Two tiles side by side (16 tokens × 32 columns) into x32 [token][column] at offset xo.
 fn cols32_to_x32(xo: u32, o0: coop_mat16x16<f32, C>, o1: coop_mat16x16<f32, C>) {
     coopStoreT(o0, &x32[xo + 0u], XS);
     coopStoreT(o1, &x32[xo + 16u], XS);
 }
 
-// Columns 64·half + cb .. + 31 of dq's query block tb into x32 [token][column], at dP's scale σ:
+// Columns 64·half + cb .. + 31 of dq's query block tb ([token][column]), at dP's scale σ:
 // dÕ[tb, :] · S_0ᵀ (A from the dÕ tile row-major, B = S_0ᵀ read column-major from S_0's rows),
 // brought to σ by `to_p`, then + Σ_c dP[tb, c] · k[c, :] (A from p16, B from the k tile).
-fn dq_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
+fn dq_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) -> TilePair {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     let da = tile_at(7u, bh, n) + tb * 16u * D;
@@ -668,14 +674,14 @@ fn dq_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
         o0 = coopMultiplyAdd(a, s0, o0);
         o1 = coopMultiplyAdd(a, s1, o1);
     }
-    p16_times_k_cols32(tile_at(4u, bh, n), tb, half, cb, o0 * to_p, o1 * to_p);
+    return p16_times_k(tile_at(4u, bh, n), tb, half, cb, TilePair(o0 * to_p, o1 * to_p));
 }
 
-// o + Σ_c p16[tb, c] · k[c, 64·half + cb ..] (32 columns) into x32's row block tb at columns cb
-// (A from p16, B the k tile at k_at; o0, o1 its two blocks of 16 columns).
-fn p16_times_k_cols32(k_at: u32, tb: u32, half: u32, cb: u32, a0: coop_mat16x16<f32, C>, a1: coop_mat16x16<f32, C>) {
-    var o0 = a0;
-    var o1 = a1;
+// a + Σ_c p16[tb, c] · k[c, 64·half + cb ..] (32 columns of row block tb; A from p16, B the k
+// tile at k_at).
+fn p16_times_k(k_at: u32, tb: u32, half: u32, cb: u32, a: TilePair) -> TilePair {
+    var o0 = a.o0;
+    var o1 = a.o1;
     let kt = k_at + half * 64u + cb;
     for (var c = 0u; c < 4u; c++) {
         let pa = coopLoadT<coop_mat16x16<f16, A>>(&p16[tb * 16u * PS + c * 16u], PS);
@@ -685,14 +691,14 @@ fn p16_times_k_cols32(k_at: u32, tb: u32, half: u32, cb: u32, a0: coop_mat16x16<
         o0 = coopMultiplyAdd(pa, r0, o0);
         o1 = coopMultiplyAdd(pa, r1, o1);
     }
-    cols32_to_x32(tb * 16u * XS + cb, o0, o1);
+    return TilePair(o0, o1);
 }
 
 // The same columns of dk's key block tb, as its transpose: dkᵀ[:, tb] = dS_L ũᵀ[:, tb] (A from
 // dS_L's rows row-major, B = ũᵀ read column-major from the ũ tile), brought to σ, + Σ_c qᵀ[:, c]
-// · dP[c, tb] (A = qᵀ read column-major from the q tile, B from p16); the (key, token) tiles
-// stored column-major land in x32 [token][column] as dq_half's.
-fn dk_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
+// · dP[c, tb] (A = qᵀ read column-major from the q tile, B from p16): (key, token) tiles, which
+// coopStore (column-major) lays out [token][column] as dq_half's by coopStoreT.
+fn dk_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) -> TilePair {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     let ub = tile_at(8u, bh, n) + tb * 16u * D;
@@ -715,9 +721,7 @@ fn dk_half(bh: u32, n: u32, tb: u32, half: u32, cb: u32, to_p: f32) {
         o0 = coopMultiplyAdd(r0, pb, o0);
         o1 = coopMultiplyAdd(r1, pb, o1);
     }
-    let xo = tb * 16u * XS + cb;
-    coopStore(o0, &x32[xo + 0u], XS);
-    coopStore(o1, &x32[xo + 16u], XS);
+    return TilePair(o0, o1);
 }
 
 @compute @workgroup_size(256) // THREADS
@@ -792,8 +796,30 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     let sc = (bh * p.chunks + n) * 2u;
     let dq_to_p = scale_in[sc_at + 8u] * state_scales[sc] * sigma;
     let dk_to_p = state_scales[sc + 1u] * sigma;
+    let tb = g % 4u;
+    let cb = 32u * (g / 4u);
+    if (len == CH) {
+        // A full chunk: dq and dk straight from the accumulators into dq_out and dk_out.
+        let stride = p.heads * D;
+        let at = row_of(b, c0 + 16u * tb, h) * D + cb;
+        for (var half = 0u; half < 2u; half++) {
+            // The index named first: naga 30 fails on a store indexed by an expression of it.
+            let at0 = at + 64u * half;
+            let at16 = at0 + 16u;
+            let dq = dq_half(bh, n, tb, half, cb, dq_to_p);
+            coopStoreT(dq.o0 * inv, &dq_out[at0], stride);
+            coopStoreT(dq.o1 * inv, &dq_out[at16], stride);
+            let dk = dk_half(bh, n, tb, half, cb, dk_to_p);
+            coopStore(dk.o0 * inv, &dk_out[at0], stride);
+            coopStore(dk.o1 * inv, &dk_out[at16], stride);
+        }
+        return;
+    }
+    // The last chunk, shorter: through x32, its rows past the end left out.
+    let xo = tb * 16u * XS + cb;
     for (var half = 0u; half < 2u; half++) {
-        dq_half(bh, n, g % 4u, half, 32u * (g / 4u), dq_to_p);
+        let dq = dq_half(bh, n, tb, half, cb, dq_to_p);
+        cols32_to_x32(xo, dq.o0, dq.o1);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += THREADS) {
             let t = e / CH;
@@ -802,7 +828,10 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
             }
         }
         workgroupBarrier();
-        dk_half(bh, n, g % 4u, half, 32u * (g / 4u), dk_to_p);
+        let dk = dk_half(bh, n, tb, half, cb, dk_to_p);
+        let xo16 = xo + 16u;
+        coopStore(dk.o0, &x32[xo], XS);
+        coopStore(dk.o1, &x32[xo16], XS);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += THREADS) {
             let s = e / CH;
@@ -1139,7 +1168,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
         workgroupBarrier();
         let z = coop_mat16x16<f32, C>();
-        p16_times_k_cols32(k_at, g % 4u, half, 32u * (g / 4u), z, z);
+        let nk = p16_times_k(k_at, g % 4u, half, 32u * (g / 4u), TilePair(z, z));
+        cols32_to_x32(16u * (g % 4u) * XS + 32u * (g / 4u), nk.o0, nk.o1);
         workgroupBarrier();
         for (var i = 0u; i < 16u; i++) {
             let tt = dk_token(tid, i);
@@ -1273,10 +1303,9 @@ fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     return 1.0 / tau;
 }
 
-// Columns 64·half .. + 63 of T X into x32 [token][column] (subgroup g token block g % 4 and
-// 32 columns from 32 (g / 4)): A = T (hi, then lo) from its rows at t_at in wy_t, B the f16 tile X
-// at x_at; `inv_tau` undoes both scales.
-fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
+// Columns 64·half + 32 (g / 4) .. + 31 of T X for token block g % 4 (A = T, hi then lo, from its
+// rows at t_at in wy_t; B the f16 tile X at x_at), times inv_tau, which undoes both scales.
+fn t_times_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) -> TilePair {
     var o0 = coop_mat16x16<f32, C>();
     var o1 = coop_mat16x16<f32, C>();
     let tb = g % 4u;
@@ -1290,30 +1319,7 @@ fn prep_product_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32) {
         o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
         o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
     }
-    cols32_to_x32(tb * 16u * XS + cb, o0 * inv_tau, o1 * inv_tau);
-}
-
-// prep_product_half's product for Uc = T R_v, stored from the accumulators straight into Uc's f32
-// tile at uc_at (rows past the chunk are zero rows of R_v's): no round trip through x32, no barrier.
-// A copy of the product rather than a branch on a parameter: naga requires cooperative-matrix
-// operations under control flow it can prove uniform.
-fn prep_uc_half(t_at: u32, x_at: u32, g: u32, half: u32, inv_tau: f32, uc_at: u32) {
-    var o0 = coop_mat16x16<f32, C>();
-    var o1 = coop_mat16x16<f32, C>();
-    let tb = g % 4u;
-    let cb = 32u * (g / 4u);
-    for (var m = 0u; m < 4u; m++) {
-        let th = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + 16u * tb * CH + 16u * m], CH);
-        let tl = coopLoadT<coop_mat16x16<f16, A>>(&wy_t[t_at + CH * CH + 16u * tb * CH + 16u * m], CH);
-        let rt = x_at + 16u * m * D + 64u * half + cb;
-        let r0 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 0u], D);
-        let r1 = coopLoadT<coop_mat16x16<f16, B>>(&prep16[rt + 16u], D);
-        o0 = coopMultiplyAdd(tl, r0, coopMultiplyAdd(th, r0, o0));
-        o1 = coopMultiplyAdd(tl, r1, coopMultiplyAdd(th, r1, o1));
-    }
-    let at = uc_at + 16u * tb * D + 64u * half + cb;
-    coopStoreT(o0 * inv_tau, &uc_tiles[at], D);
-    coopStoreT(o1 * inv_tau, &uc_tiles[at + 16u], D);
+    return TilePair(o0 * inv_tau, o1 * inv_tau);
 }
 
 @compute @workgroup_size(256) // THREADS
@@ -1409,12 +1415,19 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);
     storageBarrier();
     workgroupBarrier();
-    // Uc = T R_v to its f32 tile; W = T R_k to f32 and to its f16 tile.
+    // Uc = T R_v to its f32 tile straight from the accumulators (rows past the chunk are zero rows
+    // of R_v's); W = T R_k through x32 to f32 and to its f16 tile.
     let uc_at = (bh * p.chunks + n) * TILE;
-    prep_uc_half(t_at, v_at, g, 0u, inv_tau / sigma_v, uc_at);
-    prep_uc_half(t_at, v_at, g, 1u, inv_tau / sigma_v, uc_at);
     for (var half = 0u; half < 2u; half++) {
-        prep_product_half(t_at, k_at, g, half, inv_tau / sigma_k);
+        let uc = t_times_half(t_at, v_at, g, half, inv_tau / sigma_v);
+        let at = uc_at + 16u * (g % 4u) * D + 64u * half + 32u * (g / 4u);
+        let at16 = at + 16u;
+        coopStoreT(uc.o0, &uc_tiles[at], D);
+        coopStoreT(uc.o1, &uc_tiles[at16], D);
+    }
+    for (var half = 0u; half < 2u; half++) {
+        let w = t_times_half(t_at, k_at, g, half, inv_tau / sigma_k);
+        cols32_to_x32(16u * (g % 4u) * XS + 32u * (g / 4u), w.o0, w.o1);
         workgroupBarrier();
         for (var e = tid; e < CH * CH; e += THREADS) {
             let t = e / CH;
