@@ -267,6 +267,49 @@ fn backward_kernel_matches_reference_for_every_mixer() {
 
 
 
+/// The additive rules' sweep takes v itself as u (no copy), except where v shares its buffer with
+/// q or k — views of one product — which kernels that bind u read-write also bind: then it copies.
+/// Both forms give the same output and gradients, bit for bit, at both head sizes.
+#[test]
+fn additive_rules_take_v_as_u_even_when_q_k_v_share_a_buffer() {
+    let mut rng = Rng::new(25);
+    for (name, r) in variants().into_iter().filter(|(_, r)| !r.delta) {
+        // 70 tokens × 2 heads: each of q, k, v is a whole number of 256-byte blocks, so the views
+        // start where the storage offset alignment allows.
+        for dk in [64, 128] {
+            let d = Dims { batch: 1, seq: 70, heads: 2, dk, dv: dk };
+            let rows = d.seq * d.heads;
+            let x = data(&mut rng, r, d, 0);
+            let dout = random(&mut rng, rows * dk, 1.0);
+            let apart = Uploaded::new(&x, &dout);
+            let qkv: Vec<f32> = [&x.q, &x.k, &x.v].into_iter().flatten().copied().collect();
+            let all = gpu().upload_f32("qkv", &qkv).unwrap();
+            let n = rows * dk;
+            let (q, k, v) = (all.view(0, n).unwrap(), all.view(n, n).unwrap(), all.view(2 * n, n).unwrap());
+            let shared = Uploaded { q, k, v, ..Uploaded::new(&x, &dout) };
+            let read = |b: &GpuBuf, n: usize| gpu().read_f32_blocking(b, n).unwrap();
+            let run = |u: &Uploaded| {
+                let o = gpu().scratch(n).unwrap();
+                let mut rec = gpu().recorder();
+                let args = u.args(r, d);
+                let saved = recurrence::chunked_train(&mut rec, &args, &GpuState::zeros(gpu(), d).unwrap(), &o).unwrap();
+                let grads = recurrence::backward(&mut rec, &args, &u.dout, Some(&saved)).unwrap();
+                rec.submit().unwrap();
+                let got = [read(&o, n), read(&grads.q, n), read(&grads.k, n), read(&grads.v, n)];
+                grads.release(gpu());
+                for b in saved.buffers().into_iter().chain([o]) {
+                    gpu().release(b);
+                }
+                got
+            };
+            let (want, got) = (run(&apart), run(&shared));
+            for (what, a, b) in ["output", "dq", "dk", "dv"].iter().zip(&want).zip(&got).map(|((w, a), b)| (w, a, b)) {
+                assert_eq!(a, b, "{name} D={dk}: {what} with q, k, v views of one buffer");
+            }
+        }
+    }
+}
+
 /// The delta rules with β near 0 (the state barely written: u ≈ β v) and near 1 (each key's old
 /// value replaced outright), where the UT transform's T = (I + StrictLower(A))⁻¹ is at its
 /// extremes: the chunked forward (outputs and final state) and the backward against f64, at

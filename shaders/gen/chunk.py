@@ -1323,8 +1323,6 @@ def generate(D):
     # chunk_prepare's first phase: eight tokens at a time, their loads in flight together.
     gate_loads = "\n".join(f"            let g{u} = gate_in(b, h, c0 + min(t0 + {u}u, len - 1u), j);" for u in range(8))
     gate_sums = "\n".join(f"            if (t0 + {u}u < len) {{\n                acc += g{u};\n                b_cum[row_of(b, c0 + t0 + {u}u, h) * D + j] = acc;\n            }}" for u in range(8))
-    copy_loads = "\n".join(f"                let v{u} = v_in[row_of(b, c0 + min(t0 + {u}u, len - 1u), h) * D + j];" for u in range(8))
-    copy_stores = "\n".join(f"                if (t0 + {u}u < len) {{\n                    u_buf[row_of(b, c0 + t0 + {u}u, h) * D + j] = v{u};\n                }}" for u in range(8))
 
     # chunk_prepare's blocked forward substitution: x0..x15 are the block's 16 rows.
     subst_load = "\n".join(f"        var x{e} = rhs(b, h, c0, len, t0 + {e}u, j);" for e in range(16))
@@ -1484,13 +1482,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
         }}
     }}
     if (!DELTA) {{
-        // Additive rules: u = v, eight tokens' loads in flight at a time.
-        if (j < D) {{
-            for (var t0 = 0u; t0 < len; t0 += 8u) {{
-{copy_loads}
-{copy_stores}
-            }}
-        }}
+        // The additive rules' u is v itself: the caller binds v wherever u is read.
         return;
     }}
     storageBarrier();

@@ -224,43 +224,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
         }
     }
     if (!DELTA) {
-        // Additive rules: u = v, eight tokens' loads in flight at a time.
-        if (j < D) {
-            for (var t0 = 0u; t0 < len; t0 += 8u) {
-                let v0 = v_in[row_of(b, c0 + min(t0 + 0u, len - 1u), h) * D + j];
-                let v1 = v_in[row_of(b, c0 + min(t0 + 1u, len - 1u), h) * D + j];
-                let v2 = v_in[row_of(b, c0 + min(t0 + 2u, len - 1u), h) * D + j];
-                let v3 = v_in[row_of(b, c0 + min(t0 + 3u, len - 1u), h) * D + j];
-                let v4 = v_in[row_of(b, c0 + min(t0 + 4u, len - 1u), h) * D + j];
-                let v5 = v_in[row_of(b, c0 + min(t0 + 5u, len - 1u), h) * D + j];
-                let v6 = v_in[row_of(b, c0 + min(t0 + 6u, len - 1u), h) * D + j];
-                let v7 = v_in[row_of(b, c0 + min(t0 + 7u, len - 1u), h) * D + j];
-                if (t0 + 0u < len) {
-                    u_buf[row_of(b, c0 + t0 + 0u, h) * D + j] = v0;
-                }
-                if (t0 + 1u < len) {
-                    u_buf[row_of(b, c0 + t0 + 1u, h) * D + j] = v1;
-                }
-                if (t0 + 2u < len) {
-                    u_buf[row_of(b, c0 + t0 + 2u, h) * D + j] = v2;
-                }
-                if (t0 + 3u < len) {
-                    u_buf[row_of(b, c0 + t0 + 3u, h) * D + j] = v3;
-                }
-                if (t0 + 4u < len) {
-                    u_buf[row_of(b, c0 + t0 + 4u, h) * D + j] = v4;
-                }
-                if (t0 + 5u < len) {
-                    u_buf[row_of(b, c0 + t0 + 5u, h) * D + j] = v5;
-                }
-                if (t0 + 6u < len) {
-                    u_buf[row_of(b, c0 + t0 + 6u, h) * D + j] = v6;
-                }
-                if (t0 + 7u < len) {
-                    u_buf[row_of(b, c0 + t0 + 7u, h) * D + j] = v7;
-                }
-            }
-        }
+        // The additive rules' u is v itself: the caller binds v wherever u is read.
         return;
     }
     storageBarrier();

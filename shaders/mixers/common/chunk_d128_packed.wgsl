@@ -223,43 +223,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
         }
     }
     if (!DELTA) {
-        // Additive rules: u = v, eight tokens' loads in flight at a time.
-        if (j < D) {
-            for (var t0 = 0u; t0 < len; t0 += 8u) {
-                let v0 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 0u, len - 1u), h) * D + j)];
-                let v1 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 1u, len - 1u), h) * D + j)];
-                let v2 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 2u, len - 1u), h) * D + j)];
-                let v3 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 3u, len - 1u), h) * D + j)];
-                let v4 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 4u, len - 1u), h) * D + j)];
-                let v5 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 5u, len - 1u), h) * D + j)];
-                let v6 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 6u, len - 1u), h) * D + j)];
-                let v7 = arena_in[arena_toc[3u] + (row_of(b, c0 + min(t0 + 7u, len - 1u), h) * D + j)];
-                if (t0 + 0u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 0u, h) * D + j)] = v0;
-                }
-                if (t0 + 1u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 1u, h) * D + j)] = v1;
-                }
-                if (t0 + 2u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 2u, h) * D + j)] = v2;
-                }
-                if (t0 + 3u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 3u, h) * D + j)] = v3;
-                }
-                if (t0 + 4u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 4u, h) * D + j)] = v4;
-                }
-                if (t0 + 5u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 5u, h) * D + j)] = v5;
-                }
-                if (t0 + 6u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 6u, h) * D + j)] = v6;
-                }
-                if (t0 + 7u < len) {
-                    arena_out[arena_toc[7u] + (row_of(b, c0 + t0 + 7u, h) * D + j)] = v7;
-                }
-            }
-        }
+        // The additive rules' u is v itself: the caller binds v wherever u is read.
         return;
     }
     storageBarrier();
