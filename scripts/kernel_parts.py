@@ -150,6 +150,8 @@ KERNELS = {
 
 def main():
     args = sys.argv[1:]
+    if any(a.startswith('-') for a in args):
+        sys.exit(__doc__)
     kernel = args.pop(0) if args and args[0] in KERNELS else 'grads'
     out = pathlib.Path(args[0] if args else '.exp/parts')
     shader, start, parts = KERNELS[kernel]
