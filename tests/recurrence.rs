@@ -303,7 +303,7 @@ fn additive_rules_take_v_as_u_even_when_q_k_v_share_a_buffer() {
                 got
             };
             let (want, got) = (run(&apart), run(&shared));
-            for (what, a, b) in ["output", "dq", "dk", "dv"].iter().zip(&want).zip(&got).map(|((w, a), b)| (w, a, b)) {
+            for ((what, a), b) in ["output", "dq", "dk", "dv"].iter().zip(&want).zip(&got) {
                 assert_eq!(a, b, "{name} D={dk}: {what} with q, k, v views of one buffer");
             }
         }

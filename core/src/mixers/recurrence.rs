@@ -291,14 +291,15 @@ fn chunk_output(rec: &mut Recorder, a: &RecurrenceArgs, sweep: &ChunkSweep, igat
 /// v shares its buffer with q or k (views of one product), which the kernels that bind u
 /// read-write also bind: then a copy. The delta rules' u, which the sweep computes, is a buffer
 /// of its own.
-fn additive_u(rec: &mut Recorder, a: &RecurrenceArgs, len: usize, keep: Keep) -> Result<GpuBuf> {
-    if !a.r.delta && a.v.buffer != a.q.buffer && a.v.buffer != a.k.buffer {
+fn sweep_u(rec: &mut Recorder, a: &RecurrenceArgs, len: usize, keep: Keep) -> Result<GpuBuf> {
+    if a.r.delta {
+        return sweep_buf(rec, len, keep);
+    }
+    if a.v.buffer != a.q.buffer && a.v.buffer != a.k.buffer {
         return a.v.view(0, len);
     }
     let u = sweep_buf(rec, len, keep)?;
-    if !a.r.delta {
-        crate::nn::copy(rec, a.v, &u, len)?;
-    }
+    crate::nn::copy(rec, a.v, &u, len)?;
     Ok(u)
 }
 
@@ -522,7 +523,7 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
     let b_cum = sweep_buf(rec, rows * d.dk, keep)?;
-    let u = additive_u(rec, a, rows * d.dv, keep)?;
+    let u = sweep_u(rec, a, rows * d.dv, keep)?;
     let w = sweep_buf(rec, if r.delta { rows * d.dk } else { 4 }, keep)?;
     // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding); then the
     // final n and m per (batch, head), which chunk_carry writes to the carried state.
@@ -535,11 +536,16 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     // The delta rules on tensor cores prepare in chunk_prepare_coop (below), the rest here; the
     // additive rules without a gate have nothing to prepare. The additive rules' u (v, or a view
     // of it) is not chunk_prepare's to write: a placeholder takes its binding.
-    if r.delta && !coop_sweep {
-        rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &u), (8, &w)], grid)?;
-    } else if !r.delta && r.gate != Gate::None {
-        let none = rec.temp(4)?;
-        rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, &none), (8, &w)], grid)?;
+    let prepare = if r.delta { !coop_sweep } else { r.gate != Gate::None };
+    if prepare {
+        let placeholder;
+        let u_binding = if r.delta {
+            &u
+        } else {
+            placeholder = rec.temp(4)?;
+            &placeholder
+        };
+        rec.dispatch_bindings(&kernel("chunk_prepare"), &params, &[(2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (7, u_binding), (8, &w)], grid)?;
     }
     if coop_sweep {
         let tiles = rec.temp(sweep_tile_words(d))?;
