@@ -32,9 +32,9 @@ enable wgpu_cooperative_matrix;
 override GATE: u32 = 0u;
 // The delta rules' two more backward products (chunk_bwd_products); the forward ignores it.
 override DELTA: bool = false;
-// The delta rules under a gate per head or none: chunk_sweep_coop.wgsl's chunk_prepare_coop and
-// chunk_state_coop already wrote k16, u16 and h16 (the same values), so chunk_operands writes
-// only q16 and qd16.
+// Every rule under a gate per head or none (the sweep on tensor cores): chunk_sweep_coop.wgsl's
+// chunk_prepare_coop (delta rules) or chunk_sweep_operands (additive rules), and chunk_state_coop,
+// already wrote k16, u16 and h16 (the same values), so chunk_operands writes only q16 and qd16.
 override SWEEP_WROTE: bool = false;
 
 struct Params {

@@ -26,6 +26,10 @@ enable wgpu_cooperative_matrix;
 
 override GATE: u32 = 0u;
 override DELTA: bool = false;
+// The additive rules' forward writes the output's k16 and u16 (chunk_sweep_operands) and h16
+// (chunk_state_coop) into out16, where the output runs on tensor cores (the delta rules' kernels
+// always write theirs).
+override OUT16: bool = false;
 
 struct Params {
     batch: u32,
@@ -156,6 +160,18 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
         if (DELTA) {
             x = select(vec4<f32>(0.0), w_row[row * D4 + a], live);
             put_f32(uc_at + o, uc);
+        } else if (OUT16) {
+            let k16 = out16_at(OUT_K16, bh, n) + o;
+            let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
+            out16[k16] = f16(k.x);
+            out16[k16 + 1u] = f16(k.y);
+            out16[k16 + 2u] = f16(k.z);
+            out16[k16 + 3u] = f16(k.w);
+            let u16 = out16_at(OUT_U16, bh, n) + o;
+            out16[u16] = f16(x.x);
+            out16[u16 + 1u] = f16(x.y);
+            out16[u16 + 2u] = f16(x.z);
+            out16[u16 + 3u] = f16(x.w);
         }
         put_f16(x_at + o, x);
     }
@@ -237,19 +253,23 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         var u1: coop_mat16x16<f16, B>;
         var u2: coop_mat16x16<f16, B>;
         var u3: coop_mat16x16<f16, B>;
-        if (DELTA) {
+        if (DELTA || OUT16) {
             // S_0 to f16 through workgroup memory (the previous chunk's last barrier is past
-            // every read of s32), then u's token block g.
+            // every read of s32): the output's h16, and the delta rules' operand of u.
             coopStoreT(s0, &s32[kb0 * 256u], 16u);
             coopStoreT(s1, &s32[kb1 * 256u], 16u);
             workgroupBarrier();
             let h16_at = out16_at(4u, bh, n) + col0;
             for (var e = tid; e < 2048u; e += 128u) {
                 let x = f16(s32[e]);
-                s16[(e / 16u) * LDS + e % 16u] = x;
+                if (DELTA) {
+                    s16[(e / 16u) * LDS + e % 16u] = x;
+                }
                 out16[h16_at + (e / 16u) * D + e % 16u] = x;
             }
             workgroupBarrier();
+        }
+        if (DELTA) {
             // Uc − W S_0 for token block g.
             let uc = coopLoadT<coop_mat16x16<f32, C>>(&uc_tiles[(bh * p.chunks + n) * TILE + 16u * g * D + col0], D);
             let ug = uc + rows_times_s16(x_at + 16u * g * D) * -1.0;

@@ -550,9 +550,9 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     if coop_sweep {
         let tiles = rec.temp(sweep_tile_words(d))?;
         let uc = rec.temp(if r.delta { sweep_tile_words(d) } else { 4 })?;
-        // The delta rules' sweep writes three of the output's f16 operands as it goes (k16, u16
-        // and h16: the values chunk_operands would write), when the output runs on tensor cores.
-        let out16 = if r.delta && tensor_core_output(rec, r, d) { Some(rec.temp(coop_operand_words(r, d))?) } else { None };
+        // The sweep writes three of the output's f16 operands as it goes (k16, u16 and h16: the
+        // values chunk_operands would write), when the output runs on tensor cores.
+        let out16 = if tensor_core_output(rec, r, d) { Some(rec.temp(coop_operand_words(r, d))?) } else { None };
         let out16_binding = match &out16 {
             Some(b) => b,
             None => &rec.temp(1)?,
@@ -574,9 +574,11 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
             wy_form = Some(wy);
         } else {
-            rec.dispatch_bindings(&sweep_kernel(r, "chunk_sweep_operands"), &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc)], grid)?;
+            let operands = sweep_kernel(r, "chunk_sweep_operands").with("OUT16", out16.is_some() as u8 as f64);
+            rec.dispatch_bindings(&operands, &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc), (44, out16_binding)], grid)?;
         }
-        rec.dispatch_bindings(&sweep_kernel(r, "chunk_state_coop"), &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
+        let state_kernel = sweep_kernel(r, "chunk_state_coop").with("OUT16", (out16.is_some() && !r.delta) as u8 as f64);
+        rec.dispatch_bindings(&state_kernel, &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
         return Ok(ChunkSweep { params, h, u, w, b_cum, out16, wy: wy_form });
     }
     // Eight storage buffers at most per stage: WebGPU's default.
