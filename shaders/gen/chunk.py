@@ -995,7 +995,7 @@ PREPARE_A = """    // A[t][s] (s < t) by 4×4 blocks of token pairs, thread j ta
                 let tr = row_of(b, c0 + t, h);
                 var acc = m[{c}][{i}];
                 if (GATE == 1u) {
-                    acc *= exp(b_cum[tr] - b_cum[sr]);
+                    acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                 }
                 a = beta[tr] * acc;
             }
@@ -1187,9 +1187,6 @@ fn gate_at(row: u32, i: u32) -> f32 {{
     if (GATE == 0u) {{
         return 0.0;
     }}
-    if (GATE == 1u) {{
-        return b_cum_at(row);
-    }}
     return b_row[row * D4 + i / 4u][i % 4u];
 }}
 
@@ -1325,7 +1322,7 @@ def generate(D):
 
     # chunk_prepare's first phase: eight tokens at a time, their loads in flight together.
     gate_loads = "\n".join(f"            let g{u} = gate_in(b, h, c0 + min(t0 + {u}u, len - 1u), j);" for u in range(8))
-    gate_sums = "\n".join(f"            if (t0 + {u}u < len) {{\n                acc += g{u};\n                b_cum[b_at(row_of(b, c0 + t0 + {u}u, h), j)] = acc;\n            }}" for u in range(8))
+    gate_sums = "\n".join(f"            if (t0 + {u}u < len) {{\n                acc += g{u};\n                b_cum[row_of(b, c0 + t0 + {u}u, h) * D + j] = acc;\n            }}" for u in range(8))
 
     # chunk_prepare's blocked forward substitution: x0..x15 are the block's 16 rows.
     subst_load = "\n".join(f"        var x{e} = rhs(b, h, c0, len, t0 + {e}u, j);" for e in range(16))
@@ -1370,8 +1367,7 @@ const R4: u32 = {(D * D + D + 4) // 4}u;
 @group(0) @binding(3) var<storage, read> v_in: array<f32>;          // [B, T, H, D]
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H, D] or [B, T, H]
 @group(0) @binding(5) var<storage, read> beta: array<f32>;          // [B, T, H]
-// The cumulative gates b: [B, T, H] for a gate per head (GATE 1), [B, T, H, D] per key channel.
-@group(0) @binding(6) var<storage, read_write> b_cum: array<f32>;
+@group(0) @binding(6) var<storage, read_write> b_cum: array<f32>;   // [B, T, H, D] cumulative gates
 @group(0) @binding(7) var<storage, read_write> u_buf: array<f32>;   // [B, T, H, D]: Uc, then u
 @group(0) @binding(8) var<storage, read_write> w_buf: array<f32>;   // [B, T, H, D]: W
 @group(0) @binding(9) var<storage, read_write> state_s: array<f32>; // [B, H, D, D] carried S
@@ -1397,32 +1393,18 @@ fn gate_b(row: u32, a: u32) -> vec4<f32> {{
     if (GATE == 0u) {{
         return vec4<f32>(0.0);
     }}
-    if (GATE == 1u) {{
-        return vec4<f32>(b_cum_at(row));
-    }}
     return b_row[row * D4 + a];
 }}
 
-// The cumulative gate of a row under a gate per head (GATE 1: one word a row).
+// The scalar cumulative gate of a row (GATE 1; mLSTM).
 fn b_cum_at(row: u32) -> f32 {{
-    return b_row[row / 4u][row % 4u];
-}}
-
-// Where b_cum holds row `row`'s gate for key channel i.
-fn b_at(row: u32, i: u32) -> u32 {{
-    if (GATE == 1u) {{
-        return row;
-    }}
-    return row * D + i;
+    return b_row[row * D4].x;
 }}
 
 // The same through the read-write binding (chunk_prepare, which writes it).
 fn gate_b_rw(row: u32, a: u32) -> vec4<f32> {{
     if (GATE == 0u) {{
         return vec4<f32>(0.0);
-    }}
-    if (GATE == 1u) {{
-        return vec4<f32>(b_cum[row]);
     }}
     let base = row * D + a * 4u;
     return vec4<f32>(b_cum[base], b_cum[base + 1u], b_cum[base + 2u], b_cum[base + 3u]);
@@ -1447,7 +1429,7 @@ fn rhs(b: u32, h: u32, c0: u32, len: u32, t: u32, j: u32) -> f32 {{
     let i = j - D;
     var decay = 1.0;
     if (GATE != 0u) {{
-        decay = exp(b_cum[b_at(row, i)]);
+        decay = exp(b_cum[row * D + i]);
     }}
     return bt * decay * k_row[row * D4 + i / 4u][i % 4u];
 }}
@@ -1489,10 +1471,10 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     let b = wid.z;
     let c0 = n * C;
     let len = min(C, p.seq - c0);
-    // Cumulative gates: thread j < D owns key channel j (a gate per head: thread 0 its head's).
-    // Eight tokens' gates are loaded at a time, all in flight together (one at a time, each
-    // token waited for its load), then summed in token order.
-    if ((GATE == 1u && j == 0u) || (GATE == 2u && j < D)) {{
+    // Cumulative gates: thread j < D owns key channel j. Eight tokens' gates are loaded at a
+    // time, all in flight together (one at a time, each token waited for its load), then summed
+    // in token order.
+    if (GATE != 0u && j < D) {{
         var acc = 0.0;
         for (var t0 = 0u; t0 < len; t0 += 8u) {{
 {gate_loads}

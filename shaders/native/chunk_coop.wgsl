@@ -61,7 +61,7 @@ const PAD: u32 = 8u;
 @group(0) @binding(11) var<storage, read> h_in: array<vec4<f32>>;   // [B, H, chunks, R] S_0
 @group(0) @binding(12) var<storage, read> u_row: array<vec4<f32>>;  // [B, T, H, D/4] u
 @group(0) @binding(14) var<storage, read_write> out: array<f32>;    // [B, T, H, D]
-@group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;  // cumulative gates: [B, T, H] or [B, T, H, D]
+@group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;  // cumulative gates as vec4
 @group(0) @binding(30) var<storage, read_write> f16_out: array<f16>;
 @group(0) @binding(31) var<storage, read> f16_in: array<f16>;
 
@@ -69,24 +69,21 @@ fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// Cumulative log decay of a row for key channels 4a..4a+3 (a gate per head: its one word,
-// broadcast).
+// Cumulative log decay of a row for key channels 4a..4a+3 (a gate per head is broadcast over
+// the channels by chunk_prepare).
 fn gate_b(row: u32, a: u32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(0.0);
     }
-    if (GATE == 1u) {
-        return vec4<f32>(gate_s(row));
-    }
     return b_row[row * D4 + a];
 }
 
-// The gate per head of a row (GATE 1: the cumulative gates are one word a row).
+// The gate per head of a row (GATE 1).
 fn gate_s(row: u32) -> f32 {
     if (GATE == 0u) {
         return 0.0;
     }
-    return b_row[row / 4u][row % 4u];
+    return b_row[row * D4].x;
 }
 
 // The token tiles: q16, qd16, k16, u16, then a vector gate's kr16 and qr16_0..2.

@@ -64,7 +64,7 @@ const THREADS: u32 = 256u;
 @group(0) @binding(9) var<storage, read_write> state_s: array<f32>;   // [B, H, D, D] carried S
 @group(0) @binding(10) var<storage, read_write> h_out: array<f32>;    // [B, H, chunks, R]
 @group(0) @binding(13) var<storage, read> w_row: array<vec4<f32>>;    // [B, T, H, D/4] W
-@group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;    // cumulative gates, one a row (b_head)
+@group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;    // cumulative gates
 // Sections of f16 tiles, [B, H, chunks, 64, 128] each: the forward's K̃, then W (delta) or v;
 // the backward's K̃, W, Q̃, the scaled dO, then for chunk_bwd_scores_coop k, q and u as they are,
 // dÕ = scale exp(b_t) dO_t (scaled) and ũ_s = exp(b_L − b_s) u_s.
@@ -103,17 +103,6 @@ fn row_of(b: u32, t: u32, h: u32) -> u32 {
     return (b * p.seq + t) * p.heads + h;
 }
 
-// The cumulative gate b_t of a row under a gate per head (GATE 1: one word a row; these kernels
-// take no vector gate).
-fn b_head(row: u32) -> f32 {
-    return b_row[row / 4u][row % 4u];
-}
-
-// The same for key channels 4a..4a+3.
-fn b_vec(row: u32, a: u32) -> vec4<f32> {
-    return vec4<f32>(b_head(row));
-}
-
 // Where section s (the forward's 0–1, the backward's 0–8) has chunk n of (batch, head) bh.
 fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
@@ -149,7 +138,7 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
     let last = row_of(b, c0 + len - 1u, h);
     var b_last = vec4<f32>(0.0);
     if (GATE != 0u) {
-        b_last = b_vec(last, a);
+        b_last = b_row[last * D4 + a];
     }
     let kd_at = tile_at(0u, bh, n);
     let x_at = tile_at(1u, bh, n);
@@ -160,7 +149,7 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
         let row = row_of(b, c0 + min(t, len - 1u), h);
         var kd = k_row[row * D4 + a];
         if (GATE != 0u) {
-            kd = kd * exp(b_last - b_vec(row, a));
+            kd = kd * exp(b_last - b_row[row * D4 + a]);
         }
         kd = select(vec4<f32>(0.0), kd, live);
         let o = t * D + 4u * a;
@@ -254,7 +243,7 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         let x_at = tile_at(1u, bh, n);
         var decay = 1.0;
         if (GATE != 0u) {
-            decay = exp(b_head(row_of(b, c0 + len - 1u, h)));
+            decay = exp(b_row[row_of(b, c0 + len - 1u, h) * D4].x);
         }
         // S_0 of the chunk, for the output and the backward.
         let hb = (bh * p.chunks + n) * R + col0;
@@ -376,7 +365,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
     let a = tid % D4;
     var b_last = vec4<f32>(0.0);
     if (GATE != 0u) {
-        b_last = b_vec(row_of(b, c0 + len - 1u, h), a);
+        b_last = b_row[row_of(b, c0 + len - 1u, h) * D4 + a];
     }
     var mx = 0.0;
     var mx_d = 0.0;
@@ -387,7 +376,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
         var kd = k_row[row * D4 + a];
         var qd = q_row[row * D4 + a] * p.scale;
         if (GATE != 0u) {
-            let bt = b_vec(row, a);
+            let bt = b_row[row * D4 + a];
             kd = kd * exp(b_last - bt);
             qd = qd * exp(bt);
         }
@@ -405,7 +394,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
         var ud = u;
         var dd = dout_row[row * D4 + a] * p.scale;
         if (GATE != 0u) {
-            let bt = b_head(row);
+            let bt = b_row[row * D4].x;
             ud = u * exp(b_last.x - bt);
             dd = dd * exp(bt);
         }
@@ -434,7 +423,7 @@ fn chunk_bwd_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(
         put_f16(tile_at(3u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), d_o * sc, t < len));
         var dd = d_o * p.scale;
         if (GATE != 0u) {
-            dd = dd * exp(b_head(row));
+            dd = dd * exp(b_row[row * D4].x);
         }
         put_f16(tile_at(7u, bh, n) + t * D + 4u * a, select(vec4<f32>(0.0), dd * sd, t < len));
     }
@@ -519,7 +508,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         let len = min(CH, p.seq - c0);
         var decay = 1.0;
         if (GATE != 0u) {
-            decay = exp(b_head(row_of(b, c0 + len - 1u, h)));
+            decay = exp(b_row[row_of(b, c0 + len - 1u, h) * D4].x);
         }
         let inv_do = scale_in[(bh * p.chunks + n) * SCALES + vb];
         // dS_L of the chunk, for chunk_bwd_grads.
@@ -653,7 +642,7 @@ fn load_gates(tid: u32, b: u32, h: u32, c0: u32, len: u32) {
     if (tid < CH) {
         var bt = 0.0;
         if (GATE != 0u) {
-            bt = b_head(row_of(b, c0 + min(tid, len - 1u), h));
+            bt = b_row[row_of(b, c0 + min(tid, len - 1u), h) * D4].x;
         }
         gsh[tid] = bt;
     }
@@ -1279,7 +1268,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // wy_t_scale), for chunk_bwd_wy_coop.
 
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
-@group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H]: b_t of the head
+@group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
 @group(0) @binding(8) var<storage, read_write> w_out: array<f32>;   // [B, T, H, D]: W
 // Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
@@ -1388,8 +1377,8 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     workgroupBarrier();
     // b to b_out; k and v to f16, and K̃ to its tile (rows past the chunk zero).
     if (GATE != 0u) {
-        for (var t = tid; t < len; t += THREADS) {
-            b_out[row_of(b, c0 + t, h)] = gsh[t];
+        for (var e = tid; e < len * D; e += THREADS) {
+            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];
         }
     }
     let b_last = gsh[len - 1u];

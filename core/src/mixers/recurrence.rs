@@ -350,13 +350,6 @@ enum Keep {
     Caller,
 }
 
-/// Words of the cumulative gates b: one per key channel of every row for a vector gate, one a
-/// row for a gate per head (or none), rounded up to whole vec4s (the kernels read them as such).
-fn b_cum_len(r: Recurrence, d: Dims) -> usize {
-    let rows = d.batch * d.seq * d.heads;
-    if r.gate == Gate::Vector { rows * d.dk } else { rows.div_ceil(4) * 4 }
-}
-
 fn sweep_buf(rec: &mut Recorder, n: usize, keep: Keep) -> Result<GpuBuf> {
     match keep {
         Keep::Recorder => rec.temp(n),
@@ -529,7 +522,7 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
     let (r, d, scale, k, v) = (a.r, a.dims, a.scale, a.k, a.v);
     let rows = d.batch * d.seq * d.heads;
     let chunks = d.seq.div_ceil(CHUNK);
-    let b_cum = sweep_buf(rec, b_cum_len(r, d), keep)?;
+    let b_cum = sweep_buf(rec, rows * d.dk, keep)?;
     let u = sweep_u(rec, a, rows * d.dv, keep)?;
     let w = sweep_buf(rec, if r.delta { rows * d.dk } else { 4 }, keep)?;
     // The state entering each chunk: S_0, n_0 and m_0 in one record (one binding); then the
@@ -659,7 +652,7 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         Some(s) => {
             need("saved sweep h", &s.h, sweep_h_len(d))?;
             need("saved sweep u", &s.u, rows * d.dv)?;
-            need("saved sweep b_cum", &s.b_cum, b_cum_len(r, d))?;
+            need("saved sweep b_cum", &s.b_cum, rows * d.dk)?;
             need("saved sweep W", &s.w, if r.delta { rows * d.dk } else { 4 })?;
             if let Some(f) = &s.wy {
                 need("saved sweep T", &f.t16, wy_inverse_words(d))?;

@@ -34,8 +34,7 @@ const R4: u32 = 1041u;
 @group(0) @binding(3) var<storage, read> v_in: array<f32>;          // [B, T, H, D]
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H, D] or [B, T, H]
 @group(0) @binding(5) var<storage, read> beta: array<f32>;          // [B, T, H]
-// The cumulative gates b: [B, T, H] for a gate per head (GATE 1), [B, T, H, D] per key channel.
-@group(0) @binding(6) var<storage, read_write> b_cum: array<f32>;
+@group(0) @binding(6) var<storage, read_write> b_cum: array<f32>;   // [B, T, H, D] cumulative gates
 @group(0) @binding(7) var<storage, read_write> u_buf: array<f32>;   // [B, T, H, D]: Uc, then u
 @group(0) @binding(8) var<storage, read_write> w_buf: array<f32>;   // [B, T, H, D]: W
 @group(0) @binding(9) var<storage, read_write> state_s: array<f32>; // [B, H, D, D] carried S
@@ -61,32 +60,18 @@ fn gate_b(row: u32, a: u32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(0.0);
     }
-    if (GATE == 1u) {
-        return vec4<f32>(b_cum_at(row));
-    }
     return b_row[row * D4 + a];
 }
 
-// The cumulative gate of a row under a gate per head (GATE 1: one word a row).
+// The scalar cumulative gate of a row (GATE 1; mLSTM).
 fn b_cum_at(row: u32) -> f32 {
-    return b_row[row / 4u][row % 4u];
-}
-
-// Where b_cum holds row `row`'s gate for key channel i.
-fn b_at(row: u32, i: u32) -> u32 {
-    if (GATE == 1u) {
-        return row;
-    }
-    return row * D + i;
+    return b_row[row * D4].x;
 }
 
 // The same through the read-write binding (chunk_prepare, which writes it).
 fn gate_b_rw(row: u32, a: u32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(0.0);
-    }
-    if (GATE == 1u) {
-        return vec4<f32>(b_cum[row]);
     }
     let base = row * D + a * 4u;
     return vec4<f32>(b_cum[base], b_cum[base + 1u], b_cum[base + 2u], b_cum[base + 3u]);
@@ -148,7 +133,7 @@ fn rhs(b: u32, h: u32, c0: u32, len: u32, t: u32, j: u32) -> f32 {
     let i = j - D;
     var decay = 1.0;
     if (GATE != 0u) {
-        decay = exp(b_cum[b_at(row, i)]);
+        decay = exp(b_cum[row * D + i]);
     }
     return bt * decay * k_row[row * D4 + i / 4u][i % 4u];
 }
@@ -190,10 +175,10 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     let b = wid.z;
     let c0 = n * C;
     let len = min(C, p.seq - c0);
-    // Cumulative gates: thread j < D owns key channel j (a gate per head: thread 0 its head's).
-    // Eight tokens' gates are loaded at a time, all in flight together (one at a time, each
-    // token waited for its load), then summed in token order.
-    if ((GATE == 1u && j == 0u) || (GATE == 2u && j < D)) {
+    // Cumulative gates: thread j < D owns key channel j. Eight tokens' gates are loaded at a
+    // time, all in flight together (one at a time, each token waited for its load), then summed
+    // in token order.
+    if (GATE != 0u && j < D) {
         var acc = 0.0;
         for (var t0 = 0u; t0 < len; t0 += 8u) {
             let g0 = gate_in(b, h, c0 + min(t0 + 0u, len - 1u), j);
@@ -206,35 +191,35 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
             let g7 = gate_in(b, h, c0 + min(t0 + 7u, len - 1u), j);
             if (t0 + 0u < len) {
                 acc += g0;
-                b_cum[b_at(row_of(b, c0 + t0 + 0u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 0u, h) * D + j] = acc;
             }
             if (t0 + 1u < len) {
                 acc += g1;
-                b_cum[b_at(row_of(b, c0 + t0 + 1u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 1u, h) * D + j] = acc;
             }
             if (t0 + 2u < len) {
                 acc += g2;
-                b_cum[b_at(row_of(b, c0 + t0 + 2u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 2u, h) * D + j] = acc;
             }
             if (t0 + 3u < len) {
                 acc += g3;
-                b_cum[b_at(row_of(b, c0 + t0 + 3u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 3u, h) * D + j] = acc;
             }
             if (t0 + 4u < len) {
                 acc += g4;
-                b_cum[b_at(row_of(b, c0 + t0 + 4u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 4u, h) * D + j] = acc;
             }
             if (t0 + 5u < len) {
                 acc += g5;
-                b_cum[b_at(row_of(b, c0 + t0 + 5u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 5u, h) * D + j] = acc;
             }
             if (t0 + 6u < len) {
                 acc += g6;
-                b_cum[b_at(row_of(b, c0 + t0 + 6u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 6u, h) * D + j] = acc;
             }
             if (t0 + 7u < len) {
                 acc += g7;
-                b_cum[b_at(row_of(b, c0 + t0 + 7u, h), j)] = acc;
+                b_cum[row_of(b, c0 + t0 + 7u, h) * D + j] = acc;
             }
         }
     }
@@ -263,7 +248,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][0];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -276,7 +261,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][1];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -289,7 +274,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][2];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -302,7 +287,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][3];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -319,7 +304,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][0];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -332,7 +317,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][1];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -345,7 +330,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][2];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -358,7 +343,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][3];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -375,7 +360,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][0];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -388,7 +373,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][1];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -401,7 +386,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][2];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -414,7 +399,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][3];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -431,7 +416,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][0];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -444,7 +429,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][1];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -457,7 +442,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][2];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -470,7 +455,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][3];
                     if (GATE == 1u) {
-                        acc *= exp(b_cum[tr] - b_cum[sr]);
+                        acc *= exp(b_cum[tr * D] - b_cum[sr * D]);
                     }
                     a = beta[tr] * acc;
                 }
@@ -624,9 +609,6 @@ var<workgroup> u_sh: array<vec4<f32>, 256>; // u[t, block columns] as vec4
 fn gate_at(row: u32, i: u32) -> f32 {
     if (GATE == 0u) {
         return 0.0;
-    }
-    if (GATE == 1u) {
-        return b_cum_at(row);
     }
     return b_row[row * D4 + i / 4u][i % 4u];
 }

@@ -45,7 +45,6 @@ fn out_store4(i: u32, v: vec4<f32>) {
     arena_out[4u * i + 2u] = v.z;
     arena_out[4u * i + 3u] = v.w;
 }
-// The cumulative gates b: [B, T, H] for a gate per head (GATE 1), [B, T, H, D] per key channel.
 // The state entering each chunk, S_0 [D, D] then n_0 [D] and m_0, in records of R words (one
 // binding: chunk_state's eight storage buffers are WebGPU's default per stage).
 // The carried n and m: per block of 64 value channels a record of D + 4 words, n then m (the
@@ -60,32 +59,18 @@ fn gate_b(row: u32, a: u32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(0.0);
     }
-    if (GATE == 1u) {
-        return vec4<f32>(b_cum_at(row));
-    }
     return arena_in4[arena_toc[15u] / 4u + (row * D4 + a)];
 }
 
-// The cumulative gate of a row under a gate per head (GATE 1: one word a row).
+// The scalar cumulative gate of a row (GATE 1; mLSTM).
 fn b_cum_at(row: u32) -> f32 {
-    return arena_in4[arena_toc[15u] / 4u + (row / 4u)][row % 4u];
-}
-
-// Where b_cum holds row `row`'s gate for key channel i.
-fn b_at(row: u32, i: u32) -> u32 {
-    if (GATE == 1u) {
-        return row;
-    }
-    return row * D + i;
+    return arena_in4[arena_toc[15u] / 4u + (row * D4)].x;
 }
 
 // The same through the read-write binding (chunk_prepare, which writes it).
 fn gate_b_rw(row: u32, a: u32) -> vec4<f32> {
     if (GATE == 0u) {
         return vec4<f32>(0.0);
-    }
-    if (GATE == 1u) {
-        return vec4<f32>(arena_out[arena_toc[6u] + (row)]);
     }
     let base = row * D + a * 4u;
     return vec4<f32>(arena_out[arena_toc[6u] + (base)], arena_out[arena_toc[6u] + (base + 1u)], arena_out[arena_toc[6u] + (base + 2u)], arena_out[arena_toc[6u] + (base + 3u)]);
@@ -147,7 +132,7 @@ fn rhs(b: u32, h: u32, c0: u32, len: u32, t: u32, j: u32) -> f32 {
     let i = j - D;
     var decay = 1.0;
     if (GATE != 0u) {
-        decay = exp(arena_out[arena_toc[6u] + (b_at(row, i))]);
+        decay = exp(arena_out[arena_toc[6u] + (row * D + i)]);
     }
     return bt * decay * arena_in4[arena_toc[2u] / 4u + (row * D4 + i / 4u)][i % 4u];
 }
@@ -189,10 +174,10 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
     let b = wid.z;
     let c0 = n * C;
     let len = min(C, p.seq - c0);
-    // Cumulative gates: thread j < D owns key channel j (a gate per head: thread 0 its head's).
-    // Eight tokens' gates are loaded at a time, all in flight together (one at a time, each
-    // token waited for its load), then summed in token order.
-    if ((GATE == 1u && j == 0u) || (GATE == 2u && j < D)) {
+    // Cumulative gates: thread j < D owns key channel j. Eight tokens' gates are loaded at a
+    // time, all in flight together (one at a time, each token waited for its load), then summed
+    // in token order.
+    if (GATE != 0u && j < D) {
         var acc = 0.0;
         for (var t0 = 0u; t0 < len; t0 += 8u) {
             let g0 = gate_in(b, h, c0 + min(t0 + 0u, len - 1u), j);
@@ -205,35 +190,35 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
             let g7 = gate_in(b, h, c0 + min(t0 + 7u, len - 1u), j);
             if (t0 + 0u < len) {
                 acc += g0;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 0u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 0u, h) * D + j)] = acc;
             }
             if (t0 + 1u < len) {
                 acc += g1;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 1u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 1u, h) * D + j)] = acc;
             }
             if (t0 + 2u < len) {
                 acc += g2;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 2u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 2u, h) * D + j)] = acc;
             }
             if (t0 + 3u < len) {
                 acc += g3;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 3u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 3u, h) * D + j)] = acc;
             }
             if (t0 + 4u < len) {
                 acc += g4;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 4u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 4u, h) * D + j)] = acc;
             }
             if (t0 + 5u < len) {
                 acc += g5;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 5u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 5u, h) * D + j)] = acc;
             }
             if (t0 + 6u < len) {
                 acc += g6;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 6u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 6u, h) * D + j)] = acc;
             }
             if (t0 + 7u < len) {
                 acc += g7;
-                arena_out[arena_toc[6u] + (b_at(row_of(b, c0 + t0 + 7u, h), j))] = acc;
+                arena_out[arena_toc[6u] + (row_of(b, c0 + t0 + 7u, h) * D + j)] = acc;
             }
         }
     }
@@ -262,7 +247,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][0];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -275,7 +260,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][1];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -288,7 +273,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][2];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -301,7 +286,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[0][3];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -318,7 +303,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][0];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -331,7 +316,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][1];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -344,7 +329,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][2];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -357,7 +342,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[1][3];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -374,7 +359,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][0];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -387,7 +372,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][1];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -400,7 +385,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][2];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -413,7 +398,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[2][3];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -430,7 +415,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][0];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -443,7 +428,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][1];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -456,7 +441,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][2];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -469,7 +454,7 @@ fn chunk_prepare(@builtin(local_invocation_index) j: u32, @builtin(workgroup_id)
                     let tr = row_of(b, c0 + t, h);
                     var acc = m[3][3];
                     if (GATE == 1u) {
-                        acc *= exp(arena_out[arena_toc[6u] + (tr)] - arena_out[arena_toc[6u] + (sr)]);
+                        acc *= exp(arena_out[arena_toc[6u] + (tr * D)] - arena_out[arena_toc[6u] + (sr * D)]);
                     }
                     a = arena_in[arena_toc[5u] + (tr)] * acc;
                 }
@@ -623,9 +608,6 @@ var<workgroup> u_sh: array<vec4<f32>, 256>; // u[t, block columns] as vec4
 fn gate_at(row: u32, i: u32) -> f32 {
     if (GATE == 0u) {
         return 0.0;
-    }
-    if (GATE == 1u) {
-        return b_cum_at(row);
     }
     return arena_in4[arena_toc[15u] / 4u + (row * D4 + i / 4u)][i % 4u];
 }
