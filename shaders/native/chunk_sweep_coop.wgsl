@@ -74,8 +74,10 @@ const THREADS: u32 = 256u;
 // (the backward).
 @group(0) @binding(32) var<storage, read_write> uc_tiles: array<f32>;
 // chunk_coop.wgsl's f16 operands of the output (its f16_at layout for a gate per head or none:
-// the token tiles q16, qd16, k16, u16, then h16): for the delta rules chunk_prepare_coop writes
-// k16 and chunk_state_coop u16 and h16 here, so that chunk_operands need not (SWEEP_WROTE).
+// the token tiles q16, qd16, k16, u16, then h16): chunk_prepare_coop (delta rules) or
+// chunk_sweep_operands (additive rules, OUT16) writes k16, chunk_state_coop (delta rules) or
+// chunk_sweep_operands u16, and chunk_state_coop h16 here, so that chunk_operands need not
+// (SWEEP_WROTE).
 @group(0) @binding(44) var<storage, read_write> out16: array<f16>;
 const OUT_K16: u32 = 2u;
 const OUT_U16: u32 = 3u;
@@ -114,6 +116,14 @@ fn put_f16(at: u32, x: vec4<f32>) {
     tiles_out[at + 1u] = f16(x.y);
     tiles_out[at + 2u] = f16(x.z);
     tiles_out[at + 3u] = f16(x.w);
+}
+
+// The same into out16.
+fn put_out16(at: u32, x: vec4<f32>) {
+    out16[at] = f16(x.x);
+    out16[at + 1u] = f16(x.y);
+    out16[at + 2u] = f16(x.z);
+    out16[at + 3u] = f16(x.w);
 }
 
 fn put_f32(at: u32, x: vec4<f32>) {
@@ -161,17 +171,8 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
             x = select(vec4<f32>(0.0), w_row[row * D4 + a], live);
             put_f32(uc_at + o, uc);
         } else if (OUT16) {
-            let k16 = out16_at(OUT_K16, bh, n) + o;
-            let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
-            out16[k16] = f16(k.x);
-            out16[k16 + 1u] = f16(k.y);
-            out16[k16 + 2u] = f16(k.z);
-            out16[k16 + 3u] = f16(k.w);
-            let u16 = out16_at(OUT_U16, bh, n) + o;
-            out16[u16] = f16(x.x);
-            out16[u16 + 1u] = f16(x.y);
-            out16[u16 + 2u] = f16(x.z);
-            out16[u16 + 3u] = f16(x.w);
+            put_out16(out16_at(OUT_K16, bh, n) + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live));
+            put_out16(out16_at(OUT_U16, bh, n) + o, x);
         }
         put_f16(x_at + o, x);
     }
@@ -1393,10 +1394,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
         let o = t * D + 4u * a;
         put_prep(k_at + o, k);
-        out16[out16_at(OUT_K16, bh, n) + o] = f16(k.x);
-        out16[out16_at(OUT_K16, bh, n) + o + 1u] = f16(k.y);
-        out16[out16_at(OUT_K16, bh, n) + o + 2u] = f16(k.z);
-        out16[out16_at(OUT_K16, bh, n) + o + 3u] = f16(k.w);
+        put_out16(out16_at(OUT_K16, bh, n) + o, k);
         put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));
         mx_v = max(mx_v, max4(select(vec4<f32>(0.0), v_row[row * D4 + a], live)) * bsh[t]);
         mx_k = max(mx_k, max4(k) * bsh[t] * exp(gsh[t]));
