@@ -1271,7 +1271,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
 @group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
 @group(0) @binding(8) var<storage, read_write> w_out: array<f32>;   // [B, T, H, D]: W
-// Per chunk: k (then R_k) and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
+// Per chunk: R_k and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
 const PREP: u32 = 2u * TILE;
@@ -1287,8 +1287,8 @@ fn put_prep(at: u32, x: vec4<f32>) {
     prep16[at + 3u] = f16(x.w);
 }
 
-// k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at (as lower_tiles;
-// subgroup g tiles g and g + 8).
+// k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at in out16 (the
+// output's k16, written once for both; as lower_tiles, subgroup g tiles g and g + 8).
 fn prep_kkt(k_at: u32, g: u32) {
     for (var round = 0u; round < 2u; round++) {
         let tile = min(round * 8u + g, 9u);
@@ -1296,7 +1296,7 @@ fn prep_kkt(k_at: u32, g: u32) {
         let yb = k_at + tile_key(tile) * 16u * D;
         var acc = coop_mat16x16<f32, C>();
         for (var j = 0u; j < D; j += 16u) {
-            acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&prep16[xa + j], D), coopLoad<coop_mat16x16<f16, B>>(&prep16[yb + j], D), acc);
+            acc = coopMultiplyAdd(coopLoadT<coop_mat16x16<f16, A>>(&out16[xa + j], D), coopLoad<coop_mat16x16<f16, B>>(&out16[yb + j], D), acc);
         }
         coopStoreT(acc, &x32[tile_query(tile) * 16u * XS + tile_key(tile) * 16u], XS);
     }
@@ -1393,7 +1393,6 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         let row = row_of(b, c0 + min(t, len - 1u), h);
         let k = select(vec4<f32>(0.0), k_row[row * D4 + a], live);
         let o = t * D + 4u * a;
-        put_prep(k_at + o, k);
         put_out16(out16_at(OUT_K16, bh, n) + o, k);
         put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));
         mx_v = max(mx_v, max4(select(vec4<f32>(0.0), v_row[row * D4 + a], live)) * bsh[t]);
@@ -1402,7 +1401,7 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     storageBarrier();
     workgroupBarrier();
     // A / β = Γ k kᵀ (s < t) to kk_out (the backward's), and A in x32 for the inversion.
-    prep_kkt(k_at, g);
+    prep_kkt(out16_at(OUT_K16, bh, n), g);
     workgroupBarrier();
     for (var e = tid; e < CH * CH; e += THREADS) {
         let t = e / CH;
