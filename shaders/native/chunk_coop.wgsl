@@ -62,7 +62,8 @@ const PAD: u32 = 8u;
 @group(0) @binding(12) var<storage, read> u_row: array<vec4<f32>>;  // [B, T, H, D/4] u
 @group(0) @binding(14) var<storage, read_write> out: array<f32>;    // [B, T, H, D]
 @group(0) @binding(15) var<storage, read> b_row: array<vec4<f32>>;  // cumulative gates as vec4
-@group(0) @binding(30) var<storage, read_write> f16_out: array<f16>;
+// The f16 tiles as chunk_operands writes them: four halves (one vec4 of a row) a store.
+@group(0) @binding(30) var<storage, read_write> f16_out: array<vec2<u32>>;
 @group(0) @binding(31) var<storage, read> f16_in: array<f16>;
 
 fn row_of(b: u32, t: u32, h: u32) -> u32 {
@@ -115,11 +116,9 @@ fn ref_row(b: u32, h: u32, c0: u32, len: u32, c: u32) -> u32 {
     return row_of(b, c0 + min(16u * c + 15u, len - 1u), h);
 }
 
+// x to f16 at half o (a multiple of 4), in one 8-byte store.
 fn put4(o: u32, x: vec4<f32>) {
-    f16_out[o] = f16(x.x);
-    f16_out[o + 1u] = f16(x.y);
-    f16_out[o + 2u] = f16(x.z);
-    f16_out[o + 3u] = f16(x.w);
+    f16_out[o / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
 }
 
 // ---- chunk_operands: workgroup (chunk, head, batch), after chunk_state ----

@@ -68,7 +68,7 @@ const THREADS: u32 = 256u;
 // Sections of f16 tiles, [B, H, chunks, 64, 128] each: the forward's K̃, then W (delta) or v;
 // the backward's K̃, W, Q̃, the scaled dO, then for chunk_bwd_scores_coop k, q and u as they are,
 // dÕ = scale exp(b_t) dO_t (scaled) and ũ_s = exp(b_L − b_s) u_s.
-@group(0) @binding(30) var<storage, read_write> tiles_out: array<f16>;
+@group(0) @binding(30) var<storage, read_write> tiles_out: array<vec2<u32>>;
 @group(0) @binding(31) var<storage, read> tiles: array<f16>;
 // f32 tiles, [B, H, chunks, 64, 128]: Uc (the forward's delta rules), or du within the chunk
 // (the backward).
@@ -110,12 +110,9 @@ fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
 }
 
-// Four consecutive elements of a tile: f16 into tiles_out, f32 into uc_tiles.
+// Four consecutive elements of a tile (at a multiple of 4) to f16 in tiles_out, one 8-byte store.
 fn put_f16(at: u32, x: vec4<f32>) {
-    tiles_out[at] = f16(x.x);
-    tiles_out[at + 1u] = f16(x.y);
-    tiles_out[at + 2u] = f16(x.z);
-    tiles_out[at + 3u] = f16(x.w);
+    tiles_out[at / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
 }
 
 // The same into out16.
@@ -1270,7 +1267,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
 @group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
-@group(0) @binding(8) var<storage, read_write> w_out: array<f32>;   // [B, T, H, D]: W
+@group(0) @binding(8) var<storage, read_write> w_out: array<vec4<f32>>; // [B, T, H, D/4]: W
 // Per chunk: R_k and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
@@ -1446,12 +1443,13 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
         let w = t_times_half(t_at, k_at, g, half, inv_tau / sigma_k);
         cols32_to_x32(16u * (g % 4u) * XS + 32u * (g / 4u), w.o0, w.o1);
         workgroupBarrier();
-        for (var e = tid; e < CH * CH; e += THREADS) {
+        for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
             let t = e / CH;
             let o = t * D + 64u * half + e % CH;
-            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);
+            let x = vec4<f32>(x32[xi(e)], x32[xi(e + 1u)], x32[xi(e + 2u)], x32[xi(e + 3u)]);
+            put_f16(tile_at(1u, bh, n) + o, x);
             if (t < len) {
-                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];
+                w_out[(row_of(b, c0 + t, h) * D + 64u * half + e % CH) / 4u] = x;
             }
         }
         workgroupBarrier();
