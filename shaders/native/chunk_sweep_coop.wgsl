@@ -79,6 +79,9 @@ const THREADS: u32 = 256u;
 // chunk_sweep_operands u16, and chunk_state_coop h16 here, so that chunk_operands need not
 // (SWEEP_WROTE).
 @group(0) @binding(44) var<storage, read_write> out16: array<f16>;
+// out16 again, as put_out16 writes it: four halves a store (the same buffer; a kernel that reads
+// what it wrote, chunk_prepare_coop, reads it through out16 after a storage barrier).
+@group(0) @binding(48) var<storage, read_write> out16_w: array<vec2<u32>>;
 const OUT_K16: u32 = 2u;
 const OUT_U16: u32 = 3u;
 
@@ -117,10 +120,7 @@ fn put_f16(at: u32, x: vec4<f32>) {
 
 // The same into out16.
 fn put_out16(at: u32, x: vec4<f32>) {
-    out16[at] = f16(x.x);
-    out16[at + 1u] = f16(x.y);
-    out16[at + 2u] = f16(x.z);
-    out16[at + 3u] = f16(x.w);
+    out16_w[at / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
 }
 
 fn put_f32(at: u32, x: vec4<f32>) {
@@ -1271,6 +1271,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // Per chunk: R_k and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
 @group(0) @binding(43) var<storage, read_write> prep16: array<f16>;
+// prep16 again, as put_prep writes it: four halves a store (the same buffer, read back through
+// prep16 after a storage barrier).
+@group(0) @binding(47) var<storage, read_write> prep16_w: array<vec2<u32>>;
 const PREP: u32 = 2u * TILE;
 // Per chunk: T = (I + A)⁻¹ as f16, hi then lo [64, 64], at a power-of-two scale whose inverse is
 // in wy_t_scale.
@@ -1278,10 +1281,7 @@ const PREP: u32 = 2u * TILE;
 @group(0) @binding(46) var<storage, read_write> wy_t_scale: array<f32>;
 
 fn put_prep(at: u32, x: vec4<f32>) {
-    prep16[at] = f16(x.x);
-    prep16[at + 1u] = f16(x.y);
-    prep16[at + 2u] = f16(x.z);
-    prep16[at + 3u] = f16(x.w);
+    prep16_w[at / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
 }
 
 // k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at in out16 (the

@@ -570,12 +570,14 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
             };
             let bindings = [
                 (2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &wy.kk), (43, &staged), (44, out16_binding), (45, &wy.t16), (46, &wy.scales),
+                // staged and out16 again: the four-halves-a-store views of the same buffers.
+                (47, &staged), (48, out16_binding),
             ];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
             wy_form = Some(wy);
         } else {
             let operands = sweep_kernel(r, "chunk_sweep_operands").with("OUT16", out16.is_some() as u8 as f64);
-            rec.dispatch_bindings(&operands, &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc), (44, out16_binding)], grid)?;
+            rec.dispatch_bindings(&operands, &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc), (48, out16_binding)], grid)?;
         }
         let state_kernel = sweep_kernel(r, "chunk_state_coop").with("OUT16", (out16.is_some() && !r.delta) as u8 as f64);
         rec.dispatch_bindings(&state_kernel, &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
