@@ -1,8 +1,9 @@
 //! `linearize bench registers`: what the GPU's own compiler makes of our kernels — registers per
 //! thread, workgroup memory, code size — through Vulkan's VK_KHR_pipeline_executable_properties.
 //! A kernel's occupancy follows from its registers (an NVIDIA SM holds 65,536: a workgroup of 256
-//! threads above 128 registers each runs alone there, BENCHMARKS.md), and no timing shows that
-//! directly. Each kernel is built as wgpu would build it: naga's SPIR-V of our WGSL with the
+//! threads above 128 registers each runs alone there) and its workgroup memory (NVIDIA's Vulkan
+//! driver gives an SM's resident workgroups 48 KiB in all, BENCHMARKS.md, session 59), and no
+//! timing shows that directly: each kernel's line says how many workgroups an SM holds by each. Each kernel is built as wgpu would build it: naga's SPIR-V of our WGSL with the
 //! override constants applied, loop bounding and wgpu's bounds checks, on a Vulkan device of its
 //! own (wgpu asks for no statistics). Native only; the adapter must offer the extension (NVIDIA,
 //! AMD and Intel drivers do; lavapipe does not).
@@ -42,6 +43,21 @@ pub fn default_kernels() -> Vec<KernelSpec> {
     }
     let gdn = MixerKind::from_name("gated_deltanet").expect("a registered mixer").recurrence(&MixerOptions::default());
     out.push(chunk_constants(gdn, Kernel::new("mixers/common/chunk_d128", "chunk_bwd_grads")).with("PRODUCTS_DONE", 1.0).into());
+    // Head size 128 on tensor cores: gated DeltaNet's kernels (RetNet's for the additive rules'
+    // sweep), the linear layers' GEMM and the prefill attention.
+    let retnet = MixerKind::from_name("retnet").expect("a registered mixer").recurrence(&MixerOptions::default());
+    let sweep = |r: linearize_core::mixers::recurrence::Recurrence, entry: &'static str| Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64);
+    out.push(sweep(retnet, "chunk_sweep_operands").into());
+    for entry in ["chunk_prepare_coop", "chunk_state_coop", "chunk_bwd_sweep_operands", "chunk_bwd_local_coop", "chunk_bwd_state_coop", "chunk_bwd_scores_coop", "chunk_bwd_wy_coop"] {
+        out.push(sweep(gdn, entry).into());
+    }
+    for entry in ["chunk_operands", "chunk_output_coop", "chunk_bwd_states16", "chunk_bwd_products"] {
+        out.push(Kernel::new("native/chunk_coop", entry).with("GATE", gdn.gate.code() as f64).into());
+    }
+    for entry in ["operand_amax", "operand_f16", "matmul_coop", "sum_splits"] {
+        out.push(Kernel::new("native/matmul_coop", entry).into());
+    }
+    out.push(Kernel::new("native/attention_coop", "attention_coop").into());
     for prologue in [0.0, 1.0, 2.0, 3.0, 4.0] {
         out.push(Kernel::new("nn/matvec", "matvec").with("PROLOGUE", prologue).with("LANES", 64.0).into());
     }
@@ -206,6 +222,38 @@ impl Drop for StatsDevice {
     }
 }
 
+/// What an NVIDIA SM gives its resident workgroups: 65,536 registers (in four quarters of
+/// 16,384, each warp's taken in blocks of 256: its threads' count rounded up to 8), 48 KiB of
+/// workgroup memory under Vulkan (measured: two workgroups of 24,064 bytes run side by side, two
+/// of 24,832 do not, BENCHMARKS.md session 59), 64 warps and 32 workgroups.
+const SM_REGISTER_QUARTER: u64 = 16_384;
+const SM_WORKGROUP_MEMORY: u64 = 48 * 1024;
+const SM_WARPS: u64 = 64;
+const SM_WORKGROUPS: u64 = 32;
+
+/// How many workgroups of `threads` threads, `registers` registers each and `memory` bytes of
+/// workgroup memory an NVIDIA SM holds at once, by each of its limits: (registers, workgroup
+/// memory, threads), the least of them the one that binds.
+pub fn workgroups_per_sm(threads: u64, registers: u64, memory: u64) -> (u64, u64, u64) {
+    let warps = threads.div_ceil(32).max(1);
+    let per_warp = registers.div_ceil(8) * 8 * 32;
+    let by_registers = if per_warp == 0 { SM_WORKGROUPS } else { 4 * (SM_REGISTER_QUARTER / per_warp) / warps };
+    let by_memory = if memory == 0 { SM_WORKGROUPS } else { SM_WORKGROUP_MEMORY / memory };
+    let by_threads = (SM_WARPS / warps).min(SM_WORKGROUPS);
+    (by_registers.min(SM_WORKGROUPS), by_memory.min(SM_WORKGROUPS), by_threads)
+}
+
+/// Threads per workgroup of `entry` (its @workgroup_size, overrides applied as none are used there).
+fn threads(module: &naga::Module, entry: &str) -> u64 {
+    module.entry_points.iter().find(|e| e.name == entry).map_or(0, |e| e.workgroup_size.iter().map(|&n| n as u64).product())
+}
+
+/// NVIDIA's statistics of a pipeline, by name: registers per thread and workgroup memory in bytes.
+fn nvidia_usage(stats: &[(String, Value)]) -> Option<(u64, u64)> {
+    let get = |name: &str| stats.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_u64());
+    Some((get("Register Count")?, get("Shared Memory Size")?))
+}
+
 /// Each kernel's statistics, one JSON object per kernel (also printed a line each).
 pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
     // Every named shader and entry point checked before any device is opened.
@@ -216,10 +264,38 @@ pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
     for (k, module) in kernels.iter().zip(&modules) {
         let stats = dev.statistics(k, module)?;
         let constants: Vec<String> = k.constants.iter().map(|(n, v)| format!("{n}={v}")).collect();
-        let line: Vec<String> = stats.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        let mut line: Vec<String> = stats.iter().map(|(n, v)| format!("{n} {v}")).collect();
+        let threads = threads(module, &k.entry);
+        let mut record = json!({"what": "kernel", "shader": k.shader, "entry": k.entry, "constants": constants, "threads": threads});
+        if let Some((registers, memory)) = nvidia_usage(&stats) {
+            let (by_registers, by_memory, by_threads) = workgroups_per_sm(threads, registers, memory);
+            line.push(format!("{threads} threads: workgroups per SM {} (registers {by_registers}, workgroup memory {by_memory}, threads {by_threads})", by_registers.min(by_memory).min(by_threads)));
+            record["workgroups_per_sm"] = json!({"registers": by_registers, "workgroup_memory": by_memory, "threads": by_threads});
+        }
         eprintln!("{}::{} [{}]: {}", k.shader, k.entry, constants.join(","), line.join(", "));
-        let map: serde_json::Map<String, Value> = stats.into_iter().collect();
-        out.push(json!({"what": "kernel", "shader": k.shader, "entry": k.entry, "constants": constants, "statistics": map}));
+        record["statistics"] = Value::Object(stats.into_iter().collect());
+        out.push(record);
     }
     Ok((dev.adapter.clone(), out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::workgroups_per_sm;
+
+    /// The session-59 probe's kernels on the H100: what ran side by side is what this counts.
+    #[test]
+    fn workgroups_per_sm_matches_the_measured_probe() {
+        // chunk_output_coop: 128 threads, 167 registers, 13,568 bytes: three by both.
+        assert_eq!(workgroups_per_sm(128, 167, 13_568), (3, 3, 16));
+        // With 11 KiB more (and 253 registers): two by registers, one by memory.
+        assert_eq!(workgroups_per_sm(128, 253, 24_832), (2, 1, 16));
+        // chunk_prepare_coop: 256 threads, 112 registers, 24,064 bytes: two; 4 KiB more, one.
+        assert_eq!(workgroups_per_sm(256, 112, 24_064), (2, 2, 8));
+        assert_eq!(workgroups_per_sm(256, 116, 28_160).1, 1);
+        // Above 128 registers a 256-thread workgroup runs alone; no workgroup memory, no limit.
+        assert_eq!(workgroups_per_sm(256, 129, 0), (1, 32, 8));
+        // A lone subgroup: the SM's 32 workgroups bind.
+        assert_eq!(workgroups_per_sm(32, 64, 1_024), (32, 32, 32));
+    }
 }
