@@ -262,8 +262,16 @@ pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
     eprintln!("adapter: {} (Vulkan, pipeline statistics)", dev.adapter);
     let mut out = Vec::new();
     for (k, module) in kernels.iter().zip(&modules) {
-        let stats = dev.statistics(k, module)?;
         let constants: Vec<String> = k.constants.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        // A kernel the driver cannot build is reported and the rest still measured.
+        let stats = match dev.statistics(k, module) {
+            Ok(stats) => stats,
+            Err(e) => {
+                eprintln!("{}::{} [{}]: {e:#}", k.shader, k.entry, constants.join(","));
+                out.push(json!({"what": "kernel", "shader": k.shader, "entry": k.entry, "constants": constants, "error": format!("{e:#}")}));
+                continue;
+            }
+        };
         let mut line: Vec<String> = stats.iter().map(|(n, v)| format!("{n} {v}")).collect();
         let threads = threads(module, &k.entry);
         let mut record = json!({"what": "kernel", "shader": k.shader, "entry": k.entry, "constants": constants, "threads": threads});
@@ -275,6 +283,9 @@ pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
         eprintln!("{}::{} [{}]: {}", k.shader, k.entry, constants.join(","), line.join(", "));
         record["statistics"] = Value::Object(stats.into_iter().collect());
         out.push(record);
+    }
+    if !out.is_empty() && out.iter().all(|r| r.get("error").is_some()) {
+        bail!("the driver of '{}' built none of the {} kernels (the first: {})", dev.adapter, out.len(), out[0]["error"]);
     }
     Ok((dev.adapter.clone(), out))
 }
