@@ -180,7 +180,8 @@ pair)
       # (a binary older than --digest is timed without it)
       b=(/root/$v bench mixers --backward --precision "${PRECISION:-mixed}" --mixer-shapes "$S" --mixers "$M" --json --iters 10)
       "${b[@]}" --digest > "$OUT/$v-$round.json" 2>> "$OUT/log.txt" || "${b[@]}" > "$OUT/$v-$round.json" 2>> "$OUT/log.txt"
-      grep -o '"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$OUT/$v-$round.json" | paste - - - | sed "s/^/$v $round /"
+      # (host seconds, then the GPU's own where the binary reports them: steady when the host is not)
+      grep -o '"fwd_bwd_gpu_seconds": *[0-9.e-]*\|"fwd_bwd_seconds": *[0-9.e-]*\|"fwd_gpu_seconds": *[0-9.e-]*\|"fwd_seconds": *[0-9.e-]*\|"mixer": *"[a-z_0-9]*"' "$OUT/$v-$round.json" | paste -s -d' ' | sed 's/ \("mixer":"[a-z_0-9]*"\) */ \1\n/g' | sed "/^$/d; s/^ *//; s/^/$v $round /"
     done
   done
   # Every binary's output and gradient bits against the first's (a change made for speed must

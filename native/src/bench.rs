@@ -410,8 +410,11 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
             let gates = Gates { g, beta: Some(&beta), igate: Some(&igate) };
             let state = GpuState::zeros(gpu, d)?;
             let chunk = r.has_chunked_form(d);
-            let run = |d: Dims, with_backward: bool| -> Result<f64> {
-                let mut times = Vec::new();
+            // Seconds per call, median of `iters`: on the host's clock (the submission's round
+            // trip included) and, where the adapter has timestamps, on the GPU's (the kernels
+            // alone: a figure the host's stalls do not move).
+            let run = |d: Dims, with_backward: bool| -> Result<(f64, Option<f64>)> {
+                let (mut times, mut gpu_times) = (Vec::new(), Vec::new());
                 for i in 0..iters + 2 {
                     let mut rec = gpu.recorder();
                     let args = RecurrenceArgs { r, dims: d, scale: 0.125, q: &q, k: &k, v: &v, gates };
@@ -427,10 +430,11 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                     }
                     let grads = if with_backward { Some(recurrence::backward(&mut rec, &args, &d_out, saved.as_ref())?) } else { None };
                     let start = Instant::now();
-                    rec.submit()?;
+                    let on_gpu = rec.submit_timed_on_gpu()?;
                     gpu.sync()?;
                     if i >= 2 {
                         times.push(start.elapsed().as_secs_f64());
+                        gpu_times.extend(on_gpu);
                     }
                     if let Some(g) = grads {
                         g.release(gpu);
@@ -439,12 +443,12 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                         gpu.release(b);
                     }
                 }
-                Ok(median(times))
+                Ok((median(times), (!gpu_times.is_empty()).then(|| median(gpu_times))))
             };
             let before: std::collections::HashMap<&str, f64> = linearize_core::gpu::profile::report().into_iter().map(|(e, s, _)| (e, s)).collect();
-            let fwd = run(d, false)?;
-            let step = run(Dims { seq: 1, ..d }, false)?;
-            let fwd_bwd = if backward { Some(run(d, true)?) } else { None };
+            let (fwd, fwd_gpu) = run(d, false)?;
+            let (step, step_gpu) = run(Dims { seq: 1, ..d }, false)?;
+            let (fwd_bwd, fwd_bwd_gpu) = if backward { run(d, true).map(|(h, g)| (Some(h), g))? } else { (None, None) };
             let digests = if digest {
                 let args = RecurrenceArgs { r, dims: d, scale: 0.125, q: &q, k: &k, v: &v, gates };
                 Some(digest_of_outputs(gpu, &args, chunk, backward, &o, &d_out)?)
@@ -465,6 +469,7 @@ pub fn bench_mixers(gpu: &Gpu, shapes: &[(usize, usize, usize, usize)], kinds: &
                 "fwd_seconds": fwd, "fwd_mhead_tokens_per_s": (b * t * h) as f64 / fwd / 1e6,
                 "decode_step_seconds": step,
                 "fwd_bwd_seconds": fwd_bwd,
+                "fwd_gpu_seconds": fwd_gpu, "decode_step_gpu_seconds": step_gpu, "fwd_bwd_gpu_seconds": fwd_bwd_gpu,
                 "profile": profile,
             });
             if let Some(d) = digests {
