@@ -553,9 +553,11 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
         // The sweep writes three of the output's f16 operands as it goes (k16, u16 and h16: the
         // values chunk_operands would write), when the output runs on tensor cores.
         let out16 = if tensor_core_output(rec, r, d) { Some(rec.temp(coop_operand_words(r, d))?) } else { None };
+        // Without it, a placeholder of two words: the packed view of out16 (binding 48, an
+        // array of vec2<u32>) takes no smaller binding.
         let out16_binding = match &out16 {
             Some(b) => b,
-            None => &rec.temp(1)?,
+            None => &rec.temp(2)?,
         };
         let mut wy_form = None;
         if r.delta {
