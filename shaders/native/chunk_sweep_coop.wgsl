@@ -113,14 +113,20 @@ fn tile_at(s: u32, bh: u32, n: u32) -> u32 {
     return (s * p.batch * p.heads * p.chunks + bh * p.chunks + n) * TILE;
 }
 
-// Four consecutive elements of a tile (at a multiple of 4) to f16 in tiles_out, one 8-byte store.
+// x as four f16 in one 8-byte word pair: what put_f16, put_out16 and put_prep store, at a
+// multiple of 4 halves, in one store where four 2-byte ones went.
+fn f16x4(x: vec4<f32>) -> vec2<u32> {
+    return vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+}
+
+// Four consecutive elements of a tile (at a multiple of 4) to f16 in tiles_out.
 fn put_f16(at: u32, x: vec4<f32>) {
-    tiles_out[at / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+    tiles_out[at / 4u] = f16x4(x);
 }
 
 // The same into out16.
 fn put_out16(at: u32, x: vec4<f32>) {
-    out16_w[at / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+    out16_w[at / 4u] = f16x4(x);
 }
 
 fn put_f32(at: u32, x: vec4<f32>) {
@@ -1281,7 +1287,7 @@ const PREP: u32 = 2u * TILE;
 @group(0) @binding(46) var<storage, read_write> wy_t_scale: array<f32>;
 
 fn put_prep(at: u32, x: vec4<f32>) {
-    prep16_w[at / 4u] = vec2<u32>(pack2x16float(x.xy), pack2x16float(x.zw));
+    prep16_w[at / 4u] = f16x4(x);
 }
 
 // k kᵀ's ten tiles on or below the diagonal into x32, k the f16 tile at k_at in out16 (the
