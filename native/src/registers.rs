@@ -3,7 +3,8 @@
 //! A kernel's occupancy follows from its registers (an NVIDIA SM holds 65,536: a workgroup of 256
 //! threads above 128 registers each runs alone there) and its workgroup memory (NVIDIA's Vulkan
 //! driver gives an SM's resident workgroups 48 KiB in all, BENCHMARKS.md, session 59), and no
-//! timing shows that directly: each kernel's line says how many workgroups an SM holds by each. Each kernel is built as wgpu would build it: naga's SPIR-V of our WGSL with the
+//! timing shows that directly: each kernel's line says how many workgroups an SM holds by each.
+//! Each kernel is built as wgpu would build it: naga's SPIR-V of our WGSL with the
 //! override constants applied, loop bounding and wgpu's bounds checks, on a Vulkan device of its
 //! own (wgpu asks for no statistics). Native only; the adapter must offer the extension (NVIDIA,
 //! AMD and Intel drivers do; lavapipe does not).
@@ -43,17 +44,20 @@ pub fn default_kernels() -> Vec<KernelSpec> {
     }
     let gdn = MixerKind::from_name("gated_deltanet").expect("a registered mixer").recurrence(&MixerOptions::default());
     out.push(chunk_constants(gdn, Kernel::new("mixers/common/chunk_d128", "chunk_bwd_grads")).with("PRODUCTS_DONE", 1.0).into());
-    // Head size 128 on tensor cores: gated DeltaNet's kernels (RetNet's for the additive rules'
-    // sweep), the linear layers' GEMM and the prefill attention.
+    // Head size 128 on tensor cores, with the constants the recurrence dispatches them with:
+    // gated DeltaNet's kernels (RetNet's for the additive rules' sweep, which writes the
+    // output's operands), the linear layers' GEMM and the prefill attention.
+    use linearize_core::mixers::recurrence::{coop_kernel, sweep_kernel};
     let retnet = MixerKind::from_name("retnet").expect("a registered mixer").recurrence(&MixerOptions::default());
-    let sweep = |r: linearize_core::mixers::recurrence::Recurrence, entry: &'static str| Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64);
-    out.push(sweep(retnet, "chunk_sweep_operands").into());
+    out.push(sweep_kernel(retnet, "chunk_sweep_operands").with("OUT16", 1.0).into());
     for entry in ["chunk_prepare_coop", "chunk_state_coop", "chunk_bwd_sweep_operands", "chunk_bwd_local_coop", "chunk_bwd_state_coop", "chunk_bwd_scores_coop", "chunk_bwd_wy_coop"] {
-        out.push(sweep(gdn, entry).into());
+        out.push(sweep_kernel(gdn, entry).into());
     }
-    for entry in ["chunk_operands", "chunk_output_coop", "chunk_bwd_states16", "chunk_bwd_products"] {
-        out.push(Kernel::new("native/chunk_coop", entry).with("GATE", gdn.gate.code() as f64).into());
+    out.push(coop_kernel(gdn, "chunk_operands").with("SWEEP_WROTE", 1.0).into());
+    for entry in ["chunk_output_coop", "chunk_bwd_states16"] {
+        out.push(coop_kernel(gdn, entry).into());
     }
+    out.push(coop_kernel(gdn, "chunk_bwd_products").with("DELTA", gdn.delta as u8 as f64).into());
     for entry in ["operand_amax", "operand_f16", "matmul_coop", "sum_splits"] {
         out.push(Kernel::new("native/matmul_coop", entry).into());
     }

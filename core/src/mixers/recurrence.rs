@@ -443,13 +443,13 @@ fn coop_operand_words(r: Recurrence, d: Dims) -> usize {
 
 /// A kernel of native/chunk_coop.wgsl: it reads u after the sweep, so only the gate shapes it
 /// (and the delta rule chunk_bwd_products, which the caller adds).
-fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
+pub fn coop_kernel(r: Recurrence, entry: &'static str) -> Kernel {
     Kernel::new("native/chunk_coop", entry).with("GATE", r.gate.code() as f64)
 }
 
 /// A kernel of native/chunk_sweep_coop.wgsl (the state sweeps on tensor cores, forward and
-/// backward): the gate and the delta rule shape it.
-fn sweep_kernel(r: Recurrence, entry: &'static str) -> Kernel {
+/// backward): the gate and the delta rule shape it (also what `linearize bench registers` builds).
+pub fn sweep_kernel(r: Recurrence, entry: &'static str) -> Kernel {
     Kernel::new("native/chunk_sweep_coop", entry).with("GATE", r.gate.code() as f64).with("DELTA", r.delta as u8 as f64)
 }
 
