@@ -626,6 +626,12 @@ var<workgroup> x32: array<f32, 4608>;     // dP [64][XS] in f32, then half a pro
 fn xi(e: u32) -> u32 {
     return (e / CH) * XS + e % CH;
 }
+
+// Elements e .. e + 3 (e a multiple of 4) of the same.
+fn x32_4(e: u32) -> vec4<f32> {
+    let o = xi(e);
+    return vec4<f32>(x32[o], x32[o + 1u], x32[o + 2u], x32[o + 3u]);
+}
 var<workgroup> p16: array<f16, 4608>;     // dP · σ as f16 [64][PS]
 var<workgroup> gsh: array<f32, 64>;       // the chunk's cumulative gates b_t
 
@@ -888,7 +894,18 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
 
 @group(0) @binding(3) var<storage, read> v_row: array<vec4<f32>>;     // [B, T, H, D/4]
 @group(0) @binding(5) var<storage, read> beta: array<f32>;            // [B, T, H]
-@group(0) @binding(24) var<storage, read_write> dv_out: array<f32>;   // [B, T, H, D]
+@group(0) @binding(24) var<storage, read_write> dv_out: array<vec4<f32>>; // [B, T, H, D/4]
+// The scores' dq and dk, and the tiles, four values a load (the same buffers as dq_out, dk_out
+// and tiles: vector views, so that a thread's row of them is 16 loads, not 64).
+@group(0) @binding(50) var<storage, read> tiles_w: array<vec2<u32>>;
+@group(0) @binding(51) var<storage, read_write> dq4: array<vec4<f32>>;
+@group(0) @binding(52) var<storage, read_write> dk4: array<vec4<f32>>;
+
+// Four halves of an f16 tile (at a multiple of 4) as f32.
+fn tile4(at: u32) -> vec4<f32> {
+    let w = tiles_w[at / 4u];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
 @group(0) @binding(25) var<storage, read_write> dg_out: array<f32>;   // [B, T, H]
 @group(0) @binding(26) var<storage, read_write> dbeta_out: array<f32>; // [B, T, H]
 
@@ -1087,11 +1104,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let y = t * D + 64u * hh;
         var acc = vec4<f32>(0.0);
         for (var i = 0u; i < 64u; i += 4u) {
-            let qv = vec4<f32>(f32(tiles[q_at + y + i]), f32(tiles[q_at + y + i + 1u]), f32(tiles[q_at + y + i + 2u]), f32(tiles[q_at + y + i + 3u]));
-            let kv = vec4<f32>(f32(tiles[k_at + y + i]), f32(tiles[k_at + y + i + 1u]), f32(tiles[k_at + y + i + 2u]), f32(tiles[k_at + y + i + 3u]));
-            let dqv = vec4<f32>(dq_out[x + i], dq_out[x + i + 1u], dq_out[x + i + 2u], dq_out[x + i + 3u]);
-            let dkv = vec4<f32>(dk_out[x + i], dk_out[x + i + 1u], dk_out[x + i + 2u], dk_out[x + i + 3u]);
-            acc += qv * dqv - kv * dkv;
+            acc += tile4(q_at + y + i) * dq4[(x + i) / 4u] - tile4(k_at + y + i) * dk4[(x + i) / 4u];
         }
         db = acc.x + acc.y + acc.z + acc.w;
     }
@@ -1104,13 +1117,14 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     for (var half = 0u; half < 2u; half++) {
         dr_v_half(t_at, du_at, sc_du, g, half, inv_tau);
         workgroupBarrier();
+        // Four columns a thread at a time (a maximum is the same in any order).
         mx = 0.0;
-        for (var e = tid; e < CH * CH; e += THREADS) {
-            let x = x32[xi(e)];
-            mx = max(mx, abs(x));
+        for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
+            let x = x32_4(e);
+            mx = max(mx, max4(x));
             let tt = e / CH;
             if (tt < len) {
-                dv_out[row_of(b, c0 + tt, h) * D + 64u * half + e % CH] = bsh[tt] * x;
+                dv_out[(row_of(b, c0 + tt, h) * D + 64u * half + e % CH) / 4u] = bsh[tt] * x;
             }
         }
         if (live) {
@@ -1124,8 +1138,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
         let rho = pow2_scale(workgroup_max(tid, mx, THREADS));
         inv_r[half] = 1.0 / rho;
-        for (var e = tid; e < CH * CH; e += THREADS) {
-            prep16[r_at + (e / CH) * D + 64u * half + e % CH] = f16(x32[xi(e)] * rho);
+        for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
+            prep16_w[(r_at + (e / CH) * D + 64u * half + e % CH) / 4u] = f16x4(x32_4(e) * rho);
         }
         workgroupBarrier();
     }
