@@ -629,8 +629,7 @@ fn xi(e: u32) -> u32 {
 
 // Elements e .. e + 3 (e a multiple of 4) of the same.
 fn x32_4(e: u32) -> vec4<f32> {
-    let o = xi(e);
-    return vec4<f32>(x32[o], x32[o + 1u], x32[o + 2u], x32[o + 3u]);
+    return x32_at4(xi(e));
 }
 var<workgroup> p16: array<f16, 4608>;     // dP · σ as f16 [64][PS]
 var<workgroup> gsh: array<f32, 64>;       // the chunk's cumulative gates b_t
@@ -1047,15 +1046,20 @@ fn dr_v_times_ut(r_at: u32, u_at: u32, g: u32, inv0: f32, inv1: f32) {
     }
 }
 
-// Thread tid's value i < 16 of dk's half `half`: token dk_token(tid, i), column
-// 64·half + tid % 64.
+// Thread tid's vec4 i < 4 of dk's half `half`: token dk_token(tid, i), columns
+// 64·half + 4 (tid % 16) .. + 3.
 fn dk_token(tid: u32, i: u32) -> u32 {
-    return tid / CH + (THREADS / CH) * i;
+    return tid / 16u + (THREADS / 16u) * i;
 }
 
-// Where thread tid's value i of dk's half `half` is in dk_out (rows past the chunk read its last).
-fn dk_rows(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, i: u32) -> u32 {
-    return row_of(b, c0 + min(dk_token(tid, i), len - 1u), h) * D + 64u * half + tid % CH;
+// Where that vec4 is in dk4 (rows past the chunk read its last).
+fn dk4_at(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, i: u32) -> u32 {
+    return (row_of(b, c0 + min(dk_token(tid, i), len - 1u), h) * D + 64u * half) / 4u + tid % 16u;
+}
+
+// x32's four floats from o (a multiple of 4).
+fn x32_at4(o: u32) -> vec4<f32> {
+    return vec4<f32>(x32[o], x32[o + 1u], x32[o + 2u], x32[o + 3u]);
 }
 
 // dS_L and the chunk starts as vec4, for dg's end-state term.
@@ -1183,18 +1187,18 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     workgroupBarrier();
 
     // By halves: dR_k = −dR_v S_0ᵀ, k·dR_k into dβ and db, then dk += β exp(b) dR_k + N k — one
-    // read and one write of dk (thread tid its 16 values of the half, dk_rows').
+    // read and one write of dk (thread tid its four vec4 of the half, dk4_at's).
     var kdr = 0.0;
     for (var half = 0u; half < 2u; half++) {
-        var dk: array<f32, 16>;
-        for (var i = 0u; i < 16u; i++) {
-            dk[i] = dk_out[dk_rows(tid, b, h, c0, len, half, i)];
+        var dk: array<vec4<f32>, 4>;
+        for (var i = 0u; i < 4u; i++) {
+            dk[i] = dk4[dk4_at(tid, b, h, c0, len, half, i)];
         }
         dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
         workgroupBarrier();
-        for (var i = 0u; i < 16u; i++) {
+        for (var i = 0u; i < 4u; i++) {
             let tt = dk_token(tid, i);
-            dk[i] += x32[tt * XS + tid % CH] * (bsh[tt] * exp(gsh[tt]));
+            dk[i] += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
         }
         if (live) {
             for (var j = 0u; j < 8u; j++) {
@@ -1209,10 +1213,10 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let nk = p16_times_k(k_at, g % 4u, half, 32u * (g / 4u), TilePair(z, z));
         cols32_to_x32(16u * (g % 4u) * XS + 32u * (g / 4u), nk.o0, nk.o1);
         workgroupBarrier();
-        for (var i = 0u; i < 16u; i++) {
+        for (var i = 0u; i < 4u; i++) {
             let tt = dk_token(tid, i);
             if (tt < len) {
-                dk_out[dk_rows(tid, b, h, c0, len, half, i)] = dk[i] + x32[tt * XS + tid % CH] * (1.0 / sigma);
+                dk4[dk4_at(tid, b, h, c0, len, half, i)] = dk[i] + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
             }
         }
         workgroupBarrier();
