@@ -1167,22 +1167,32 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     }
     workgroupBarrier();
     // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.
+    // Four columns a thread at a time.
     mx = 0.0;
-    for (var e = tid; e < CH * CH; e += THREADS) {
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let tt = e / CH;
-        let s = e % CH;
-        var m = 0.0;
-        if (s < tt && tt < len) {
-            m = x32[xi(e)] * bsh[tt] * exp(gsh[tt] - gsh[s]);
-        }
-        x32[xi(e)] = m;
-        mx = max(mx, abs(m));
+        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
+        let gs = vec4<f32>(gsh[s.x], gsh[s.y], gsh[s.z], gsh[s.w]);
+        let live = (s < vec4<u32>(tt)) & vec4<bool>(tt < len);
+        let m = select(vec4<f32>(0.0), x32_4(e) * bsh[tt] * exp(gsh[tt] - gs), live);
+        let o = xi(e);
+        x32[o] = m.x;
+        x32[o + 1u] = m.y;
+        x32[o + 2u] = m.z;
+        x32[o + 3u] = m.w;
+        mx = max(mx, max4(m));
     }
     let sigma = pow2_scale(workgroup_max(tid, mx, THREADS));
-    for (var e = tid; e < CH * CH; e += THREADS) {
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let tt = e / CH;
         let s = e % CH;
-        p16[tt * PS + s] = f16((x32[xi(e)] + x32[s * XS + tt]) * sigma);
+        let mt = vec4<f32>(x32[s * XS + tt], x32[(s + 1u) * XS + tt], x32[(s + 2u) * XS + tt], x32[(s + 3u) * XS + tt]);
+        let n4 = (x32_4(e) + mt) * sigma;
+        let o = tt * PS + s;
+        p16[o] = f16(n4.x);
+        p16[o + 1u] = f16(n4.y);
+        p16[o + 2u] = f16(n4.z);
+        p16[o + 3u] = f16(n4.w);
     }
     workgroupBarrier();
 
