@@ -1300,7 +1300,10 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
 // wy_t_scale), for chunk_bwd_wy_coop.
 
 @group(0) @binding(4) var<storage, read> g_in: array<f32>;          // [B, T, H]: a gate per head
-@group(0) @binding(6) var<storage, read_write> b_out: array<f32>;   // [B, T, H, D]: b_t per key channel
+@group(0) @binding(6) var<storage, read_write> b_out: array<vec4<f32>>; // [B, T, H, D/4]: b_t per key channel
+// kk_out and wy_t again, four values a store (the same buffers).
+@group(0) @binding(53) var<storage, read_write> kk4: array<vec4<f32>>;
+@group(0) @binding(54) var<storage, read_write> wy_t_w: array<vec2<u32>>;
 @group(0) @binding(8) var<storage, read_write> w_out: array<vec4<f32>>; // [B, T, H, D/4]: W
 // Per chunk: R_k and R_v as f16 [64, 128] (chunk_bwd_wy_coop: dR_v [64, 128], a TILE
 // per chunk).
@@ -1338,15 +1341,15 @@ fn prep_kkt(k_at: u32, g: u32) {
 fn t_to_f16(tid: u32, at: u32, chunk: u32) -> f32 {
     workgroupBarrier();
     var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += THREADS) {
-        mx = max(mx, abs(x32[xi(e)]));
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
+        mx = max(mx, max4(x32_4(e)));
     }
     let tau = pow2_scale(workgroup_max(tid, mx, THREADS));
-    for (var e = tid; e < CH * CH; e += THREADS) {
-        let x = x32[xi(e)] * tau;
-        let hi = f16(x);
-        wy_t[at + e] = hi;
-        wy_t[at + CH * CH + e] = f16(x - f32(hi));
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
+        let x = x32_4(e) * tau;
+        let hi = vec4<f32>(vec4<f16>(x));
+        wy_t_w[(at + e) / 4u] = f16x4(hi);
+        wy_t_w[(at + CH * CH + e) / 4u] = f16x4(x - hi);
     }
     if (tid == 0u) {
         wy_t_scale[chunk] = 1.0 / tau;
@@ -1409,8 +1412,8 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     workgroupBarrier();
     // b to b_out; k and v to f16, and K̃ to its tile (rows past the chunk zero).
     if (GATE != 0u) {
-        for (var e = tid; e < len * D; e += THREADS) {
-            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];
+        for (var e = tid; e < len * D4; e += THREADS) {
+            b_out[row_of(b, c0 + e / D4, h) * D4 + e % D4] = vec4<f32>(gsh[e / D4]);
         }
     }
     let b_last = gsh[len - 1u];
@@ -1434,15 +1437,19 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     // A / β = Γ k kᵀ (s < t) to kk_out (the backward's), and A in x32 for the inversion.
     prep_kkt(out16_at(OUT_K16, bh, n), g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += THREADS) {
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
-        let s = e % CH;
-        var v = 0.0;
-        if (s < t && t < len) {
-            v = x32[xi(e)] * exp(gsh[t] - gsh[s]);
-        }
-        kk_out[kk_at + e] = v;
-        x32[xi(e)] = bsh[t] * v;
+        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
+        let gs = vec4<f32>(gsh[s.x], gsh[s.y], gsh[s.z], gsh[s.w]);
+        let live = (s < vec4<u32>(t)) & vec4<bool>(t < len);
+        let v = select(vec4<f32>(0.0), x32_4(e) * exp(gsh[t] - gs), live);
+        kk4[(kk_at + e) / 4u] = v;
+        let a = bsh[t] * v;
+        let o = xi(e);
+        x32[o] = a.x;
+        x32[o + 1u] = a.y;
+        x32[o + 2u] = a.z;
+        x32[o + 3u] = a.w;
     }
     // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
     let sigma_v = pow2_scale(workgroup_max(tid, mx_v, THREADS));

@@ -571,9 +571,10 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
                 kk: sweep_buf(rec, wy_a_words(d), keep)?,
             };
             let bindings = [
-                (2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (37, &wy.kk), (43, &staged), (44, out16_binding), (45, &wy.t16), (46, &wy.scales),
-                // staged and out16 again: the four-halves-a-store views of the same buffers.
-                (47, &staged), (48, out16_binding),
+                (2, k), (3, v), (4, g), (5, beta), (6, &b_cum), (8, &w), (30, &tiles), (32, &uc), (43, &staged), (44, out16_binding), (45, &wy.t16), (46, &wy.scales),
+                // staged and out16 again: the four-halves-a-store views of the same buffers; A / β
+                // and T kept for the backward, written four values a store.
+                (47, &staged), (48, out16_binding), (53, &wy.kk), (54, &wy.t16),
             ];
             rec.dispatch_bindings(&sweep_kernel(r, "chunk_prepare_coop"), &params, &bindings, grid)?;
             wy_form = Some(wy);
