@@ -804,20 +804,29 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     workgroupBarrier();
     // The mask and the decay in f32 (the tiles above the diagonal were never written), then dP
     // to f16 at one scale σ.
+    // Four columns a thread at a time.
     var mx = 0.0;
-    for (var e = tid; e < CH * CH; e += THREADS) {
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
-        let s = e % CH;
-        var v = 0.0;
-        if (s <= t && t < len) {
-            v = x32[xi(e)] * p.scale * exp(gsh[t] - gsh[s]);
-        }
-        x32[xi(e)] = v;
-        mx = max(mx, abs(v));
+        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
+        let gs = vec4<f32>(gsh[s.x], gsh[s.y], gsh[s.z], gsh[s.w]);
+        let live = (s <= vec4<u32>(t)) & vec4<bool>(t < len);
+        let v = select(vec4<f32>(0.0), x32_4(e) * p.scale * exp(gsh[t] - gs), live);
+        let o = xi(e);
+        x32[o] = v.x;
+        x32[o + 1u] = v.y;
+        x32[o + 2u] = v.z;
+        x32[o + 3u] = v.w;
+        mx = max(mx, max4(v));
     }
     let sigma = pow2_scale(workgroup_max(tid, mx, THREADS));
-    for (var e = tid; e < CH * CH; e += THREADS) {
-        p16[(e / CH) * PS + e % CH] = f16(x32[xi(e)] * sigma);
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
+        let v = x32_4(e) * sigma;
+        let o = (e / CH) * PS + e % CH;
+        p16[o] = f16(v.x);
+        p16[o + 1u] = f16(v.y);
+        p16[o + 2u] = f16(v.z);
+        p16[o + 3u] = f16(v.w);
     }
     workgroupBarrier();
     let inv = 1.0 / sigma;
