@@ -188,6 +188,14 @@ fn chunk_sweep_operands(@builtin(local_invocation_index) tid: u32, @builtin(work
 // chain's latency, BENCHMARKS.md), and each SM holds four times as many subgroups to overlap.
 
 var<workgroup> s32: array<f32, 2048>;  // S_0 [128][16], then u [64][16]
+
+// s32's four floats from e (a multiple of 4).
+fn s32_4(e: u32) -> vec4<f32> {
+    return vec4<f32>(s32[e], s32[e + 1u], s32[e + 2u], s32[e + 3u]);
+}
+
+// u_buf again, four values a store (the same buffer).
+@group(0) @binding(55) var<storage, read_write> u_buf4: array<vec4<f32>>;
 var<workgroup> s16: array<f16, 3072>;  // S_0 as f16 [128][LDS]
 var<workgroup> u16s: array<f16, 1536>; // u as f16 [64][LDS]
 
@@ -263,13 +271,18 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             coopStoreT(s0, &s32[kb0 * 256u], 16u);
             coopStoreT(s1, &s32[kb1 * 256u], 16u);
             workgroupBarrier();
+            // Four columns a thread at a time.
             let h16_at = out16_at(4u, bh, n) + col0;
-            for (var e = tid; e < 2048u; e += 128u) {
-                let x = f16(s32[e]);
+            for (var e = 4u * tid; e < 2048u; e += 512u) {
+                let x = s32_4(e);
                 if (DELTA) {
-                    s16[(e / 16u) * LDS + e % 16u] = x;
+                    let o = (e / 16u) * LDS + e % 16u;
+                    s16[o] = f16(x.x);
+                    s16[o + 1u] = f16(x.y);
+                    s16[o + 2u] = f16(x.z);
+                    s16[o + 3u] = f16(x.w);
                 }
-                out16[h16_at + (e / 16u) * D + e % 16u] = x;
+                out16_w[(h16_at + (e / 16u) * D + e % 16u) / 4u] = f16x4(x);
             }
             workgroupBarrier();
         }
@@ -282,14 +295,19 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
             workgroupBarrier();
             // u to u_buf and to f16 (here and for the output, its rows past the chunk zero).
             let u16_at = out16_at(OUT_U16, bh, n) + col0;
-            for (var e = tid; e < 1024u; e += 128u) {
+            for (var e = 4u * tid; e < 1024u; e += 512u) {
                 let t = e / 16u;
-                u16s[t * LDS + e % 16u] = f16(s32[e]);
-                out16[u16_at + t * D + e % 16u] = f16(select(0.0, s32[e], t < len));
+                let x = s32_4(e);
+                let o = t * LDS + e % 16u;
+                u16s[o] = f16(x.x);
+                u16s[o + 1u] = f16(x.y);
+                u16s[o + 2u] = f16(x.z);
+                u16s[o + 3u] = f16(x.w);
+                out16_w[(u16_at + t * D + e % 16u) / 4u] = f16x4(select(vec4<f32>(0.0), x, t < len));
                 // Rows past the chunk store the last row's value again (no branch while the
                 // accumulators are live: BENCHMARKS.md, divergent code corrupts them).
                 let tc = min(t, len - 1u);
-                u_buf[row_of(b, c0 + tc, h) * D + col0 + e % 16u] = s32[tc * 16u + e % 16u];
+                u_buf4[(row_of(b, c0 + tc, h) * D + col0 + e % 16u) / 4u] = s32_4(tc * 16u + e % 16u);
             }
             workgroupBarrier();
             u0 = coopLoadT<coop_mat16x16<f16, B>>(&u16s[0u * 16u * LDS], LDS);

@@ -583,7 +583,9 @@ fn chunk_sweep(rec: &mut Recorder, a: &RecurrenceArgs, state: &GpuState, (g, bet
             rec.dispatch_bindings(&operands, &params, &[(2, k), (7, &u), (13, &w), (15, &b_cum), (30, &tiles), (32, &uc), (48, out16_binding)], grid)?;
         }
         let state_kernel = sweep_kernel(r, "chunk_state_coop").with("OUT16", (out16.is_some() && !r.delta) as u8 as f64);
-        rec.dispatch_bindings(&state_kernel, &params, &[(7, &u), (9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (44, out16_binding)], state_grid)?;
+        // u and out16 written four values a store (55, 48: their vector views).
+        let state_bindings = [(9, &state.s), (10, &h), (15, &b_cum), (31, &tiles), (32, &uc), (48, out16_binding), (55, &u)];
+        rec.dispatch_bindings(&state_kernel, &params, &state_bindings, state_grid)?;
         return Ok(ChunkSweep { params, h, u, w, b_cum, out16, wy: wy_form });
     }
     // Eight storage buffers at most per stage: WebGPU's default.
