@@ -96,7 +96,7 @@ fn out16_at(s: u32, bh: u32, n: u32) -> u32 {
 // The backward's.
 @group(0) @binding(1) var<storage, read> q_row: array<vec4<f32>>;     // [B, T, H, D/4]
 @group(0) @binding(18) var<storage, read_write> ds_end: array<f32>;   // [B, H, chunks, DS] dS_L
-@group(0) @binding(20) var<storage, read_write> du_rw: array<f32>;    // [B, T, H, D] du
+@group(0) @binding(20) var<storage, read_write> du_rw: array<vec4<f32>>; // [B, T, H, D/4] du
 @group(0) @binding(21) var<storage, read> dout_row: array<vec4<f32>>; // [B, T, H, D/4] dO
 // Per chunk: dO's inverse scale per value block of 16, then dÕ's (chunk_bwd_sweep_operands).
 @group(0) @binding(33) var<storage, read_write> scale_out: array<f32>; // [B, H, chunks, SCALES]
@@ -542,13 +542,19 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         coopStoreT(s0, &s32[kb0 * 256u], 16u);
         coopStoreT(s1, &s32[kb1 * 256u], 16u);
         workgroupBarrier();
+        // Four columns a thread at a time (a maximum is the same in any order).
         var mx = 0.0;
-        for (var e = tid; e < 2048u; e += 128u) {
-            mx = max(mx, abs(s32[e]));
+        for (var e = 4u * tid; e < 2048u; e += 512u) {
+            mx = max(mx, max4(s32_4(e)));
         }
         let sc = pow2_scale(workgroup_max(tid, mx, 128u));
-        for (var e = tid; e < 2048u; e += 128u) {
-            s16[(e / 16u) * LDS + e % 16u] = f16(s32[e] * sc);
+        for (var e = 4u * tid; e < 2048u; e += 512u) {
+            let x = s32_4(e) * sc;
+            let o = (e / 16u) * LDS + e % 16u;
+            s16[o] = f16(x.x);
+            s16[o + 1u] = f16(x.y);
+            s16[o + 2u] = f16(x.z);
+            s16[o + 3u] = f16(x.w);
         }
         workgroupBarrier();
         // du's token block g = du_local + K̃ dS_L.
@@ -558,11 +564,11 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         workgroupBarrier();
         // du to du_rw and, for the delta rules, to f16, scaled.
         mx = 0.0;
-        for (var e = tid; e < 1024u; e += 128u) {
-            mx = max(mx, abs(s32[e]));
+        for (var e = 4u * tid; e < 1024u; e += 512u) {
+            mx = max(mx, max4(s32_4(e)));
             // Rows past the chunk store the last row's value again (as chunk_state_coop's u).
             let tc = min(e / 16u, len - 1u);
-            du_rw[row_of(b, c0 + tc, h) * D + col0 + e % 16u] = s32[tc * 16u + e % 16u];
+            du_rw[(row_of(b, c0 + tc, h) * D + col0 + e % 16u) / 4u] = s32_4(tc * 16u + e % 16u);
         }
         var inv_du = 1.0;
         if (DELTA) {
@@ -570,10 +576,14 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
             inv_du = 1.0 / su;
             // Also to the chunk's f16 tile of du, for chunk_bwd_scores_coop.
             let du16_at = (bh * p.chunks + n) * TILE + col0;
-            for (var e = tid; e < 1024u; e += 128u) {
-                let x = f16(s32[e] * su);
-                u16s[(e / 16u) * LDS + e % 16u] = x;
-                du16_out[du16_at + (e / 16u) * D + e % 16u] = x;
+            for (var e = 4u * tid; e < 1024u; e += 512u) {
+                let x = s32_4(e) * su;
+                let o = (e / 16u) * LDS + e % 16u;
+                u16s[o] = f16(x.x);
+                u16s[o + 1u] = f16(x.y);
+                u16s[o + 2u] = f16(x.z);
+                u16s[o + 3u] = f16(x.w);
+                du16_out[(du16_at + (e / 16u) * D + e % 16u) / 4u] = f16x4(x);
             }
             if (tid == 0u) {
                 du_scales_out[(bh * p.chunks + n) * 8u + vb] = inv_du;
@@ -629,7 +639,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
 // The delta rules' du as f16 tiles [B, H, chunks, 64, 128] (chunk_bwd_state_coop writes them, each
 // value block of 16 at its own scale; the inverses in du_scales [B, H, chunks, 8]), for
 // chunk_bwd_wy_coop.
-@group(0) @binding(38) var<storage, read_write> du16_out: array<f16>;
+@group(0) @binding(38) var<storage, read_write> du16_out: array<vec2<u32>>; // four halves a word pair
 @group(0) @binding(39) var<storage, read> du16: array<f16>;
 @group(0) @binding(40) var<storage, read_write> du_scales_out: array<f32>;
 @group(0) @binding(41) var<storage, read> du_scales: array<f32>;

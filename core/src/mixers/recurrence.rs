@@ -721,7 +721,8 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
         let local_bindings = [(15, sweep_b), (31, &tiles), (32, &du_tiles), (34, &do_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_local_coop"), &params, &local_bindings, grid)?;
         // The delta rules' du as f16 tiles too, each value block at its own scale.
-        let du16 = rec.temp(if r.delta { sweep_tile_words(d).div_ceil(2) } else { 1 })?;
+        // (Two words where unused: the smallest binding of its packed view.)
+        let du16 = rec.temp(if r.delta { sweep_tile_words(d).div_ceil(2) } else { 2 })?;
         let du_scales = rec.temp(if r.delta { bh * chunks * 8 } else { 1 })?;
         let sweep_bindings = [(15, sweep_b), (18, &ds_end), (20, &du), (31, &tiles), (32, &du_tiles), (34, &do_scales), (38, &du16), (40, &du_scales)];
         rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_state_coop"), &params, &sweep_bindings, state_grid)?;
