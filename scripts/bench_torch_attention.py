@@ -7,9 +7,10 @@ query-key pair on or below the diagonal).
 
 Usage: python3 scripts/bench_torch_attention.py [--iters 20] [--shapes 8x512,4x2048]
 """
-import argparse, json, statistics
+import argparse, json
 import torch
 import torch.nn.functional as F
+from bench_torch_gemm import cuda_seconds
 
 
 def main():
@@ -25,17 +26,7 @@ def main():
             k = torch.randn(b, 3, t, 64, device="cuda", dtype=dtype)
             v = torch.randn(b, 3, t, 64, device="cuda", dtype=dtype)
             f = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            for _ in range(3):
-                f()
-            times = []
-            for _ in range(a.iters):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                f()
-                e.record()
-                torch.cuda.synchronize()
-                times.append(s.elapsed_time(e) / 1e3)
-            sec = statistics.median(times)
+            sec = cuda_seconds(f, a.iters)
             flops = 4.0 * b * 9 * 64 * (t * (t + 1) / 2)
             print(json.dumps({"what": "attention", "batch": b, "seq": t, "dtype": dtype_name, "seconds": sec, "tflops": flops / sec / 1e12}), flush=True)
 

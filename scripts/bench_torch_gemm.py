@@ -10,6 +10,21 @@ import torch
 SHAPES = [(4096, 960, 576), (4096, 576, 576), (4096, 3072, 576), (4096, 576, 1536), (4096, 49152, 576), (8192, 8192, 1024)]
 
 
+def cuda_seconds(f, iters):
+    """Median seconds of `f` by CUDA events, over `iters` runs after three warm-ups."""
+    for _ in range(3):
+        f()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        f()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / 1e3)
+    return statistics.median(times)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--iters", type=int, default=20)
@@ -32,17 +47,7 @@ def main():
             w = torch.randn(n, k, device="cuda", dtype=dtype) * 0.05
             dy = torch.randn(m, n, device="cuda", dtype=dtype) * 0.05
             for name, f in [("linear", lambda: x @ w.t()), ("linear backward input", lambda: dy @ w), ("linear backward weight", lambda: dy.t() @ x)]:
-                for _ in range(3):
-                    f()
-                times = []
-                for _ in range(a.iters):
-                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    s.record()
-                    f()
-                    e.record()
-                    torch.cuda.synchronize()
-                    times.append(s.elapsed_time(e) / 1e3)
-                sec = statistics.median(times)
+                sec = cuda_seconds(f, a.iters)
                 log(what="op", op=f"{name} {m}x{n}x{k}", peer=f"torch {torch.__version__} cuBLAS", dtype=dtype_name, seconds=sec, tflops=2 * m * n * k / sec / 1e12)
 
 

@@ -199,6 +199,21 @@ fn s32_4(e: u32) -> vec4<f32> {
 var<workgroup> s16: array<f16, 3072>;  // S_0 as f16 [128][LDS]
 var<workgroup> u16s: array<f16, 1536>; // u as f16 [64][LDS]
 
+// Four values to f16 at o .. o + 3 of s16 / u16s (workgroup memory takes no packed stores).
+fn s16_put4(o: u32, x: vec4<f32>) {
+    s16[o] = f16(x.x);
+    s16[o + 1u] = f16(x.y);
+    s16[o + 2u] = f16(x.z);
+    s16[o + 3u] = f16(x.w);
+}
+
+fn u16s_put4(o: u32, x: vec4<f32>) {
+    u16s[o] = f16(x.x);
+    u16s[o + 1u] = f16(x.y);
+    u16s[o + 2u] = f16(x.z);
+    u16s[o + 3u] = f16(x.w);
+}
+
 // s + Σ_tb K̃ᵀ[kb, tb] u[tb]: key block kb of S updated by the chunk's four token blocks
 // (K̃ᵀ's block is K̃'s rows read column-major). The loads first: none waits on a product.
 fn kt_times_u(kd_at: u32, kb: u32, s: coop_mat16x16<f32, C>, u0: coop_mat16x16<f16, B>, u1: coop_mat16x16<f16, B>, u2: coop_mat16x16<f16, B>, u3: coop_mat16x16<f16, B>) -> coop_mat16x16<f32, C> {
@@ -277,10 +292,7 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
                 let x = s32_4(e);
                 if (DELTA) {
                     let o = (e / 16u) * LDS + e % 16u;
-                    s16[o] = f16(x.x);
-                    s16[o + 1u] = f16(x.y);
-                    s16[o + 2u] = f16(x.z);
-                    s16[o + 3u] = f16(x.w);
+                    s16_put4(o, x);
                 }
                 out16_w[(h16_at + (e / 16u) * D + e % 16u) / 4u] = f16x4(x);
             }
@@ -299,10 +311,7 @@ fn chunk_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
                 let t = e / 16u;
                 let x = s32_4(e);
                 let o = t * LDS + e % 16u;
-                u16s[o] = f16(x.x);
-                u16s[o + 1u] = f16(x.y);
-                u16s[o + 2u] = f16(x.z);
-                u16s[o + 3u] = f16(x.w);
+                u16s_put4(o, x);
                 out16_w[(u16_at + t * D + e % 16u) / 4u] = f16x4(select(vec4<f32>(0.0), x, t < len));
                 // Rows past the chunk store the last row's value again (no branch while the
                 // accumulators are live: BENCHMARKS.md, divergent code corrupts them).
@@ -551,10 +560,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
         for (var e = 4u * tid; e < 2048u; e += 512u) {
             let x = s32_4(e) * sc;
             let o = (e / 16u) * LDS + e % 16u;
-            s16[o] = f16(x.x);
-            s16[o + 1u] = f16(x.y);
-            s16[o + 2u] = f16(x.z);
-            s16[o + 3u] = f16(x.w);
+            s16_put4(o, x);
         }
         workgroupBarrier();
         // du's token block g = du_local + K̃ dS_L.
@@ -579,10 +585,7 @@ fn chunk_bwd_state_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
             for (var e = 4u * tid; e < 1024u; e += 512u) {
                 let x = s32_4(e) * su;
                 let o = (e / 16u) * LDS + e % 16u;
-                u16s[o] = f16(x.x);
-                u16s[o + 1u] = f16(x.y);
-                u16s[o + 2u] = f16(x.z);
-                u16s[o + 3u] = f16(x.w);
+                u16s_put4(o, x);
                 du16_out[(du16_at + (e / 16u) * D + e % 16u) / 4u] = f16x4(x);
             }
             if (tid == 0u) {
@@ -659,8 +662,29 @@ fn xi(e: u32) -> u32 {
 fn x32_4(e: u32) -> vec4<f32> {
     return x32_at4(xi(e));
 }
+
+fn x32_set4(e: u32, v: vec4<f32>) {
+    let o = xi(e);
+    x32[o] = v.x;
+    x32[o + 1u] = v.y;
+    x32[o + 2u] = v.z;
+    x32[o + 3u] = v.w;
+}
 var<workgroup> p16: array<f16, 4608>;     // dP · σ as f16 [64][PS]
+
+// Four values to f16 at o .. o + 3 of p16.
+fn p16_put4(o: u32, x: vec4<f32>) {
+    p16[o] = f16(x.x);
+    p16[o + 1u] = f16(x.y);
+    p16[o + 2u] = f16(x.z);
+    p16[o + 3u] = f16(x.w);
+}
 var<workgroup> gsh: array<f32, 64>;       // the chunk's cumulative gates b_t
+
+// The cumulative gates of tokens s .. s + 3.
+fn gsh4(s: u32) -> vec4<f32> {
+    return vec4<f32>(gsh[s], gsh[s + 1u], gsh[s + 2u], gsh[s + 3u]);
+}
 
 // Tile i of dP's lower triangle in the order (0, 0), (1, 0), (1, 1), (2, 0), …: its query block
 // and key block.
@@ -837,24 +861,17 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
         let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
-        let gs = vec4<f32>(gsh[s.x], gsh[s.y], gsh[s.z], gsh[s.w]);
+        let gs = gsh4(e % CH);
         let live = (s <= vec4<u32>(t)) & vec4<bool>(t < len);
         let v = select(vec4<f32>(0.0), x32_4(e) * p.scale * exp(gsh[t] - gs), live);
-        let o = xi(e);
-        x32[o] = v.x;
-        x32[o + 1u] = v.y;
-        x32[o + 2u] = v.z;
-        x32[o + 3u] = v.w;
+        x32_set4(e, v);
         mx = max(mx, max4(v));
     }
     let sigma = pow2_scale(workgroup_max(tid, mx, THREADS));
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let v = x32_4(e) * sigma;
         let o = (e / CH) * PS + e % CH;
-        p16[o] = f16(v.x);
-        p16[o + 1u] = f16(v.y);
-        p16[o + 2u] = f16(v.z);
-        p16[o + 3u] = f16(v.w);
+        p16_put4(o, v);
     }
     workgroupBarrier();
     let inv = 1.0 / sigma;
@@ -1209,14 +1226,10 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let tt = e / CH;
         let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
-        let gs = vec4<f32>(gsh[s.x], gsh[s.y], gsh[s.z], gsh[s.w]);
+        let gs = gsh4(e % CH);
         let live = (s < vec4<u32>(tt)) & vec4<bool>(tt < len);
         let m = select(vec4<f32>(0.0), x32_4(e) * bsh[tt] * exp(gsh[tt] - gs), live);
-        let o = xi(e);
-        x32[o] = m.x;
-        x32[o + 1u] = m.y;
-        x32[o + 2u] = m.z;
-        x32[o + 3u] = m.w;
+        x32_set4(e, m);
         mx = max(mx, max4(m));
     }
     let sigma = pow2_scale(workgroup_max(tid, mx, THREADS));
@@ -1226,10 +1239,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let mt = vec4<f32>(x32[s * XS + tt], x32[(s + 1u) * XS + tt], x32[(s + 2u) * XS + tt], x32[(s + 3u) * XS + tt]);
         let n4 = (x32_4(e) + mt) * sigma;
         let o = tt * PS + s;
-        p16[o] = f16(n4.x);
-        p16[o + 1u] = f16(n4.y);
-        p16[o + 2u] = f16(n4.z);
-        p16[o + 3u] = f16(n4.w);
+        p16_put4(o, n4);
     }
     workgroupBarrier();
 
@@ -1477,16 +1487,12 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
         let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
-        let gs = vec4<f32>(gsh[s.x], gsh[s.y], gsh[s.z], gsh[s.w]);
+        let gs = gsh4(e % CH);
         let live = (s < vec4<u32>(t)) & vec4<bool>(t < len);
         let v = select(vec4<f32>(0.0), x32_4(e) * exp(gsh[t] - gs), live);
         kk4[(kk_at + e) / 4u] = v;
         let a = bsh[t] * v;
-        let o = xi(e);
-        x32[o] = a.x;
-        x32[o + 1u] = a.y;
-        x32[o + 2u] = a.z;
-        x32[o + 3u] = a.w;
+        x32_set4(e, a);
     }
     // R_v and R_k to f16 at their scales (R_k over k, whose products are done).
     let sigma_v = pow2_scale(workgroup_max(tid, mx_v, THREADS));
