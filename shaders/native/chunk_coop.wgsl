@@ -259,20 +259,24 @@ fn chunk_output_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let at = sg * 256u;
         coopStoreT(pt, &sc32[at], 16u);
         workgroupBarrier();
-        for (var i = 0u; i < 1024u / 128u; i++) {
-            let e = tid + 128u * i;
+        // Four keys a thread at a time.
+        for (var i = 0u; i < 1024u / 512u; i++) {
+            let e = 4u * tid + 512u * i;
             let own = round * 4u + e / 256u;
             if (own < tiles) {
                 let t = 16u * (tile_query(own) + u32(vector)) + (e % 256u) / 16u;
-                let s = 16u * tile_key(own) + e % 16u;
-                var pv = 0.0;
-                if (s <= t && t < len) {
-                    pv = sc32[e];
-                    if (GATE == 1u) {
-                        pv *= exp(g_sh[t] - g_sh[s]);
-                    }
+                let s0 = 16u * tile_key(own) + e % 16u;
+                let s = vec4<u32>(s0) + vec4<u32>(0u, 1u, 2u, 3u);
+                var pv = vec4<f32>(sc32[e], sc32[e + 1u], sc32[e + 2u], sc32[e + 3u]);
+                if (GATE == 1u) {
+                    pv *= exp(g_sh[t] - vec4<f32>(g_sh[s.x], g_sh[s.y], g_sh[s.z], g_sh[s.w]));
                 }
-                p16[t * HS + s] = f16(pv);
+                pv = select(vec4<f32>(0.0), pv, (s <= vec4<u32>(t)) & vec4<bool>(t < len));
+                let o = t * HS + s0;
+                p16[o] = f16(pv.x);
+                p16[o + 1u] = f16(pv.y);
+                p16[o + 2u] = f16(pv.z);
+                p16[o + 3u] = f16(pv.w);
             }
         }
         workgroupBarrier();
