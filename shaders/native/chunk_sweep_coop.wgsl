@@ -480,14 +480,12 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
     load_gates(tid, b, h, c0, len);
     lower_tiles(tile_at(5u, bh, n), tile_at(4u, bh, n), g);
     workgroupBarrier();
-    for (var e = tid; e < CH * CH; e += THREADS) {
+    // The mask and the decay, four columns a thread at a time.
+    for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
-        let s = e % CH;
-        var v = 0.0;
-        if (s <= t && t < len) {
-            v = x32[xi(e)] * p.scale * exp(gsh[t] - gsh[s]);
-        }
-        p16[t * PS + s] = f16(v);
+        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
+        let live = (s <= vec4<u32>(t)) & vec4<bool>(t < len);
+        p16_put4(t * PS + e % CH, select(vec4<f32>(0.0), x32_4(e) * p.scale * exp(gsh[t] - gsh4(e % CH)), live));
     }
     workgroupBarrier();
     // du[tb, cb ..] = Σ_c Pᵀ[tb, c] dO[c, cb ..]: A = Pᵀ read column-major from p16, B the dO
