@@ -231,10 +231,7 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
         for (var i = 0u; i < 8u; i++) {
             let x = exp(sv[i] - m_new);
             sum4 += x;
-            p16[po + 4u * i] = f16(x.x);
-            p16[po + 4u * i + 1u] = f16(x.y);
-            p16[po + 4u * i + 2u] = f16(x.z);
-            p16[po + 4u * i + 3u] = f16(x.w);
+            put4(2u, po + 4u * i, x);
         }
         let sum = (sum4.x + sum4.y) + (sum4.z + sum4.w);
         red2[tid] = sum;

@@ -483,8 +483,7 @@ fn chunk_bwd_local_coop(@builtin(local_invocation_index) tid: u32, @builtin(work
     // The mask and the decay, four columns a thread at a time.
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
-        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
-        let live = (s <= vec4<u32>(t)) & vec4<bool>(t < len);
+        let live = lower4(e, len, true);
         p16_put4(t * PS + e % CH, select(vec4<f32>(0.0), x32_4(e) * p.scale * exp(gsh[t] - gsh4(e % CH)), live));
     }
     workgroupBarrier();
@@ -656,6 +655,11 @@ fn xi(e: u32) -> u32 {
     return (e / CH) * XS + e % CH;
 }
 
+// x32's four floats from o (a multiple of 4).
+fn x32_at4(o: u32) -> vec4<f32> {
+    return vec4<f32>(x32[o], x32[o + 1u], x32[o + 2u], x32[o + 3u]);
+}
+
 // Elements e .. e + 3 (e a multiple of 4) of the same.
 fn x32_4(e: u32) -> vec4<f32> {
     return x32_at4(xi(e));
@@ -682,6 +686,15 @@ var<workgroup> gsh: array<f32, 64>;       // the chunk's cumulative gates b_t
 // The cumulative gates of tokens s .. s + 3.
 fn gsh4(s: u32) -> vec4<f32> {
     return vec4<f32>(gsh[s], gsh[s + 1u], gsh[s + 2u], gsh[s + 3u]);
+}
+
+// Which of elements e .. e + 3 of a [64][64] matrix (row t = e / 64, columns s = e % 64 ..) lie
+// below its diagonal (on it too with `diagonal`) in a row of the chunk.
+fn lower4(e: u32, len: u32, diagonal: bool) -> vec4<bool> {
+    let t = e / CH;
+    let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
+    let below = select(s < vec4<u32>(t), s <= vec4<u32>(t), diagonal);
+    return below & vec4<bool>(t < len);
 }
 
 // Tile i of dP's lower triangle in the order (0, 0), (1, 0), (1, 1), (2, 0), …: its query block
@@ -858,9 +871,8 @@ fn chunk_bwd_scores_coop(@builtin(local_invocation_index) tid: u32, @builtin(wor
     var mx = 0.0;
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
-        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
         let gs = gsh4(e % CH);
-        let live = (s <= vec4<u32>(t)) & vec4<bool>(t < len);
+        let live = lower4(e, len, true);
         let v = select(vec4<f32>(0.0), x32_4(e) * p.scale * exp(gsh[t] - gs), live);
         x32_set4(e, v);
         mx = max(mx, max4(v));
@@ -1109,11 +1121,6 @@ fn dk4_at(tid: u32, b: u32, h: u32, c0: u32, len: u32, half: u32, i: u32) -> u32
     return (row_of(b, c0 + min(dk_token(tid, i), len - 1u), h) * D + 64u * half) / 4u + tid % 16u;
 }
 
-// x32's four floats from o (a multiple of 4).
-fn x32_at4(o: u32) -> vec4<f32> {
-    return vec4<f32>(x32[o], x32[o + 1u], x32[o + 2u], x32[o + 3u]);
-}
-
 // dS_L and the chunk starts as vec4, for dg's end-state term.
 @group(0) @binding(19) var<storage, read> ds_vec: array<vec4<f32>>;   // [B, H, chunks, DS / 4]
 @group(0) @binding(11) var<storage, read> h_vec: array<vec4<f32>>;    // [B, H, chunks, R / 4]
@@ -1223,9 +1230,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     mx = 0.0;
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let tt = e / CH;
-        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
         let gs = gsh4(e % CH);
-        let live = (s < vec4<u32>(tt)) & vec4<bool>(tt < len);
+        let live = lower4(e, len, false);
         let m = select(vec4<f32>(0.0), x32_4(e) * bsh[tt] * exp(gsh[tt] - gs), live);
         x32_set4(e, m);
         mx = max(mx, max4(m));
@@ -1484,9 +1490,8 @@ fn chunk_prepare_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgr
     workgroupBarrier();
     for (var e = 4u * tid; e < CH * CH; e += 4u * THREADS) {
         let t = e / CH;
-        let s = vec4<u32>(e % CH) + vec4<u32>(0u, 1u, 2u, 3u);
         let gs = gsh4(e % CH);
-        let live = (s < vec4<u32>(t)) & vec4<bool>(t < len);
+        let live = lower4(e, len, false);
         let v = select(vec4<f32>(0.0), x32_4(e) * exp(gsh[t] - gs), live);
         kk4[(kk_at + e) / 4u] = v;
         let a = bsh[t] * v;
