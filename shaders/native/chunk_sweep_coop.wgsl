@@ -974,11 +974,6 @@ fn tile4(at: u32) -> vec4<f32> {
 
 var<workgroup> bsh: array<f32, 64>;      // β_t of the chunk (0 past its end)
 
-// A_ts = β_t kk_ts (0 unless s < t < len).
-fn a_at(kk_at: u32, t: u32, s: u32) -> f32 {
-    return bsh[t] * kk_out[kk_at + t * CH + s];
-}
-
 var<workgroup> adiag: array<f32, 1024>;  // A's four diagonal blocks [4][16][16], while T overwrites them
 
 // T = (I + A)⁻¹ in place in x32 [64][64], which holds A (zero on and above the diagonal): every
@@ -1213,16 +1208,34 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     // (added after dR_k's terms, in the order of the sums).
     dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);
     workgroupBarrier();
+    // L = dA ⊙ (A / β) below the diagonal in the chunk's rows: its row sums (thread tid: row
+    // tid / 4, sixteen columns from 16 (tid % 4), two vec4 loads of a row at a time) and its
+    // column sums weighted by β of the row (thread tid: column tid % 64 over rows 16 (tid / 64)
+    // .. + 15, neighbouring threads reading neighbouring words), each as four partials in the
+    // padding of x32's rows (columns 64 .. 67 and 68 .. 71, which no product writes).
+    {
+        let r = tid / 4u;
+        var acc = vec4<f32>(0.0);
+        for (var q = 0u; q < 4u; q++) {
+            let e = r * CH + 16u * (tid % 4u) + 4u * q;
+            acc += select(vec4<f32>(0.0), x32_4(e) * kk4[(kk_at + e) / 4u], lower4(e, len, false));
+        }
+        let c = tid % CH;
+        var col = 0.0;
+        for (var i = 0u; i < 16u; i++) {
+            let s = 16u * (tid / CH) + i;
+            col += select(0.0, x32[s * XS + c] * bsh[s] * kk_out[kk_at + s * CH + c], c < s && s < len);
+        }
+        x32[r * XS + CH + tid % 4u] = acc.x + acc.y + acc.z + acc.w;
+        x32[c * XS + CH + 4u + tid / CH] = col;
+    }
+    workgroupBarrier();
+    // Token t's sums, taken whole by the first thread of its pair (the second adds nothing).
     var row_sum = 0.0;
     var col_sum = 0.0;
-    if (live) {
-        for (var j = 0u; j < 32u; j++) {
-            // Loads unconditional (within the chunk's 64 × 64), so that they need not wait on
-            // each other; token t as the key of a later row s for the column.
-            let s = 32u * hh + (j + t) % 32u;
-            row_sum += select(0.0, x32[t * XS + s] * kk_out[kk_at + t * CH + s], s < t);
-            col_sum += select(0.0, x32[s * XS + t] * a_at(kk_at, s, t), t < s && s < len);
-        }
+    if (live && hh == 0u) {
+        row_sum = dot(x32_at4(t * XS + CH), vec4<f32>(1.0));
+        col_sum = dot(x32_at4(t * XS + CH + 4u), vec4<f32>(1.0));
     }
     workgroupBarrier();
     // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.

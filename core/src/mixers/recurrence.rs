@@ -762,8 +762,8 @@ pub fn backward(rec: &mut Recorder, a: &RecurrenceArgs, d_out: &GpuBuf, saved: O
                 let wy_bindings = [
                     (2, k), (3, v), (5, beta), (11, sweep_h), (15, sweep_b), (19, &ds_end), (24, &grads.v), (25, &grads.g), (26, &grads.beta),
                     (31, tiles), (35, &states16), (36, &scales), (37, &wy.kk), (39, du16), (41, du_scales), (43, &staged), (45, &wy.t16), (46, &wy.scales),
-                    // staged and the tiles again, and the scores' dq and dk: their vector views.
-                    (47, &staged), (50, tiles), (51, &grads.q), (52, &grads.k),
+                    // staged, the tiles and A / β again, and the scores' dq and dk: their vector views.
+                    (47, &staged), (50, tiles), (51, &grads.q), (52, &grads.k), (53, &wy.kk),
                 ];
                 rec.dispatch_bindings(&sweep_kernel(r, "chunk_bwd_wy_coop"), &params, &wy_bindings, grid)?;
                 return Ok(grads);
