@@ -1129,13 +1129,10 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let bh = b * p.heads + h;
     let c0 = n * CH;
     let len = min(CH, p.seq - c0);
-    // Per-token sums: thread tid < 128 takes token t = tid / 2 and half tid % 2 of each row (the
-    // rest mirror them and add nothing).
-    let sums = tid < 128u;
-    let t = (tid % 128u) / 2u;
-    let hh = tid % 2u;
-    let live = sums && t < len;
-    let row = row_of(b, c0 + min(t, len - 1u), h);
+    // Per-token sums: thread tid takes a quarter of the columns of token r = tid / 4 (rows past
+    // the chunk read its last row's k, v, dq and dk, and are never stored).
+    let r = tid / 4u;
+    let row = row_of(b, c0 + min(r, len - 1u), h);
     load_gates(tid, b, h, c0, len);
     if (tid < CH) {
         bsh[tid] = select(0.0, beta[row_of(b, c0 + min(tid, len - 1u), h)], tid < len);
@@ -1152,16 +1149,14 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     let st = (bh * p.chunks + n) * 2u * D * D;
     let inv_s0 = state_scales[(bh * p.chunks + n) * 2u];
 
-    // The scores' part of db_t: q_t·dq_t − k_t·dk_t with q and k as they entered the scores'
-    // products (f16), thread (t, hh) over half of row t, four columns' loads at a time (a loop
-    // whose loads wait one by one is what this kernel's time is made of; rows past the chunk
-    // read the last row's dq and dk against zero tiles).
+    // The scores' part of db_r: q_r·dq_r − k_r·dk_r with q and k as they entered the scores'
+    // products (f16), thread tid over 32 columns of row r, four columns' loads at a time.
     var db = 0.0;
-    if (GATE != 0u && sums) {
-        let x = row * D + 64u * hh;
-        let y = t * D + 64u * hh;
+    if (GATE != 0u) {
+        let x = row * D + 32u * (tid % 4u);
+        let y = r * D + 32u * (tid % 4u);
         var acc = vec4<f32>(0.0);
-        for (var i = 0u; i < 64u; i += 4u) {
+        for (var i = 0u; i < 32u; i += 4u) {
             acc += tile4(q_at + y + i) * dq4[(x + i) / 4u] - tile4(k_at + y + i) * dk4[(x + i) / 4u];
         }
         db = acc.x + acc.y + acc.z + acc.w;
@@ -1185,14 +1180,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
                 dv_out[(row_of(b, c0 + tt, h) * D + 64u * half + e % CH) / 4u] = bsh[tt] * x;
             }
         }
-        if (live) {
-            for (var j = 0u; j < 8u; j++) {
-                // Rotated by token, so that a subgroup's reads of a column spread over banks.
-                let c = 32u * hh + 4u * ((j + t) % 8u);
-                let v = v_row[row * D4 + (64u * half + c) / 4u];
-                let x = t * XS + c;
-                dbeta += v.x * x32[x] + v.y * x32[x + 1u] + v.z * x32[x + 2u] + v.w * x32[x + 3u];
-            }
+        for (var q = 0u; q < 4u; q++) {
+            let c = 16u * (tid % 4u) + 4u * q;
+            dbeta += dot(v_row[row * D4 + (64u * half + c) / 4u], x32_at4(r * XS + c));
         }
         let rho = pow2_scale(workgroup_max(tid, mx, THREADS));
         inv_r[half] = 1.0 / rho;
@@ -1208,13 +1198,13 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     // (added after dR_k's terms, in the order of the sums).
     dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);
     workgroupBarrier();
-    // L = dA ⊙ (A / β) below the diagonal in the chunk's rows: its row sums (thread tid: row
-    // tid / 4, sixteen columns from 16 (tid % 4), two vec4 loads of a row at a time) and its
-    // column sums weighted by β of the row (thread tid: column tid % 64 over rows 16 (tid / 64)
-    // .. + 15, neighbouring threads reading neighbouring words), each as four partials in the
-    // padding of x32's rows (columns 64 .. 67 and 68 .. 71, which no product writes).
+    // L = dA ⊙ (A / β) below the diagonal in the chunk's rows: its row sums (thread tid: row r,
+    // sixteen columns from 16 (tid % 4), a vec4 of each at a time) and its column sums weighted
+    // by β of the row (thread tid: column tid % 64 over rows 16 (tid / 64) .. + 15, neighbouring
+    // threads reading neighbouring words), these as four partials in the padding of x32's rows
+    // (columns 68 .. 71, which no product writes).
+    var row_sum = 0.0;
     {
-        let r = tid / 4u;
         var acc = vec4<f32>(0.0);
         for (var q = 0u; q < 4u; q++) {
             let e = r * CH + 16u * (tid % 4u) + 4u * q;
@@ -1226,16 +1216,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             let s = 16u * (tid / CH) + i;
             col += select(0.0, x32[s * XS + c] * bsh[s] * kk_out[kk_at + s * CH + c], c < s && s < len);
         }
-        x32[r * XS + CH + tid % 4u] = acc.x + acc.y + acc.z + acc.w;
+        row_sum = acc.x + acc.y + acc.z + acc.w;
         x32[c * XS + CH + 4u + tid / CH] = col;
-    }
-    workgroupBarrier();
-    // Token t's sums, taken whole by the first thread of its pair (the second adds nothing).
-    var row_sum = 0.0;
-    var col_sum = 0.0;
-    if (live && hh == 0u) {
-        row_sum = dot(x32_at4(t * XS + CH), vec4<f32>(1.0));
-        col_sum = dot(x32_at4(t * XS + CH + 4u), vec4<f32>(1.0));
     }
     workgroupBarrier();
     // M_ts = dA_ts β_t Γ_ts in place, then N = M + Mᵀ to f16 at one scale.
@@ -1274,13 +1256,9 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
             let tt = dk_token(tid, i);
             dk[i] += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
         }
-        if (live) {
-            for (var j = 0u; j < 8u; j++) {
-                let c = 32u * hh + 4u * ((j + t) % 8u);
-                let k = k_row[row * D4 + (64u * half + c) / 4u];
-                let x = t * XS + c;
-                kdr += k.x * x32[x] + k.y * x32[x + 1u] + k.z * x32[x + 2u] + k.w * x32[x + 3u];
-            }
+        for (var q = 0u; q < 4u; q++) {
+            let c = 16u * (tid % 4u) + 4u * q;
+            kdr += dot(k_row[row * D4 + (64u * half + c) / 4u], x32_at4(r * XS + c));
         }
         workgroupBarrier();
         let z = coop_mat16x16<f32, C>();
@@ -1295,23 +1273,22 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         }
         workgroupBarrier();
     }
-    let eb = exp(gsh[t]);
-    dbeta += eb * kdr;
-    db += bsh[t] * eb * kdr;
-    dbeta += row_sum;
-    db += bsh[t] * row_sum - col_sum;
-
-    // dβ, then dg: the reverse cumulative sum of db from the chunk's end, which starts at
-    // Σ dS_L ⊙ S_L (S_L the next chunk's S_0; the last chunk's dS_L is zero).
-    if (sums) {
-        x32[tid] = dbeta;
-    }
+    // Thread tid's parts of dβ_r and db_r, then each token's four summed (in x32's padding and
+    // red) by thread r < 64, with the column sums.
+    let eb = exp(gsh[r]);
+    x32[r * XS + CH + tid % 4u] = dbeta + eb * kdr + row_sum;
+    red[r][tid % 4u] = db + bsh[r] * (eb * kdr + row_sum);
     workgroupBarrier();
-    if (hh == 0u && live) {
-        dbeta_out[row] = x32[tid] + x32[tid + 1u];
+    db = 0.0;
+    if (tid < CH) {
+        db = dot(red[tid], vec4<f32>(1.0)) - dot(x32_at4(tid * XS + CH + 4u), vec4<f32>(1.0));
+        if (tid < len) {
+            dbeta_out[row_of(b, c0 + tid, h)] = dot(x32_at4(tid * XS + CH), vec4<f32>(1.0));
+        }
     }
     if (GATE != 0u) {
         var e_part = vec4<f32>(0.0);
+        let sums = tid < 128u;
         if (n + 1u < p.chunks && sums) {
             // 32 vec4 of each per thread, four of each in flight at a time.
             let eb4 = (bh * p.chunks + n) * DS / 4u;
@@ -1331,6 +1308,8 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         workgroupBarrier();
         if (sums) {
             x32[tid] = e_part.x + e_part.y + e_part.z + e_part.w;
+        }
+        if (tid < CH) {
             x32[128u + tid] = db;
         }
         workgroupBarrier();
@@ -1340,7 +1319,7 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
                 acc += x32[x];
             }
             for (var tt = len; tt > 0u; tt--) {
-                acc += x32[128u + 2u * (tt - 1u)] + x32[129u + 2u * (tt - 1u)];
+                acc += x32[128u + tt - 1u];
                 dg_out[row_of(b, c0 + tt - 1u, h)] = acc;
             }
         }
