@@ -46,16 +46,17 @@ WY = {
     'no-drk': ('dR_k = −dR_v S_0ᵀ', [('        dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);\n', '')]),
     'no-da': ('dA = −dR_v uᵀ', [('    dr_v_times_ut(r_at, u_at, g, -inv_r.x, -inv_r.y);\n', '')]),
     'no-nk': ('dk += N k', [('        let nk = p16_times_k(k_at, g % 4u, half, 32u * (g / 4u), TilePair(z, z));\n', '        let nk = TilePair(z, z);\n')]),
-    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('        for (var i = 0u; i < 64u; i += 4u) {\n            let qv', '        for (var i = 0u; i < 0u; i += 4u) {\n            let qv')]),
-    'no-da-sums': ("dA's sums into dβ and db (row and column, A read from kk_out)", [('        for (var j = 0u; j < 32u; j++) {\n            // Loads unconditional', '        for (var j = 0u; j < 0u; j++) {\n            // Loads unconditional')]),
+    'no-dbq': ("the scores' part of db, q·dq − k·dk", [('        for (var i = 0u; i < 32u; i += 4u) {\n            acc += tile4(q_at', '        for (var i = 0u; i < 0u; i += 4u) {\n            acc += tile4(q_at')]),
+    'no-da-sums': ("dA's sums into dβ and db (rows and columns of dA ⊙ (A / β), A / β read from kk_out)", [
+        ('        for (var q = 0u; q < 4u; q++) {\n            let e = r * CH', '        for (var q = 0u; q < 0u; q++) {\n            let e = r * CH'),
+        ('        for (var i = 0u; i < 16u; i++) {\n            let s = 16u * (tid / CH) + i;', '        for (var i = 0u; i < 0u; i++) {\n            let s = 16u * (tid / CH) + i;')]),
     'no-end-state': ("the end state's term of dg, Σ dS_L ⊙ S_L", [('            for (var x = tid; x < D * D / 4u; x += 512u) {', '            for (var x = tid; x < 0u; x += 512u) {')]),
     'no-dk-writes': ("dk's read and write (dR_k's and N k's terms)", [
-        ('            dk[i] = dk_out[dk_rows(tid, b, h, c0, len, half, i)];\n', ''),
-        ('                dk_out[dk_rows(tid, b, h, c0, len, half, i)] = dk[i] + x32[tt * XS + tid % CH] * (1.0 / sigma);\n', '')]),
+        ('            dk[i] = dk4[dk4_at(tid, b, h, c0, len, half, i)];\n', ''),
+        ('                dk4[dk4_at(tid, b, h, c0, len, half, i)] = dk[i] + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);\n', '')]),
     # chunk_prepare_coop's parts (the same file, so these variants also time chunk_bwd_wy_coop whole)
     'prep-no-staging': ("the preparation's f16 staging of k, R_k and R_v, and k16 and K̃ (global stores)", [
-        ('        put_prep(k_at + o, k);\n        out16', '        out16'),
-        ('        out16[out16_at(OUT_K16, bh, n) + o] = f16(k.x);\n        out16[out16_at(OUT_K16, bh, n) + o + 1u] = f16(k.y);\n        out16[out16_at(OUT_K16, bh, n) + o + 2u] = f16(k.z);\n        out16[out16_at(OUT_K16, bh, n) + o + 3u] = f16(k.w);\n', ''),
+        ('        put_out16(out16_at(OUT_K16, bh, n) + o, k);\n', ''),
         ('        put_f16(tile_at(0u, bh, n) + o, k * exp(b_last - gsh[t]));\n', ''),
         ('        put_prep(k_at + o, select(vec4<f32>(0.0), k_row[row * D4 + a], live) * (bsh[t] * exp(gsh[t]) * sigma_k));\n', ''),
         ('        put_prep(v_at + o, select(vec4<f32>(0.0), v_row[row * D4 + a], live) * (bsh[t] * sigma_v));\n', '')]),
@@ -66,13 +67,13 @@ WY = {
         ('    let inv_tau = t_to_f16(tid, t_at, bh * p.chunks + n);', '    let inv_tau = 1.0;')]),
     'prep-no-outputs': ("the preparation's stores of Uc, W (f32 and f16) and b", [
         ('        coopStoreT(uc.o0, &uc_tiles[at], D);\n        coopStoreT(uc.o1, &uc_tiles[at16], D);\n', ''),
-        ('            tiles_out[tile_at(1u, bh, n) + o] = f16(x32[xi(e)]);\n            if (t < len) {\n                w_out[row_of(b, c0 + t, h) * D + 64u * half + e % CH] = x32[xi(e)];\n            }\n', ''),
-        ('            b_out[row_of(b, c0 + e / D, h) * D + e % D] = gsh[e / D];', '')]),
+        ('            put_f16(tile_at(1u, bh, n) + o, x);\n            if (t < len) {\n                w_out[(row_of(b, c0 + t, h) * D + 64u * half + e % CH) / 4u] = x;\n            }\n', ''),
+        ('            b_out[row_of(b, c0 + e / D4, h) * D4 + e % D4] = vec4<f32>(gsh[e / D4]);', '')]),
 }
 
 # Cuts: `if (p.batch > 0u) { return; }` before the anchor (the wy backward first stores its
 # per-token sums, so that the phases before the cut are not dropped as dead code).
-_WY_SINK = '        if (hh == 0u && live) {\n            dbeta_out[row] = dbeta + db;\n        }\n'
+_WY_SINK = '        if (tid % 4u == 0u && r < len) {\n            dbeta_out[row] = dbeta + db;\n        }\n'
 _CUT_AT = {
     'prep1-gates': ('chunk_prepare_coop', '    // b to b_out; k and v to f16', ''),
     'prep2-staging': ('chunk_prepare_coop', '    // A / β = Γ k kᵀ (s < t) to kk_out', ''),
@@ -84,7 +85,7 @@ _CUT_AT = {
     'wy2-drv': ('chunk_bwd_wy_coop', '    // dA = −dR_v uᵀ (s < t)', _WY_SINK),
     'wy3-da': ('chunk_bwd_wy_coop', '    // M_ts = dA_ts β_t Γ_ts in place', _WY_SINK),
     'wy4-n': ('chunk_bwd_wy_coop', '    // By halves: dR_k = −dR_v S_0ᵀ', _WY_SINK),
-    'wy5-drk-nk': ('chunk_bwd_wy_coop', '    // dβ, then dg:', _WY_SINK),
+    'wy5-drk-nk': ('chunk_bwd_wy_coop', "    // Thread tid's parts of dβ_r and db_r", _WY_SINK),
     'sc1-dou': ('chunk_bwd_scores_coop', '    // The mask and the decay in f32 (the tiles above', ''),
     'sc2-mask': ('chunk_bwd_scores_coop', '    let inv = 1.0 / sigma;', ''),
 }
