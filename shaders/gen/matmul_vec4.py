@@ -200,7 +200,7 @@ fn matvec_coalesced{SUFFIX}(@builtin(local_invocation_index) tid: u32, @builtin(
 for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
 COLS = 8
-BR = 8
+BR = 16
 cols_acc = "\n".join(f"        var acc{c} = 0.0;" for c in range(COLS))
 cols_store = "\n".join(f"        if (c0 + {c}u < p.n) {{ put_y(r, c0 + {c}u, acc{c}); }}" for c in range(COLS))
 src += f"""
@@ -291,10 +291,12 @@ blk_body = lambda indent: "\n".join(
 blk_store = "\n".join(f"    if (r0 + {r}u < p.m && c0 + {c}u < p.n) {{ put_y(r0 + {r}u, c0 + {c}u, acc{r}_{c}); }}" for r in range(BR) for c in range(COLS))
 src += f"""
 // Products of more than 8 rows on CPU adapters: each thread a block of {BR} rows × {COLS} columns,
-// the workgroup's threads side by side along the columns of one block of rows, so that their
-// loads of x are the same address (one load for every lane) and only the weights are gathered,
-// each gather feeding {BR} products. No workgroup memory and no barrier (see above). Each output
-// is one fused multiply-add per k in order, as in matmul_128: the same bits as the GPU tiles.
+// the workgroup's threads side by side along the columns of one block of rows. Lavapipe (Mesa
+// 22.3) loads a storage buffer one lane at a time whenever the address is not a constant, so
+// what a product costs there is its loads per multiply-add: {BR} × {COLS} blocks take ({BR} + {COLS}) vec4
+// loads for {4 * BR * COLS} of them (8 × 8 blocks took 16 for 256; BENCHMARKS.md). No workgroup memory
+// and no barrier (see above). Each output is one fused multiply-add per k in order, as in
+// matmul_128: the same bits as the GPU tiles.
 """
 BLOCKS = """@compute @workgroup_size(32)
 fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{

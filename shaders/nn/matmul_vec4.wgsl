@@ -597,7 +597,7 @@ fn matvec_coalesced_f16(@builtin(local_invocation_index) tid: u32, @builtin(work
 // Columns per thread of matvec_columns and matmul_columns, and rows per thread of the latter
 // (nn::MV_COLS and nn::MV_ROWS on the host, which sizes their grids).
 const MV_COLS: u32 = 8u;
-const MV_ROWS: u32 = 8u;
+const MV_ROWS: u32 = 16u;
 
 fn put_y(r: u32, col: u32, v: f32) {
     let idx = r * p.ldy + p.y0 + col;
@@ -1137,11 +1137,13 @@ fn matvec_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-// Products of more than 8 rows on CPU adapters: each thread a block of 8 rows × 8 columns,
-// the workgroup's threads side by side along the columns of one block of rows, so that their
-// loads of x are the same address (one load for every lane) and only the weights are gathered,
-// each gather feeding 8 products. No workgroup memory and no barrier (see above). Each output
-// is one fused multiply-add per k in order, as in matmul_128: the same bits as the GPU tiles.
+// Products of more than 8 rows on CPU adapters: each thread a block of 16 rows × 8 columns,
+// the workgroup's threads side by side along the columns of one block of rows. Lavapipe (Mesa
+// 22.3) loads a storage buffer one lane at a time whenever the address is not a constant, so
+// what a product costs there is its loads per multiply-add: 16 × 8 blocks take (16 + 8) vec4
+// loads for 512 of them (8 × 8 blocks took 16 for 256; BENCHMARKS.md). No workgroup memory
+// and no barrier (see above). Each output is one fused multiply-add per k in order, as in
+// matmul_128: the same bits as the GPU tiles.
 @compute @workgroup_size(32)
 fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let c0 = MV_COLS * gid.x;
@@ -1167,6 +1169,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     let x5 = min(r0 + 5u, p.m - 1u) * k4;
     let x6 = min(r0 + 6u, p.m - 1u) * k4;
     let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    let x8 = min(r0 + 8u, p.m - 1u) * k4;
+    let x9 = min(r0 + 9u, p.m - 1u) * k4;
+    let x10 = min(r0 + 10u, p.m - 1u) * k4;
+    let x11 = min(r0 + 11u, p.m - 1u) * k4;
+    let x12 = min(r0 + 12u, p.m - 1u) * k4;
+    let x13 = min(r0 + 13u, p.m - 1u) * k4;
+    let x14 = min(r0 + 14u, p.m - 1u) * k4;
+    let x15 = min(r0 + 15u, p.m - 1u) * k4;
     var acc0_0 = 0.0;
     var acc0_1 = 0.0;
     var acc0_2 = 0.0;
@@ -1231,6 +1241,70 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc8_0 = 0.0;
+    var acc8_1 = 0.0;
+    var acc8_2 = 0.0;
+    var acc8_3 = 0.0;
+    var acc8_4 = 0.0;
+    var acc8_5 = 0.0;
+    var acc8_6 = 0.0;
+    var acc8_7 = 0.0;
+    var acc9_0 = 0.0;
+    var acc9_1 = 0.0;
+    var acc9_2 = 0.0;
+    var acc9_3 = 0.0;
+    var acc9_4 = 0.0;
+    var acc9_5 = 0.0;
+    var acc9_6 = 0.0;
+    var acc9_7 = 0.0;
+    var acc10_0 = 0.0;
+    var acc10_1 = 0.0;
+    var acc10_2 = 0.0;
+    var acc10_3 = 0.0;
+    var acc10_4 = 0.0;
+    var acc10_5 = 0.0;
+    var acc10_6 = 0.0;
+    var acc10_7 = 0.0;
+    var acc11_0 = 0.0;
+    var acc11_1 = 0.0;
+    var acc11_2 = 0.0;
+    var acc11_3 = 0.0;
+    var acc11_4 = 0.0;
+    var acc11_5 = 0.0;
+    var acc11_6 = 0.0;
+    var acc11_7 = 0.0;
+    var acc12_0 = 0.0;
+    var acc12_1 = 0.0;
+    var acc12_2 = 0.0;
+    var acc12_3 = 0.0;
+    var acc12_4 = 0.0;
+    var acc12_5 = 0.0;
+    var acc12_6 = 0.0;
+    var acc12_7 = 0.0;
+    var acc13_0 = 0.0;
+    var acc13_1 = 0.0;
+    var acc13_2 = 0.0;
+    var acc13_3 = 0.0;
+    var acc13_4 = 0.0;
+    var acc13_5 = 0.0;
+    var acc13_6 = 0.0;
+    var acc13_7 = 0.0;
+    var acc14_0 = 0.0;
+    var acc14_1 = 0.0;
+    var acc14_2 = 0.0;
+    var acc14_3 = 0.0;
+    var acc14_4 = 0.0;
+    var acc14_5 = 0.0;
+    var acc14_6 = 0.0;
+    var acc14_7 = 0.0;
+    var acc15_0 = 0.0;
+    var acc15_1 = 0.0;
+    var acc15_2 = 0.0;
+    var acc15_3 = 0.0;
+    var acc15_4 = 0.0;
+    var acc15_5 = 0.0;
+    var acc15_6 = 0.0;
+    var acc15_7 = 0.0;
     for (var kq = 0u; kq < k4; kq++) {
         let wv0 = w_f32(w0 + kq);
         let wv1 = w_f32(w1 + kq);
@@ -1312,6 +1386,78 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
         acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
         acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+        let xv8 = x[x8 + kq];
+        acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
+        acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
+        acc8_2 = fma(xv8.w, wv2.w, fma(xv8.z, wv2.z, fma(xv8.y, wv2.y, fma(xv8.x, wv2.x, acc8_2))));
+        acc8_3 = fma(xv8.w, wv3.w, fma(xv8.z, wv3.z, fma(xv8.y, wv3.y, fma(xv8.x, wv3.x, acc8_3))));
+        acc8_4 = fma(xv8.w, wv4.w, fma(xv8.z, wv4.z, fma(xv8.y, wv4.y, fma(xv8.x, wv4.x, acc8_4))));
+        acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
+        acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
+        acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+        let xv9 = x[x9 + kq];
+        acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
+        acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
+        acc9_2 = fma(xv9.w, wv2.w, fma(xv9.z, wv2.z, fma(xv9.y, wv2.y, fma(xv9.x, wv2.x, acc9_2))));
+        acc9_3 = fma(xv9.w, wv3.w, fma(xv9.z, wv3.z, fma(xv9.y, wv3.y, fma(xv9.x, wv3.x, acc9_3))));
+        acc9_4 = fma(xv9.w, wv4.w, fma(xv9.z, wv4.z, fma(xv9.y, wv4.y, fma(xv9.x, wv4.x, acc9_4))));
+        acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
+        acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
+        acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+        let xv10 = x[x10 + kq];
+        acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
+        acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
+        acc10_2 = fma(xv10.w, wv2.w, fma(xv10.z, wv2.z, fma(xv10.y, wv2.y, fma(xv10.x, wv2.x, acc10_2))));
+        acc10_3 = fma(xv10.w, wv3.w, fma(xv10.z, wv3.z, fma(xv10.y, wv3.y, fma(xv10.x, wv3.x, acc10_3))));
+        acc10_4 = fma(xv10.w, wv4.w, fma(xv10.z, wv4.z, fma(xv10.y, wv4.y, fma(xv10.x, wv4.x, acc10_4))));
+        acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
+        acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
+        acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+        let xv11 = x[x11 + kq];
+        acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
+        acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
+        acc11_2 = fma(xv11.w, wv2.w, fma(xv11.z, wv2.z, fma(xv11.y, wv2.y, fma(xv11.x, wv2.x, acc11_2))));
+        acc11_3 = fma(xv11.w, wv3.w, fma(xv11.z, wv3.z, fma(xv11.y, wv3.y, fma(xv11.x, wv3.x, acc11_3))));
+        acc11_4 = fma(xv11.w, wv4.w, fma(xv11.z, wv4.z, fma(xv11.y, wv4.y, fma(xv11.x, wv4.x, acc11_4))));
+        acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
+        acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
+        acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+        let xv12 = x[x12 + kq];
+        acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
+        acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
+        acc12_2 = fma(xv12.w, wv2.w, fma(xv12.z, wv2.z, fma(xv12.y, wv2.y, fma(xv12.x, wv2.x, acc12_2))));
+        acc12_3 = fma(xv12.w, wv3.w, fma(xv12.z, wv3.z, fma(xv12.y, wv3.y, fma(xv12.x, wv3.x, acc12_3))));
+        acc12_4 = fma(xv12.w, wv4.w, fma(xv12.z, wv4.z, fma(xv12.y, wv4.y, fma(xv12.x, wv4.x, acc12_4))));
+        acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
+        acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
+        acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+        let xv13 = x[x13 + kq];
+        acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
+        acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
+        acc13_2 = fma(xv13.w, wv2.w, fma(xv13.z, wv2.z, fma(xv13.y, wv2.y, fma(xv13.x, wv2.x, acc13_2))));
+        acc13_3 = fma(xv13.w, wv3.w, fma(xv13.z, wv3.z, fma(xv13.y, wv3.y, fma(xv13.x, wv3.x, acc13_3))));
+        acc13_4 = fma(xv13.w, wv4.w, fma(xv13.z, wv4.z, fma(xv13.y, wv4.y, fma(xv13.x, wv4.x, acc13_4))));
+        acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
+        acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
+        acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+        let xv14 = x[x14 + kq];
+        acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
+        acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
+        acc14_2 = fma(xv14.w, wv2.w, fma(xv14.z, wv2.z, fma(xv14.y, wv2.y, fma(xv14.x, wv2.x, acc14_2))));
+        acc14_3 = fma(xv14.w, wv3.w, fma(xv14.z, wv3.z, fma(xv14.y, wv3.y, fma(xv14.x, wv3.x, acc14_3))));
+        acc14_4 = fma(xv14.w, wv4.w, fma(xv14.z, wv4.z, fma(xv14.y, wv4.y, fma(xv14.x, wv4.x, acc14_4))));
+        acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
+        acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
+        acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+        let xv15 = x[x15 + kq];
+        acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
+        acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
+        acc15_2 = fma(xv15.w, wv2.w, fma(xv15.z, wv2.z, fma(xv15.y, wv2.y, fma(xv15.x, wv2.x, acc15_2))));
+        acc15_3 = fma(xv15.w, wv3.w, fma(xv15.z, wv3.z, fma(xv15.y, wv3.y, fma(xv15.x, wv3.x, acc15_3))));
+        acc15_4 = fma(xv15.w, wv4.w, fma(xv15.z, wv4.z, fma(xv15.y, wv4.y, fma(xv15.x, wv4.x, acc15_4))));
+        acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
+        acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
+        acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
     if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
@@ -1377,6 +1523,70 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
+    if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
+    if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
+    if (r0 + 8u < p.m && c0 + 3u < p.n) { put_y(r0 + 8u, c0 + 3u, acc8_3); }
+    if (r0 + 8u < p.m && c0 + 4u < p.n) { put_y(r0 + 8u, c0 + 4u, acc8_4); }
+    if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
+    if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
+    if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
+    if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
+    if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
+    if (r0 + 9u < p.m && c0 + 3u < p.n) { put_y(r0 + 9u, c0 + 3u, acc9_3); }
+    if (r0 + 9u < p.m && c0 + 4u < p.n) { put_y(r0 + 9u, c0 + 4u, acc9_4); }
+    if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
+    if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
+    if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
+    if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
+    if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
+    if (r0 + 10u < p.m && c0 + 3u < p.n) { put_y(r0 + 10u, c0 + 3u, acc10_3); }
+    if (r0 + 10u < p.m && c0 + 4u < p.n) { put_y(r0 + 10u, c0 + 4u, acc10_4); }
+    if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
+    if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
+    if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
+    if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
+    if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
+    if (r0 + 11u < p.m && c0 + 3u < p.n) { put_y(r0 + 11u, c0 + 3u, acc11_3); }
+    if (r0 + 11u < p.m && c0 + 4u < p.n) { put_y(r0 + 11u, c0 + 4u, acc11_4); }
+    if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
+    if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
+    if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
+    if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
+    if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
+    if (r0 + 12u < p.m && c0 + 3u < p.n) { put_y(r0 + 12u, c0 + 3u, acc12_3); }
+    if (r0 + 12u < p.m && c0 + 4u < p.n) { put_y(r0 + 12u, c0 + 4u, acc12_4); }
+    if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
+    if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
+    if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
+    if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
+    if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
+    if (r0 + 13u < p.m && c0 + 3u < p.n) { put_y(r0 + 13u, c0 + 3u, acc13_3); }
+    if (r0 + 13u < p.m && c0 + 4u < p.n) { put_y(r0 + 13u, c0 + 4u, acc13_4); }
+    if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
+    if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
+    if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
+    if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
+    if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
+    if (r0 + 14u < p.m && c0 + 3u < p.n) { put_y(r0 + 14u, c0 + 3u, acc14_3); }
+    if (r0 + 14u < p.m && c0 + 4u < p.n) { put_y(r0 + 14u, c0 + 4u, acc14_4); }
+    if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
+    if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
+    if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
+    if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
+    if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
+    if (r0 + 15u < p.m && c0 + 3u < p.n) { put_y(r0 + 15u, c0 + 3u, acc15_3); }
+    if (r0 + 15u < p.m && c0 + 4u < p.n) { put_y(r0 + 15u, c0 + 4u, acc15_4); }
+    if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
+    if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
+    if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
 }
 @compute @workgroup_size(32)
 fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -1403,6 +1613,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     let x5 = min(r0 + 5u, p.m - 1u) * k4;
     let x6 = min(r0 + 6u, p.m - 1u) * k4;
     let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    let x8 = min(r0 + 8u, p.m - 1u) * k4;
+    let x9 = min(r0 + 9u, p.m - 1u) * k4;
+    let x10 = min(r0 + 10u, p.m - 1u) * k4;
+    let x11 = min(r0 + 11u, p.m - 1u) * k4;
+    let x12 = min(r0 + 12u, p.m - 1u) * k4;
+    let x13 = min(r0 + 13u, p.m - 1u) * k4;
+    let x14 = min(r0 + 14u, p.m - 1u) * k4;
+    let x15 = min(r0 + 15u, p.m - 1u) * k4;
     var acc0_0 = 0.0;
     var acc0_1 = 0.0;
     var acc0_2 = 0.0;
@@ -1467,6 +1685,70 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc8_0 = 0.0;
+    var acc8_1 = 0.0;
+    var acc8_2 = 0.0;
+    var acc8_3 = 0.0;
+    var acc8_4 = 0.0;
+    var acc8_5 = 0.0;
+    var acc8_6 = 0.0;
+    var acc8_7 = 0.0;
+    var acc9_0 = 0.0;
+    var acc9_1 = 0.0;
+    var acc9_2 = 0.0;
+    var acc9_3 = 0.0;
+    var acc9_4 = 0.0;
+    var acc9_5 = 0.0;
+    var acc9_6 = 0.0;
+    var acc9_7 = 0.0;
+    var acc10_0 = 0.0;
+    var acc10_1 = 0.0;
+    var acc10_2 = 0.0;
+    var acc10_3 = 0.0;
+    var acc10_4 = 0.0;
+    var acc10_5 = 0.0;
+    var acc10_6 = 0.0;
+    var acc10_7 = 0.0;
+    var acc11_0 = 0.0;
+    var acc11_1 = 0.0;
+    var acc11_2 = 0.0;
+    var acc11_3 = 0.0;
+    var acc11_4 = 0.0;
+    var acc11_5 = 0.0;
+    var acc11_6 = 0.0;
+    var acc11_7 = 0.0;
+    var acc12_0 = 0.0;
+    var acc12_1 = 0.0;
+    var acc12_2 = 0.0;
+    var acc12_3 = 0.0;
+    var acc12_4 = 0.0;
+    var acc12_5 = 0.0;
+    var acc12_6 = 0.0;
+    var acc12_7 = 0.0;
+    var acc13_0 = 0.0;
+    var acc13_1 = 0.0;
+    var acc13_2 = 0.0;
+    var acc13_3 = 0.0;
+    var acc13_4 = 0.0;
+    var acc13_5 = 0.0;
+    var acc13_6 = 0.0;
+    var acc13_7 = 0.0;
+    var acc14_0 = 0.0;
+    var acc14_1 = 0.0;
+    var acc14_2 = 0.0;
+    var acc14_3 = 0.0;
+    var acc14_4 = 0.0;
+    var acc14_5 = 0.0;
+    var acc14_6 = 0.0;
+    var acc14_7 = 0.0;
+    var acc15_0 = 0.0;
+    var acc15_1 = 0.0;
+    var acc15_2 = 0.0;
+    var acc15_3 = 0.0;
+    var acc15_4 = 0.0;
+    var acc15_5 = 0.0;
+    var acc15_6 = 0.0;
+    var acc15_7 = 0.0;
     for (var kq = 0u; kq < k4; kq++) {
         let wv0 = w_half(w0 + kq);
         let wv1 = w_half(w1 + kq);
@@ -1548,6 +1830,78 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
         acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
         acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+        let xv8 = x[x8 + kq];
+        acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
+        acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
+        acc8_2 = fma(xv8.w, wv2.w, fma(xv8.z, wv2.z, fma(xv8.y, wv2.y, fma(xv8.x, wv2.x, acc8_2))));
+        acc8_3 = fma(xv8.w, wv3.w, fma(xv8.z, wv3.z, fma(xv8.y, wv3.y, fma(xv8.x, wv3.x, acc8_3))));
+        acc8_4 = fma(xv8.w, wv4.w, fma(xv8.z, wv4.z, fma(xv8.y, wv4.y, fma(xv8.x, wv4.x, acc8_4))));
+        acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
+        acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
+        acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+        let xv9 = x[x9 + kq];
+        acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
+        acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
+        acc9_2 = fma(xv9.w, wv2.w, fma(xv9.z, wv2.z, fma(xv9.y, wv2.y, fma(xv9.x, wv2.x, acc9_2))));
+        acc9_3 = fma(xv9.w, wv3.w, fma(xv9.z, wv3.z, fma(xv9.y, wv3.y, fma(xv9.x, wv3.x, acc9_3))));
+        acc9_4 = fma(xv9.w, wv4.w, fma(xv9.z, wv4.z, fma(xv9.y, wv4.y, fma(xv9.x, wv4.x, acc9_4))));
+        acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
+        acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
+        acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+        let xv10 = x[x10 + kq];
+        acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
+        acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
+        acc10_2 = fma(xv10.w, wv2.w, fma(xv10.z, wv2.z, fma(xv10.y, wv2.y, fma(xv10.x, wv2.x, acc10_2))));
+        acc10_3 = fma(xv10.w, wv3.w, fma(xv10.z, wv3.z, fma(xv10.y, wv3.y, fma(xv10.x, wv3.x, acc10_3))));
+        acc10_4 = fma(xv10.w, wv4.w, fma(xv10.z, wv4.z, fma(xv10.y, wv4.y, fma(xv10.x, wv4.x, acc10_4))));
+        acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
+        acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
+        acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+        let xv11 = x[x11 + kq];
+        acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
+        acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
+        acc11_2 = fma(xv11.w, wv2.w, fma(xv11.z, wv2.z, fma(xv11.y, wv2.y, fma(xv11.x, wv2.x, acc11_2))));
+        acc11_3 = fma(xv11.w, wv3.w, fma(xv11.z, wv3.z, fma(xv11.y, wv3.y, fma(xv11.x, wv3.x, acc11_3))));
+        acc11_4 = fma(xv11.w, wv4.w, fma(xv11.z, wv4.z, fma(xv11.y, wv4.y, fma(xv11.x, wv4.x, acc11_4))));
+        acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
+        acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
+        acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+        let xv12 = x[x12 + kq];
+        acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
+        acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
+        acc12_2 = fma(xv12.w, wv2.w, fma(xv12.z, wv2.z, fma(xv12.y, wv2.y, fma(xv12.x, wv2.x, acc12_2))));
+        acc12_3 = fma(xv12.w, wv3.w, fma(xv12.z, wv3.z, fma(xv12.y, wv3.y, fma(xv12.x, wv3.x, acc12_3))));
+        acc12_4 = fma(xv12.w, wv4.w, fma(xv12.z, wv4.z, fma(xv12.y, wv4.y, fma(xv12.x, wv4.x, acc12_4))));
+        acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
+        acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
+        acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+        let xv13 = x[x13 + kq];
+        acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
+        acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
+        acc13_2 = fma(xv13.w, wv2.w, fma(xv13.z, wv2.z, fma(xv13.y, wv2.y, fma(xv13.x, wv2.x, acc13_2))));
+        acc13_3 = fma(xv13.w, wv3.w, fma(xv13.z, wv3.z, fma(xv13.y, wv3.y, fma(xv13.x, wv3.x, acc13_3))));
+        acc13_4 = fma(xv13.w, wv4.w, fma(xv13.z, wv4.z, fma(xv13.y, wv4.y, fma(xv13.x, wv4.x, acc13_4))));
+        acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
+        acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
+        acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+        let xv14 = x[x14 + kq];
+        acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
+        acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
+        acc14_2 = fma(xv14.w, wv2.w, fma(xv14.z, wv2.z, fma(xv14.y, wv2.y, fma(xv14.x, wv2.x, acc14_2))));
+        acc14_3 = fma(xv14.w, wv3.w, fma(xv14.z, wv3.z, fma(xv14.y, wv3.y, fma(xv14.x, wv3.x, acc14_3))));
+        acc14_4 = fma(xv14.w, wv4.w, fma(xv14.z, wv4.z, fma(xv14.y, wv4.y, fma(xv14.x, wv4.x, acc14_4))));
+        acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
+        acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
+        acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+        let xv15 = x[x15 + kq];
+        acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
+        acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
+        acc15_2 = fma(xv15.w, wv2.w, fma(xv15.z, wv2.z, fma(xv15.y, wv2.y, fma(xv15.x, wv2.x, acc15_2))));
+        acc15_3 = fma(xv15.w, wv3.w, fma(xv15.z, wv3.z, fma(xv15.y, wv3.y, fma(xv15.x, wv3.x, acc15_3))));
+        acc15_4 = fma(xv15.w, wv4.w, fma(xv15.z, wv4.z, fma(xv15.y, wv4.y, fma(xv15.x, wv4.x, acc15_4))));
+        acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
+        acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
+        acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
     if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
@@ -1613,6 +1967,70 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
+    if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
+    if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
+    if (r0 + 8u < p.m && c0 + 3u < p.n) { put_y(r0 + 8u, c0 + 3u, acc8_3); }
+    if (r0 + 8u < p.m && c0 + 4u < p.n) { put_y(r0 + 8u, c0 + 4u, acc8_4); }
+    if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
+    if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
+    if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
+    if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
+    if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
+    if (r0 + 9u < p.m && c0 + 3u < p.n) { put_y(r0 + 9u, c0 + 3u, acc9_3); }
+    if (r0 + 9u < p.m && c0 + 4u < p.n) { put_y(r0 + 9u, c0 + 4u, acc9_4); }
+    if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
+    if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
+    if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
+    if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
+    if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
+    if (r0 + 10u < p.m && c0 + 3u < p.n) { put_y(r0 + 10u, c0 + 3u, acc10_3); }
+    if (r0 + 10u < p.m && c0 + 4u < p.n) { put_y(r0 + 10u, c0 + 4u, acc10_4); }
+    if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
+    if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
+    if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
+    if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
+    if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
+    if (r0 + 11u < p.m && c0 + 3u < p.n) { put_y(r0 + 11u, c0 + 3u, acc11_3); }
+    if (r0 + 11u < p.m && c0 + 4u < p.n) { put_y(r0 + 11u, c0 + 4u, acc11_4); }
+    if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
+    if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
+    if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
+    if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
+    if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
+    if (r0 + 12u < p.m && c0 + 3u < p.n) { put_y(r0 + 12u, c0 + 3u, acc12_3); }
+    if (r0 + 12u < p.m && c0 + 4u < p.n) { put_y(r0 + 12u, c0 + 4u, acc12_4); }
+    if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
+    if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
+    if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
+    if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
+    if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
+    if (r0 + 13u < p.m && c0 + 3u < p.n) { put_y(r0 + 13u, c0 + 3u, acc13_3); }
+    if (r0 + 13u < p.m && c0 + 4u < p.n) { put_y(r0 + 13u, c0 + 4u, acc13_4); }
+    if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
+    if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
+    if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
+    if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
+    if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
+    if (r0 + 14u < p.m && c0 + 3u < p.n) { put_y(r0 + 14u, c0 + 3u, acc14_3); }
+    if (r0 + 14u < p.m && c0 + 4u < p.n) { put_y(r0 + 14u, c0 + 4u, acc14_4); }
+    if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
+    if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
+    if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
+    if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
+    if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
+    if (r0 + 15u < p.m && c0 + 3u < p.n) { put_y(r0 + 15u, c0 + 3u, acc15_3); }
+    if (r0 + 15u < p.m && c0 + 4u < p.n) { put_y(r0 + 15u, c0 + 4u, acc15_4); }
+    if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
+    if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
+    if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
 }
 @compute @workgroup_size(32)
 fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -1640,6 +2058,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     let x5 = min(r0 + 5u, p.m - 1u) * k4;
     let x6 = min(r0 + 6u, p.m - 1u) * k4;
     let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    let x8 = min(r0 + 8u, p.m - 1u) * k4;
+    let x9 = min(r0 + 9u, p.m - 1u) * k4;
+    let x10 = min(r0 + 10u, p.m - 1u) * k4;
+    let x11 = min(r0 + 11u, p.m - 1u) * k4;
+    let x12 = min(r0 + 12u, p.m - 1u) * k4;
+    let x13 = min(r0 + 13u, p.m - 1u) * k4;
+    let x14 = min(r0 + 14u, p.m - 1u) * k4;
+    let x15 = min(r0 + 15u, p.m - 1u) * k4;
     var acc0_0 = 0.0;
     var acc0_1 = 0.0;
     var acc0_2 = 0.0;
@@ -1704,6 +2130,70 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc8_0 = 0.0;
+    var acc8_1 = 0.0;
+    var acc8_2 = 0.0;
+    var acc8_3 = 0.0;
+    var acc8_4 = 0.0;
+    var acc8_5 = 0.0;
+    var acc8_6 = 0.0;
+    var acc8_7 = 0.0;
+    var acc9_0 = 0.0;
+    var acc9_1 = 0.0;
+    var acc9_2 = 0.0;
+    var acc9_3 = 0.0;
+    var acc9_4 = 0.0;
+    var acc9_5 = 0.0;
+    var acc9_6 = 0.0;
+    var acc9_7 = 0.0;
+    var acc10_0 = 0.0;
+    var acc10_1 = 0.0;
+    var acc10_2 = 0.0;
+    var acc10_3 = 0.0;
+    var acc10_4 = 0.0;
+    var acc10_5 = 0.0;
+    var acc10_6 = 0.0;
+    var acc10_7 = 0.0;
+    var acc11_0 = 0.0;
+    var acc11_1 = 0.0;
+    var acc11_2 = 0.0;
+    var acc11_3 = 0.0;
+    var acc11_4 = 0.0;
+    var acc11_5 = 0.0;
+    var acc11_6 = 0.0;
+    var acc11_7 = 0.0;
+    var acc12_0 = 0.0;
+    var acc12_1 = 0.0;
+    var acc12_2 = 0.0;
+    var acc12_3 = 0.0;
+    var acc12_4 = 0.0;
+    var acc12_5 = 0.0;
+    var acc12_6 = 0.0;
+    var acc12_7 = 0.0;
+    var acc13_0 = 0.0;
+    var acc13_1 = 0.0;
+    var acc13_2 = 0.0;
+    var acc13_3 = 0.0;
+    var acc13_4 = 0.0;
+    var acc13_5 = 0.0;
+    var acc13_6 = 0.0;
+    var acc13_7 = 0.0;
+    var acc14_0 = 0.0;
+    var acc14_1 = 0.0;
+    var acc14_2 = 0.0;
+    var acc14_3 = 0.0;
+    var acc14_4 = 0.0;
+    var acc14_5 = 0.0;
+    var acc14_6 = 0.0;
+    var acc14_7 = 0.0;
+    var acc15_0 = 0.0;
+    var acc15_1 = 0.0;
+    var acc15_2 = 0.0;
+    var acc15_3 = 0.0;
+    var acc15_4 = 0.0;
+    var acc15_5 = 0.0;
+    var acc15_6 = 0.0;
+    var acc15_7 = 0.0;
     for (var kb = 0u; kb < nb; kb++) {
         let s0 = unpack2x16float(w_blocks[(b0 + kb) * 5u]);
         let q0 = vec4<u32>(w_blocks[(b0 + kb) * 5u + 1u], w_blocks[(b0 + kb) * 5u + 2u], w_blocks[(b0 + kb) * 5u + 3u], w_blocks[(b0 + kb) * 5u + 4u]);
@@ -1803,6 +2293,78 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
             acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
             acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+            let xv8 = x[x8 + kq];
+            acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
+            acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
+            acc8_2 = fma(xv8.w, wv2.w, fma(xv8.z, wv2.z, fma(xv8.y, wv2.y, fma(xv8.x, wv2.x, acc8_2))));
+            acc8_3 = fma(xv8.w, wv3.w, fma(xv8.z, wv3.z, fma(xv8.y, wv3.y, fma(xv8.x, wv3.x, acc8_3))));
+            acc8_4 = fma(xv8.w, wv4.w, fma(xv8.z, wv4.z, fma(xv8.y, wv4.y, fma(xv8.x, wv4.x, acc8_4))));
+            acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
+            acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
+            acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+            let xv9 = x[x9 + kq];
+            acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
+            acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
+            acc9_2 = fma(xv9.w, wv2.w, fma(xv9.z, wv2.z, fma(xv9.y, wv2.y, fma(xv9.x, wv2.x, acc9_2))));
+            acc9_3 = fma(xv9.w, wv3.w, fma(xv9.z, wv3.z, fma(xv9.y, wv3.y, fma(xv9.x, wv3.x, acc9_3))));
+            acc9_4 = fma(xv9.w, wv4.w, fma(xv9.z, wv4.z, fma(xv9.y, wv4.y, fma(xv9.x, wv4.x, acc9_4))));
+            acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
+            acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
+            acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+            let xv10 = x[x10 + kq];
+            acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
+            acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
+            acc10_2 = fma(xv10.w, wv2.w, fma(xv10.z, wv2.z, fma(xv10.y, wv2.y, fma(xv10.x, wv2.x, acc10_2))));
+            acc10_3 = fma(xv10.w, wv3.w, fma(xv10.z, wv3.z, fma(xv10.y, wv3.y, fma(xv10.x, wv3.x, acc10_3))));
+            acc10_4 = fma(xv10.w, wv4.w, fma(xv10.z, wv4.z, fma(xv10.y, wv4.y, fma(xv10.x, wv4.x, acc10_4))));
+            acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
+            acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
+            acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+            let xv11 = x[x11 + kq];
+            acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
+            acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
+            acc11_2 = fma(xv11.w, wv2.w, fma(xv11.z, wv2.z, fma(xv11.y, wv2.y, fma(xv11.x, wv2.x, acc11_2))));
+            acc11_3 = fma(xv11.w, wv3.w, fma(xv11.z, wv3.z, fma(xv11.y, wv3.y, fma(xv11.x, wv3.x, acc11_3))));
+            acc11_4 = fma(xv11.w, wv4.w, fma(xv11.z, wv4.z, fma(xv11.y, wv4.y, fma(xv11.x, wv4.x, acc11_4))));
+            acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
+            acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
+            acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+            let xv12 = x[x12 + kq];
+            acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
+            acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
+            acc12_2 = fma(xv12.w, wv2.w, fma(xv12.z, wv2.z, fma(xv12.y, wv2.y, fma(xv12.x, wv2.x, acc12_2))));
+            acc12_3 = fma(xv12.w, wv3.w, fma(xv12.z, wv3.z, fma(xv12.y, wv3.y, fma(xv12.x, wv3.x, acc12_3))));
+            acc12_4 = fma(xv12.w, wv4.w, fma(xv12.z, wv4.z, fma(xv12.y, wv4.y, fma(xv12.x, wv4.x, acc12_4))));
+            acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
+            acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
+            acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+            let xv13 = x[x13 + kq];
+            acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
+            acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
+            acc13_2 = fma(xv13.w, wv2.w, fma(xv13.z, wv2.z, fma(xv13.y, wv2.y, fma(xv13.x, wv2.x, acc13_2))));
+            acc13_3 = fma(xv13.w, wv3.w, fma(xv13.z, wv3.z, fma(xv13.y, wv3.y, fma(xv13.x, wv3.x, acc13_3))));
+            acc13_4 = fma(xv13.w, wv4.w, fma(xv13.z, wv4.z, fma(xv13.y, wv4.y, fma(xv13.x, wv4.x, acc13_4))));
+            acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
+            acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
+            acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+            let xv14 = x[x14 + kq];
+            acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
+            acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
+            acc14_2 = fma(xv14.w, wv2.w, fma(xv14.z, wv2.z, fma(xv14.y, wv2.y, fma(xv14.x, wv2.x, acc14_2))));
+            acc14_3 = fma(xv14.w, wv3.w, fma(xv14.z, wv3.z, fma(xv14.y, wv3.y, fma(xv14.x, wv3.x, acc14_3))));
+            acc14_4 = fma(xv14.w, wv4.w, fma(xv14.z, wv4.z, fma(xv14.y, wv4.y, fma(xv14.x, wv4.x, acc14_4))));
+            acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
+            acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
+            acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+            let xv15 = x[x15 + kq];
+            acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
+            acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
+            acc15_2 = fma(xv15.w, wv2.w, fma(xv15.z, wv2.z, fma(xv15.y, wv2.y, fma(xv15.x, wv2.x, acc15_2))));
+            acc15_3 = fma(xv15.w, wv3.w, fma(xv15.z, wv3.z, fma(xv15.y, wv3.y, fma(xv15.x, wv3.x, acc15_3))));
+            acc15_4 = fma(xv15.w, wv4.w, fma(xv15.z, wv4.z, fma(xv15.y, wv4.y, fma(xv15.x, wv4.x, acc15_4))));
+            acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
+            acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
+            acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
         }
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
@@ -1869,6 +2431,70 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
+    if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
+    if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
+    if (r0 + 8u < p.m && c0 + 3u < p.n) { put_y(r0 + 8u, c0 + 3u, acc8_3); }
+    if (r0 + 8u < p.m && c0 + 4u < p.n) { put_y(r0 + 8u, c0 + 4u, acc8_4); }
+    if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
+    if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
+    if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
+    if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
+    if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
+    if (r0 + 9u < p.m && c0 + 3u < p.n) { put_y(r0 + 9u, c0 + 3u, acc9_3); }
+    if (r0 + 9u < p.m && c0 + 4u < p.n) { put_y(r0 + 9u, c0 + 4u, acc9_4); }
+    if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
+    if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
+    if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
+    if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
+    if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
+    if (r0 + 10u < p.m && c0 + 3u < p.n) { put_y(r0 + 10u, c0 + 3u, acc10_3); }
+    if (r0 + 10u < p.m && c0 + 4u < p.n) { put_y(r0 + 10u, c0 + 4u, acc10_4); }
+    if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
+    if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
+    if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
+    if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
+    if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
+    if (r0 + 11u < p.m && c0 + 3u < p.n) { put_y(r0 + 11u, c0 + 3u, acc11_3); }
+    if (r0 + 11u < p.m && c0 + 4u < p.n) { put_y(r0 + 11u, c0 + 4u, acc11_4); }
+    if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
+    if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
+    if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
+    if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
+    if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
+    if (r0 + 12u < p.m && c0 + 3u < p.n) { put_y(r0 + 12u, c0 + 3u, acc12_3); }
+    if (r0 + 12u < p.m && c0 + 4u < p.n) { put_y(r0 + 12u, c0 + 4u, acc12_4); }
+    if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
+    if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
+    if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
+    if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
+    if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
+    if (r0 + 13u < p.m && c0 + 3u < p.n) { put_y(r0 + 13u, c0 + 3u, acc13_3); }
+    if (r0 + 13u < p.m && c0 + 4u < p.n) { put_y(r0 + 13u, c0 + 4u, acc13_4); }
+    if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
+    if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
+    if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
+    if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
+    if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
+    if (r0 + 14u < p.m && c0 + 3u < p.n) { put_y(r0 + 14u, c0 + 3u, acc14_3); }
+    if (r0 + 14u < p.m && c0 + 4u < p.n) { put_y(r0 + 14u, c0 + 4u, acc14_4); }
+    if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
+    if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
+    if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
+    if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
+    if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
+    if (r0 + 15u < p.m && c0 + 3u < p.n) { put_y(r0 + 15u, c0 + 3u, acc15_3); }
+    if (r0 + 15u < p.m && c0 + 4u < p.n) { put_y(r0 + 15u, c0 + 4u, acc15_4); }
+    if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
+    if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
+    if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
 }
 @compute @workgroup_size(32)
 fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -1896,6 +2522,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     let x5 = min(r0 + 5u, p.m - 1u) * k4;
     let x6 = min(r0 + 6u, p.m - 1u) * k4;
     let x7 = min(r0 + 7u, p.m - 1u) * k4;
+    let x8 = min(r0 + 8u, p.m - 1u) * k4;
+    let x9 = min(r0 + 9u, p.m - 1u) * k4;
+    let x10 = min(r0 + 10u, p.m - 1u) * k4;
+    let x11 = min(r0 + 11u, p.m - 1u) * k4;
+    let x12 = min(r0 + 12u, p.m - 1u) * k4;
+    let x13 = min(r0 + 13u, p.m - 1u) * k4;
+    let x14 = min(r0 + 14u, p.m - 1u) * k4;
+    let x15 = min(r0 + 15u, p.m - 1u) * k4;
     var acc0_0 = 0.0;
     var acc0_1 = 0.0;
     var acc0_2 = 0.0;
@@ -1960,6 +2594,70 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc8_0 = 0.0;
+    var acc8_1 = 0.0;
+    var acc8_2 = 0.0;
+    var acc8_3 = 0.0;
+    var acc8_4 = 0.0;
+    var acc8_5 = 0.0;
+    var acc8_6 = 0.0;
+    var acc8_7 = 0.0;
+    var acc9_0 = 0.0;
+    var acc9_1 = 0.0;
+    var acc9_2 = 0.0;
+    var acc9_3 = 0.0;
+    var acc9_4 = 0.0;
+    var acc9_5 = 0.0;
+    var acc9_6 = 0.0;
+    var acc9_7 = 0.0;
+    var acc10_0 = 0.0;
+    var acc10_1 = 0.0;
+    var acc10_2 = 0.0;
+    var acc10_3 = 0.0;
+    var acc10_4 = 0.0;
+    var acc10_5 = 0.0;
+    var acc10_6 = 0.0;
+    var acc10_7 = 0.0;
+    var acc11_0 = 0.0;
+    var acc11_1 = 0.0;
+    var acc11_2 = 0.0;
+    var acc11_3 = 0.0;
+    var acc11_4 = 0.0;
+    var acc11_5 = 0.0;
+    var acc11_6 = 0.0;
+    var acc11_7 = 0.0;
+    var acc12_0 = 0.0;
+    var acc12_1 = 0.0;
+    var acc12_2 = 0.0;
+    var acc12_3 = 0.0;
+    var acc12_4 = 0.0;
+    var acc12_5 = 0.0;
+    var acc12_6 = 0.0;
+    var acc12_7 = 0.0;
+    var acc13_0 = 0.0;
+    var acc13_1 = 0.0;
+    var acc13_2 = 0.0;
+    var acc13_3 = 0.0;
+    var acc13_4 = 0.0;
+    var acc13_5 = 0.0;
+    var acc13_6 = 0.0;
+    var acc13_7 = 0.0;
+    var acc14_0 = 0.0;
+    var acc14_1 = 0.0;
+    var acc14_2 = 0.0;
+    var acc14_3 = 0.0;
+    var acc14_4 = 0.0;
+    var acc14_5 = 0.0;
+    var acc14_6 = 0.0;
+    var acc14_7 = 0.0;
+    var acc15_0 = 0.0;
+    var acc15_1 = 0.0;
+    var acc15_2 = 0.0;
+    var acc15_3 = 0.0;
+    var acc15_4 = 0.0;
+    var acc15_5 = 0.0;
+    var acc15_6 = 0.0;
+    var acc15_7 = 0.0;
     for (var kb = 0u; kb < nb; kb++) {
         let s0 = bitcast<f32>(w_blocks[(b0 + kb) * 9u]);
         let s1 = bitcast<f32>(w_blocks[(b1 + kb) * 9u]);
@@ -2051,6 +2749,78 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
             acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
             acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+            let xv8 = x[x8 + kq];
+            acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
+            acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
+            acc8_2 = fma(xv8.w, wv2.w, fma(xv8.z, wv2.z, fma(xv8.y, wv2.y, fma(xv8.x, wv2.x, acc8_2))));
+            acc8_3 = fma(xv8.w, wv3.w, fma(xv8.z, wv3.z, fma(xv8.y, wv3.y, fma(xv8.x, wv3.x, acc8_3))));
+            acc8_4 = fma(xv8.w, wv4.w, fma(xv8.z, wv4.z, fma(xv8.y, wv4.y, fma(xv8.x, wv4.x, acc8_4))));
+            acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
+            acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
+            acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+            let xv9 = x[x9 + kq];
+            acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
+            acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
+            acc9_2 = fma(xv9.w, wv2.w, fma(xv9.z, wv2.z, fma(xv9.y, wv2.y, fma(xv9.x, wv2.x, acc9_2))));
+            acc9_3 = fma(xv9.w, wv3.w, fma(xv9.z, wv3.z, fma(xv9.y, wv3.y, fma(xv9.x, wv3.x, acc9_3))));
+            acc9_4 = fma(xv9.w, wv4.w, fma(xv9.z, wv4.z, fma(xv9.y, wv4.y, fma(xv9.x, wv4.x, acc9_4))));
+            acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
+            acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
+            acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+            let xv10 = x[x10 + kq];
+            acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
+            acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
+            acc10_2 = fma(xv10.w, wv2.w, fma(xv10.z, wv2.z, fma(xv10.y, wv2.y, fma(xv10.x, wv2.x, acc10_2))));
+            acc10_3 = fma(xv10.w, wv3.w, fma(xv10.z, wv3.z, fma(xv10.y, wv3.y, fma(xv10.x, wv3.x, acc10_3))));
+            acc10_4 = fma(xv10.w, wv4.w, fma(xv10.z, wv4.z, fma(xv10.y, wv4.y, fma(xv10.x, wv4.x, acc10_4))));
+            acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
+            acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
+            acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+            let xv11 = x[x11 + kq];
+            acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
+            acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
+            acc11_2 = fma(xv11.w, wv2.w, fma(xv11.z, wv2.z, fma(xv11.y, wv2.y, fma(xv11.x, wv2.x, acc11_2))));
+            acc11_3 = fma(xv11.w, wv3.w, fma(xv11.z, wv3.z, fma(xv11.y, wv3.y, fma(xv11.x, wv3.x, acc11_3))));
+            acc11_4 = fma(xv11.w, wv4.w, fma(xv11.z, wv4.z, fma(xv11.y, wv4.y, fma(xv11.x, wv4.x, acc11_4))));
+            acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
+            acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
+            acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+            let xv12 = x[x12 + kq];
+            acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
+            acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
+            acc12_2 = fma(xv12.w, wv2.w, fma(xv12.z, wv2.z, fma(xv12.y, wv2.y, fma(xv12.x, wv2.x, acc12_2))));
+            acc12_3 = fma(xv12.w, wv3.w, fma(xv12.z, wv3.z, fma(xv12.y, wv3.y, fma(xv12.x, wv3.x, acc12_3))));
+            acc12_4 = fma(xv12.w, wv4.w, fma(xv12.z, wv4.z, fma(xv12.y, wv4.y, fma(xv12.x, wv4.x, acc12_4))));
+            acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
+            acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
+            acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+            let xv13 = x[x13 + kq];
+            acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
+            acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
+            acc13_2 = fma(xv13.w, wv2.w, fma(xv13.z, wv2.z, fma(xv13.y, wv2.y, fma(xv13.x, wv2.x, acc13_2))));
+            acc13_3 = fma(xv13.w, wv3.w, fma(xv13.z, wv3.z, fma(xv13.y, wv3.y, fma(xv13.x, wv3.x, acc13_3))));
+            acc13_4 = fma(xv13.w, wv4.w, fma(xv13.z, wv4.z, fma(xv13.y, wv4.y, fma(xv13.x, wv4.x, acc13_4))));
+            acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
+            acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
+            acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+            let xv14 = x[x14 + kq];
+            acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
+            acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
+            acc14_2 = fma(xv14.w, wv2.w, fma(xv14.z, wv2.z, fma(xv14.y, wv2.y, fma(xv14.x, wv2.x, acc14_2))));
+            acc14_3 = fma(xv14.w, wv3.w, fma(xv14.z, wv3.z, fma(xv14.y, wv3.y, fma(xv14.x, wv3.x, acc14_3))));
+            acc14_4 = fma(xv14.w, wv4.w, fma(xv14.z, wv4.z, fma(xv14.y, wv4.y, fma(xv14.x, wv4.x, acc14_4))));
+            acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
+            acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
+            acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+            let xv15 = x[x15 + kq];
+            acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
+            acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
+            acc15_2 = fma(xv15.w, wv2.w, fma(xv15.z, wv2.z, fma(xv15.y, wv2.y, fma(xv15.x, wv2.x, acc15_2))));
+            acc15_3 = fma(xv15.w, wv3.w, fma(xv15.z, wv3.z, fma(xv15.y, wv3.y, fma(xv15.x, wv3.x, acc15_3))));
+            acc15_4 = fma(xv15.w, wv4.w, fma(xv15.z, wv4.z, fma(xv15.y, wv4.y, fma(xv15.x, wv4.x, acc15_4))));
+            acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
+            acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
+            acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
         }
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
@@ -2117,4 +2887,68 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
+    if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
+    if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
+    if (r0 + 8u < p.m && c0 + 3u < p.n) { put_y(r0 + 8u, c0 + 3u, acc8_3); }
+    if (r0 + 8u < p.m && c0 + 4u < p.n) { put_y(r0 + 8u, c0 + 4u, acc8_4); }
+    if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
+    if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
+    if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
+    if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
+    if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
+    if (r0 + 9u < p.m && c0 + 3u < p.n) { put_y(r0 + 9u, c0 + 3u, acc9_3); }
+    if (r0 + 9u < p.m && c0 + 4u < p.n) { put_y(r0 + 9u, c0 + 4u, acc9_4); }
+    if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
+    if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
+    if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
+    if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
+    if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
+    if (r0 + 10u < p.m && c0 + 3u < p.n) { put_y(r0 + 10u, c0 + 3u, acc10_3); }
+    if (r0 + 10u < p.m && c0 + 4u < p.n) { put_y(r0 + 10u, c0 + 4u, acc10_4); }
+    if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
+    if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
+    if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
+    if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
+    if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
+    if (r0 + 11u < p.m && c0 + 3u < p.n) { put_y(r0 + 11u, c0 + 3u, acc11_3); }
+    if (r0 + 11u < p.m && c0 + 4u < p.n) { put_y(r0 + 11u, c0 + 4u, acc11_4); }
+    if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
+    if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
+    if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
+    if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
+    if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
+    if (r0 + 12u < p.m && c0 + 3u < p.n) { put_y(r0 + 12u, c0 + 3u, acc12_3); }
+    if (r0 + 12u < p.m && c0 + 4u < p.n) { put_y(r0 + 12u, c0 + 4u, acc12_4); }
+    if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
+    if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
+    if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
+    if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
+    if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
+    if (r0 + 13u < p.m && c0 + 3u < p.n) { put_y(r0 + 13u, c0 + 3u, acc13_3); }
+    if (r0 + 13u < p.m && c0 + 4u < p.n) { put_y(r0 + 13u, c0 + 4u, acc13_4); }
+    if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
+    if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
+    if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
+    if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
+    if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
+    if (r0 + 14u < p.m && c0 + 3u < p.n) { put_y(r0 + 14u, c0 + 3u, acc14_3); }
+    if (r0 + 14u < p.m && c0 + 4u < p.n) { put_y(r0 + 14u, c0 + 4u, acc14_4); }
+    if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
+    if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
+    if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
+    if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
+    if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
+    if (r0 + 15u < p.m && c0 + 3u < p.n) { put_y(r0 + 15u, c0 + 3u, acc15_3); }
+    if (r0 + 15u < p.m && c0 + 4u < p.n) { put_y(r0 + 15u, c0 + 4u, acc15_4); }
+    if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
+    if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
+    if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
 }

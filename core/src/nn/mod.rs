@@ -37,7 +37,7 @@ pub enum LinearKernel {
     Tiled,
     /// nn/matmul_vec4.wgsl `matmul_128`: 128×128 vec4 tiles (k % 4 = 0).
     TiledVec4,
-    /// nn/matmul_vec4.wgsl `matmul_columns`: 8 rows × 8 columns per thread reading vec4 (k % 4
+    /// nn/matmul_vec4.wgsl `matmul_columns`: 16 rows × 8 columns per thread reading vec4 (k % 4
     /// = 0), no workgroup memory; CPU adapters take it past 8 rows (BENCHMARKS.md).
     TiledColumns,
 }
@@ -45,7 +45,7 @@ pub enum LinearKernel {
 /// Columns per thread of nn/matmul_vec4.wgsl's `matvec_columns` and `matmul_columns`, and rows
 /// per thread of the latter (its MV_COLS and MV_ROWS; tests/shaders.rs checks they agree).
 pub const MV_COLS: usize = 8;
-pub const MV_ROWS: usize = 8;
+pub const MV_ROWS: usize = 16;
 /// Threads per workgroup of both (their @workgroup_size).
 pub const COLUMN_THREADS: usize = 32;
 
