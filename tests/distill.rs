@@ -106,13 +106,17 @@ fn stage_losses(events: &[Event], stage: u8) -> (f64, f64) {
     (pick(false), pick(true))
 }
 
-/// Stage 1 on its own: 8 sequences of 8 tokens per step, a high learning rate and a long decay
-/// (test-sized budgets); KDA starts closest to the teacher (its sigmoid output gate) and needs
-/// the longest run for the same ratio.
+/// Stage 1 on its own: 8 sequences of 8 tokens per step through one block, a high learning rate
+/// and a long decay (test-sized budgets: on lavapipe a block's products take about a minute a
+/// run); KDA starts closest to the teacher (its sigmoid output gate) and needs the longest run
+/// for the same ratio (32.6× in 200 steps).
 fn stage_one_lowers_the_loss_tenfold(mixer: MixerKind) {
     let steps = if mixer.name() == "kda" { 200 } else { 60 };
+    // One block, but two for linear attention, whose first block's target is nearly its
+    // untrained output already (loss 0.012; 2.8× in 60 steps where block 1 gives the ratio).
+    let layers = if mixer.name() == "linear_attn" { 2 } else { 1 };
     let mut c = small(mixer, &[1], [steps, 0, 0]);
-    (c.seq, c.batch, c.tokens) = (8, 8, (steps * 64) as u64);
+    (c.layers, c.seq, c.batch, c.tokens) = (Some(layers), 8, 8, (steps * 64) as u64);
     c.lr[0] = 1e-2;
     c.schedules[0] = Schedule::Wsd { warmup: 0.1, decay: 0.5, min_ratio: 0.01 };
     let out = tempdir(&format!("distill-s1-{}", mixer.name()));
