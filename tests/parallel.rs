@@ -20,7 +20,7 @@ fn mpirun() -> Command {
 /// A 2-block DeltaNet student through all three stages, 4 steps each, a step's numbers
 /// reported as it ends.
 fn args(out: &Path) -> Vec<String> {
-    ["distill", "--mixer", "deltanet", "--layers", "2", "--seq", "32", "--batch", "4", "--stages", "1,2,3", "--tokens", "1536", "--split", "1,1,1", "--heldout-tokens", "64", "--checkpoint-every", "2", "--log-every", "1", "--json", "--out"]
+    ["distill", "--mixer", "deltanet", "--layers", "2", "--seq", "16", "--batch", "4", "--stages", "1,2,3", "--tokens", "768", "--split", "1,1,1", "--heldout-tokens", "64", "--checkpoint-every", "2", "--log-every", "1", "--json", "--out"]
         .iter()
         .map(|s| s.to_string())
         .chain([out.display().to_string()])
@@ -87,7 +87,7 @@ fn assert_losses_agree(what: &str, got: &[(u64, u64, f64)], want: &[(u64, u64, f
 /// the mean of the ranks' gradients is the whole batch's gradient, so the runs differ only in
 /// the order f32 sums are taken (each rank sums its half, then the halves are added). The first
 /// step's loss is the same up to where f64 rounds: each rank divides its sum of row losses by its
-/// own element count, one process the whole sum by the whole count (a divisor of 64 × 576 is no
+/// own element count, one process the whole sum by the whole count (a divisor of 32 × 576 is no
 /// power of two), so the two may differ in their last bit or two; later losses agree to ~10⁻⁷
 /// and the final weights to ~10⁻⁵ of each tensor's largest value after 12 clipped AdamW steps
 /// (measured on lavapipe: 2 × 10⁻⁷ and
