@@ -230,7 +230,7 @@ fn constants_shared_with_the_host_agree() {
     assert_eq!(tile, linearize_core::mixers::ops::CONV_BACKWARD_TILE);
     // The CPU products' block: the host sizes their grids from these.
     let (_, vec4) = ALL.iter().find(|(name, _)| *name == "nn/matmul_vec4").expect("matmul_vec4.wgsl registered");
-    for (name, host) in [("MV_COLS", linearize_core::nn::MV_COLS), ("MV_ROWS", linearize_core::nn::MV_ROWS)] {
+    for (name, host) in [("MV_COLS", linearize_core::nn::MV_COLS), ("MV_ROWS", linearize_core::nn::MV_ROWS), ("MV_BLOCK_COLS", linearize_core::nn::MV_BLOCK_COLS)] {
         let wgsl: usize = vec4
             .lines()
             .find_map(|l| l.trim().strip_prefix(&format!("const {name}: u32 = "))?.strip_suffix("u;")?.parse().ok())

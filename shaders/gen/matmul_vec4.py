@@ -201,6 +201,7 @@ for suffix, read in (("", "w_f32"), ("_f16", "w_half")):
     src += MATVEC.replace("{SUFFIX}", suffix).replace("{READ}", read).format(mv_acc=mv_acc, mv_fma=mv_fma, mv_put=mv_put)
 COLS = 8
 BR = 16
+BC = 16  # columns per thread of matmul_columns
 cols_acc = "\n".join(f"        var acc{c} = 0.0;" for c in range(COLS))
 cols_store = "\n".join(f"        if (c0 + {c}u < p.n) {{ put_y(r, c0 + {c}u, acc{c}); }}" for c in range(COLS))
 src += f"""
@@ -211,10 +212,11 @@ src += f"""
 // rows); {COLS} independent ones per step keep enough of them in flight (on lavapipe twice to four
 // times the rate of one column per thread, BENCHMARKS.md). Each column sums its k in order, as
 // one thread per column would.
-// Columns per thread of matvec_columns and matmul_columns, and rows per thread of the latter
-// (nn::MV_COLS and nn::MV_ROWS on the host, which sizes their grids).
+// Columns per thread of matvec_columns, and rows and columns per thread of matmul_columns
+// (nn::MV_COLS, nn::MV_ROWS and nn::MV_BLOCK_COLS on the host, which sizes their grids).
 const MV_COLS: u32 = {COLS}u;
 const MV_ROWS: u32 = {BR}u;
+const MV_BLOCK_COLS: u32 = {BC}u;
 
 fn put_y(r: u32, col: u32, v: f32) {{
     let idx = r * p.ldy + p.y0 + col;
@@ -246,13 +248,13 @@ fn matvec_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>) {{
 # and its eight quads taken from them (one gather per word instead of two per quad); the sums
 # run over the quads in order, as the f32 kernels' over kq: the same bits.
 BLOCK_WORDS = {"_q4_1": 5, "_q8_0": 9}
-def block_base(suffix):
+def block_base(suffix, cols=COLS):
     if suffix not in BLOCK_WORDS:
-        return "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(COLS))
-    return "    let nb = p.k / 32u;\n" + "\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(COLS))
-def block_loads(suffix, indent):
+        return "\n".join(f"    let w{c} = min(c0 + {c}u, p.n - 1u) * k4;" for c in range(cols))
+    return "    let nb = p.k / 32u;\n" + "\n".join(f"    let b{c} = min(c0 + {c}u, p.n - 1u) * nb;" for c in range(cols))
+def block_loads(suffix, indent, cols=COLS):
     lines = []
-    for c in range(COLS):
+    for c in range(cols):
         at = f"(b{c} + kb) * {BLOCK_WORDS[suffix]}u"
         if suffix == "_q4_1":
             lines += [f"let s{c} = unpack2x16float(w_blocks[{at}]);",
@@ -269,38 +271,38 @@ def block_quad(suffix, c, quad):
         return f"q4_1_quad(q{c}[{quad} % 4u] >> (4u * ({quad} / 4u)), s{c})"
     at = f"{1 + quad}u" if isinstance(quad, int) else f"1u + {quad}"
     return f"q8_0_quad(w_blocks[(b{c} + kb) * 9u + {at}], s{c})"
-def k_loop(suffix, read, body, indent, unroll=False):
+def k_loop(suffix, read, body, indent, unroll=False, cols=COLS):
     """The loop over k of a kernel whose step, at `kq` with `wv{c}` the weights, is `body`; a
     block's eight quads unrolled (a scope each) or looped over."""
     pad = " " * indent
     if suffix not in BLOCK_WORDS:
-        wv = "\n".join(f"{pad}    let wv{c} = {read}(w{c} + kq);" for c in range(COLS))
+        wv = "\n".join(f"{pad}    let wv{c} = {read}(w{c} + kq);" for c in range(cols))
         return f"{pad}for (var kq = 0u; kq < k4; kq++) {{\n{wv}\n{body(indent + 4)}\n{pad}}}"
     step = lambda quad, kq: (f"{pad}    {{\n{pad}        let kq = {kq};\n" if unroll else f"{pad}    for (var quad = 0u; quad < 8u; quad++) {{\n{pad}        let kq = {kq};\n") + \
-        "\n".join(f"{pad}        let wv{c} = {block_quad(suffix, c, quad)};" for c in range(COLS)) + f"\n{body(indent + 8)}\n{pad}    }}"
+        "\n".join(f"{pad}        let wv{c} = {block_quad(suffix, c, quad)};" for c in range(cols)) + f"\n{body(indent + 8)}\n{pad}    }}"
     quads = "\n".join(step(q, f"kb * 8u + {q}u") for q in range(8)) if unroll else step("quad", "kb * 8u + quad")
-    return f"{pad}for (var kb = 0u; kb < nb; kb++) {{\n{block_loads(suffix, indent + 4)}\n{quads}\n{pad}}}"
+    return f"{pad}for (var kb = 0u; kb < nb; kb++) {{\n{block_loads(suffix, indent + 4, cols)}\n{quads}\n{pad}}}"
 READERS = (("", "w_f32"), ("_f16", "w_half")) + blocks.FORMATS
 cols_body = lambda indent: " " * indent + "let xv = x[r * k4 + kq];\n" + "\n".join(" " * indent + f"acc{c} += dot(xv, wv{c});" for c in range(COLS))
 for suffix, read in READERS:
     src += COLUMNS.replace("{SUFFIX}", suffix).format(base=block_base(suffix), cols_acc=cols_acc, loop=k_loop(suffix, read, cols_body, 8, unroll=True), cols_store=cols_store)
 blk_x = "\n".join(f"    let x{r} = min(r0 + {r}u, p.m - 1u) * k4;" for r in range(BR))
-blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(COLS))
+blk_acc = "\n".join(f"    var acc{r}_{c} = 0.0;" for r in range(BR) for c in range(BC))
 blk_body = lambda indent: "\n".join(
-    " " * indent + f"let xv{r} = x[x{r} + kq];\n" + "\n".join(" " * indent + f"acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(COLS)) for r in range(BR))
-blk_store = "\n".join(f"    if (r0 + {r}u < p.m && c0 + {c}u < p.n) {{ put_y(r0 + {r}u, c0 + {c}u, acc{r}_{c}); }}" for r in range(BR) for c in range(COLS))
+    " " * indent + f"let xv{r} = x[x{r} + kq];\n" + "\n".join(" " * indent + f"acc{r}_{c} = fma(xv{r}.w, wv{c}.w, fma(xv{r}.z, wv{c}.z, fma(xv{r}.y, wv{c}.y, fma(xv{r}.x, wv{c}.x, acc{r}_{c}))));" for c in range(BC)) for r in range(BR))
+blk_store = "\n".join(f"    if (r0 + {r}u < p.m && c0 + {c}u < p.n) {{ put_y(r0 + {r}u, c0 + {c}u, acc{r}_{c}); }}" for r in range(BR) for c in range(BC))
 src += f"""
-// Products of more than 8 rows on CPU adapters: each thread a block of {BR} rows × {COLS} columns,
+// Products of more than 8 rows on CPU adapters: each thread a block of {BR} rows × {BC} columns,
 // the workgroup's threads side by side along the columns of one block of rows. Lavapipe (Mesa
 // 22.3) loads a storage buffer one lane at a time whenever the address is not a constant, so
-// what a product costs there is its loads per multiply-add: {BR} × {COLS} blocks take ({BR} + {COLS}) vec4
-// loads for {4 * BR * COLS} of them (8 × 8 blocks took 16 for 256; BENCHMARKS.md). No workgroup memory
+// what a product costs there is its loads per multiply-add: {BR} × {BC} blocks take ({BR} + {BC}) vec4
+// loads for {4 * BR * BC} of them (8 × 8 blocks took 16 for 256; BENCHMARKS.md). No workgroup memory
 // and no barrier (see above). Each output is one fused multiply-add per k in order, as in
 // matmul_128: the same bits as the GPU tiles.
 """
 BLOCKS = """@compute @workgroup_size(32)
 fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{
-    let c0 = MV_COLS * gid.x;
+    let c0 = MV_BLOCK_COLS * gid.x;
     if (c0 >= p.n) {{
         return;
     }}
@@ -315,7 +317,7 @@ fn matmul_columns{SUFFIX}(@builtin(global_invocation_id) gid: vec3<u32>, @builti
 }}
 """
 for suffix, read in READERS:
-    src += BLOCKS.replace("{SUFFIX}", suffix).format(base=block_base(suffix), blk_x=blk_x, blk_acc=blk_acc, loop=k_loop(suffix, read, blk_body, 4), blk_store=blk_store)
+    src += BLOCKS.replace("{SUFFIX}", suffix).format(base=block_base(suffix, BC), blk_x=blk_x, blk_acc=blk_acc, loop=k_loop(suffix, read, blk_body, 4, cols=BC), blk_store=blk_store)
 out = pathlib.Path(__file__).resolve().parent.parent / "nn" / "matmul_vec4.wgsl"
 out.write_text(src)
 print(f"wrote {out}")

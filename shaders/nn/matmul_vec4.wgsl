@@ -594,10 +594,11 @@ fn matvec_coalesced_f16(@builtin(local_invocation_index) tid: u32, @builtin(work
 // rows); 8 independent ones per step keep enough of them in flight (on lavapipe twice to four
 // times the rate of one column per thread, BENCHMARKS.md). Each column sums its k in order, as
 // one thread per column would.
-// Columns per thread of matvec_columns and matmul_columns, and rows per thread of the latter
-// (nn::MV_COLS and nn::MV_ROWS on the host, which sizes their grids).
+// Columns per thread of matvec_columns, and rows and columns per thread of matmul_columns
+// (nn::MV_COLS, nn::MV_ROWS and nn::MV_BLOCK_COLS on the host, which sizes their grids).
 const MV_COLS: u32 = 8u;
 const MV_ROWS: u32 = 16u;
+const MV_BLOCK_COLS: u32 = 16u;
 
 fn put_y(r: u32, col: u32, v: f32) {
     let idx = r * p.ldy + p.y0 + col;
@@ -1137,16 +1138,16 @@ fn matvec_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-// Products of more than 8 rows on CPU adapters: each thread a block of 16 rows × 8 columns,
+// Products of more than 8 rows on CPU adapters: each thread a block of 16 rows × 16 columns,
 // the workgroup's threads side by side along the columns of one block of rows. Lavapipe (Mesa
 // 22.3) loads a storage buffer one lane at a time whenever the address is not a constant, so
-// what a product costs there is its loads per multiply-add: 16 × 8 blocks take (16 + 8) vec4
-// loads for 512 of them (8 × 8 blocks took 16 for 256; BENCHMARKS.md). No workgroup memory
+// what a product costs there is its loads per multiply-add: 16 × 16 blocks take (16 + 16) vec4
+// loads for 1024 of them (8 × 8 blocks took 16 for 256; BENCHMARKS.md). No workgroup memory
 // and no barrier (see above). Each output is one fused multiply-add per k in order, as in
 // matmul_128: the same bits as the GPU tiles.
 @compute @workgroup_size(32)
 fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let c0 = MV_COLS * gid.x;
+    let c0 = MV_BLOCK_COLS * gid.x;
     if (c0 >= p.n) {
         return;
     }
@@ -1161,6 +1162,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     let w5 = min(c0 + 5u, p.n - 1u) * k4;
     let w6 = min(c0 + 6u, p.n - 1u) * k4;
     let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    let w8 = min(c0 + 8u, p.n - 1u) * k4;
+    let w9 = min(c0 + 9u, p.n - 1u) * k4;
+    let w10 = min(c0 + 10u, p.n - 1u) * k4;
+    let w11 = min(c0 + 11u, p.n - 1u) * k4;
+    let w12 = min(c0 + 12u, p.n - 1u) * k4;
+    let w13 = min(c0 + 13u, p.n - 1u) * k4;
+    let w14 = min(c0 + 14u, p.n - 1u) * k4;
+    let w15 = min(c0 + 15u, p.n - 1u) * k4;
     let x0 = min(r0 + 0u, p.m - 1u) * k4;
     let x1 = min(r0 + 1u, p.m - 1u) * k4;
     let x2 = min(r0 + 2u, p.m - 1u) * k4;
@@ -1185,6 +1194,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc0_5 = 0.0;
     var acc0_6 = 0.0;
     var acc0_7 = 0.0;
+    var acc0_8 = 0.0;
+    var acc0_9 = 0.0;
+    var acc0_10 = 0.0;
+    var acc0_11 = 0.0;
+    var acc0_12 = 0.0;
+    var acc0_13 = 0.0;
+    var acc0_14 = 0.0;
+    var acc0_15 = 0.0;
     var acc1_0 = 0.0;
     var acc1_1 = 0.0;
     var acc1_2 = 0.0;
@@ -1193,6 +1210,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc1_5 = 0.0;
     var acc1_6 = 0.0;
     var acc1_7 = 0.0;
+    var acc1_8 = 0.0;
+    var acc1_9 = 0.0;
+    var acc1_10 = 0.0;
+    var acc1_11 = 0.0;
+    var acc1_12 = 0.0;
+    var acc1_13 = 0.0;
+    var acc1_14 = 0.0;
+    var acc1_15 = 0.0;
     var acc2_0 = 0.0;
     var acc2_1 = 0.0;
     var acc2_2 = 0.0;
@@ -1201,6 +1226,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc2_5 = 0.0;
     var acc2_6 = 0.0;
     var acc2_7 = 0.0;
+    var acc2_8 = 0.0;
+    var acc2_9 = 0.0;
+    var acc2_10 = 0.0;
+    var acc2_11 = 0.0;
+    var acc2_12 = 0.0;
+    var acc2_13 = 0.0;
+    var acc2_14 = 0.0;
+    var acc2_15 = 0.0;
     var acc3_0 = 0.0;
     var acc3_1 = 0.0;
     var acc3_2 = 0.0;
@@ -1209,6 +1242,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc3_5 = 0.0;
     var acc3_6 = 0.0;
     var acc3_7 = 0.0;
+    var acc3_8 = 0.0;
+    var acc3_9 = 0.0;
+    var acc3_10 = 0.0;
+    var acc3_11 = 0.0;
+    var acc3_12 = 0.0;
+    var acc3_13 = 0.0;
+    var acc3_14 = 0.0;
+    var acc3_15 = 0.0;
     var acc4_0 = 0.0;
     var acc4_1 = 0.0;
     var acc4_2 = 0.0;
@@ -1217,6 +1258,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc4_5 = 0.0;
     var acc4_6 = 0.0;
     var acc4_7 = 0.0;
+    var acc4_8 = 0.0;
+    var acc4_9 = 0.0;
+    var acc4_10 = 0.0;
+    var acc4_11 = 0.0;
+    var acc4_12 = 0.0;
+    var acc4_13 = 0.0;
+    var acc4_14 = 0.0;
+    var acc4_15 = 0.0;
     var acc5_0 = 0.0;
     var acc5_1 = 0.0;
     var acc5_2 = 0.0;
@@ -1225,6 +1274,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc5_5 = 0.0;
     var acc5_6 = 0.0;
     var acc5_7 = 0.0;
+    var acc5_8 = 0.0;
+    var acc5_9 = 0.0;
+    var acc5_10 = 0.0;
+    var acc5_11 = 0.0;
+    var acc5_12 = 0.0;
+    var acc5_13 = 0.0;
+    var acc5_14 = 0.0;
+    var acc5_15 = 0.0;
     var acc6_0 = 0.0;
     var acc6_1 = 0.0;
     var acc6_2 = 0.0;
@@ -1233,6 +1290,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc6_5 = 0.0;
     var acc6_6 = 0.0;
     var acc6_7 = 0.0;
+    var acc6_8 = 0.0;
+    var acc6_9 = 0.0;
+    var acc6_10 = 0.0;
+    var acc6_11 = 0.0;
+    var acc6_12 = 0.0;
+    var acc6_13 = 0.0;
+    var acc6_14 = 0.0;
+    var acc6_15 = 0.0;
     var acc7_0 = 0.0;
     var acc7_1 = 0.0;
     var acc7_2 = 0.0;
@@ -1241,6 +1306,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc7_8 = 0.0;
+    var acc7_9 = 0.0;
+    var acc7_10 = 0.0;
+    var acc7_11 = 0.0;
+    var acc7_12 = 0.0;
+    var acc7_13 = 0.0;
+    var acc7_14 = 0.0;
+    var acc7_15 = 0.0;
     var acc8_0 = 0.0;
     var acc8_1 = 0.0;
     var acc8_2 = 0.0;
@@ -1249,6 +1322,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc8_5 = 0.0;
     var acc8_6 = 0.0;
     var acc8_7 = 0.0;
+    var acc8_8 = 0.0;
+    var acc8_9 = 0.0;
+    var acc8_10 = 0.0;
+    var acc8_11 = 0.0;
+    var acc8_12 = 0.0;
+    var acc8_13 = 0.0;
+    var acc8_14 = 0.0;
+    var acc8_15 = 0.0;
     var acc9_0 = 0.0;
     var acc9_1 = 0.0;
     var acc9_2 = 0.0;
@@ -1257,6 +1338,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc9_5 = 0.0;
     var acc9_6 = 0.0;
     var acc9_7 = 0.0;
+    var acc9_8 = 0.0;
+    var acc9_9 = 0.0;
+    var acc9_10 = 0.0;
+    var acc9_11 = 0.0;
+    var acc9_12 = 0.0;
+    var acc9_13 = 0.0;
+    var acc9_14 = 0.0;
+    var acc9_15 = 0.0;
     var acc10_0 = 0.0;
     var acc10_1 = 0.0;
     var acc10_2 = 0.0;
@@ -1265,6 +1354,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc10_5 = 0.0;
     var acc10_6 = 0.0;
     var acc10_7 = 0.0;
+    var acc10_8 = 0.0;
+    var acc10_9 = 0.0;
+    var acc10_10 = 0.0;
+    var acc10_11 = 0.0;
+    var acc10_12 = 0.0;
+    var acc10_13 = 0.0;
+    var acc10_14 = 0.0;
+    var acc10_15 = 0.0;
     var acc11_0 = 0.0;
     var acc11_1 = 0.0;
     var acc11_2 = 0.0;
@@ -1273,6 +1370,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc11_5 = 0.0;
     var acc11_6 = 0.0;
     var acc11_7 = 0.0;
+    var acc11_8 = 0.0;
+    var acc11_9 = 0.0;
+    var acc11_10 = 0.0;
+    var acc11_11 = 0.0;
+    var acc11_12 = 0.0;
+    var acc11_13 = 0.0;
+    var acc11_14 = 0.0;
+    var acc11_15 = 0.0;
     var acc12_0 = 0.0;
     var acc12_1 = 0.0;
     var acc12_2 = 0.0;
@@ -1281,6 +1386,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc12_5 = 0.0;
     var acc12_6 = 0.0;
     var acc12_7 = 0.0;
+    var acc12_8 = 0.0;
+    var acc12_9 = 0.0;
+    var acc12_10 = 0.0;
+    var acc12_11 = 0.0;
+    var acc12_12 = 0.0;
+    var acc12_13 = 0.0;
+    var acc12_14 = 0.0;
+    var acc12_15 = 0.0;
     var acc13_0 = 0.0;
     var acc13_1 = 0.0;
     var acc13_2 = 0.0;
@@ -1289,6 +1402,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc13_5 = 0.0;
     var acc13_6 = 0.0;
     var acc13_7 = 0.0;
+    var acc13_8 = 0.0;
+    var acc13_9 = 0.0;
+    var acc13_10 = 0.0;
+    var acc13_11 = 0.0;
+    var acc13_12 = 0.0;
+    var acc13_13 = 0.0;
+    var acc13_14 = 0.0;
+    var acc13_15 = 0.0;
     var acc14_0 = 0.0;
     var acc14_1 = 0.0;
     var acc14_2 = 0.0;
@@ -1297,6 +1418,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc14_5 = 0.0;
     var acc14_6 = 0.0;
     var acc14_7 = 0.0;
+    var acc14_8 = 0.0;
+    var acc14_9 = 0.0;
+    var acc14_10 = 0.0;
+    var acc14_11 = 0.0;
+    var acc14_12 = 0.0;
+    var acc14_13 = 0.0;
+    var acc14_14 = 0.0;
+    var acc14_15 = 0.0;
     var acc15_0 = 0.0;
     var acc15_1 = 0.0;
     var acc15_2 = 0.0;
@@ -1305,6 +1434,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     var acc15_5 = 0.0;
     var acc15_6 = 0.0;
     var acc15_7 = 0.0;
+    var acc15_8 = 0.0;
+    var acc15_9 = 0.0;
+    var acc15_10 = 0.0;
+    var acc15_11 = 0.0;
+    var acc15_12 = 0.0;
+    var acc15_13 = 0.0;
+    var acc15_14 = 0.0;
+    var acc15_15 = 0.0;
     for (var kq = 0u; kq < k4; kq++) {
         let wv0 = w_f32(w0 + kq);
         let wv1 = w_f32(w1 + kq);
@@ -1314,6 +1451,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         let wv5 = w_f32(w5 + kq);
         let wv6 = w_f32(w6 + kq);
         let wv7 = w_f32(w7 + kq);
+        let wv8 = w_f32(w8 + kq);
+        let wv9 = w_f32(w9 + kq);
+        let wv10 = w_f32(w10 + kq);
+        let wv11 = w_f32(w11 + kq);
+        let wv12 = w_f32(w12 + kq);
+        let wv13 = w_f32(w13 + kq);
+        let wv14 = w_f32(w14 + kq);
+        let wv15 = w_f32(w15 + kq);
         let xv0 = x[x0 + kq];
         acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
         acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));
@@ -1323,6 +1468,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc0_5 = fma(xv0.w, wv5.w, fma(xv0.z, wv5.z, fma(xv0.y, wv5.y, fma(xv0.x, wv5.x, acc0_5))));
         acc0_6 = fma(xv0.w, wv6.w, fma(xv0.z, wv6.z, fma(xv0.y, wv6.y, fma(xv0.x, wv6.x, acc0_6))));
         acc0_7 = fma(xv0.w, wv7.w, fma(xv0.z, wv7.z, fma(xv0.y, wv7.y, fma(xv0.x, wv7.x, acc0_7))));
+        acc0_8 = fma(xv0.w, wv8.w, fma(xv0.z, wv8.z, fma(xv0.y, wv8.y, fma(xv0.x, wv8.x, acc0_8))));
+        acc0_9 = fma(xv0.w, wv9.w, fma(xv0.z, wv9.z, fma(xv0.y, wv9.y, fma(xv0.x, wv9.x, acc0_9))));
+        acc0_10 = fma(xv0.w, wv10.w, fma(xv0.z, wv10.z, fma(xv0.y, wv10.y, fma(xv0.x, wv10.x, acc0_10))));
+        acc0_11 = fma(xv0.w, wv11.w, fma(xv0.z, wv11.z, fma(xv0.y, wv11.y, fma(xv0.x, wv11.x, acc0_11))));
+        acc0_12 = fma(xv0.w, wv12.w, fma(xv0.z, wv12.z, fma(xv0.y, wv12.y, fma(xv0.x, wv12.x, acc0_12))));
+        acc0_13 = fma(xv0.w, wv13.w, fma(xv0.z, wv13.z, fma(xv0.y, wv13.y, fma(xv0.x, wv13.x, acc0_13))));
+        acc0_14 = fma(xv0.w, wv14.w, fma(xv0.z, wv14.z, fma(xv0.y, wv14.y, fma(xv0.x, wv14.x, acc0_14))));
+        acc0_15 = fma(xv0.w, wv15.w, fma(xv0.z, wv15.z, fma(xv0.y, wv15.y, fma(xv0.x, wv15.x, acc0_15))));
         let xv1 = x[x1 + kq];
         acc1_0 = fma(xv1.w, wv0.w, fma(xv1.z, wv0.z, fma(xv1.y, wv0.y, fma(xv1.x, wv0.x, acc1_0))));
         acc1_1 = fma(xv1.w, wv1.w, fma(xv1.z, wv1.z, fma(xv1.y, wv1.y, fma(xv1.x, wv1.x, acc1_1))));
@@ -1332,6 +1485,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc1_5 = fma(xv1.w, wv5.w, fma(xv1.z, wv5.z, fma(xv1.y, wv5.y, fma(xv1.x, wv5.x, acc1_5))));
         acc1_6 = fma(xv1.w, wv6.w, fma(xv1.z, wv6.z, fma(xv1.y, wv6.y, fma(xv1.x, wv6.x, acc1_6))));
         acc1_7 = fma(xv1.w, wv7.w, fma(xv1.z, wv7.z, fma(xv1.y, wv7.y, fma(xv1.x, wv7.x, acc1_7))));
+        acc1_8 = fma(xv1.w, wv8.w, fma(xv1.z, wv8.z, fma(xv1.y, wv8.y, fma(xv1.x, wv8.x, acc1_8))));
+        acc1_9 = fma(xv1.w, wv9.w, fma(xv1.z, wv9.z, fma(xv1.y, wv9.y, fma(xv1.x, wv9.x, acc1_9))));
+        acc1_10 = fma(xv1.w, wv10.w, fma(xv1.z, wv10.z, fma(xv1.y, wv10.y, fma(xv1.x, wv10.x, acc1_10))));
+        acc1_11 = fma(xv1.w, wv11.w, fma(xv1.z, wv11.z, fma(xv1.y, wv11.y, fma(xv1.x, wv11.x, acc1_11))));
+        acc1_12 = fma(xv1.w, wv12.w, fma(xv1.z, wv12.z, fma(xv1.y, wv12.y, fma(xv1.x, wv12.x, acc1_12))));
+        acc1_13 = fma(xv1.w, wv13.w, fma(xv1.z, wv13.z, fma(xv1.y, wv13.y, fma(xv1.x, wv13.x, acc1_13))));
+        acc1_14 = fma(xv1.w, wv14.w, fma(xv1.z, wv14.z, fma(xv1.y, wv14.y, fma(xv1.x, wv14.x, acc1_14))));
+        acc1_15 = fma(xv1.w, wv15.w, fma(xv1.z, wv15.z, fma(xv1.y, wv15.y, fma(xv1.x, wv15.x, acc1_15))));
         let xv2 = x[x2 + kq];
         acc2_0 = fma(xv2.w, wv0.w, fma(xv2.z, wv0.z, fma(xv2.y, wv0.y, fma(xv2.x, wv0.x, acc2_0))));
         acc2_1 = fma(xv2.w, wv1.w, fma(xv2.z, wv1.z, fma(xv2.y, wv1.y, fma(xv2.x, wv1.x, acc2_1))));
@@ -1341,6 +1502,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc2_5 = fma(xv2.w, wv5.w, fma(xv2.z, wv5.z, fma(xv2.y, wv5.y, fma(xv2.x, wv5.x, acc2_5))));
         acc2_6 = fma(xv2.w, wv6.w, fma(xv2.z, wv6.z, fma(xv2.y, wv6.y, fma(xv2.x, wv6.x, acc2_6))));
         acc2_7 = fma(xv2.w, wv7.w, fma(xv2.z, wv7.z, fma(xv2.y, wv7.y, fma(xv2.x, wv7.x, acc2_7))));
+        acc2_8 = fma(xv2.w, wv8.w, fma(xv2.z, wv8.z, fma(xv2.y, wv8.y, fma(xv2.x, wv8.x, acc2_8))));
+        acc2_9 = fma(xv2.w, wv9.w, fma(xv2.z, wv9.z, fma(xv2.y, wv9.y, fma(xv2.x, wv9.x, acc2_9))));
+        acc2_10 = fma(xv2.w, wv10.w, fma(xv2.z, wv10.z, fma(xv2.y, wv10.y, fma(xv2.x, wv10.x, acc2_10))));
+        acc2_11 = fma(xv2.w, wv11.w, fma(xv2.z, wv11.z, fma(xv2.y, wv11.y, fma(xv2.x, wv11.x, acc2_11))));
+        acc2_12 = fma(xv2.w, wv12.w, fma(xv2.z, wv12.z, fma(xv2.y, wv12.y, fma(xv2.x, wv12.x, acc2_12))));
+        acc2_13 = fma(xv2.w, wv13.w, fma(xv2.z, wv13.z, fma(xv2.y, wv13.y, fma(xv2.x, wv13.x, acc2_13))));
+        acc2_14 = fma(xv2.w, wv14.w, fma(xv2.z, wv14.z, fma(xv2.y, wv14.y, fma(xv2.x, wv14.x, acc2_14))));
+        acc2_15 = fma(xv2.w, wv15.w, fma(xv2.z, wv15.z, fma(xv2.y, wv15.y, fma(xv2.x, wv15.x, acc2_15))));
         let xv3 = x[x3 + kq];
         acc3_0 = fma(xv3.w, wv0.w, fma(xv3.z, wv0.z, fma(xv3.y, wv0.y, fma(xv3.x, wv0.x, acc3_0))));
         acc3_1 = fma(xv3.w, wv1.w, fma(xv3.z, wv1.z, fma(xv3.y, wv1.y, fma(xv3.x, wv1.x, acc3_1))));
@@ -1350,6 +1519,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc3_5 = fma(xv3.w, wv5.w, fma(xv3.z, wv5.z, fma(xv3.y, wv5.y, fma(xv3.x, wv5.x, acc3_5))));
         acc3_6 = fma(xv3.w, wv6.w, fma(xv3.z, wv6.z, fma(xv3.y, wv6.y, fma(xv3.x, wv6.x, acc3_6))));
         acc3_7 = fma(xv3.w, wv7.w, fma(xv3.z, wv7.z, fma(xv3.y, wv7.y, fma(xv3.x, wv7.x, acc3_7))));
+        acc3_8 = fma(xv3.w, wv8.w, fma(xv3.z, wv8.z, fma(xv3.y, wv8.y, fma(xv3.x, wv8.x, acc3_8))));
+        acc3_9 = fma(xv3.w, wv9.w, fma(xv3.z, wv9.z, fma(xv3.y, wv9.y, fma(xv3.x, wv9.x, acc3_9))));
+        acc3_10 = fma(xv3.w, wv10.w, fma(xv3.z, wv10.z, fma(xv3.y, wv10.y, fma(xv3.x, wv10.x, acc3_10))));
+        acc3_11 = fma(xv3.w, wv11.w, fma(xv3.z, wv11.z, fma(xv3.y, wv11.y, fma(xv3.x, wv11.x, acc3_11))));
+        acc3_12 = fma(xv3.w, wv12.w, fma(xv3.z, wv12.z, fma(xv3.y, wv12.y, fma(xv3.x, wv12.x, acc3_12))));
+        acc3_13 = fma(xv3.w, wv13.w, fma(xv3.z, wv13.z, fma(xv3.y, wv13.y, fma(xv3.x, wv13.x, acc3_13))));
+        acc3_14 = fma(xv3.w, wv14.w, fma(xv3.z, wv14.z, fma(xv3.y, wv14.y, fma(xv3.x, wv14.x, acc3_14))));
+        acc3_15 = fma(xv3.w, wv15.w, fma(xv3.z, wv15.z, fma(xv3.y, wv15.y, fma(xv3.x, wv15.x, acc3_15))));
         let xv4 = x[x4 + kq];
         acc4_0 = fma(xv4.w, wv0.w, fma(xv4.z, wv0.z, fma(xv4.y, wv0.y, fma(xv4.x, wv0.x, acc4_0))));
         acc4_1 = fma(xv4.w, wv1.w, fma(xv4.z, wv1.z, fma(xv4.y, wv1.y, fma(xv4.x, wv1.x, acc4_1))));
@@ -1359,6 +1536,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc4_5 = fma(xv4.w, wv5.w, fma(xv4.z, wv5.z, fma(xv4.y, wv5.y, fma(xv4.x, wv5.x, acc4_5))));
         acc4_6 = fma(xv4.w, wv6.w, fma(xv4.z, wv6.z, fma(xv4.y, wv6.y, fma(xv4.x, wv6.x, acc4_6))));
         acc4_7 = fma(xv4.w, wv7.w, fma(xv4.z, wv7.z, fma(xv4.y, wv7.y, fma(xv4.x, wv7.x, acc4_7))));
+        acc4_8 = fma(xv4.w, wv8.w, fma(xv4.z, wv8.z, fma(xv4.y, wv8.y, fma(xv4.x, wv8.x, acc4_8))));
+        acc4_9 = fma(xv4.w, wv9.w, fma(xv4.z, wv9.z, fma(xv4.y, wv9.y, fma(xv4.x, wv9.x, acc4_9))));
+        acc4_10 = fma(xv4.w, wv10.w, fma(xv4.z, wv10.z, fma(xv4.y, wv10.y, fma(xv4.x, wv10.x, acc4_10))));
+        acc4_11 = fma(xv4.w, wv11.w, fma(xv4.z, wv11.z, fma(xv4.y, wv11.y, fma(xv4.x, wv11.x, acc4_11))));
+        acc4_12 = fma(xv4.w, wv12.w, fma(xv4.z, wv12.z, fma(xv4.y, wv12.y, fma(xv4.x, wv12.x, acc4_12))));
+        acc4_13 = fma(xv4.w, wv13.w, fma(xv4.z, wv13.z, fma(xv4.y, wv13.y, fma(xv4.x, wv13.x, acc4_13))));
+        acc4_14 = fma(xv4.w, wv14.w, fma(xv4.z, wv14.z, fma(xv4.y, wv14.y, fma(xv4.x, wv14.x, acc4_14))));
+        acc4_15 = fma(xv4.w, wv15.w, fma(xv4.z, wv15.z, fma(xv4.y, wv15.y, fma(xv4.x, wv15.x, acc4_15))));
         let xv5 = x[x5 + kq];
         acc5_0 = fma(xv5.w, wv0.w, fma(xv5.z, wv0.z, fma(xv5.y, wv0.y, fma(xv5.x, wv0.x, acc5_0))));
         acc5_1 = fma(xv5.w, wv1.w, fma(xv5.z, wv1.z, fma(xv5.y, wv1.y, fma(xv5.x, wv1.x, acc5_1))));
@@ -1368,6 +1553,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc5_5 = fma(xv5.w, wv5.w, fma(xv5.z, wv5.z, fma(xv5.y, wv5.y, fma(xv5.x, wv5.x, acc5_5))));
         acc5_6 = fma(xv5.w, wv6.w, fma(xv5.z, wv6.z, fma(xv5.y, wv6.y, fma(xv5.x, wv6.x, acc5_6))));
         acc5_7 = fma(xv5.w, wv7.w, fma(xv5.z, wv7.z, fma(xv5.y, wv7.y, fma(xv5.x, wv7.x, acc5_7))));
+        acc5_8 = fma(xv5.w, wv8.w, fma(xv5.z, wv8.z, fma(xv5.y, wv8.y, fma(xv5.x, wv8.x, acc5_8))));
+        acc5_9 = fma(xv5.w, wv9.w, fma(xv5.z, wv9.z, fma(xv5.y, wv9.y, fma(xv5.x, wv9.x, acc5_9))));
+        acc5_10 = fma(xv5.w, wv10.w, fma(xv5.z, wv10.z, fma(xv5.y, wv10.y, fma(xv5.x, wv10.x, acc5_10))));
+        acc5_11 = fma(xv5.w, wv11.w, fma(xv5.z, wv11.z, fma(xv5.y, wv11.y, fma(xv5.x, wv11.x, acc5_11))));
+        acc5_12 = fma(xv5.w, wv12.w, fma(xv5.z, wv12.z, fma(xv5.y, wv12.y, fma(xv5.x, wv12.x, acc5_12))));
+        acc5_13 = fma(xv5.w, wv13.w, fma(xv5.z, wv13.z, fma(xv5.y, wv13.y, fma(xv5.x, wv13.x, acc5_13))));
+        acc5_14 = fma(xv5.w, wv14.w, fma(xv5.z, wv14.z, fma(xv5.y, wv14.y, fma(xv5.x, wv14.x, acc5_14))));
+        acc5_15 = fma(xv5.w, wv15.w, fma(xv5.z, wv15.z, fma(xv5.y, wv15.y, fma(xv5.x, wv15.x, acc5_15))));
         let xv6 = x[x6 + kq];
         acc6_0 = fma(xv6.w, wv0.w, fma(xv6.z, wv0.z, fma(xv6.y, wv0.y, fma(xv6.x, wv0.x, acc6_0))));
         acc6_1 = fma(xv6.w, wv1.w, fma(xv6.z, wv1.z, fma(xv6.y, wv1.y, fma(xv6.x, wv1.x, acc6_1))));
@@ -1377,6 +1570,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc6_5 = fma(xv6.w, wv5.w, fma(xv6.z, wv5.z, fma(xv6.y, wv5.y, fma(xv6.x, wv5.x, acc6_5))));
         acc6_6 = fma(xv6.w, wv6.w, fma(xv6.z, wv6.z, fma(xv6.y, wv6.y, fma(xv6.x, wv6.x, acc6_6))));
         acc6_7 = fma(xv6.w, wv7.w, fma(xv6.z, wv7.z, fma(xv6.y, wv7.y, fma(xv6.x, wv7.x, acc6_7))));
+        acc6_8 = fma(xv6.w, wv8.w, fma(xv6.z, wv8.z, fma(xv6.y, wv8.y, fma(xv6.x, wv8.x, acc6_8))));
+        acc6_9 = fma(xv6.w, wv9.w, fma(xv6.z, wv9.z, fma(xv6.y, wv9.y, fma(xv6.x, wv9.x, acc6_9))));
+        acc6_10 = fma(xv6.w, wv10.w, fma(xv6.z, wv10.z, fma(xv6.y, wv10.y, fma(xv6.x, wv10.x, acc6_10))));
+        acc6_11 = fma(xv6.w, wv11.w, fma(xv6.z, wv11.z, fma(xv6.y, wv11.y, fma(xv6.x, wv11.x, acc6_11))));
+        acc6_12 = fma(xv6.w, wv12.w, fma(xv6.z, wv12.z, fma(xv6.y, wv12.y, fma(xv6.x, wv12.x, acc6_12))));
+        acc6_13 = fma(xv6.w, wv13.w, fma(xv6.z, wv13.z, fma(xv6.y, wv13.y, fma(xv6.x, wv13.x, acc6_13))));
+        acc6_14 = fma(xv6.w, wv14.w, fma(xv6.z, wv14.z, fma(xv6.y, wv14.y, fma(xv6.x, wv14.x, acc6_14))));
+        acc6_15 = fma(xv6.w, wv15.w, fma(xv6.z, wv15.z, fma(xv6.y, wv15.y, fma(xv6.x, wv15.x, acc6_15))));
         let xv7 = x[x7 + kq];
         acc7_0 = fma(xv7.w, wv0.w, fma(xv7.z, wv0.z, fma(xv7.y, wv0.y, fma(xv7.x, wv0.x, acc7_0))));
         acc7_1 = fma(xv7.w, wv1.w, fma(xv7.z, wv1.z, fma(xv7.y, wv1.y, fma(xv7.x, wv1.x, acc7_1))));
@@ -1386,6 +1587,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
         acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
         acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+        acc7_8 = fma(xv7.w, wv8.w, fma(xv7.z, wv8.z, fma(xv7.y, wv8.y, fma(xv7.x, wv8.x, acc7_8))));
+        acc7_9 = fma(xv7.w, wv9.w, fma(xv7.z, wv9.z, fma(xv7.y, wv9.y, fma(xv7.x, wv9.x, acc7_9))));
+        acc7_10 = fma(xv7.w, wv10.w, fma(xv7.z, wv10.z, fma(xv7.y, wv10.y, fma(xv7.x, wv10.x, acc7_10))));
+        acc7_11 = fma(xv7.w, wv11.w, fma(xv7.z, wv11.z, fma(xv7.y, wv11.y, fma(xv7.x, wv11.x, acc7_11))));
+        acc7_12 = fma(xv7.w, wv12.w, fma(xv7.z, wv12.z, fma(xv7.y, wv12.y, fma(xv7.x, wv12.x, acc7_12))));
+        acc7_13 = fma(xv7.w, wv13.w, fma(xv7.z, wv13.z, fma(xv7.y, wv13.y, fma(xv7.x, wv13.x, acc7_13))));
+        acc7_14 = fma(xv7.w, wv14.w, fma(xv7.z, wv14.z, fma(xv7.y, wv14.y, fma(xv7.x, wv14.x, acc7_14))));
+        acc7_15 = fma(xv7.w, wv15.w, fma(xv7.z, wv15.z, fma(xv7.y, wv15.y, fma(xv7.x, wv15.x, acc7_15))));
         let xv8 = x[x8 + kq];
         acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
         acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
@@ -1395,6 +1604,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
         acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
         acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+        acc8_8 = fma(xv8.w, wv8.w, fma(xv8.z, wv8.z, fma(xv8.y, wv8.y, fma(xv8.x, wv8.x, acc8_8))));
+        acc8_9 = fma(xv8.w, wv9.w, fma(xv8.z, wv9.z, fma(xv8.y, wv9.y, fma(xv8.x, wv9.x, acc8_9))));
+        acc8_10 = fma(xv8.w, wv10.w, fma(xv8.z, wv10.z, fma(xv8.y, wv10.y, fma(xv8.x, wv10.x, acc8_10))));
+        acc8_11 = fma(xv8.w, wv11.w, fma(xv8.z, wv11.z, fma(xv8.y, wv11.y, fma(xv8.x, wv11.x, acc8_11))));
+        acc8_12 = fma(xv8.w, wv12.w, fma(xv8.z, wv12.z, fma(xv8.y, wv12.y, fma(xv8.x, wv12.x, acc8_12))));
+        acc8_13 = fma(xv8.w, wv13.w, fma(xv8.z, wv13.z, fma(xv8.y, wv13.y, fma(xv8.x, wv13.x, acc8_13))));
+        acc8_14 = fma(xv8.w, wv14.w, fma(xv8.z, wv14.z, fma(xv8.y, wv14.y, fma(xv8.x, wv14.x, acc8_14))));
+        acc8_15 = fma(xv8.w, wv15.w, fma(xv8.z, wv15.z, fma(xv8.y, wv15.y, fma(xv8.x, wv15.x, acc8_15))));
         let xv9 = x[x9 + kq];
         acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
         acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
@@ -1404,6 +1621,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
         acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
         acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+        acc9_8 = fma(xv9.w, wv8.w, fma(xv9.z, wv8.z, fma(xv9.y, wv8.y, fma(xv9.x, wv8.x, acc9_8))));
+        acc9_9 = fma(xv9.w, wv9.w, fma(xv9.z, wv9.z, fma(xv9.y, wv9.y, fma(xv9.x, wv9.x, acc9_9))));
+        acc9_10 = fma(xv9.w, wv10.w, fma(xv9.z, wv10.z, fma(xv9.y, wv10.y, fma(xv9.x, wv10.x, acc9_10))));
+        acc9_11 = fma(xv9.w, wv11.w, fma(xv9.z, wv11.z, fma(xv9.y, wv11.y, fma(xv9.x, wv11.x, acc9_11))));
+        acc9_12 = fma(xv9.w, wv12.w, fma(xv9.z, wv12.z, fma(xv9.y, wv12.y, fma(xv9.x, wv12.x, acc9_12))));
+        acc9_13 = fma(xv9.w, wv13.w, fma(xv9.z, wv13.z, fma(xv9.y, wv13.y, fma(xv9.x, wv13.x, acc9_13))));
+        acc9_14 = fma(xv9.w, wv14.w, fma(xv9.z, wv14.z, fma(xv9.y, wv14.y, fma(xv9.x, wv14.x, acc9_14))));
+        acc9_15 = fma(xv9.w, wv15.w, fma(xv9.z, wv15.z, fma(xv9.y, wv15.y, fma(xv9.x, wv15.x, acc9_15))));
         let xv10 = x[x10 + kq];
         acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
         acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
@@ -1413,6 +1638,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
         acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
         acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+        acc10_8 = fma(xv10.w, wv8.w, fma(xv10.z, wv8.z, fma(xv10.y, wv8.y, fma(xv10.x, wv8.x, acc10_8))));
+        acc10_9 = fma(xv10.w, wv9.w, fma(xv10.z, wv9.z, fma(xv10.y, wv9.y, fma(xv10.x, wv9.x, acc10_9))));
+        acc10_10 = fma(xv10.w, wv10.w, fma(xv10.z, wv10.z, fma(xv10.y, wv10.y, fma(xv10.x, wv10.x, acc10_10))));
+        acc10_11 = fma(xv10.w, wv11.w, fma(xv10.z, wv11.z, fma(xv10.y, wv11.y, fma(xv10.x, wv11.x, acc10_11))));
+        acc10_12 = fma(xv10.w, wv12.w, fma(xv10.z, wv12.z, fma(xv10.y, wv12.y, fma(xv10.x, wv12.x, acc10_12))));
+        acc10_13 = fma(xv10.w, wv13.w, fma(xv10.z, wv13.z, fma(xv10.y, wv13.y, fma(xv10.x, wv13.x, acc10_13))));
+        acc10_14 = fma(xv10.w, wv14.w, fma(xv10.z, wv14.z, fma(xv10.y, wv14.y, fma(xv10.x, wv14.x, acc10_14))));
+        acc10_15 = fma(xv10.w, wv15.w, fma(xv10.z, wv15.z, fma(xv10.y, wv15.y, fma(xv10.x, wv15.x, acc10_15))));
         let xv11 = x[x11 + kq];
         acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
         acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
@@ -1422,6 +1655,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
         acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
         acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+        acc11_8 = fma(xv11.w, wv8.w, fma(xv11.z, wv8.z, fma(xv11.y, wv8.y, fma(xv11.x, wv8.x, acc11_8))));
+        acc11_9 = fma(xv11.w, wv9.w, fma(xv11.z, wv9.z, fma(xv11.y, wv9.y, fma(xv11.x, wv9.x, acc11_9))));
+        acc11_10 = fma(xv11.w, wv10.w, fma(xv11.z, wv10.z, fma(xv11.y, wv10.y, fma(xv11.x, wv10.x, acc11_10))));
+        acc11_11 = fma(xv11.w, wv11.w, fma(xv11.z, wv11.z, fma(xv11.y, wv11.y, fma(xv11.x, wv11.x, acc11_11))));
+        acc11_12 = fma(xv11.w, wv12.w, fma(xv11.z, wv12.z, fma(xv11.y, wv12.y, fma(xv11.x, wv12.x, acc11_12))));
+        acc11_13 = fma(xv11.w, wv13.w, fma(xv11.z, wv13.z, fma(xv11.y, wv13.y, fma(xv11.x, wv13.x, acc11_13))));
+        acc11_14 = fma(xv11.w, wv14.w, fma(xv11.z, wv14.z, fma(xv11.y, wv14.y, fma(xv11.x, wv14.x, acc11_14))));
+        acc11_15 = fma(xv11.w, wv15.w, fma(xv11.z, wv15.z, fma(xv11.y, wv15.y, fma(xv11.x, wv15.x, acc11_15))));
         let xv12 = x[x12 + kq];
         acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
         acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
@@ -1431,6 +1672,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
         acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
         acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+        acc12_8 = fma(xv12.w, wv8.w, fma(xv12.z, wv8.z, fma(xv12.y, wv8.y, fma(xv12.x, wv8.x, acc12_8))));
+        acc12_9 = fma(xv12.w, wv9.w, fma(xv12.z, wv9.z, fma(xv12.y, wv9.y, fma(xv12.x, wv9.x, acc12_9))));
+        acc12_10 = fma(xv12.w, wv10.w, fma(xv12.z, wv10.z, fma(xv12.y, wv10.y, fma(xv12.x, wv10.x, acc12_10))));
+        acc12_11 = fma(xv12.w, wv11.w, fma(xv12.z, wv11.z, fma(xv12.y, wv11.y, fma(xv12.x, wv11.x, acc12_11))));
+        acc12_12 = fma(xv12.w, wv12.w, fma(xv12.z, wv12.z, fma(xv12.y, wv12.y, fma(xv12.x, wv12.x, acc12_12))));
+        acc12_13 = fma(xv12.w, wv13.w, fma(xv12.z, wv13.z, fma(xv12.y, wv13.y, fma(xv12.x, wv13.x, acc12_13))));
+        acc12_14 = fma(xv12.w, wv14.w, fma(xv12.z, wv14.z, fma(xv12.y, wv14.y, fma(xv12.x, wv14.x, acc12_14))));
+        acc12_15 = fma(xv12.w, wv15.w, fma(xv12.z, wv15.z, fma(xv12.y, wv15.y, fma(xv12.x, wv15.x, acc12_15))));
         let xv13 = x[x13 + kq];
         acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
         acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
@@ -1440,6 +1689,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
         acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
         acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+        acc13_8 = fma(xv13.w, wv8.w, fma(xv13.z, wv8.z, fma(xv13.y, wv8.y, fma(xv13.x, wv8.x, acc13_8))));
+        acc13_9 = fma(xv13.w, wv9.w, fma(xv13.z, wv9.z, fma(xv13.y, wv9.y, fma(xv13.x, wv9.x, acc13_9))));
+        acc13_10 = fma(xv13.w, wv10.w, fma(xv13.z, wv10.z, fma(xv13.y, wv10.y, fma(xv13.x, wv10.x, acc13_10))));
+        acc13_11 = fma(xv13.w, wv11.w, fma(xv13.z, wv11.z, fma(xv13.y, wv11.y, fma(xv13.x, wv11.x, acc13_11))));
+        acc13_12 = fma(xv13.w, wv12.w, fma(xv13.z, wv12.z, fma(xv13.y, wv12.y, fma(xv13.x, wv12.x, acc13_12))));
+        acc13_13 = fma(xv13.w, wv13.w, fma(xv13.z, wv13.z, fma(xv13.y, wv13.y, fma(xv13.x, wv13.x, acc13_13))));
+        acc13_14 = fma(xv13.w, wv14.w, fma(xv13.z, wv14.z, fma(xv13.y, wv14.y, fma(xv13.x, wv14.x, acc13_14))));
+        acc13_15 = fma(xv13.w, wv15.w, fma(xv13.z, wv15.z, fma(xv13.y, wv15.y, fma(xv13.x, wv15.x, acc13_15))));
         let xv14 = x[x14 + kq];
         acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
         acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
@@ -1449,6 +1706,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
         acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
         acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+        acc14_8 = fma(xv14.w, wv8.w, fma(xv14.z, wv8.z, fma(xv14.y, wv8.y, fma(xv14.x, wv8.x, acc14_8))));
+        acc14_9 = fma(xv14.w, wv9.w, fma(xv14.z, wv9.z, fma(xv14.y, wv9.y, fma(xv14.x, wv9.x, acc14_9))));
+        acc14_10 = fma(xv14.w, wv10.w, fma(xv14.z, wv10.z, fma(xv14.y, wv10.y, fma(xv14.x, wv10.x, acc14_10))));
+        acc14_11 = fma(xv14.w, wv11.w, fma(xv14.z, wv11.z, fma(xv14.y, wv11.y, fma(xv14.x, wv11.x, acc14_11))));
+        acc14_12 = fma(xv14.w, wv12.w, fma(xv14.z, wv12.z, fma(xv14.y, wv12.y, fma(xv14.x, wv12.x, acc14_12))));
+        acc14_13 = fma(xv14.w, wv13.w, fma(xv14.z, wv13.z, fma(xv14.y, wv13.y, fma(xv14.x, wv13.x, acc14_13))));
+        acc14_14 = fma(xv14.w, wv14.w, fma(xv14.z, wv14.z, fma(xv14.y, wv14.y, fma(xv14.x, wv14.x, acc14_14))));
+        acc14_15 = fma(xv14.w, wv15.w, fma(xv14.z, wv15.z, fma(xv14.y, wv15.y, fma(xv14.x, wv15.x, acc14_15))));
         let xv15 = x[x15 + kq];
         acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
         acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
@@ -1458,6 +1723,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
         acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
         acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
         acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
+        acc15_8 = fma(xv15.w, wv8.w, fma(xv15.z, wv8.z, fma(xv15.y, wv8.y, fma(xv15.x, wv8.x, acc15_8))));
+        acc15_9 = fma(xv15.w, wv9.w, fma(xv15.z, wv9.z, fma(xv15.y, wv9.y, fma(xv15.x, wv9.x, acc15_9))));
+        acc15_10 = fma(xv15.w, wv10.w, fma(xv15.z, wv10.z, fma(xv15.y, wv10.y, fma(xv15.x, wv10.x, acc15_10))));
+        acc15_11 = fma(xv15.w, wv11.w, fma(xv15.z, wv11.z, fma(xv15.y, wv11.y, fma(xv15.x, wv11.x, acc15_11))));
+        acc15_12 = fma(xv15.w, wv12.w, fma(xv15.z, wv12.z, fma(xv15.y, wv12.y, fma(xv15.x, wv12.x, acc15_12))));
+        acc15_13 = fma(xv15.w, wv13.w, fma(xv15.z, wv13.z, fma(xv15.y, wv13.y, fma(xv15.x, wv13.x, acc15_13))));
+        acc15_14 = fma(xv15.w, wv14.w, fma(xv15.z, wv14.z, fma(xv15.y, wv14.y, fma(xv15.x, wv14.x, acc15_14))));
+        acc15_15 = fma(xv15.w, wv15.w, fma(xv15.z, wv15.z, fma(xv15.y, wv15.y, fma(xv15.x, wv15.x, acc15_15))));
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
     if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
@@ -1467,6 +1740,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
     if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
     if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 0u < p.m && c0 + 8u < p.n) { put_y(r0 + 0u, c0 + 8u, acc0_8); }
+    if (r0 + 0u < p.m && c0 + 9u < p.n) { put_y(r0 + 0u, c0 + 9u, acc0_9); }
+    if (r0 + 0u < p.m && c0 + 10u < p.n) { put_y(r0 + 0u, c0 + 10u, acc0_10); }
+    if (r0 + 0u < p.m && c0 + 11u < p.n) { put_y(r0 + 0u, c0 + 11u, acc0_11); }
+    if (r0 + 0u < p.m && c0 + 12u < p.n) { put_y(r0 + 0u, c0 + 12u, acc0_12); }
+    if (r0 + 0u < p.m && c0 + 13u < p.n) { put_y(r0 + 0u, c0 + 13u, acc0_13); }
+    if (r0 + 0u < p.m && c0 + 14u < p.n) { put_y(r0 + 0u, c0 + 14u, acc0_14); }
+    if (r0 + 0u < p.m && c0 + 15u < p.n) { put_y(r0 + 0u, c0 + 15u, acc0_15); }
     if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
     if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
     if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
@@ -1475,6 +1756,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
     if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
     if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 1u < p.m && c0 + 8u < p.n) { put_y(r0 + 1u, c0 + 8u, acc1_8); }
+    if (r0 + 1u < p.m && c0 + 9u < p.n) { put_y(r0 + 1u, c0 + 9u, acc1_9); }
+    if (r0 + 1u < p.m && c0 + 10u < p.n) { put_y(r0 + 1u, c0 + 10u, acc1_10); }
+    if (r0 + 1u < p.m && c0 + 11u < p.n) { put_y(r0 + 1u, c0 + 11u, acc1_11); }
+    if (r0 + 1u < p.m && c0 + 12u < p.n) { put_y(r0 + 1u, c0 + 12u, acc1_12); }
+    if (r0 + 1u < p.m && c0 + 13u < p.n) { put_y(r0 + 1u, c0 + 13u, acc1_13); }
+    if (r0 + 1u < p.m && c0 + 14u < p.n) { put_y(r0 + 1u, c0 + 14u, acc1_14); }
+    if (r0 + 1u < p.m && c0 + 15u < p.n) { put_y(r0 + 1u, c0 + 15u, acc1_15); }
     if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
     if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
     if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
@@ -1483,6 +1772,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
     if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
     if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 2u < p.m && c0 + 8u < p.n) { put_y(r0 + 2u, c0 + 8u, acc2_8); }
+    if (r0 + 2u < p.m && c0 + 9u < p.n) { put_y(r0 + 2u, c0 + 9u, acc2_9); }
+    if (r0 + 2u < p.m && c0 + 10u < p.n) { put_y(r0 + 2u, c0 + 10u, acc2_10); }
+    if (r0 + 2u < p.m && c0 + 11u < p.n) { put_y(r0 + 2u, c0 + 11u, acc2_11); }
+    if (r0 + 2u < p.m && c0 + 12u < p.n) { put_y(r0 + 2u, c0 + 12u, acc2_12); }
+    if (r0 + 2u < p.m && c0 + 13u < p.n) { put_y(r0 + 2u, c0 + 13u, acc2_13); }
+    if (r0 + 2u < p.m && c0 + 14u < p.n) { put_y(r0 + 2u, c0 + 14u, acc2_14); }
+    if (r0 + 2u < p.m && c0 + 15u < p.n) { put_y(r0 + 2u, c0 + 15u, acc2_15); }
     if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
     if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
     if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
@@ -1491,6 +1788,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
     if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
     if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 3u < p.m && c0 + 8u < p.n) { put_y(r0 + 3u, c0 + 8u, acc3_8); }
+    if (r0 + 3u < p.m && c0 + 9u < p.n) { put_y(r0 + 3u, c0 + 9u, acc3_9); }
+    if (r0 + 3u < p.m && c0 + 10u < p.n) { put_y(r0 + 3u, c0 + 10u, acc3_10); }
+    if (r0 + 3u < p.m && c0 + 11u < p.n) { put_y(r0 + 3u, c0 + 11u, acc3_11); }
+    if (r0 + 3u < p.m && c0 + 12u < p.n) { put_y(r0 + 3u, c0 + 12u, acc3_12); }
+    if (r0 + 3u < p.m && c0 + 13u < p.n) { put_y(r0 + 3u, c0 + 13u, acc3_13); }
+    if (r0 + 3u < p.m && c0 + 14u < p.n) { put_y(r0 + 3u, c0 + 14u, acc3_14); }
+    if (r0 + 3u < p.m && c0 + 15u < p.n) { put_y(r0 + 3u, c0 + 15u, acc3_15); }
     if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
     if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
     if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
@@ -1499,6 +1804,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
     if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
     if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 4u < p.m && c0 + 8u < p.n) { put_y(r0 + 4u, c0 + 8u, acc4_8); }
+    if (r0 + 4u < p.m && c0 + 9u < p.n) { put_y(r0 + 4u, c0 + 9u, acc4_9); }
+    if (r0 + 4u < p.m && c0 + 10u < p.n) { put_y(r0 + 4u, c0 + 10u, acc4_10); }
+    if (r0 + 4u < p.m && c0 + 11u < p.n) { put_y(r0 + 4u, c0 + 11u, acc4_11); }
+    if (r0 + 4u < p.m && c0 + 12u < p.n) { put_y(r0 + 4u, c0 + 12u, acc4_12); }
+    if (r0 + 4u < p.m && c0 + 13u < p.n) { put_y(r0 + 4u, c0 + 13u, acc4_13); }
+    if (r0 + 4u < p.m && c0 + 14u < p.n) { put_y(r0 + 4u, c0 + 14u, acc4_14); }
+    if (r0 + 4u < p.m && c0 + 15u < p.n) { put_y(r0 + 4u, c0 + 15u, acc4_15); }
     if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
     if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
     if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
@@ -1507,6 +1820,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
     if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
     if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 5u < p.m && c0 + 8u < p.n) { put_y(r0 + 5u, c0 + 8u, acc5_8); }
+    if (r0 + 5u < p.m && c0 + 9u < p.n) { put_y(r0 + 5u, c0 + 9u, acc5_9); }
+    if (r0 + 5u < p.m && c0 + 10u < p.n) { put_y(r0 + 5u, c0 + 10u, acc5_10); }
+    if (r0 + 5u < p.m && c0 + 11u < p.n) { put_y(r0 + 5u, c0 + 11u, acc5_11); }
+    if (r0 + 5u < p.m && c0 + 12u < p.n) { put_y(r0 + 5u, c0 + 12u, acc5_12); }
+    if (r0 + 5u < p.m && c0 + 13u < p.n) { put_y(r0 + 5u, c0 + 13u, acc5_13); }
+    if (r0 + 5u < p.m && c0 + 14u < p.n) { put_y(r0 + 5u, c0 + 14u, acc5_14); }
+    if (r0 + 5u < p.m && c0 + 15u < p.n) { put_y(r0 + 5u, c0 + 15u, acc5_15); }
     if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
     if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
     if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
@@ -1515,6 +1836,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
     if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
     if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 6u < p.m && c0 + 8u < p.n) { put_y(r0 + 6u, c0 + 8u, acc6_8); }
+    if (r0 + 6u < p.m && c0 + 9u < p.n) { put_y(r0 + 6u, c0 + 9u, acc6_9); }
+    if (r0 + 6u < p.m && c0 + 10u < p.n) { put_y(r0 + 6u, c0 + 10u, acc6_10); }
+    if (r0 + 6u < p.m && c0 + 11u < p.n) { put_y(r0 + 6u, c0 + 11u, acc6_11); }
+    if (r0 + 6u < p.m && c0 + 12u < p.n) { put_y(r0 + 6u, c0 + 12u, acc6_12); }
+    if (r0 + 6u < p.m && c0 + 13u < p.n) { put_y(r0 + 6u, c0 + 13u, acc6_13); }
+    if (r0 + 6u < p.m && c0 + 14u < p.n) { put_y(r0 + 6u, c0 + 14u, acc6_14); }
+    if (r0 + 6u < p.m && c0 + 15u < p.n) { put_y(r0 + 6u, c0 + 15u, acc6_15); }
     if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
     if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
     if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
@@ -1523,6 +1852,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 7u < p.m && c0 + 8u < p.n) { put_y(r0 + 7u, c0 + 8u, acc7_8); }
+    if (r0 + 7u < p.m && c0 + 9u < p.n) { put_y(r0 + 7u, c0 + 9u, acc7_9); }
+    if (r0 + 7u < p.m && c0 + 10u < p.n) { put_y(r0 + 7u, c0 + 10u, acc7_10); }
+    if (r0 + 7u < p.m && c0 + 11u < p.n) { put_y(r0 + 7u, c0 + 11u, acc7_11); }
+    if (r0 + 7u < p.m && c0 + 12u < p.n) { put_y(r0 + 7u, c0 + 12u, acc7_12); }
+    if (r0 + 7u < p.m && c0 + 13u < p.n) { put_y(r0 + 7u, c0 + 13u, acc7_13); }
+    if (r0 + 7u < p.m && c0 + 14u < p.n) { put_y(r0 + 7u, c0 + 14u, acc7_14); }
+    if (r0 + 7u < p.m && c0 + 15u < p.n) { put_y(r0 + 7u, c0 + 15u, acc7_15); }
     if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
     if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
     if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
@@ -1531,6 +1868,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
     if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
     if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 8u < p.m && c0 + 8u < p.n) { put_y(r0 + 8u, c0 + 8u, acc8_8); }
+    if (r0 + 8u < p.m && c0 + 9u < p.n) { put_y(r0 + 8u, c0 + 9u, acc8_9); }
+    if (r0 + 8u < p.m && c0 + 10u < p.n) { put_y(r0 + 8u, c0 + 10u, acc8_10); }
+    if (r0 + 8u < p.m && c0 + 11u < p.n) { put_y(r0 + 8u, c0 + 11u, acc8_11); }
+    if (r0 + 8u < p.m && c0 + 12u < p.n) { put_y(r0 + 8u, c0 + 12u, acc8_12); }
+    if (r0 + 8u < p.m && c0 + 13u < p.n) { put_y(r0 + 8u, c0 + 13u, acc8_13); }
+    if (r0 + 8u < p.m && c0 + 14u < p.n) { put_y(r0 + 8u, c0 + 14u, acc8_14); }
+    if (r0 + 8u < p.m && c0 + 15u < p.n) { put_y(r0 + 8u, c0 + 15u, acc8_15); }
     if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
     if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
     if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
@@ -1539,6 +1884,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
     if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
     if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 9u < p.m && c0 + 8u < p.n) { put_y(r0 + 9u, c0 + 8u, acc9_8); }
+    if (r0 + 9u < p.m && c0 + 9u < p.n) { put_y(r0 + 9u, c0 + 9u, acc9_9); }
+    if (r0 + 9u < p.m && c0 + 10u < p.n) { put_y(r0 + 9u, c0 + 10u, acc9_10); }
+    if (r0 + 9u < p.m && c0 + 11u < p.n) { put_y(r0 + 9u, c0 + 11u, acc9_11); }
+    if (r0 + 9u < p.m && c0 + 12u < p.n) { put_y(r0 + 9u, c0 + 12u, acc9_12); }
+    if (r0 + 9u < p.m && c0 + 13u < p.n) { put_y(r0 + 9u, c0 + 13u, acc9_13); }
+    if (r0 + 9u < p.m && c0 + 14u < p.n) { put_y(r0 + 9u, c0 + 14u, acc9_14); }
+    if (r0 + 9u < p.m && c0 + 15u < p.n) { put_y(r0 + 9u, c0 + 15u, acc9_15); }
     if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
     if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
     if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
@@ -1547,6 +1900,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
     if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
     if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 10u < p.m && c0 + 8u < p.n) { put_y(r0 + 10u, c0 + 8u, acc10_8); }
+    if (r0 + 10u < p.m && c0 + 9u < p.n) { put_y(r0 + 10u, c0 + 9u, acc10_9); }
+    if (r0 + 10u < p.m && c0 + 10u < p.n) { put_y(r0 + 10u, c0 + 10u, acc10_10); }
+    if (r0 + 10u < p.m && c0 + 11u < p.n) { put_y(r0 + 10u, c0 + 11u, acc10_11); }
+    if (r0 + 10u < p.m && c0 + 12u < p.n) { put_y(r0 + 10u, c0 + 12u, acc10_12); }
+    if (r0 + 10u < p.m && c0 + 13u < p.n) { put_y(r0 + 10u, c0 + 13u, acc10_13); }
+    if (r0 + 10u < p.m && c0 + 14u < p.n) { put_y(r0 + 10u, c0 + 14u, acc10_14); }
+    if (r0 + 10u < p.m && c0 + 15u < p.n) { put_y(r0 + 10u, c0 + 15u, acc10_15); }
     if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
     if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
     if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
@@ -1555,6 +1916,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
     if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
     if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 11u < p.m && c0 + 8u < p.n) { put_y(r0 + 11u, c0 + 8u, acc11_8); }
+    if (r0 + 11u < p.m && c0 + 9u < p.n) { put_y(r0 + 11u, c0 + 9u, acc11_9); }
+    if (r0 + 11u < p.m && c0 + 10u < p.n) { put_y(r0 + 11u, c0 + 10u, acc11_10); }
+    if (r0 + 11u < p.m && c0 + 11u < p.n) { put_y(r0 + 11u, c0 + 11u, acc11_11); }
+    if (r0 + 11u < p.m && c0 + 12u < p.n) { put_y(r0 + 11u, c0 + 12u, acc11_12); }
+    if (r0 + 11u < p.m && c0 + 13u < p.n) { put_y(r0 + 11u, c0 + 13u, acc11_13); }
+    if (r0 + 11u < p.m && c0 + 14u < p.n) { put_y(r0 + 11u, c0 + 14u, acc11_14); }
+    if (r0 + 11u < p.m && c0 + 15u < p.n) { put_y(r0 + 11u, c0 + 15u, acc11_15); }
     if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
     if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
     if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
@@ -1563,6 +1932,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
     if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
     if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 12u < p.m && c0 + 8u < p.n) { put_y(r0 + 12u, c0 + 8u, acc12_8); }
+    if (r0 + 12u < p.m && c0 + 9u < p.n) { put_y(r0 + 12u, c0 + 9u, acc12_9); }
+    if (r0 + 12u < p.m && c0 + 10u < p.n) { put_y(r0 + 12u, c0 + 10u, acc12_10); }
+    if (r0 + 12u < p.m && c0 + 11u < p.n) { put_y(r0 + 12u, c0 + 11u, acc12_11); }
+    if (r0 + 12u < p.m && c0 + 12u < p.n) { put_y(r0 + 12u, c0 + 12u, acc12_12); }
+    if (r0 + 12u < p.m && c0 + 13u < p.n) { put_y(r0 + 12u, c0 + 13u, acc12_13); }
+    if (r0 + 12u < p.m && c0 + 14u < p.n) { put_y(r0 + 12u, c0 + 14u, acc12_14); }
+    if (r0 + 12u < p.m && c0 + 15u < p.n) { put_y(r0 + 12u, c0 + 15u, acc12_15); }
     if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
     if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
     if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
@@ -1571,6 +1948,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
     if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
     if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 13u < p.m && c0 + 8u < p.n) { put_y(r0 + 13u, c0 + 8u, acc13_8); }
+    if (r0 + 13u < p.m && c0 + 9u < p.n) { put_y(r0 + 13u, c0 + 9u, acc13_9); }
+    if (r0 + 13u < p.m && c0 + 10u < p.n) { put_y(r0 + 13u, c0 + 10u, acc13_10); }
+    if (r0 + 13u < p.m && c0 + 11u < p.n) { put_y(r0 + 13u, c0 + 11u, acc13_11); }
+    if (r0 + 13u < p.m && c0 + 12u < p.n) { put_y(r0 + 13u, c0 + 12u, acc13_12); }
+    if (r0 + 13u < p.m && c0 + 13u < p.n) { put_y(r0 + 13u, c0 + 13u, acc13_13); }
+    if (r0 + 13u < p.m && c0 + 14u < p.n) { put_y(r0 + 13u, c0 + 14u, acc13_14); }
+    if (r0 + 13u < p.m && c0 + 15u < p.n) { put_y(r0 + 13u, c0 + 15u, acc13_15); }
     if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
     if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
     if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
@@ -1579,6 +1964,14 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
     if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
     if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 14u < p.m && c0 + 8u < p.n) { put_y(r0 + 14u, c0 + 8u, acc14_8); }
+    if (r0 + 14u < p.m && c0 + 9u < p.n) { put_y(r0 + 14u, c0 + 9u, acc14_9); }
+    if (r0 + 14u < p.m && c0 + 10u < p.n) { put_y(r0 + 14u, c0 + 10u, acc14_10); }
+    if (r0 + 14u < p.m && c0 + 11u < p.n) { put_y(r0 + 14u, c0 + 11u, acc14_11); }
+    if (r0 + 14u < p.m && c0 + 12u < p.n) { put_y(r0 + 14u, c0 + 12u, acc14_12); }
+    if (r0 + 14u < p.m && c0 + 13u < p.n) { put_y(r0 + 14u, c0 + 13u, acc14_13); }
+    if (r0 + 14u < p.m && c0 + 14u < p.n) { put_y(r0 + 14u, c0 + 14u, acc14_14); }
+    if (r0 + 14u < p.m && c0 + 15u < p.n) { put_y(r0 + 14u, c0 + 15u, acc14_15); }
     if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
     if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
     if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
@@ -1587,10 +1980,18 @@ fn matmul_columns(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgr
     if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
     if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
     if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
+    if (r0 + 15u < p.m && c0 + 8u < p.n) { put_y(r0 + 15u, c0 + 8u, acc15_8); }
+    if (r0 + 15u < p.m && c0 + 9u < p.n) { put_y(r0 + 15u, c0 + 9u, acc15_9); }
+    if (r0 + 15u < p.m && c0 + 10u < p.n) { put_y(r0 + 15u, c0 + 10u, acc15_10); }
+    if (r0 + 15u < p.m && c0 + 11u < p.n) { put_y(r0 + 15u, c0 + 11u, acc15_11); }
+    if (r0 + 15u < p.m && c0 + 12u < p.n) { put_y(r0 + 15u, c0 + 12u, acc15_12); }
+    if (r0 + 15u < p.m && c0 + 13u < p.n) { put_y(r0 + 15u, c0 + 13u, acc15_13); }
+    if (r0 + 15u < p.m && c0 + 14u < p.n) { put_y(r0 + 15u, c0 + 14u, acc15_14); }
+    if (r0 + 15u < p.m && c0 + 15u < p.n) { put_y(r0 + 15u, c0 + 15u, acc15_15); }
 }
 @compute @workgroup_size(32)
 fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let c0 = MV_COLS * gid.x;
+    let c0 = MV_BLOCK_COLS * gid.x;
     if (c0 >= p.n) {
         return;
     }
@@ -1605,6 +2006,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     let w5 = min(c0 + 5u, p.n - 1u) * k4;
     let w6 = min(c0 + 6u, p.n - 1u) * k4;
     let w7 = min(c0 + 7u, p.n - 1u) * k4;
+    let w8 = min(c0 + 8u, p.n - 1u) * k4;
+    let w9 = min(c0 + 9u, p.n - 1u) * k4;
+    let w10 = min(c0 + 10u, p.n - 1u) * k4;
+    let w11 = min(c0 + 11u, p.n - 1u) * k4;
+    let w12 = min(c0 + 12u, p.n - 1u) * k4;
+    let w13 = min(c0 + 13u, p.n - 1u) * k4;
+    let w14 = min(c0 + 14u, p.n - 1u) * k4;
+    let w15 = min(c0 + 15u, p.n - 1u) * k4;
     let x0 = min(r0 + 0u, p.m - 1u) * k4;
     let x1 = min(r0 + 1u, p.m - 1u) * k4;
     let x2 = min(r0 + 2u, p.m - 1u) * k4;
@@ -1629,6 +2038,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc0_5 = 0.0;
     var acc0_6 = 0.0;
     var acc0_7 = 0.0;
+    var acc0_8 = 0.0;
+    var acc0_9 = 0.0;
+    var acc0_10 = 0.0;
+    var acc0_11 = 0.0;
+    var acc0_12 = 0.0;
+    var acc0_13 = 0.0;
+    var acc0_14 = 0.0;
+    var acc0_15 = 0.0;
     var acc1_0 = 0.0;
     var acc1_1 = 0.0;
     var acc1_2 = 0.0;
@@ -1637,6 +2054,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc1_5 = 0.0;
     var acc1_6 = 0.0;
     var acc1_7 = 0.0;
+    var acc1_8 = 0.0;
+    var acc1_9 = 0.0;
+    var acc1_10 = 0.0;
+    var acc1_11 = 0.0;
+    var acc1_12 = 0.0;
+    var acc1_13 = 0.0;
+    var acc1_14 = 0.0;
+    var acc1_15 = 0.0;
     var acc2_0 = 0.0;
     var acc2_1 = 0.0;
     var acc2_2 = 0.0;
@@ -1645,6 +2070,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc2_5 = 0.0;
     var acc2_6 = 0.0;
     var acc2_7 = 0.0;
+    var acc2_8 = 0.0;
+    var acc2_9 = 0.0;
+    var acc2_10 = 0.0;
+    var acc2_11 = 0.0;
+    var acc2_12 = 0.0;
+    var acc2_13 = 0.0;
+    var acc2_14 = 0.0;
+    var acc2_15 = 0.0;
     var acc3_0 = 0.0;
     var acc3_1 = 0.0;
     var acc3_2 = 0.0;
@@ -1653,6 +2086,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc3_5 = 0.0;
     var acc3_6 = 0.0;
     var acc3_7 = 0.0;
+    var acc3_8 = 0.0;
+    var acc3_9 = 0.0;
+    var acc3_10 = 0.0;
+    var acc3_11 = 0.0;
+    var acc3_12 = 0.0;
+    var acc3_13 = 0.0;
+    var acc3_14 = 0.0;
+    var acc3_15 = 0.0;
     var acc4_0 = 0.0;
     var acc4_1 = 0.0;
     var acc4_2 = 0.0;
@@ -1661,6 +2102,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc4_5 = 0.0;
     var acc4_6 = 0.0;
     var acc4_7 = 0.0;
+    var acc4_8 = 0.0;
+    var acc4_9 = 0.0;
+    var acc4_10 = 0.0;
+    var acc4_11 = 0.0;
+    var acc4_12 = 0.0;
+    var acc4_13 = 0.0;
+    var acc4_14 = 0.0;
+    var acc4_15 = 0.0;
     var acc5_0 = 0.0;
     var acc5_1 = 0.0;
     var acc5_2 = 0.0;
@@ -1669,6 +2118,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc5_5 = 0.0;
     var acc5_6 = 0.0;
     var acc5_7 = 0.0;
+    var acc5_8 = 0.0;
+    var acc5_9 = 0.0;
+    var acc5_10 = 0.0;
+    var acc5_11 = 0.0;
+    var acc5_12 = 0.0;
+    var acc5_13 = 0.0;
+    var acc5_14 = 0.0;
+    var acc5_15 = 0.0;
     var acc6_0 = 0.0;
     var acc6_1 = 0.0;
     var acc6_2 = 0.0;
@@ -1677,6 +2134,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc6_5 = 0.0;
     var acc6_6 = 0.0;
     var acc6_7 = 0.0;
+    var acc6_8 = 0.0;
+    var acc6_9 = 0.0;
+    var acc6_10 = 0.0;
+    var acc6_11 = 0.0;
+    var acc6_12 = 0.0;
+    var acc6_13 = 0.0;
+    var acc6_14 = 0.0;
+    var acc6_15 = 0.0;
     var acc7_0 = 0.0;
     var acc7_1 = 0.0;
     var acc7_2 = 0.0;
@@ -1685,6 +2150,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc7_8 = 0.0;
+    var acc7_9 = 0.0;
+    var acc7_10 = 0.0;
+    var acc7_11 = 0.0;
+    var acc7_12 = 0.0;
+    var acc7_13 = 0.0;
+    var acc7_14 = 0.0;
+    var acc7_15 = 0.0;
     var acc8_0 = 0.0;
     var acc8_1 = 0.0;
     var acc8_2 = 0.0;
@@ -1693,6 +2166,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc8_5 = 0.0;
     var acc8_6 = 0.0;
     var acc8_7 = 0.0;
+    var acc8_8 = 0.0;
+    var acc8_9 = 0.0;
+    var acc8_10 = 0.0;
+    var acc8_11 = 0.0;
+    var acc8_12 = 0.0;
+    var acc8_13 = 0.0;
+    var acc8_14 = 0.0;
+    var acc8_15 = 0.0;
     var acc9_0 = 0.0;
     var acc9_1 = 0.0;
     var acc9_2 = 0.0;
@@ -1701,6 +2182,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc9_5 = 0.0;
     var acc9_6 = 0.0;
     var acc9_7 = 0.0;
+    var acc9_8 = 0.0;
+    var acc9_9 = 0.0;
+    var acc9_10 = 0.0;
+    var acc9_11 = 0.0;
+    var acc9_12 = 0.0;
+    var acc9_13 = 0.0;
+    var acc9_14 = 0.0;
+    var acc9_15 = 0.0;
     var acc10_0 = 0.0;
     var acc10_1 = 0.0;
     var acc10_2 = 0.0;
@@ -1709,6 +2198,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc10_5 = 0.0;
     var acc10_6 = 0.0;
     var acc10_7 = 0.0;
+    var acc10_8 = 0.0;
+    var acc10_9 = 0.0;
+    var acc10_10 = 0.0;
+    var acc10_11 = 0.0;
+    var acc10_12 = 0.0;
+    var acc10_13 = 0.0;
+    var acc10_14 = 0.0;
+    var acc10_15 = 0.0;
     var acc11_0 = 0.0;
     var acc11_1 = 0.0;
     var acc11_2 = 0.0;
@@ -1717,6 +2214,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc11_5 = 0.0;
     var acc11_6 = 0.0;
     var acc11_7 = 0.0;
+    var acc11_8 = 0.0;
+    var acc11_9 = 0.0;
+    var acc11_10 = 0.0;
+    var acc11_11 = 0.0;
+    var acc11_12 = 0.0;
+    var acc11_13 = 0.0;
+    var acc11_14 = 0.0;
+    var acc11_15 = 0.0;
     var acc12_0 = 0.0;
     var acc12_1 = 0.0;
     var acc12_2 = 0.0;
@@ -1725,6 +2230,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc12_5 = 0.0;
     var acc12_6 = 0.0;
     var acc12_7 = 0.0;
+    var acc12_8 = 0.0;
+    var acc12_9 = 0.0;
+    var acc12_10 = 0.0;
+    var acc12_11 = 0.0;
+    var acc12_12 = 0.0;
+    var acc12_13 = 0.0;
+    var acc12_14 = 0.0;
+    var acc12_15 = 0.0;
     var acc13_0 = 0.0;
     var acc13_1 = 0.0;
     var acc13_2 = 0.0;
@@ -1733,6 +2246,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc13_5 = 0.0;
     var acc13_6 = 0.0;
     var acc13_7 = 0.0;
+    var acc13_8 = 0.0;
+    var acc13_9 = 0.0;
+    var acc13_10 = 0.0;
+    var acc13_11 = 0.0;
+    var acc13_12 = 0.0;
+    var acc13_13 = 0.0;
+    var acc13_14 = 0.0;
+    var acc13_15 = 0.0;
     var acc14_0 = 0.0;
     var acc14_1 = 0.0;
     var acc14_2 = 0.0;
@@ -1741,6 +2262,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc14_5 = 0.0;
     var acc14_6 = 0.0;
     var acc14_7 = 0.0;
+    var acc14_8 = 0.0;
+    var acc14_9 = 0.0;
+    var acc14_10 = 0.0;
+    var acc14_11 = 0.0;
+    var acc14_12 = 0.0;
+    var acc14_13 = 0.0;
+    var acc14_14 = 0.0;
+    var acc14_15 = 0.0;
     var acc15_0 = 0.0;
     var acc15_1 = 0.0;
     var acc15_2 = 0.0;
@@ -1749,6 +2278,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     var acc15_5 = 0.0;
     var acc15_6 = 0.0;
     var acc15_7 = 0.0;
+    var acc15_8 = 0.0;
+    var acc15_9 = 0.0;
+    var acc15_10 = 0.0;
+    var acc15_11 = 0.0;
+    var acc15_12 = 0.0;
+    var acc15_13 = 0.0;
+    var acc15_14 = 0.0;
+    var acc15_15 = 0.0;
     for (var kq = 0u; kq < k4; kq++) {
         let wv0 = w_half(w0 + kq);
         let wv1 = w_half(w1 + kq);
@@ -1758,6 +2295,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         let wv5 = w_half(w5 + kq);
         let wv6 = w_half(w6 + kq);
         let wv7 = w_half(w7 + kq);
+        let wv8 = w_half(w8 + kq);
+        let wv9 = w_half(w9 + kq);
+        let wv10 = w_half(w10 + kq);
+        let wv11 = w_half(w11 + kq);
+        let wv12 = w_half(w12 + kq);
+        let wv13 = w_half(w13 + kq);
+        let wv14 = w_half(w14 + kq);
+        let wv15 = w_half(w15 + kq);
         let xv0 = x[x0 + kq];
         acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
         acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));
@@ -1767,6 +2312,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc0_5 = fma(xv0.w, wv5.w, fma(xv0.z, wv5.z, fma(xv0.y, wv5.y, fma(xv0.x, wv5.x, acc0_5))));
         acc0_6 = fma(xv0.w, wv6.w, fma(xv0.z, wv6.z, fma(xv0.y, wv6.y, fma(xv0.x, wv6.x, acc0_6))));
         acc0_7 = fma(xv0.w, wv7.w, fma(xv0.z, wv7.z, fma(xv0.y, wv7.y, fma(xv0.x, wv7.x, acc0_7))));
+        acc0_8 = fma(xv0.w, wv8.w, fma(xv0.z, wv8.z, fma(xv0.y, wv8.y, fma(xv0.x, wv8.x, acc0_8))));
+        acc0_9 = fma(xv0.w, wv9.w, fma(xv0.z, wv9.z, fma(xv0.y, wv9.y, fma(xv0.x, wv9.x, acc0_9))));
+        acc0_10 = fma(xv0.w, wv10.w, fma(xv0.z, wv10.z, fma(xv0.y, wv10.y, fma(xv0.x, wv10.x, acc0_10))));
+        acc0_11 = fma(xv0.w, wv11.w, fma(xv0.z, wv11.z, fma(xv0.y, wv11.y, fma(xv0.x, wv11.x, acc0_11))));
+        acc0_12 = fma(xv0.w, wv12.w, fma(xv0.z, wv12.z, fma(xv0.y, wv12.y, fma(xv0.x, wv12.x, acc0_12))));
+        acc0_13 = fma(xv0.w, wv13.w, fma(xv0.z, wv13.z, fma(xv0.y, wv13.y, fma(xv0.x, wv13.x, acc0_13))));
+        acc0_14 = fma(xv0.w, wv14.w, fma(xv0.z, wv14.z, fma(xv0.y, wv14.y, fma(xv0.x, wv14.x, acc0_14))));
+        acc0_15 = fma(xv0.w, wv15.w, fma(xv0.z, wv15.z, fma(xv0.y, wv15.y, fma(xv0.x, wv15.x, acc0_15))));
         let xv1 = x[x1 + kq];
         acc1_0 = fma(xv1.w, wv0.w, fma(xv1.z, wv0.z, fma(xv1.y, wv0.y, fma(xv1.x, wv0.x, acc1_0))));
         acc1_1 = fma(xv1.w, wv1.w, fma(xv1.z, wv1.z, fma(xv1.y, wv1.y, fma(xv1.x, wv1.x, acc1_1))));
@@ -1776,6 +2329,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc1_5 = fma(xv1.w, wv5.w, fma(xv1.z, wv5.z, fma(xv1.y, wv5.y, fma(xv1.x, wv5.x, acc1_5))));
         acc1_6 = fma(xv1.w, wv6.w, fma(xv1.z, wv6.z, fma(xv1.y, wv6.y, fma(xv1.x, wv6.x, acc1_6))));
         acc1_7 = fma(xv1.w, wv7.w, fma(xv1.z, wv7.z, fma(xv1.y, wv7.y, fma(xv1.x, wv7.x, acc1_7))));
+        acc1_8 = fma(xv1.w, wv8.w, fma(xv1.z, wv8.z, fma(xv1.y, wv8.y, fma(xv1.x, wv8.x, acc1_8))));
+        acc1_9 = fma(xv1.w, wv9.w, fma(xv1.z, wv9.z, fma(xv1.y, wv9.y, fma(xv1.x, wv9.x, acc1_9))));
+        acc1_10 = fma(xv1.w, wv10.w, fma(xv1.z, wv10.z, fma(xv1.y, wv10.y, fma(xv1.x, wv10.x, acc1_10))));
+        acc1_11 = fma(xv1.w, wv11.w, fma(xv1.z, wv11.z, fma(xv1.y, wv11.y, fma(xv1.x, wv11.x, acc1_11))));
+        acc1_12 = fma(xv1.w, wv12.w, fma(xv1.z, wv12.z, fma(xv1.y, wv12.y, fma(xv1.x, wv12.x, acc1_12))));
+        acc1_13 = fma(xv1.w, wv13.w, fma(xv1.z, wv13.z, fma(xv1.y, wv13.y, fma(xv1.x, wv13.x, acc1_13))));
+        acc1_14 = fma(xv1.w, wv14.w, fma(xv1.z, wv14.z, fma(xv1.y, wv14.y, fma(xv1.x, wv14.x, acc1_14))));
+        acc1_15 = fma(xv1.w, wv15.w, fma(xv1.z, wv15.z, fma(xv1.y, wv15.y, fma(xv1.x, wv15.x, acc1_15))));
         let xv2 = x[x2 + kq];
         acc2_0 = fma(xv2.w, wv0.w, fma(xv2.z, wv0.z, fma(xv2.y, wv0.y, fma(xv2.x, wv0.x, acc2_0))));
         acc2_1 = fma(xv2.w, wv1.w, fma(xv2.z, wv1.z, fma(xv2.y, wv1.y, fma(xv2.x, wv1.x, acc2_1))));
@@ -1785,6 +2346,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc2_5 = fma(xv2.w, wv5.w, fma(xv2.z, wv5.z, fma(xv2.y, wv5.y, fma(xv2.x, wv5.x, acc2_5))));
         acc2_6 = fma(xv2.w, wv6.w, fma(xv2.z, wv6.z, fma(xv2.y, wv6.y, fma(xv2.x, wv6.x, acc2_6))));
         acc2_7 = fma(xv2.w, wv7.w, fma(xv2.z, wv7.z, fma(xv2.y, wv7.y, fma(xv2.x, wv7.x, acc2_7))));
+        acc2_8 = fma(xv2.w, wv8.w, fma(xv2.z, wv8.z, fma(xv2.y, wv8.y, fma(xv2.x, wv8.x, acc2_8))));
+        acc2_9 = fma(xv2.w, wv9.w, fma(xv2.z, wv9.z, fma(xv2.y, wv9.y, fma(xv2.x, wv9.x, acc2_9))));
+        acc2_10 = fma(xv2.w, wv10.w, fma(xv2.z, wv10.z, fma(xv2.y, wv10.y, fma(xv2.x, wv10.x, acc2_10))));
+        acc2_11 = fma(xv2.w, wv11.w, fma(xv2.z, wv11.z, fma(xv2.y, wv11.y, fma(xv2.x, wv11.x, acc2_11))));
+        acc2_12 = fma(xv2.w, wv12.w, fma(xv2.z, wv12.z, fma(xv2.y, wv12.y, fma(xv2.x, wv12.x, acc2_12))));
+        acc2_13 = fma(xv2.w, wv13.w, fma(xv2.z, wv13.z, fma(xv2.y, wv13.y, fma(xv2.x, wv13.x, acc2_13))));
+        acc2_14 = fma(xv2.w, wv14.w, fma(xv2.z, wv14.z, fma(xv2.y, wv14.y, fma(xv2.x, wv14.x, acc2_14))));
+        acc2_15 = fma(xv2.w, wv15.w, fma(xv2.z, wv15.z, fma(xv2.y, wv15.y, fma(xv2.x, wv15.x, acc2_15))));
         let xv3 = x[x3 + kq];
         acc3_0 = fma(xv3.w, wv0.w, fma(xv3.z, wv0.z, fma(xv3.y, wv0.y, fma(xv3.x, wv0.x, acc3_0))));
         acc3_1 = fma(xv3.w, wv1.w, fma(xv3.z, wv1.z, fma(xv3.y, wv1.y, fma(xv3.x, wv1.x, acc3_1))));
@@ -1794,6 +2363,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc3_5 = fma(xv3.w, wv5.w, fma(xv3.z, wv5.z, fma(xv3.y, wv5.y, fma(xv3.x, wv5.x, acc3_5))));
         acc3_6 = fma(xv3.w, wv6.w, fma(xv3.z, wv6.z, fma(xv3.y, wv6.y, fma(xv3.x, wv6.x, acc3_6))));
         acc3_7 = fma(xv3.w, wv7.w, fma(xv3.z, wv7.z, fma(xv3.y, wv7.y, fma(xv3.x, wv7.x, acc3_7))));
+        acc3_8 = fma(xv3.w, wv8.w, fma(xv3.z, wv8.z, fma(xv3.y, wv8.y, fma(xv3.x, wv8.x, acc3_8))));
+        acc3_9 = fma(xv3.w, wv9.w, fma(xv3.z, wv9.z, fma(xv3.y, wv9.y, fma(xv3.x, wv9.x, acc3_9))));
+        acc3_10 = fma(xv3.w, wv10.w, fma(xv3.z, wv10.z, fma(xv3.y, wv10.y, fma(xv3.x, wv10.x, acc3_10))));
+        acc3_11 = fma(xv3.w, wv11.w, fma(xv3.z, wv11.z, fma(xv3.y, wv11.y, fma(xv3.x, wv11.x, acc3_11))));
+        acc3_12 = fma(xv3.w, wv12.w, fma(xv3.z, wv12.z, fma(xv3.y, wv12.y, fma(xv3.x, wv12.x, acc3_12))));
+        acc3_13 = fma(xv3.w, wv13.w, fma(xv3.z, wv13.z, fma(xv3.y, wv13.y, fma(xv3.x, wv13.x, acc3_13))));
+        acc3_14 = fma(xv3.w, wv14.w, fma(xv3.z, wv14.z, fma(xv3.y, wv14.y, fma(xv3.x, wv14.x, acc3_14))));
+        acc3_15 = fma(xv3.w, wv15.w, fma(xv3.z, wv15.z, fma(xv3.y, wv15.y, fma(xv3.x, wv15.x, acc3_15))));
         let xv4 = x[x4 + kq];
         acc4_0 = fma(xv4.w, wv0.w, fma(xv4.z, wv0.z, fma(xv4.y, wv0.y, fma(xv4.x, wv0.x, acc4_0))));
         acc4_1 = fma(xv4.w, wv1.w, fma(xv4.z, wv1.z, fma(xv4.y, wv1.y, fma(xv4.x, wv1.x, acc4_1))));
@@ -1803,6 +2380,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc4_5 = fma(xv4.w, wv5.w, fma(xv4.z, wv5.z, fma(xv4.y, wv5.y, fma(xv4.x, wv5.x, acc4_5))));
         acc4_6 = fma(xv4.w, wv6.w, fma(xv4.z, wv6.z, fma(xv4.y, wv6.y, fma(xv4.x, wv6.x, acc4_6))));
         acc4_7 = fma(xv4.w, wv7.w, fma(xv4.z, wv7.z, fma(xv4.y, wv7.y, fma(xv4.x, wv7.x, acc4_7))));
+        acc4_8 = fma(xv4.w, wv8.w, fma(xv4.z, wv8.z, fma(xv4.y, wv8.y, fma(xv4.x, wv8.x, acc4_8))));
+        acc4_9 = fma(xv4.w, wv9.w, fma(xv4.z, wv9.z, fma(xv4.y, wv9.y, fma(xv4.x, wv9.x, acc4_9))));
+        acc4_10 = fma(xv4.w, wv10.w, fma(xv4.z, wv10.z, fma(xv4.y, wv10.y, fma(xv4.x, wv10.x, acc4_10))));
+        acc4_11 = fma(xv4.w, wv11.w, fma(xv4.z, wv11.z, fma(xv4.y, wv11.y, fma(xv4.x, wv11.x, acc4_11))));
+        acc4_12 = fma(xv4.w, wv12.w, fma(xv4.z, wv12.z, fma(xv4.y, wv12.y, fma(xv4.x, wv12.x, acc4_12))));
+        acc4_13 = fma(xv4.w, wv13.w, fma(xv4.z, wv13.z, fma(xv4.y, wv13.y, fma(xv4.x, wv13.x, acc4_13))));
+        acc4_14 = fma(xv4.w, wv14.w, fma(xv4.z, wv14.z, fma(xv4.y, wv14.y, fma(xv4.x, wv14.x, acc4_14))));
+        acc4_15 = fma(xv4.w, wv15.w, fma(xv4.z, wv15.z, fma(xv4.y, wv15.y, fma(xv4.x, wv15.x, acc4_15))));
         let xv5 = x[x5 + kq];
         acc5_0 = fma(xv5.w, wv0.w, fma(xv5.z, wv0.z, fma(xv5.y, wv0.y, fma(xv5.x, wv0.x, acc5_0))));
         acc5_1 = fma(xv5.w, wv1.w, fma(xv5.z, wv1.z, fma(xv5.y, wv1.y, fma(xv5.x, wv1.x, acc5_1))));
@@ -1812,6 +2397,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc5_5 = fma(xv5.w, wv5.w, fma(xv5.z, wv5.z, fma(xv5.y, wv5.y, fma(xv5.x, wv5.x, acc5_5))));
         acc5_6 = fma(xv5.w, wv6.w, fma(xv5.z, wv6.z, fma(xv5.y, wv6.y, fma(xv5.x, wv6.x, acc5_6))));
         acc5_7 = fma(xv5.w, wv7.w, fma(xv5.z, wv7.z, fma(xv5.y, wv7.y, fma(xv5.x, wv7.x, acc5_7))));
+        acc5_8 = fma(xv5.w, wv8.w, fma(xv5.z, wv8.z, fma(xv5.y, wv8.y, fma(xv5.x, wv8.x, acc5_8))));
+        acc5_9 = fma(xv5.w, wv9.w, fma(xv5.z, wv9.z, fma(xv5.y, wv9.y, fma(xv5.x, wv9.x, acc5_9))));
+        acc5_10 = fma(xv5.w, wv10.w, fma(xv5.z, wv10.z, fma(xv5.y, wv10.y, fma(xv5.x, wv10.x, acc5_10))));
+        acc5_11 = fma(xv5.w, wv11.w, fma(xv5.z, wv11.z, fma(xv5.y, wv11.y, fma(xv5.x, wv11.x, acc5_11))));
+        acc5_12 = fma(xv5.w, wv12.w, fma(xv5.z, wv12.z, fma(xv5.y, wv12.y, fma(xv5.x, wv12.x, acc5_12))));
+        acc5_13 = fma(xv5.w, wv13.w, fma(xv5.z, wv13.z, fma(xv5.y, wv13.y, fma(xv5.x, wv13.x, acc5_13))));
+        acc5_14 = fma(xv5.w, wv14.w, fma(xv5.z, wv14.z, fma(xv5.y, wv14.y, fma(xv5.x, wv14.x, acc5_14))));
+        acc5_15 = fma(xv5.w, wv15.w, fma(xv5.z, wv15.z, fma(xv5.y, wv15.y, fma(xv5.x, wv15.x, acc5_15))));
         let xv6 = x[x6 + kq];
         acc6_0 = fma(xv6.w, wv0.w, fma(xv6.z, wv0.z, fma(xv6.y, wv0.y, fma(xv6.x, wv0.x, acc6_0))));
         acc6_1 = fma(xv6.w, wv1.w, fma(xv6.z, wv1.z, fma(xv6.y, wv1.y, fma(xv6.x, wv1.x, acc6_1))));
@@ -1821,6 +2414,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc6_5 = fma(xv6.w, wv5.w, fma(xv6.z, wv5.z, fma(xv6.y, wv5.y, fma(xv6.x, wv5.x, acc6_5))));
         acc6_6 = fma(xv6.w, wv6.w, fma(xv6.z, wv6.z, fma(xv6.y, wv6.y, fma(xv6.x, wv6.x, acc6_6))));
         acc6_7 = fma(xv6.w, wv7.w, fma(xv6.z, wv7.z, fma(xv6.y, wv7.y, fma(xv6.x, wv7.x, acc6_7))));
+        acc6_8 = fma(xv6.w, wv8.w, fma(xv6.z, wv8.z, fma(xv6.y, wv8.y, fma(xv6.x, wv8.x, acc6_8))));
+        acc6_9 = fma(xv6.w, wv9.w, fma(xv6.z, wv9.z, fma(xv6.y, wv9.y, fma(xv6.x, wv9.x, acc6_9))));
+        acc6_10 = fma(xv6.w, wv10.w, fma(xv6.z, wv10.z, fma(xv6.y, wv10.y, fma(xv6.x, wv10.x, acc6_10))));
+        acc6_11 = fma(xv6.w, wv11.w, fma(xv6.z, wv11.z, fma(xv6.y, wv11.y, fma(xv6.x, wv11.x, acc6_11))));
+        acc6_12 = fma(xv6.w, wv12.w, fma(xv6.z, wv12.z, fma(xv6.y, wv12.y, fma(xv6.x, wv12.x, acc6_12))));
+        acc6_13 = fma(xv6.w, wv13.w, fma(xv6.z, wv13.z, fma(xv6.y, wv13.y, fma(xv6.x, wv13.x, acc6_13))));
+        acc6_14 = fma(xv6.w, wv14.w, fma(xv6.z, wv14.z, fma(xv6.y, wv14.y, fma(xv6.x, wv14.x, acc6_14))));
+        acc6_15 = fma(xv6.w, wv15.w, fma(xv6.z, wv15.z, fma(xv6.y, wv15.y, fma(xv6.x, wv15.x, acc6_15))));
         let xv7 = x[x7 + kq];
         acc7_0 = fma(xv7.w, wv0.w, fma(xv7.z, wv0.z, fma(xv7.y, wv0.y, fma(xv7.x, wv0.x, acc7_0))));
         acc7_1 = fma(xv7.w, wv1.w, fma(xv7.z, wv1.z, fma(xv7.y, wv1.y, fma(xv7.x, wv1.x, acc7_1))));
@@ -1830,6 +2431,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
         acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
         acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+        acc7_8 = fma(xv7.w, wv8.w, fma(xv7.z, wv8.z, fma(xv7.y, wv8.y, fma(xv7.x, wv8.x, acc7_8))));
+        acc7_9 = fma(xv7.w, wv9.w, fma(xv7.z, wv9.z, fma(xv7.y, wv9.y, fma(xv7.x, wv9.x, acc7_9))));
+        acc7_10 = fma(xv7.w, wv10.w, fma(xv7.z, wv10.z, fma(xv7.y, wv10.y, fma(xv7.x, wv10.x, acc7_10))));
+        acc7_11 = fma(xv7.w, wv11.w, fma(xv7.z, wv11.z, fma(xv7.y, wv11.y, fma(xv7.x, wv11.x, acc7_11))));
+        acc7_12 = fma(xv7.w, wv12.w, fma(xv7.z, wv12.z, fma(xv7.y, wv12.y, fma(xv7.x, wv12.x, acc7_12))));
+        acc7_13 = fma(xv7.w, wv13.w, fma(xv7.z, wv13.z, fma(xv7.y, wv13.y, fma(xv7.x, wv13.x, acc7_13))));
+        acc7_14 = fma(xv7.w, wv14.w, fma(xv7.z, wv14.z, fma(xv7.y, wv14.y, fma(xv7.x, wv14.x, acc7_14))));
+        acc7_15 = fma(xv7.w, wv15.w, fma(xv7.z, wv15.z, fma(xv7.y, wv15.y, fma(xv7.x, wv15.x, acc7_15))));
         let xv8 = x[x8 + kq];
         acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
         acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
@@ -1839,6 +2448,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
         acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
         acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+        acc8_8 = fma(xv8.w, wv8.w, fma(xv8.z, wv8.z, fma(xv8.y, wv8.y, fma(xv8.x, wv8.x, acc8_8))));
+        acc8_9 = fma(xv8.w, wv9.w, fma(xv8.z, wv9.z, fma(xv8.y, wv9.y, fma(xv8.x, wv9.x, acc8_9))));
+        acc8_10 = fma(xv8.w, wv10.w, fma(xv8.z, wv10.z, fma(xv8.y, wv10.y, fma(xv8.x, wv10.x, acc8_10))));
+        acc8_11 = fma(xv8.w, wv11.w, fma(xv8.z, wv11.z, fma(xv8.y, wv11.y, fma(xv8.x, wv11.x, acc8_11))));
+        acc8_12 = fma(xv8.w, wv12.w, fma(xv8.z, wv12.z, fma(xv8.y, wv12.y, fma(xv8.x, wv12.x, acc8_12))));
+        acc8_13 = fma(xv8.w, wv13.w, fma(xv8.z, wv13.z, fma(xv8.y, wv13.y, fma(xv8.x, wv13.x, acc8_13))));
+        acc8_14 = fma(xv8.w, wv14.w, fma(xv8.z, wv14.z, fma(xv8.y, wv14.y, fma(xv8.x, wv14.x, acc8_14))));
+        acc8_15 = fma(xv8.w, wv15.w, fma(xv8.z, wv15.z, fma(xv8.y, wv15.y, fma(xv8.x, wv15.x, acc8_15))));
         let xv9 = x[x9 + kq];
         acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
         acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
@@ -1848,6 +2465,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
         acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
         acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+        acc9_8 = fma(xv9.w, wv8.w, fma(xv9.z, wv8.z, fma(xv9.y, wv8.y, fma(xv9.x, wv8.x, acc9_8))));
+        acc9_9 = fma(xv9.w, wv9.w, fma(xv9.z, wv9.z, fma(xv9.y, wv9.y, fma(xv9.x, wv9.x, acc9_9))));
+        acc9_10 = fma(xv9.w, wv10.w, fma(xv9.z, wv10.z, fma(xv9.y, wv10.y, fma(xv9.x, wv10.x, acc9_10))));
+        acc9_11 = fma(xv9.w, wv11.w, fma(xv9.z, wv11.z, fma(xv9.y, wv11.y, fma(xv9.x, wv11.x, acc9_11))));
+        acc9_12 = fma(xv9.w, wv12.w, fma(xv9.z, wv12.z, fma(xv9.y, wv12.y, fma(xv9.x, wv12.x, acc9_12))));
+        acc9_13 = fma(xv9.w, wv13.w, fma(xv9.z, wv13.z, fma(xv9.y, wv13.y, fma(xv9.x, wv13.x, acc9_13))));
+        acc9_14 = fma(xv9.w, wv14.w, fma(xv9.z, wv14.z, fma(xv9.y, wv14.y, fma(xv9.x, wv14.x, acc9_14))));
+        acc9_15 = fma(xv9.w, wv15.w, fma(xv9.z, wv15.z, fma(xv9.y, wv15.y, fma(xv9.x, wv15.x, acc9_15))));
         let xv10 = x[x10 + kq];
         acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
         acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
@@ -1857,6 +2482,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
         acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
         acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+        acc10_8 = fma(xv10.w, wv8.w, fma(xv10.z, wv8.z, fma(xv10.y, wv8.y, fma(xv10.x, wv8.x, acc10_8))));
+        acc10_9 = fma(xv10.w, wv9.w, fma(xv10.z, wv9.z, fma(xv10.y, wv9.y, fma(xv10.x, wv9.x, acc10_9))));
+        acc10_10 = fma(xv10.w, wv10.w, fma(xv10.z, wv10.z, fma(xv10.y, wv10.y, fma(xv10.x, wv10.x, acc10_10))));
+        acc10_11 = fma(xv10.w, wv11.w, fma(xv10.z, wv11.z, fma(xv10.y, wv11.y, fma(xv10.x, wv11.x, acc10_11))));
+        acc10_12 = fma(xv10.w, wv12.w, fma(xv10.z, wv12.z, fma(xv10.y, wv12.y, fma(xv10.x, wv12.x, acc10_12))));
+        acc10_13 = fma(xv10.w, wv13.w, fma(xv10.z, wv13.z, fma(xv10.y, wv13.y, fma(xv10.x, wv13.x, acc10_13))));
+        acc10_14 = fma(xv10.w, wv14.w, fma(xv10.z, wv14.z, fma(xv10.y, wv14.y, fma(xv10.x, wv14.x, acc10_14))));
+        acc10_15 = fma(xv10.w, wv15.w, fma(xv10.z, wv15.z, fma(xv10.y, wv15.y, fma(xv10.x, wv15.x, acc10_15))));
         let xv11 = x[x11 + kq];
         acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
         acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
@@ -1866,6 +2499,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
         acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
         acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+        acc11_8 = fma(xv11.w, wv8.w, fma(xv11.z, wv8.z, fma(xv11.y, wv8.y, fma(xv11.x, wv8.x, acc11_8))));
+        acc11_9 = fma(xv11.w, wv9.w, fma(xv11.z, wv9.z, fma(xv11.y, wv9.y, fma(xv11.x, wv9.x, acc11_9))));
+        acc11_10 = fma(xv11.w, wv10.w, fma(xv11.z, wv10.z, fma(xv11.y, wv10.y, fma(xv11.x, wv10.x, acc11_10))));
+        acc11_11 = fma(xv11.w, wv11.w, fma(xv11.z, wv11.z, fma(xv11.y, wv11.y, fma(xv11.x, wv11.x, acc11_11))));
+        acc11_12 = fma(xv11.w, wv12.w, fma(xv11.z, wv12.z, fma(xv11.y, wv12.y, fma(xv11.x, wv12.x, acc11_12))));
+        acc11_13 = fma(xv11.w, wv13.w, fma(xv11.z, wv13.z, fma(xv11.y, wv13.y, fma(xv11.x, wv13.x, acc11_13))));
+        acc11_14 = fma(xv11.w, wv14.w, fma(xv11.z, wv14.z, fma(xv11.y, wv14.y, fma(xv11.x, wv14.x, acc11_14))));
+        acc11_15 = fma(xv11.w, wv15.w, fma(xv11.z, wv15.z, fma(xv11.y, wv15.y, fma(xv11.x, wv15.x, acc11_15))));
         let xv12 = x[x12 + kq];
         acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
         acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
@@ -1875,6 +2516,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
         acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
         acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+        acc12_8 = fma(xv12.w, wv8.w, fma(xv12.z, wv8.z, fma(xv12.y, wv8.y, fma(xv12.x, wv8.x, acc12_8))));
+        acc12_9 = fma(xv12.w, wv9.w, fma(xv12.z, wv9.z, fma(xv12.y, wv9.y, fma(xv12.x, wv9.x, acc12_9))));
+        acc12_10 = fma(xv12.w, wv10.w, fma(xv12.z, wv10.z, fma(xv12.y, wv10.y, fma(xv12.x, wv10.x, acc12_10))));
+        acc12_11 = fma(xv12.w, wv11.w, fma(xv12.z, wv11.z, fma(xv12.y, wv11.y, fma(xv12.x, wv11.x, acc12_11))));
+        acc12_12 = fma(xv12.w, wv12.w, fma(xv12.z, wv12.z, fma(xv12.y, wv12.y, fma(xv12.x, wv12.x, acc12_12))));
+        acc12_13 = fma(xv12.w, wv13.w, fma(xv12.z, wv13.z, fma(xv12.y, wv13.y, fma(xv12.x, wv13.x, acc12_13))));
+        acc12_14 = fma(xv12.w, wv14.w, fma(xv12.z, wv14.z, fma(xv12.y, wv14.y, fma(xv12.x, wv14.x, acc12_14))));
+        acc12_15 = fma(xv12.w, wv15.w, fma(xv12.z, wv15.z, fma(xv12.y, wv15.y, fma(xv12.x, wv15.x, acc12_15))));
         let xv13 = x[x13 + kq];
         acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
         acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
@@ -1884,6 +2533,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
         acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
         acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+        acc13_8 = fma(xv13.w, wv8.w, fma(xv13.z, wv8.z, fma(xv13.y, wv8.y, fma(xv13.x, wv8.x, acc13_8))));
+        acc13_9 = fma(xv13.w, wv9.w, fma(xv13.z, wv9.z, fma(xv13.y, wv9.y, fma(xv13.x, wv9.x, acc13_9))));
+        acc13_10 = fma(xv13.w, wv10.w, fma(xv13.z, wv10.z, fma(xv13.y, wv10.y, fma(xv13.x, wv10.x, acc13_10))));
+        acc13_11 = fma(xv13.w, wv11.w, fma(xv13.z, wv11.z, fma(xv13.y, wv11.y, fma(xv13.x, wv11.x, acc13_11))));
+        acc13_12 = fma(xv13.w, wv12.w, fma(xv13.z, wv12.z, fma(xv13.y, wv12.y, fma(xv13.x, wv12.x, acc13_12))));
+        acc13_13 = fma(xv13.w, wv13.w, fma(xv13.z, wv13.z, fma(xv13.y, wv13.y, fma(xv13.x, wv13.x, acc13_13))));
+        acc13_14 = fma(xv13.w, wv14.w, fma(xv13.z, wv14.z, fma(xv13.y, wv14.y, fma(xv13.x, wv14.x, acc13_14))));
+        acc13_15 = fma(xv13.w, wv15.w, fma(xv13.z, wv15.z, fma(xv13.y, wv15.y, fma(xv13.x, wv15.x, acc13_15))));
         let xv14 = x[x14 + kq];
         acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
         acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
@@ -1893,6 +2550,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
         acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
         acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+        acc14_8 = fma(xv14.w, wv8.w, fma(xv14.z, wv8.z, fma(xv14.y, wv8.y, fma(xv14.x, wv8.x, acc14_8))));
+        acc14_9 = fma(xv14.w, wv9.w, fma(xv14.z, wv9.z, fma(xv14.y, wv9.y, fma(xv14.x, wv9.x, acc14_9))));
+        acc14_10 = fma(xv14.w, wv10.w, fma(xv14.z, wv10.z, fma(xv14.y, wv10.y, fma(xv14.x, wv10.x, acc14_10))));
+        acc14_11 = fma(xv14.w, wv11.w, fma(xv14.z, wv11.z, fma(xv14.y, wv11.y, fma(xv14.x, wv11.x, acc14_11))));
+        acc14_12 = fma(xv14.w, wv12.w, fma(xv14.z, wv12.z, fma(xv14.y, wv12.y, fma(xv14.x, wv12.x, acc14_12))));
+        acc14_13 = fma(xv14.w, wv13.w, fma(xv14.z, wv13.z, fma(xv14.y, wv13.y, fma(xv14.x, wv13.x, acc14_13))));
+        acc14_14 = fma(xv14.w, wv14.w, fma(xv14.z, wv14.z, fma(xv14.y, wv14.y, fma(xv14.x, wv14.x, acc14_14))));
+        acc14_15 = fma(xv14.w, wv15.w, fma(xv14.z, wv15.z, fma(xv14.y, wv15.y, fma(xv14.x, wv15.x, acc14_15))));
         let xv15 = x[x15 + kq];
         acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
         acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
@@ -1902,6 +2567,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
         acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
         acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
         acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
+        acc15_8 = fma(xv15.w, wv8.w, fma(xv15.z, wv8.z, fma(xv15.y, wv8.y, fma(xv15.x, wv8.x, acc15_8))));
+        acc15_9 = fma(xv15.w, wv9.w, fma(xv15.z, wv9.z, fma(xv15.y, wv9.y, fma(xv15.x, wv9.x, acc15_9))));
+        acc15_10 = fma(xv15.w, wv10.w, fma(xv15.z, wv10.z, fma(xv15.y, wv10.y, fma(xv15.x, wv10.x, acc15_10))));
+        acc15_11 = fma(xv15.w, wv11.w, fma(xv15.z, wv11.z, fma(xv15.y, wv11.y, fma(xv15.x, wv11.x, acc15_11))));
+        acc15_12 = fma(xv15.w, wv12.w, fma(xv15.z, wv12.z, fma(xv15.y, wv12.y, fma(xv15.x, wv12.x, acc15_12))));
+        acc15_13 = fma(xv15.w, wv13.w, fma(xv15.z, wv13.z, fma(xv15.y, wv13.y, fma(xv15.x, wv13.x, acc15_13))));
+        acc15_14 = fma(xv15.w, wv14.w, fma(xv15.z, wv14.z, fma(xv15.y, wv14.y, fma(xv15.x, wv14.x, acc15_14))));
+        acc15_15 = fma(xv15.w, wv15.w, fma(xv15.z, wv15.z, fma(xv15.y, wv15.y, fma(xv15.x, wv15.x, acc15_15))));
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
     if (r0 + 0u < p.m && c0 + 1u < p.n) { put_y(r0 + 0u, c0 + 1u, acc0_1); }
@@ -1911,6 +2584,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
     if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
     if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 0u < p.m && c0 + 8u < p.n) { put_y(r0 + 0u, c0 + 8u, acc0_8); }
+    if (r0 + 0u < p.m && c0 + 9u < p.n) { put_y(r0 + 0u, c0 + 9u, acc0_9); }
+    if (r0 + 0u < p.m && c0 + 10u < p.n) { put_y(r0 + 0u, c0 + 10u, acc0_10); }
+    if (r0 + 0u < p.m && c0 + 11u < p.n) { put_y(r0 + 0u, c0 + 11u, acc0_11); }
+    if (r0 + 0u < p.m && c0 + 12u < p.n) { put_y(r0 + 0u, c0 + 12u, acc0_12); }
+    if (r0 + 0u < p.m && c0 + 13u < p.n) { put_y(r0 + 0u, c0 + 13u, acc0_13); }
+    if (r0 + 0u < p.m && c0 + 14u < p.n) { put_y(r0 + 0u, c0 + 14u, acc0_14); }
+    if (r0 + 0u < p.m && c0 + 15u < p.n) { put_y(r0 + 0u, c0 + 15u, acc0_15); }
     if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
     if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
     if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
@@ -1919,6 +2600,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
     if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
     if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 1u < p.m && c0 + 8u < p.n) { put_y(r0 + 1u, c0 + 8u, acc1_8); }
+    if (r0 + 1u < p.m && c0 + 9u < p.n) { put_y(r0 + 1u, c0 + 9u, acc1_9); }
+    if (r0 + 1u < p.m && c0 + 10u < p.n) { put_y(r0 + 1u, c0 + 10u, acc1_10); }
+    if (r0 + 1u < p.m && c0 + 11u < p.n) { put_y(r0 + 1u, c0 + 11u, acc1_11); }
+    if (r0 + 1u < p.m && c0 + 12u < p.n) { put_y(r0 + 1u, c0 + 12u, acc1_12); }
+    if (r0 + 1u < p.m && c0 + 13u < p.n) { put_y(r0 + 1u, c0 + 13u, acc1_13); }
+    if (r0 + 1u < p.m && c0 + 14u < p.n) { put_y(r0 + 1u, c0 + 14u, acc1_14); }
+    if (r0 + 1u < p.m && c0 + 15u < p.n) { put_y(r0 + 1u, c0 + 15u, acc1_15); }
     if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
     if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
     if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
@@ -1927,6 +2616,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
     if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
     if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 2u < p.m && c0 + 8u < p.n) { put_y(r0 + 2u, c0 + 8u, acc2_8); }
+    if (r0 + 2u < p.m && c0 + 9u < p.n) { put_y(r0 + 2u, c0 + 9u, acc2_9); }
+    if (r0 + 2u < p.m && c0 + 10u < p.n) { put_y(r0 + 2u, c0 + 10u, acc2_10); }
+    if (r0 + 2u < p.m && c0 + 11u < p.n) { put_y(r0 + 2u, c0 + 11u, acc2_11); }
+    if (r0 + 2u < p.m && c0 + 12u < p.n) { put_y(r0 + 2u, c0 + 12u, acc2_12); }
+    if (r0 + 2u < p.m && c0 + 13u < p.n) { put_y(r0 + 2u, c0 + 13u, acc2_13); }
+    if (r0 + 2u < p.m && c0 + 14u < p.n) { put_y(r0 + 2u, c0 + 14u, acc2_14); }
+    if (r0 + 2u < p.m && c0 + 15u < p.n) { put_y(r0 + 2u, c0 + 15u, acc2_15); }
     if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
     if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
     if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
@@ -1935,6 +2632,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
     if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
     if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 3u < p.m && c0 + 8u < p.n) { put_y(r0 + 3u, c0 + 8u, acc3_8); }
+    if (r0 + 3u < p.m && c0 + 9u < p.n) { put_y(r0 + 3u, c0 + 9u, acc3_9); }
+    if (r0 + 3u < p.m && c0 + 10u < p.n) { put_y(r0 + 3u, c0 + 10u, acc3_10); }
+    if (r0 + 3u < p.m && c0 + 11u < p.n) { put_y(r0 + 3u, c0 + 11u, acc3_11); }
+    if (r0 + 3u < p.m && c0 + 12u < p.n) { put_y(r0 + 3u, c0 + 12u, acc3_12); }
+    if (r0 + 3u < p.m && c0 + 13u < p.n) { put_y(r0 + 3u, c0 + 13u, acc3_13); }
+    if (r0 + 3u < p.m && c0 + 14u < p.n) { put_y(r0 + 3u, c0 + 14u, acc3_14); }
+    if (r0 + 3u < p.m && c0 + 15u < p.n) { put_y(r0 + 3u, c0 + 15u, acc3_15); }
     if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
     if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
     if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
@@ -1943,6 +2648,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
     if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
     if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 4u < p.m && c0 + 8u < p.n) { put_y(r0 + 4u, c0 + 8u, acc4_8); }
+    if (r0 + 4u < p.m && c0 + 9u < p.n) { put_y(r0 + 4u, c0 + 9u, acc4_9); }
+    if (r0 + 4u < p.m && c0 + 10u < p.n) { put_y(r0 + 4u, c0 + 10u, acc4_10); }
+    if (r0 + 4u < p.m && c0 + 11u < p.n) { put_y(r0 + 4u, c0 + 11u, acc4_11); }
+    if (r0 + 4u < p.m && c0 + 12u < p.n) { put_y(r0 + 4u, c0 + 12u, acc4_12); }
+    if (r0 + 4u < p.m && c0 + 13u < p.n) { put_y(r0 + 4u, c0 + 13u, acc4_13); }
+    if (r0 + 4u < p.m && c0 + 14u < p.n) { put_y(r0 + 4u, c0 + 14u, acc4_14); }
+    if (r0 + 4u < p.m && c0 + 15u < p.n) { put_y(r0 + 4u, c0 + 15u, acc4_15); }
     if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
     if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
     if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
@@ -1951,6 +2664,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
     if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
     if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 5u < p.m && c0 + 8u < p.n) { put_y(r0 + 5u, c0 + 8u, acc5_8); }
+    if (r0 + 5u < p.m && c0 + 9u < p.n) { put_y(r0 + 5u, c0 + 9u, acc5_9); }
+    if (r0 + 5u < p.m && c0 + 10u < p.n) { put_y(r0 + 5u, c0 + 10u, acc5_10); }
+    if (r0 + 5u < p.m && c0 + 11u < p.n) { put_y(r0 + 5u, c0 + 11u, acc5_11); }
+    if (r0 + 5u < p.m && c0 + 12u < p.n) { put_y(r0 + 5u, c0 + 12u, acc5_12); }
+    if (r0 + 5u < p.m && c0 + 13u < p.n) { put_y(r0 + 5u, c0 + 13u, acc5_13); }
+    if (r0 + 5u < p.m && c0 + 14u < p.n) { put_y(r0 + 5u, c0 + 14u, acc5_14); }
+    if (r0 + 5u < p.m && c0 + 15u < p.n) { put_y(r0 + 5u, c0 + 15u, acc5_15); }
     if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
     if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
     if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
@@ -1959,6 +2680,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
     if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
     if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 6u < p.m && c0 + 8u < p.n) { put_y(r0 + 6u, c0 + 8u, acc6_8); }
+    if (r0 + 6u < p.m && c0 + 9u < p.n) { put_y(r0 + 6u, c0 + 9u, acc6_9); }
+    if (r0 + 6u < p.m && c0 + 10u < p.n) { put_y(r0 + 6u, c0 + 10u, acc6_10); }
+    if (r0 + 6u < p.m && c0 + 11u < p.n) { put_y(r0 + 6u, c0 + 11u, acc6_11); }
+    if (r0 + 6u < p.m && c0 + 12u < p.n) { put_y(r0 + 6u, c0 + 12u, acc6_12); }
+    if (r0 + 6u < p.m && c0 + 13u < p.n) { put_y(r0 + 6u, c0 + 13u, acc6_13); }
+    if (r0 + 6u < p.m && c0 + 14u < p.n) { put_y(r0 + 6u, c0 + 14u, acc6_14); }
+    if (r0 + 6u < p.m && c0 + 15u < p.n) { put_y(r0 + 6u, c0 + 15u, acc6_15); }
     if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
     if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
     if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
@@ -1967,6 +2696,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 7u < p.m && c0 + 8u < p.n) { put_y(r0 + 7u, c0 + 8u, acc7_8); }
+    if (r0 + 7u < p.m && c0 + 9u < p.n) { put_y(r0 + 7u, c0 + 9u, acc7_9); }
+    if (r0 + 7u < p.m && c0 + 10u < p.n) { put_y(r0 + 7u, c0 + 10u, acc7_10); }
+    if (r0 + 7u < p.m && c0 + 11u < p.n) { put_y(r0 + 7u, c0 + 11u, acc7_11); }
+    if (r0 + 7u < p.m && c0 + 12u < p.n) { put_y(r0 + 7u, c0 + 12u, acc7_12); }
+    if (r0 + 7u < p.m && c0 + 13u < p.n) { put_y(r0 + 7u, c0 + 13u, acc7_13); }
+    if (r0 + 7u < p.m && c0 + 14u < p.n) { put_y(r0 + 7u, c0 + 14u, acc7_14); }
+    if (r0 + 7u < p.m && c0 + 15u < p.n) { put_y(r0 + 7u, c0 + 15u, acc7_15); }
     if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
     if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
     if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
@@ -1975,6 +2712,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
     if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
     if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 8u < p.m && c0 + 8u < p.n) { put_y(r0 + 8u, c0 + 8u, acc8_8); }
+    if (r0 + 8u < p.m && c0 + 9u < p.n) { put_y(r0 + 8u, c0 + 9u, acc8_9); }
+    if (r0 + 8u < p.m && c0 + 10u < p.n) { put_y(r0 + 8u, c0 + 10u, acc8_10); }
+    if (r0 + 8u < p.m && c0 + 11u < p.n) { put_y(r0 + 8u, c0 + 11u, acc8_11); }
+    if (r0 + 8u < p.m && c0 + 12u < p.n) { put_y(r0 + 8u, c0 + 12u, acc8_12); }
+    if (r0 + 8u < p.m && c0 + 13u < p.n) { put_y(r0 + 8u, c0 + 13u, acc8_13); }
+    if (r0 + 8u < p.m && c0 + 14u < p.n) { put_y(r0 + 8u, c0 + 14u, acc8_14); }
+    if (r0 + 8u < p.m && c0 + 15u < p.n) { put_y(r0 + 8u, c0 + 15u, acc8_15); }
     if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
     if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
     if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
@@ -1983,6 +2728,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
     if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
     if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 9u < p.m && c0 + 8u < p.n) { put_y(r0 + 9u, c0 + 8u, acc9_8); }
+    if (r0 + 9u < p.m && c0 + 9u < p.n) { put_y(r0 + 9u, c0 + 9u, acc9_9); }
+    if (r0 + 9u < p.m && c0 + 10u < p.n) { put_y(r0 + 9u, c0 + 10u, acc9_10); }
+    if (r0 + 9u < p.m && c0 + 11u < p.n) { put_y(r0 + 9u, c0 + 11u, acc9_11); }
+    if (r0 + 9u < p.m && c0 + 12u < p.n) { put_y(r0 + 9u, c0 + 12u, acc9_12); }
+    if (r0 + 9u < p.m && c0 + 13u < p.n) { put_y(r0 + 9u, c0 + 13u, acc9_13); }
+    if (r0 + 9u < p.m && c0 + 14u < p.n) { put_y(r0 + 9u, c0 + 14u, acc9_14); }
+    if (r0 + 9u < p.m && c0 + 15u < p.n) { put_y(r0 + 9u, c0 + 15u, acc9_15); }
     if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
     if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
     if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
@@ -1991,6 +2744,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
     if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
     if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 10u < p.m && c0 + 8u < p.n) { put_y(r0 + 10u, c0 + 8u, acc10_8); }
+    if (r0 + 10u < p.m && c0 + 9u < p.n) { put_y(r0 + 10u, c0 + 9u, acc10_9); }
+    if (r0 + 10u < p.m && c0 + 10u < p.n) { put_y(r0 + 10u, c0 + 10u, acc10_10); }
+    if (r0 + 10u < p.m && c0 + 11u < p.n) { put_y(r0 + 10u, c0 + 11u, acc10_11); }
+    if (r0 + 10u < p.m && c0 + 12u < p.n) { put_y(r0 + 10u, c0 + 12u, acc10_12); }
+    if (r0 + 10u < p.m && c0 + 13u < p.n) { put_y(r0 + 10u, c0 + 13u, acc10_13); }
+    if (r0 + 10u < p.m && c0 + 14u < p.n) { put_y(r0 + 10u, c0 + 14u, acc10_14); }
+    if (r0 + 10u < p.m && c0 + 15u < p.n) { put_y(r0 + 10u, c0 + 15u, acc10_15); }
     if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
     if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
     if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
@@ -1999,6 +2760,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
     if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
     if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 11u < p.m && c0 + 8u < p.n) { put_y(r0 + 11u, c0 + 8u, acc11_8); }
+    if (r0 + 11u < p.m && c0 + 9u < p.n) { put_y(r0 + 11u, c0 + 9u, acc11_9); }
+    if (r0 + 11u < p.m && c0 + 10u < p.n) { put_y(r0 + 11u, c0 + 10u, acc11_10); }
+    if (r0 + 11u < p.m && c0 + 11u < p.n) { put_y(r0 + 11u, c0 + 11u, acc11_11); }
+    if (r0 + 11u < p.m && c0 + 12u < p.n) { put_y(r0 + 11u, c0 + 12u, acc11_12); }
+    if (r0 + 11u < p.m && c0 + 13u < p.n) { put_y(r0 + 11u, c0 + 13u, acc11_13); }
+    if (r0 + 11u < p.m && c0 + 14u < p.n) { put_y(r0 + 11u, c0 + 14u, acc11_14); }
+    if (r0 + 11u < p.m && c0 + 15u < p.n) { put_y(r0 + 11u, c0 + 15u, acc11_15); }
     if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
     if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
     if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
@@ -2007,6 +2776,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
     if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
     if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 12u < p.m && c0 + 8u < p.n) { put_y(r0 + 12u, c0 + 8u, acc12_8); }
+    if (r0 + 12u < p.m && c0 + 9u < p.n) { put_y(r0 + 12u, c0 + 9u, acc12_9); }
+    if (r0 + 12u < p.m && c0 + 10u < p.n) { put_y(r0 + 12u, c0 + 10u, acc12_10); }
+    if (r0 + 12u < p.m && c0 + 11u < p.n) { put_y(r0 + 12u, c0 + 11u, acc12_11); }
+    if (r0 + 12u < p.m && c0 + 12u < p.n) { put_y(r0 + 12u, c0 + 12u, acc12_12); }
+    if (r0 + 12u < p.m && c0 + 13u < p.n) { put_y(r0 + 12u, c0 + 13u, acc12_13); }
+    if (r0 + 12u < p.m && c0 + 14u < p.n) { put_y(r0 + 12u, c0 + 14u, acc12_14); }
+    if (r0 + 12u < p.m && c0 + 15u < p.n) { put_y(r0 + 12u, c0 + 15u, acc12_15); }
     if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
     if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
     if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
@@ -2015,6 +2792,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
     if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
     if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 13u < p.m && c0 + 8u < p.n) { put_y(r0 + 13u, c0 + 8u, acc13_8); }
+    if (r0 + 13u < p.m && c0 + 9u < p.n) { put_y(r0 + 13u, c0 + 9u, acc13_9); }
+    if (r0 + 13u < p.m && c0 + 10u < p.n) { put_y(r0 + 13u, c0 + 10u, acc13_10); }
+    if (r0 + 13u < p.m && c0 + 11u < p.n) { put_y(r0 + 13u, c0 + 11u, acc13_11); }
+    if (r0 + 13u < p.m && c0 + 12u < p.n) { put_y(r0 + 13u, c0 + 12u, acc13_12); }
+    if (r0 + 13u < p.m && c0 + 13u < p.n) { put_y(r0 + 13u, c0 + 13u, acc13_13); }
+    if (r0 + 13u < p.m && c0 + 14u < p.n) { put_y(r0 + 13u, c0 + 14u, acc13_14); }
+    if (r0 + 13u < p.m && c0 + 15u < p.n) { put_y(r0 + 13u, c0 + 15u, acc13_15); }
     if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
     if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
     if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
@@ -2023,6 +2808,14 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
     if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
     if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 14u < p.m && c0 + 8u < p.n) { put_y(r0 + 14u, c0 + 8u, acc14_8); }
+    if (r0 + 14u < p.m && c0 + 9u < p.n) { put_y(r0 + 14u, c0 + 9u, acc14_9); }
+    if (r0 + 14u < p.m && c0 + 10u < p.n) { put_y(r0 + 14u, c0 + 10u, acc14_10); }
+    if (r0 + 14u < p.m && c0 + 11u < p.n) { put_y(r0 + 14u, c0 + 11u, acc14_11); }
+    if (r0 + 14u < p.m && c0 + 12u < p.n) { put_y(r0 + 14u, c0 + 12u, acc14_12); }
+    if (r0 + 14u < p.m && c0 + 13u < p.n) { put_y(r0 + 14u, c0 + 13u, acc14_13); }
+    if (r0 + 14u < p.m && c0 + 14u < p.n) { put_y(r0 + 14u, c0 + 14u, acc14_14); }
+    if (r0 + 14u < p.m && c0 + 15u < p.n) { put_y(r0 + 14u, c0 + 15u, acc14_15); }
     if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
     if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
     if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
@@ -2031,10 +2824,18 @@ fn matmul_columns_f16(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(wo
     if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
     if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
     if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
+    if (r0 + 15u < p.m && c0 + 8u < p.n) { put_y(r0 + 15u, c0 + 8u, acc15_8); }
+    if (r0 + 15u < p.m && c0 + 9u < p.n) { put_y(r0 + 15u, c0 + 9u, acc15_9); }
+    if (r0 + 15u < p.m && c0 + 10u < p.n) { put_y(r0 + 15u, c0 + 10u, acc15_10); }
+    if (r0 + 15u < p.m && c0 + 11u < p.n) { put_y(r0 + 15u, c0 + 11u, acc15_11); }
+    if (r0 + 15u < p.m && c0 + 12u < p.n) { put_y(r0 + 15u, c0 + 12u, acc15_12); }
+    if (r0 + 15u < p.m && c0 + 13u < p.n) { put_y(r0 + 15u, c0 + 13u, acc15_13); }
+    if (r0 + 15u < p.m && c0 + 14u < p.n) { put_y(r0 + 15u, c0 + 14u, acc15_14); }
+    if (r0 + 15u < p.m && c0 + 15u < p.n) { put_y(r0 + 15u, c0 + 15u, acc15_15); }
 }
 @compute @workgroup_size(32)
 fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let c0 = MV_COLS * gid.x;
+    let c0 = MV_BLOCK_COLS * gid.x;
     if (c0 >= p.n) {
         return;
     }
@@ -2050,6 +2851,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     let b5 = min(c0 + 5u, p.n - 1u) * nb;
     let b6 = min(c0 + 6u, p.n - 1u) * nb;
     let b7 = min(c0 + 7u, p.n - 1u) * nb;
+    let b8 = min(c0 + 8u, p.n - 1u) * nb;
+    let b9 = min(c0 + 9u, p.n - 1u) * nb;
+    let b10 = min(c0 + 10u, p.n - 1u) * nb;
+    let b11 = min(c0 + 11u, p.n - 1u) * nb;
+    let b12 = min(c0 + 12u, p.n - 1u) * nb;
+    let b13 = min(c0 + 13u, p.n - 1u) * nb;
+    let b14 = min(c0 + 14u, p.n - 1u) * nb;
+    let b15 = min(c0 + 15u, p.n - 1u) * nb;
     let x0 = min(r0 + 0u, p.m - 1u) * k4;
     let x1 = min(r0 + 1u, p.m - 1u) * k4;
     let x2 = min(r0 + 2u, p.m - 1u) * k4;
@@ -2074,6 +2883,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc0_5 = 0.0;
     var acc0_6 = 0.0;
     var acc0_7 = 0.0;
+    var acc0_8 = 0.0;
+    var acc0_9 = 0.0;
+    var acc0_10 = 0.0;
+    var acc0_11 = 0.0;
+    var acc0_12 = 0.0;
+    var acc0_13 = 0.0;
+    var acc0_14 = 0.0;
+    var acc0_15 = 0.0;
     var acc1_0 = 0.0;
     var acc1_1 = 0.0;
     var acc1_2 = 0.0;
@@ -2082,6 +2899,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc1_5 = 0.0;
     var acc1_6 = 0.0;
     var acc1_7 = 0.0;
+    var acc1_8 = 0.0;
+    var acc1_9 = 0.0;
+    var acc1_10 = 0.0;
+    var acc1_11 = 0.0;
+    var acc1_12 = 0.0;
+    var acc1_13 = 0.0;
+    var acc1_14 = 0.0;
+    var acc1_15 = 0.0;
     var acc2_0 = 0.0;
     var acc2_1 = 0.0;
     var acc2_2 = 0.0;
@@ -2090,6 +2915,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc2_5 = 0.0;
     var acc2_6 = 0.0;
     var acc2_7 = 0.0;
+    var acc2_8 = 0.0;
+    var acc2_9 = 0.0;
+    var acc2_10 = 0.0;
+    var acc2_11 = 0.0;
+    var acc2_12 = 0.0;
+    var acc2_13 = 0.0;
+    var acc2_14 = 0.0;
+    var acc2_15 = 0.0;
     var acc3_0 = 0.0;
     var acc3_1 = 0.0;
     var acc3_2 = 0.0;
@@ -2098,6 +2931,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc3_5 = 0.0;
     var acc3_6 = 0.0;
     var acc3_7 = 0.0;
+    var acc3_8 = 0.0;
+    var acc3_9 = 0.0;
+    var acc3_10 = 0.0;
+    var acc3_11 = 0.0;
+    var acc3_12 = 0.0;
+    var acc3_13 = 0.0;
+    var acc3_14 = 0.0;
+    var acc3_15 = 0.0;
     var acc4_0 = 0.0;
     var acc4_1 = 0.0;
     var acc4_2 = 0.0;
@@ -2106,6 +2947,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc4_5 = 0.0;
     var acc4_6 = 0.0;
     var acc4_7 = 0.0;
+    var acc4_8 = 0.0;
+    var acc4_9 = 0.0;
+    var acc4_10 = 0.0;
+    var acc4_11 = 0.0;
+    var acc4_12 = 0.0;
+    var acc4_13 = 0.0;
+    var acc4_14 = 0.0;
+    var acc4_15 = 0.0;
     var acc5_0 = 0.0;
     var acc5_1 = 0.0;
     var acc5_2 = 0.0;
@@ -2114,6 +2963,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc5_5 = 0.0;
     var acc5_6 = 0.0;
     var acc5_7 = 0.0;
+    var acc5_8 = 0.0;
+    var acc5_9 = 0.0;
+    var acc5_10 = 0.0;
+    var acc5_11 = 0.0;
+    var acc5_12 = 0.0;
+    var acc5_13 = 0.0;
+    var acc5_14 = 0.0;
+    var acc5_15 = 0.0;
     var acc6_0 = 0.0;
     var acc6_1 = 0.0;
     var acc6_2 = 0.0;
@@ -2122,6 +2979,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc6_5 = 0.0;
     var acc6_6 = 0.0;
     var acc6_7 = 0.0;
+    var acc6_8 = 0.0;
+    var acc6_9 = 0.0;
+    var acc6_10 = 0.0;
+    var acc6_11 = 0.0;
+    var acc6_12 = 0.0;
+    var acc6_13 = 0.0;
+    var acc6_14 = 0.0;
+    var acc6_15 = 0.0;
     var acc7_0 = 0.0;
     var acc7_1 = 0.0;
     var acc7_2 = 0.0;
@@ -2130,6 +2995,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc7_8 = 0.0;
+    var acc7_9 = 0.0;
+    var acc7_10 = 0.0;
+    var acc7_11 = 0.0;
+    var acc7_12 = 0.0;
+    var acc7_13 = 0.0;
+    var acc7_14 = 0.0;
+    var acc7_15 = 0.0;
     var acc8_0 = 0.0;
     var acc8_1 = 0.0;
     var acc8_2 = 0.0;
@@ -2138,6 +3011,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc8_5 = 0.0;
     var acc8_6 = 0.0;
     var acc8_7 = 0.0;
+    var acc8_8 = 0.0;
+    var acc8_9 = 0.0;
+    var acc8_10 = 0.0;
+    var acc8_11 = 0.0;
+    var acc8_12 = 0.0;
+    var acc8_13 = 0.0;
+    var acc8_14 = 0.0;
+    var acc8_15 = 0.0;
     var acc9_0 = 0.0;
     var acc9_1 = 0.0;
     var acc9_2 = 0.0;
@@ -2146,6 +3027,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc9_5 = 0.0;
     var acc9_6 = 0.0;
     var acc9_7 = 0.0;
+    var acc9_8 = 0.0;
+    var acc9_9 = 0.0;
+    var acc9_10 = 0.0;
+    var acc9_11 = 0.0;
+    var acc9_12 = 0.0;
+    var acc9_13 = 0.0;
+    var acc9_14 = 0.0;
+    var acc9_15 = 0.0;
     var acc10_0 = 0.0;
     var acc10_1 = 0.0;
     var acc10_2 = 0.0;
@@ -2154,6 +3043,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc10_5 = 0.0;
     var acc10_6 = 0.0;
     var acc10_7 = 0.0;
+    var acc10_8 = 0.0;
+    var acc10_9 = 0.0;
+    var acc10_10 = 0.0;
+    var acc10_11 = 0.0;
+    var acc10_12 = 0.0;
+    var acc10_13 = 0.0;
+    var acc10_14 = 0.0;
+    var acc10_15 = 0.0;
     var acc11_0 = 0.0;
     var acc11_1 = 0.0;
     var acc11_2 = 0.0;
@@ -2162,6 +3059,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc11_5 = 0.0;
     var acc11_6 = 0.0;
     var acc11_7 = 0.0;
+    var acc11_8 = 0.0;
+    var acc11_9 = 0.0;
+    var acc11_10 = 0.0;
+    var acc11_11 = 0.0;
+    var acc11_12 = 0.0;
+    var acc11_13 = 0.0;
+    var acc11_14 = 0.0;
+    var acc11_15 = 0.0;
     var acc12_0 = 0.0;
     var acc12_1 = 0.0;
     var acc12_2 = 0.0;
@@ -2170,6 +3075,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc12_5 = 0.0;
     var acc12_6 = 0.0;
     var acc12_7 = 0.0;
+    var acc12_8 = 0.0;
+    var acc12_9 = 0.0;
+    var acc12_10 = 0.0;
+    var acc12_11 = 0.0;
+    var acc12_12 = 0.0;
+    var acc12_13 = 0.0;
+    var acc12_14 = 0.0;
+    var acc12_15 = 0.0;
     var acc13_0 = 0.0;
     var acc13_1 = 0.0;
     var acc13_2 = 0.0;
@@ -2178,6 +3091,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc13_5 = 0.0;
     var acc13_6 = 0.0;
     var acc13_7 = 0.0;
+    var acc13_8 = 0.0;
+    var acc13_9 = 0.0;
+    var acc13_10 = 0.0;
+    var acc13_11 = 0.0;
+    var acc13_12 = 0.0;
+    var acc13_13 = 0.0;
+    var acc13_14 = 0.0;
+    var acc13_15 = 0.0;
     var acc14_0 = 0.0;
     var acc14_1 = 0.0;
     var acc14_2 = 0.0;
@@ -2186,6 +3107,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc14_5 = 0.0;
     var acc14_6 = 0.0;
     var acc14_7 = 0.0;
+    var acc14_8 = 0.0;
+    var acc14_9 = 0.0;
+    var acc14_10 = 0.0;
+    var acc14_11 = 0.0;
+    var acc14_12 = 0.0;
+    var acc14_13 = 0.0;
+    var acc14_14 = 0.0;
+    var acc14_15 = 0.0;
     var acc15_0 = 0.0;
     var acc15_1 = 0.0;
     var acc15_2 = 0.0;
@@ -2194,6 +3123,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc15_5 = 0.0;
     var acc15_6 = 0.0;
     var acc15_7 = 0.0;
+    var acc15_8 = 0.0;
+    var acc15_9 = 0.0;
+    var acc15_10 = 0.0;
+    var acc15_11 = 0.0;
+    var acc15_12 = 0.0;
+    var acc15_13 = 0.0;
+    var acc15_14 = 0.0;
+    var acc15_15 = 0.0;
     for (var kb = 0u; kb < nb; kb++) {
         let s0 = unpack2x16float(w_blocks[(b0 + kb) * 5u]);
         let q0 = vec4<u32>(w_blocks[(b0 + kb) * 5u + 1u], w_blocks[(b0 + kb) * 5u + 2u], w_blocks[(b0 + kb) * 5u + 3u], w_blocks[(b0 + kb) * 5u + 4u]);
@@ -2211,6 +3148,22 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
         let q6 = vec4<u32>(w_blocks[(b6 + kb) * 5u + 1u], w_blocks[(b6 + kb) * 5u + 2u], w_blocks[(b6 + kb) * 5u + 3u], w_blocks[(b6 + kb) * 5u + 4u]);
         let s7 = unpack2x16float(w_blocks[(b7 + kb) * 5u]);
         let q7 = vec4<u32>(w_blocks[(b7 + kb) * 5u + 1u], w_blocks[(b7 + kb) * 5u + 2u], w_blocks[(b7 + kb) * 5u + 3u], w_blocks[(b7 + kb) * 5u + 4u]);
+        let s8 = unpack2x16float(w_blocks[(b8 + kb) * 5u]);
+        let q8 = vec4<u32>(w_blocks[(b8 + kb) * 5u + 1u], w_blocks[(b8 + kb) * 5u + 2u], w_blocks[(b8 + kb) * 5u + 3u], w_blocks[(b8 + kb) * 5u + 4u]);
+        let s9 = unpack2x16float(w_blocks[(b9 + kb) * 5u]);
+        let q9 = vec4<u32>(w_blocks[(b9 + kb) * 5u + 1u], w_blocks[(b9 + kb) * 5u + 2u], w_blocks[(b9 + kb) * 5u + 3u], w_blocks[(b9 + kb) * 5u + 4u]);
+        let s10 = unpack2x16float(w_blocks[(b10 + kb) * 5u]);
+        let q10 = vec4<u32>(w_blocks[(b10 + kb) * 5u + 1u], w_blocks[(b10 + kb) * 5u + 2u], w_blocks[(b10 + kb) * 5u + 3u], w_blocks[(b10 + kb) * 5u + 4u]);
+        let s11 = unpack2x16float(w_blocks[(b11 + kb) * 5u]);
+        let q11 = vec4<u32>(w_blocks[(b11 + kb) * 5u + 1u], w_blocks[(b11 + kb) * 5u + 2u], w_blocks[(b11 + kb) * 5u + 3u], w_blocks[(b11 + kb) * 5u + 4u]);
+        let s12 = unpack2x16float(w_blocks[(b12 + kb) * 5u]);
+        let q12 = vec4<u32>(w_blocks[(b12 + kb) * 5u + 1u], w_blocks[(b12 + kb) * 5u + 2u], w_blocks[(b12 + kb) * 5u + 3u], w_blocks[(b12 + kb) * 5u + 4u]);
+        let s13 = unpack2x16float(w_blocks[(b13 + kb) * 5u]);
+        let q13 = vec4<u32>(w_blocks[(b13 + kb) * 5u + 1u], w_blocks[(b13 + kb) * 5u + 2u], w_blocks[(b13 + kb) * 5u + 3u], w_blocks[(b13 + kb) * 5u + 4u]);
+        let s14 = unpack2x16float(w_blocks[(b14 + kb) * 5u]);
+        let q14 = vec4<u32>(w_blocks[(b14 + kb) * 5u + 1u], w_blocks[(b14 + kb) * 5u + 2u], w_blocks[(b14 + kb) * 5u + 3u], w_blocks[(b14 + kb) * 5u + 4u]);
+        let s15 = unpack2x16float(w_blocks[(b15 + kb) * 5u]);
+        let q15 = vec4<u32>(w_blocks[(b15 + kb) * 5u + 1u], w_blocks[(b15 + kb) * 5u + 2u], w_blocks[(b15 + kb) * 5u + 3u], w_blocks[(b15 + kb) * 5u + 4u]);
         for (var quad = 0u; quad < 8u; quad++) {
             let kq = kb * 8u + quad;
             let wv0 = q4_1_quad(q0[quad % 4u] >> (4u * (quad / 4u)), s0);
@@ -2221,6 +3174,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             let wv5 = q4_1_quad(q5[quad % 4u] >> (4u * (quad / 4u)), s5);
             let wv6 = q4_1_quad(q6[quad % 4u] >> (4u * (quad / 4u)), s6);
             let wv7 = q4_1_quad(q7[quad % 4u] >> (4u * (quad / 4u)), s7);
+            let wv8 = q4_1_quad(q8[quad % 4u] >> (4u * (quad / 4u)), s8);
+            let wv9 = q4_1_quad(q9[quad % 4u] >> (4u * (quad / 4u)), s9);
+            let wv10 = q4_1_quad(q10[quad % 4u] >> (4u * (quad / 4u)), s10);
+            let wv11 = q4_1_quad(q11[quad % 4u] >> (4u * (quad / 4u)), s11);
+            let wv12 = q4_1_quad(q12[quad % 4u] >> (4u * (quad / 4u)), s12);
+            let wv13 = q4_1_quad(q13[quad % 4u] >> (4u * (quad / 4u)), s13);
+            let wv14 = q4_1_quad(q14[quad % 4u] >> (4u * (quad / 4u)), s14);
+            let wv15 = q4_1_quad(q15[quad % 4u] >> (4u * (quad / 4u)), s15);
             let xv0 = x[x0 + kq];
             acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
             acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));
@@ -2230,6 +3191,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc0_5 = fma(xv0.w, wv5.w, fma(xv0.z, wv5.z, fma(xv0.y, wv5.y, fma(xv0.x, wv5.x, acc0_5))));
             acc0_6 = fma(xv0.w, wv6.w, fma(xv0.z, wv6.z, fma(xv0.y, wv6.y, fma(xv0.x, wv6.x, acc0_6))));
             acc0_7 = fma(xv0.w, wv7.w, fma(xv0.z, wv7.z, fma(xv0.y, wv7.y, fma(xv0.x, wv7.x, acc0_7))));
+            acc0_8 = fma(xv0.w, wv8.w, fma(xv0.z, wv8.z, fma(xv0.y, wv8.y, fma(xv0.x, wv8.x, acc0_8))));
+            acc0_9 = fma(xv0.w, wv9.w, fma(xv0.z, wv9.z, fma(xv0.y, wv9.y, fma(xv0.x, wv9.x, acc0_9))));
+            acc0_10 = fma(xv0.w, wv10.w, fma(xv0.z, wv10.z, fma(xv0.y, wv10.y, fma(xv0.x, wv10.x, acc0_10))));
+            acc0_11 = fma(xv0.w, wv11.w, fma(xv0.z, wv11.z, fma(xv0.y, wv11.y, fma(xv0.x, wv11.x, acc0_11))));
+            acc0_12 = fma(xv0.w, wv12.w, fma(xv0.z, wv12.z, fma(xv0.y, wv12.y, fma(xv0.x, wv12.x, acc0_12))));
+            acc0_13 = fma(xv0.w, wv13.w, fma(xv0.z, wv13.z, fma(xv0.y, wv13.y, fma(xv0.x, wv13.x, acc0_13))));
+            acc0_14 = fma(xv0.w, wv14.w, fma(xv0.z, wv14.z, fma(xv0.y, wv14.y, fma(xv0.x, wv14.x, acc0_14))));
+            acc0_15 = fma(xv0.w, wv15.w, fma(xv0.z, wv15.z, fma(xv0.y, wv15.y, fma(xv0.x, wv15.x, acc0_15))));
             let xv1 = x[x1 + kq];
             acc1_0 = fma(xv1.w, wv0.w, fma(xv1.z, wv0.z, fma(xv1.y, wv0.y, fma(xv1.x, wv0.x, acc1_0))));
             acc1_1 = fma(xv1.w, wv1.w, fma(xv1.z, wv1.z, fma(xv1.y, wv1.y, fma(xv1.x, wv1.x, acc1_1))));
@@ -2239,6 +3208,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc1_5 = fma(xv1.w, wv5.w, fma(xv1.z, wv5.z, fma(xv1.y, wv5.y, fma(xv1.x, wv5.x, acc1_5))));
             acc1_6 = fma(xv1.w, wv6.w, fma(xv1.z, wv6.z, fma(xv1.y, wv6.y, fma(xv1.x, wv6.x, acc1_6))));
             acc1_7 = fma(xv1.w, wv7.w, fma(xv1.z, wv7.z, fma(xv1.y, wv7.y, fma(xv1.x, wv7.x, acc1_7))));
+            acc1_8 = fma(xv1.w, wv8.w, fma(xv1.z, wv8.z, fma(xv1.y, wv8.y, fma(xv1.x, wv8.x, acc1_8))));
+            acc1_9 = fma(xv1.w, wv9.w, fma(xv1.z, wv9.z, fma(xv1.y, wv9.y, fma(xv1.x, wv9.x, acc1_9))));
+            acc1_10 = fma(xv1.w, wv10.w, fma(xv1.z, wv10.z, fma(xv1.y, wv10.y, fma(xv1.x, wv10.x, acc1_10))));
+            acc1_11 = fma(xv1.w, wv11.w, fma(xv1.z, wv11.z, fma(xv1.y, wv11.y, fma(xv1.x, wv11.x, acc1_11))));
+            acc1_12 = fma(xv1.w, wv12.w, fma(xv1.z, wv12.z, fma(xv1.y, wv12.y, fma(xv1.x, wv12.x, acc1_12))));
+            acc1_13 = fma(xv1.w, wv13.w, fma(xv1.z, wv13.z, fma(xv1.y, wv13.y, fma(xv1.x, wv13.x, acc1_13))));
+            acc1_14 = fma(xv1.w, wv14.w, fma(xv1.z, wv14.z, fma(xv1.y, wv14.y, fma(xv1.x, wv14.x, acc1_14))));
+            acc1_15 = fma(xv1.w, wv15.w, fma(xv1.z, wv15.z, fma(xv1.y, wv15.y, fma(xv1.x, wv15.x, acc1_15))));
             let xv2 = x[x2 + kq];
             acc2_0 = fma(xv2.w, wv0.w, fma(xv2.z, wv0.z, fma(xv2.y, wv0.y, fma(xv2.x, wv0.x, acc2_0))));
             acc2_1 = fma(xv2.w, wv1.w, fma(xv2.z, wv1.z, fma(xv2.y, wv1.y, fma(xv2.x, wv1.x, acc2_1))));
@@ -2248,6 +3225,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc2_5 = fma(xv2.w, wv5.w, fma(xv2.z, wv5.z, fma(xv2.y, wv5.y, fma(xv2.x, wv5.x, acc2_5))));
             acc2_6 = fma(xv2.w, wv6.w, fma(xv2.z, wv6.z, fma(xv2.y, wv6.y, fma(xv2.x, wv6.x, acc2_6))));
             acc2_7 = fma(xv2.w, wv7.w, fma(xv2.z, wv7.z, fma(xv2.y, wv7.y, fma(xv2.x, wv7.x, acc2_7))));
+            acc2_8 = fma(xv2.w, wv8.w, fma(xv2.z, wv8.z, fma(xv2.y, wv8.y, fma(xv2.x, wv8.x, acc2_8))));
+            acc2_9 = fma(xv2.w, wv9.w, fma(xv2.z, wv9.z, fma(xv2.y, wv9.y, fma(xv2.x, wv9.x, acc2_9))));
+            acc2_10 = fma(xv2.w, wv10.w, fma(xv2.z, wv10.z, fma(xv2.y, wv10.y, fma(xv2.x, wv10.x, acc2_10))));
+            acc2_11 = fma(xv2.w, wv11.w, fma(xv2.z, wv11.z, fma(xv2.y, wv11.y, fma(xv2.x, wv11.x, acc2_11))));
+            acc2_12 = fma(xv2.w, wv12.w, fma(xv2.z, wv12.z, fma(xv2.y, wv12.y, fma(xv2.x, wv12.x, acc2_12))));
+            acc2_13 = fma(xv2.w, wv13.w, fma(xv2.z, wv13.z, fma(xv2.y, wv13.y, fma(xv2.x, wv13.x, acc2_13))));
+            acc2_14 = fma(xv2.w, wv14.w, fma(xv2.z, wv14.z, fma(xv2.y, wv14.y, fma(xv2.x, wv14.x, acc2_14))));
+            acc2_15 = fma(xv2.w, wv15.w, fma(xv2.z, wv15.z, fma(xv2.y, wv15.y, fma(xv2.x, wv15.x, acc2_15))));
             let xv3 = x[x3 + kq];
             acc3_0 = fma(xv3.w, wv0.w, fma(xv3.z, wv0.z, fma(xv3.y, wv0.y, fma(xv3.x, wv0.x, acc3_0))));
             acc3_1 = fma(xv3.w, wv1.w, fma(xv3.z, wv1.z, fma(xv3.y, wv1.y, fma(xv3.x, wv1.x, acc3_1))));
@@ -2257,6 +3242,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc3_5 = fma(xv3.w, wv5.w, fma(xv3.z, wv5.z, fma(xv3.y, wv5.y, fma(xv3.x, wv5.x, acc3_5))));
             acc3_6 = fma(xv3.w, wv6.w, fma(xv3.z, wv6.z, fma(xv3.y, wv6.y, fma(xv3.x, wv6.x, acc3_6))));
             acc3_7 = fma(xv3.w, wv7.w, fma(xv3.z, wv7.z, fma(xv3.y, wv7.y, fma(xv3.x, wv7.x, acc3_7))));
+            acc3_8 = fma(xv3.w, wv8.w, fma(xv3.z, wv8.z, fma(xv3.y, wv8.y, fma(xv3.x, wv8.x, acc3_8))));
+            acc3_9 = fma(xv3.w, wv9.w, fma(xv3.z, wv9.z, fma(xv3.y, wv9.y, fma(xv3.x, wv9.x, acc3_9))));
+            acc3_10 = fma(xv3.w, wv10.w, fma(xv3.z, wv10.z, fma(xv3.y, wv10.y, fma(xv3.x, wv10.x, acc3_10))));
+            acc3_11 = fma(xv3.w, wv11.w, fma(xv3.z, wv11.z, fma(xv3.y, wv11.y, fma(xv3.x, wv11.x, acc3_11))));
+            acc3_12 = fma(xv3.w, wv12.w, fma(xv3.z, wv12.z, fma(xv3.y, wv12.y, fma(xv3.x, wv12.x, acc3_12))));
+            acc3_13 = fma(xv3.w, wv13.w, fma(xv3.z, wv13.z, fma(xv3.y, wv13.y, fma(xv3.x, wv13.x, acc3_13))));
+            acc3_14 = fma(xv3.w, wv14.w, fma(xv3.z, wv14.z, fma(xv3.y, wv14.y, fma(xv3.x, wv14.x, acc3_14))));
+            acc3_15 = fma(xv3.w, wv15.w, fma(xv3.z, wv15.z, fma(xv3.y, wv15.y, fma(xv3.x, wv15.x, acc3_15))));
             let xv4 = x[x4 + kq];
             acc4_0 = fma(xv4.w, wv0.w, fma(xv4.z, wv0.z, fma(xv4.y, wv0.y, fma(xv4.x, wv0.x, acc4_0))));
             acc4_1 = fma(xv4.w, wv1.w, fma(xv4.z, wv1.z, fma(xv4.y, wv1.y, fma(xv4.x, wv1.x, acc4_1))));
@@ -2266,6 +3259,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc4_5 = fma(xv4.w, wv5.w, fma(xv4.z, wv5.z, fma(xv4.y, wv5.y, fma(xv4.x, wv5.x, acc4_5))));
             acc4_6 = fma(xv4.w, wv6.w, fma(xv4.z, wv6.z, fma(xv4.y, wv6.y, fma(xv4.x, wv6.x, acc4_6))));
             acc4_7 = fma(xv4.w, wv7.w, fma(xv4.z, wv7.z, fma(xv4.y, wv7.y, fma(xv4.x, wv7.x, acc4_7))));
+            acc4_8 = fma(xv4.w, wv8.w, fma(xv4.z, wv8.z, fma(xv4.y, wv8.y, fma(xv4.x, wv8.x, acc4_8))));
+            acc4_9 = fma(xv4.w, wv9.w, fma(xv4.z, wv9.z, fma(xv4.y, wv9.y, fma(xv4.x, wv9.x, acc4_9))));
+            acc4_10 = fma(xv4.w, wv10.w, fma(xv4.z, wv10.z, fma(xv4.y, wv10.y, fma(xv4.x, wv10.x, acc4_10))));
+            acc4_11 = fma(xv4.w, wv11.w, fma(xv4.z, wv11.z, fma(xv4.y, wv11.y, fma(xv4.x, wv11.x, acc4_11))));
+            acc4_12 = fma(xv4.w, wv12.w, fma(xv4.z, wv12.z, fma(xv4.y, wv12.y, fma(xv4.x, wv12.x, acc4_12))));
+            acc4_13 = fma(xv4.w, wv13.w, fma(xv4.z, wv13.z, fma(xv4.y, wv13.y, fma(xv4.x, wv13.x, acc4_13))));
+            acc4_14 = fma(xv4.w, wv14.w, fma(xv4.z, wv14.z, fma(xv4.y, wv14.y, fma(xv4.x, wv14.x, acc4_14))));
+            acc4_15 = fma(xv4.w, wv15.w, fma(xv4.z, wv15.z, fma(xv4.y, wv15.y, fma(xv4.x, wv15.x, acc4_15))));
             let xv5 = x[x5 + kq];
             acc5_0 = fma(xv5.w, wv0.w, fma(xv5.z, wv0.z, fma(xv5.y, wv0.y, fma(xv5.x, wv0.x, acc5_0))));
             acc5_1 = fma(xv5.w, wv1.w, fma(xv5.z, wv1.z, fma(xv5.y, wv1.y, fma(xv5.x, wv1.x, acc5_1))));
@@ -2275,6 +3276,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc5_5 = fma(xv5.w, wv5.w, fma(xv5.z, wv5.z, fma(xv5.y, wv5.y, fma(xv5.x, wv5.x, acc5_5))));
             acc5_6 = fma(xv5.w, wv6.w, fma(xv5.z, wv6.z, fma(xv5.y, wv6.y, fma(xv5.x, wv6.x, acc5_6))));
             acc5_7 = fma(xv5.w, wv7.w, fma(xv5.z, wv7.z, fma(xv5.y, wv7.y, fma(xv5.x, wv7.x, acc5_7))));
+            acc5_8 = fma(xv5.w, wv8.w, fma(xv5.z, wv8.z, fma(xv5.y, wv8.y, fma(xv5.x, wv8.x, acc5_8))));
+            acc5_9 = fma(xv5.w, wv9.w, fma(xv5.z, wv9.z, fma(xv5.y, wv9.y, fma(xv5.x, wv9.x, acc5_9))));
+            acc5_10 = fma(xv5.w, wv10.w, fma(xv5.z, wv10.z, fma(xv5.y, wv10.y, fma(xv5.x, wv10.x, acc5_10))));
+            acc5_11 = fma(xv5.w, wv11.w, fma(xv5.z, wv11.z, fma(xv5.y, wv11.y, fma(xv5.x, wv11.x, acc5_11))));
+            acc5_12 = fma(xv5.w, wv12.w, fma(xv5.z, wv12.z, fma(xv5.y, wv12.y, fma(xv5.x, wv12.x, acc5_12))));
+            acc5_13 = fma(xv5.w, wv13.w, fma(xv5.z, wv13.z, fma(xv5.y, wv13.y, fma(xv5.x, wv13.x, acc5_13))));
+            acc5_14 = fma(xv5.w, wv14.w, fma(xv5.z, wv14.z, fma(xv5.y, wv14.y, fma(xv5.x, wv14.x, acc5_14))));
+            acc5_15 = fma(xv5.w, wv15.w, fma(xv5.z, wv15.z, fma(xv5.y, wv15.y, fma(xv5.x, wv15.x, acc5_15))));
             let xv6 = x[x6 + kq];
             acc6_0 = fma(xv6.w, wv0.w, fma(xv6.z, wv0.z, fma(xv6.y, wv0.y, fma(xv6.x, wv0.x, acc6_0))));
             acc6_1 = fma(xv6.w, wv1.w, fma(xv6.z, wv1.z, fma(xv6.y, wv1.y, fma(xv6.x, wv1.x, acc6_1))));
@@ -2284,6 +3293,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc6_5 = fma(xv6.w, wv5.w, fma(xv6.z, wv5.z, fma(xv6.y, wv5.y, fma(xv6.x, wv5.x, acc6_5))));
             acc6_6 = fma(xv6.w, wv6.w, fma(xv6.z, wv6.z, fma(xv6.y, wv6.y, fma(xv6.x, wv6.x, acc6_6))));
             acc6_7 = fma(xv6.w, wv7.w, fma(xv6.z, wv7.z, fma(xv6.y, wv7.y, fma(xv6.x, wv7.x, acc6_7))));
+            acc6_8 = fma(xv6.w, wv8.w, fma(xv6.z, wv8.z, fma(xv6.y, wv8.y, fma(xv6.x, wv8.x, acc6_8))));
+            acc6_9 = fma(xv6.w, wv9.w, fma(xv6.z, wv9.z, fma(xv6.y, wv9.y, fma(xv6.x, wv9.x, acc6_9))));
+            acc6_10 = fma(xv6.w, wv10.w, fma(xv6.z, wv10.z, fma(xv6.y, wv10.y, fma(xv6.x, wv10.x, acc6_10))));
+            acc6_11 = fma(xv6.w, wv11.w, fma(xv6.z, wv11.z, fma(xv6.y, wv11.y, fma(xv6.x, wv11.x, acc6_11))));
+            acc6_12 = fma(xv6.w, wv12.w, fma(xv6.z, wv12.z, fma(xv6.y, wv12.y, fma(xv6.x, wv12.x, acc6_12))));
+            acc6_13 = fma(xv6.w, wv13.w, fma(xv6.z, wv13.z, fma(xv6.y, wv13.y, fma(xv6.x, wv13.x, acc6_13))));
+            acc6_14 = fma(xv6.w, wv14.w, fma(xv6.z, wv14.z, fma(xv6.y, wv14.y, fma(xv6.x, wv14.x, acc6_14))));
+            acc6_15 = fma(xv6.w, wv15.w, fma(xv6.z, wv15.z, fma(xv6.y, wv15.y, fma(xv6.x, wv15.x, acc6_15))));
             let xv7 = x[x7 + kq];
             acc7_0 = fma(xv7.w, wv0.w, fma(xv7.z, wv0.z, fma(xv7.y, wv0.y, fma(xv7.x, wv0.x, acc7_0))));
             acc7_1 = fma(xv7.w, wv1.w, fma(xv7.z, wv1.z, fma(xv7.y, wv1.y, fma(xv7.x, wv1.x, acc7_1))));
@@ -2293,6 +3310,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
             acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
             acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+            acc7_8 = fma(xv7.w, wv8.w, fma(xv7.z, wv8.z, fma(xv7.y, wv8.y, fma(xv7.x, wv8.x, acc7_8))));
+            acc7_9 = fma(xv7.w, wv9.w, fma(xv7.z, wv9.z, fma(xv7.y, wv9.y, fma(xv7.x, wv9.x, acc7_9))));
+            acc7_10 = fma(xv7.w, wv10.w, fma(xv7.z, wv10.z, fma(xv7.y, wv10.y, fma(xv7.x, wv10.x, acc7_10))));
+            acc7_11 = fma(xv7.w, wv11.w, fma(xv7.z, wv11.z, fma(xv7.y, wv11.y, fma(xv7.x, wv11.x, acc7_11))));
+            acc7_12 = fma(xv7.w, wv12.w, fma(xv7.z, wv12.z, fma(xv7.y, wv12.y, fma(xv7.x, wv12.x, acc7_12))));
+            acc7_13 = fma(xv7.w, wv13.w, fma(xv7.z, wv13.z, fma(xv7.y, wv13.y, fma(xv7.x, wv13.x, acc7_13))));
+            acc7_14 = fma(xv7.w, wv14.w, fma(xv7.z, wv14.z, fma(xv7.y, wv14.y, fma(xv7.x, wv14.x, acc7_14))));
+            acc7_15 = fma(xv7.w, wv15.w, fma(xv7.z, wv15.z, fma(xv7.y, wv15.y, fma(xv7.x, wv15.x, acc7_15))));
             let xv8 = x[x8 + kq];
             acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
             acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
@@ -2302,6 +3327,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
             acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
             acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+            acc8_8 = fma(xv8.w, wv8.w, fma(xv8.z, wv8.z, fma(xv8.y, wv8.y, fma(xv8.x, wv8.x, acc8_8))));
+            acc8_9 = fma(xv8.w, wv9.w, fma(xv8.z, wv9.z, fma(xv8.y, wv9.y, fma(xv8.x, wv9.x, acc8_9))));
+            acc8_10 = fma(xv8.w, wv10.w, fma(xv8.z, wv10.z, fma(xv8.y, wv10.y, fma(xv8.x, wv10.x, acc8_10))));
+            acc8_11 = fma(xv8.w, wv11.w, fma(xv8.z, wv11.z, fma(xv8.y, wv11.y, fma(xv8.x, wv11.x, acc8_11))));
+            acc8_12 = fma(xv8.w, wv12.w, fma(xv8.z, wv12.z, fma(xv8.y, wv12.y, fma(xv8.x, wv12.x, acc8_12))));
+            acc8_13 = fma(xv8.w, wv13.w, fma(xv8.z, wv13.z, fma(xv8.y, wv13.y, fma(xv8.x, wv13.x, acc8_13))));
+            acc8_14 = fma(xv8.w, wv14.w, fma(xv8.z, wv14.z, fma(xv8.y, wv14.y, fma(xv8.x, wv14.x, acc8_14))));
+            acc8_15 = fma(xv8.w, wv15.w, fma(xv8.z, wv15.z, fma(xv8.y, wv15.y, fma(xv8.x, wv15.x, acc8_15))));
             let xv9 = x[x9 + kq];
             acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
             acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
@@ -2311,6 +3344,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
             acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
             acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+            acc9_8 = fma(xv9.w, wv8.w, fma(xv9.z, wv8.z, fma(xv9.y, wv8.y, fma(xv9.x, wv8.x, acc9_8))));
+            acc9_9 = fma(xv9.w, wv9.w, fma(xv9.z, wv9.z, fma(xv9.y, wv9.y, fma(xv9.x, wv9.x, acc9_9))));
+            acc9_10 = fma(xv9.w, wv10.w, fma(xv9.z, wv10.z, fma(xv9.y, wv10.y, fma(xv9.x, wv10.x, acc9_10))));
+            acc9_11 = fma(xv9.w, wv11.w, fma(xv9.z, wv11.z, fma(xv9.y, wv11.y, fma(xv9.x, wv11.x, acc9_11))));
+            acc9_12 = fma(xv9.w, wv12.w, fma(xv9.z, wv12.z, fma(xv9.y, wv12.y, fma(xv9.x, wv12.x, acc9_12))));
+            acc9_13 = fma(xv9.w, wv13.w, fma(xv9.z, wv13.z, fma(xv9.y, wv13.y, fma(xv9.x, wv13.x, acc9_13))));
+            acc9_14 = fma(xv9.w, wv14.w, fma(xv9.z, wv14.z, fma(xv9.y, wv14.y, fma(xv9.x, wv14.x, acc9_14))));
+            acc9_15 = fma(xv9.w, wv15.w, fma(xv9.z, wv15.z, fma(xv9.y, wv15.y, fma(xv9.x, wv15.x, acc9_15))));
             let xv10 = x[x10 + kq];
             acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
             acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
@@ -2320,6 +3361,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
             acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
             acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+            acc10_8 = fma(xv10.w, wv8.w, fma(xv10.z, wv8.z, fma(xv10.y, wv8.y, fma(xv10.x, wv8.x, acc10_8))));
+            acc10_9 = fma(xv10.w, wv9.w, fma(xv10.z, wv9.z, fma(xv10.y, wv9.y, fma(xv10.x, wv9.x, acc10_9))));
+            acc10_10 = fma(xv10.w, wv10.w, fma(xv10.z, wv10.z, fma(xv10.y, wv10.y, fma(xv10.x, wv10.x, acc10_10))));
+            acc10_11 = fma(xv10.w, wv11.w, fma(xv10.z, wv11.z, fma(xv10.y, wv11.y, fma(xv10.x, wv11.x, acc10_11))));
+            acc10_12 = fma(xv10.w, wv12.w, fma(xv10.z, wv12.z, fma(xv10.y, wv12.y, fma(xv10.x, wv12.x, acc10_12))));
+            acc10_13 = fma(xv10.w, wv13.w, fma(xv10.z, wv13.z, fma(xv10.y, wv13.y, fma(xv10.x, wv13.x, acc10_13))));
+            acc10_14 = fma(xv10.w, wv14.w, fma(xv10.z, wv14.z, fma(xv10.y, wv14.y, fma(xv10.x, wv14.x, acc10_14))));
+            acc10_15 = fma(xv10.w, wv15.w, fma(xv10.z, wv15.z, fma(xv10.y, wv15.y, fma(xv10.x, wv15.x, acc10_15))));
             let xv11 = x[x11 + kq];
             acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
             acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
@@ -2329,6 +3378,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
             acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
             acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+            acc11_8 = fma(xv11.w, wv8.w, fma(xv11.z, wv8.z, fma(xv11.y, wv8.y, fma(xv11.x, wv8.x, acc11_8))));
+            acc11_9 = fma(xv11.w, wv9.w, fma(xv11.z, wv9.z, fma(xv11.y, wv9.y, fma(xv11.x, wv9.x, acc11_9))));
+            acc11_10 = fma(xv11.w, wv10.w, fma(xv11.z, wv10.z, fma(xv11.y, wv10.y, fma(xv11.x, wv10.x, acc11_10))));
+            acc11_11 = fma(xv11.w, wv11.w, fma(xv11.z, wv11.z, fma(xv11.y, wv11.y, fma(xv11.x, wv11.x, acc11_11))));
+            acc11_12 = fma(xv11.w, wv12.w, fma(xv11.z, wv12.z, fma(xv11.y, wv12.y, fma(xv11.x, wv12.x, acc11_12))));
+            acc11_13 = fma(xv11.w, wv13.w, fma(xv11.z, wv13.z, fma(xv11.y, wv13.y, fma(xv11.x, wv13.x, acc11_13))));
+            acc11_14 = fma(xv11.w, wv14.w, fma(xv11.z, wv14.z, fma(xv11.y, wv14.y, fma(xv11.x, wv14.x, acc11_14))));
+            acc11_15 = fma(xv11.w, wv15.w, fma(xv11.z, wv15.z, fma(xv11.y, wv15.y, fma(xv11.x, wv15.x, acc11_15))));
             let xv12 = x[x12 + kq];
             acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
             acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
@@ -2338,6 +3395,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
             acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
             acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+            acc12_8 = fma(xv12.w, wv8.w, fma(xv12.z, wv8.z, fma(xv12.y, wv8.y, fma(xv12.x, wv8.x, acc12_8))));
+            acc12_9 = fma(xv12.w, wv9.w, fma(xv12.z, wv9.z, fma(xv12.y, wv9.y, fma(xv12.x, wv9.x, acc12_9))));
+            acc12_10 = fma(xv12.w, wv10.w, fma(xv12.z, wv10.z, fma(xv12.y, wv10.y, fma(xv12.x, wv10.x, acc12_10))));
+            acc12_11 = fma(xv12.w, wv11.w, fma(xv12.z, wv11.z, fma(xv12.y, wv11.y, fma(xv12.x, wv11.x, acc12_11))));
+            acc12_12 = fma(xv12.w, wv12.w, fma(xv12.z, wv12.z, fma(xv12.y, wv12.y, fma(xv12.x, wv12.x, acc12_12))));
+            acc12_13 = fma(xv12.w, wv13.w, fma(xv12.z, wv13.z, fma(xv12.y, wv13.y, fma(xv12.x, wv13.x, acc12_13))));
+            acc12_14 = fma(xv12.w, wv14.w, fma(xv12.z, wv14.z, fma(xv12.y, wv14.y, fma(xv12.x, wv14.x, acc12_14))));
+            acc12_15 = fma(xv12.w, wv15.w, fma(xv12.z, wv15.z, fma(xv12.y, wv15.y, fma(xv12.x, wv15.x, acc12_15))));
             let xv13 = x[x13 + kq];
             acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
             acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
@@ -2347,6 +3412,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
             acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
             acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+            acc13_8 = fma(xv13.w, wv8.w, fma(xv13.z, wv8.z, fma(xv13.y, wv8.y, fma(xv13.x, wv8.x, acc13_8))));
+            acc13_9 = fma(xv13.w, wv9.w, fma(xv13.z, wv9.z, fma(xv13.y, wv9.y, fma(xv13.x, wv9.x, acc13_9))));
+            acc13_10 = fma(xv13.w, wv10.w, fma(xv13.z, wv10.z, fma(xv13.y, wv10.y, fma(xv13.x, wv10.x, acc13_10))));
+            acc13_11 = fma(xv13.w, wv11.w, fma(xv13.z, wv11.z, fma(xv13.y, wv11.y, fma(xv13.x, wv11.x, acc13_11))));
+            acc13_12 = fma(xv13.w, wv12.w, fma(xv13.z, wv12.z, fma(xv13.y, wv12.y, fma(xv13.x, wv12.x, acc13_12))));
+            acc13_13 = fma(xv13.w, wv13.w, fma(xv13.z, wv13.z, fma(xv13.y, wv13.y, fma(xv13.x, wv13.x, acc13_13))));
+            acc13_14 = fma(xv13.w, wv14.w, fma(xv13.z, wv14.z, fma(xv13.y, wv14.y, fma(xv13.x, wv14.x, acc13_14))));
+            acc13_15 = fma(xv13.w, wv15.w, fma(xv13.z, wv15.z, fma(xv13.y, wv15.y, fma(xv13.x, wv15.x, acc13_15))));
             let xv14 = x[x14 + kq];
             acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
             acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
@@ -2356,6 +3429,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
             acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
             acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+            acc14_8 = fma(xv14.w, wv8.w, fma(xv14.z, wv8.z, fma(xv14.y, wv8.y, fma(xv14.x, wv8.x, acc14_8))));
+            acc14_9 = fma(xv14.w, wv9.w, fma(xv14.z, wv9.z, fma(xv14.y, wv9.y, fma(xv14.x, wv9.x, acc14_9))));
+            acc14_10 = fma(xv14.w, wv10.w, fma(xv14.z, wv10.z, fma(xv14.y, wv10.y, fma(xv14.x, wv10.x, acc14_10))));
+            acc14_11 = fma(xv14.w, wv11.w, fma(xv14.z, wv11.z, fma(xv14.y, wv11.y, fma(xv14.x, wv11.x, acc14_11))));
+            acc14_12 = fma(xv14.w, wv12.w, fma(xv14.z, wv12.z, fma(xv14.y, wv12.y, fma(xv14.x, wv12.x, acc14_12))));
+            acc14_13 = fma(xv14.w, wv13.w, fma(xv14.z, wv13.z, fma(xv14.y, wv13.y, fma(xv14.x, wv13.x, acc14_13))));
+            acc14_14 = fma(xv14.w, wv14.w, fma(xv14.z, wv14.z, fma(xv14.y, wv14.y, fma(xv14.x, wv14.x, acc14_14))));
+            acc14_15 = fma(xv14.w, wv15.w, fma(xv14.z, wv15.z, fma(xv14.y, wv15.y, fma(xv14.x, wv15.x, acc14_15))));
             let xv15 = x[x15 + kq];
             acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
             acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
@@ -2365,6 +3446,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
             acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
             acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
+            acc15_8 = fma(xv15.w, wv8.w, fma(xv15.z, wv8.z, fma(xv15.y, wv8.y, fma(xv15.x, wv8.x, acc15_8))));
+            acc15_9 = fma(xv15.w, wv9.w, fma(xv15.z, wv9.z, fma(xv15.y, wv9.y, fma(xv15.x, wv9.x, acc15_9))));
+            acc15_10 = fma(xv15.w, wv10.w, fma(xv15.z, wv10.z, fma(xv15.y, wv10.y, fma(xv15.x, wv10.x, acc15_10))));
+            acc15_11 = fma(xv15.w, wv11.w, fma(xv15.z, wv11.z, fma(xv15.y, wv11.y, fma(xv15.x, wv11.x, acc15_11))));
+            acc15_12 = fma(xv15.w, wv12.w, fma(xv15.z, wv12.z, fma(xv15.y, wv12.y, fma(xv15.x, wv12.x, acc15_12))));
+            acc15_13 = fma(xv15.w, wv13.w, fma(xv15.z, wv13.z, fma(xv15.y, wv13.y, fma(xv15.x, wv13.x, acc15_13))));
+            acc15_14 = fma(xv15.w, wv14.w, fma(xv15.z, wv14.z, fma(xv15.y, wv14.y, fma(xv15.x, wv14.x, acc15_14))));
+            acc15_15 = fma(xv15.w, wv15.w, fma(xv15.z, wv15.z, fma(xv15.y, wv15.y, fma(xv15.x, wv15.x, acc15_15))));
         }
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
@@ -2375,6 +3464,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
     if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
     if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 0u < p.m && c0 + 8u < p.n) { put_y(r0 + 0u, c0 + 8u, acc0_8); }
+    if (r0 + 0u < p.m && c0 + 9u < p.n) { put_y(r0 + 0u, c0 + 9u, acc0_9); }
+    if (r0 + 0u < p.m && c0 + 10u < p.n) { put_y(r0 + 0u, c0 + 10u, acc0_10); }
+    if (r0 + 0u < p.m && c0 + 11u < p.n) { put_y(r0 + 0u, c0 + 11u, acc0_11); }
+    if (r0 + 0u < p.m && c0 + 12u < p.n) { put_y(r0 + 0u, c0 + 12u, acc0_12); }
+    if (r0 + 0u < p.m && c0 + 13u < p.n) { put_y(r0 + 0u, c0 + 13u, acc0_13); }
+    if (r0 + 0u < p.m && c0 + 14u < p.n) { put_y(r0 + 0u, c0 + 14u, acc0_14); }
+    if (r0 + 0u < p.m && c0 + 15u < p.n) { put_y(r0 + 0u, c0 + 15u, acc0_15); }
     if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
     if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
     if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
@@ -2383,6 +3480,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
     if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
     if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 1u < p.m && c0 + 8u < p.n) { put_y(r0 + 1u, c0 + 8u, acc1_8); }
+    if (r0 + 1u < p.m && c0 + 9u < p.n) { put_y(r0 + 1u, c0 + 9u, acc1_9); }
+    if (r0 + 1u < p.m && c0 + 10u < p.n) { put_y(r0 + 1u, c0 + 10u, acc1_10); }
+    if (r0 + 1u < p.m && c0 + 11u < p.n) { put_y(r0 + 1u, c0 + 11u, acc1_11); }
+    if (r0 + 1u < p.m && c0 + 12u < p.n) { put_y(r0 + 1u, c0 + 12u, acc1_12); }
+    if (r0 + 1u < p.m && c0 + 13u < p.n) { put_y(r0 + 1u, c0 + 13u, acc1_13); }
+    if (r0 + 1u < p.m && c0 + 14u < p.n) { put_y(r0 + 1u, c0 + 14u, acc1_14); }
+    if (r0 + 1u < p.m && c0 + 15u < p.n) { put_y(r0 + 1u, c0 + 15u, acc1_15); }
     if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
     if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
     if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
@@ -2391,6 +3496,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
     if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
     if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 2u < p.m && c0 + 8u < p.n) { put_y(r0 + 2u, c0 + 8u, acc2_8); }
+    if (r0 + 2u < p.m && c0 + 9u < p.n) { put_y(r0 + 2u, c0 + 9u, acc2_9); }
+    if (r0 + 2u < p.m && c0 + 10u < p.n) { put_y(r0 + 2u, c0 + 10u, acc2_10); }
+    if (r0 + 2u < p.m && c0 + 11u < p.n) { put_y(r0 + 2u, c0 + 11u, acc2_11); }
+    if (r0 + 2u < p.m && c0 + 12u < p.n) { put_y(r0 + 2u, c0 + 12u, acc2_12); }
+    if (r0 + 2u < p.m && c0 + 13u < p.n) { put_y(r0 + 2u, c0 + 13u, acc2_13); }
+    if (r0 + 2u < p.m && c0 + 14u < p.n) { put_y(r0 + 2u, c0 + 14u, acc2_14); }
+    if (r0 + 2u < p.m && c0 + 15u < p.n) { put_y(r0 + 2u, c0 + 15u, acc2_15); }
     if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
     if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
     if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
@@ -2399,6 +3512,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
     if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
     if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 3u < p.m && c0 + 8u < p.n) { put_y(r0 + 3u, c0 + 8u, acc3_8); }
+    if (r0 + 3u < p.m && c0 + 9u < p.n) { put_y(r0 + 3u, c0 + 9u, acc3_9); }
+    if (r0 + 3u < p.m && c0 + 10u < p.n) { put_y(r0 + 3u, c0 + 10u, acc3_10); }
+    if (r0 + 3u < p.m && c0 + 11u < p.n) { put_y(r0 + 3u, c0 + 11u, acc3_11); }
+    if (r0 + 3u < p.m && c0 + 12u < p.n) { put_y(r0 + 3u, c0 + 12u, acc3_12); }
+    if (r0 + 3u < p.m && c0 + 13u < p.n) { put_y(r0 + 3u, c0 + 13u, acc3_13); }
+    if (r0 + 3u < p.m && c0 + 14u < p.n) { put_y(r0 + 3u, c0 + 14u, acc3_14); }
+    if (r0 + 3u < p.m && c0 + 15u < p.n) { put_y(r0 + 3u, c0 + 15u, acc3_15); }
     if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
     if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
     if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
@@ -2407,6 +3528,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
     if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
     if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 4u < p.m && c0 + 8u < p.n) { put_y(r0 + 4u, c0 + 8u, acc4_8); }
+    if (r0 + 4u < p.m && c0 + 9u < p.n) { put_y(r0 + 4u, c0 + 9u, acc4_9); }
+    if (r0 + 4u < p.m && c0 + 10u < p.n) { put_y(r0 + 4u, c0 + 10u, acc4_10); }
+    if (r0 + 4u < p.m && c0 + 11u < p.n) { put_y(r0 + 4u, c0 + 11u, acc4_11); }
+    if (r0 + 4u < p.m && c0 + 12u < p.n) { put_y(r0 + 4u, c0 + 12u, acc4_12); }
+    if (r0 + 4u < p.m && c0 + 13u < p.n) { put_y(r0 + 4u, c0 + 13u, acc4_13); }
+    if (r0 + 4u < p.m && c0 + 14u < p.n) { put_y(r0 + 4u, c0 + 14u, acc4_14); }
+    if (r0 + 4u < p.m && c0 + 15u < p.n) { put_y(r0 + 4u, c0 + 15u, acc4_15); }
     if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
     if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
     if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
@@ -2415,6 +3544,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
     if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
     if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 5u < p.m && c0 + 8u < p.n) { put_y(r0 + 5u, c0 + 8u, acc5_8); }
+    if (r0 + 5u < p.m && c0 + 9u < p.n) { put_y(r0 + 5u, c0 + 9u, acc5_9); }
+    if (r0 + 5u < p.m && c0 + 10u < p.n) { put_y(r0 + 5u, c0 + 10u, acc5_10); }
+    if (r0 + 5u < p.m && c0 + 11u < p.n) { put_y(r0 + 5u, c0 + 11u, acc5_11); }
+    if (r0 + 5u < p.m && c0 + 12u < p.n) { put_y(r0 + 5u, c0 + 12u, acc5_12); }
+    if (r0 + 5u < p.m && c0 + 13u < p.n) { put_y(r0 + 5u, c0 + 13u, acc5_13); }
+    if (r0 + 5u < p.m && c0 + 14u < p.n) { put_y(r0 + 5u, c0 + 14u, acc5_14); }
+    if (r0 + 5u < p.m && c0 + 15u < p.n) { put_y(r0 + 5u, c0 + 15u, acc5_15); }
     if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
     if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
     if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
@@ -2423,6 +3560,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
     if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
     if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 6u < p.m && c0 + 8u < p.n) { put_y(r0 + 6u, c0 + 8u, acc6_8); }
+    if (r0 + 6u < p.m && c0 + 9u < p.n) { put_y(r0 + 6u, c0 + 9u, acc6_9); }
+    if (r0 + 6u < p.m && c0 + 10u < p.n) { put_y(r0 + 6u, c0 + 10u, acc6_10); }
+    if (r0 + 6u < p.m && c0 + 11u < p.n) { put_y(r0 + 6u, c0 + 11u, acc6_11); }
+    if (r0 + 6u < p.m && c0 + 12u < p.n) { put_y(r0 + 6u, c0 + 12u, acc6_12); }
+    if (r0 + 6u < p.m && c0 + 13u < p.n) { put_y(r0 + 6u, c0 + 13u, acc6_13); }
+    if (r0 + 6u < p.m && c0 + 14u < p.n) { put_y(r0 + 6u, c0 + 14u, acc6_14); }
+    if (r0 + 6u < p.m && c0 + 15u < p.n) { put_y(r0 + 6u, c0 + 15u, acc6_15); }
     if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
     if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
     if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
@@ -2431,6 +3576,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 7u < p.m && c0 + 8u < p.n) { put_y(r0 + 7u, c0 + 8u, acc7_8); }
+    if (r0 + 7u < p.m && c0 + 9u < p.n) { put_y(r0 + 7u, c0 + 9u, acc7_9); }
+    if (r0 + 7u < p.m && c0 + 10u < p.n) { put_y(r0 + 7u, c0 + 10u, acc7_10); }
+    if (r0 + 7u < p.m && c0 + 11u < p.n) { put_y(r0 + 7u, c0 + 11u, acc7_11); }
+    if (r0 + 7u < p.m && c0 + 12u < p.n) { put_y(r0 + 7u, c0 + 12u, acc7_12); }
+    if (r0 + 7u < p.m && c0 + 13u < p.n) { put_y(r0 + 7u, c0 + 13u, acc7_13); }
+    if (r0 + 7u < p.m && c0 + 14u < p.n) { put_y(r0 + 7u, c0 + 14u, acc7_14); }
+    if (r0 + 7u < p.m && c0 + 15u < p.n) { put_y(r0 + 7u, c0 + 15u, acc7_15); }
     if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
     if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
     if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
@@ -2439,6 +3592,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
     if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
     if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 8u < p.m && c0 + 8u < p.n) { put_y(r0 + 8u, c0 + 8u, acc8_8); }
+    if (r0 + 8u < p.m && c0 + 9u < p.n) { put_y(r0 + 8u, c0 + 9u, acc8_9); }
+    if (r0 + 8u < p.m && c0 + 10u < p.n) { put_y(r0 + 8u, c0 + 10u, acc8_10); }
+    if (r0 + 8u < p.m && c0 + 11u < p.n) { put_y(r0 + 8u, c0 + 11u, acc8_11); }
+    if (r0 + 8u < p.m && c0 + 12u < p.n) { put_y(r0 + 8u, c0 + 12u, acc8_12); }
+    if (r0 + 8u < p.m && c0 + 13u < p.n) { put_y(r0 + 8u, c0 + 13u, acc8_13); }
+    if (r0 + 8u < p.m && c0 + 14u < p.n) { put_y(r0 + 8u, c0 + 14u, acc8_14); }
+    if (r0 + 8u < p.m && c0 + 15u < p.n) { put_y(r0 + 8u, c0 + 15u, acc8_15); }
     if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
     if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
     if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
@@ -2447,6 +3608,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
     if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
     if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 9u < p.m && c0 + 8u < p.n) { put_y(r0 + 9u, c0 + 8u, acc9_8); }
+    if (r0 + 9u < p.m && c0 + 9u < p.n) { put_y(r0 + 9u, c0 + 9u, acc9_9); }
+    if (r0 + 9u < p.m && c0 + 10u < p.n) { put_y(r0 + 9u, c0 + 10u, acc9_10); }
+    if (r0 + 9u < p.m && c0 + 11u < p.n) { put_y(r0 + 9u, c0 + 11u, acc9_11); }
+    if (r0 + 9u < p.m && c0 + 12u < p.n) { put_y(r0 + 9u, c0 + 12u, acc9_12); }
+    if (r0 + 9u < p.m && c0 + 13u < p.n) { put_y(r0 + 9u, c0 + 13u, acc9_13); }
+    if (r0 + 9u < p.m && c0 + 14u < p.n) { put_y(r0 + 9u, c0 + 14u, acc9_14); }
+    if (r0 + 9u < p.m && c0 + 15u < p.n) { put_y(r0 + 9u, c0 + 15u, acc9_15); }
     if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
     if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
     if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
@@ -2455,6 +3624,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
     if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
     if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 10u < p.m && c0 + 8u < p.n) { put_y(r0 + 10u, c0 + 8u, acc10_8); }
+    if (r0 + 10u < p.m && c0 + 9u < p.n) { put_y(r0 + 10u, c0 + 9u, acc10_9); }
+    if (r0 + 10u < p.m && c0 + 10u < p.n) { put_y(r0 + 10u, c0 + 10u, acc10_10); }
+    if (r0 + 10u < p.m && c0 + 11u < p.n) { put_y(r0 + 10u, c0 + 11u, acc10_11); }
+    if (r0 + 10u < p.m && c0 + 12u < p.n) { put_y(r0 + 10u, c0 + 12u, acc10_12); }
+    if (r0 + 10u < p.m && c0 + 13u < p.n) { put_y(r0 + 10u, c0 + 13u, acc10_13); }
+    if (r0 + 10u < p.m && c0 + 14u < p.n) { put_y(r0 + 10u, c0 + 14u, acc10_14); }
+    if (r0 + 10u < p.m && c0 + 15u < p.n) { put_y(r0 + 10u, c0 + 15u, acc10_15); }
     if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
     if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
     if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
@@ -2463,6 +3640,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
     if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
     if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 11u < p.m && c0 + 8u < p.n) { put_y(r0 + 11u, c0 + 8u, acc11_8); }
+    if (r0 + 11u < p.m && c0 + 9u < p.n) { put_y(r0 + 11u, c0 + 9u, acc11_9); }
+    if (r0 + 11u < p.m && c0 + 10u < p.n) { put_y(r0 + 11u, c0 + 10u, acc11_10); }
+    if (r0 + 11u < p.m && c0 + 11u < p.n) { put_y(r0 + 11u, c0 + 11u, acc11_11); }
+    if (r0 + 11u < p.m && c0 + 12u < p.n) { put_y(r0 + 11u, c0 + 12u, acc11_12); }
+    if (r0 + 11u < p.m && c0 + 13u < p.n) { put_y(r0 + 11u, c0 + 13u, acc11_13); }
+    if (r0 + 11u < p.m && c0 + 14u < p.n) { put_y(r0 + 11u, c0 + 14u, acc11_14); }
+    if (r0 + 11u < p.m && c0 + 15u < p.n) { put_y(r0 + 11u, c0 + 15u, acc11_15); }
     if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
     if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
     if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
@@ -2471,6 +3656,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
     if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
     if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 12u < p.m && c0 + 8u < p.n) { put_y(r0 + 12u, c0 + 8u, acc12_8); }
+    if (r0 + 12u < p.m && c0 + 9u < p.n) { put_y(r0 + 12u, c0 + 9u, acc12_9); }
+    if (r0 + 12u < p.m && c0 + 10u < p.n) { put_y(r0 + 12u, c0 + 10u, acc12_10); }
+    if (r0 + 12u < p.m && c0 + 11u < p.n) { put_y(r0 + 12u, c0 + 11u, acc12_11); }
+    if (r0 + 12u < p.m && c0 + 12u < p.n) { put_y(r0 + 12u, c0 + 12u, acc12_12); }
+    if (r0 + 12u < p.m && c0 + 13u < p.n) { put_y(r0 + 12u, c0 + 13u, acc12_13); }
+    if (r0 + 12u < p.m && c0 + 14u < p.n) { put_y(r0 + 12u, c0 + 14u, acc12_14); }
+    if (r0 + 12u < p.m && c0 + 15u < p.n) { put_y(r0 + 12u, c0 + 15u, acc12_15); }
     if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
     if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
     if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
@@ -2479,6 +3672,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
     if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
     if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 13u < p.m && c0 + 8u < p.n) { put_y(r0 + 13u, c0 + 8u, acc13_8); }
+    if (r0 + 13u < p.m && c0 + 9u < p.n) { put_y(r0 + 13u, c0 + 9u, acc13_9); }
+    if (r0 + 13u < p.m && c0 + 10u < p.n) { put_y(r0 + 13u, c0 + 10u, acc13_10); }
+    if (r0 + 13u < p.m && c0 + 11u < p.n) { put_y(r0 + 13u, c0 + 11u, acc13_11); }
+    if (r0 + 13u < p.m && c0 + 12u < p.n) { put_y(r0 + 13u, c0 + 12u, acc13_12); }
+    if (r0 + 13u < p.m && c0 + 13u < p.n) { put_y(r0 + 13u, c0 + 13u, acc13_13); }
+    if (r0 + 13u < p.m && c0 + 14u < p.n) { put_y(r0 + 13u, c0 + 14u, acc13_14); }
+    if (r0 + 13u < p.m && c0 + 15u < p.n) { put_y(r0 + 13u, c0 + 15u, acc13_15); }
     if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
     if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
     if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
@@ -2487,6 +3688,14 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
     if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
     if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 14u < p.m && c0 + 8u < p.n) { put_y(r0 + 14u, c0 + 8u, acc14_8); }
+    if (r0 + 14u < p.m && c0 + 9u < p.n) { put_y(r0 + 14u, c0 + 9u, acc14_9); }
+    if (r0 + 14u < p.m && c0 + 10u < p.n) { put_y(r0 + 14u, c0 + 10u, acc14_10); }
+    if (r0 + 14u < p.m && c0 + 11u < p.n) { put_y(r0 + 14u, c0 + 11u, acc14_11); }
+    if (r0 + 14u < p.m && c0 + 12u < p.n) { put_y(r0 + 14u, c0 + 12u, acc14_12); }
+    if (r0 + 14u < p.m && c0 + 13u < p.n) { put_y(r0 + 14u, c0 + 13u, acc14_13); }
+    if (r0 + 14u < p.m && c0 + 14u < p.n) { put_y(r0 + 14u, c0 + 14u, acc14_14); }
+    if (r0 + 14u < p.m && c0 + 15u < p.n) { put_y(r0 + 14u, c0 + 15u, acc14_15); }
     if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
     if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
     if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
@@ -2495,10 +3704,18 @@ fn matmul_columns_q4_1(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
     if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
     if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
+    if (r0 + 15u < p.m && c0 + 8u < p.n) { put_y(r0 + 15u, c0 + 8u, acc15_8); }
+    if (r0 + 15u < p.m && c0 + 9u < p.n) { put_y(r0 + 15u, c0 + 9u, acc15_9); }
+    if (r0 + 15u < p.m && c0 + 10u < p.n) { put_y(r0 + 15u, c0 + 10u, acc15_10); }
+    if (r0 + 15u < p.m && c0 + 11u < p.n) { put_y(r0 + 15u, c0 + 11u, acc15_11); }
+    if (r0 + 15u < p.m && c0 + 12u < p.n) { put_y(r0 + 15u, c0 + 12u, acc15_12); }
+    if (r0 + 15u < p.m && c0 + 13u < p.n) { put_y(r0 + 15u, c0 + 13u, acc15_13); }
+    if (r0 + 15u < p.m && c0 + 14u < p.n) { put_y(r0 + 15u, c0 + 14u, acc15_14); }
+    if (r0 + 15u < p.m && c0 + 15u < p.n) { put_y(r0 + 15u, c0 + 15u, acc15_15); }
 }
 @compute @workgroup_size(32)
 fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let c0 = MV_COLS * gid.x;
+    let c0 = MV_BLOCK_COLS * gid.x;
     if (c0 >= p.n) {
         return;
     }
@@ -2514,6 +3731,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     let b5 = min(c0 + 5u, p.n - 1u) * nb;
     let b6 = min(c0 + 6u, p.n - 1u) * nb;
     let b7 = min(c0 + 7u, p.n - 1u) * nb;
+    let b8 = min(c0 + 8u, p.n - 1u) * nb;
+    let b9 = min(c0 + 9u, p.n - 1u) * nb;
+    let b10 = min(c0 + 10u, p.n - 1u) * nb;
+    let b11 = min(c0 + 11u, p.n - 1u) * nb;
+    let b12 = min(c0 + 12u, p.n - 1u) * nb;
+    let b13 = min(c0 + 13u, p.n - 1u) * nb;
+    let b14 = min(c0 + 14u, p.n - 1u) * nb;
+    let b15 = min(c0 + 15u, p.n - 1u) * nb;
     let x0 = min(r0 + 0u, p.m - 1u) * k4;
     let x1 = min(r0 + 1u, p.m - 1u) * k4;
     let x2 = min(r0 + 2u, p.m - 1u) * k4;
@@ -2538,6 +3763,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc0_5 = 0.0;
     var acc0_6 = 0.0;
     var acc0_7 = 0.0;
+    var acc0_8 = 0.0;
+    var acc0_9 = 0.0;
+    var acc0_10 = 0.0;
+    var acc0_11 = 0.0;
+    var acc0_12 = 0.0;
+    var acc0_13 = 0.0;
+    var acc0_14 = 0.0;
+    var acc0_15 = 0.0;
     var acc1_0 = 0.0;
     var acc1_1 = 0.0;
     var acc1_2 = 0.0;
@@ -2546,6 +3779,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc1_5 = 0.0;
     var acc1_6 = 0.0;
     var acc1_7 = 0.0;
+    var acc1_8 = 0.0;
+    var acc1_9 = 0.0;
+    var acc1_10 = 0.0;
+    var acc1_11 = 0.0;
+    var acc1_12 = 0.0;
+    var acc1_13 = 0.0;
+    var acc1_14 = 0.0;
+    var acc1_15 = 0.0;
     var acc2_0 = 0.0;
     var acc2_1 = 0.0;
     var acc2_2 = 0.0;
@@ -2554,6 +3795,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc2_5 = 0.0;
     var acc2_6 = 0.0;
     var acc2_7 = 0.0;
+    var acc2_8 = 0.0;
+    var acc2_9 = 0.0;
+    var acc2_10 = 0.0;
+    var acc2_11 = 0.0;
+    var acc2_12 = 0.0;
+    var acc2_13 = 0.0;
+    var acc2_14 = 0.0;
+    var acc2_15 = 0.0;
     var acc3_0 = 0.0;
     var acc3_1 = 0.0;
     var acc3_2 = 0.0;
@@ -2562,6 +3811,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc3_5 = 0.0;
     var acc3_6 = 0.0;
     var acc3_7 = 0.0;
+    var acc3_8 = 0.0;
+    var acc3_9 = 0.0;
+    var acc3_10 = 0.0;
+    var acc3_11 = 0.0;
+    var acc3_12 = 0.0;
+    var acc3_13 = 0.0;
+    var acc3_14 = 0.0;
+    var acc3_15 = 0.0;
     var acc4_0 = 0.0;
     var acc4_1 = 0.0;
     var acc4_2 = 0.0;
@@ -2570,6 +3827,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc4_5 = 0.0;
     var acc4_6 = 0.0;
     var acc4_7 = 0.0;
+    var acc4_8 = 0.0;
+    var acc4_9 = 0.0;
+    var acc4_10 = 0.0;
+    var acc4_11 = 0.0;
+    var acc4_12 = 0.0;
+    var acc4_13 = 0.0;
+    var acc4_14 = 0.0;
+    var acc4_15 = 0.0;
     var acc5_0 = 0.0;
     var acc5_1 = 0.0;
     var acc5_2 = 0.0;
@@ -2578,6 +3843,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc5_5 = 0.0;
     var acc5_6 = 0.0;
     var acc5_7 = 0.0;
+    var acc5_8 = 0.0;
+    var acc5_9 = 0.0;
+    var acc5_10 = 0.0;
+    var acc5_11 = 0.0;
+    var acc5_12 = 0.0;
+    var acc5_13 = 0.0;
+    var acc5_14 = 0.0;
+    var acc5_15 = 0.0;
     var acc6_0 = 0.0;
     var acc6_1 = 0.0;
     var acc6_2 = 0.0;
@@ -2586,6 +3859,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc6_5 = 0.0;
     var acc6_6 = 0.0;
     var acc6_7 = 0.0;
+    var acc6_8 = 0.0;
+    var acc6_9 = 0.0;
+    var acc6_10 = 0.0;
+    var acc6_11 = 0.0;
+    var acc6_12 = 0.0;
+    var acc6_13 = 0.0;
+    var acc6_14 = 0.0;
+    var acc6_15 = 0.0;
     var acc7_0 = 0.0;
     var acc7_1 = 0.0;
     var acc7_2 = 0.0;
@@ -2594,6 +3875,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc7_5 = 0.0;
     var acc7_6 = 0.0;
     var acc7_7 = 0.0;
+    var acc7_8 = 0.0;
+    var acc7_9 = 0.0;
+    var acc7_10 = 0.0;
+    var acc7_11 = 0.0;
+    var acc7_12 = 0.0;
+    var acc7_13 = 0.0;
+    var acc7_14 = 0.0;
+    var acc7_15 = 0.0;
     var acc8_0 = 0.0;
     var acc8_1 = 0.0;
     var acc8_2 = 0.0;
@@ -2602,6 +3891,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc8_5 = 0.0;
     var acc8_6 = 0.0;
     var acc8_7 = 0.0;
+    var acc8_8 = 0.0;
+    var acc8_9 = 0.0;
+    var acc8_10 = 0.0;
+    var acc8_11 = 0.0;
+    var acc8_12 = 0.0;
+    var acc8_13 = 0.0;
+    var acc8_14 = 0.0;
+    var acc8_15 = 0.0;
     var acc9_0 = 0.0;
     var acc9_1 = 0.0;
     var acc9_2 = 0.0;
@@ -2610,6 +3907,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc9_5 = 0.0;
     var acc9_6 = 0.0;
     var acc9_7 = 0.0;
+    var acc9_8 = 0.0;
+    var acc9_9 = 0.0;
+    var acc9_10 = 0.0;
+    var acc9_11 = 0.0;
+    var acc9_12 = 0.0;
+    var acc9_13 = 0.0;
+    var acc9_14 = 0.0;
+    var acc9_15 = 0.0;
     var acc10_0 = 0.0;
     var acc10_1 = 0.0;
     var acc10_2 = 0.0;
@@ -2618,6 +3923,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc10_5 = 0.0;
     var acc10_6 = 0.0;
     var acc10_7 = 0.0;
+    var acc10_8 = 0.0;
+    var acc10_9 = 0.0;
+    var acc10_10 = 0.0;
+    var acc10_11 = 0.0;
+    var acc10_12 = 0.0;
+    var acc10_13 = 0.0;
+    var acc10_14 = 0.0;
+    var acc10_15 = 0.0;
     var acc11_0 = 0.0;
     var acc11_1 = 0.0;
     var acc11_2 = 0.0;
@@ -2626,6 +3939,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc11_5 = 0.0;
     var acc11_6 = 0.0;
     var acc11_7 = 0.0;
+    var acc11_8 = 0.0;
+    var acc11_9 = 0.0;
+    var acc11_10 = 0.0;
+    var acc11_11 = 0.0;
+    var acc11_12 = 0.0;
+    var acc11_13 = 0.0;
+    var acc11_14 = 0.0;
+    var acc11_15 = 0.0;
     var acc12_0 = 0.0;
     var acc12_1 = 0.0;
     var acc12_2 = 0.0;
@@ -2634,6 +3955,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc12_5 = 0.0;
     var acc12_6 = 0.0;
     var acc12_7 = 0.0;
+    var acc12_8 = 0.0;
+    var acc12_9 = 0.0;
+    var acc12_10 = 0.0;
+    var acc12_11 = 0.0;
+    var acc12_12 = 0.0;
+    var acc12_13 = 0.0;
+    var acc12_14 = 0.0;
+    var acc12_15 = 0.0;
     var acc13_0 = 0.0;
     var acc13_1 = 0.0;
     var acc13_2 = 0.0;
@@ -2642,6 +3971,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc13_5 = 0.0;
     var acc13_6 = 0.0;
     var acc13_7 = 0.0;
+    var acc13_8 = 0.0;
+    var acc13_9 = 0.0;
+    var acc13_10 = 0.0;
+    var acc13_11 = 0.0;
+    var acc13_12 = 0.0;
+    var acc13_13 = 0.0;
+    var acc13_14 = 0.0;
+    var acc13_15 = 0.0;
     var acc14_0 = 0.0;
     var acc14_1 = 0.0;
     var acc14_2 = 0.0;
@@ -2650,6 +3987,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc14_5 = 0.0;
     var acc14_6 = 0.0;
     var acc14_7 = 0.0;
+    var acc14_8 = 0.0;
+    var acc14_9 = 0.0;
+    var acc14_10 = 0.0;
+    var acc14_11 = 0.0;
+    var acc14_12 = 0.0;
+    var acc14_13 = 0.0;
+    var acc14_14 = 0.0;
+    var acc14_15 = 0.0;
     var acc15_0 = 0.0;
     var acc15_1 = 0.0;
     var acc15_2 = 0.0;
@@ -2658,6 +4003,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     var acc15_5 = 0.0;
     var acc15_6 = 0.0;
     var acc15_7 = 0.0;
+    var acc15_8 = 0.0;
+    var acc15_9 = 0.0;
+    var acc15_10 = 0.0;
+    var acc15_11 = 0.0;
+    var acc15_12 = 0.0;
+    var acc15_13 = 0.0;
+    var acc15_14 = 0.0;
+    var acc15_15 = 0.0;
     for (var kb = 0u; kb < nb; kb++) {
         let s0 = bitcast<f32>(w_blocks[(b0 + kb) * 9u]);
         let s1 = bitcast<f32>(w_blocks[(b1 + kb) * 9u]);
@@ -2667,6 +4020,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
         let s5 = bitcast<f32>(w_blocks[(b5 + kb) * 9u]);
         let s6 = bitcast<f32>(w_blocks[(b6 + kb) * 9u]);
         let s7 = bitcast<f32>(w_blocks[(b7 + kb) * 9u]);
+        let s8 = bitcast<f32>(w_blocks[(b8 + kb) * 9u]);
+        let s9 = bitcast<f32>(w_blocks[(b9 + kb) * 9u]);
+        let s10 = bitcast<f32>(w_blocks[(b10 + kb) * 9u]);
+        let s11 = bitcast<f32>(w_blocks[(b11 + kb) * 9u]);
+        let s12 = bitcast<f32>(w_blocks[(b12 + kb) * 9u]);
+        let s13 = bitcast<f32>(w_blocks[(b13 + kb) * 9u]);
+        let s14 = bitcast<f32>(w_blocks[(b14 + kb) * 9u]);
+        let s15 = bitcast<f32>(w_blocks[(b15 + kb) * 9u]);
         for (var quad = 0u; quad < 8u; quad++) {
             let kq = kb * 8u + quad;
             let wv0 = q8_0_quad(w_blocks[(b0 + kb) * 9u + 1u + quad], s0);
@@ -2677,6 +4038,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             let wv5 = q8_0_quad(w_blocks[(b5 + kb) * 9u + 1u + quad], s5);
             let wv6 = q8_0_quad(w_blocks[(b6 + kb) * 9u + 1u + quad], s6);
             let wv7 = q8_0_quad(w_blocks[(b7 + kb) * 9u + 1u + quad], s7);
+            let wv8 = q8_0_quad(w_blocks[(b8 + kb) * 9u + 1u + quad], s8);
+            let wv9 = q8_0_quad(w_blocks[(b9 + kb) * 9u + 1u + quad], s9);
+            let wv10 = q8_0_quad(w_blocks[(b10 + kb) * 9u + 1u + quad], s10);
+            let wv11 = q8_0_quad(w_blocks[(b11 + kb) * 9u + 1u + quad], s11);
+            let wv12 = q8_0_quad(w_blocks[(b12 + kb) * 9u + 1u + quad], s12);
+            let wv13 = q8_0_quad(w_blocks[(b13 + kb) * 9u + 1u + quad], s13);
+            let wv14 = q8_0_quad(w_blocks[(b14 + kb) * 9u + 1u + quad], s14);
+            let wv15 = q8_0_quad(w_blocks[(b15 + kb) * 9u + 1u + quad], s15);
             let xv0 = x[x0 + kq];
             acc0_0 = fma(xv0.w, wv0.w, fma(xv0.z, wv0.z, fma(xv0.y, wv0.y, fma(xv0.x, wv0.x, acc0_0))));
             acc0_1 = fma(xv0.w, wv1.w, fma(xv0.z, wv1.z, fma(xv0.y, wv1.y, fma(xv0.x, wv1.x, acc0_1))));
@@ -2686,6 +4055,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc0_5 = fma(xv0.w, wv5.w, fma(xv0.z, wv5.z, fma(xv0.y, wv5.y, fma(xv0.x, wv5.x, acc0_5))));
             acc0_6 = fma(xv0.w, wv6.w, fma(xv0.z, wv6.z, fma(xv0.y, wv6.y, fma(xv0.x, wv6.x, acc0_6))));
             acc0_7 = fma(xv0.w, wv7.w, fma(xv0.z, wv7.z, fma(xv0.y, wv7.y, fma(xv0.x, wv7.x, acc0_7))));
+            acc0_8 = fma(xv0.w, wv8.w, fma(xv0.z, wv8.z, fma(xv0.y, wv8.y, fma(xv0.x, wv8.x, acc0_8))));
+            acc0_9 = fma(xv0.w, wv9.w, fma(xv0.z, wv9.z, fma(xv0.y, wv9.y, fma(xv0.x, wv9.x, acc0_9))));
+            acc0_10 = fma(xv0.w, wv10.w, fma(xv0.z, wv10.z, fma(xv0.y, wv10.y, fma(xv0.x, wv10.x, acc0_10))));
+            acc0_11 = fma(xv0.w, wv11.w, fma(xv0.z, wv11.z, fma(xv0.y, wv11.y, fma(xv0.x, wv11.x, acc0_11))));
+            acc0_12 = fma(xv0.w, wv12.w, fma(xv0.z, wv12.z, fma(xv0.y, wv12.y, fma(xv0.x, wv12.x, acc0_12))));
+            acc0_13 = fma(xv0.w, wv13.w, fma(xv0.z, wv13.z, fma(xv0.y, wv13.y, fma(xv0.x, wv13.x, acc0_13))));
+            acc0_14 = fma(xv0.w, wv14.w, fma(xv0.z, wv14.z, fma(xv0.y, wv14.y, fma(xv0.x, wv14.x, acc0_14))));
+            acc0_15 = fma(xv0.w, wv15.w, fma(xv0.z, wv15.z, fma(xv0.y, wv15.y, fma(xv0.x, wv15.x, acc0_15))));
             let xv1 = x[x1 + kq];
             acc1_0 = fma(xv1.w, wv0.w, fma(xv1.z, wv0.z, fma(xv1.y, wv0.y, fma(xv1.x, wv0.x, acc1_0))));
             acc1_1 = fma(xv1.w, wv1.w, fma(xv1.z, wv1.z, fma(xv1.y, wv1.y, fma(xv1.x, wv1.x, acc1_1))));
@@ -2695,6 +4072,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc1_5 = fma(xv1.w, wv5.w, fma(xv1.z, wv5.z, fma(xv1.y, wv5.y, fma(xv1.x, wv5.x, acc1_5))));
             acc1_6 = fma(xv1.w, wv6.w, fma(xv1.z, wv6.z, fma(xv1.y, wv6.y, fma(xv1.x, wv6.x, acc1_6))));
             acc1_7 = fma(xv1.w, wv7.w, fma(xv1.z, wv7.z, fma(xv1.y, wv7.y, fma(xv1.x, wv7.x, acc1_7))));
+            acc1_8 = fma(xv1.w, wv8.w, fma(xv1.z, wv8.z, fma(xv1.y, wv8.y, fma(xv1.x, wv8.x, acc1_8))));
+            acc1_9 = fma(xv1.w, wv9.w, fma(xv1.z, wv9.z, fma(xv1.y, wv9.y, fma(xv1.x, wv9.x, acc1_9))));
+            acc1_10 = fma(xv1.w, wv10.w, fma(xv1.z, wv10.z, fma(xv1.y, wv10.y, fma(xv1.x, wv10.x, acc1_10))));
+            acc1_11 = fma(xv1.w, wv11.w, fma(xv1.z, wv11.z, fma(xv1.y, wv11.y, fma(xv1.x, wv11.x, acc1_11))));
+            acc1_12 = fma(xv1.w, wv12.w, fma(xv1.z, wv12.z, fma(xv1.y, wv12.y, fma(xv1.x, wv12.x, acc1_12))));
+            acc1_13 = fma(xv1.w, wv13.w, fma(xv1.z, wv13.z, fma(xv1.y, wv13.y, fma(xv1.x, wv13.x, acc1_13))));
+            acc1_14 = fma(xv1.w, wv14.w, fma(xv1.z, wv14.z, fma(xv1.y, wv14.y, fma(xv1.x, wv14.x, acc1_14))));
+            acc1_15 = fma(xv1.w, wv15.w, fma(xv1.z, wv15.z, fma(xv1.y, wv15.y, fma(xv1.x, wv15.x, acc1_15))));
             let xv2 = x[x2 + kq];
             acc2_0 = fma(xv2.w, wv0.w, fma(xv2.z, wv0.z, fma(xv2.y, wv0.y, fma(xv2.x, wv0.x, acc2_0))));
             acc2_1 = fma(xv2.w, wv1.w, fma(xv2.z, wv1.z, fma(xv2.y, wv1.y, fma(xv2.x, wv1.x, acc2_1))));
@@ -2704,6 +4089,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc2_5 = fma(xv2.w, wv5.w, fma(xv2.z, wv5.z, fma(xv2.y, wv5.y, fma(xv2.x, wv5.x, acc2_5))));
             acc2_6 = fma(xv2.w, wv6.w, fma(xv2.z, wv6.z, fma(xv2.y, wv6.y, fma(xv2.x, wv6.x, acc2_6))));
             acc2_7 = fma(xv2.w, wv7.w, fma(xv2.z, wv7.z, fma(xv2.y, wv7.y, fma(xv2.x, wv7.x, acc2_7))));
+            acc2_8 = fma(xv2.w, wv8.w, fma(xv2.z, wv8.z, fma(xv2.y, wv8.y, fma(xv2.x, wv8.x, acc2_8))));
+            acc2_9 = fma(xv2.w, wv9.w, fma(xv2.z, wv9.z, fma(xv2.y, wv9.y, fma(xv2.x, wv9.x, acc2_9))));
+            acc2_10 = fma(xv2.w, wv10.w, fma(xv2.z, wv10.z, fma(xv2.y, wv10.y, fma(xv2.x, wv10.x, acc2_10))));
+            acc2_11 = fma(xv2.w, wv11.w, fma(xv2.z, wv11.z, fma(xv2.y, wv11.y, fma(xv2.x, wv11.x, acc2_11))));
+            acc2_12 = fma(xv2.w, wv12.w, fma(xv2.z, wv12.z, fma(xv2.y, wv12.y, fma(xv2.x, wv12.x, acc2_12))));
+            acc2_13 = fma(xv2.w, wv13.w, fma(xv2.z, wv13.z, fma(xv2.y, wv13.y, fma(xv2.x, wv13.x, acc2_13))));
+            acc2_14 = fma(xv2.w, wv14.w, fma(xv2.z, wv14.z, fma(xv2.y, wv14.y, fma(xv2.x, wv14.x, acc2_14))));
+            acc2_15 = fma(xv2.w, wv15.w, fma(xv2.z, wv15.z, fma(xv2.y, wv15.y, fma(xv2.x, wv15.x, acc2_15))));
             let xv3 = x[x3 + kq];
             acc3_0 = fma(xv3.w, wv0.w, fma(xv3.z, wv0.z, fma(xv3.y, wv0.y, fma(xv3.x, wv0.x, acc3_0))));
             acc3_1 = fma(xv3.w, wv1.w, fma(xv3.z, wv1.z, fma(xv3.y, wv1.y, fma(xv3.x, wv1.x, acc3_1))));
@@ -2713,6 +4106,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc3_5 = fma(xv3.w, wv5.w, fma(xv3.z, wv5.z, fma(xv3.y, wv5.y, fma(xv3.x, wv5.x, acc3_5))));
             acc3_6 = fma(xv3.w, wv6.w, fma(xv3.z, wv6.z, fma(xv3.y, wv6.y, fma(xv3.x, wv6.x, acc3_6))));
             acc3_7 = fma(xv3.w, wv7.w, fma(xv3.z, wv7.z, fma(xv3.y, wv7.y, fma(xv3.x, wv7.x, acc3_7))));
+            acc3_8 = fma(xv3.w, wv8.w, fma(xv3.z, wv8.z, fma(xv3.y, wv8.y, fma(xv3.x, wv8.x, acc3_8))));
+            acc3_9 = fma(xv3.w, wv9.w, fma(xv3.z, wv9.z, fma(xv3.y, wv9.y, fma(xv3.x, wv9.x, acc3_9))));
+            acc3_10 = fma(xv3.w, wv10.w, fma(xv3.z, wv10.z, fma(xv3.y, wv10.y, fma(xv3.x, wv10.x, acc3_10))));
+            acc3_11 = fma(xv3.w, wv11.w, fma(xv3.z, wv11.z, fma(xv3.y, wv11.y, fma(xv3.x, wv11.x, acc3_11))));
+            acc3_12 = fma(xv3.w, wv12.w, fma(xv3.z, wv12.z, fma(xv3.y, wv12.y, fma(xv3.x, wv12.x, acc3_12))));
+            acc3_13 = fma(xv3.w, wv13.w, fma(xv3.z, wv13.z, fma(xv3.y, wv13.y, fma(xv3.x, wv13.x, acc3_13))));
+            acc3_14 = fma(xv3.w, wv14.w, fma(xv3.z, wv14.z, fma(xv3.y, wv14.y, fma(xv3.x, wv14.x, acc3_14))));
+            acc3_15 = fma(xv3.w, wv15.w, fma(xv3.z, wv15.z, fma(xv3.y, wv15.y, fma(xv3.x, wv15.x, acc3_15))));
             let xv4 = x[x4 + kq];
             acc4_0 = fma(xv4.w, wv0.w, fma(xv4.z, wv0.z, fma(xv4.y, wv0.y, fma(xv4.x, wv0.x, acc4_0))));
             acc4_1 = fma(xv4.w, wv1.w, fma(xv4.z, wv1.z, fma(xv4.y, wv1.y, fma(xv4.x, wv1.x, acc4_1))));
@@ -2722,6 +4123,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc4_5 = fma(xv4.w, wv5.w, fma(xv4.z, wv5.z, fma(xv4.y, wv5.y, fma(xv4.x, wv5.x, acc4_5))));
             acc4_6 = fma(xv4.w, wv6.w, fma(xv4.z, wv6.z, fma(xv4.y, wv6.y, fma(xv4.x, wv6.x, acc4_6))));
             acc4_7 = fma(xv4.w, wv7.w, fma(xv4.z, wv7.z, fma(xv4.y, wv7.y, fma(xv4.x, wv7.x, acc4_7))));
+            acc4_8 = fma(xv4.w, wv8.w, fma(xv4.z, wv8.z, fma(xv4.y, wv8.y, fma(xv4.x, wv8.x, acc4_8))));
+            acc4_9 = fma(xv4.w, wv9.w, fma(xv4.z, wv9.z, fma(xv4.y, wv9.y, fma(xv4.x, wv9.x, acc4_9))));
+            acc4_10 = fma(xv4.w, wv10.w, fma(xv4.z, wv10.z, fma(xv4.y, wv10.y, fma(xv4.x, wv10.x, acc4_10))));
+            acc4_11 = fma(xv4.w, wv11.w, fma(xv4.z, wv11.z, fma(xv4.y, wv11.y, fma(xv4.x, wv11.x, acc4_11))));
+            acc4_12 = fma(xv4.w, wv12.w, fma(xv4.z, wv12.z, fma(xv4.y, wv12.y, fma(xv4.x, wv12.x, acc4_12))));
+            acc4_13 = fma(xv4.w, wv13.w, fma(xv4.z, wv13.z, fma(xv4.y, wv13.y, fma(xv4.x, wv13.x, acc4_13))));
+            acc4_14 = fma(xv4.w, wv14.w, fma(xv4.z, wv14.z, fma(xv4.y, wv14.y, fma(xv4.x, wv14.x, acc4_14))));
+            acc4_15 = fma(xv4.w, wv15.w, fma(xv4.z, wv15.z, fma(xv4.y, wv15.y, fma(xv4.x, wv15.x, acc4_15))));
             let xv5 = x[x5 + kq];
             acc5_0 = fma(xv5.w, wv0.w, fma(xv5.z, wv0.z, fma(xv5.y, wv0.y, fma(xv5.x, wv0.x, acc5_0))));
             acc5_1 = fma(xv5.w, wv1.w, fma(xv5.z, wv1.z, fma(xv5.y, wv1.y, fma(xv5.x, wv1.x, acc5_1))));
@@ -2731,6 +4140,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc5_5 = fma(xv5.w, wv5.w, fma(xv5.z, wv5.z, fma(xv5.y, wv5.y, fma(xv5.x, wv5.x, acc5_5))));
             acc5_6 = fma(xv5.w, wv6.w, fma(xv5.z, wv6.z, fma(xv5.y, wv6.y, fma(xv5.x, wv6.x, acc5_6))));
             acc5_7 = fma(xv5.w, wv7.w, fma(xv5.z, wv7.z, fma(xv5.y, wv7.y, fma(xv5.x, wv7.x, acc5_7))));
+            acc5_8 = fma(xv5.w, wv8.w, fma(xv5.z, wv8.z, fma(xv5.y, wv8.y, fma(xv5.x, wv8.x, acc5_8))));
+            acc5_9 = fma(xv5.w, wv9.w, fma(xv5.z, wv9.z, fma(xv5.y, wv9.y, fma(xv5.x, wv9.x, acc5_9))));
+            acc5_10 = fma(xv5.w, wv10.w, fma(xv5.z, wv10.z, fma(xv5.y, wv10.y, fma(xv5.x, wv10.x, acc5_10))));
+            acc5_11 = fma(xv5.w, wv11.w, fma(xv5.z, wv11.z, fma(xv5.y, wv11.y, fma(xv5.x, wv11.x, acc5_11))));
+            acc5_12 = fma(xv5.w, wv12.w, fma(xv5.z, wv12.z, fma(xv5.y, wv12.y, fma(xv5.x, wv12.x, acc5_12))));
+            acc5_13 = fma(xv5.w, wv13.w, fma(xv5.z, wv13.z, fma(xv5.y, wv13.y, fma(xv5.x, wv13.x, acc5_13))));
+            acc5_14 = fma(xv5.w, wv14.w, fma(xv5.z, wv14.z, fma(xv5.y, wv14.y, fma(xv5.x, wv14.x, acc5_14))));
+            acc5_15 = fma(xv5.w, wv15.w, fma(xv5.z, wv15.z, fma(xv5.y, wv15.y, fma(xv5.x, wv15.x, acc5_15))));
             let xv6 = x[x6 + kq];
             acc6_0 = fma(xv6.w, wv0.w, fma(xv6.z, wv0.z, fma(xv6.y, wv0.y, fma(xv6.x, wv0.x, acc6_0))));
             acc6_1 = fma(xv6.w, wv1.w, fma(xv6.z, wv1.z, fma(xv6.y, wv1.y, fma(xv6.x, wv1.x, acc6_1))));
@@ -2740,6 +4157,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc6_5 = fma(xv6.w, wv5.w, fma(xv6.z, wv5.z, fma(xv6.y, wv5.y, fma(xv6.x, wv5.x, acc6_5))));
             acc6_6 = fma(xv6.w, wv6.w, fma(xv6.z, wv6.z, fma(xv6.y, wv6.y, fma(xv6.x, wv6.x, acc6_6))));
             acc6_7 = fma(xv6.w, wv7.w, fma(xv6.z, wv7.z, fma(xv6.y, wv7.y, fma(xv6.x, wv7.x, acc6_7))));
+            acc6_8 = fma(xv6.w, wv8.w, fma(xv6.z, wv8.z, fma(xv6.y, wv8.y, fma(xv6.x, wv8.x, acc6_8))));
+            acc6_9 = fma(xv6.w, wv9.w, fma(xv6.z, wv9.z, fma(xv6.y, wv9.y, fma(xv6.x, wv9.x, acc6_9))));
+            acc6_10 = fma(xv6.w, wv10.w, fma(xv6.z, wv10.z, fma(xv6.y, wv10.y, fma(xv6.x, wv10.x, acc6_10))));
+            acc6_11 = fma(xv6.w, wv11.w, fma(xv6.z, wv11.z, fma(xv6.y, wv11.y, fma(xv6.x, wv11.x, acc6_11))));
+            acc6_12 = fma(xv6.w, wv12.w, fma(xv6.z, wv12.z, fma(xv6.y, wv12.y, fma(xv6.x, wv12.x, acc6_12))));
+            acc6_13 = fma(xv6.w, wv13.w, fma(xv6.z, wv13.z, fma(xv6.y, wv13.y, fma(xv6.x, wv13.x, acc6_13))));
+            acc6_14 = fma(xv6.w, wv14.w, fma(xv6.z, wv14.z, fma(xv6.y, wv14.y, fma(xv6.x, wv14.x, acc6_14))));
+            acc6_15 = fma(xv6.w, wv15.w, fma(xv6.z, wv15.z, fma(xv6.y, wv15.y, fma(xv6.x, wv15.x, acc6_15))));
             let xv7 = x[x7 + kq];
             acc7_0 = fma(xv7.w, wv0.w, fma(xv7.z, wv0.z, fma(xv7.y, wv0.y, fma(xv7.x, wv0.x, acc7_0))));
             acc7_1 = fma(xv7.w, wv1.w, fma(xv7.z, wv1.z, fma(xv7.y, wv1.y, fma(xv7.x, wv1.x, acc7_1))));
@@ -2749,6 +4174,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc7_5 = fma(xv7.w, wv5.w, fma(xv7.z, wv5.z, fma(xv7.y, wv5.y, fma(xv7.x, wv5.x, acc7_5))));
             acc7_6 = fma(xv7.w, wv6.w, fma(xv7.z, wv6.z, fma(xv7.y, wv6.y, fma(xv7.x, wv6.x, acc7_6))));
             acc7_7 = fma(xv7.w, wv7.w, fma(xv7.z, wv7.z, fma(xv7.y, wv7.y, fma(xv7.x, wv7.x, acc7_7))));
+            acc7_8 = fma(xv7.w, wv8.w, fma(xv7.z, wv8.z, fma(xv7.y, wv8.y, fma(xv7.x, wv8.x, acc7_8))));
+            acc7_9 = fma(xv7.w, wv9.w, fma(xv7.z, wv9.z, fma(xv7.y, wv9.y, fma(xv7.x, wv9.x, acc7_9))));
+            acc7_10 = fma(xv7.w, wv10.w, fma(xv7.z, wv10.z, fma(xv7.y, wv10.y, fma(xv7.x, wv10.x, acc7_10))));
+            acc7_11 = fma(xv7.w, wv11.w, fma(xv7.z, wv11.z, fma(xv7.y, wv11.y, fma(xv7.x, wv11.x, acc7_11))));
+            acc7_12 = fma(xv7.w, wv12.w, fma(xv7.z, wv12.z, fma(xv7.y, wv12.y, fma(xv7.x, wv12.x, acc7_12))));
+            acc7_13 = fma(xv7.w, wv13.w, fma(xv7.z, wv13.z, fma(xv7.y, wv13.y, fma(xv7.x, wv13.x, acc7_13))));
+            acc7_14 = fma(xv7.w, wv14.w, fma(xv7.z, wv14.z, fma(xv7.y, wv14.y, fma(xv7.x, wv14.x, acc7_14))));
+            acc7_15 = fma(xv7.w, wv15.w, fma(xv7.z, wv15.z, fma(xv7.y, wv15.y, fma(xv7.x, wv15.x, acc7_15))));
             let xv8 = x[x8 + kq];
             acc8_0 = fma(xv8.w, wv0.w, fma(xv8.z, wv0.z, fma(xv8.y, wv0.y, fma(xv8.x, wv0.x, acc8_0))));
             acc8_1 = fma(xv8.w, wv1.w, fma(xv8.z, wv1.z, fma(xv8.y, wv1.y, fma(xv8.x, wv1.x, acc8_1))));
@@ -2758,6 +4191,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc8_5 = fma(xv8.w, wv5.w, fma(xv8.z, wv5.z, fma(xv8.y, wv5.y, fma(xv8.x, wv5.x, acc8_5))));
             acc8_6 = fma(xv8.w, wv6.w, fma(xv8.z, wv6.z, fma(xv8.y, wv6.y, fma(xv8.x, wv6.x, acc8_6))));
             acc8_7 = fma(xv8.w, wv7.w, fma(xv8.z, wv7.z, fma(xv8.y, wv7.y, fma(xv8.x, wv7.x, acc8_7))));
+            acc8_8 = fma(xv8.w, wv8.w, fma(xv8.z, wv8.z, fma(xv8.y, wv8.y, fma(xv8.x, wv8.x, acc8_8))));
+            acc8_9 = fma(xv8.w, wv9.w, fma(xv8.z, wv9.z, fma(xv8.y, wv9.y, fma(xv8.x, wv9.x, acc8_9))));
+            acc8_10 = fma(xv8.w, wv10.w, fma(xv8.z, wv10.z, fma(xv8.y, wv10.y, fma(xv8.x, wv10.x, acc8_10))));
+            acc8_11 = fma(xv8.w, wv11.w, fma(xv8.z, wv11.z, fma(xv8.y, wv11.y, fma(xv8.x, wv11.x, acc8_11))));
+            acc8_12 = fma(xv8.w, wv12.w, fma(xv8.z, wv12.z, fma(xv8.y, wv12.y, fma(xv8.x, wv12.x, acc8_12))));
+            acc8_13 = fma(xv8.w, wv13.w, fma(xv8.z, wv13.z, fma(xv8.y, wv13.y, fma(xv8.x, wv13.x, acc8_13))));
+            acc8_14 = fma(xv8.w, wv14.w, fma(xv8.z, wv14.z, fma(xv8.y, wv14.y, fma(xv8.x, wv14.x, acc8_14))));
+            acc8_15 = fma(xv8.w, wv15.w, fma(xv8.z, wv15.z, fma(xv8.y, wv15.y, fma(xv8.x, wv15.x, acc8_15))));
             let xv9 = x[x9 + kq];
             acc9_0 = fma(xv9.w, wv0.w, fma(xv9.z, wv0.z, fma(xv9.y, wv0.y, fma(xv9.x, wv0.x, acc9_0))));
             acc9_1 = fma(xv9.w, wv1.w, fma(xv9.z, wv1.z, fma(xv9.y, wv1.y, fma(xv9.x, wv1.x, acc9_1))));
@@ -2767,6 +4208,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc9_5 = fma(xv9.w, wv5.w, fma(xv9.z, wv5.z, fma(xv9.y, wv5.y, fma(xv9.x, wv5.x, acc9_5))));
             acc9_6 = fma(xv9.w, wv6.w, fma(xv9.z, wv6.z, fma(xv9.y, wv6.y, fma(xv9.x, wv6.x, acc9_6))));
             acc9_7 = fma(xv9.w, wv7.w, fma(xv9.z, wv7.z, fma(xv9.y, wv7.y, fma(xv9.x, wv7.x, acc9_7))));
+            acc9_8 = fma(xv9.w, wv8.w, fma(xv9.z, wv8.z, fma(xv9.y, wv8.y, fma(xv9.x, wv8.x, acc9_8))));
+            acc9_9 = fma(xv9.w, wv9.w, fma(xv9.z, wv9.z, fma(xv9.y, wv9.y, fma(xv9.x, wv9.x, acc9_9))));
+            acc9_10 = fma(xv9.w, wv10.w, fma(xv9.z, wv10.z, fma(xv9.y, wv10.y, fma(xv9.x, wv10.x, acc9_10))));
+            acc9_11 = fma(xv9.w, wv11.w, fma(xv9.z, wv11.z, fma(xv9.y, wv11.y, fma(xv9.x, wv11.x, acc9_11))));
+            acc9_12 = fma(xv9.w, wv12.w, fma(xv9.z, wv12.z, fma(xv9.y, wv12.y, fma(xv9.x, wv12.x, acc9_12))));
+            acc9_13 = fma(xv9.w, wv13.w, fma(xv9.z, wv13.z, fma(xv9.y, wv13.y, fma(xv9.x, wv13.x, acc9_13))));
+            acc9_14 = fma(xv9.w, wv14.w, fma(xv9.z, wv14.z, fma(xv9.y, wv14.y, fma(xv9.x, wv14.x, acc9_14))));
+            acc9_15 = fma(xv9.w, wv15.w, fma(xv9.z, wv15.z, fma(xv9.y, wv15.y, fma(xv9.x, wv15.x, acc9_15))));
             let xv10 = x[x10 + kq];
             acc10_0 = fma(xv10.w, wv0.w, fma(xv10.z, wv0.z, fma(xv10.y, wv0.y, fma(xv10.x, wv0.x, acc10_0))));
             acc10_1 = fma(xv10.w, wv1.w, fma(xv10.z, wv1.z, fma(xv10.y, wv1.y, fma(xv10.x, wv1.x, acc10_1))));
@@ -2776,6 +4225,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc10_5 = fma(xv10.w, wv5.w, fma(xv10.z, wv5.z, fma(xv10.y, wv5.y, fma(xv10.x, wv5.x, acc10_5))));
             acc10_6 = fma(xv10.w, wv6.w, fma(xv10.z, wv6.z, fma(xv10.y, wv6.y, fma(xv10.x, wv6.x, acc10_6))));
             acc10_7 = fma(xv10.w, wv7.w, fma(xv10.z, wv7.z, fma(xv10.y, wv7.y, fma(xv10.x, wv7.x, acc10_7))));
+            acc10_8 = fma(xv10.w, wv8.w, fma(xv10.z, wv8.z, fma(xv10.y, wv8.y, fma(xv10.x, wv8.x, acc10_8))));
+            acc10_9 = fma(xv10.w, wv9.w, fma(xv10.z, wv9.z, fma(xv10.y, wv9.y, fma(xv10.x, wv9.x, acc10_9))));
+            acc10_10 = fma(xv10.w, wv10.w, fma(xv10.z, wv10.z, fma(xv10.y, wv10.y, fma(xv10.x, wv10.x, acc10_10))));
+            acc10_11 = fma(xv10.w, wv11.w, fma(xv10.z, wv11.z, fma(xv10.y, wv11.y, fma(xv10.x, wv11.x, acc10_11))));
+            acc10_12 = fma(xv10.w, wv12.w, fma(xv10.z, wv12.z, fma(xv10.y, wv12.y, fma(xv10.x, wv12.x, acc10_12))));
+            acc10_13 = fma(xv10.w, wv13.w, fma(xv10.z, wv13.z, fma(xv10.y, wv13.y, fma(xv10.x, wv13.x, acc10_13))));
+            acc10_14 = fma(xv10.w, wv14.w, fma(xv10.z, wv14.z, fma(xv10.y, wv14.y, fma(xv10.x, wv14.x, acc10_14))));
+            acc10_15 = fma(xv10.w, wv15.w, fma(xv10.z, wv15.z, fma(xv10.y, wv15.y, fma(xv10.x, wv15.x, acc10_15))));
             let xv11 = x[x11 + kq];
             acc11_0 = fma(xv11.w, wv0.w, fma(xv11.z, wv0.z, fma(xv11.y, wv0.y, fma(xv11.x, wv0.x, acc11_0))));
             acc11_1 = fma(xv11.w, wv1.w, fma(xv11.z, wv1.z, fma(xv11.y, wv1.y, fma(xv11.x, wv1.x, acc11_1))));
@@ -2785,6 +4242,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc11_5 = fma(xv11.w, wv5.w, fma(xv11.z, wv5.z, fma(xv11.y, wv5.y, fma(xv11.x, wv5.x, acc11_5))));
             acc11_6 = fma(xv11.w, wv6.w, fma(xv11.z, wv6.z, fma(xv11.y, wv6.y, fma(xv11.x, wv6.x, acc11_6))));
             acc11_7 = fma(xv11.w, wv7.w, fma(xv11.z, wv7.z, fma(xv11.y, wv7.y, fma(xv11.x, wv7.x, acc11_7))));
+            acc11_8 = fma(xv11.w, wv8.w, fma(xv11.z, wv8.z, fma(xv11.y, wv8.y, fma(xv11.x, wv8.x, acc11_8))));
+            acc11_9 = fma(xv11.w, wv9.w, fma(xv11.z, wv9.z, fma(xv11.y, wv9.y, fma(xv11.x, wv9.x, acc11_9))));
+            acc11_10 = fma(xv11.w, wv10.w, fma(xv11.z, wv10.z, fma(xv11.y, wv10.y, fma(xv11.x, wv10.x, acc11_10))));
+            acc11_11 = fma(xv11.w, wv11.w, fma(xv11.z, wv11.z, fma(xv11.y, wv11.y, fma(xv11.x, wv11.x, acc11_11))));
+            acc11_12 = fma(xv11.w, wv12.w, fma(xv11.z, wv12.z, fma(xv11.y, wv12.y, fma(xv11.x, wv12.x, acc11_12))));
+            acc11_13 = fma(xv11.w, wv13.w, fma(xv11.z, wv13.z, fma(xv11.y, wv13.y, fma(xv11.x, wv13.x, acc11_13))));
+            acc11_14 = fma(xv11.w, wv14.w, fma(xv11.z, wv14.z, fma(xv11.y, wv14.y, fma(xv11.x, wv14.x, acc11_14))));
+            acc11_15 = fma(xv11.w, wv15.w, fma(xv11.z, wv15.z, fma(xv11.y, wv15.y, fma(xv11.x, wv15.x, acc11_15))));
             let xv12 = x[x12 + kq];
             acc12_0 = fma(xv12.w, wv0.w, fma(xv12.z, wv0.z, fma(xv12.y, wv0.y, fma(xv12.x, wv0.x, acc12_0))));
             acc12_1 = fma(xv12.w, wv1.w, fma(xv12.z, wv1.z, fma(xv12.y, wv1.y, fma(xv12.x, wv1.x, acc12_1))));
@@ -2794,6 +4259,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc12_5 = fma(xv12.w, wv5.w, fma(xv12.z, wv5.z, fma(xv12.y, wv5.y, fma(xv12.x, wv5.x, acc12_5))));
             acc12_6 = fma(xv12.w, wv6.w, fma(xv12.z, wv6.z, fma(xv12.y, wv6.y, fma(xv12.x, wv6.x, acc12_6))));
             acc12_7 = fma(xv12.w, wv7.w, fma(xv12.z, wv7.z, fma(xv12.y, wv7.y, fma(xv12.x, wv7.x, acc12_7))));
+            acc12_8 = fma(xv12.w, wv8.w, fma(xv12.z, wv8.z, fma(xv12.y, wv8.y, fma(xv12.x, wv8.x, acc12_8))));
+            acc12_9 = fma(xv12.w, wv9.w, fma(xv12.z, wv9.z, fma(xv12.y, wv9.y, fma(xv12.x, wv9.x, acc12_9))));
+            acc12_10 = fma(xv12.w, wv10.w, fma(xv12.z, wv10.z, fma(xv12.y, wv10.y, fma(xv12.x, wv10.x, acc12_10))));
+            acc12_11 = fma(xv12.w, wv11.w, fma(xv12.z, wv11.z, fma(xv12.y, wv11.y, fma(xv12.x, wv11.x, acc12_11))));
+            acc12_12 = fma(xv12.w, wv12.w, fma(xv12.z, wv12.z, fma(xv12.y, wv12.y, fma(xv12.x, wv12.x, acc12_12))));
+            acc12_13 = fma(xv12.w, wv13.w, fma(xv12.z, wv13.z, fma(xv12.y, wv13.y, fma(xv12.x, wv13.x, acc12_13))));
+            acc12_14 = fma(xv12.w, wv14.w, fma(xv12.z, wv14.z, fma(xv12.y, wv14.y, fma(xv12.x, wv14.x, acc12_14))));
+            acc12_15 = fma(xv12.w, wv15.w, fma(xv12.z, wv15.z, fma(xv12.y, wv15.y, fma(xv12.x, wv15.x, acc12_15))));
             let xv13 = x[x13 + kq];
             acc13_0 = fma(xv13.w, wv0.w, fma(xv13.z, wv0.z, fma(xv13.y, wv0.y, fma(xv13.x, wv0.x, acc13_0))));
             acc13_1 = fma(xv13.w, wv1.w, fma(xv13.z, wv1.z, fma(xv13.y, wv1.y, fma(xv13.x, wv1.x, acc13_1))));
@@ -2803,6 +4276,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc13_5 = fma(xv13.w, wv5.w, fma(xv13.z, wv5.z, fma(xv13.y, wv5.y, fma(xv13.x, wv5.x, acc13_5))));
             acc13_6 = fma(xv13.w, wv6.w, fma(xv13.z, wv6.z, fma(xv13.y, wv6.y, fma(xv13.x, wv6.x, acc13_6))));
             acc13_7 = fma(xv13.w, wv7.w, fma(xv13.z, wv7.z, fma(xv13.y, wv7.y, fma(xv13.x, wv7.x, acc13_7))));
+            acc13_8 = fma(xv13.w, wv8.w, fma(xv13.z, wv8.z, fma(xv13.y, wv8.y, fma(xv13.x, wv8.x, acc13_8))));
+            acc13_9 = fma(xv13.w, wv9.w, fma(xv13.z, wv9.z, fma(xv13.y, wv9.y, fma(xv13.x, wv9.x, acc13_9))));
+            acc13_10 = fma(xv13.w, wv10.w, fma(xv13.z, wv10.z, fma(xv13.y, wv10.y, fma(xv13.x, wv10.x, acc13_10))));
+            acc13_11 = fma(xv13.w, wv11.w, fma(xv13.z, wv11.z, fma(xv13.y, wv11.y, fma(xv13.x, wv11.x, acc13_11))));
+            acc13_12 = fma(xv13.w, wv12.w, fma(xv13.z, wv12.z, fma(xv13.y, wv12.y, fma(xv13.x, wv12.x, acc13_12))));
+            acc13_13 = fma(xv13.w, wv13.w, fma(xv13.z, wv13.z, fma(xv13.y, wv13.y, fma(xv13.x, wv13.x, acc13_13))));
+            acc13_14 = fma(xv13.w, wv14.w, fma(xv13.z, wv14.z, fma(xv13.y, wv14.y, fma(xv13.x, wv14.x, acc13_14))));
+            acc13_15 = fma(xv13.w, wv15.w, fma(xv13.z, wv15.z, fma(xv13.y, wv15.y, fma(xv13.x, wv15.x, acc13_15))));
             let xv14 = x[x14 + kq];
             acc14_0 = fma(xv14.w, wv0.w, fma(xv14.z, wv0.z, fma(xv14.y, wv0.y, fma(xv14.x, wv0.x, acc14_0))));
             acc14_1 = fma(xv14.w, wv1.w, fma(xv14.z, wv1.z, fma(xv14.y, wv1.y, fma(xv14.x, wv1.x, acc14_1))));
@@ -2812,6 +4293,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc14_5 = fma(xv14.w, wv5.w, fma(xv14.z, wv5.z, fma(xv14.y, wv5.y, fma(xv14.x, wv5.x, acc14_5))));
             acc14_6 = fma(xv14.w, wv6.w, fma(xv14.z, wv6.z, fma(xv14.y, wv6.y, fma(xv14.x, wv6.x, acc14_6))));
             acc14_7 = fma(xv14.w, wv7.w, fma(xv14.z, wv7.z, fma(xv14.y, wv7.y, fma(xv14.x, wv7.x, acc14_7))));
+            acc14_8 = fma(xv14.w, wv8.w, fma(xv14.z, wv8.z, fma(xv14.y, wv8.y, fma(xv14.x, wv8.x, acc14_8))));
+            acc14_9 = fma(xv14.w, wv9.w, fma(xv14.z, wv9.z, fma(xv14.y, wv9.y, fma(xv14.x, wv9.x, acc14_9))));
+            acc14_10 = fma(xv14.w, wv10.w, fma(xv14.z, wv10.z, fma(xv14.y, wv10.y, fma(xv14.x, wv10.x, acc14_10))));
+            acc14_11 = fma(xv14.w, wv11.w, fma(xv14.z, wv11.z, fma(xv14.y, wv11.y, fma(xv14.x, wv11.x, acc14_11))));
+            acc14_12 = fma(xv14.w, wv12.w, fma(xv14.z, wv12.z, fma(xv14.y, wv12.y, fma(xv14.x, wv12.x, acc14_12))));
+            acc14_13 = fma(xv14.w, wv13.w, fma(xv14.z, wv13.z, fma(xv14.y, wv13.y, fma(xv14.x, wv13.x, acc14_13))));
+            acc14_14 = fma(xv14.w, wv14.w, fma(xv14.z, wv14.z, fma(xv14.y, wv14.y, fma(xv14.x, wv14.x, acc14_14))));
+            acc14_15 = fma(xv14.w, wv15.w, fma(xv14.z, wv15.z, fma(xv14.y, wv15.y, fma(xv14.x, wv15.x, acc14_15))));
             let xv15 = x[x15 + kq];
             acc15_0 = fma(xv15.w, wv0.w, fma(xv15.z, wv0.z, fma(xv15.y, wv0.y, fma(xv15.x, wv0.x, acc15_0))));
             acc15_1 = fma(xv15.w, wv1.w, fma(xv15.z, wv1.z, fma(xv15.y, wv1.y, fma(xv15.x, wv1.x, acc15_1))));
@@ -2821,6 +4310,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
             acc15_5 = fma(xv15.w, wv5.w, fma(xv15.z, wv5.z, fma(xv15.y, wv5.y, fma(xv15.x, wv5.x, acc15_5))));
             acc15_6 = fma(xv15.w, wv6.w, fma(xv15.z, wv6.z, fma(xv15.y, wv6.y, fma(xv15.x, wv6.x, acc15_6))));
             acc15_7 = fma(xv15.w, wv7.w, fma(xv15.z, wv7.z, fma(xv15.y, wv7.y, fma(xv15.x, wv7.x, acc15_7))));
+            acc15_8 = fma(xv15.w, wv8.w, fma(xv15.z, wv8.z, fma(xv15.y, wv8.y, fma(xv15.x, wv8.x, acc15_8))));
+            acc15_9 = fma(xv15.w, wv9.w, fma(xv15.z, wv9.z, fma(xv15.y, wv9.y, fma(xv15.x, wv9.x, acc15_9))));
+            acc15_10 = fma(xv15.w, wv10.w, fma(xv15.z, wv10.z, fma(xv15.y, wv10.y, fma(xv15.x, wv10.x, acc15_10))));
+            acc15_11 = fma(xv15.w, wv11.w, fma(xv15.z, wv11.z, fma(xv15.y, wv11.y, fma(xv15.x, wv11.x, acc15_11))));
+            acc15_12 = fma(xv15.w, wv12.w, fma(xv15.z, wv12.z, fma(xv15.y, wv12.y, fma(xv15.x, wv12.x, acc15_12))));
+            acc15_13 = fma(xv15.w, wv13.w, fma(xv15.z, wv13.z, fma(xv15.y, wv13.y, fma(xv15.x, wv13.x, acc15_13))));
+            acc15_14 = fma(xv15.w, wv14.w, fma(xv15.z, wv14.z, fma(xv15.y, wv14.y, fma(xv15.x, wv14.x, acc15_14))));
+            acc15_15 = fma(xv15.w, wv15.w, fma(xv15.z, wv15.z, fma(xv15.y, wv15.y, fma(xv15.x, wv15.x, acc15_15))));
         }
     }
     if (r0 + 0u < p.m && c0 + 0u < p.n) { put_y(r0 + 0u, c0 + 0u, acc0_0); }
@@ -2831,6 +4328,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 0u < p.m && c0 + 5u < p.n) { put_y(r0 + 0u, c0 + 5u, acc0_5); }
     if (r0 + 0u < p.m && c0 + 6u < p.n) { put_y(r0 + 0u, c0 + 6u, acc0_6); }
     if (r0 + 0u < p.m && c0 + 7u < p.n) { put_y(r0 + 0u, c0 + 7u, acc0_7); }
+    if (r0 + 0u < p.m && c0 + 8u < p.n) { put_y(r0 + 0u, c0 + 8u, acc0_8); }
+    if (r0 + 0u < p.m && c0 + 9u < p.n) { put_y(r0 + 0u, c0 + 9u, acc0_9); }
+    if (r0 + 0u < p.m && c0 + 10u < p.n) { put_y(r0 + 0u, c0 + 10u, acc0_10); }
+    if (r0 + 0u < p.m && c0 + 11u < p.n) { put_y(r0 + 0u, c0 + 11u, acc0_11); }
+    if (r0 + 0u < p.m && c0 + 12u < p.n) { put_y(r0 + 0u, c0 + 12u, acc0_12); }
+    if (r0 + 0u < p.m && c0 + 13u < p.n) { put_y(r0 + 0u, c0 + 13u, acc0_13); }
+    if (r0 + 0u < p.m && c0 + 14u < p.n) { put_y(r0 + 0u, c0 + 14u, acc0_14); }
+    if (r0 + 0u < p.m && c0 + 15u < p.n) { put_y(r0 + 0u, c0 + 15u, acc0_15); }
     if (r0 + 1u < p.m && c0 + 0u < p.n) { put_y(r0 + 1u, c0 + 0u, acc1_0); }
     if (r0 + 1u < p.m && c0 + 1u < p.n) { put_y(r0 + 1u, c0 + 1u, acc1_1); }
     if (r0 + 1u < p.m && c0 + 2u < p.n) { put_y(r0 + 1u, c0 + 2u, acc1_2); }
@@ -2839,6 +4344,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 1u < p.m && c0 + 5u < p.n) { put_y(r0 + 1u, c0 + 5u, acc1_5); }
     if (r0 + 1u < p.m && c0 + 6u < p.n) { put_y(r0 + 1u, c0 + 6u, acc1_6); }
     if (r0 + 1u < p.m && c0 + 7u < p.n) { put_y(r0 + 1u, c0 + 7u, acc1_7); }
+    if (r0 + 1u < p.m && c0 + 8u < p.n) { put_y(r0 + 1u, c0 + 8u, acc1_8); }
+    if (r0 + 1u < p.m && c0 + 9u < p.n) { put_y(r0 + 1u, c0 + 9u, acc1_9); }
+    if (r0 + 1u < p.m && c0 + 10u < p.n) { put_y(r0 + 1u, c0 + 10u, acc1_10); }
+    if (r0 + 1u < p.m && c0 + 11u < p.n) { put_y(r0 + 1u, c0 + 11u, acc1_11); }
+    if (r0 + 1u < p.m && c0 + 12u < p.n) { put_y(r0 + 1u, c0 + 12u, acc1_12); }
+    if (r0 + 1u < p.m && c0 + 13u < p.n) { put_y(r0 + 1u, c0 + 13u, acc1_13); }
+    if (r0 + 1u < p.m && c0 + 14u < p.n) { put_y(r0 + 1u, c0 + 14u, acc1_14); }
+    if (r0 + 1u < p.m && c0 + 15u < p.n) { put_y(r0 + 1u, c0 + 15u, acc1_15); }
     if (r0 + 2u < p.m && c0 + 0u < p.n) { put_y(r0 + 2u, c0 + 0u, acc2_0); }
     if (r0 + 2u < p.m && c0 + 1u < p.n) { put_y(r0 + 2u, c0 + 1u, acc2_1); }
     if (r0 + 2u < p.m && c0 + 2u < p.n) { put_y(r0 + 2u, c0 + 2u, acc2_2); }
@@ -2847,6 +4360,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 2u < p.m && c0 + 5u < p.n) { put_y(r0 + 2u, c0 + 5u, acc2_5); }
     if (r0 + 2u < p.m && c0 + 6u < p.n) { put_y(r0 + 2u, c0 + 6u, acc2_6); }
     if (r0 + 2u < p.m && c0 + 7u < p.n) { put_y(r0 + 2u, c0 + 7u, acc2_7); }
+    if (r0 + 2u < p.m && c0 + 8u < p.n) { put_y(r0 + 2u, c0 + 8u, acc2_8); }
+    if (r0 + 2u < p.m && c0 + 9u < p.n) { put_y(r0 + 2u, c0 + 9u, acc2_9); }
+    if (r0 + 2u < p.m && c0 + 10u < p.n) { put_y(r0 + 2u, c0 + 10u, acc2_10); }
+    if (r0 + 2u < p.m && c0 + 11u < p.n) { put_y(r0 + 2u, c0 + 11u, acc2_11); }
+    if (r0 + 2u < p.m && c0 + 12u < p.n) { put_y(r0 + 2u, c0 + 12u, acc2_12); }
+    if (r0 + 2u < p.m && c0 + 13u < p.n) { put_y(r0 + 2u, c0 + 13u, acc2_13); }
+    if (r0 + 2u < p.m && c0 + 14u < p.n) { put_y(r0 + 2u, c0 + 14u, acc2_14); }
+    if (r0 + 2u < p.m && c0 + 15u < p.n) { put_y(r0 + 2u, c0 + 15u, acc2_15); }
     if (r0 + 3u < p.m && c0 + 0u < p.n) { put_y(r0 + 3u, c0 + 0u, acc3_0); }
     if (r0 + 3u < p.m && c0 + 1u < p.n) { put_y(r0 + 3u, c0 + 1u, acc3_1); }
     if (r0 + 3u < p.m && c0 + 2u < p.n) { put_y(r0 + 3u, c0 + 2u, acc3_2); }
@@ -2855,6 +4376,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 3u < p.m && c0 + 5u < p.n) { put_y(r0 + 3u, c0 + 5u, acc3_5); }
     if (r0 + 3u < p.m && c0 + 6u < p.n) { put_y(r0 + 3u, c0 + 6u, acc3_6); }
     if (r0 + 3u < p.m && c0 + 7u < p.n) { put_y(r0 + 3u, c0 + 7u, acc3_7); }
+    if (r0 + 3u < p.m && c0 + 8u < p.n) { put_y(r0 + 3u, c0 + 8u, acc3_8); }
+    if (r0 + 3u < p.m && c0 + 9u < p.n) { put_y(r0 + 3u, c0 + 9u, acc3_9); }
+    if (r0 + 3u < p.m && c0 + 10u < p.n) { put_y(r0 + 3u, c0 + 10u, acc3_10); }
+    if (r0 + 3u < p.m && c0 + 11u < p.n) { put_y(r0 + 3u, c0 + 11u, acc3_11); }
+    if (r0 + 3u < p.m && c0 + 12u < p.n) { put_y(r0 + 3u, c0 + 12u, acc3_12); }
+    if (r0 + 3u < p.m && c0 + 13u < p.n) { put_y(r0 + 3u, c0 + 13u, acc3_13); }
+    if (r0 + 3u < p.m && c0 + 14u < p.n) { put_y(r0 + 3u, c0 + 14u, acc3_14); }
+    if (r0 + 3u < p.m && c0 + 15u < p.n) { put_y(r0 + 3u, c0 + 15u, acc3_15); }
     if (r0 + 4u < p.m && c0 + 0u < p.n) { put_y(r0 + 4u, c0 + 0u, acc4_0); }
     if (r0 + 4u < p.m && c0 + 1u < p.n) { put_y(r0 + 4u, c0 + 1u, acc4_1); }
     if (r0 + 4u < p.m && c0 + 2u < p.n) { put_y(r0 + 4u, c0 + 2u, acc4_2); }
@@ -2863,6 +4392,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 4u < p.m && c0 + 5u < p.n) { put_y(r0 + 4u, c0 + 5u, acc4_5); }
     if (r0 + 4u < p.m && c0 + 6u < p.n) { put_y(r0 + 4u, c0 + 6u, acc4_6); }
     if (r0 + 4u < p.m && c0 + 7u < p.n) { put_y(r0 + 4u, c0 + 7u, acc4_7); }
+    if (r0 + 4u < p.m && c0 + 8u < p.n) { put_y(r0 + 4u, c0 + 8u, acc4_8); }
+    if (r0 + 4u < p.m && c0 + 9u < p.n) { put_y(r0 + 4u, c0 + 9u, acc4_9); }
+    if (r0 + 4u < p.m && c0 + 10u < p.n) { put_y(r0 + 4u, c0 + 10u, acc4_10); }
+    if (r0 + 4u < p.m && c0 + 11u < p.n) { put_y(r0 + 4u, c0 + 11u, acc4_11); }
+    if (r0 + 4u < p.m && c0 + 12u < p.n) { put_y(r0 + 4u, c0 + 12u, acc4_12); }
+    if (r0 + 4u < p.m && c0 + 13u < p.n) { put_y(r0 + 4u, c0 + 13u, acc4_13); }
+    if (r0 + 4u < p.m && c0 + 14u < p.n) { put_y(r0 + 4u, c0 + 14u, acc4_14); }
+    if (r0 + 4u < p.m && c0 + 15u < p.n) { put_y(r0 + 4u, c0 + 15u, acc4_15); }
     if (r0 + 5u < p.m && c0 + 0u < p.n) { put_y(r0 + 5u, c0 + 0u, acc5_0); }
     if (r0 + 5u < p.m && c0 + 1u < p.n) { put_y(r0 + 5u, c0 + 1u, acc5_1); }
     if (r0 + 5u < p.m && c0 + 2u < p.n) { put_y(r0 + 5u, c0 + 2u, acc5_2); }
@@ -2871,6 +4408,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 5u < p.m && c0 + 5u < p.n) { put_y(r0 + 5u, c0 + 5u, acc5_5); }
     if (r0 + 5u < p.m && c0 + 6u < p.n) { put_y(r0 + 5u, c0 + 6u, acc5_6); }
     if (r0 + 5u < p.m && c0 + 7u < p.n) { put_y(r0 + 5u, c0 + 7u, acc5_7); }
+    if (r0 + 5u < p.m && c0 + 8u < p.n) { put_y(r0 + 5u, c0 + 8u, acc5_8); }
+    if (r0 + 5u < p.m && c0 + 9u < p.n) { put_y(r0 + 5u, c0 + 9u, acc5_9); }
+    if (r0 + 5u < p.m && c0 + 10u < p.n) { put_y(r0 + 5u, c0 + 10u, acc5_10); }
+    if (r0 + 5u < p.m && c0 + 11u < p.n) { put_y(r0 + 5u, c0 + 11u, acc5_11); }
+    if (r0 + 5u < p.m && c0 + 12u < p.n) { put_y(r0 + 5u, c0 + 12u, acc5_12); }
+    if (r0 + 5u < p.m && c0 + 13u < p.n) { put_y(r0 + 5u, c0 + 13u, acc5_13); }
+    if (r0 + 5u < p.m && c0 + 14u < p.n) { put_y(r0 + 5u, c0 + 14u, acc5_14); }
+    if (r0 + 5u < p.m && c0 + 15u < p.n) { put_y(r0 + 5u, c0 + 15u, acc5_15); }
     if (r0 + 6u < p.m && c0 + 0u < p.n) { put_y(r0 + 6u, c0 + 0u, acc6_0); }
     if (r0 + 6u < p.m && c0 + 1u < p.n) { put_y(r0 + 6u, c0 + 1u, acc6_1); }
     if (r0 + 6u < p.m && c0 + 2u < p.n) { put_y(r0 + 6u, c0 + 2u, acc6_2); }
@@ -2879,6 +4424,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 6u < p.m && c0 + 5u < p.n) { put_y(r0 + 6u, c0 + 5u, acc6_5); }
     if (r0 + 6u < p.m && c0 + 6u < p.n) { put_y(r0 + 6u, c0 + 6u, acc6_6); }
     if (r0 + 6u < p.m && c0 + 7u < p.n) { put_y(r0 + 6u, c0 + 7u, acc6_7); }
+    if (r0 + 6u < p.m && c0 + 8u < p.n) { put_y(r0 + 6u, c0 + 8u, acc6_8); }
+    if (r0 + 6u < p.m && c0 + 9u < p.n) { put_y(r0 + 6u, c0 + 9u, acc6_9); }
+    if (r0 + 6u < p.m && c0 + 10u < p.n) { put_y(r0 + 6u, c0 + 10u, acc6_10); }
+    if (r0 + 6u < p.m && c0 + 11u < p.n) { put_y(r0 + 6u, c0 + 11u, acc6_11); }
+    if (r0 + 6u < p.m && c0 + 12u < p.n) { put_y(r0 + 6u, c0 + 12u, acc6_12); }
+    if (r0 + 6u < p.m && c0 + 13u < p.n) { put_y(r0 + 6u, c0 + 13u, acc6_13); }
+    if (r0 + 6u < p.m && c0 + 14u < p.n) { put_y(r0 + 6u, c0 + 14u, acc6_14); }
+    if (r0 + 6u < p.m && c0 + 15u < p.n) { put_y(r0 + 6u, c0 + 15u, acc6_15); }
     if (r0 + 7u < p.m && c0 + 0u < p.n) { put_y(r0 + 7u, c0 + 0u, acc7_0); }
     if (r0 + 7u < p.m && c0 + 1u < p.n) { put_y(r0 + 7u, c0 + 1u, acc7_1); }
     if (r0 + 7u < p.m && c0 + 2u < p.n) { put_y(r0 + 7u, c0 + 2u, acc7_2); }
@@ -2887,6 +4440,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 7u < p.m && c0 + 5u < p.n) { put_y(r0 + 7u, c0 + 5u, acc7_5); }
     if (r0 + 7u < p.m && c0 + 6u < p.n) { put_y(r0 + 7u, c0 + 6u, acc7_6); }
     if (r0 + 7u < p.m && c0 + 7u < p.n) { put_y(r0 + 7u, c0 + 7u, acc7_7); }
+    if (r0 + 7u < p.m && c0 + 8u < p.n) { put_y(r0 + 7u, c0 + 8u, acc7_8); }
+    if (r0 + 7u < p.m && c0 + 9u < p.n) { put_y(r0 + 7u, c0 + 9u, acc7_9); }
+    if (r0 + 7u < p.m && c0 + 10u < p.n) { put_y(r0 + 7u, c0 + 10u, acc7_10); }
+    if (r0 + 7u < p.m && c0 + 11u < p.n) { put_y(r0 + 7u, c0 + 11u, acc7_11); }
+    if (r0 + 7u < p.m && c0 + 12u < p.n) { put_y(r0 + 7u, c0 + 12u, acc7_12); }
+    if (r0 + 7u < p.m && c0 + 13u < p.n) { put_y(r0 + 7u, c0 + 13u, acc7_13); }
+    if (r0 + 7u < p.m && c0 + 14u < p.n) { put_y(r0 + 7u, c0 + 14u, acc7_14); }
+    if (r0 + 7u < p.m && c0 + 15u < p.n) { put_y(r0 + 7u, c0 + 15u, acc7_15); }
     if (r0 + 8u < p.m && c0 + 0u < p.n) { put_y(r0 + 8u, c0 + 0u, acc8_0); }
     if (r0 + 8u < p.m && c0 + 1u < p.n) { put_y(r0 + 8u, c0 + 1u, acc8_1); }
     if (r0 + 8u < p.m && c0 + 2u < p.n) { put_y(r0 + 8u, c0 + 2u, acc8_2); }
@@ -2895,6 +4456,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 8u < p.m && c0 + 5u < p.n) { put_y(r0 + 8u, c0 + 5u, acc8_5); }
     if (r0 + 8u < p.m && c0 + 6u < p.n) { put_y(r0 + 8u, c0 + 6u, acc8_6); }
     if (r0 + 8u < p.m && c0 + 7u < p.n) { put_y(r0 + 8u, c0 + 7u, acc8_7); }
+    if (r0 + 8u < p.m && c0 + 8u < p.n) { put_y(r0 + 8u, c0 + 8u, acc8_8); }
+    if (r0 + 8u < p.m && c0 + 9u < p.n) { put_y(r0 + 8u, c0 + 9u, acc8_9); }
+    if (r0 + 8u < p.m && c0 + 10u < p.n) { put_y(r0 + 8u, c0 + 10u, acc8_10); }
+    if (r0 + 8u < p.m && c0 + 11u < p.n) { put_y(r0 + 8u, c0 + 11u, acc8_11); }
+    if (r0 + 8u < p.m && c0 + 12u < p.n) { put_y(r0 + 8u, c0 + 12u, acc8_12); }
+    if (r0 + 8u < p.m && c0 + 13u < p.n) { put_y(r0 + 8u, c0 + 13u, acc8_13); }
+    if (r0 + 8u < p.m && c0 + 14u < p.n) { put_y(r0 + 8u, c0 + 14u, acc8_14); }
+    if (r0 + 8u < p.m && c0 + 15u < p.n) { put_y(r0 + 8u, c0 + 15u, acc8_15); }
     if (r0 + 9u < p.m && c0 + 0u < p.n) { put_y(r0 + 9u, c0 + 0u, acc9_0); }
     if (r0 + 9u < p.m && c0 + 1u < p.n) { put_y(r0 + 9u, c0 + 1u, acc9_1); }
     if (r0 + 9u < p.m && c0 + 2u < p.n) { put_y(r0 + 9u, c0 + 2u, acc9_2); }
@@ -2903,6 +4472,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 9u < p.m && c0 + 5u < p.n) { put_y(r0 + 9u, c0 + 5u, acc9_5); }
     if (r0 + 9u < p.m && c0 + 6u < p.n) { put_y(r0 + 9u, c0 + 6u, acc9_6); }
     if (r0 + 9u < p.m && c0 + 7u < p.n) { put_y(r0 + 9u, c0 + 7u, acc9_7); }
+    if (r0 + 9u < p.m && c0 + 8u < p.n) { put_y(r0 + 9u, c0 + 8u, acc9_8); }
+    if (r0 + 9u < p.m && c0 + 9u < p.n) { put_y(r0 + 9u, c0 + 9u, acc9_9); }
+    if (r0 + 9u < p.m && c0 + 10u < p.n) { put_y(r0 + 9u, c0 + 10u, acc9_10); }
+    if (r0 + 9u < p.m && c0 + 11u < p.n) { put_y(r0 + 9u, c0 + 11u, acc9_11); }
+    if (r0 + 9u < p.m && c0 + 12u < p.n) { put_y(r0 + 9u, c0 + 12u, acc9_12); }
+    if (r0 + 9u < p.m && c0 + 13u < p.n) { put_y(r0 + 9u, c0 + 13u, acc9_13); }
+    if (r0 + 9u < p.m && c0 + 14u < p.n) { put_y(r0 + 9u, c0 + 14u, acc9_14); }
+    if (r0 + 9u < p.m && c0 + 15u < p.n) { put_y(r0 + 9u, c0 + 15u, acc9_15); }
     if (r0 + 10u < p.m && c0 + 0u < p.n) { put_y(r0 + 10u, c0 + 0u, acc10_0); }
     if (r0 + 10u < p.m && c0 + 1u < p.n) { put_y(r0 + 10u, c0 + 1u, acc10_1); }
     if (r0 + 10u < p.m && c0 + 2u < p.n) { put_y(r0 + 10u, c0 + 2u, acc10_2); }
@@ -2911,6 +4488,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 10u < p.m && c0 + 5u < p.n) { put_y(r0 + 10u, c0 + 5u, acc10_5); }
     if (r0 + 10u < p.m && c0 + 6u < p.n) { put_y(r0 + 10u, c0 + 6u, acc10_6); }
     if (r0 + 10u < p.m && c0 + 7u < p.n) { put_y(r0 + 10u, c0 + 7u, acc10_7); }
+    if (r0 + 10u < p.m && c0 + 8u < p.n) { put_y(r0 + 10u, c0 + 8u, acc10_8); }
+    if (r0 + 10u < p.m && c0 + 9u < p.n) { put_y(r0 + 10u, c0 + 9u, acc10_9); }
+    if (r0 + 10u < p.m && c0 + 10u < p.n) { put_y(r0 + 10u, c0 + 10u, acc10_10); }
+    if (r0 + 10u < p.m && c0 + 11u < p.n) { put_y(r0 + 10u, c0 + 11u, acc10_11); }
+    if (r0 + 10u < p.m && c0 + 12u < p.n) { put_y(r0 + 10u, c0 + 12u, acc10_12); }
+    if (r0 + 10u < p.m && c0 + 13u < p.n) { put_y(r0 + 10u, c0 + 13u, acc10_13); }
+    if (r0 + 10u < p.m && c0 + 14u < p.n) { put_y(r0 + 10u, c0 + 14u, acc10_14); }
+    if (r0 + 10u < p.m && c0 + 15u < p.n) { put_y(r0 + 10u, c0 + 15u, acc10_15); }
     if (r0 + 11u < p.m && c0 + 0u < p.n) { put_y(r0 + 11u, c0 + 0u, acc11_0); }
     if (r0 + 11u < p.m && c0 + 1u < p.n) { put_y(r0 + 11u, c0 + 1u, acc11_1); }
     if (r0 + 11u < p.m && c0 + 2u < p.n) { put_y(r0 + 11u, c0 + 2u, acc11_2); }
@@ -2919,6 +4504,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 11u < p.m && c0 + 5u < p.n) { put_y(r0 + 11u, c0 + 5u, acc11_5); }
     if (r0 + 11u < p.m && c0 + 6u < p.n) { put_y(r0 + 11u, c0 + 6u, acc11_6); }
     if (r0 + 11u < p.m && c0 + 7u < p.n) { put_y(r0 + 11u, c0 + 7u, acc11_7); }
+    if (r0 + 11u < p.m && c0 + 8u < p.n) { put_y(r0 + 11u, c0 + 8u, acc11_8); }
+    if (r0 + 11u < p.m && c0 + 9u < p.n) { put_y(r0 + 11u, c0 + 9u, acc11_9); }
+    if (r0 + 11u < p.m && c0 + 10u < p.n) { put_y(r0 + 11u, c0 + 10u, acc11_10); }
+    if (r0 + 11u < p.m && c0 + 11u < p.n) { put_y(r0 + 11u, c0 + 11u, acc11_11); }
+    if (r0 + 11u < p.m && c0 + 12u < p.n) { put_y(r0 + 11u, c0 + 12u, acc11_12); }
+    if (r0 + 11u < p.m && c0 + 13u < p.n) { put_y(r0 + 11u, c0 + 13u, acc11_13); }
+    if (r0 + 11u < p.m && c0 + 14u < p.n) { put_y(r0 + 11u, c0 + 14u, acc11_14); }
+    if (r0 + 11u < p.m && c0 + 15u < p.n) { put_y(r0 + 11u, c0 + 15u, acc11_15); }
     if (r0 + 12u < p.m && c0 + 0u < p.n) { put_y(r0 + 12u, c0 + 0u, acc12_0); }
     if (r0 + 12u < p.m && c0 + 1u < p.n) { put_y(r0 + 12u, c0 + 1u, acc12_1); }
     if (r0 + 12u < p.m && c0 + 2u < p.n) { put_y(r0 + 12u, c0 + 2u, acc12_2); }
@@ -2927,6 +4520,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 12u < p.m && c0 + 5u < p.n) { put_y(r0 + 12u, c0 + 5u, acc12_5); }
     if (r0 + 12u < p.m && c0 + 6u < p.n) { put_y(r0 + 12u, c0 + 6u, acc12_6); }
     if (r0 + 12u < p.m && c0 + 7u < p.n) { put_y(r0 + 12u, c0 + 7u, acc12_7); }
+    if (r0 + 12u < p.m && c0 + 8u < p.n) { put_y(r0 + 12u, c0 + 8u, acc12_8); }
+    if (r0 + 12u < p.m && c0 + 9u < p.n) { put_y(r0 + 12u, c0 + 9u, acc12_9); }
+    if (r0 + 12u < p.m && c0 + 10u < p.n) { put_y(r0 + 12u, c0 + 10u, acc12_10); }
+    if (r0 + 12u < p.m && c0 + 11u < p.n) { put_y(r0 + 12u, c0 + 11u, acc12_11); }
+    if (r0 + 12u < p.m && c0 + 12u < p.n) { put_y(r0 + 12u, c0 + 12u, acc12_12); }
+    if (r0 + 12u < p.m && c0 + 13u < p.n) { put_y(r0 + 12u, c0 + 13u, acc12_13); }
+    if (r0 + 12u < p.m && c0 + 14u < p.n) { put_y(r0 + 12u, c0 + 14u, acc12_14); }
+    if (r0 + 12u < p.m && c0 + 15u < p.n) { put_y(r0 + 12u, c0 + 15u, acc12_15); }
     if (r0 + 13u < p.m && c0 + 0u < p.n) { put_y(r0 + 13u, c0 + 0u, acc13_0); }
     if (r0 + 13u < p.m && c0 + 1u < p.n) { put_y(r0 + 13u, c0 + 1u, acc13_1); }
     if (r0 + 13u < p.m && c0 + 2u < p.n) { put_y(r0 + 13u, c0 + 2u, acc13_2); }
@@ -2935,6 +4536,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 13u < p.m && c0 + 5u < p.n) { put_y(r0 + 13u, c0 + 5u, acc13_5); }
     if (r0 + 13u < p.m && c0 + 6u < p.n) { put_y(r0 + 13u, c0 + 6u, acc13_6); }
     if (r0 + 13u < p.m && c0 + 7u < p.n) { put_y(r0 + 13u, c0 + 7u, acc13_7); }
+    if (r0 + 13u < p.m && c0 + 8u < p.n) { put_y(r0 + 13u, c0 + 8u, acc13_8); }
+    if (r0 + 13u < p.m && c0 + 9u < p.n) { put_y(r0 + 13u, c0 + 9u, acc13_9); }
+    if (r0 + 13u < p.m && c0 + 10u < p.n) { put_y(r0 + 13u, c0 + 10u, acc13_10); }
+    if (r0 + 13u < p.m && c0 + 11u < p.n) { put_y(r0 + 13u, c0 + 11u, acc13_11); }
+    if (r0 + 13u < p.m && c0 + 12u < p.n) { put_y(r0 + 13u, c0 + 12u, acc13_12); }
+    if (r0 + 13u < p.m && c0 + 13u < p.n) { put_y(r0 + 13u, c0 + 13u, acc13_13); }
+    if (r0 + 13u < p.m && c0 + 14u < p.n) { put_y(r0 + 13u, c0 + 14u, acc13_14); }
+    if (r0 + 13u < p.m && c0 + 15u < p.n) { put_y(r0 + 13u, c0 + 15u, acc13_15); }
     if (r0 + 14u < p.m && c0 + 0u < p.n) { put_y(r0 + 14u, c0 + 0u, acc14_0); }
     if (r0 + 14u < p.m && c0 + 1u < p.n) { put_y(r0 + 14u, c0 + 1u, acc14_1); }
     if (r0 + 14u < p.m && c0 + 2u < p.n) { put_y(r0 + 14u, c0 + 2u, acc14_2); }
@@ -2943,6 +4552,14 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 14u < p.m && c0 + 5u < p.n) { put_y(r0 + 14u, c0 + 5u, acc14_5); }
     if (r0 + 14u < p.m && c0 + 6u < p.n) { put_y(r0 + 14u, c0 + 6u, acc14_6); }
     if (r0 + 14u < p.m && c0 + 7u < p.n) { put_y(r0 + 14u, c0 + 7u, acc14_7); }
+    if (r0 + 14u < p.m && c0 + 8u < p.n) { put_y(r0 + 14u, c0 + 8u, acc14_8); }
+    if (r0 + 14u < p.m && c0 + 9u < p.n) { put_y(r0 + 14u, c0 + 9u, acc14_9); }
+    if (r0 + 14u < p.m && c0 + 10u < p.n) { put_y(r0 + 14u, c0 + 10u, acc14_10); }
+    if (r0 + 14u < p.m && c0 + 11u < p.n) { put_y(r0 + 14u, c0 + 11u, acc14_11); }
+    if (r0 + 14u < p.m && c0 + 12u < p.n) { put_y(r0 + 14u, c0 + 12u, acc14_12); }
+    if (r0 + 14u < p.m && c0 + 13u < p.n) { put_y(r0 + 14u, c0 + 13u, acc14_13); }
+    if (r0 + 14u < p.m && c0 + 14u < p.n) { put_y(r0 + 14u, c0 + 14u, acc14_14); }
+    if (r0 + 14u < p.m && c0 + 15u < p.n) { put_y(r0 + 14u, c0 + 15u, acc14_15); }
     if (r0 + 15u < p.m && c0 + 0u < p.n) { put_y(r0 + 15u, c0 + 0u, acc15_0); }
     if (r0 + 15u < p.m && c0 + 1u < p.n) { put_y(r0 + 15u, c0 + 1u, acc15_1); }
     if (r0 + 15u < p.m && c0 + 2u < p.n) { put_y(r0 + 15u, c0 + 2u, acc15_2); }
@@ -2951,4 +4568,12 @@ fn matmul_columns_q8_0(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(w
     if (r0 + 15u < p.m && c0 + 5u < p.n) { put_y(r0 + 15u, c0 + 5u, acc15_5); }
     if (r0 + 15u < p.m && c0 + 6u < p.n) { put_y(r0 + 15u, c0 + 6u, acc15_6); }
     if (r0 + 15u < p.m && c0 + 7u < p.n) { put_y(r0 + 15u, c0 + 7u, acc15_7); }
+    if (r0 + 15u < p.m && c0 + 8u < p.n) { put_y(r0 + 15u, c0 + 8u, acc15_8); }
+    if (r0 + 15u < p.m && c0 + 9u < p.n) { put_y(r0 + 15u, c0 + 9u, acc15_9); }
+    if (r0 + 15u < p.m && c0 + 10u < p.n) { put_y(r0 + 15u, c0 + 10u, acc15_10); }
+    if (r0 + 15u < p.m && c0 + 11u < p.n) { put_y(r0 + 15u, c0 + 11u, acc15_11); }
+    if (r0 + 15u < p.m && c0 + 12u < p.n) { put_y(r0 + 15u, c0 + 12u, acc15_12); }
+    if (r0 + 15u < p.m && c0 + 13u < p.n) { put_y(r0 + 15u, c0 + 13u, acc15_13); }
+    if (r0 + 15u < p.m && c0 + 14u < p.n) { put_y(r0 + 15u, c0 + 14u, acc15_14); }
+    if (r0 + 15u < p.m && c0 + 15u < p.n) { put_y(r0 + 15u, c0 + 15u, acc15_15); }
 }

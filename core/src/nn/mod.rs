@@ -37,7 +37,7 @@ pub enum LinearKernel {
     Tiled,
     /// nn/matmul_vec4.wgsl `matmul_128`: 128×128 vec4 tiles (k % 4 = 0).
     TiledVec4,
-    /// nn/matmul_vec4.wgsl `matmul_columns`: 16 rows × 8 columns per thread reading vec4 (k % 4
+    /// nn/matmul_vec4.wgsl `matmul_columns`: 16 rows × 16 columns per thread reading vec4 (k % 4
     /// = 0), no workgroup memory; CPU adapters take it past 8 rows (BENCHMARKS.md).
     TiledColumns,
 }
@@ -46,6 +46,8 @@ pub enum LinearKernel {
 /// per thread of the latter (its MV_COLS and MV_ROWS; tests/shaders.rs checks they agree).
 pub const MV_COLS: usize = 8;
 pub const MV_ROWS: usize = 16;
+/// Columns per thread of `matmul_columns` (its MV_BLOCK_COLS).
+pub const MV_BLOCK_COLS: usize = 16;
 /// Threads per workgroup of both (their @workgroup_size).
 pub const COLUMN_THREADS: usize = 32;
 
@@ -364,8 +366,8 @@ fn vec4_grid(kernel: LinearKernel, m: usize, n: usize) -> [u32; 3] {
             let threads = n.div_ceil(MV_COLS);
             [threads.min(32768).div_ceil(COLUMN_THREADS) as u32, threads.div_ceil(32768) as u32, 1]
         }
-        // A workgroup spans COLUMN_THREADS · MV_COLS columns, a row of the grid MV_ROWS rows.
-        LinearKernel::TiledColumns => [n.div_ceil(COLUMN_THREADS * MV_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1],
+        // A workgroup spans COLUMN_THREADS · MV_BLOCK_COLS columns, a row of the grid MV_ROWS rows.
+        LinearKernel::TiledColumns => [n.div_ceil(COLUMN_THREADS * MV_BLOCK_COLS) as u32, m.div_ceil(MV_ROWS) as u32, 1],
         _ => [n.div_ceil(128) as u32, m.div_ceil(128) as u32, 1],
     }
 }
