@@ -90,7 +90,7 @@ fn assert_losses_agree(what: &str, got: &[(u64, u64, f64)], want: &[(u64, u64, f
 /// own element count, one process the whole sum by the whole count (a divisor of 32 × 576 is no
 /// power of two), so the two may differ in their last bit or two; later losses agree to ~10⁻⁷
 /// and the final weights to ~10⁻⁵ of each tensor's largest value after 12 clipped AdamW steps
-/// (measured on lavapipe: 2 × 10⁻⁷ and
+/// (measured on lavapipe with 32-token sequences: 2 × 10⁻⁷ and
 /// 3 × 10⁻⁵: AdamW's first steps move a weight by ±lr whatever its gradient's size, so the sign
 /// of a gradient near zero — the order of its sum — decides them). The gradient norms are the
 /// global batch's: a sum of the ranks' gradients instead of their mean would double them, which

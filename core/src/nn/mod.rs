@@ -42,11 +42,11 @@ pub enum LinearKernel {
     TiledColumns,
 }
 
-/// Columns per thread of nn/matmul_vec4.wgsl's `matvec_columns` and `matmul_columns`, and rows
-/// per thread of the latter (its MV_COLS and MV_ROWS; tests/shaders.rs checks they agree).
+/// Columns per thread of nn/matmul_vec4.wgsl's `matvec_columns`, and rows and columns per
+/// thread of its `matmul_columns` (its MV_COLS, MV_ROWS and MV_BLOCK_COLS; tests/shaders.rs
+/// checks they agree).
 pub const MV_COLS: usize = 8;
 pub const MV_ROWS: usize = 16;
-/// Columns per thread of `matmul_columns` (its MV_BLOCK_COLS).
 pub const MV_BLOCK_COLS: usize = 16;
 /// Threads per workgroup of both (their @workgroup_size).
 pub const COLUMN_THREADS: usize = 32;
