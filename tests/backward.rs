@@ -495,10 +495,15 @@ fn blocked_head_losses_match_the_whole_logits() {
     let mut rec = gpu().recorder();
     let a = HeadLosses {
         student_head: &head_s, student_x: &xs, targets: &targets, rows, block_rows: 50, ce: &ce_b, ce_scale,
-        kl: Some(KlTerm { teacher_head: &head_t, teacher_x: &xt, loss: &kl_b, scale: kl_scale }), d_x: &dx_b, head_grad: Some(&g_b),
+        kl: Some(KlTerm { teacher_head: &head_t, teacher_x: &xt, loss: &kl_b, scale: kl_scale }), d_x: Some(&dx_b), head_grad: Some(&g_b),
     };
     head_losses(&mut rec, &a).unwrap();
+    // The losses alone (a held-out loss: no d_x, no backward products) are the same bits.
+    let (ce_f, kl_f) = (up(&vec![0.0; rows]), up(&vec![0.0; rows]));
+    head_losses(&mut rec, &HeadLosses { ce: &ce_f, kl: Some(KlTerm { teacher_head: &head_t, teacher_x: &xt, loss: &kl_f, scale: kl_scale }), d_x: None, head_grad: None, ..a }).unwrap();
     rec.submit().unwrap();
+    assert_eq!(read(&ce_f, rows), read(&ce_b, rows), "the cross entropy without the backward");
+    assert_eq!(read(&kl_f, rows), read(&kl_b, rows), "the KL without the backward");
     let want = |b: &GpuBuf, n: usize| f64s(&read(b, n));
     assert_close("blocked cross entropy", &read(&ce_b, rows), &want(&ce, rows), 1e-6, 1e-6);
     assert_close("blocked kl", &read(&kl_b, rows), &want(&klv, rows), 1e-6, 1e-5);

@@ -339,6 +339,17 @@ impl LossRows {
     }
 }
 
+/// What a pass over a batch computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// The losses alone (a held-out loss).
+    Loss,
+    /// The losses and their gradients, the gradients zeroed first (a step's first micro-batch).
+    FirstGradients,
+    /// The losses and their gradients, added to those already there.
+    Gradients,
+}
+
 /// The loss parts of a step: each part's mean over the micro-batches (equal slices), from their
 /// rows read back in order.
 fn micro_mean(losses: &[Vec<LossRows>], values: &mut impl Iterator<Item = Vec<f32>>) -> Vec<f64> {
@@ -711,11 +722,12 @@ impl<'g> Distiller<'g> {
         result
     }
 
-    /// The stage's loss on the first block of held-out text (the gradients it leaves behind are
-    /// zeroed by the next step).
+    /// The stage's loss on the first block of held-out text: the forward alone (the training
+    /// step's losses, without their backward).
     fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
         let (micro, _) = self.batch(stage, 0, true);
-        let losses = self.step_gradients(stage, &micro, optimizer)?;
+        let share = 1.0 / micro.len() as f32;
+        let losses = micro.iter().map(|b| self.pass(stage, b, optimizer, Pass::Loss, share)).collect::<Result<Vec<_>>>()?;
         let values = self.gpu.read_many_blocking(&losses.iter().flatten().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
         let mut parts = micro_mean(&losses, &mut values.into_iter());
         for l in losses.into_iter().flatten() {
@@ -735,18 +747,19 @@ impl<'g> Distiller<'g> {
     /// returns each micro-batch's loss parts (per layer, CE and KL, or CE) as they sit on the GPU.
     fn step_gradients(&self, stage: Stage, micro: &[Batch], optimizer: &Optimizer) -> Result<Vec<Vec<LossRows>>> {
         let share = 1.0 / micro.len() as f32;
-        micro.iter().enumerate().map(|(m, b)| self.pass_gradients(stage, b, optimizer, m == 0, share)).collect()
+        micro.iter().enumerate().map(|(m, b)| self.pass(stage, b, optimizer, if m == 0 { Pass::FirstGradients } else { Pass::Gradients }, share)).collect()
     }
 
-    /// One forward/backward pass of `step`'s sequences adding `share` of its loss's gradient to
-    /// the gradients (zeroed first when `first`).
-    fn pass_gradients(&self, stage: Stage, step: &Batch, optimizer: &Optimizer, first: bool, share: f32) -> Result<Vec<LossRows>> {
+    /// One pass of `step`'s sequences: their losses, and unless `kind` is `Pass::Loss` the
+    /// backward adding `share` of the loss's gradient to the gradients (zeroed first by
+    /// `Pass::FirstGradients`).
+    fn pass(&self, stage: Stage, step: &Batch, optimizer: &Optimizer, kind: Pass, share: f32) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.local_batch(), self.config.seq);
         let ids = gpu.upload_u32("ids", &step.inputs)?;
-        let grads = optimizer.grads()?;
+        let grads = if kind == Pass::Loss { None } else { Some(optimizer.grads()?) };
         let mut rec = gpu.recorder();
-        if first {
+        if kind == Pass::FirstGradients {
             optimizer.zero_grads(&mut rec)?;
         }
         // Stage 3 needs the teacher's final hidden states (its logits are made block by block);
@@ -754,8 +767,8 @@ impl<'g> Distiller<'g> {
         let teacher = if stage == Stage::Instruct { None } else { Some(self.teacher.forward_train(&mut rec, &ids, batch, seq, false)?) };
         rec.submit()?;
         let parts = match (stage, &teacher) {
-            (Stage::MixerOutputs | Stage::HiddenStates, Some(t)) => self.layer_losses(stage, t, &grads, share)?,
-            (_, teacher) => self.head_loss(teacher.as_ref(), &ids, step, &grads, share)?,
+            (Stage::MixerOutputs | Stage::HiddenStates, Some(t)) => self.layer_losses(stage, t, grads.as_ref(), share)?,
+            (_, teacher) => self.head_loss(teacher.as_ref(), &ids, step, grads.as_ref(), share)?,
         };
         if let Some(t) = teacher {
             t.release(gpu);
@@ -764,8 +777,9 @@ impl<'g> Distiller<'g> {
         Ok(parts)
     }
 
-    /// Stages 1 and 2, layer by layer against the teacher's activations: the loss of each.
-    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: &Grads, share: f32) -> Result<Vec<LossRows>> {
+    /// Stages 1 and 2, layer by layer against the teacher's activations: the loss of each (and
+    /// its backward into `grads`, where given).
+    fn layer_losses(&self, stage: Stage, teacher: &ModelActs, grads: Option<&Grads>, share: f32) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.local_batch(), self.config.seq);
         let rows = batch * seq;
@@ -783,9 +797,11 @@ impl<'g> Distiller<'g> {
                 let out = rec.temp(rows * d)?;
                 let acts = m.forward_train(&mut rec, &t.xn1, batch, seq, &rope, &out)?;
                 squared_error(&mut rec, &out, &t.mixer_out, rows, d, &LossOut { loss: &loss, grad: &grad, scale: share / (rows * d) as f32, accumulate: false })?;
-                let prefix = format!("layers.{i}.mixer.");
-                let args = BackwardArgs { x: &t.xn1, acts: &acts, rope_back: &rope_back, d_out: &grad };
-                m.backward(&mut rec, &args, &dx, false, &LayerGrads { grads, prefix: &prefix })?;
+                if let Some(grads) = grads {
+                    let prefix = format!("layers.{i}.mixer.");
+                    let args = BackwardArgs { x: &t.xn1, acts: &acts, rope_back: &rope_back, d_out: &grad };
+                    m.backward(&mut rec, &args, &dx, false, &LayerGrads { grads, prefix: &prefix })?;
+                }
                 rec.submit()?;
                 acts.release(gpu);
             } else {
@@ -796,7 +812,9 @@ impl<'g> Distiller<'g> {
                 let target = if last && self.config.stage2_normed_last_target { &teacher.xnf } else { &t.x_out };
                 let acts = self.student.block_forward_train(&mut rec, i, x, batch, seq)?;
                 l2_error(&mut rec, &acts.x_out, target, rows, d, &LossOut { loss: &loss, grad: &grad, scale: share / rows as f32, accumulate: false })?;
-                self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, grads)?;
+                if let Some(grads) = grads {
+                    self.student.block_backward(&mut rec, i, x, &acts, &grad, &dx, batch, seq, grads)?;
+                }
                 rec.submit()?;
                 acts.release(gpu);
             }
@@ -808,8 +826,8 @@ impl<'g> Distiller<'g> {
 
     /// Stage 3: the whole student against the teacher's logits, made block by block from both
     /// final hidden states; [CE, KL]. Instruction tuning (no teacher): [CE] over the targets
-    /// that are not masked.
-    fn head_loss(&self, teacher: Option<&ModelActs>, ids: &GpuBuf, step: &Batch, grads: &Grads, share: f32) -> Result<Vec<LossRows>> {
+    /// that are not masked. The backward into `grads`, where given.
+    fn head_loss(&self, teacher: Option<&ModelActs>, ids: &GpuBuf, step: &Batch, grads: Option<&Grads>, share: f32) -> Result<Vec<LossRows>> {
         let gpu = self.gpu;
         let (batch, seq) = (self.local_batch(), self.config.seq);
         let rows = batch * seq;
@@ -825,7 +843,7 @@ impl<'g> Distiller<'g> {
             };
         // The cross entropy is a mean over the targets it sees.
         let seen = step.targets.iter().filter(|&&t| t != IGNORE).count();
-        let d_x = rec.temp(rows * self.student.config.hidden_size)?;
+        let d_x = grads.map(|_| rec.temp(rows * self.student.config.hidden_size)).transpose()?;
         let (student_head, head_name) = self.student.head();
         let losses = HeadLosses {
             student_head,
@@ -836,11 +854,13 @@ impl<'g> Distiller<'g> {
             ce: &ce,
             ce_scale: if seen == 0 { 0.0 } else { share / seen as f32 },
             kl: teacher.zip(klb.as_ref()).map(|(t, loss)| KlTerm { teacher_head: self.teacher.head().0, teacher_x: &t.xnf, loss, scale: kl_scale }),
-            d_x: &d_x,
-            head_grad: grads.get(head_name),
+            d_x: d_x.as_ref(),
+            head_grad: grads.and_then(|g| g.get(head_name)),
         };
         head_losses(&mut rec, &losses)?;
-        self.student.backward_from_hidden(&mut rec, &step.inputs, &acts, &d_x, batch, seq, grads)?;
+        if let (Some(grads), Some(d_x)) = (grads, &d_x) {
+            self.student.backward_from_hidden(&mut rec, &step.inputs, &acts, d_x, batch, seq, grads)?;
+        }
         rec.retire(target_buf);
         rec.submit()?;
         acts.release(gpu);

@@ -82,9 +82,10 @@ pub struct HeadLosses<'a> {
     pub ce_scale: f32,
     /// KL(p_teacher ‖ p_student) added to the loss (stage 3), or none (instruction tuning).
     pub kl: Option<KlTerm<'a>>,
-    /// ∂L/∂student_x [rows, hidden], written.
-    pub d_x: &'a GpuBuf,
-    /// The student head's gradient, added to (None when the head is frozen).
+    /// ∂L/∂student_x [rows, hidden], written; None: the losses alone, without the head's
+    /// backward products (a held-out loss).
+    pub d_x: Option<&'a GpuBuf>,
+    /// The student head's gradient, added to (None when the head is frozen or `d_x` is None).
     pub head_grad: Option<&'a GpuBuf>,
 }
 
@@ -110,7 +111,7 @@ pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
     let head = a.student_head.whole()?;
     for r0 in (0..rows).step_by(block) {
         let n = block.min(rows - r0);
-        let (xs, dx) = (a.student_x.view(r0 * d, n * d)?, a.d_x.view(r0 * d, n * d)?);
+        let xs = a.student_x.view(r0 * d, n * d)?;
         project(rec, &xs, a.student_head, &student, n, false)?;
         let targets = a.targets.view(r0, n)?;
         cross_entropy(rec, &student, &targets, n, vocab, &LossOut { loss: &a.ce.view(r0, n)?, grad: &d_logits, scale: a.ce_scale, accumulate: false })?;
@@ -118,7 +119,8 @@ pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
             project(rec, &t.teacher_x.view(r0 * d, n * d)?, t.teacher_head, teacher, n, false)?;
             kl(rec, &student, teacher, n, vocab, &LossOut { loss: &t.loss.view(r0, n)?, grad: &d_logits, scale: t.scale, accumulate: true })?;
         }
-        linear_backward_input(rec, &d_logits, head, &dx, Gemm { m: n, n: vocab, k: d }, false)?;
+        let Some(d_x) = a.d_x else { continue };
+        linear_backward_input(rec, &d_logits, head, &d_x.view(r0 * d, n * d)?, Gemm { m: n, n: vocab, k: d }, false)?;
         if let Some(g) = a.head_grad {
             linear_backward_weight(rec, &d_logits, &xs, g, Gemm { m: n, n: vocab, k: d }, true)?;
         }
