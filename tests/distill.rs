@@ -1,5 +1,5 @@
 //! The distillation on the real SmolLM2-135M truncated to 2 blocks (`--layers 2`): stage 1
-//! lowers its held-out loss tenfold for every mixer, stages 2 and 3 lower theirs, a run killed
+//! lowers its held-out loss fivefold for every mixer, stages 2 and 3 lower theirs, a run killed
 //! with SIGKILL and resumed repeats the uninterrupted run's losses step for step, divergence
 //! stops the run naming where, and bad arguments get clear errors.
 use linearize_core::mixers::MixerKind;
@@ -107,11 +107,12 @@ fn stage_losses(events: &[Event], stage: u8) -> (f64, f64) {
 }
 
 /// Stage 1 on its own: 8 sequences of 8 tokens per step through one block, a high learning rate
-/// and a long decay (test-sized budgets: on lavapipe a block's products take about a minute a
-/// run); KDA starts closest to the teacher (its sigmoid output gate) and needs the longest run
-/// for the same ratio (32.6× in 200 steps).
-fn stage_one_lowers_the_loss_tenfold(mixer: MixerKind) {
-    let steps = if mixer.name() == "kda" { 200 } else { 60 };
+/// and a long decay (test-sized budgets: on lavapipe a step takes about a second); at least a
+/// fivefold drop of the held-out loss in 30 steps (on lavapipe: RetNet 10.3×, DeltaNet 12.7×,
+/// GLA 8.7×, …). KDA starts closest to the teacher (its sigmoid output gate) and needs the
+/// longest run for the same ratio (100 steps).
+fn stage_one_lowers_the_loss_fivefold(mixer: MixerKind) {
+    let steps = if mixer.name() == "kda" { 100 } else { 30 };
     // One block, but two for linear attention, whose first block's target is nearly its
     // untrained output already (loss 0.012; 2.8× in 60 steps where block 1 gives the ratio).
     let layers = if mixer.name() == "linear_attn" { 2 } else { 1 };
@@ -125,23 +126,23 @@ fn stage_one_lowers_the_loss_tenfold(mixer: MixerKind) {
     eprintln!("{}: stage-1 held-out loss {before:.4} -> {after:.4} ({:.1}x)", mixer.name(), before / after);
     // Linear attention's feature maps start as the paper's code starts them (weights N(0, 0.02),
     // biases 0): its output starts near 0 and its loss at the teacher's attention output itself
-    // (≈ 2 here, not the 10⁷ of a large random map), from where 60 steps give 6×.
-    let factor = if mixer.name() == "linear_attn" { 4.0 } else { 10.0 };
+    // (≈ 2 here, not the 10⁷ of a large random map), from where 30 steps give 4.8×.
+    let factor = if mixer.name() == "linear_attn" { 3.0 } else { 5.0 };
     assert!(after.is_finite() && before / after >= factor, "{}: stage-1 loss {before} -> {after}, less than {factor}-fold", mixer.name());
 }
 
 // Every registered mixer, in two tests that the harness runs side by side (half each).
 #[test]
-fn stage_one_lowers_the_loss_tenfold_for_the_even_mixers() {
+fn stage_one_lowers_the_loss_fivefold_for_the_even_mixers() {
     for kind in MixerKind::all().step_by(2) {
-        stage_one_lowers_the_loss_tenfold(kind);
+        stage_one_lowers_the_loss_fivefold(kind);
     }
 }
 
 #[test]
-fn stage_one_lowers_the_loss_tenfold_for_the_odd_mixers() {
+fn stage_one_lowers_the_loss_fivefold_for_the_odd_mixers() {
     for kind in MixerKind::all().skip(1).step_by(2) {
-        stage_one_lowers_the_loss_tenfold(kind);
+        stage_one_lowers_the_loss_fivefold(kind);
     }
 }
 
@@ -384,14 +385,15 @@ fn teacher_samples_are_batched_separated_and_deterministic() {
     assert_ne!(a, sample(8), "another seed, other text");
 }
 
-/// `--micro-batches 2`: each step's 4 sequences in two passes of 2 whose gradients add up
-/// (each scaled by 1/2) before one update, against the 4 in one pass — the same data and the same
+/// `--micro-batches 2`: each step's 2 sequences in two passes of 1 whose gradients add up
+/// (each scaled by 1/2) before one update, against the 2 in one pass — the same data and the same
 /// gradient of the step's mean, summed in another order: the first step's loss and gradient norm
 /// agree to rounding, later ones closely, through stages 1–3 (held-out losses included), and a
-/// micro-batch count that does not divide the batch is refused.
+/// micro-batch count that does not divide the batch is refused. Sequences of 16 tokens: stage 3's
+/// products with the 49,152-row head are most of a step's time on lavapipe.
 #[test]
 fn micro_batches_add_up_to_the_whole_batch() {
-    let config = |k: usize| DistillConfig { batch: 4, micro_batches: k, tokens: 3 * 3 * 128, split: [1.0, 1.0, 1.0], ..small(mixer("gated_deltanet"), &[1, 2, 3], [3, 3, 3]) };
+    let config = |k: usize| DistillConfig { batch: 2, seq: 16, micro_batches: k, tokens: 3 * 2 * 32, heldout_tokens: 32, split: [1.0, 1.0, 1.0], ..small(mixer("gated_deltanet"), &[1, 2, 3], [2, 2, 2]) };
     let steps = |events: &[Event]| -> Vec<(u8, usize, f64, f64)> {
         events.iter().filter_map(|e| match e {
             Event::Step(r) => Some((r.stage.number(), r.step, r.loss, r.grad_norm)),
@@ -401,7 +403,7 @@ fn micro_batches_add_up_to_the_whole_batch() {
     let (one, two) = (tempdir("micro-one"), tempdir("micro-two"));
     let (e1, e2) = (run(config(1), &one), run(config(2), &two));
     let (s1, s2) = (steps(&e1), steps(&e2));
-    assert_eq!(s1.len(), 9, "{s1:?}");
+    assert_eq!(s1.len(), 6, "{s1:?}");
     assert_eq!(s1.len(), s2.len());
     for ((stage, step, l1, n1), (_, _, l2, n2)) in s1.iter().zip(&s2) {
         assert!((l1 - l2).abs() <= 1e-5 * l1.abs(), "stage {stage} step {step}: loss {l2} in two passes vs {l1} in one");
