@@ -134,7 +134,8 @@ fn stage4_losses(events: &[Event]) -> (f64, f64) {
 
 /// Stage 4 from a JSONL file alone: the held-out conversations' loss (a mean over their
 /// assistant tokens) goes down, every step reports one part (the cross entropy), and the
-/// student saved after it reloads.
+/// student saved after it reloads. Six steps (on lavapipe 15.24 → 2.68; each step's products
+/// with the 49,152-row head are most of its time there).
 #[test]
 fn instruction_tuning_from_jsonl_lowers_the_held_out_loss() {
     let dir = tempdir("sft-run-jsonl");
@@ -143,7 +144,7 @@ fn instruction_tuning_from_jsonl_lowers_the_held_out_loss() {
         .map(|i| format!("{{\"messages\": [{{\"role\": \"user\", \"content\": \"Say the number {i}.\"}}, {{\"role\": \"assistant\", \"content\": \"The number is {i}.\"}}]}}"))
         .collect();
     std::fs::write(&file, lines.join("\n")).unwrap();
-    let mut c = small(&[Stage::Instruct], 20 * 2 * 63);
+    let mut c = small(&[Stage::Instruct], 6 * 2 * 63);
     c.sft_data = Some(file);
     let out = dir.join("run");
     let events = run(c, &out);
@@ -151,7 +152,7 @@ fn instruction_tuning_from_jsonl_lowers_the_held_out_loss() {
     eprintln!("stage 4 held-out loss {before:.4} -> {after:.4}");
     assert!(after < 0.8 * before, "held-out conversation loss {before} -> {after}");
     let steps: Vec<_> = events.iter().filter_map(|e| if let Event::Step(r) = e { Some(r) } else { None }).collect();
-    assert_eq!(steps.len(), 20);
+    assert_eq!(steps.len(), 6);
     assert!(steps.iter().all(|r| r.stage == Stage::Instruct && r.parts.len() == 1 && r.loss.is_finite()));
     assert!(!out.join(CONVERSATIONS_FILE).exists(), "a JSONL run synthesises nothing");
     let student = linearize_core::model::Model::load_path(&out).unwrap();
