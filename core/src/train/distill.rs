@@ -636,7 +636,7 @@ impl<'g> Distiller<'g> {
         let mut window = Instant::now();
         for step in from..steps {
             let (micro, cursor) = self.batch(stage, step, false);
-            let losses = self.step_gradients(stage, &micro, &optimizer)?;
+            let losses = self.step_gradients(stage, &micro, &optimizer, true)?;
             optimizer.mean_grads(gpu, &*self.ranks)?;
             let lr = hyper.lr as f64 * self.config.stage_schedule(stage).factor(step, steps);
             // Clipped on the GPU; a gradient that is not finite leaves the weights as they were.
@@ -726,8 +726,7 @@ impl<'g> Distiller<'g> {
     /// step's losses, without their backward).
     fn heldout_stage_loss(&self, stage: Stage, optimizer: &Optimizer) -> Result<(f64, Vec<f64>)> {
         let (micro, _) = self.batch(stage, 0, true);
-        let share = 1.0 / micro.len() as f32;
-        let losses = micro.iter().map(|b| self.pass(stage, b, optimizer, Pass::Loss, share)).collect::<Result<Vec<_>>>()?;
+        let losses = self.step_gradients(stage, &micro, optimizer, false)?;
         let values = self.gpu.read_many_blocking(&losses.iter().flatten().map(|l| (&l.buf, l.rows)).collect::<Vec<_>>())?;
         let mut parts = micro_mean(&losses, &mut values.into_iter());
         for l in losses.into_iter().flatten() {
@@ -742,12 +741,18 @@ impl<'g> Distiller<'g> {
         (0..self.student.num_blocks()).filter(|&i| self.student.mixer_layer(i).is_some()).collect()
     }
 
-    /// Zeroes the gradients and accumulates one step's into them, a micro-batch at a time (each
-    /// pass's loss gradient scaled by 1 / K, so they add up to the gradient of the step's mean);
-    /// returns each micro-batch's loss parts (per layer, CE and KL, or CE) as they sit on the GPU.
-    fn step_gradients(&self, stage: Stage, micro: &[Batch], optimizer: &Optimizer) -> Result<Vec<Vec<LossRows>>> {
+    /// Each micro-batch's loss parts (per layer, CE and KL, or CE) as they sit on the GPU; with
+    /// `backward`, the gradients zeroed and one step's accumulated into them, a micro-batch at a
+    /// time (each pass's loss gradient scaled by 1 / K, so they add up to the gradient of the
+    /// step's mean).
+    fn step_gradients(&self, stage: Stage, micro: &[Batch], optimizer: &Optimizer, backward: bool) -> Result<Vec<Vec<LossRows>>> {
         let share = 1.0 / micro.len() as f32;
-        micro.iter().enumerate().map(|(m, b)| self.pass(stage, b, optimizer, if m == 0 { Pass::FirstGradients } else { Pass::Gradients }, share)).collect()
+        let kind = |m: usize| match (backward, m) {
+            (false, _) => Pass::Loss,
+            (true, 0) => Pass::FirstGradients,
+            (true, _) => Pass::Gradients,
+        };
+        micro.iter().enumerate().map(|(m, b)| self.pass(stage, b, optimizer, kind(m), share)).collect()
     }
 
     /// One pass of `step`'s sequences: their losses, and unless `kind` is `Pass::Loss` the
