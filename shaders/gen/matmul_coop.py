@@ -48,7 +48,11 @@ operand's scale from its own binding (10 and 11), so a fresh copy of a meets a k
 Tried and not kept (BENCHMARKS.md, 2026-12-04): four subgroups per 128×128 tile sharing each
 stage of both operands through workgroup memory. WGSL has no asynchronous copy and no store of a
 loaded word as two halves, so each stage went through registers and eight 2-byte stores per
-16 bytes, and the kernel ran at half this one's speed.
+16 bytes, and the kernel ran at half this one's speed. Four subgroups a workgroup over a 2×2
+block of this kernel's 64×64 tiles, each loading its own fragments (so that a row block and a
+column block are read by two subgroups of one SM, the second from L1 rather than L2): the same
+bits, but the stage-3 products 3–39 % slower (fewer resident subgroups an SM) and a stage-3
+step of gated DeltaNet 6 % slower (BENCHMARKS.md, 2026-12-07).
 
 Why generated: the sixteen accumulators must be named registers, never indexed arrays (see
 matmul_vec4.py).
