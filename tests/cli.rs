@@ -67,7 +67,10 @@ fn generate_streams_the_known_continuation_and_reports_json() {
     assert_eq!(v["prompt_ids"], serde_json::json!([504, 3575, 282, 4649, 314]));
     assert_eq!(v["ids"], serde_json::json!([7042, 30, 198, 198, 504, 2988]));
     assert_eq!(v["text"], " Paris.\n\nThe answer");
-    let o = run(&["generate", "--max-new-tokens", "2"], &[]);
+    // `--weights auto` (the default): the file's blocks on a CPU adapter, f32 on a GPU.
+    let held_as_blocks = stderr(&o).contains("weights: 120 q4_1, 1 q8_0 matrices");
+    assert_eq!(held_as_blocks, linearize_tests::gpu().adapter.is_cpu(), "{}", stderr(&o));
+    let o = run(&["generate", "--max-new-tokens", "2", "--weights", "f32"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o), "The capital of France is Paris.\n");
     // Packed f16 weights: the same greedy continuation at half the memory.
@@ -97,7 +100,7 @@ fn bad_arguments_fail_with_clear_messages() {
         (&["generate", "--prompt", ""], &[], "--prompt is empty"),
         (&["generate", "--temperature=-1"], &[], "--temperature"),
         (&["generate", "--top-p", "0"], &[], "--top-p"),
-        (&["generate", "--weights", "f64"], &[], "possible values: f32, f16"),
+        (&["generate", "--weights", "f64"], &[], "possible values: auto, f32, f16"),
         (&["generate"], &[("WGPU_ADAPTER_NAME", "no-such-gpu")], "no GPU adapter found"),
         (&["info", "--model", "/nonexistent/model.gguf"], &[], "/nonexistent/model.gguf"),
         (&["generate", "--model", "smollm2-135m"], &[("LINEARIZE_HOME", "/nonexistent-home")], "linearize fetch teacher"),

@@ -276,17 +276,12 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
     }
     // Records of one arithmetic never mix with another's.
     let mixed = precision == linearize_core::gpu::Precision::Mixed;
-    let out = match (a.weights, mixed) {
-        (crate::Weights::F32, false) => a.out.clone(),
-        (crate::Weights::F16, false) => a.out.as_ref().map(|d| d.join("f16")),
-        (crate::Weights::F32, true) => a.out.as_ref().map(|d| d.join("mixed")),
-        (crate::Weights::F16, true) => a.out.as_ref().map(|d| d.join("f16-mixed")),
-        (crate::Weights::Gguf, false) => a.out.as_ref().map(|d| d.join("gguf")),
-        (crate::Weights::Gguf, true) => a.out.as_ref().map(|d| d.join("gguf-mixed")),
-        (crate::Weights::Q8_0, false) => a.out.as_ref().map(|d| d.join("q8_0")),
-        (crate::Weights::Q8_0, true) => a.out.as_ref().map(|d| d.join("q8_0-mixed")),
-        (crate::Weights::Q4_1, false) => a.out.as_ref().map(|d| d.join("q4_1")),
-        (crate::Weights::Q4_1, true) => a.out.as_ref().map(|d| d.join("q4_1-mixed")),
+    let format = a.weights.format(&gpu);
+    let out = match (format, mixed) {
+        (linearize_core::nn::WeightFormat::F32, false) => a.out.clone(),
+        (linearize_core::nn::WeightFormat::F32, true) => a.out.as_ref().map(|d| d.join("mixed")),
+        (f, false) => a.out.as_ref().map(|d| d.join(f.name())),
+        (f, true) => a.out.as_ref().map(|d| d.join(format!("{}-mixed", f.name()))),
     };
     let results = evaluate(&gpu, &model, a.weights, &tasks, a.limit, a.json, out.as_deref(), a.log_samples)?;
     let avg = average(&results);
@@ -295,7 +290,7 @@ pub fn run(a: &EvalArgs, load: impl Fn(&str) -> Result<Model>) -> Result<()> {
         None => None,
     };
     let recovery = teacher.as_ref().map(|t| avg / average(t));
-    let ours = json!({ "weights": a.weights.format().name(), "precision": precision, "average": avg, "recovery": recovery, "adapter": gpu.adapter,
+    let ours = json!({ "weights": format.name(), "precision": precision, "average": avg, "recovery": recovery, "adapter": gpu.adapter,
         "teacher": teacher.as_ref().map(|t| lm_eval_json(a.teacher.as_deref().unwrap_or(""), t, a.limit, json!({ "average": average(t) }))) });
     let report = lm_eval_json(&a.model, &results, a.limit, ours);
     if let Some(dir) = &out {

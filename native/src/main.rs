@@ -120,8 +120,8 @@ enum Command {
         /// [prompt tokens, vocabulary] (for comparisons with other implementations)
         #[arg(long)]
         logits: Option<PathBuf>,
-        /// The weight matrices as f32, packed f16 (half the memory) or a GGUF file's blocks (f32's values, a sixth of the memory)
-        #[arg(long, value_enum, default_value_t = Weights::F32)]
+        /// The weight matrices as f32, packed f16 (half the memory) or a GGUF file's blocks (f32's values, a sixth of the memory); auto: the blocks on a CPU adapter, f32 on a GPU
+        #[arg(long, value_enum, default_value_t = Weights::Auto)]
         weights: Weights,
         /// Print the prompt, ids, text and speed as one JSON document
         #[arg(long)]
@@ -331,6 +331,10 @@ impl From<PrecisionArg> for linearize_core::gpu::Precision {
 /// How the inference commands hold a model's projection and embedding matrices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum Weights {
+    /// gguf on a CPU adapter (f32's logits to the bit in a sixth of the memory, and faster
+    /// there, where products are bound by their loads), f32 on a GPU (whose mixed precision
+    /// takes f32 matrices to the tensor cores)
+    Auto,
     F32,
     /// Packed f16 pairs: half the memory, logits within a few hundredths of f32's
     F16,
@@ -348,8 +352,11 @@ pub(crate) enum Weights {
 }
 
 impl Weights {
-    pub(crate) fn format(self) -> WeightFormat {
+    /// The format on `gpu` (`Auto` chosen by its kind).
+    pub(crate) fn format(self, gpu: &Gpu) -> WeightFormat {
         match self {
+            Weights::Auto if gpu.adapter.is_cpu() => WeightFormat::Gguf,
+            Weights::Auto => WeightFormat::F32,
             Weights::F32 => WeightFormat::F32,
             Weights::F16 => WeightFormat::F16,
             Weights::Gguf => WeightFormat::Gguf,
@@ -361,8 +368,9 @@ impl Weights {
 
 /// `model` on the GPU with its matrices held as `weights`.
 pub(crate) fn upload(gpu: &Gpu, model: &Model, weights: Weights) -> Result<LanguageModel> {
-    let lm = LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), weights.format())?;
-    if matches!(weights, Weights::Gguf | Weights::Q8_0 | Weights::Q4_1) {
+    let format = weights.format(gpu);
+    let lm = LanguageModel::upload_as(gpu, &model.weights, model.mixers.as_ref(), format)?;
+    if matches!(format, WeightFormat::Gguf | WeightFormat::Q8_0 | WeightFormat::Q4_1) {
         // Which matrices were found on a block grid (a trained student's are not).
         let held: Vec<String> = lm.matrix_dtypes().iter().map(|(d, n)| format!("{n} {d}")).collect();
         eprintln!("weights: {} matrices, {:.0} MiB", held.join(", "), lm.matrix_bytes() as f64 / (1u64 << 20) as f64);
@@ -820,7 +828,7 @@ fn cmd_bench(a: &BenchArgs) -> Result<()> {
     let lm = upload(&gpu, &model, weights)?;
     let results = bench::bench_teacher(&model, &lm, &gpu, &shapes, &decode, decode_tokens, iters)?;
     if json {
-        outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "weights": weights.format().name(), "precision": precision, "results": results}))?);
+        outln!("{}", serde_json::to_string(&json!({"adapter": gpu.adapter, "weights": weights.format(&gpu).name(), "precision": precision, "results": results}))?);
     } else {
         for r in &results {
             outln!("{r}");
