@@ -242,3 +242,30 @@ fn constants_shared_with_the_host_agree() {
         assert!(vec4.contains(&format!("@compute @workgroup_size({threads})\nfn {entry}(")), "{entry} runs {threads} threads, as nn::linear_block's grid assumes");
     }
 }
+
+/// Every workgroup variable of a native/ shader is a multiple of 16 bytes. Cooperative-matrix
+/// loads and stores need 16-byte aligned rows, and the driver places workgroup variables one
+/// after another at their own alignment: a 4-byte variable among the tiles misaligned the ones
+/// after it and gave wrong products on the H100 while the emulation passed (BENCHMARKS.md,
+/// session 65).
+#[test]
+fn native_workgroup_variables_keep_16_byte_alignment() {
+    let mut seen = 0;
+    for (name, source) in ALL.iter().filter(|(n, _)| is_native_only(n)) {
+        let module = naga::front::wgsl::parse_str(source).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(source)));
+        let mut layouter = naga::proc::Layouter::default();
+        layouter.update(module.to_ctx()).unwrap();
+        let mut total = 0;
+        for (_, var) in module.global_variables.iter().filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup) {
+            let size = layouter[var.ty].size;
+            assert!(size % 16 == 0, "{name}: workgroup variable `{}` is {size} bytes, not a multiple of 16", var.name.as_deref().unwrap_or("?"));
+            total += size;
+        }
+        if *name == "native/attention_coop" {
+            // The host picks the kernel by this size against the adapter's limit.
+            assert_eq!(total, linearize_core::nn::ATTENTION_COOP_WORKGROUP_BYTES, "{name}'s workgroup memory");
+        }
+        seen += 1;
+    }
+    assert!(seen >= 4, "the native shaders were not found");
+}

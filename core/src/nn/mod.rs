@@ -766,9 +766,10 @@ fn strided(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, y: &GpuBuf, (rows, cols, 
     rec.dispatch(&Kernel::new("nn/matmul", "matmul_strided"), &params, &[a, b, y], groups)
 }
 
-/// Workgroup memory of native/attention_coop.wgsl (its k16, v16, p16, s32, red and red2): an adapter
-/// with tensor cores but less (lavapipe's 32 KiB, emulating them) runs the f32 kernel.
-pub const ATTENTION_COOP_WORKGROUP_BYTES: u32 = 3 * 4608 * 2 + 4352 * 4 + 2 * 128 * 4;
+/// Workgroup memory of native/attention_coop.wgsl (its kv16, p16, s32, red and rescale_flag;
+/// shaders/gen/attention_coop.py's WORKGROUP_BYTES): an adapter with tensor cores but less runs
+/// the f32 kernel. Lavapipe's 32 KiB hold it with the emulation's 4 KiB (tests/coop.rs).
+pub const ATTENTION_COOP_WORKGROUP_BYTES: u32 = 2 * (2 * 32 * 72) + 2 * 64 * 40 + 4 * 64 * 36 + 4 * 128 + 16;
 
 /// Whether the GEMMs run on tensor cores: mixed precision chosen (Gpu::set_precision), which
 /// only an adapter with cooperative matrices allows.
