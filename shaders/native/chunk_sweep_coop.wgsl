@@ -1246,15 +1246,29 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
     // read and one write of dk (thread tid its four vec4 of the half, dk4_at's).
     var kdr = 0.0;
     for (var half = 0u; half < 2u; half++) {
-        var dk: array<vec4<f32>, 4>;
-        for (var i = 0u; i < 4u; i++) {
-            dk[i] = dk4[dk4_at(tid, b, h, c0, len, half, i)];
-        }
+        // Named, not an array: an array of four sat in local memory (`bench registers`), each
+        // load waiting for its store there.
+        var dk0 = dk4[dk4_at(tid, b, h, c0, len, half, 0u)];
+        var dk1 = dk4[dk4_at(tid, b, h, c0, len, half, 1u)];
+        var dk2 = dk4[dk4_at(tid, b, h, c0, len, half, 2u)];
+        var dk3 = dk4[dk4_at(tid, b, h, c0, len, half, 3u)];
         dr_v_times_s0t(r_at, st, g, half, inv_r.x * -inv_s0, inv_r.y * -inv_s0);
         workgroupBarrier();
-        for (var i = 0u; i < 4u; i++) {
-            let tt = dk_token(tid, i);
-            dk[i] += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
+        {
+            let tt = dk_token(tid, 0u);
+            dk0 += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
+        }
+        {
+            let tt = dk_token(tid, 1u);
+            dk1 += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
+        }
+        {
+            let tt = dk_token(tid, 2u);
+            dk2 += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
+        }
+        {
+            let tt = dk_token(tid, 3u);
+            dk3 += x32_at4(tt * XS + 4u * (tid % 16u)) * (bsh[tt] * exp(gsh[tt]));
         }
         for (var q = 0u; q < 4u; q++) {
             let c = 16u * (tid % 4u) + 4u * q;
@@ -1265,11 +1279,21 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let nk = p16_times_k(k_at, g % 4u, half, 32u * (g / 4u), TilePair(z, z));
         cols32_to_x32(16u * (g % 4u) * XS + 32u * (g / 4u), nk.o0, nk.o1);
         workgroupBarrier();
-        for (var i = 0u; i < 4u; i++) {
-            let tt = dk_token(tid, i);
-            if (tt < len) {
-                dk4[dk4_at(tid, b, h, c0, len, half, i)] = dk[i] + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
-            }
+        if (dk_token(tid, 0u) < len) {
+            let tt = dk_token(tid, 0u);
+            dk4[dk4_at(tid, b, h, c0, len, half, 0u)] = dk0 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+        }
+        if (dk_token(tid, 1u) < len) {
+            let tt = dk_token(tid, 1u);
+            dk4[dk4_at(tid, b, h, c0, len, half, 1u)] = dk1 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+        }
+        if (dk_token(tid, 2u) < len) {
+            let tt = dk_token(tid, 2u);
+            dk4[dk4_at(tid, b, h, c0, len, half, 2u)] = dk2 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+        }
+        if (dk_token(tid, 3u) < len) {
+            let tt = dk_token(tid, 3u);
+            dk4[dk4_at(tid, b, h, c0, len, half, 3u)] = dk3 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
         }
         workgroupBarrier();
     }
