@@ -11,8 +11,11 @@ file is mostly lines that differ by an index.
 
 BK (keys per tile) is 32: four subgroups and 24,068 bytes of workgroup memory, so two workgroups
 share an SM (48 KiB for both on NVIDIA's Vulkan, BENCHMARKS.md session 59) and the kernel fits
-lavapipe's 32 KiB with its cooperative matrices emulated (tests/coop.rs runs it in CI). 64-key
-tiles measured slower (BENCHMARKS.md, session 65).
+lavapipe's 32 KiB with its cooperative matrices emulated (tests/coop.rs runs it in CI).
+
+Tried and not kept (BENCHMARKS.md, sessions 64–65, H100 at B=4 T=2048): 64-key tiles, one
+workgroup an SM (0.40 ms against 0.35); k and v fragments loaded straight from an f16 copy of the
+cache, row-major or in 16×16 blocks, without staging (1.5 and 1.4 ms against main's 0.69 then).
 """
 import pathlib
 
