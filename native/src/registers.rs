@@ -258,6 +258,15 @@ fn nvidia_usage(stats: &[(String, Value)]) -> Option<(u64, u64)> {
     Some((get("Register Count")?, get("Shared Memory Size")?))
 }
 
+/// Local memory in bytes a thread from NVIDIA's "Local Memory Size", which its driver (580)
+/// reports with bit 36 set on every pipeline: the low 32 bits are the bytes. Anything above zero
+/// is a spill or an array the compiler could not keep in registers (indexed in a loop, even a
+/// constant one), read and written through the cache: slow in a hot loop (BENCHMARKS.md,
+/// session 65: the prefill attention's arrays cost it half its speed).
+pub fn local_memory_bytes(reported: u64) -> u64 {
+    reported & 0xffff_ffff
+}
+
 /// Each kernel's statistics, one JSON object per kernel (also printed a line each).
 pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
     // Every named shader and entry point checked before any device is opened.
@@ -284,6 +293,10 @@ pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
             line.push(format!("{threads} threads: workgroups per SM {} (registers {by_registers}, workgroup memory {by_memory}, threads {by_threads})", by_registers.min(by_memory).min(by_threads)));
             record["workgroups_per_sm"] = json!({"registers": by_registers, "workgroup_memory": by_memory, "threads": by_threads});
         }
+        if let Some(local) = stats.iter().find(|(n, _)| n == "Local Memory Size").and_then(|(_, v)| v.as_u64()).map(local_memory_bytes).filter(|&b| b > 0) {
+            line.push(format!("LOCAL MEMORY {local} bytes a thread (spills or arrays not in registers)"));
+            record["local_memory_bytes"] = json!(local);
+        }
         eprintln!("{}::{} [{}]: {}", k.shader, k.entry, constants.join(","), line.join(", "));
         record["statistics"] = Value::Object(stats.into_iter().collect());
         out.push(record);
@@ -296,7 +309,16 @@ pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
 
 #[cfg(test)]
 mod tests {
-    use super::workgroups_per_sm;
+    use super::{local_memory_bytes, workgroups_per_sm};
+
+    #[test]
+    fn local_memory_is_the_low_word_of_nvidias_figure() {
+        // As the H100's driver reported them (session 65): none, main's attention, a32's.
+        assert_eq!(local_memory_bytes(68_719_476_736), 0);
+        assert_eq!(local_memory_bytes(68_719_476_864), 128);
+        assert_eq!(local_memory_bytes(68_719_476_928), 192);
+        assert_eq!(local_memory_bytes(80), 80);
+    }
 
     /// The session-59 probe's kernels on the H100: what ran side by side is what this counts.
     #[test]
