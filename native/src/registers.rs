@@ -252,10 +252,14 @@ fn threads(module: &naga::Module, entry: &str) -> u64 {
     module.entry_points.iter().find(|e| e.name == entry).map_or(0, |e| e.workgroup_size.iter().map(|&n| n as u64).product())
 }
 
+/// A pipeline statistic by name, where the driver reports it as an integer.
+fn stat(stats: &[(String, Value)], name: &str) -> Option<u64> {
+    stats.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_u64())
+}
+
 /// NVIDIA's statistics of a pipeline, by name: registers per thread and workgroup memory in bytes.
 fn nvidia_usage(stats: &[(String, Value)]) -> Option<(u64, u64)> {
-    let get = |name: &str| stats.iter().find(|(n, _)| n == name).and_then(|(_, v)| v.as_u64());
-    Some((get("Register Count")?, get("Shared Memory Size")?))
+    Some((stat(stats, "Register Count")?, stat(stats, "Shared Memory Size")?))
 }
 
 /// Local memory in bytes a thread from NVIDIA's "Local Memory Size", which its driver (580)
@@ -293,7 +297,7 @@ pub fn bench_registers(kernels: &[KernelSpec]) -> Result<(String, Vec<Value>)> {
             line.push(format!("{threads} threads: workgroups per SM {} (registers {by_registers}, workgroup memory {by_memory}, threads {by_threads})", by_registers.min(by_memory).min(by_threads)));
             record["workgroups_per_sm"] = json!({"registers": by_registers, "workgroup_memory": by_memory, "threads": by_threads});
         }
-        if let Some(local) = stats.iter().find(|(n, _)| n == "Local Memory Size").and_then(|(_, v)| v.as_u64()).map(local_memory_bytes).filter(|&b| b > 0) {
+        if let Some(local) = stat(&stats, "Local Memory Size").map(local_memory_bytes).filter(|&b| b > 0) {
             line.push(format!("LOCAL MEMORY {local} bytes a thread (spills or arrays not in registers)"));
             record["local_memory_bytes"] = json!(local);
         }

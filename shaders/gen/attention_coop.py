@@ -9,7 +9,7 @@ registers — written as small arrays indexed in loops, NVIDIA's compiler put th
 (`bench registers`: 192 bytes a thread) — and the products per key block are unrolled, so the
 file is mostly lines that differ by an index.
 
-BK (keys per tile) is 32: four subgroups and 24,068 bytes of workgroup memory, so two workgroups
+BK (keys per tile) is 32: four subgroups and 24,080 bytes of workgroup memory, so two workgroups
 share an SM (48 KiB for both on NVIDIA's Vulkan, BENCHMARKS.md session 59) and the kernel fits
 lavapipe's 32 KiB with its cooperative matrices emulated (tests/coop.rs runs it in CI).
 

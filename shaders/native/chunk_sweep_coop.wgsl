@@ -1279,21 +1279,29 @@ fn chunk_bwd_wy_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgro
         let nk = p16_times_k(k_at, g % 4u, half, 32u * (g / 4u), TilePair(z, z));
         cols32_to_x32(16u * (g % 4u) * XS + 32u * (g / 4u), nk.o0, nk.o1);
         workgroupBarrier();
-        if (dk_token(tid, 0u) < len) {
+        {
             let tt = dk_token(tid, 0u);
-            dk4[dk4_at(tid, b, h, c0, len, half, 0u)] = dk0 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            if (tt < len) {
+                dk4[dk4_at(tid, b, h, c0, len, half, 0u)] = dk0 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            }
         }
-        if (dk_token(tid, 1u) < len) {
+        {
             let tt = dk_token(tid, 1u);
-            dk4[dk4_at(tid, b, h, c0, len, half, 1u)] = dk1 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            if (tt < len) {
+                dk4[dk4_at(tid, b, h, c0, len, half, 1u)] = dk1 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            }
         }
-        if (dk_token(tid, 2u) < len) {
+        {
             let tt = dk_token(tid, 2u);
-            dk4[dk4_at(tid, b, h, c0, len, half, 2u)] = dk2 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            if (tt < len) {
+                dk4[dk4_at(tid, b, h, c0, len, half, 2u)] = dk2 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            }
         }
-        if (dk_token(tid, 3u) < len) {
+        {
             let tt = dk_token(tid, 3u);
-            dk4[dk4_at(tid, b, h, c0, len, half, 3u)] = dk3 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            if (tt < len) {
+                dk4[dk4_at(tid, b, h, c0, len, half, 3u)] = dk3 + x32_at4(tt * XS + 4u * (tid % 16u)) * (1.0 / sigma);
+            }
         }
         workgroupBarrier();
     }
