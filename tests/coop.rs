@@ -308,6 +308,67 @@ fn tensor_core_backward_reads_the_forwards_copies_transposed() {
     }
 }
 
+/// Fills the pool's free buffers of `len` words' size with NaN: what a kernel leaves unwritten
+/// in a temporary of that size shows.
+fn poison_pool(gpu: &Gpu, len: usize) {
+    let held: Vec<GpuBuf> = (0..8).map(|_| gpu.scratch(len).unwrap()).collect();
+    for b in &held {
+        gpu.write_f32(b, &vec![f32::NAN; len]);
+    }
+    held.into_iter().for_each(|b| gpu.release(b));
+}
+
+/// Under mixed precision rmsnorm writes its output's f16 copy in the same pass (scaled from a
+/// bound, not from the output's max) and notes it for the products after it: y = xn·wᵀ reading
+/// it as made and dw = dyᵀ·xn transposed must give, bit for bit, what they give from a copy of
+/// the same xn made by the products themselves (a recording of their own, where rmsnorm's note
+/// is gone), and xn itself is the f32 kernel's to the bit. Rows and columns off the 64-blocks
+/// (the copy's padding must be zeros: dw reads the padded rows), norm weights from 1e-3 to 50;
+/// the pool's buffers of the copy's size poisoned with NaN first.
+#[test]
+fn tensor_core_products_read_rmsnorms_own_copy() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(23);
+    for &(m, n, k, w_scale) in &[(9, 33, 64, 1.0), (70, 40, 100, 50.0), (130, 576, 72, 1e-3), (130, 576, 72, 1.0)] {
+        {
+            let g = Gemm { m, n, k };
+            let (x, g_w, wv, dy) = (random(&mut rng, m * k, 3.0), random(&mut rng, k, w_scale), random(&mut rng, n * k, 1.0), random(&mut rng, m * n, 1e-3));
+            let (xb, gb, wb, dyb) = (gpu.upload_f32("x", &x).unwrap(), gpu.upload_f32("g", &g_w).unwrap(), gpu.upload_f32("w", &wv).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
+            let run = |fused: bool| {
+                poison_pool(&gpu, m.div_ceil(64) * 64 * k.div_ceil(64) * 32);
+                let (xn, y, dw) = (gpu.scratch(m * k).unwrap(), gpu.scratch(m * n).unwrap(), gpu.scratch(n * k).unwrap());
+                let mut rec = gpu.recorder();
+                nn::rmsnorm(&mut rec, &xb, &gb, &xn, m, k, 1e-5).unwrap();
+                if !fused {
+                    rec.submit().unwrap();
+                    rec = gpu.recorder();
+                }
+                nn::linear(&mut rec, &xn, &wb, &y, g, false).unwrap();
+                nn::linear_backward_weight(&mut rec, &dyb, &xn, &dw, g, false).unwrap();
+                rec.submit().unwrap();
+                [(xn, m * k), (y, m * n), (dw, n * k)].map(|(b, len)| gpu.read_f32_blocking(&b, len).unwrap())
+            };
+            let [xn, y, dw] = run(true);
+            let [xn_apart, y_apart, dw_apart] = run(false);
+            gpu.set_precision(Precision::F32).unwrap();
+            let xn_f32 = gpu.scratch(m * k).unwrap();
+            let mut rec = gpu.recorder();
+            nn::rmsnorm(&mut rec, &xb, &gb, &xn_f32, m, k, 1e-5).unwrap();
+            rec.submit().unwrap();
+            let xn_f32 = gpu.read_f32_blocking(&xn_f32, m * k).unwrap();
+            gpu.set_precision(Precision::Mixed).unwrap();
+            for (name, got, want) in [("xn against the f32 rmsnorm", &xn, &xn_f32), ("xn", &xn, &xn_apart), ("y = xn·wᵀ", &y, &y_apart), ("dw = dyᵀ·xn", &dw, &dw_apart)] {
+                let differ = got.iter().zip(want.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "{m}x{n}x{k}, norm weights ±{w_scale}: {name} differs in {differ} of {} values", want.len());
+            }
+            let want = reference::linear(&staged(&xn), &staged(&wv), m, n, k);
+            let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
+            assert_close("y against f64", &y, &want, 2e-6 * size * (k as f64).sqrt(), 1e-5);
+        }
+        eprintln!("{m}x{n}x{k}, norm weights ±{w_scale}: products from rmsnorm's copy equal those from their own, bit for bit");
+    }
+}
+
 /// The chunked recurrence at head size 128 under mixed precision (native/chunk_coop.wgsl: the
 /// output on tensor cores for the rules without a normaliser; native/chunk_sweep_coop.wgsl: the
 /// state sweep too where the gate is one per head or none, its expected error in

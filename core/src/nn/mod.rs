@@ -308,7 +308,7 @@ pub(crate) fn linear_block(rec: &mut Recorder, kernel: LinearKernel, x: &GpuBuf,
     if matches!(w.dtype, Dtype::Q4_1 | Dtype::Q8_0) {
         return linear_blocks(rec, kernel, x, w, Columns { y, ldy, y0 }, Gemm { m, n, k }, accumulate);
     }
-    if kernel == LinearKernel::Auto && !f16 && m > 8 && tensor_cores(rec) {
+    if kernel == LinearKernel::Auto && !f16 && products_on_tensor_cores(rec, m) {
         return coop(rec, x, w, Columns { y, ldy, y0 }, (m, n, k), [k, 1, k, 1], accumulate);
     }
     let kernel = match kernel {
@@ -408,7 +408,17 @@ pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usi
     need("rmsnorm w", w, cols)?;
     need("rmsnorm y", y, rows * cols)?;
     let params = RmsNormParams { rows: rows as u32, cols: cols as u32, eps };
-    rec.dispatch(&Kernel::new("nn/rmsnorm", "rmsnorm"), &params, &[&x, &w, &y], split_groups(rows))
+    if !products_on_tensor_cores(rec, rows) {
+        return rec.dispatch(&Kernel::new("nn/rmsnorm", "rmsnorm"), &params, &[&x, &w, &y], split_groups(rows));
+    }
+    // Mixed precision: y's f16 copy made in the same pass and noted for the products that read
+    // y next (y · Wᵀ as made, dW = dyᵀ · y transposed), so none copies it again.
+    let (rows_p, kp) = (rows.div_ceil(64) * 64, cols.div_ceil(64) * 64);
+    let (copy, bound) = (rec.temp(rows_p * kp / 2)?, rec.temp(2050)?);
+    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_f16"), &params, &[(1, x), (2, w), (3, y), (8, &copy), (9, &bound)], split_groups(rows_p))?;
+    let view = View { rows: rows as u32, red: cols as u32, s_row: cols as u32, s_red: 1 };
+    rec.note_shared_copy(y, view.key(A_MAX_AT), &copy, &bound);
+    Ok(())
 }
 
 /// out[r, :] = table[ids[r], :] for `rows` ids; the table has `table_rows` rows of `cols`.
@@ -775,6 +785,12 @@ pub const ATTENTION_COOP_WORKGROUP_BYTES: u32 = 2 * (2 * 32 * 72) + 2 * 64 * 40 
 /// only an adapter with cooperative matrices allows.
 fn tensor_cores(rec: &Recorder) -> bool {
     rec.gpu().precision() == Precision::Mixed
+}
+
+/// Whether a linear layer of `m` rows runs on tensor cores (from f32 weights): fewer rows go
+/// to the f32 kernels, whose loads are what a product of a few rows costs.
+fn products_on_tensor_cores(rec: &Recorder, m: usize) -> bool {
+    m > 8 && tensor_cores(rec)
 }
 
 /// `strided` on tensor cores (native/matmul_coop.wgsl), three dispatches (four with a split
