@@ -318,54 +318,60 @@ fn poison_pool(gpu: &Gpu, len: usize) {
     held.into_iter().for_each(|b| gpu.release(b));
 }
 
-/// Under mixed precision rmsnorm writes its output's f16 copy in the same pass (scaled from a
-/// bound, not from the output's max) and notes it for the products after it: y = xn·wᵀ reading
-/// it as made and dw = dyᵀ·xn transposed must give, bit for bit, what they give from a copy of
-/// the same xn made by the products themselves (a recording of their own, where rmsnorm's note
-/// is gone), and xn itself is the f32 kernel's to the bit. Rows and columns off the 64-blocks
-/// (the copy's padding must be zeros: dw reads the padded rows), norm weights from 1e-3 to 50;
-/// the pool's buffers of the copy's size poisoned with NaN first.
+/// Under mixed precision the producers of the products' inputs make their f16 copies
+/// themselves and note them for the products after them: rmsnorm in the same pass (scaled from
+/// a bound, sqrt(cols)·max|w|, not from its output's max), SwiGLU from the partial maxima it
+/// writes (one operand_f16 pass, no operand_amax). y = a·wᵀ reading the copy as made and dw =
+/// dyᵀ·a transposed must give, bit for bit, what they give from a copy of the same a made by
+/// the products themselves (a recording of their own, where the note is gone), and a itself is
+/// the f32 kernel's to the bit. Rows and columns off the 64-blocks (the copy's padding must be
+/// zeros: dw reads the padded rows), norm weights from 1e-3 to 50, the pool's buffers of the
+/// copy's size poisoned with NaN first.
 #[test]
-fn tensor_core_products_read_rmsnorms_own_copy() {
+fn tensor_core_products_read_their_producers_copies() {
     let Some(gpu) = mixed_gpu() else { return };
     let mut rng = Rng::new(23);
-    for &(m, n, k, w_scale) in &[(9, 33, 64, 1.0), (70, 40, 100, 50.0), (130, 576, 72, 1e-3), (130, 576, 72, 1.0)] {
-        {
-            let g = Gemm { m, n, k };
-            let (x, g_w, wv, dy) = (random(&mut rng, m * k, 3.0), random(&mut rng, k, w_scale), random(&mut rng, n * k, 1.0), random(&mut rng, m * n, 1e-3));
-            let (xb, gb, wb, dyb) = (gpu.upload_f32("x", &x).unwrap(), gpu.upload_f32("g", &g_w).unwrap(), gpu.upload_f32("w", &wv).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
-            let run = |fused: bool| {
+    for &(m, n, k, scale) in &[(9, 33, 64, 1.0), (70, 40, 100, 50.0), (130, 576, 72, 1e-3), (130, 576, 72, 1.0)] {
+        let g = Gemm { m, n, k };
+        let (x, g_w, gate_up) = (random(&mut rng, m * k, 3.0), random(&mut rng, k, scale), random(&mut rng, m * 2 * k, 3.0 * scale));
+        let (wv, dy) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * n, 1e-3));
+        let (xb, gb, gub) = (gpu.upload_f32("x", &x).unwrap(), gpu.upload_f32("g", &g_w).unwrap(), gpu.upload_f32("gate_up", &gate_up).unwrap());
+        let (wb, dyb) = (gpu.upload_f32("w", &wv).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
+        let rmsnorm = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::rmsnorm(rec, &xb, &gb, a, m, k, 1e-5).unwrap();
+        let swiglu = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::swiglu(rec, &gub, a, m, k).unwrap();
+        for (producer, produce) in [("rmsnorm", &rmsnorm as &dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf)), ("swiglu", &swiglu)] {
+            let run = |noted: bool| {
                 poison_pool(&gpu, m.div_ceil(64) * 64 * k.div_ceil(64) * 32);
-                let (xn, y, dw) = (gpu.scratch(m * k).unwrap(), gpu.scratch(m * n).unwrap(), gpu.scratch(n * k).unwrap());
+                let (a, y, dw) = (gpu.scratch(m * k).unwrap(), gpu.scratch(m * n).unwrap(), gpu.scratch(n * k).unwrap());
                 let mut rec = gpu.recorder();
-                nn::rmsnorm(&mut rec, &xb, &gb, &xn, m, k, 1e-5).unwrap();
-                if !fused {
+                produce(&mut rec, &a);
+                if !noted {
                     rec.submit().unwrap();
                     rec = gpu.recorder();
                 }
-                nn::linear(&mut rec, &xn, &wb, &y, g, false).unwrap();
-                nn::linear_backward_weight(&mut rec, &dyb, &xn, &dw, g, false).unwrap();
+                nn::linear(&mut rec, &a, &wb, &y, g, false).unwrap();
+                nn::linear_backward_weight(&mut rec, &dyb, &a, &dw, g, false).unwrap();
                 rec.submit().unwrap();
-                [(xn, m * k), (y, m * n), (dw, n * k)].map(|(b, len)| gpu.read_f32_blocking(&b, len).unwrap())
+                [(a, m * k), (y, m * n), (dw, n * k)].map(|(b, len)| gpu.read_f32_blocking(&b, len).unwrap())
             };
-            let [xn, y, dw] = run(true);
-            let [xn_apart, y_apart, dw_apart] = run(false);
+            let [a, y, dw] = run(true);
+            let [a_apart, y_apart, dw_apart] = run(false);
             gpu.set_precision(Precision::F32).unwrap();
-            let xn_f32 = gpu.scratch(m * k).unwrap();
+            let a_f32 = gpu.scratch(m * k).unwrap();
             let mut rec = gpu.recorder();
-            nn::rmsnorm(&mut rec, &xb, &gb, &xn_f32, m, k, 1e-5).unwrap();
+            produce(&mut rec, &a_f32);
             rec.submit().unwrap();
-            let xn_f32 = gpu.read_f32_blocking(&xn_f32, m * k).unwrap();
+            let a_f32 = gpu.read_f32_blocking(&a_f32, m * k).unwrap();
             gpu.set_precision(Precision::Mixed).unwrap();
-            for (name, got, want) in [("xn against the f32 rmsnorm", &xn, &xn_f32), ("xn", &xn, &xn_apart), ("y = xn·wᵀ", &y, &y_apart), ("dw = dyᵀ·xn", &dw, &dw_apart)] {
+            for (name, got, want) in [("its output against f32's", &a, &a_f32), ("its output", &a, &a_apart), ("y = a·wᵀ", &y, &y_apart), ("dw = dyᵀ·a", &dw, &dw_apart)] {
                 let differ = got.iter().zip(want.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                assert_eq!(differ, 0, "{m}x{n}x{k}, norm weights ±{w_scale}: {name} differs in {differ} of {} values", want.len());
+                assert_eq!(differ, 0, "{producer} {m}x{k}, product {m}x{n}x{k}, scale {scale}: {name} differs in {differ} of {} values", want.len());
             }
-            let want = reference::linear(&staged(&xn), &staged(&wv), m, n, k);
+            let want = reference::linear(&staged(&a), &staged(&wv), m, n, k);
             let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
-            assert_close("y against f64", &y, &want, 2e-6 * size * (k as f64).sqrt(), 1e-5);
+            assert_close(&format!("{producer}: y against f64"), &y, &want, 2e-6 * size * (k as f64).sqrt(), 1e-5);
         }
-        eprintln!("{m}x{n}x{k}, norm weights ±{w_scale}: products from rmsnorm's copy equal those from their own, bit for bit");
+        eprintln!("{m}x{n}x{k}, scale {scale}: products from rmsnorm's and SwiGLU's copies equal those from their own, bit for bit");
     }
 }
 

@@ -385,19 +385,22 @@ fn gather_rows_matches_reference() {
     assert_close("gather", &read(&ob, ids.len() * cols), &reference::gather_rows(&ids, &f64s(&table), cols), 0.0, 0.0);
 }
 
+/// Both kernels: one value a thread (ffn 77) and four (ffn a multiple of 4), the latter with
+/// more vectors than its 1,024 workgroups' threads (each thread strides over several rows).
 #[test]
 fn swiglu_matches_reference_with_extreme_gates() {
     let mut rng = Rng::new(4);
-    let (rows, ffn) = (3, 77);
-    let mut gu = random(&mut rng, rows * 2 * ffn, 4.0);
-    gu[0] = 80.0;
-    gu[1] = -80.0;
-    gu[2] = 0.0;
-    let (gb, ob) = (up("gu", &gu), gpu().scratch(rows * ffn).unwrap());
-    let mut rec = gpu().recorder();
-    nn::swiglu(&mut rec, &gb, &ob, rows, ffn).unwrap();
-    rec.submit().unwrap();
-    assert_close("swiglu", &read(&ob, rows * ffn), &reference::swiglu(&f64s(&gu), rows, ffn), 1e-6, 1e-5);
+    for (rows, ffn) in [(3, 77), (3, 76), (700, 1536)] {
+        let mut gu = random(&mut rng, rows * 2 * ffn, 4.0);
+        gu[0] = 80.0;
+        gu[1] = -80.0;
+        gu[2] = 0.0;
+        let (gb, ob) = (up("gu", &gu), gpu().scratch(rows * ffn).unwrap());
+        let mut rec = gpu().recorder();
+        nn::swiglu(&mut rec, &gb, &ob, rows, ffn).unwrap();
+        rec.submit().unwrap();
+        assert_close(&format!("swiglu {rows}x{ffn}"), &read(&ob, rows * ffn), &reference::swiglu(&f64s(&gu), rows, ffn), 1e-6, 1e-5);
+    }
 }
 
 /// Cache layout [batch, n_kv, cap, d] → per-sequence reference layout [t, n_kv, d].

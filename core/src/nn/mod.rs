@@ -684,8 +684,23 @@ pub fn attention_backward(rec: &mut Recorder, s: AttnShape, a: &AttentionBackwar
 pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, ffn: usize) -> Result<()> {
     need("swiglu gate_up", gate_up, rows * 2 * ffn)?;
     need("swiglu out", out, rows * ffn)?;
-    let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &SwigluParams { rows: rows as u32, ffn: ffn as u32 }, &[&gate_up, &out], groups)
+    let params = SwigluParams { rows: rows as u32, ffn: ffn as u32 };
+    if ffn % 4 != 0 {
+        let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
+        return rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &params, &[&gate_up, &out], groups);
+    }
+    // Four columns a thread, grid-strided over at most 1,024 workgroups (about one wave of an
+    // H200's 132 SMs); under mixed precision each writes its partial max |out| for the f16 copy.
+    let groups = (rows * ffn / 4).div_ceil(256).clamp(1, 1024) as u32;
+    let staged = products_on_tensor_cores(rec, rows);
+    let kernel = Kernel::new("nn/swiglu", "swiglu4").with("MAXIMA", staged as u32 as f64);
+    // The maxima are bound either way (the entry point names them); only MAXIMA writes them.
+    let maxima = rec.temp(if staged { 2050 } else { 1 })?;
+    if !staged {
+        return rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (6, out), (7, &maxima)], [groups, 1, 1]);
+    }
+    rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (6, out), (7, &maxima)], [groups, 1, 1])?;
+    copy_rows_from_maxima(rec, out, (rows, ffn), &maxima, groups)
 }
 
 // ---- backward ----
@@ -921,6 +936,22 @@ fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmPar
     let unused = rec.temp(1)?;
     let (a16, b16) = if which == 0 { (copy, &unused) } else { (&unused, copy) };
     rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [params.kp / 64, (rows_p / 64) as u32, 1])
+}
+
+/// The f16 copy of `src` [rows, cols] as the first operand of a product (y = src · Wᵀ, or read
+/// transposed, dW = dyᵀ · src), from the partial maxima its producer wrote to words 0..groups
+/// of `maxima` (operand_f16 reduces them into word 2048): one dispatch, noted for the products
+/// after it in the recording.
+fn copy_rows_from_maxima(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize, usize), maxima: &GpuBuf, groups: u32) -> Result<()> {
+    let (rows_p, kp) = (rows.div_ceil(64) * 64, cols.div_ceil(64) * 64);
+    let [m, k, kp32] = [rows, cols, kp].map(|v| v as u32);
+    let params = CoopGemmParams { m, n: 1, k, accumulate: 0, sam: k, sak: 1, sbn: k, sbk: 1, ldy: 1, y0: 0, kp: kp32, split_k: kp32, split_stride: 0, splits: 1, amax_groups: groups, first_operand: 0, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
+    let (copy, unused) = (rec.temp(rows_p * kp / 2)?, rec.temp(1)?);
+    let bindings = [(1, src), (2, src), (4, maxima), (5, &copy), (6, &unused)];
+    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "operand_f16"), &params, &bindings, [kp32 / 64, (rows_p / 64) as u32, 1])?;
+    let view = View { rows: m, red: k, s_row: k, s_red: 1 };
+    rec.note_shared_copy(src, view.key(A_MAX_AT), &copy, maxima);
+    Ok(())
 }
 
 /// `copy_operand` of one operand (`which`) into recorder temporaries, noted under its `view`
