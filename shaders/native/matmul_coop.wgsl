@@ -156,29 +156,159 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     if (row0 >= (rows + 63u) / 64u * 64u) {
         return;
     }
-    // The tile's loads go out first, unscaled, so their latency overlaps the reduction of the
-    // partial maxima (operand_max's first barrier orders these writes too); the scale is applied
-    // when packing, the same product v · scale.
+    // The tile's sixteen loads a thread go out together, unscaled, into named registers (each
+    // from a clamped address, zeroed after where outside the operand: no load waits behind a
+    // branch or a store), so their latency overlaps itself and the reduction of the partial
+    // maxima (operand_max's first barrier orders the stores too); the scale is applied when
+    // packing, the same product v · scale.
     let along_k = s_k == 1u;
-    for (var e = 0u; e < 16u; e++) {
-        let at = e * 256u + tid;
-        var i = at / 64u;
-        var r = at % 64u;
-        if (!along_k) {
-            i = at % 64u;
-            r = at / 64u;
-        }
-        var v = 0.0;
-        if (row0 + i < rows && k0 + r < p.k) {
-            let src = (row0 + i) * s_row + (k0 + r) * s_k;
-            if (is_a) {
-                v = a[src];
-            } else {
-                v = b[src];
-            }
-        }
-        tile_sh[i * 65u + r] = v;
+    let at0 = 0u * 256u + tid;
+    let i0 = select(at0 % 64u, at0 / 64u, along_k);
+    let r0 = select(at0 / 64u, at0 % 64u, along_k);
+    let live0 = row0 + i0 < rows && k0 + r0 < p.k;
+    let src0 = select(0u, (row0 + i0) * s_row + (k0 + r0) * s_k, live0);
+    let at1 = 1u * 256u + tid;
+    let i1 = select(at1 % 64u, at1 / 64u, along_k);
+    let r1 = select(at1 / 64u, at1 % 64u, along_k);
+    let live1 = row0 + i1 < rows && k0 + r1 < p.k;
+    let src1 = select(0u, (row0 + i1) * s_row + (k0 + r1) * s_k, live1);
+    let at2 = 2u * 256u + tid;
+    let i2 = select(at2 % 64u, at2 / 64u, along_k);
+    let r2 = select(at2 / 64u, at2 % 64u, along_k);
+    let live2 = row0 + i2 < rows && k0 + r2 < p.k;
+    let src2 = select(0u, (row0 + i2) * s_row + (k0 + r2) * s_k, live2);
+    let at3 = 3u * 256u + tid;
+    let i3 = select(at3 % 64u, at3 / 64u, along_k);
+    let r3 = select(at3 / 64u, at3 % 64u, along_k);
+    let live3 = row0 + i3 < rows && k0 + r3 < p.k;
+    let src3 = select(0u, (row0 + i3) * s_row + (k0 + r3) * s_k, live3);
+    let at4 = 4u * 256u + tid;
+    let i4 = select(at4 % 64u, at4 / 64u, along_k);
+    let r4 = select(at4 / 64u, at4 % 64u, along_k);
+    let live4 = row0 + i4 < rows && k0 + r4 < p.k;
+    let src4 = select(0u, (row0 + i4) * s_row + (k0 + r4) * s_k, live4);
+    let at5 = 5u * 256u + tid;
+    let i5 = select(at5 % 64u, at5 / 64u, along_k);
+    let r5 = select(at5 / 64u, at5 % 64u, along_k);
+    let live5 = row0 + i5 < rows && k0 + r5 < p.k;
+    let src5 = select(0u, (row0 + i5) * s_row + (k0 + r5) * s_k, live5);
+    let at6 = 6u * 256u + tid;
+    let i6 = select(at6 % 64u, at6 / 64u, along_k);
+    let r6 = select(at6 / 64u, at6 % 64u, along_k);
+    let live6 = row0 + i6 < rows && k0 + r6 < p.k;
+    let src6 = select(0u, (row0 + i6) * s_row + (k0 + r6) * s_k, live6);
+    let at7 = 7u * 256u + tid;
+    let i7 = select(at7 % 64u, at7 / 64u, along_k);
+    let r7 = select(at7 / 64u, at7 % 64u, along_k);
+    let live7 = row0 + i7 < rows && k0 + r7 < p.k;
+    let src7 = select(0u, (row0 + i7) * s_row + (k0 + r7) * s_k, live7);
+    let at8 = 8u * 256u + tid;
+    let i8 = select(at8 % 64u, at8 / 64u, along_k);
+    let r8 = select(at8 / 64u, at8 % 64u, along_k);
+    let live8 = row0 + i8 < rows && k0 + r8 < p.k;
+    let src8 = select(0u, (row0 + i8) * s_row + (k0 + r8) * s_k, live8);
+    let at9 = 9u * 256u + tid;
+    let i9 = select(at9 % 64u, at9 / 64u, along_k);
+    let r9 = select(at9 / 64u, at9 % 64u, along_k);
+    let live9 = row0 + i9 < rows && k0 + r9 < p.k;
+    let src9 = select(0u, (row0 + i9) * s_row + (k0 + r9) * s_k, live9);
+    let at10 = 10u * 256u + tid;
+    let i10 = select(at10 % 64u, at10 / 64u, along_k);
+    let r10 = select(at10 / 64u, at10 % 64u, along_k);
+    let live10 = row0 + i10 < rows && k0 + r10 < p.k;
+    let src10 = select(0u, (row0 + i10) * s_row + (k0 + r10) * s_k, live10);
+    let at11 = 11u * 256u + tid;
+    let i11 = select(at11 % 64u, at11 / 64u, along_k);
+    let r11 = select(at11 / 64u, at11 % 64u, along_k);
+    let live11 = row0 + i11 < rows && k0 + r11 < p.k;
+    let src11 = select(0u, (row0 + i11) * s_row + (k0 + r11) * s_k, live11);
+    let at12 = 12u * 256u + tid;
+    let i12 = select(at12 % 64u, at12 / 64u, along_k);
+    let r12 = select(at12 / 64u, at12 % 64u, along_k);
+    let live12 = row0 + i12 < rows && k0 + r12 < p.k;
+    let src12 = select(0u, (row0 + i12) * s_row + (k0 + r12) * s_k, live12);
+    let at13 = 13u * 256u + tid;
+    let i13 = select(at13 % 64u, at13 / 64u, along_k);
+    let r13 = select(at13 / 64u, at13 % 64u, along_k);
+    let live13 = row0 + i13 < rows && k0 + r13 < p.k;
+    let src13 = select(0u, (row0 + i13) * s_row + (k0 + r13) * s_k, live13);
+    let at14 = 14u * 256u + tid;
+    let i14 = select(at14 % 64u, at14 / 64u, along_k);
+    let r14 = select(at14 / 64u, at14 % 64u, along_k);
+    let live14 = row0 + i14 < rows && k0 + r14 < p.k;
+    let src14 = select(0u, (row0 + i14) * s_row + (k0 + r14) * s_k, live14);
+    let at15 = 15u * 256u + tid;
+    let i15 = select(at15 % 64u, at15 / 64u, along_k);
+    let r15 = select(at15 / 64u, at15 % 64u, along_k);
+    let live15 = row0 + i15 < rows && k0 + r15 < p.k;
+    let src15 = select(0u, (row0 + i15) * s_row + (k0 + r15) * s_k, live15);
+    var v0 = 0.0;
+    var v1 = 0.0;
+    var v2 = 0.0;
+    var v3 = 0.0;
+    var v4 = 0.0;
+    var v5 = 0.0;
+    var v6 = 0.0;
+    var v7 = 0.0;
+    var v8 = 0.0;
+    var v9 = 0.0;
+    var v10 = 0.0;
+    var v11 = 0.0;
+    var v12 = 0.0;
+    var v13 = 0.0;
+    var v14 = 0.0;
+    var v15 = 0.0;
+    if (is_a) {
+        v0 = a[src0];
+        v1 = a[src1];
+        v2 = a[src2];
+        v3 = a[src3];
+        v4 = a[src4];
+        v5 = a[src5];
+        v6 = a[src6];
+        v7 = a[src7];
+        v8 = a[src8];
+        v9 = a[src9];
+        v10 = a[src10];
+        v11 = a[src11];
+        v12 = a[src12];
+        v13 = a[src13];
+        v14 = a[src14];
+        v15 = a[src15];
+    } else {
+        v0 = b[src0];
+        v1 = b[src1];
+        v2 = b[src2];
+        v3 = b[src3];
+        v4 = b[src4];
+        v5 = b[src5];
+        v6 = b[src6];
+        v7 = b[src7];
+        v8 = b[src8];
+        v9 = b[src9];
+        v10 = b[src10];
+        v11 = b[src11];
+        v12 = b[src12];
+        v13 = b[src13];
+        v14 = b[src14];
+        v15 = b[src15];
     }
+    tile_sh[i0 * 65u + r0] = select(0.0, v0, live0);
+    tile_sh[i1 * 65u + r1] = select(0.0, v1, live1);
+    tile_sh[i2 * 65u + r2] = select(0.0, v2, live2);
+    tile_sh[i3 * 65u + r3] = select(0.0, v3, live3);
+    tile_sh[i4 * 65u + r4] = select(0.0, v4, live4);
+    tile_sh[i5 * 65u + r5] = select(0.0, v5, live5);
+    tile_sh[i6 * 65u + r6] = select(0.0, v6, live6);
+    tile_sh[i7 * 65u + r7] = select(0.0, v7, live7);
+    tile_sh[i8 * 65u + r8] = select(0.0, v8, live8);
+    tile_sh[i9 * 65u + r9] = select(0.0, v9, live9);
+    tile_sh[i10 * 65u + r10] = select(0.0, v10, live10);
+    tile_sh[i11 * 65u + r11] = select(0.0, v11, live11);
+    tile_sh[i12 * 65u + r12] = select(0.0, v12, live12);
+    tile_sh[i13 * 65u + r13] = select(0.0, v13, live13);
+    tile_sh[i14 * 65u + r14] = select(0.0, v14, live14);
+    tile_sh[i15 * 65u + r15] = select(0.0, v15, live15);
     let max_bits = operand_max(tid, operand);
     if (wid.x == 0u && wid.y == 0u && tid == 0u) {
         amax[2048u + operand] = max_bits;
