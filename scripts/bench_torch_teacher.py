@@ -16,7 +16,7 @@ def log(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def timed(fn, warmup=2, iters=5):
+def timed(fn, warmup=3, iters=10):
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
