@@ -320,8 +320,8 @@ fn poison_pool(gpu: &Gpu, len: usize) {
 
 /// Under mixed precision the producers of the products' inputs make their f16 copies
 /// themselves and note them for the products after them: rmsnorm in the same pass (scaled from
-/// a bound, sqrt(cols)·max|w|, not from its output's max), SwiGLU from the partial maxima it
-/// writes (one operand_f16 pass, no operand_amax). y = a·wᵀ reading the copy as made and dw =
+/// a bound, sqrt(cols)·max|w|, not from its output's max), SwiGLU and its backward from the
+/// partial maxima they write (one operand_f16 pass, no operand_amax). y = a·wᵀ reading the copy as made and dw =
 /// dyᵀ·a transposed must give, bit for bit, what they give from a copy of the same a made by
 /// the products themselves (a recording of their own, where the note is gone), and a itself is
 /// the f32 kernel's to the bit. Rows and columns off the 64-blocks (the copy's padding must be
@@ -339,7 +339,11 @@ fn tensor_core_products_read_their_producers_copies() {
         let (wb, dyb) = (gpu.upload_f32("w", &wv).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
         let rmsnorm = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::rmsnorm(rec, &xb, &gb, a, m, k, 1e-5).unwrap();
         let swiglu = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::swiglu(rec, &gub, a, m, k).unwrap();
-        for (producer, produce) in [("rmsnorm", &rmsnorm as &dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf)), ("swiglu", &swiglu)] {
+        // SwiGLU's backward writes [m, 2·ffn]: here a with ffn = k / 2, from gate_up's first half.
+        let d_out = gpu.upload_f32("d_out", &random(&mut rng, m * k / 2, 1e-3)).unwrap();
+        let swiglu_backward = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::swiglu_backward(rec, &gub, &d_out, a, m, k / 2).unwrap();
+        type Produce<'a> = &'a dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf);
+        for (producer, produce) in [("rmsnorm", &rmsnorm as Produce), ("swiglu", &swiglu), ("swiglu backward", &swiglu_backward)] {
             let run = |noted: bool| {
                 poison_pool(&gpu, m.div_ceil(64) * 64 * k.div_ceil(64) * 32);
                 let (a, y, dw) = (gpu.scratch(m * k).unwrap(), gpu.scratch(m * n).unwrap(), gpu.scratch(n * k).unwrap());
@@ -371,7 +375,7 @@ fn tensor_core_products_read_their_producers_copies() {
             let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
             assert_close(&format!("{producer}: y against f64"), &y, &want, 2e-6 * size * (k as f64).sqrt(), 1e-5);
         }
-        eprintln!("{m}x{n}x{k}, scale {scale}: products from rmsnorm's and SwiGLU's copies equal those from their own, bit for bit");
+        eprintln!("{m}x{n}x{k}, scale {scale}: products from the producers' copies equal those from their own, bit for bit");
     }
 }
 

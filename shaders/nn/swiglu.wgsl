@@ -81,3 +81,42 @@ fn swiglu_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
     d_gate_up[r * 2u * p.ffn + j] = d * u * s * (1.0 + g * (1.0 - s));
     d_gate_up[r * 2u * p.ffn + p.ffn + j] = d * g * s;
 }
+
+// `swiglu_backward` four columns a thread (ffn a multiple of 4), grid-strided like swiglu4; with
+// MAXIMA each workgroup writes max |d_gate_up| over what it wrote to maxima[workgroup], for
+// d_gate_up's f16 copy (the products dx = d_gate_up · W and dW = d_gate_upᵀ · x read it).
+@group(0) @binding(8) var<storage, read> d_out4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> d_gate_up4: array<vec4<f32>>;
+
+@compute @workgroup_size(256)
+fn swiglu_backward4(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
+    let quads = p.ffn / 4u;
+    let stride = groups.x * 256u;
+    var best = vec4<u32>(0u);
+    for (var i = wid.x * 256u + tid; i < p.rows * quads; i += stride) {
+        let r = i / quads;
+        let j = i % quads;
+        let g = gate_up4[r * 2u * quads + j];
+        let u = gate_up4[r * 2u * quads + quads + j];
+        let s = 1.0 / (1.0 + exp(-g));
+        let d = d_out4[i];
+        let d_gate = d * u * s * (1.0 + g * (1.0 - s));
+        let d_up = d * g * s;
+        d_gate_up4[r * 2u * quads + j] = d_gate;
+        d_gate_up4[r * 2u * quads + quads + j] = d_up;
+        best = max(best, max(bitcast<vec4<u32>>(abs(d_gate)), bitcast<vec4<u32>>(abs(d_up))));
+    }
+    if (MAXIMA) {
+        max_sh[tid] = max(max(best.x, best.y), max(best.z, best.w));
+        workgroupBarrier();
+        for (var k = 128u; k > 0u; k = k / 2u) {
+            if (tid < k) {
+                max_sh[tid] = max(max_sh[tid], max_sh[tid + k]);
+            }
+            workgroupBarrier();
+        }
+        if (tid == 0u) {
+            maxima[wid.x] = max_sh[0];
+        }
+    }
+}

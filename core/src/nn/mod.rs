@@ -696,11 +696,11 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
     let kernel = Kernel::new("nn/swiglu", "swiglu4").with("MAXIMA", staged as u32 as f64);
     // The maxima are bound either way (the entry point names them); only MAXIMA writes them.
     let maxima = rec.temp(if staged { 2050 } else { 1 })?;
-    if !staged {
-        return rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (6, out), (7, &maxima)], [groups, 1, 1]);
-    }
     rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (6, out), (7, &maxima)], [groups, 1, 1])?;
-    copy_rows_from_maxima(rec, out, (rows, ffn), &maxima, groups)
+    if staged {
+        copy_rows_from_maxima(rec, out, (rows, ffn), &maxima, groups)?;
+    }
+    Ok(())
 }
 
 // ---- backward ----
@@ -1033,8 +1033,22 @@ pub fn swiglu_backward(rec: &mut Recorder, gate_up: &GpuBuf, d_out: &GpuBuf, d_g
     need("swiglu backward gate_up", gate_up, rows * 2 * ffn)?;
     need("swiglu backward d_out", d_out, rows * ffn)?;
     need("swiglu backward d_gate_up", d_gate_up, rows * 2 * ffn)?;
-    let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
-    rec.dispatch_bindings(&Kernel::new("nn/swiglu", "swiglu_backward"), &SwigluParams { rows: rows as u32, ffn: ffn as u32 }, &[(1, gate_up), (3, d_out), (4, d_gate_up)], groups)
+    let params = SwigluParams { rows: rows as u32, ffn: ffn as u32 };
+    if ffn % 4 != 0 {
+        let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
+        return rec.dispatch_bindings(&Kernel::new("nn/swiglu", "swiglu_backward"), &params, &[(1, gate_up), (3, d_out), (4, d_gate_up)], groups);
+    }
+    // As `swiglu`: four columns a thread, and under mixed precision the partial maxima for
+    // d_gate_up's f16 copy, which both of gate_up's backward products read.
+    let groups = (rows * ffn / 4).div_ceil(256).clamp(1, 1024) as u32;
+    let staged = products_on_tensor_cores(rec, rows);
+    let kernel = Kernel::new("nn/swiglu", "swiglu_backward4").with("MAXIMA", staged as u32 as f64);
+    let maxima = rec.temp(if staged { 2050 } else { 1 })?;
+    rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (8, d_out), (9, d_gate_up), (7, &maxima)], [groups, 1, 1])?;
+    if staged {
+        copy_rows_from_maxima(rec, d_gate_up, (rows, 2 * ffn), &maxima, groups)?;
+    }
+    Ok(())
 }
 
 /// Backward of `gather_rows` (the embedding): table_grad[ids[r], :] += d_out[r, :]. The rows
