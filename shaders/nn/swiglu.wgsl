@@ -32,6 +32,21 @@ override MAXIMA: bool = false;
 @group(0) @binding(7) var<storage, read_write> maxima: array<u32>;
 var<workgroup> max_sh: array<u32, 256>;
 
+// maxima[group] = the largest of the workgroup's 256 `v` (max |value| bits).
+fn write_partial_max(tid: u32, group: u32, v: u32) {
+    max_sh[tid] = v;
+    workgroupBarrier();
+    for (var k = 128u; k > 0u; k = k / 2u) {
+        if (tid < k) {
+            max_sh[tid] = max(max_sh[tid], max_sh[tid + k]);
+        }
+        workgroupBarrier();
+    }
+    if (tid == 0u) {
+        maxima[group] = max_sh[0];
+    }
+}
+
 @compute @workgroup_size(256)
 fn swiglu4(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) groups: vec3<u32>) {
     let quads = p.ffn / 4u;
@@ -48,17 +63,7 @@ fn swiglu4(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid
         best = max(best, bitcast<vec4<u32>>(abs(h)));
     }
     if (MAXIMA) {
-        max_sh[tid] = max(max(best.x, best.y), max(best.z, best.w));
-        workgroupBarrier();
-        for (var k = 128u; k > 0u; k = k / 2u) {
-            if (tid < k) {
-                max_sh[tid] = max(max_sh[tid], max_sh[tid + k]);
-            }
-            workgroupBarrier();
-        }
-        if (tid == 0u) {
-            maxima[wid.x] = max_sh[0];
-        }
+        write_partial_max(tid, wid.x, max(max(best.x, best.y), max(best.z, best.w)));
     }
 }
 
@@ -107,16 +112,6 @@ fn swiglu_backward4(@builtin(local_invocation_index) tid: u32, @builtin(workgrou
         best = max(best, max(bitcast<vec4<u32>>(abs(d_gate)), bitcast<vec4<u32>>(abs(d_up))));
     }
     if (MAXIMA) {
-        max_sh[tid] = max(max(best.x, best.y), max(best.z, best.w));
-        workgroupBarrier();
-        for (var k = 128u; k > 0u; k = k / 2u) {
-            if (tid < k) {
-                max_sh[tid] = max(max_sh[tid], max_sh[tid + k]);
-            }
-            workgroupBarrier();
-        }
-        if (tid == 0u) {
-            maxima[wid.x] = max_sh[0];
-        }
+        write_partial_max(tid, wid.x, max(max(best.x, best.y), max(best.z, best.w)));
     }
 }
