@@ -8,7 +8,7 @@
 //! them emulated in plain WGSL (gpu/coop_emulation.rs; it prints EMULATED), which checks the
 //! kernels' logic but not the tensor cores' arithmetic, and a test checks that mixed precision
 //! is refused with a clear error without the emulation.
-use linearize_core::gpu::{Gpu, GpuBuf, Precision};
+use linearize_core::gpu::{Gpu, GpuBuf, Precision, Recorder};
 use linearize_core::nn::{self, Gemm};
 use linearize_core::reference::nn as reference;
 use linearize_core::util::Rng;
@@ -332,51 +332,88 @@ fn tensor_core_products_read_their_producers_copies() {
     let Some(gpu) = mixed_gpu() else { return };
     let mut rng = Rng::new(23);
     for &(m, n, k, scale) in &[(9, 33, 64, 1.0), (70, 40, 100, 50.0), (130, 576, 72, 1e-3), (130, 576, 72, 1.0)] {
-        let g = Gemm { m, n, k };
         let (x, g_w, gate_up) = (random(&mut rng, m * k, 3.0), random(&mut rng, k, scale), random(&mut rng, m * 2 * k, 3.0 * scale));
-        let (wv, dy) = (random(&mut rng, n * k, 1.0), random(&mut rng, m * n, 1e-3));
         let (xb, gb, gub) = (gpu.upload_f32("x", &x).unwrap(), gpu.upload_f32("g", &g_w).unwrap(), gpu.upload_f32("gate_up", &gate_up).unwrap());
-        let (wb, dyb) = (gpu.upload_f32("w", &wv).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
-        let rmsnorm = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::rmsnorm(rec, &xb, &gb, a, m, k, 1e-5).unwrap();
-        let swiglu = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::swiglu(rec, &gub, a, m, k).unwrap();
+        let rmsnorm = |rec: &mut Recorder, a: &GpuBuf| nn::rmsnorm(rec, &xb, &gb, a, m, k, 1e-5).unwrap();
+        let swiglu = |rec: &mut Recorder, a: &GpuBuf| nn::swiglu(rec, &gub, a, m, k).unwrap();
         // SwiGLU's backward writes [m, 2·ffn]: here a with ffn = k / 2, from gate_up's first half.
         let d_out = gpu.upload_f32("d_out", &random(&mut rng, m * k / 2, 1e-3)).unwrap();
-        let swiglu_backward = |rec: &mut linearize_core::gpu::Recorder, a: &GpuBuf| nn::swiglu_backward(rec, &gub, &d_out, a, m, k / 2).unwrap();
-        type Produce<'a> = &'a dyn Fn(&mut linearize_core::gpu::Recorder, &GpuBuf);
+        let swiglu_backward = |rec: &mut Recorder, a: &GpuBuf| nn::swiglu_backward(rec, &gub, &d_out, a, m, k / 2).unwrap();
         for (producer, produce) in [("rmsnorm", &rmsnorm as Produce), ("swiglu", &swiglu), ("swiglu backward", &swiglu_backward)] {
-            let run = |noted: bool| {
-                poison_pool(&gpu, m.div_ceil(64) * 64 * k.div_ceil(64) * 32);
-                let (a, y, dw) = (gpu.scratch(m * k).unwrap(), gpu.scratch(m * n).unwrap(), gpu.scratch(n * k).unwrap());
-                let mut rec = gpu.recorder();
-                produce(&mut rec, &a);
-                if !noted {
-                    rec.submit().unwrap();
-                    rec = gpu.recorder();
-                }
-                nn::linear(&mut rec, &a, &wb, &y, g, false).unwrap();
-                nn::linear_backward_weight(&mut rec, &dyb, &a, &dw, g, false).unwrap();
-                rec.submit().unwrap();
-                [(a, m * k), (y, m * n), (dw, n * k)].map(|(b, len)| gpu.read_f32_blocking(&b, len).unwrap())
-            };
-            let [a, y, dw] = run(true);
-            let [a_apart, y_apart, dw_apart] = run(false);
-            gpu.set_precision(Precision::F32).unwrap();
-            let a_f32 = gpu.scratch(m * k).unwrap();
-            let mut rec = gpu.recorder();
-            produce(&mut rec, &a_f32);
-            rec.submit().unwrap();
-            let a_f32 = gpu.read_f32_blocking(&a_f32, m * k).unwrap();
-            gpu.set_precision(Precision::Mixed).unwrap();
-            for (name, got, want) in [("its output against f32's", &a, &a_f32), ("its output", &a, &a_apart), ("y = a·wᵀ", &y, &y_apart), ("dw = dyᵀ·a", &dw, &dw_apart)] {
-                let differ = got.iter().zip(want.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
-                assert_eq!(differ, 0, "{producer} {m}x{k}, product {m}x{n}x{k}, scale {scale}: {name} differs in {differ} of {} values", want.len());
-            }
-            let want = reference::linear(&staged(&a), &staged(&wv), m, n, k);
-            let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
-            assert_close(&format!("{producer}: y against f64"), &y, &want, 2e-6 * size * (k as f64).sqrt(), 1e-5);
+            check_producers_copy(&gpu, &mut rng, &format!("{producer} {m}x{k}, scale {scale}"), (m, n, k), produce, true);
         }
         eprintln!("{m}x{n}x{k}, scale {scale}: products from the producers' copies equal those from their own, bit for bit");
     }
+}
+
+/// As above for the prefill attention on tensor cores (its workgroups' partial maxima): its
+/// output [batch·seq, n_q·64] read by o_proj and by o_proj's weight gradient.
+#[test]
+fn tensor_core_products_read_the_attentions_copy() {
+    use linearize_core::nn::AttnShape;
+    let Some(gpu) = mixed_gpu() else { return };
+    if gpu.limits.max_compute_workgroup_storage_size < nn::ATTENTION_COOP_WORKGROUP_BYTES {
+        eprintln!("NOT RUN: attention_coop needs {} bytes of workgroup memory, adapter '{}' has {}", nn::ATTENTION_COOP_WORKGROUP_BYTES, gpu.adapter.name, gpu.limits.max_compute_workgroup_storage_size);
+        return;
+    }
+    let mut rng = Rng::new(29);
+    for &(batch, seq, pos0, n_q, n_kv, n) in &[(2, 65, 7, 3, 1, 40), (1, 130, 0, 9, 3, 576)] {
+        let cap = pos0 + seq + 3;
+        let s = AttnShape { batch, seq, pos0, n_q, n_kv, head_dim: 64, cap };
+        let up = |name: &str, len: usize, scale: f32, rng: &mut Rng| gpu.upload_f32(name, &random(rng, len, scale)).unwrap();
+        let (qb, kb, vb) = (up("q", batch * seq * n_q * 64, 1.0, &mut rng), up("k", batch * n_kv * cap * 64, 1.0, &mut rng), up("v", batch * n_kv * cap * 64, 5.0, &mut rng));
+        let attention = |rec: &mut Recorder, a: &GpuBuf| nn::attention(rec, s, &qb, &kb, &vb, a).unwrap();
+        let what = format!("attention B={batch} T={seq} heads {n_q}/{n_kv}");
+        check_producers_copy(&gpu, &mut rng, &what, (batch * seq, n, n_q * 64), &attention, false);
+        eprintln!("{what}: o_proj and its weight gradient from the attention's copy equal those from their own, bit for bit");
+    }
+}
+
+type Produce<'a> = &'a dyn Fn(&mut Recorder, &GpuBuf);
+
+/// y = a·wᵀ and dw = dyᵀ·a right after `produce` writes a [m, k] (reading the copy it noted)
+/// against the same products in a recording of their own (making their own copy): the same
+/// bits, and y against f64 of the f16-rounded operands. With `f32_twin`, a itself must also be
+/// what the producer writes under f32 precision, bit for bit.
+fn check_producers_copy(gpu: &Gpu, rng: &mut Rng, what: &str, (m, n, k): (usize, usize, usize), produce: Produce, f32_twin: bool) {
+    let g = Gemm { m, n, k };
+    let (wv, dy) = (random(rng, n * k, 1.0), random(rng, m * n, 1e-3));
+    let (wb, dyb) = (gpu.upload_f32("w", &wv).unwrap(), gpu.upload_f32("dy", &dy).unwrap());
+    let run = |noted: bool| {
+        poison_pool(gpu, m.div_ceil(64) * 64 * k.div_ceil(64) * 32);
+        let (a, y, dw) = (gpu.scratch(m * k).unwrap(), gpu.scratch(m * n).unwrap(), gpu.scratch(n * k).unwrap());
+        let mut rec = gpu.recorder();
+        produce(&mut rec, &a);
+        if !noted {
+            rec.submit().unwrap();
+            rec = gpu.recorder();
+        }
+        nn::linear(&mut rec, &a, &wb, &y, g, false).unwrap();
+        nn::linear_backward_weight(&mut rec, &dyb, &a, &dw, g, false).unwrap();
+        rec.submit().unwrap();
+        [(a, m * k), (y, m * n), (dw, n * k)].map(|(b, len)| gpu.read_f32_blocking(&b, len).unwrap())
+    };
+    let [a, y, dw] = run(true);
+    let [a_apart, y_apart, dw_apart] = run(false);
+    let mut pairs = vec![("its output", &a, &a_apart), ("y = a·wᵀ", &y, &y_apart), ("dw = dyᵀ·a", &dw, &dw_apart)];
+    let a_f32;
+    if f32_twin {
+        gpu.set_precision(Precision::F32).unwrap();
+        let out = gpu.scratch(m * k).unwrap();
+        let mut rec = gpu.recorder();
+        produce(&mut rec, &out);
+        rec.submit().unwrap();
+        a_f32 = gpu.read_f32_blocking(&out, m * k).unwrap();
+        gpu.set_precision(Precision::Mixed).unwrap();
+        pairs.push(("its output against f32's", &a, &a_f32));
+    }
+    for (name, got, want) in pairs {
+        let differ = got.iter().zip(want.iter()).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "{what}, product {m}x{n}x{k}: {name} differs in {differ} of {} values", want.len());
+    }
+    let want = reference::linear(&staged(&a), &staged(&wv), m, n, k);
+    let size = want.iter().map(|v| v.abs()).fold(0.0, linearize_tests::nan_max).max(1e-30);
+    assert_close(&format!("{what}: y against f64"), &y, &want, 2e-6 * size * (k as f64).sqrt(), 1e-5);
 }
 
 /// The chunked recurrence at head size 128 under mixed precision (native/chunk_coop.wgsl: the

@@ -3,7 +3,8 @@
 // Causal grouped-query attention for prefill on tensor cores (cooperative matrices, f16
 // operands, f32 accumulation): nn/attention.wgsl's `attention` with its two products as 16×16×16
 // matrix multiplies, flash attention's online softmax between them in f32. `Precision::Mixed`
-// only; head dimension 64; same Params and bindings as nn/attention.
+// only; head dimension 64; nn/attention's Params and bindings 1–4, and the partial maxima of out
+// (binding 5) for its f16 copy.
 //
 // One workgroup = 64 consecutive queries of one (batch, head), four subgroups of 32 threads,
 // subgroup s owning query rows 16s .. 16s + 15 and thread 2i + h half h of row i's keys (a row's
@@ -47,6 +48,9 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>; // [batch, n_kv, cap, 16]
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>; // [batch*seq, n_q, 16]
+// The workgroups' partial max |out| (bits) with MAXIMA, for out's f16 copy.
+@group(0) @binding(5) var<storage, read_write> maxima: array<u32>;
+override MAXIMA: bool = false;
 
 const D4: u32 = 16u;    // vec4 per head (head_dim 64)
 const BQ: u32 = 64u;    // queries per workgroup
@@ -296,32 +300,62 @@ fn attention_coop(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_
     workgroupBarrier();
     let inv = 1.0 / (l + red[tid ^ 1u]);
     let ob = ((b * p.seq + min(t, p.seq - 1u)) * p.n_q + h) * D4 + 2u * half;
+    // max |out| over what this thread writes, as bits (non-negative floats order as their bits)
+    var best = vec4<u32>(0u);
     coopStoreT(acc0, &s32[srow], SLD);
     workgroupBarrier();
     if (t < p.seq) {
-        out[ob + 0u] = s4(r * SLD + 8u * half) * inv;
-        out[ob + 1u] = s4(r * SLD + 8u * half + 4u) * inv;
+        let o0 = s4(r * SLD + 8u * half) * inv;
+        let o1 = s4(r * SLD + 8u * half + 4u) * inv;
+        out[ob + 0u] = o0;
+        out[ob + 1u] = o1;
+        best = max(best, max(bitcast<vec4<u32>>(abs(o0)), bitcast<vec4<u32>>(abs(o1))));
     }
     workgroupBarrier();
     coopStoreT(acc1, &s32[srow], SLD);
     workgroupBarrier();
     if (t < p.seq) {
-        out[ob + 4u] = s4(r * SLD + 8u * half) * inv;
-        out[ob + 5u] = s4(r * SLD + 8u * half + 4u) * inv;
+        let o2 = s4(r * SLD + 8u * half) * inv;
+        let o3 = s4(r * SLD + 8u * half + 4u) * inv;
+        out[ob + 4u] = o2;
+        out[ob + 5u] = o3;
+        best = max(best, max(bitcast<vec4<u32>>(abs(o2)), bitcast<vec4<u32>>(abs(o3))));
     }
     workgroupBarrier();
     coopStoreT(acc2, &s32[srow], SLD);
     workgroupBarrier();
     if (t < p.seq) {
-        out[ob + 8u] = s4(r * SLD + 8u * half) * inv;
-        out[ob + 9u] = s4(r * SLD + 8u * half + 4u) * inv;
+        let o4 = s4(r * SLD + 8u * half) * inv;
+        let o5 = s4(r * SLD + 8u * half + 4u) * inv;
+        out[ob + 8u] = o4;
+        out[ob + 9u] = o5;
+        best = max(best, max(bitcast<vec4<u32>>(abs(o4)), bitcast<vec4<u32>>(abs(o5))));
     }
     workgroupBarrier();
     coopStoreT(acc3, &s32[srow], SLD);
     workgroupBarrier();
     if (t < p.seq) {
-        out[ob + 12u] = s4(r * SLD + 8u * half) * inv;
-        out[ob + 13u] = s4(r * SLD + 8u * half + 4u) * inv;
+        let o6 = s4(r * SLD + 8u * half) * inv;
+        let o7 = s4(r * SLD + 8u * half + 4u) * inv;
+        out[ob + 12u] = o6;
+        out[ob + 13u] = o7;
+        best = max(best, max(bitcast<vec4<u32>>(abs(o6)), bitcast<vec4<u32>>(abs(o7))));
     }
     workgroupBarrier();
+    // With MAXIMA, the workgroup's max |out| into maxima[its index in the grid]: operand_f16
+    // reduces them when it copies out to f16 for o_proj (no operand_amax pass over out). The
+    // bits move through red as f32 words, compared only as u32.
+    if (MAXIMA) {
+        red[tid] = bitcast<f32>(max(max(best.x, best.y), max(best.z, best.w)));
+        workgroupBarrier();
+        for (var k = 64u; k > 0u; k = k / 2u) {
+            if (tid < k) {
+                red[tid] = bitcast<f32>(max(bitcast<u32>(red[tid]), bitcast<u32>(red[tid + k])));
+            }
+            workgroupBarrier();
+        }
+        if (tid == 0u) {
+            maxima[wid.x + num_workgroups.x * (wid.y + num_workgroups.y * wid.z)] = bitcast<u32>(red[0]);
+        }
+    }
 }

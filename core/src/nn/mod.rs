@@ -564,8 +564,20 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         // (native/attention_coop.wgsl: f16 operands, the softmax in f32).
         let groups = [s.seq.div_ceil(64) as u32, s.n_q as u32, s.batch as u32];
         let coop = tensor_cores(rec) && rec.gpu().limits.max_compute_workgroup_storage_size >= ATTENTION_COOP_WORKGROUP_BYTES;
-        let kernel = if coop { Kernel::new("native/attention_coop", "attention_coop") } else { Kernel::new("nn/attention", "attention") };
-        rec.dispatch(&kernel, &params, &bufs, groups)
+        if !coop {
+            return rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &bufs, groups);
+        }
+        // Each workgroup writes its partial max |out| for out's f16 copy (o_proj reads it), where
+        // operand_f16 can reduce them all (at most 2,048: words 2048.. of its buffer are totals).
+        let (rows, n_groups) = (s.batch * s.seq, groups.iter().product::<u32>());
+        let staged = products_on_tensor_cores(rec, rows) && n_groups <= 2048;
+        let maxima = rec.temp(if staged { 2050 } else { 1 })?;
+        let kernel = Kernel::new("native/attention_coop", "attention_coop").with("MAXIMA", staged as u32 as f64);
+        rec.dispatch_bindings(&kernel, &params, &[(1, q), (2, k_cache), (3, v_cache), (4, out), (5, &maxima)], groups)?;
+        if staged {
+            copy_rows_from_maxima(rec, out, (rows, s.n_q * s.head_dim), &maxima, n_groups)?;
+        }
+        Ok(())
     }
 }
 
