@@ -54,12 +54,13 @@ fn every_native_shader_validates_emulated() {
 }
 
 /// The override constants over the values the runtime gives them (GATE 0–2, DELTA, NORM and
-/// PRODUCTS_DONE, SWEEP_WROTE and OUT16 as recurrence.rs sets them, A_T and B_T as nn::coop does); one empty set for a shader without overrides.
+/// PRODUCTS_DONE, SWEEP_WROTE and OUT16 as recurrence.rs sets them, A_T and B_T as nn::coop does,
+/// MAXIMA as nn::attention does); one empty set for a shader without overrides.
 fn override_combinations(module: &naga::Module) -> Vec<naga::back::PipelineConstants> {
     let values = |name: &str| -> Vec<f64> {
         match name {
             "GATE" | "NORM" => vec![0.0, 1.0, 2.0],
-            "DELTA" | "PRODUCTS_DONE" | "SWEEP_WROTE" | "OUT16" | "A_T" | "B_T" => vec![0.0, 1.0],
+            "DELTA" | "PRODUCTS_DONE" | "SWEEP_WROTE" | "OUT16" | "A_T" | "B_T" | "MAXIMA" => vec![0.0, 1.0],
             other => panic!("override {other}: the test does not know its values"),
         }
     };
