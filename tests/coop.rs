@@ -352,8 +352,7 @@ fn tensor_core_products_read_their_producers_copies() {
 fn tensor_core_products_read_the_attentions_copy() {
     use linearize_core::nn::AttnShape;
     let Some(gpu) = mixed_gpu() else { return };
-    if gpu.limits.max_compute_workgroup_storage_size < nn::ATTENTION_COOP_WORKGROUP_BYTES {
-        eprintln!("NOT RUN: attention_coop needs {} bytes of workgroup memory, adapter '{}' has {}", nn::ATTENTION_COOP_WORKGROUP_BYTES, gpu.adapter.name, gpu.limits.max_compute_workgroup_storage_size);
+    if !attention_coop_fits(&gpu, "the products from its copy are not made") {
         return;
     }
     let mut rng = Rng::new(29);
@@ -610,6 +609,17 @@ fn tensor_core_backward_reads_the_forwards_wy_form() {
     }
 }
 
+/// Whether the adapter has the workgroup memory attention_coop needs; says NOT RUN (and what
+/// happens instead) where it has not.
+fn attention_coop_fits(gpu: &Gpu, instead: &str) -> bool {
+    let have = gpu.limits.max_compute_workgroup_storage_size;
+    let fits = have >= nn::ATTENTION_COOP_WORKGROUP_BYTES;
+    if !fits {
+        eprintln!("NOT RUN on tensor cores: attention_coop needs {} bytes of workgroup memory, adapter '{}' has {have}; {instead}", nn::ATTENTION_COOP_WORKGROUP_BYTES, gpu.adapter.name);
+    }
+    fits
+}
+
 /// Prefill attention on tensor cores (native/attention_coop.wgsl: q kᵀ and P v as f16 products
 /// with f32 accumulation, the online softmax in f32) against the f64 reference: ragged tiles of
 /// queries and keys, a prefix already in the cache, grouped heads, peaked scores, scores that grow
@@ -619,10 +629,8 @@ fn tensor_core_backward_reads_the_forwards_wy_form() {
 fn tensor_core_attention_matches_f64() {
     use linearize_core::nn::AttnShape;
     let Some(gpu) = mixed_gpu() else { return };
-    if gpu.limits.max_compute_workgroup_storage_size < nn::ATTENTION_COOP_WORKGROUP_BYTES {
-        // The runtime then takes the f32 kernel in mixed precision too: checked below all the same.
-        eprintln!("NOT RUN on tensor cores: attention_coop needs {} bytes of workgroup memory, adapter '{}' has {}; mixed precision runs the f32 kernel there", nn::ATTENTION_COOP_WORKGROUP_BYTES, gpu.adapter.name, gpu.limits.max_compute_workgroup_storage_size);
-    }
+    // Where it does not fit, mixed precision runs the f32 kernel: checked below all the same.
+    attention_coop_fits(&gpu, "mixed precision runs the f32 kernel there");
     let mut rng = Rng::new(31);
     let d = 64;
     let cache_to_seq = |cache: &[f32], b: usize, n_kv: usize, cap: usize, t: usize| -> Vec<f64> {

@@ -413,11 +413,9 @@ pub fn rmsnorm(rec: &mut Recorder, x: &GpuBuf, w: &GpuBuf, y: &GpuBuf, rows: usi
     }
     // Mixed precision: y's f16 copy made in the same pass and noted for the products that read
     // y next (y · Wᵀ as made, dW = dyᵀ · y transposed), so none copies it again.
-    let (rows_p, kp) = (rows.div_ceil(64) * 64, cols.div_ceil(64) * 64);
-    let (copy, bound) = (rec.temp(rows_p * kp / 2)?, rec.temp(2050)?);
-    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_f16"), &params, &[(1, x), (2, w), (3, y), (8, &copy), (9, &bound)], split_groups(rows_p))?;
-    let view = View { rows: rows as u32, red: cols as u32, s_row: cols as u32, s_red: 1 };
-    rec.note_shared_copy(y, view.key(A_MAX_AT), &copy, &bound);
+    let (copy, bound) = (rec.temp(rows_copy_words(rows, cols))?, rec.temp(AMAX_WORDS)?);
+    rec.dispatch_bindings(&Kernel::new("nn/rmsnorm", "rmsnorm_f16"), &params, &[(1, x), (2, w), (3, y), (8, &copy), (9, &bound)], split_groups(rows.div_ceil(64) * 64))?;
+    note_rows_copy(rec, y, (rows, cols), &copy, &bound);
     Ok(())
 }
 
@@ -571,7 +569,7 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
         // operand_f16 can reduce them all (at most 2,048: words 2048.. of its buffer are totals).
         let (rows, n_groups) = (s.batch * s.seq, groups.iter().product::<u32>());
         let staged = products_on_tensor_cores(rec, rows) && n_groups <= 2048;
-        let maxima = rec.temp(if staged { 2050 } else { 1 })?;
+        let maxima = partial_maxima(rec, staged)?;
         let kernel = Kernel::new("native/attention_coop", "attention_coop").with("MAXIMA", staged as u32 as f64);
         rec.dispatch_bindings(&kernel, &params, &[(1, q), (2, k_cache), (3, v_cache), (4, out), (5, &maxima)], groups)?;
         if staged {
@@ -701,18 +699,24 @@ pub fn swiglu(rec: &mut Recorder, gate_up: &GpuBuf, out: &GpuBuf, rows: usize, f
         let groups = [ffn.div_ceil(64) as u32, rows as u32, 1];
         return rec.dispatch(&Kernel::new("nn/swiglu", "swiglu"), &params, &[&gate_up, &out], groups);
     }
-    // Four columns a thread, grid-strided over at most 1,024 workgroups (about one wave of an
-    // H200's 132 SMs); under mixed precision each writes its partial max |out| for the f16 copy.
-    let groups = (rows * ffn / 4).div_ceil(256).clamp(1, 1024) as u32;
+    // Four columns a thread; under mixed precision each workgroup writes its partial max |out|
+    // for the f16 copy.
+    let groups = swiglu4_groups(rows, ffn);
     let staged = products_on_tensor_cores(rec, rows);
     let kernel = Kernel::new("nn/swiglu", "swiglu4").with("MAXIMA", staged as u32 as f64);
-    // The maxima are bound either way (the entry point names them); only MAXIMA writes them.
-    let maxima = rec.temp(if staged { 2050 } else { 1 })?;
+    let maxima = partial_maxima(rec, staged)?;
     rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (6, out), (7, &maxima)], [groups, 1, 1])?;
     if staged {
         copy_rows_from_maxima(rec, out, (rows, ffn), &maxima, groups)?;
     }
     Ok(())
+}
+
+/// swiglu4's and swiglu_backward4's grid: [rows, ffn / 4] vectors, grid-strided over at most
+/// 1,024 workgroups (about one wave of an H200's 132 SMs, and no more partial maxima than
+/// operand_f16 reduces for one operand).
+fn swiglu4_groups(rows: usize, ffn: usize) -> u32 {
+    (rows * ffn / 4).div_ceil(256).clamp(1, 1024) as u32
 }
 
 // ---- backward ----
@@ -857,7 +861,7 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
         (Some(sa), None) => (sa, shared_operand_copy(rec, a, b, &params, 1, extent_b, cols_p, view_b)?),
         (None, None) => {
             // Both in the same two dispatches.
-            let (a16, b16, amax) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?, rec.temp(2050)?);
+            let (a16, b16, amax) = (rec.temp(rows_p * kp / 2)?, rec.temp(cols_p * kp / 2)?, rec.temp(AMAX_WORDS)?);
             let groups = amax_workgroups(extent_a.max(extent_b));
             let p = CoopGemmParams { amax_groups: groups, ..params };
             rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, &amax)], [groups, 2, 1])?;
@@ -939,15 +943,43 @@ fn amax_workgroups(extent: usize) -> u32 {
 /// max |value| into word 2048 + which of `amax`: two dispatches.
 #[allow(clippy::too_many_arguments)]
 fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, copy: &GpuBuf, amax: &GpuBuf) -> Result<()> {
-    let shader = "native/matmul_coop";
     let groups = amax_workgroups(extent);
     let p = CoopGemmParams { amax_groups: groups, first_operand: which, ..*params };
-    // Both operands are bound because the entry points name them: only `which` is read, and
-    // the other copy's binding gets a word nothing writes.
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_amax"), &p, &[(1, a), (2, b), (4, amax)], [groups, 1, 1])?;
+    // Both operands are bound because the entry points name them: only `which` is read.
+    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "operand_amax"), &p, &[(1, a), (2, b), (4, amax)], [groups, 1, 1])?;
+    copy_f16(rec, a, b, &p, rows_p, copy, amax)
+}
+
+/// operand_f16 of operand `p.first_operand` into `copy` from the `p.amax_groups` partial maxima
+/// at the start of that operand's region of `amax` (its total into word 2048 + which): one
+/// dispatch. The other copy's binding gets a word nothing writes.
+fn copy_f16(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, p: &CoopGemmParams, rows_p: usize, copy: &GpuBuf, amax: &GpuBuf) -> Result<()> {
     let unused = rec.temp(1)?;
-    let (a16, b16) = if which == 0 { (copy, &unused) } else { (&unused, copy) };
-    rec.dispatch_bindings(&Kernel::new(shader, "operand_f16"), &p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [params.kp / 64, (rows_p / 64) as u32, 1])
+    let (a16, b16) = if p.first_operand == 0 { (copy, &unused) } else { (&unused, copy) };
+    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "operand_f16"), p, &[(1, a), (2, b), (4, amax), (5, a16), (6, b16)], [p.kp / 64, (rows_p / 64) as u32, 1])
+}
+
+/// Words of an operand's max buffer (operand_amax's partial maxima of a at 0.., of b at
+/// 1024.., the totals at A_MAX_AT and B_MAX_AT).
+const AMAX_WORDS: usize = 2050;
+
+/// A producer's buffer for its workgroups' partial max |value| where its output is `staged`
+/// (copied to f16 from them), else one word for the binding its entry point names.
+fn partial_maxima(rec: &mut Recorder, staged: bool) -> Result<GpuBuf> {
+    rec.temp(if staged { AMAX_WORDS } else { 1 })
+}
+
+/// Words of the f16 copy of a [rows, cols] first operand: rows and columns rounded up to 64,
+/// two halves a word.
+fn rows_copy_words(rows: usize, cols: usize) -> usize {
+    rows.div_ceil(64) * 64 * cols.div_ceil(64) * 64 / 2
+}
+
+/// Notes `copy` (its max at A_MAX_AT of `max`) as the f16 copy of `src` [rows, cols] for the
+/// products after it in the recording: as made (y = src · Wᵀ) or transposed (dW = dyᵀ · src).
+fn note_rows_copy(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize, usize), copy: &GpuBuf, max: &GpuBuf) {
+    let view = View { rows: rows as u32, red: cols as u32, s_row: cols as u32, s_red: 1 };
+    rec.note_shared_copy(src, view.key(A_MAX_AT), copy, max);
 }
 
 /// The f16 copy of `src` [rows, cols] as the first operand of a product (y = src · Wᵀ, or read
@@ -955,14 +987,11 @@ fn copy_operand(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmPar
 /// of `maxima` (operand_f16 reduces them into word 2048): one dispatch, noted for the products
 /// after it in the recording.
 fn copy_rows_from_maxima(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize, usize), maxima: &GpuBuf, groups: u32) -> Result<()> {
-    let (rows_p, kp) = (rows.div_ceil(64) * 64, cols.div_ceil(64) * 64);
-    let [m, k, kp32] = [rows, cols, kp].map(|v| v as u32);
-    let params = CoopGemmParams { m, n: 1, k, accumulate: 0, sam: k, sak: 1, sbn: k, sbk: 1, ldy: 1, y0: 0, kp: kp32, split_k: kp32, split_stride: 0, splits: 1, amax_groups: groups, first_operand: 0, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
-    let (copy, unused) = (rec.temp(rows_p * kp / 2)?, rec.temp(1)?);
-    let bindings = [(1, src), (2, src), (4, maxima), (5, &copy), (6, &unused)];
-    rec.dispatch_bindings(&Kernel::new("native/matmul_coop", "operand_f16"), &params, &bindings, [kp32 / 64, (rows_p / 64) as u32, 1])?;
-    let view = View { rows: m, red: k, s_row: k, s_red: 1 };
-    rec.note_shared_copy(src, view.key(A_MAX_AT), &copy, maxima);
+    let [m, k, kp] = [rows, cols, cols.div_ceil(64) * 64].map(|v| v as u32);
+    let params = CoopGemmParams { m, n: 1, k, accumulate: 0, sam: k, sak: 1, sbn: k, sbk: 1, ldy: 1, y0: 0, kp, split_k: kp, split_stride: 0, splits: 1, amax_groups: groups, first_operand: 0, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
+    let copy = rec.temp(rows_copy_words(rows, cols))?;
+    copy_f16(rec, src, src, &params, rows.div_ceil(64) * 64, &copy, maxima)?;
+    note_rows_copy(rec, src, (rows, cols), &copy, maxima);
     Ok(())
 }
 
@@ -970,7 +999,7 @@ fn copy_rows_from_maxima(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize,
 /// for the GEMMs after it in the recording (`Recorder::shared_copy`).
 #[allow(clippy::too_many_arguments)]
 fn shared_operand_copy(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmParams, which: u32, extent: usize, rows_p: usize, view: View) -> Result<Staged> {
-    let (copy, amax) = (rec.temp(rows_p * params.kp as usize / 2)?, rec.temp(2050)?);
+    let (copy, amax) = (rec.temp(rows_p * params.kp as usize / 2)?, rec.temp(AMAX_WORDS)?);
     copy_operand(rec, a, b, params, which, extent, rows_p, &copy, &amax)?;
     let max_at = A_MAX_AT + which;
     rec.note_shared_copy(if which == 0 { a } else { b }, view.key(max_at), &copy, &amax);
@@ -991,7 +1020,7 @@ fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmP
         }
     }
     let gpu = rec.gpu();
-    let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(2050)?);
+    let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(AMAX_WORDS)?);
     copy_operand(rec, a, b, params, 1, extent_b, cols_p, &b16, &amax)?;
     let staged = Staged { copy: b16.handle(), amax: amax.handle(), max_at: B_MAX_AT, transposed: false };
     if gpu.open_recorders() == 1 {
@@ -1052,10 +1081,10 @@ pub fn swiglu_backward(rec: &mut Recorder, gate_up: &GpuBuf, d_out: &GpuBuf, d_g
     }
     // As `swiglu`: four columns a thread, and under mixed precision the partial maxima for
     // d_gate_up's f16 copy, which both of gate_up's backward products read.
-    let groups = (rows * ffn / 4).div_ceil(256).clamp(1, 1024) as u32;
+    let groups = swiglu4_groups(rows, ffn);
     let staged = products_on_tensor_cores(rec, rows);
     let kernel = Kernel::new("nn/swiglu", "swiglu_backward4").with("MAXIMA", staged as u32 as f64);
-    let maxima = rec.temp(if staged { 2050 } else { 1 })?;
+    let maxima = partial_maxima(rec, staged)?;
     rec.dispatch_bindings(&kernel, &params, &[(5, gate_up), (8, d_out), (9, d_gate_up), (7, &maxima)], [groups, 1, 1])?;
     if staged {
         copy_rows_from_maxima(rec, d_gate_up, (rows, 2 * ffn), &maxima, groups)?;
