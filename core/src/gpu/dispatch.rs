@@ -475,7 +475,7 @@ impl<'g> Recorder<'g> {
         self.params.resize(params_at + params_len, 0);
         self.dispatches.push(Dispatch {
             pipeline,
-            label: kernel.entry,
+            label: profile::label(kernel.entry, groups),
             params_at: params_at as u64,
             params_len: params_len as u64,
             // Bind the words in use, not the pooled capacity (which may exceed the binding limit).
@@ -657,7 +657,9 @@ impl Dispatch {
 /// A kernel profiler for native runs: with LINEARIZE_PROFILE=1 each dispatch's time is added to
 /// its entry point's total — measured on the GPU's clock by timestamps where the adapter offers
 /// them (the work still goes in one submission per recorder), else on the host's clock with
-/// every dispatch submitted and waited for alone. LINEARIZE_PROFILE=wall asks for the latter.
+/// every dispatch submitted and waited for alone. LINEARIZE_PROFILE=wall asks for the latter;
+/// LINEARIZE_PROFILE=grid times as 1 does, with each entry point's dispatches apart by their
+/// workgroup grid (which product or copy of a step takes the time).
 pub mod profile {
     use std::collections::BTreeMap;
     use std::sync::Mutex;
@@ -671,6 +673,7 @@ pub mod profile {
     enum Mode {
         Off,
         Kernels,
+        KernelsByGrid,
         KernelsWallClock,
         Host,
     }
@@ -683,6 +686,7 @@ pub mod profile {
                 Err(_) | Ok("") | Ok("0") => Mode::Off,
                 Ok("wall") => Mode::KernelsWallClock,
                 Ok("host") => Mode::Host,
+                Ok("grid") => Mode::KernelsByGrid,
                 Ok(_) => Mode::Kernels,
             })
         }
@@ -693,7 +697,7 @@ pub mod profile {
     /// Whether each kernel is timed (its dispatches then submitted apart, so the host's
     /// recording is not what an unprofiled run does).
     pub fn enabled() -> bool {
-        matches!(mode(), Mode::Kernels | Mode::KernelsWallClock)
+        matches!(mode(), Mode::Kernels | Mode::KernelsByGrid | Mode::KernelsWallClock)
     }
 
     /// Whether LINEARIZE_PROFILE asks for the host's clock even where timestamps exist.
@@ -718,6 +722,17 @@ pub mod profile {
             return "the host's clock (recording and submitting; the GPU not waited for)";
         }
         if gpu.timestamps { "the GPU's clock (timestamps around each dispatch)" } else { "the host's clock (each dispatch submitted and waited for alone)" }
+    }
+
+    /// A dispatch's name in the report: its entry point, with LINEARIZE_PROFILE=grid followed by
+    /// its workgroup grid (each name made once and kept for the process).
+    pub fn label(entry: &'static str, groups: [u32; 3]) -> &'static str {
+        if mode() != Mode::KernelsByGrid {
+            return entry;
+        }
+        static NAMES: Mutex<BTreeMap<(&'static str, [u32; 3]), &'static str>> = Mutex::new(BTreeMap::new());
+        let mut names = NAMES.lock().expect("profile names lock");
+        names.entry((entry, groups)).or_insert_with(|| Box::leak(format!("{entry} {}x{}x{}", groups[0], groups[1], groups[2]).into_boxed_str()))
     }
 
     pub fn record(entry: &'static str, seconds: f64) {
