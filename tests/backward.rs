@@ -144,6 +144,45 @@ fn losses_and_their_gradients_match_reference() {
     assert_close("masked cross entropy grad", &got, &want, 1e-6, 1e-3);
 }
 
+/// Stage 3's fused loss (cross_entropy_kl) gives, bit for bit, what cross_entropy then kl with
+/// `accumulate` give — both losses and the summed gradient, a masked target included — and each
+/// row's max |gradient| as bits. Rows of 300 and of 1,000 (past one pass of 256 threads).
+#[test]
+fn fused_cross_entropy_and_kl_equal_the_two_apart() {
+    use linearize_core::train::losses::IGNORE;
+    let mut rng = Rng::new(57);
+    for &(rows, vocab) in &[(4, 300), (3, 1000)] {
+        let z = random(&mut rng, rows * vocab, 5.0);
+        let t = random(&mut rng, rows * vocab, 5.0);
+        let mut targets: Vec<u32> = (0..rows).map(|r| (r * 97 % vocab) as u32).collect();
+        targets[1] = IGNORE;
+        let (zb, tb, ib) = (up(&z), up(&t), gpu().upload_u32("targets", &targets).unwrap());
+        let (ce_scale, kl_scale) = (1.0 / rows as f32, 0.37);
+        let (ce, kl, grad) = (gpu().scratch(rows).unwrap(), gpu().scratch(rows).unwrap(), gpu().scratch(rows * vocab).unwrap());
+        let mut rec = gpu().recorder();
+        train::cross_entropy(&mut rec, &zb, &ib, rows, vocab, &LossOut { loss: &ce, grad: &grad, scale: ce_scale, accumulate: false }).unwrap();
+        train::kl(&mut rec, &zb, &tb, rows, vocab, &LossOut { loss: &kl, grad: &grad, scale: kl_scale, accumulate: true }).unwrap();
+        rec.submit().unwrap();
+        let (ce2, kl2, grad2, maxima) = (gpu().scratch(rows).unwrap(), gpu().scratch(rows).unwrap(), gpu().scratch(rows * vocab).unwrap(), gpu().scratch(rows).unwrap());
+        let mut rec = gpu().recorder();
+        let out = LossOut { loss: &ce2, grad: &grad2, scale: ce_scale, accumulate: false };
+        train::cross_entropy_kl(&mut rec, &zb, &tb, &ib, rows, vocab, &out, &kl2, kl_scale, Some(&maxima)).unwrap();
+        rec.submit().unwrap();
+        let bits = |b: &GpuBuf, n: usize| read(b, n).iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&ce2, rows), bits(&ce, rows), "{rows}x{vocab}: cross entropy");
+        assert_eq!(bits(&kl2, rows), bits(&kl, rows), "{rows}x{vocab}: kl");
+        let (g, g2) = (bits(&grad, rows * vocab), bits(&grad2, rows * vocab));
+        let differ = g.iter().zip(&g2).filter(|(a, b)| a != b).count();
+        assert_eq!(differ, 0, "{rows}x{vocab}: the gradient differs in {differ} of {} values", g.len());
+        let want_max: Vec<u32> = (0..rows).map(|r| g[r * vocab..(r + 1) * vocab].iter().map(|b| b & 0x7fff_ffff).max().unwrap()).collect();
+        assert_eq!(bits(&maxima, rows), want_max, "{rows}x{vocab}: the rows' max |gradient|");
+        // Accumulating into the gradient is refused: the fused loss writes it.
+        let mut rec = gpu().recorder();
+        let e = train::cross_entropy_kl(&mut rec, &zb, &tb, &ib, rows, vocab, &LossOut { accumulate: true, ..out }, &kl2, kl_scale, None).unwrap_err().to_string();
+        assert!(e.contains("written, not added to"), "{e}");
+    }
+}
+
 #[test]
 fn adamw_and_global_norm_match_reference() {
     let mut rng = Rng::new(55);

@@ -368,6 +368,61 @@ fn tensor_core_products_read_the_attentions_copy() {
     }
 }
 
+/// Stage 3's head and losses on tensor cores: the fused loss writes each row's max |∂L/∂logits|,
+/// and the head's backward products read the gradient's f16 copy made from them (no
+/// operand_amax). ∂L/∂x and the head's gradient equal, bit for bit, those of the same products
+/// from cross_entropy then kl with the copy made by the products themselves (a recording of its
+/// own), the pool poisoned with NaN; rows off the 64-blocks, one block and two.
+#[test]
+fn tensor_core_head_products_read_the_losses_copy() {
+    use linearize_core::train::losses::{cross_entropy, head_losses, kl, HeadLosses, KlTerm, LossOut};
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(31);
+    for &(rows, block, vocab, d) in &[(70, 70, 300, 64), (130, 64, 200, 72)] {
+        let up = |v: &[f32]| gpu.upload_f32("v", v).unwrap();
+        let (ws, wt) = (random(&mut rng, vocab * d, 0.3), random(&mut rng, vocab * d, 0.3));
+        let (xs, xt) = (up(&random(&mut rng, rows * d, 1.0)), up(&random(&mut rng, rows * d, 1.0)));
+        let targets = gpu.upload_u32("targets", &(0..rows).map(|i| (i * 37 % vocab) as u32).collect::<Vec<_>>()).unwrap();
+        let (head_s, head_t) = (nn::Weight::upload(&gpu, "ws", &ws, vocab, d, nn::WeightFormat::F32).unwrap(), nn::Weight::upload(&gpu, "wt", &wt, vocab, d, nn::WeightFormat::F32).unwrap());
+        let g0 = random(&mut rng, vocab * d, 0.1);
+        let (ce_scale, kl_scale) = (1.0 / rows as f32, 0.5);
+        poison_pool(&gpu, rows.div_ceil(64) * 64 * vocab.div_ceil(64) * 32);
+        let (ce, klv, dx, g) = (up(&vec![0.0; rows]), up(&vec![0.0; rows]), up(&vec![0.0; rows * d]), up(&g0));
+        let mut rec = gpu.recorder();
+        let a = HeadLosses {
+            student_head: &head_s, student_x: &xs, targets: &targets, rows, block_rows: block, ce: &ce, ce_scale,
+            kl: Some(KlTerm { teacher_head: &head_t, teacher_x: &xt, loss: &klv, scale: kl_scale }), d_x: Some(&dx), head_grad: Some(&g),
+        };
+        head_losses(&mut rec, &a).unwrap();
+        rec.submit().unwrap();
+        // The same per block, the losses apart and the products' copy made by the products.
+        let (ce2, kl2, dx2, g2) = (up(&vec![0.0; rows]), up(&vec![0.0; rows]), up(&vec![0.0; rows * d]), up(&g0));
+        for r0 in (0..rows).step_by(block) {
+            let n = block.min(rows - r0);
+            let (ls, lt, dl) = (gpu.scratch(n * vocab).unwrap(), gpu.scratch(n * vocab).unwrap(), gpu.scratch(n * vocab).unwrap());
+            let xsv = xs.view(r0 * d, n * d).unwrap();
+            let mut rec = gpu.recorder();
+            nn::project(&mut rec, &xsv, &head_s, &ls, n, false).unwrap();
+            nn::project(&mut rec, &xt.view(r0 * d, n * d).unwrap(), &head_t, &lt, n, false).unwrap();
+            cross_entropy(&mut rec, &ls, &targets.view(r0, n).unwrap(), n, vocab, &LossOut { loss: &ce2.view(r0, n).unwrap(), grad: &dl, scale: ce_scale, accumulate: false }).unwrap();
+            kl(&mut rec, &ls, &lt, n, vocab, &LossOut { loss: &kl2.view(r0, n).unwrap(), grad: &dl, scale: kl_scale, accumulate: true }).unwrap();
+            rec.submit().unwrap();
+            let mut rec = gpu.recorder();
+            nn::linear_backward_input(&mut rec, &dl, head_s.whole().unwrap(), &dx2.view(r0 * d, n * d).unwrap(), Gemm { m: n, n: vocab, k: d }, false).unwrap();
+            nn::linear_backward_weight(&mut rec, &dl, &xsv, &g2, Gemm { m: n, n: vocab, k: d }, true).unwrap();
+            rec.submit().unwrap();
+        }
+        let what = format!("{rows} rows in blocks of {block}, vocabulary {vocab}, hidden {d}");
+        for (name, got, want, len) in [("cross entropy", &ce, &ce2, rows), ("kl", &klv, &kl2, rows), ("∂L/∂x", &dx, &dx2, rows * d), ("the head's gradient", &g, &g2, vocab * d)] {
+            let (got, want) = (gpu.read_f32_blocking(got, len).unwrap(), gpu.read_f32_blocking(want, len).unwrap());
+            let differ = got.iter().zip(&want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "{what}: {name} differs in {differ} of {len} values");
+            assert!(got.iter().all(|v| v.is_finite()), "{what}: {name} is not finite");
+        }
+        eprintln!("{what}: the head's products from the losses' copy equal those from their own, bit for bit");
+    }
+}
+
 type Produce<'a> = &'a dyn Fn(&mut Recorder, &GpuBuf);
 
 /// y = a·wᵀ and dw = dyᵀ·a right after `produce` writes a [m, k] (reading the copy it noted)

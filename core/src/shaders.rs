@@ -143,7 +143,7 @@ shader_params!(
 );
 shader_params!(
     /// train/losses: `scale` multiplies the gradient; `accumulate` 1 adds the loss to `out`.
-    LossParams for ["train/losses"] { rows: u32, vocab: u32, scale: f32, accumulate: u32 }
+    LossParams for ["train/losses"] { rows: u32, vocab: u32, scale: f32, accumulate: u32, kl_scale: f32 }
 );
 shader_params!(
     /// train/adamw: `correction1/2` are 1 − β1ᵗ and 1 − β2ᵗ; gradients are scaled by

@@ -2,6 +2,12 @@
 //   cross_entropy: loss_r = logsumexp(z_r) − z_r[target_r];  dz = (softmax(z) − onehot) · scale
 //                  (0 and 0 where the target is IGNORE)
 //   kl:            loss_r = Σ p_t (log p_t − log p_s), p = softmax;  dz_s = (p_s − p_t) · scale
+//   ce_kl:         stage 3's two at once: cross_entropy's loss into `loss`, kl's into `kl_loss`
+//                  and dz = the cross entropy's term (· scale) + kl's (· kl_scale), written (not
+//                  added); the same values as cross_entropy then kl with `accumulate`, with z
+//                  read three times rather than six and the gradient written once rather than
+//                  written, read and written. With MAXIMA, each row's max |dz| (as bits) into
+//                  `maxima`, for the gradient's f16 copy (no pass over it for its max).
 //   squared_error: loss_r = Σ (z − t)²;  dz = 2 (z − t) · scale   (stage 1's MSE)
 //   l2_error:      loss_r = ‖z_r − t_r‖;  dz = (z − t) / ‖z − t‖ · scale   (stage 2)
 // (`vocab` is the row width; `teacher` holds the targets t of the last two.)
@@ -13,6 +19,8 @@ struct Params {
     vocab: u32,
     scale: f32,
     accumulate: u32,
+    // ce_kl: the KL term's scale (`scale` is the cross entropy's)
+    kl_scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -21,6 +29,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> teacher: array<f32>;    // kl: teacher logits
 @group(0) @binding(4) var<storage, read_write> loss: array<f32>; // [rows]
 @group(0) @binding(5) var<storage, read_write> grad: array<f32>; // [rows, vocab]
+@group(0) @binding(6) var<storage, read_write> kl_loss: array<f32>; // ce_kl: [rows]
+@group(0) @binding(7) var<storage, read_write> maxima: array<u32>;  // ce_kl with MAXIMA: [rows]
+override MAXIMA: bool = false;
 
 const THREADS: u32 = 256u;
 // A target the cross entropy skips (chat::IGNORE, PyTorch's ignore_index).
@@ -37,6 +48,22 @@ fn reduce_max(t: u32, v: f32) -> f32 {
         workgroupBarrier();
     }
     let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+// The largest of the threads' `v` compared as u32 (non-negative floats order as their bits, and
+// so NaN and inf stay above every finite value), through red as f32 words.
+fn reduce_max_bits(t: u32, v: u32) -> u32 {
+    red[t] = bitcast<f32>(v);
+    workgroupBarrier();
+    for (var k = THREADS / 2u; k > 0u; k = k / 2u) {
+        if (t < k) {
+            red[t] = bitcast<f32>(max(bitcast<u32>(red[t]), bitcast<u32>(red[t + k])));
+        }
+        workgroupBarrier();
+    }
+    let r = bitcast<u32>(red[0]);
     workgroupBarrier();
     return r;
 }
@@ -135,6 +162,65 @@ fn kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
     l = reduce_sum(t, l);
     if (t == 0u) {
         loss[r] = l;
+    }
+}
+
+@compute @workgroup_size(256)
+fn ce_kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.x;
+    let t = lid.x;
+    let base = r * p.vocab;
+    let gold = targets[r];
+    // Both rows' softmax statistics, each in the order cross_entropy and kl take them.
+    var ms = -3.0e38;
+    var mt = -3.0e38;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        ms = max(ms, z[base + c]);
+        mt = max(mt, teacher[base + c]);
+    }
+    ms = reduce_max(t, ms);
+    mt = reduce_max(t, mt);
+    var ss = 0.0;
+    var st = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        ss += exp(z[base + c] - ms);
+        st += exp(teacher[base + c] - mt);
+    }
+    ss = reduce_sum(t, ss);
+    st = reduce_sum(t, st);
+    let lse_s = log(ss) + ms;
+    let lse_t = log(st) + mt;
+    var l = 0.0;
+    var best = 0u;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        // cross_entropy's term (none where the target is IGNORE) ...
+        var g = 0.0;
+        if (gold != IGNORE) {
+            g = exp(z[base + c] - ms) / ss;
+            if (c == gold) {
+                g -= 1.0;
+            }
+            g = g * p.scale;
+        }
+        // ... then kl's, added as kl adds it.
+        let log_pt = teacher[base + c] - lse_t;
+        let log_ps = z[base + c] - lse_s;
+        let pt = exp(log_pt);
+        l += pt * (log_pt - log_ps);
+        let d = g + (exp(log_ps) - pt) * p.kl_scale;
+        grad[base + c] = d;
+        best = max(best, bitcast<u32>(abs(d)));
+    }
+    l = reduce_sum(t, l);
+    if (t == 0u) {
+        loss[r] = select(0.0, log(ss) + ms - z[base + gold], gold != IGNORE);
+        kl_loss[r] = l;
+    }
+    if (MAXIMA) {
+        let m = reduce_max_bits(t, best);
+        if (t == 0u) {
+            maxima[r] = m;
+        }
     }
 }
 

@@ -820,7 +820,7 @@ fn tensor_cores(rec: &Recorder) -> bool {
 
 /// Whether a linear layer of `m` rows runs on tensor cores (from f32 weights): fewer rows go
 /// to the f32 kernels, whose loads are what a product of a few rows costs.
-fn products_on_tensor_cores(rec: &Recorder, m: usize) -> bool {
+pub(crate) fn products_on_tensor_cores(rec: &Recorder, m: usize) -> bool {
     m > 8 && tensor_cores(rec)
 }
 
@@ -855,6 +855,7 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let view_b = View { rows: n, red: k, s_row: sbn, s_red: sbk };
     let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, view_b, extent_b, cols_p)?) } else { shared_operand(rec, b, view_b) };
     let have_a = shared_operand(rec, a, view_a);
+    if std::env::var("TRACE_COPIES").is_ok() { eprintln!("TRACE coop m={rows} n={cols} k={red} strides={strides:?} have_a={} have_b={} keeps_b={} a_off={} b_off={}", have_a.is_some(), have_b.is_some(), b.keeps_copies(), a.offset(), b.offset()); }
     let (sa, sb) = match (have_a, have_b) {
         (Some(sa), Some(sb)) => (sa, sb),
         (None, Some(sb)) => (shared_operand_copy(rec, a, b, &params, 0, extent_a, rows_p, view_a)?, sb),
@@ -965,7 +966,7 @@ const AMAX_WORDS: usize = 2050;
 
 /// A producer's buffer for its workgroups' partial max |value| where its output is `staged`
 /// (copied to f16 from them), else one word for the binding its entry point names.
-fn partial_maxima(rec: &mut Recorder, staged: bool) -> Result<GpuBuf> {
+pub(crate) fn partial_maxima(rec: &mut Recorder, staged: bool) -> Result<GpuBuf> {
     rec.temp(if staged { AMAX_WORDS } else { 1 })
 }
 
@@ -986,7 +987,7 @@ fn note_rows_copy(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize, usize)
 /// transposed, dW = dyᵀ · src), from the partial maxima its producer wrote to words 0..groups
 /// of `maxima` (operand_f16 reduces them into word 2048): one dispatch, noted for the products
 /// after it in the recording.
-fn copy_rows_from_maxima(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize, usize), maxima: &GpuBuf, groups: u32) -> Result<()> {
+pub(crate) fn copy_rows_from_maxima(rec: &mut Recorder, src: &GpuBuf, (rows, cols): (usize, usize), maxima: &GpuBuf, groups: u32) -> Result<()> {
     let [m, k, kp] = [rows, cols, cols.div_ceil(64) * 64].map(|v| v as u32);
     let params = CoopGemmParams { m, n: 1, k, accumulate: 0, sam: k, sak: 1, sbn: k, sbk: 1, ldy: 1, y0: 0, kp, split_k: kp, split_stride: 0, splits: 1, amax_groups: groups, first_operand: 0, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
     let copy = rec.temp(rows_copy_words(rows, cols))?;
@@ -1021,6 +1022,7 @@ fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmP
     }
     let gpu = rec.gpu();
     let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(AMAX_WORDS)?);
+    if std::env::var("TRACE_COPIES").is_ok() { eprintln!("TRACE kept_b copy n={} k={}", view.rows, view.red); }
     copy_operand(rec, a, b, params, 1, extent_b, cols_p, &b16, &amax)?;
     let staged = Staged { copy: b16.handle(), amax: amax.handle(), max_at: B_MAX_AT, transposed: false };
     if gpu.open_recorders() == 1 {

@@ -4,7 +4,7 @@
 //! twins in crate::reference::train.
 use crate::error::{Error, Result};
 use crate::gpu::{need, GpuBuf, Kernel, Recorder};
-use crate::nn::{linear_backward_input, linear_backward_weight, project, Gemm, Weight};
+use crate::nn::{self, linear_backward_input, linear_backward_weight, project, Gemm, Weight};
 use crate::shaders::LossParams;
 
 /// A target the cross entropy skips (loss and gradient 0), as PyTorch's `ignore_index`:
@@ -24,7 +24,7 @@ impl LossOut<'_> {
     fn check(&self, what: &str, rows: usize, width: usize) -> Result<LossParams> {
         need(&format!("{what} loss"), self.loss, rows)?;
         need(&format!("{what} grad"), self.grad, rows * width)?;
-        Ok(LossParams { rows: rows as u32, vocab: width as u32, scale: self.scale, accumulate: self.accumulate as u32 })
+        Ok(LossParams { rows: rows as u32, vocab: width as u32, scale: self.scale, accumulate: self.accumulate as u32, kl_scale: 0.0 })
     }
 }
 
@@ -44,6 +44,37 @@ pub fn kl(rec: &mut Recorder, student: &GpuBuf, teacher: &GpuBuf, rows: usize, v
     need("kl teacher", teacher, rows * vocab)?;
     let params = out.check("kl", rows, vocab)?;
     rec.dispatch_bindings(&Kernel::new("train/losses", "kl"), &params, &[(1, student), (3, teacher), (4, out.loss), (5, out.grad)], [rows as u32, 1, 1])
+}
+
+/// Stage 3's per-row cross entropy against `targets` (into `ce.loss`) and KL(p_teacher ‖
+/// p_student) (into `kl_loss`) with their gradients' sum, ce.scale · ∂CE + kl_scale · ∂KL,
+/// written into `ce.grad` (`ce.accumulate` must be false): `cross_entropy` then `kl` with
+/// `accumulate` in one dispatch, the logits read half as often. With `maxima` [rows] each row's
+/// max |gradient| goes there too (as f32 bits), for the gradient's f16 copy.
+#[allow(clippy::too_many_arguments)]
+pub fn cross_entropy_kl(rec: &mut Recorder, student: &GpuBuf, teacher: &GpuBuf, targets: &GpuBuf, rows: usize, vocab: usize, ce: &LossOut, kl_loss: &GpuBuf, kl_scale: f32, maxima: Option<&GpuBuf>) -> Result<()> {
+    need("cross entropy + kl student", student, rows * vocab)?;
+    need("cross entropy + kl teacher", teacher, rows * vocab)?;
+    need("cross entropy + kl targets", targets, rows)?;
+    need("kl loss", kl_loss, rows)?;
+    if ce.accumulate {
+        return Err(Error::argument("cross entropy + kl", "the gradient is written, not added to"));
+    }
+    let params = LossParams { kl_scale, ..ce.check("cross entropy + kl", rows, vocab)? };
+    let kernel = Kernel::new("train/losses", "ce_kl").with("MAXIMA", maxima.is_some() as u32 as f64);
+    // Without maxima the binding gets a word nothing writes.
+    let unused;
+    let maxima = match maxima {
+        Some(m) => {
+            need("cross entropy + kl maxima", m, rows)?;
+            m
+        }
+        None => {
+            unused = rec.temp(1)?;
+            &unused
+        }
+    };
+    rec.dispatch_bindings(&kernel, &params, &[(1, student), (2, targets), (3, teacher), (4, ce.loss), (5, ce.grad), (6, kl_loss), (7, maxima)], [rows as u32, 1, 1])
 }
 
 /// Per-row Σ (y − target)² of [rows, width] into `loss`; gradient 2 (y − target) · scale.
@@ -99,6 +130,9 @@ pub struct KlTerm<'a> {
     pub scale: f32,
 }
 
+/// Partial maxima operand_f16 reduces for one copy (nn::AMAX_WORDS' region of an operand).
+const MAX_PARTIAL_MAXIMA: usize = 1024;
+
 pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
     let (rows, vocab, d) = (a.rows, a.student_head.rows, a.student_head.cols);
     if let Some(t) = a.kl.as_ref().filter(|t| t.teacher_head.rows != vocab || t.teacher_head.cols != d) {
@@ -114,10 +148,20 @@ pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
         let xs = a.student_x.view(r0 * d, n * d)?;
         project(rec, &xs, a.student_head, &student, n, false)?;
         let targets = a.targets.view(r0, n)?;
-        cross_entropy(rec, &student, &targets, n, vocab, &LossOut { loss: &a.ce.view(r0, n)?, grad: &d_logits, scale: a.ce_scale, accumulate: false })?;
-        if let (Some(t), Some(teacher)) = (&a.kl, &teacher) {
-            project(rec, &t.teacher_x.view(r0 * d, n * d)?, t.teacher_head, teacher, n, false)?;
-            kl(rec, &student, teacher, n, vocab, &LossOut { loss: &t.loss.view(r0, n)?, grad: &d_logits, scale: t.scale, accumulate: true })?;
+        let ce = LossOut { loss: &a.ce.view(r0, n)?, grad: &d_logits, scale: a.ce_scale, accumulate: false };
+        // The gradient's f16 copy for the head's backward products (on tensor cores) from the
+        // rows' maxima the losses write.
+        let staged = a.d_x.is_some() && n <= MAX_PARTIAL_MAXIMA && nn::products_on_tensor_cores(rec, n);
+        let maxima = nn::partial_maxima(rec, staged)?;
+        match (&a.kl, &teacher) {
+            (Some(t), Some(teacher)) => {
+                project(rec, &t.teacher_x.view(r0 * d, n * d)?, t.teacher_head, teacher, n, false)?;
+                cross_entropy_kl(rec, &student, teacher, &targets, n, vocab, &ce, &t.loss.view(r0, n)?, t.scale, staged.then_some(&maxima))?;
+                if staged {
+                    nn::copy_rows_from_maxima(rec, &d_logits, (n, vocab), &maxima, n as u32)?;
+                }
+            }
+            _ => cross_entropy(rec, &student, &targets, n, vocab, &ce)?,
         }
         let Some(d_x) = a.d_x else { continue };
         linear_backward_input(rec, &d_logits, head, &d_x.view(r0 * d, n * d)?, Gemm { m: n, n: vocab, k: d }, false)?;

@@ -20,6 +20,6 @@ pub mod distill;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod metrics;
 
-pub use losses::{cross_entropy, kl, l2_error, squared_error, LossOut};
+pub use losses::{cross_entropy, cross_entropy_kl, kl, l2_error, squared_error, LossOut};
 pub use optimizer::{adamw_step, norm_total, sum_squares, AdamW, AdamWStep, Optimizer};
 pub use stage::Stage;
