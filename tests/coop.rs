@@ -200,6 +200,76 @@ fn tensor_core_gemms_keep_weight_copies_until_the_weight_changes() {
     check_both_layouts(&gpu, "after an AdamW step", (m, n, k), &x, &dy, &w, &stepped);
 }
 
+/// The optimizer's step remakes the f16 copies kept with its segment in place (two dispatches
+/// for all: nn::refresh_kept_copies), the first step moving them into one arena: after each
+/// step, y = x·wᵀ and dx = dy·w (w's copy read transposed) of every weight equal, bit for bit,
+/// the products of a buffer holding the same values that keeps no copies (operand_amax and
+/// operand_f16 then copy it for each product). Three weights of odd shapes at block offsets of
+/// one segment, a weight whose values grow 1000× in a step (a new scale), the pool poisoned.
+#[test]
+fn tensor_core_weight_copies_are_remade_in_place_by_the_optimizer() {
+    let Some(gpu) = mixed_gpu() else { return };
+    let mut rng = Rng::new(37);
+    let shapes = [(70, 150), (9, 64), (130, 33)];
+    let at = [0, 12288, 16384];
+    let len = 24576;
+    let mut segment = gpu.upload_f32("segment", &vec![0.0; len]).unwrap();
+    segment.keep_copies();
+    let mut values = vec![0.0; len];
+    for (&(n, k), &a) in shapes.iter().zip(&at) {
+        values[a..a + n * k].copy_from_slice(&random(&mut rng, n * k, 1.0));
+    }
+    gpu.write_f32(&segment, &values);
+    let m = 70;
+    let inputs: Vec<(GpuBuf, GpuBuf)> = shapes.iter().map(|&(n, k)| (gpu.upload_f32("x", &random(&mut rng, m * k, 1.0)).unwrap(), gpu.upload_f32("dy", &random(&mut rng, m * n, 1.0)).unwrap())).collect();
+    // y and dx of every weight, from the segment's views or from `fresh` copies of its values.
+    let products = |fresh: bool| -> Vec<Vec<f32>> {
+        let source = if fresh { gpu.upload_f32("fresh", &gpu.read_f32_blocking(&segment, len).unwrap()).unwrap() } else { segment.view(0, len).unwrap() };
+        let mut out = Vec::new();
+        for ((&(n, k), &a), (x, dy)) in shapes.iter().zip(&at).zip(&inputs) {
+            poison_pool(&gpu, n.div_ceil(64) * 64 * k.div_ceil(64) * 32);
+            let w = source.view(a, n * k).unwrap();
+            let (y, dx) = (gpu.scratch(m * n).unwrap(), gpu.scratch(m * k).unwrap());
+            let mut rec = gpu.recorder();
+            nn::linear(&mut rec, x, &w, &y, Gemm { m, n, k }, false).unwrap();
+            nn::linear_backward_input(&mut rec, dy, &w, &dx, Gemm { m, n, k }, false).unwrap();
+            rec.submit().unwrap();
+            out.push(gpu.read_f32_blocking(&y, m * n).unwrap());
+            out.push(gpu.read_f32_blocking(&dx, m * k).unwrap());
+        }
+        out
+    };
+    assert_eq!(products(false), products(true), "before any step");
+    assert_eq!(segment.kept_copies(), (3, false), "one copy a weight (dx reads y's transposed), no plan yet");
+    let (m1, v1, partial) = (gpu.upload_f32("m", &vec![0.0; len]).unwrap(), gpu.upload_f32("v", &vec![0.0; len]).unwrap(), gpu.upload_f32("partial", &[0.0]).unwrap());
+    for step in 1..=3u32 {
+        // The second step's gradient moves the last weight's values far (its scale changes).
+        let mut g = random(&mut rng, len, 1.0);
+        if step == 2 {
+            g[at[2]..].iter_mut().for_each(|v| *v = -v.signum() * 1e3);
+        }
+        let grad = gpu.upload_f32("g", &g).unwrap();
+        let lr = if step == 2 { 1e3 } else { 0.5 };
+        let h = linearize_core::train::AdamW { lr, ..Default::default() };
+        let mut rec = gpu.recorder();
+        let a = linearize_core::train::AdamWStep { step, decay: true, max_norm: 0.0, param: &segment, grad: &grad, m: &m1, v: &v1, partial: &partial, total_at: 0, n: len };
+        linearize_core::train::adamw_step(&mut rec, &h, &a).unwrap();
+        rec.submit().unwrap();
+        assert_eq!(segment.kept_copies(), (3, true), "step {step}: the three copies remade by the plan");
+        let (kept, fresh) = (products(false), products(true));
+        for (i, (got, want)) in kept.iter().zip(&fresh).enumerate() {
+            let differ = got.iter().zip(want).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            assert_eq!(differ, 0, "step {step}, weight {} {}: differs in {differ} of {} values", i / 2, ["y", "dx"][i % 2], want.len());
+        }
+        assert_eq!(segment.kept_copies(), (3, true), "step {step}: the products made no copies of their own");
+    }
+    // A write from the host drops the copies and the plan; the next products copy again.
+    gpu.write_f32(&segment, &values);
+    assert_eq!(segment.kept_copies(), (0, false));
+    assert_eq!(products(false), products(true), "after a write from the host");
+    eprintln!("three weights, three steps: the products from the remade copies equal fresh copies', bit for bit");
+}
+
 /// GEMMs of one recording that read the same activation in the same layout share its f16 copy
 /// (the projections of one x), and whatever a later dispatch writes into it — the buffer itself,
 /// or a view that overlaps it — is what the GEMMs after that multiply. Products of x as the

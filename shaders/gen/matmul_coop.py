@@ -88,8 +88,8 @@ def tile_loads():
         lines += [f"    let at{e} = {e}u * 256u + tid;",
                   f"    let i{e} = select(at{e} % 64u, at{e} / 64u, along_k);",
                   f"    let r{e} = select(at{e} / 64u, at{e} % 64u, along_k);",
-                  f"    let live{e} = row0 + i{e} < rows && k0 + r{e} < p.k;",
-                  f"    let src{e} = select(0u, (row0 + i{e}) * s_row + (k0 + r{e}) * s_k, live{e});"]
+                  f"    let live{e} = row0 + i{e} < rows && k0 + r{e} < k;",
+                  f"    let src{e} = select(base, base + (row0 + i{e}) * s_row + (k0 + r{e}) * s_k, live{e});"]
     lines += [f"    var v{e} = 0.0;" for e in range(16)]
     lines.append("    if (is_a) {")
     lines += [f"        v{e} = a[src{e}];" for e in range(16)]
@@ -190,6 +190,27 @@ fn workgroup_max(tid: u32, v: u32) -> u32 {{
     return total;
 }}
 
+// Part `part` of `parts` of max |v| over words base .. base + extent of operand a or b, for
+// every thread of the workgroup: grid-strided, four loads in flight per round (independent, so
+// none waits for the one before); a maximum is the same in any order.
+fn partial_max(tid: u32, is_a: bool, base: u32, extent: u32, part: u32, parts: u32) -> u32 {{
+    let stride = parts * 256u;
+    var best = vec4<u32>(0u);
+    for (var i = part * 256u + tid; i < extent; i += 4u * stride) {{
+        let at = vec4<u32>(i, i + stride, i + 2u * stride, i + 3u * stride);
+        let live = at < vec4<u32>(extent);
+        let safe = vec4<u32>(base) + select(vec4<u32>(i), at, live);
+        var v = vec4<f32>(0.0);
+        if (is_a) {{
+            v = vec4<f32>(a[safe.x], a[safe.y], a[safe.z], a[safe.w]);
+        }} else {{
+            v = vec4<f32>(b[safe.x], b[safe.y], b[safe.z], b[safe.w]);
+        }}
+        best = max(best, select(vec4<u32>(0u), bitcast<vec4<u32>>(abs(v)), live));
+    }}
+    return workgroup_max(tid, max(max(best.x, best.y), max(best.z, best.w)));
+}}
+
 // Workgroup (x, operand): max |v| over operand y's words 0 .. (rows − 1)·s_rows + (k − 1)·s_k
 // (every value the GEMM reads), grid-strided over x.
 @compute @workgroup_size(256)
@@ -200,23 +221,7 @@ fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     if (is_a) {{
         extent = (max(p.m, 1u) - 1u) * p.sam + (max(p.k, 1u) - 1u) * p.sak + 1u;
     }}
-    // Four loads in flight per round (independent, so none waits for the one before); a
-    // maximum is the same in any order.
-    let stride = groups.x * 256u;
-    var best = vec4<u32>(0u);
-    for (var i = wid.x * 256u + tid; i < extent; i += 4u * stride) {{
-        let at = vec4<u32>(i, i + stride, i + 2u * stride, i + 3u * stride);
-        let live = at < vec4<u32>(extent);
-        let safe = select(vec4<u32>(i), at, live);
-        var v = vec4<f32>(0.0);
-        if (is_a) {{
-            v = vec4<f32>(a[safe.x], a[safe.y], a[safe.z], a[safe.w]);
-        }} else {{
-            v = vec4<f32>(b[safe.x], b[safe.y], b[safe.z], b[safe.w]);
-        }}
-        best = max(best, select(vec4<u32>(0u), bitcast<vec4<u32>>(abs(v)), live));
-    }}
-    let total = workgroup_max(tid, max(max(best.x, best.y), max(best.z, best.w)));
+    let total = partial_max(tid, is_a, 0u, extent, wid.x, groups.x);
     if (tid == 0u) {{
         amax[operand * 1024u + wid.x] = total;
     }}
@@ -241,6 +246,36 @@ fn operand_scale(max_bits: u32) -> f32 {{
 
 var<workgroup> tile_sh: array<f32, {64 * 65}>;
 
+// The 64 × 64 tile at rows row0.. and reduction indices k0.. of operand a or b (element (i, r)
+// at base + i·s_row + r·s_k; rows × k values, zeros outside) into tile_sh, read along whichever
+// index has stride 1. The sixteen loads a thread go out together, unscaled, into named
+// registers (each from a clamped address, zeroed after where outside the operand: no load waits
+// behind a branch or a store), so their latency overlaps itself and the reduction of the partial
+// maxima after it (whose first barrier orders the stores too); the scale is applied when
+// packing, the same product v · scale.
+fn load_tile(tid: u32, is_a: bool, base: u32, rows: u32, s_row: u32, s_k: u32, k: u32, row0: u32, k0: u32) {{
+    let along_k = s_k == 1u;
+{tile_loads}
+}}
+
+// tile_sh times `scale` as f16 pairs into the copy's four 64 × 16 blocks from word block0 on:
+// word w of block q holds row w / 8, reduction indices 16·q + 2·(w % 8) and the next.
+fn pack_tile(tid: u32, is_a: bool, block0: u32, scale: f32) {{
+    for (var e = 0u; e < 8u; e++) {{
+        let at = e * 256u + tid;
+        let w = at % 512u;
+        let i = w / 8u;
+        let r = (at / 512u) * 16u + (w % 8u) * 2u;
+        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r] * scale, tile_sh[i * 65u + r + 1u] * scale));
+        let dst = block0 + at;
+        if (is_a) {{
+            a16_out[dst] = word;
+        }} else {{
+            b16_out[dst] = word;
+        }}
+    }}
+}}
+
 // Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy,
 // four of its 64 × 16 blocks. Read along whichever index has stride 1; zeros outside.
 @compute @workgroup_size(256)
@@ -255,39 +290,93 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
         s_row = p.sam;
         s_k = p.sak;
     }}
-    let row0 = wid.y * 64u;
-    let k0 = wid.x * 64u;
     // The copy has rows rounded up to 64: the other operand's grid may reach further.
-    if (row0 >= (rows + 63u) / 64u * 64u) {{
+    if (wid.y * 64u >= (rows + 63u) / 64u * 64u) {{
         return;
     }}
-    // The tile's sixteen loads a thread go out together, unscaled, into named registers (each
-    // from a clamped address, zeroed after where outside the operand: no load waits behind a
-    // branch or a store), so their latency overlaps itself and the reduction of the partial
-    // maxima (operand_max's first barrier orders the stores too); the scale is applied when
-    // packing, the same product v · scale.
-    let along_k = s_k == 1u;
-{tile_loads}
+    load_tile(tid, is_a, 0u, rows, s_row, s_k, p.k, wid.y * 64u, wid.x * 64u);
     let max_bits = operand_max(tid, operand);
     if (wid.x == 0u && wid.y == 0u && tid == 0u) {{
         amax[2048u + operand] = max_bits;
     }}
-    let scale = operand_scale(max_bits);
-    // Word w of block q of this tile: row w / 8, reduction indices 16·q + 2·(w % 8) and the next.
-    let block0 = (wid.y * (p.kp / 16u) + wid.x * 4u) * 512u;
-    for (var e = 0u; e < 8u; e++) {{
-        let at = e * 256u + tid;
-        let w = at % 512u;
-        let i = w / 8u;
-        let r = (at / 512u) * 16u + (w % 8u) * 2u;
-        let word = pack2x16float(vec2<f32>(tile_sh[i * 65u + r] * scale, tile_sh[i * 65u + r + 1u] * scale));
-        let dst = block0 + at;
-        if (is_a) {{
-            a16_out[dst] = word;
+    pack_tile(tid, is_a, (wid.y * (p.kp / 16u) + wid.x * 4u) * 512u, operand_scale(max_bits));
+}}
+
+// ---- Kept copies remade where their source changed (nn::refresh_kept_copies) ----
+// Every f16 copy kept with one buffer (the optimizer's segment of trained weights), remade in
+// two dispatches however many there are, after the values change: copies_amax writes each
+// copy's partial maxima, copies_f16 its 64 × 64 tiles, exactly as operand_amax and operand_f16
+// make a copy of operand b (the same partial maxima, scale, values and layout). Table row c
+// (three vec4<u32>): [src, rows, red, s_row], [s_red, kp, copy, maxima], [groups, group0,
+// tiles_x, tile0] — element (i, r) of the source at b[src + i·s_row + r·s_red]; the copy's f16
+// blocks from word `copy` of b16_out (its row length kp halves); its maxima region from word
+// `maxima` of copy_maxima (partial maxima at + 1024.., the total at + 2049: operand b's places in
+// an operand's max buffer, where matmul_coop reads a kept copy's); its `groups` partial maxima
+// are flat workgroups group0.., its tiles (kp / 64 = tiles_x a row tile) flat tiles tile0.. .
+// p.m: table rows; p.n: tiles in all; p.amax_groups: partial maxima in all.
+@group(0) @binding(12) var<storage, read> copy_table: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read_write> copy_maxima: array<u32>;
+
+// The table row whose flat range holds `flat`: of the partial maxima (tiles false), read at
+// group0, or of the tiles, at tile0 (both increase down the table).
+fn copy_of(flat: u32, tiles: bool) -> u32 {{
+    var lo = 0u;
+    var hi = p.m;
+    while (hi - lo > 1u) {{
+        let mid = (lo + hi) / 2u;
+        let starts = copy_table[mid * 3u + 2u];
+        if (select(starts.y, starts.w, tiles) <= flat) {{
+            lo = mid;
         }} else {{
-            b16_out[dst] = word;
+            hi = mid;
         }}
     }}
+    return lo;
+}}
+
+// Flat workgroup x + 65535·y: one partial max of one copy, as operand_amax's.
+@compute @workgroup_size(256)
+fn copies_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let flat = wid.x + 65535u * wid.y;
+    if (flat >= p.amax_groups) {{
+        return;
+    }}
+    let c = copy_of(flat, false);
+    let src = copy_table[c * 3u];
+    let more = copy_table[c * 3u + 1u];
+    let parts = copy_table[c * 3u + 2u];
+    let extent = (max(src.y, 1u) - 1u) * src.w + (max(src.z, 1u) - 1u) * more.x + 1u;
+    let part = flat - parts.y;
+    let total = partial_max(tid, false, src.x, extent, part, parts.x);
+    if (tid == 0u) {{
+        copy_maxima[more.w + 1024u + part] = total;
+    }}
+}}
+
+// Flat workgroup x + 65535·y: one 64 × 64 tile of one copy, as operand_f16's.
+@compute @workgroup_size(256)
+fn copies_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
+    let flat = wid.x + 65535u * wid.y;
+    if (flat >= p.n) {{
+        return;
+    }}
+    let c = copy_of(flat, true);
+    let src = copy_table[c * 3u];
+    let more = copy_table[c * 3u + 1u];
+    let parts = copy_table[c * 3u + 2u];
+    let t = flat - parts.w;
+    let tx = t % parts.z;
+    let ty = t / parts.z;
+    load_tile(tid, false, src.x, src.y, src.w, more.x, src.z, ty * 64u, tx * 64u);
+    var best = 0u;
+    for (var i = tid; i < parts.x; i += 256u) {{
+        best = max(best, copy_maxima[more.w + 1024u + i]);
+    }}
+    let max_bits = workgroup_max(tid, best);
+    if (t == 0u && tid == 0u) {{
+        copy_maxima[more.w + 2049u] = max_bits;
+    }}
+    pack_tile(tid, false, more.z + (ty * (more.y / 16u) + tx * 4u) * 512u, operand_scale(max_bits));
 }}
 
 // One 16×16 accumulator on its way to y (unscale, bounds and accumulate).

@@ -85,6 +85,27 @@ fn workgroup_max(tid: u32, v: u32) -> u32 {
     return total;
 }
 
+// Part `part` of `parts` of max |v| over words base .. base + extent of operand a or b, for
+// every thread of the workgroup: grid-strided, four loads in flight per round (independent, so
+// none waits for the one before); a maximum is the same in any order.
+fn partial_max(tid: u32, is_a: bool, base: u32, extent: u32, part: u32, parts: u32) -> u32 {
+    let stride = parts * 256u;
+    var best = vec4<u32>(0u);
+    for (var i = part * 256u + tid; i < extent; i += 4u * stride) {
+        let at = vec4<u32>(i, i + stride, i + 2u * stride, i + 3u * stride);
+        let live = at < vec4<u32>(extent);
+        let safe = vec4<u32>(base) + select(vec4<u32>(i), at, live);
+        var v = vec4<f32>(0.0);
+        if (is_a) {
+            v = vec4<f32>(a[safe.x], a[safe.y], a[safe.z], a[safe.w]);
+        } else {
+            v = vec4<f32>(b[safe.x], b[safe.y], b[safe.z], b[safe.w]);
+        }
+        best = max(best, select(vec4<u32>(0u), bitcast<vec4<u32>>(abs(v)), live));
+    }
+    return workgroup_max(tid, max(max(best.x, best.y), max(best.z, best.w)));
+}
+
 // Workgroup (x, operand): max |v| over operand y's words 0 .. (rows − 1)·s_rows + (k − 1)·s_k
 // (every value the GEMM reads), grid-strided over x.
 @compute @workgroup_size(256)
@@ -95,23 +116,7 @@ fn operand_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id
     if (is_a) {
         extent = (max(p.m, 1u) - 1u) * p.sam + (max(p.k, 1u) - 1u) * p.sak + 1u;
     }
-    // Four loads in flight per round (independent, so none waits for the one before); a
-    // maximum is the same in any order.
-    let stride = groups.x * 256u;
-    var best = vec4<u32>(0u);
-    for (var i = wid.x * 256u + tid; i < extent; i += 4u * stride) {
-        let at = vec4<u32>(i, i + stride, i + 2u * stride, i + 3u * stride);
-        let live = at < vec4<u32>(extent);
-        let safe = select(vec4<u32>(i), at, live);
-        var v = vec4<f32>(0.0);
-        if (is_a) {
-            v = vec4<f32>(a[safe.x], a[safe.y], a[safe.z], a[safe.w]);
-        } else {
-            v = vec4<f32>(b[safe.x], b[safe.y], b[safe.z], b[safe.w]);
-        }
-        best = max(best, select(vec4<u32>(0u), bitcast<vec4<u32>>(abs(v)), live));
-    }
-    let total = workgroup_max(tid, max(max(best.x, best.y), max(best.z, best.w)));
+    let total = partial_max(tid, is_a, 0u, extent, wid.x, groups.x);
     if (tid == 0u) {
         amax[operand * 1024u + wid.x] = total;
     }
@@ -136,112 +141,95 @@ fn operand_scale(max_bits: u32) -> f32 {
 
 var<workgroup> tile_sh: array<f32, 4160>;
 
-// Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy,
-// four of its 64 × 16 blocks. Read along whichever index has stride 1; zeros outside.
-@compute @workgroup_size(256)
-fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let operand = wid.z + p.first_operand;
-    let is_a = operand == 0u;
-    var rows = p.n;
-    var s_row = p.sbn;
-    var s_k = p.sbk;
-    if (is_a) {
-        rows = p.m;
-        s_row = p.sam;
-        s_k = p.sak;
-    }
-    let row0 = wid.y * 64u;
-    let k0 = wid.x * 64u;
-    // The copy has rows rounded up to 64: the other operand's grid may reach further.
-    if (row0 >= (rows + 63u) / 64u * 64u) {
-        return;
-    }
-    // The tile's sixteen loads a thread go out together, unscaled, into named registers (each
-    // from a clamped address, zeroed after where outside the operand: no load waits behind a
-    // branch or a store), so their latency overlaps itself and the reduction of the partial
-    // maxima (operand_max's first barrier orders the stores too); the scale is applied when
-    // packing, the same product v · scale.
+// The 64 × 64 tile at rows row0.. and reduction indices k0.. of operand a or b (element (i, r)
+// at base + i·s_row + r·s_k; rows × k values, zeros outside) into tile_sh, read along whichever
+// index has stride 1. The sixteen loads a thread go out together, unscaled, into named
+// registers (each from a clamped address, zeroed after where outside the operand: no load waits
+// behind a branch or a store), so their latency overlaps itself and the reduction of the partial
+// maxima after it (whose first barrier orders the stores too); the scale is applied when
+// packing, the same product v · scale.
+fn load_tile(tid: u32, is_a: bool, base: u32, rows: u32, s_row: u32, s_k: u32, k: u32, row0: u32, k0: u32) {
     let along_k = s_k == 1u;
     let at0 = 0u * 256u + tid;
     let i0 = select(at0 % 64u, at0 / 64u, along_k);
     let r0 = select(at0 / 64u, at0 % 64u, along_k);
-    let live0 = row0 + i0 < rows && k0 + r0 < p.k;
-    let src0 = select(0u, (row0 + i0) * s_row + (k0 + r0) * s_k, live0);
+    let live0 = row0 + i0 < rows && k0 + r0 < k;
+    let src0 = select(base, base + (row0 + i0) * s_row + (k0 + r0) * s_k, live0);
     let at1 = 1u * 256u + tid;
     let i1 = select(at1 % 64u, at1 / 64u, along_k);
     let r1 = select(at1 / 64u, at1 % 64u, along_k);
-    let live1 = row0 + i1 < rows && k0 + r1 < p.k;
-    let src1 = select(0u, (row0 + i1) * s_row + (k0 + r1) * s_k, live1);
+    let live1 = row0 + i1 < rows && k0 + r1 < k;
+    let src1 = select(base, base + (row0 + i1) * s_row + (k0 + r1) * s_k, live1);
     let at2 = 2u * 256u + tid;
     let i2 = select(at2 % 64u, at2 / 64u, along_k);
     let r2 = select(at2 / 64u, at2 % 64u, along_k);
-    let live2 = row0 + i2 < rows && k0 + r2 < p.k;
-    let src2 = select(0u, (row0 + i2) * s_row + (k0 + r2) * s_k, live2);
+    let live2 = row0 + i2 < rows && k0 + r2 < k;
+    let src2 = select(base, base + (row0 + i2) * s_row + (k0 + r2) * s_k, live2);
     let at3 = 3u * 256u + tid;
     let i3 = select(at3 % 64u, at3 / 64u, along_k);
     let r3 = select(at3 / 64u, at3 % 64u, along_k);
-    let live3 = row0 + i3 < rows && k0 + r3 < p.k;
-    let src3 = select(0u, (row0 + i3) * s_row + (k0 + r3) * s_k, live3);
+    let live3 = row0 + i3 < rows && k0 + r3 < k;
+    let src3 = select(base, base + (row0 + i3) * s_row + (k0 + r3) * s_k, live3);
     let at4 = 4u * 256u + tid;
     let i4 = select(at4 % 64u, at4 / 64u, along_k);
     let r4 = select(at4 / 64u, at4 % 64u, along_k);
-    let live4 = row0 + i4 < rows && k0 + r4 < p.k;
-    let src4 = select(0u, (row0 + i4) * s_row + (k0 + r4) * s_k, live4);
+    let live4 = row0 + i4 < rows && k0 + r4 < k;
+    let src4 = select(base, base + (row0 + i4) * s_row + (k0 + r4) * s_k, live4);
     let at5 = 5u * 256u + tid;
     let i5 = select(at5 % 64u, at5 / 64u, along_k);
     let r5 = select(at5 / 64u, at5 % 64u, along_k);
-    let live5 = row0 + i5 < rows && k0 + r5 < p.k;
-    let src5 = select(0u, (row0 + i5) * s_row + (k0 + r5) * s_k, live5);
+    let live5 = row0 + i5 < rows && k0 + r5 < k;
+    let src5 = select(base, base + (row0 + i5) * s_row + (k0 + r5) * s_k, live5);
     let at6 = 6u * 256u + tid;
     let i6 = select(at6 % 64u, at6 / 64u, along_k);
     let r6 = select(at6 / 64u, at6 % 64u, along_k);
-    let live6 = row0 + i6 < rows && k0 + r6 < p.k;
-    let src6 = select(0u, (row0 + i6) * s_row + (k0 + r6) * s_k, live6);
+    let live6 = row0 + i6 < rows && k0 + r6 < k;
+    let src6 = select(base, base + (row0 + i6) * s_row + (k0 + r6) * s_k, live6);
     let at7 = 7u * 256u + tid;
     let i7 = select(at7 % 64u, at7 / 64u, along_k);
     let r7 = select(at7 / 64u, at7 % 64u, along_k);
-    let live7 = row0 + i7 < rows && k0 + r7 < p.k;
-    let src7 = select(0u, (row0 + i7) * s_row + (k0 + r7) * s_k, live7);
+    let live7 = row0 + i7 < rows && k0 + r7 < k;
+    let src7 = select(base, base + (row0 + i7) * s_row + (k0 + r7) * s_k, live7);
     let at8 = 8u * 256u + tid;
     let i8 = select(at8 % 64u, at8 / 64u, along_k);
     let r8 = select(at8 / 64u, at8 % 64u, along_k);
-    let live8 = row0 + i8 < rows && k0 + r8 < p.k;
-    let src8 = select(0u, (row0 + i8) * s_row + (k0 + r8) * s_k, live8);
+    let live8 = row0 + i8 < rows && k0 + r8 < k;
+    let src8 = select(base, base + (row0 + i8) * s_row + (k0 + r8) * s_k, live8);
     let at9 = 9u * 256u + tid;
     let i9 = select(at9 % 64u, at9 / 64u, along_k);
     let r9 = select(at9 / 64u, at9 % 64u, along_k);
-    let live9 = row0 + i9 < rows && k0 + r9 < p.k;
-    let src9 = select(0u, (row0 + i9) * s_row + (k0 + r9) * s_k, live9);
+    let live9 = row0 + i9 < rows && k0 + r9 < k;
+    let src9 = select(base, base + (row0 + i9) * s_row + (k0 + r9) * s_k, live9);
     let at10 = 10u * 256u + tid;
     let i10 = select(at10 % 64u, at10 / 64u, along_k);
     let r10 = select(at10 / 64u, at10 % 64u, along_k);
-    let live10 = row0 + i10 < rows && k0 + r10 < p.k;
-    let src10 = select(0u, (row0 + i10) * s_row + (k0 + r10) * s_k, live10);
+    let live10 = row0 + i10 < rows && k0 + r10 < k;
+    let src10 = select(base, base + (row0 + i10) * s_row + (k0 + r10) * s_k, live10);
     let at11 = 11u * 256u + tid;
     let i11 = select(at11 % 64u, at11 / 64u, along_k);
     let r11 = select(at11 / 64u, at11 % 64u, along_k);
-    let live11 = row0 + i11 < rows && k0 + r11 < p.k;
-    let src11 = select(0u, (row0 + i11) * s_row + (k0 + r11) * s_k, live11);
+    let live11 = row0 + i11 < rows && k0 + r11 < k;
+    let src11 = select(base, base + (row0 + i11) * s_row + (k0 + r11) * s_k, live11);
     let at12 = 12u * 256u + tid;
     let i12 = select(at12 % 64u, at12 / 64u, along_k);
     let r12 = select(at12 / 64u, at12 % 64u, along_k);
-    let live12 = row0 + i12 < rows && k0 + r12 < p.k;
-    let src12 = select(0u, (row0 + i12) * s_row + (k0 + r12) * s_k, live12);
+    let live12 = row0 + i12 < rows && k0 + r12 < k;
+    let src12 = select(base, base + (row0 + i12) * s_row + (k0 + r12) * s_k, live12);
     let at13 = 13u * 256u + tid;
     let i13 = select(at13 % 64u, at13 / 64u, along_k);
     let r13 = select(at13 / 64u, at13 % 64u, along_k);
-    let live13 = row0 + i13 < rows && k0 + r13 < p.k;
-    let src13 = select(0u, (row0 + i13) * s_row + (k0 + r13) * s_k, live13);
+    let live13 = row0 + i13 < rows && k0 + r13 < k;
+    let src13 = select(base, base + (row0 + i13) * s_row + (k0 + r13) * s_k, live13);
     let at14 = 14u * 256u + tid;
     let i14 = select(at14 % 64u, at14 / 64u, along_k);
     let r14 = select(at14 / 64u, at14 % 64u, along_k);
-    let live14 = row0 + i14 < rows && k0 + r14 < p.k;
-    let src14 = select(0u, (row0 + i14) * s_row + (k0 + r14) * s_k, live14);
+    let live14 = row0 + i14 < rows && k0 + r14 < k;
+    let src14 = select(base, base + (row0 + i14) * s_row + (k0 + r14) * s_k, live14);
     let at15 = 15u * 256u + tid;
     let i15 = select(at15 % 64u, at15 / 64u, along_k);
     let r15 = select(at15 / 64u, at15 % 64u, along_k);
-    let live15 = row0 + i15 < rows && k0 + r15 < p.k;
-    let src15 = select(0u, (row0 + i15) * s_row + (k0 + r15) * s_k, live15);
+    let live15 = row0 + i15 < rows && k0 + r15 < k;
+    let src15 = select(base, base + (row0 + i15) * s_row + (k0 + r15) * s_k, live15);
     var v0 = 0.0;
     var v1 = 0.0;
     var v2 = 0.0;
@@ -309,13 +297,11 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     tile_sh[i13 * 65u + r13] = select(0.0, v13, live13);
     tile_sh[i14 * 65u + r14] = select(0.0, v14, live14);
     tile_sh[i15 * 65u + r15] = select(0.0, v15, live15);
-    let max_bits = operand_max(tid, operand);
-    if (wid.x == 0u && wid.y == 0u && tid == 0u) {
-        amax[2048u + operand] = max_bits;
-    }
-    let scale = operand_scale(max_bits);
-    // Word w of block q of this tile: row w / 8, reduction indices 16·q + 2·(w % 8) and the next.
-    let block0 = (wid.y * (p.kp / 16u) + wid.x * 4u) * 512u;
+}
+
+// tile_sh times `scale` as f16 pairs into the copy's four 64 × 16 blocks from word block0 on:
+// word w of block q holds row w / 8, reduction indices 16·q + 2·(w % 8) and the next.
+fn pack_tile(tid: u32, is_a: bool, block0: u32, scale: f32) {
     for (var e = 0u; e < 8u; e++) {
         let at = e * 256u + tid;
         let w = at % 512u;
@@ -329,6 +315,109 @@ fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
             b16_out[dst] = word;
         }
     }
+}
+
+// Workgroup (reduction tile, row tile, operand): a 64 × 64 tile of the operand's f16 copy,
+// four of its 64 × 16 blocks. Read along whichever index has stride 1; zeros outside.
+@compute @workgroup_size(256)
+fn operand_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let operand = wid.z + p.first_operand;
+    let is_a = operand == 0u;
+    var rows = p.n;
+    var s_row = p.sbn;
+    var s_k = p.sbk;
+    if (is_a) {
+        rows = p.m;
+        s_row = p.sam;
+        s_k = p.sak;
+    }
+    // The copy has rows rounded up to 64: the other operand's grid may reach further.
+    if (wid.y * 64u >= (rows + 63u) / 64u * 64u) {
+        return;
+    }
+    load_tile(tid, is_a, 0u, rows, s_row, s_k, p.k, wid.y * 64u, wid.x * 64u);
+    let max_bits = operand_max(tid, operand);
+    if (wid.x == 0u && wid.y == 0u && tid == 0u) {
+        amax[2048u + operand] = max_bits;
+    }
+    pack_tile(tid, is_a, (wid.y * (p.kp / 16u) + wid.x * 4u) * 512u, operand_scale(max_bits));
+}
+
+// ---- Kept copies remade where their source changed (nn::refresh_kept_copies) ----
+// Every f16 copy kept with one buffer (the optimizer's segment of trained weights), remade in
+// two dispatches however many there are, after the values change: copies_amax writes each
+// copy's partial maxima, copies_f16 its 64 × 64 tiles, exactly as operand_amax and operand_f16
+// make a copy of operand b (the same partial maxima, scale, values and layout). Table row c
+// (three vec4<u32>): [src, rows, red, s_row], [s_red, kp, copy, maxima], [groups, group0,
+// tiles_x, tile0] — element (i, r) of the source at b[src + i·s_row + r·s_red]; the copy's f16
+// blocks from word `copy` of b16_out (its row length kp halves); its maxima region from word
+// `maxima` of copy_maxima (partial maxima at + 1024.., the total at + 2049: operand b's places in
+// an operand's max buffer, where matmul_coop reads a kept copy's); its `groups` partial maxima
+// are flat workgroups group0.., its tiles (kp / 64 = tiles_x a row tile) flat tiles tile0.. .
+// p.m: table rows; p.n: tiles in all; p.amax_groups: partial maxima in all.
+@group(0) @binding(12) var<storage, read> copy_table: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read_write> copy_maxima: array<u32>;
+
+// The table row whose flat range holds `flat`: of the partial maxima (tiles false), read at
+// group0, or of the tiles, at tile0 (both increase down the table).
+fn copy_of(flat: u32, tiles: bool) -> u32 {
+    var lo = 0u;
+    var hi = p.m;
+    while (hi - lo > 1u) {
+        let mid = (lo + hi) / 2u;
+        let starts = copy_table[mid * 3u + 2u];
+        if (select(starts.y, starts.w, tiles) <= flat) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo;
+}
+
+// Flat workgroup x + 65535·y: one partial max of one copy, as operand_amax's.
+@compute @workgroup_size(256)
+fn copies_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let flat = wid.x + 65535u * wid.y;
+    if (flat >= p.amax_groups) {
+        return;
+    }
+    let c = copy_of(flat, false);
+    let src = copy_table[c * 3u];
+    let more = copy_table[c * 3u + 1u];
+    let parts = copy_table[c * 3u + 2u];
+    let extent = (max(src.y, 1u) - 1u) * src.w + (max(src.z, 1u) - 1u) * more.x + 1u;
+    let part = flat - parts.y;
+    let total = partial_max(tid, false, src.x, extent, part, parts.x);
+    if (tid == 0u) {
+        copy_maxima[more.w + 1024u + part] = total;
+    }
+}
+
+// Flat workgroup x + 65535·y: one 64 × 64 tile of one copy, as operand_f16's.
+@compute @workgroup_size(256)
+fn copies_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let flat = wid.x + 65535u * wid.y;
+    if (flat >= p.n) {
+        return;
+    }
+    let c = copy_of(flat, true);
+    let src = copy_table[c * 3u];
+    let more = copy_table[c * 3u + 1u];
+    let parts = copy_table[c * 3u + 2u];
+    let t = flat - parts.w;
+    let tx = t % parts.z;
+    let ty = t / parts.z;
+    load_tile(tid, false, src.x, src.y, src.w, more.x, src.z, ty * 64u, tx * 64u);
+    var best = 0u;
+    for (var i = tid; i < parts.x; i += 256u) {
+        best = max(best, copy_maxima[more.w + 1024u + i]);
+    }
+    let max_bits = workgroup_max(tid, best);
+    if (t == 0u && tid == 0u) {
+        copy_maxima[more.w + 2049u] = max_bits;
+    }
+    pack_tile(tid, false, more.z + (ty * (more.y / 16u) + tx * 4u) * 512u, operand_scale(max_bits));
 }
 
 // One 16×16 accumulator on its way to y (unscale, bounds and accumulate).

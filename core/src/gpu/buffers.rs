@@ -76,6 +76,21 @@ pub struct GpuBuf {
 #[derive(Debug, Default)]
 pub struct KeptCopies {
     copies: Mutex<Vec<([u64; 6], Vec<GpuBuf>)>>,
+    /// How to remake every copy in place once the values change (nn::refresh_kept_copies), for
+    /// the keys it was made for; dropped with the copies.
+    plan: Mutex<Option<CopyPlan>>,
+}
+
+/// nn::refresh_kept_copies's plan for the copies kept with one buffer: their keys (sorted), the
+/// table and buffers its two dispatches bind, and its counts (table rows, tiles, partial
+/// maxima). The kept copies are views of `arena` and `maxima`.
+#[derive(Debug)]
+pub(crate) struct CopyPlan {
+    pub keys: Vec<[u64; 6]>,
+    pub table: GpuBuf,
+    pub arena: GpuBuf,
+    pub maxima: GpuBuf,
+    pub counts: [u32; 3],
 }
 
 impl GpuBuf {
@@ -149,6 +164,25 @@ impl GpuBuf {
             }
             None => Err(bufs),
         }
+    }
+
+    /// The keys of the copies kept with this buffer (with its views), sorted.
+    pub(crate) fn kept_keys(&self) -> Vec<[u64; 6]> {
+        let mut keys: Vec<[u64; 6]> = self.kept.as_ref().map(|k| k.copies.lock().unwrap().iter().map(|(key, _)| *key).collect()).unwrap_or_default();
+        keys.sort_unstable();
+        keys
+    }
+
+    /// Runs `f` on the plan that remakes the kept copies (None where there is none); `f` may
+    /// replace it.
+    pub(crate) fn with_copy_plan<R>(&self, f: impl FnOnce(&mut Option<CopyPlan>) -> R) -> Option<R> {
+        self.kept.as_ref().map(|k| f(&mut k.plan.lock().unwrap()))
+    }
+
+    /// How many copies are kept with this buffer, and whether a plan remakes them in place
+    /// (nn::refresh_kept_copies) — for tests and diagnostics.
+    pub fn kept_copies(&self) -> (usize, bool) {
+        self.kept.as_ref().map_or((0, false), |k| (k.copies.lock().unwrap().len(), k.plan.lock().unwrap().is_some()))
     }
 
     /// Whether ops may keep copies of this buffer's values.
@@ -299,6 +333,7 @@ impl Gpu {
     /// reuses a buffer from the pool runs after those reads.
     pub fn forget_copies(&self, buf: &GpuBuf) {
         let Some(kept) = &buf.kept else { return };
+        kept.plan.lock().unwrap().take();
         let copies = std::mem::take(&mut *kept.copies.lock().unwrap());
         for b in copies.into_iter().flat_map(|(_, bufs)| bufs) {
             self.release(b);

@@ -7,6 +7,7 @@ mod dispatch;
 mod params;
 
 pub use buffers::{need, need_values, BufferPool, Dtype, GpuBuf, PendingRead};
+pub(crate) use buffers::CopyPlan;
 pub use device::{AdapterReport, Gpu, Precision, ADAPTER_INDEX_VAR};
 pub use dispatch::{declared_storage, profile, Kernel, Recorder};
 pub(crate) use params::shader_params;

@@ -855,7 +855,6 @@ fn coop(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, Columns { y, ldy, y0 }: Colu
     let view_b = View { rows: n, red: k, s_row: sbn, s_red: sbk };
     let have_b = if b.keeps_copies() { Some(kept_operand_b(rec, a, b, &params, view_b, extent_b, cols_p)?) } else { shared_operand(rec, b, view_b) };
     let have_a = shared_operand(rec, a, view_a);
-    if std::env::var("TRACE_COPIES").is_ok() { eprintln!("TRACE coop m={rows} n={cols} k={red} strides={strides:?} have_a={} have_b={} keeps_b={} a_off={} b_off={}", have_a.is_some(), have_b.is_some(), b.keeps_copies(), a.offset(), b.offset()); }
     let (sa, sb) = match (have_a, have_b) {
         (Some(sa), Some(sb)) => (sa, sb),
         (None, Some(sb)) => (shared_operand_copy(rec, a, b, &params, 0, extent_a, rows_p, view_a)?, sb),
@@ -1022,7 +1021,6 @@ fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmP
     }
     let gpu = rec.gpu();
     let (b16, amax) = (gpu.scratch(cols_p * params.kp as usize / 2)?, gpu.scratch(AMAX_WORDS)?);
-    if std::env::var("TRACE_COPIES").is_ok() { eprintln!("TRACE kept_b copy n={} k={}", view.rows, view.red); }
     copy_operand(rec, a, b, params, 1, extent_b, cols_p, &b16, &amax)?;
     let staged = Staged { copy: b16.handle(), amax: amax.handle(), max_at: B_MAX_AT, transposed: false };
     if gpu.open_recorders() == 1 {
@@ -1033,6 +1031,83 @@ fn kept_operand_b(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, params: &CoopGemmP
         rec.retire(amax);
     }
     Ok(staged)
+}
+
+/// Words of a kept copy's max buffer in refresh_kept_copies's `maxima` (AMAX_WORDS rounded up
+/// to the 256-byte alignment of a binding's offset).
+const COPY_MAXIMA_STRIDE: usize = 2112;
+
+/// After `buf`'s values change in this recording (the optimizer's step over a segment of
+/// weights), every f16 copy kept with it (kept_operand_b's, one per weight and layout the
+/// products read) remade in place, in two dispatches however many there are
+/// (native/matmul_coop.wgsl's copies_amax and copies_f16: the same values, scale and layout as
+/// operand_amax and operand_f16 make): where they were dropped before, and the next step made
+/// each again in two dispatches of its own at its first product. The first time (or when the
+/// set of copies changed) the copies move into one arena, and the plan is kept with `buf`. Copies
+/// of values outside `buf`, or without tensor cores, are dropped as before.
+pub fn refresh_kept_copies(rec: &mut Recorder, buf: &GpuBuf) -> Result<()> {
+    let gpu = rec.gpu();
+    let keys = buf.kept_keys();
+    let (start, end) = buf.byte_range();
+    // Key: [byte offset, s_row, s_red, rows, red, 0] of the copy's source (kept_operand_b).
+    let inside = |k: &[u64; 6]| k[3] > 0 && k[4] > 0 && k[0] >= start && (k[0] - start) % 4 == 0 && k[0] + 4 * ((k[3] - 1) * k[1] + (k[4] - 1) * k[2] + 1) <= end;
+    if keys.is_empty() || !tensor_cores(rec) || !keys.iter().all(inside) {
+        gpu.forget_copies(buf);
+        return Ok(());
+    }
+    let planned = buf.with_copy_plan(|plan| plan.as_ref().filter(|p| p.keys == keys).map(|p| (p.table.handle(), p.arena.handle(), p.maxima.handle(), p.counts))).flatten();
+    let (table, arena, maxima, counts) = match planned {
+        Some(plan) => plan,
+        // A copy made by another recording still open would be replaced under it.
+        None if gpu.open_recorders() != 1 => {
+            gpu.forget_copies(buf);
+            return Ok(());
+        }
+        None => plan_kept_copies(rec, buf, keys)?,
+    };
+    let [rows, tiles, groups] = counts;
+    let params = CoopGemmParams { m: rows, n: tiles, k: 0, accumulate: 0, sam: 0, sak: 0, sbn: 0, sbk: 0, ldy: 0, y0: 0, kp: 0, split_k: 0, split_stride: 0, splits: 0, amax_groups: groups, first_operand: 1, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
+    let grid = |n: u32| [n.min(65535), n.div_ceil(65535), 1];
+    let shader = "native/matmul_coop";
+    // The entry points name operand a's bindings too (their helpers serve both operands): a
+    // reads buf again, a16_out gets a word nothing writes.
+    let unused = rec.temp(1)?;
+    rec.dispatch_bindings(&Kernel::new(shader, "copies_amax"), &params, &[(1, buf), (2, buf), (12, &table), (13, &maxima)], grid(groups))?;
+    rec.dispatch_bindings(&Kernel::new(shader, "copies_f16"), &params, &[(1, buf), (2, buf), (5, &unused), (6, &arena), (12, &table), (13, &maxima)], grid(tiles))
+}
+
+/// refresh_kept_copies's plan for `keys` (sorted): one table row per copy, the copies in one
+/// arena and their max buffers in one buffer, which the copies kept with `buf` become views of
+/// (the old ones dropped); kept with `buf` until its copies are next dropped.
+fn plan_kept_copies(rec: &mut Recorder, buf: &GpuBuf, keys: Vec<[u64; 6]>) -> Result<(GpuBuf, GpuBuf, GpuBuf, [u32; 3])> {
+    let gpu = rec.gpu();
+    let start = buf.byte_range().0;
+    let mut table: Vec<u32> = Vec::with_capacity(12 * keys.len());
+    let mut places = Vec::with_capacity(keys.len());
+    let (mut words, mut tiles, mut groups) = (0usize, 0usize, 0usize);
+    for (c, &[offset, s_row, s_red, rows, red, _]) in keys.iter().enumerate() {
+        let [s_row, s_red, rows, red] = [s_row, s_red, rows, red].map(|v| v as usize);
+        let (rows_p, kp) = (rows.div_ceil(64) * 64, red.div_ceil(64) * 64);
+        let copy_groups = amax_workgroups((rows - 1) * s_row + (red - 1) * s_red + 1) as usize;
+        let src = ((offset - start) / 4) as usize;
+        let row = [src, rows, red, s_row, s_red, kp, words, c * COPY_MAXIMA_STRIDE, copy_groups, groups, kp / 64, tiles];
+        table.extend(row.map(|v| u32::try_from(v).map_err(|_| Error::Gpu(format!("kept copy table entry {v} exceeds 32 bits")))).into_iter().collect::<Result<Vec<u32>>>()?);
+        places.push((words, rows_p * kp / 2, c * COPY_MAXIMA_STRIDE));
+        words += rows_p * kp / 2;
+        tiles += (rows_p / 64) * (kp / 64);
+        groups += copy_groups;
+    }
+    let (arena, maxima) = (gpu.unpooled(words)?, gpu.unpooled(keys.len() * COPY_MAXIMA_STRIDE)?);
+    let table = gpu.upload_u32("kept copies", &table)?;
+    gpu.forget_copies(buf);
+    for (key, &(at, len, max_at)) in keys.iter().zip(&places) {
+        buf.keep_copy(*key, vec![arena.view(at, len)?, maxima.view(max_at, AMAX_WORDS)?]).map_err(|_| Error::Gpu("kept copy of a buffer that keeps none".into()))?;
+    }
+    rec.kept_copy_of(buf);
+    let counts = [keys.len(), tiles, groups].map(|v| v as u32);
+    let handles = (table.handle(), arena.handle(), maxima.handle(), counts);
+    buf.with_copy_plan(|plan| *plan = Some(crate::gpu::CopyPlan { keys, table, arena, maxima, counts }));
+    Ok(handles)
 }
 
 /// Output tiles (64×64) of the tensor-core GEMM below which it splits the reduction: four

@@ -78,9 +78,10 @@ pub fn adamw_step(rec: &mut Recorder, h: &AdamW, a: &AdamWStep) -> Result<()> {
     };
     let per_y = 65535 * 64;
     let groups = [n.min(per_y).div_ceil(64) as u32, n.div_ceil(per_y) as u32, 1];
-    // The values change: copies kept of them (the tensor-core GEMM's) are stale from here on.
-    rec.gpu().forget_copies(param);
-    rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v), (5, partial)], groups)
+    rec.dispatch_bindings(&Kernel::new("train/adamw", "adamw"), &params, &[(1, param), (2, grad), (3, m), (4, v), (5, partial)], groups)?;
+    // The values changed: the copies kept of them (the tensor-core GEMMs' f16 copies of the
+    // weights) are remade from the new values, in two dispatches for all of them.
+    crate::nn::refresh_kept_copies(rec, param)
 }
 
 /// Partial sums of squares of `grad` [n], one per `BLOCK` values, into `partial` from index `at`
