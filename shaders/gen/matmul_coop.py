@@ -334,6 +334,11 @@ fn copy_of(flat: u32, tiles: bool) -> u32 {{
     return lo;
 }}
 
+// Table row c's three vectors.
+fn copy_row(c: u32) -> array<vec4<u32>, 3> {{
+    return array<vec4<u32>, 3>(copy_table[c * 3u], copy_table[c * 3u + 1u], copy_table[c * 3u + 2u]);
+}}
+
 // Flat workgroup x + 65535·y: one partial max of one copy, as operand_amax's.
 @compute @workgroup_size(256)
 fn copies_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{
@@ -341,10 +346,10 @@ fn copies_amax(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id)
     if (flat >= p.amax_groups) {{
         return;
     }}
-    let c = copy_of(flat, false);
-    let src = copy_table[c * 3u];
-    let more = copy_table[c * 3u + 1u];
-    let parts = copy_table[c * 3u + 2u];
+    let row = copy_row(copy_of(flat, false));
+    let src = row[0];
+    let more = row[1];
+    let parts = row[2];
     let extent = (max(src.y, 1u) - 1u) * src.w + (max(src.z, 1u) - 1u) * more.x + 1u;
     let part = flat - parts.y;
     let total = partial_max(tid, false, src.x, extent, part, parts.x);
@@ -360,10 +365,10 @@ fn copies_f16(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) 
     if (flat >= p.n) {{
         return;
     }}
-    let c = copy_of(flat, true);
-    let src = copy_table[c * 3u];
-    let more = copy_table[c * 3u + 1u];
-    let parts = copy_table[c * 3u + 2u];
+    let row = copy_row(copy_of(flat, true));
+    let src = row[0];
+    let more = row[1];
+    let parts = row[2];
     let t = flat - parts.w;
     let tx = t % parts.z;
     let ty = t / parts.z;

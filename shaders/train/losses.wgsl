@@ -82,6 +82,28 @@ fn reduce_sum(t: u32, v: f32) -> f32 {
     return r;
 }
 
+// The student's and the teacher's row at `base`: their maxima and their sums of exp(z − max),
+// as (max_s, max_t, sum_s, sum_t); the student's are what cross_entropy takes alone.
+fn softmax_stats(t: u32, base: u32) -> vec4<f32> {
+    var ms = -3.0e38;
+    var mt = -3.0e38;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        ms = max(ms, z[base + c]);
+        mt = max(mt, teacher[base + c]);
+    }
+    ms = reduce_max(t, ms);
+    mt = reduce_max(t, mt);
+    var ss = 0.0;
+    var st = 0.0;
+    for (var c = t; c < p.vocab; c += THREADS) {
+        ss += exp(z[base + c] - ms);
+        st += exp(teacher[base + c] - mt);
+    }
+    ss = reduce_sum(t, ss);
+    st = reduce_sum(t, st);
+    return vec4<f32>(ms, mt, ss, st);
+}
+
 fn put_grad(i: u32, g: f32) {
     if (p.accumulate != 0u) {
         grad[i] = grad[i] + g;
@@ -133,22 +155,11 @@ fn kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: 
     let r = wid.x;
     let t = lid.x;
     let base = r * p.vocab;
-    var ms = -3.0e38;
-    var mt = -3.0e38;
-    for (var c = t; c < p.vocab; c += THREADS) {
-        ms = max(ms, z[base + c]);
-        mt = max(mt, teacher[base + c]);
-    }
-    ms = reduce_max(t, ms);
-    mt = reduce_max(t, mt);
-    var ss = 0.0;
-    var st = 0.0;
-    for (var c = t; c < p.vocab; c += THREADS) {
-        ss += exp(z[base + c] - ms);
-        st += exp(teacher[base + c] - mt);
-    }
-    ss = reduce_sum(t, ss);
-    st = reduce_sum(t, st);
+    let stats = softmax_stats(t, base);
+    let ms = stats.x;
+    let mt = stats.y;
+    let ss = stats.z;
+    let st = stats.w;
     let lse_s = log(ss) + ms;
     let lse_t = log(st) + mt;
     var l = 0.0;
@@ -171,23 +182,12 @@ fn ce_kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
     let t = lid.x;
     let base = r * p.vocab;
     let gold = targets[r];
-    // Both rows' softmax statistics, each in the order cross_entropy and kl take them.
-    var ms = -3.0e38;
-    var mt = -3.0e38;
-    for (var c = t; c < p.vocab; c += THREADS) {
-        ms = max(ms, z[base + c]);
-        mt = max(mt, teacher[base + c]);
-    }
-    ms = reduce_max(t, ms);
-    mt = reduce_max(t, mt);
-    var ss = 0.0;
-    var st = 0.0;
-    for (var c = t; c < p.vocab; c += THREADS) {
-        ss += exp(z[base + c] - ms);
-        st += exp(teacher[base + c] - mt);
-    }
-    ss = reduce_sum(t, ss);
-    st = reduce_sum(t, st);
+    // Both rows' softmax statistics, in the order cross_entropy and kl take them.
+    let stats = softmax_stats(t, base);
+    let ms = stats.x;
+    let mt = stats.y;
+    let ss = stats.z;
+    let st = stats.w;
     let lse_s = log(ss) + ms;
     let lse_t = log(st) + mt;
     var l = 0.0;
