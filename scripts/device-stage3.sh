@@ -12,7 +12,10 @@
 #   3. carry .stage/before.xz .exp/run (after.xz, coop.xz) .gl;
 #      `[ROUNDS=… PROFILE=… PEER_SECONDS=…] bash scripts/device-stage3.sh [MIXER] [TOKENS]`
 # (upload takes whatever of .stage/ga, .stage/gb, .stage/tokx, .stage/gguf.part0?, .stage/tok
-# and .whl the call carries.)
+# and .whl the call carries.) With the checkout at ~12 MB a 48 MB half and the tokens no longer
+# fit one call (session 67): split the GGUF in three (`split -b 34M -d GGUF .stage/gguf.part`),
+# upload part00 with .stage/tokx, then part01, and carry part02 in the run's call (the run
+# joins the parts 00.. it finds, carried or uploaded, in order).
 # AFTER_ENVS="LINEARIZE_X=a LINEARIZE_X=b": the binary after once per setting in each round;
 # PROFILE entries after:VAR=value profile it with one.
 # `OPS=1 bash scripts/device-stage3.sh ops` (carry .stage/before.xz .gl .exp/run): tests/coop.rs
@@ -31,6 +34,9 @@ if [ "${1:-}" = upload ]; then
   for part in 00:ga 01:gb; do
     for f in .stage/${part#*:} .stage/gguf.part${part%%:*}; do [ -f "$f" ] && cp "$f" /root/stage/gguf.part${part%%:*}; done
   done
+  # A GGUF split in more parts (`split -b 34M -d`: a 48 MB part with the token cache and the
+  # checkout passes the 64 MiB a call carries): the later ones too.
+  for f in .stage/gguf.part0[2-9]; do [ -f "$f" ] && cp "$f" /root/stage/; done
   [ -d .stage/tok ] && cp .stage/tok/* /root/stage/tok/
   if [ -d .stage/tokx ]; then for f in .stage/tokx/*.xz; do xz -dc "$f" | gzip -1 > /root/stage/tok/$(basename "$f" .xz).gz; done; fi
   [ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /root/site .whl/*.whl
@@ -76,9 +82,11 @@ fi
 [ "$MIXER" = ops ] && { tar czf $OUT_DIR/res.tgz -C $R .; exit 0; }
 mkdir -p $LINEARIZE_HOME/teacher $LINEARIZE_HOME/corpus
 G=$LINEARIZE_HOME/teacher/SmolLM2-135M-Instruct.Q4_1.gguf
-# The second half from the upload calls, or carried in this one (as before the two uploads).
-second=/root/stage/gguf.part01; [ -f .stage/gguf.part01 ] && second=.stage/gguf.part01
-[ -f "$G" ] || cat /root/stage/gguf.part00 "$second" > "$G"
+# The parts in order, each from the upload calls or carried in this one (the last, say).
+parts() { for i in 00 01 02 03 04 05 06 07 08 09; do
+  if [ -f .stage/gguf.part$i ]; then echo .stage/gguf.part$i; elif [ -f /root/stage/gguf.part$i ]; then echo /root/stage/gguf.part$i; fi
+done; }
+[ -f "$G" ] || cat $(parts) > "$G"
 sha256sum "$G" | tee $OUT/teacher.sha256
 for f in /root/stage/tok/*.gz; do gunzip -c "$f" > $LINEARIZE_HOME/corpus/.$(basename "$f" .gz); done
 for round in $(seq 1 ${ROUNDS:-2}); do
