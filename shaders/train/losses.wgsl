@@ -213,7 +213,12 @@ fn ce_kl(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wi
     }
     l = reduce_sum(t, l);
     if (t == 0u) {
-        loss[r] = select(0.0, log(ss) + ms - z[base + gold], gold != IGNORE);
+        // (No read at an IGNORE target: it lies past the row.)
+        var ce = 0.0;
+        if (gold != IGNORE) {
+            ce = log(ss) + ms - z[base + gold];
+        }
+        loss[r] = ce;
         kl_loss[r] = l;
     }
     if (MAXIMA) {

@@ -566,9 +566,9 @@ pub fn attention(rec: &mut Recorder, s: AttnShape, q: &GpuBuf, k_cache: &GpuBuf,
             return rec.dispatch(&Kernel::new("nn/attention", "attention"), &params, &bufs, groups);
         }
         // Each workgroup writes its partial max |out| for out's f16 copy (o_proj reads it), where
-        // operand_f16 can reduce them all (at most 2,048: words 2048.. of its buffer are totals).
+        // operand_f16 can reduce them all (at most MAX_ROWS_COPY_MAXIMA).
         let (rows, n_groups) = (s.batch * s.seq, groups.iter().product::<u32>());
-        let staged = products_on_tensor_cores(rec, rows) && n_groups <= 2048;
+        let staged = products_on_tensor_cores(rec, rows) && n_groups as usize <= MAX_ROWS_COPY_MAXIMA;
         let maxima = partial_maxima(rec, staged)?;
         let kernel = Kernel::new("native/attention_coop", "attention_coop").with("MAXIMA", staged as u32 as f64);
         rec.dispatch_bindings(&kernel, &params, &[(1, q), (2, k_cache), (3, v_cache), (4, out), (5, &maxima)], groups)?;
@@ -963,6 +963,10 @@ fn copy_f16(rec: &mut Recorder, a: &GpuBuf, b: &GpuBuf, p: &CoopGemmParams, rows
 /// 1024.., the totals at A_MAX_AT and B_MAX_AT).
 const AMAX_WORDS: usize = 2050;
 
+/// Partial maxima a producer may write for copy_rows_from_maxima: operand_f16 reduces a first
+/// operand's from words 0.. of its max buffer, up to its total at A_MAX_AT.
+pub(crate) const MAX_ROWS_COPY_MAXIMA: usize = A_MAX_AT as usize;
+
 /// A producer's buffer for its workgroups' partial max |value| where its output is `staged`
 /// (copied to f16 from them), else one word for the binding its entry point names.
 pub(crate) fn partial_maxima(rec: &mut Recorder, staged: bool) -> Result<GpuBuf> {
@@ -1066,7 +1070,7 @@ pub fn refresh_kept_copies(rec: &mut Recorder, buf: &GpuBuf) -> Result<()> {
         None => plan_kept_copies(rec, buf, keys)?,
     };
     let [rows, tiles, groups] = counts;
-    let params = CoopGemmParams { m: rows, n: tiles, k: 0, accumulate: 0, sam: 0, sak: 0, sbn: 0, sbk: 0, ldy: 0, y0: 0, kp: 0, split_k: 0, split_stride: 0, splits: 0, amax_groups: groups, first_operand: 1, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT };
+    let params = CoopGemmParams { m: rows, n: tiles, amax_groups: groups, first_operand: 1, a_max_at: A_MAX_AT, b_max_at: B_MAX_AT, ..Default::default() };
     let grid = |n: u32| [n.min(65535), n.div_ceil(65535), 1];
     let shader = "native/matmul_coop";
     // The entry points name operand a's bindings too (their helpers serve both operands): a
@@ -1090,8 +1094,9 @@ fn plan_kept_copies(rec: &mut Recorder, buf: &GpuBuf, keys: Vec<[u64; 6]>) -> Re
         let (rows_p, kp) = (rows.div_ceil(64) * 64, red.div_ceil(64) * 64);
         let copy_groups = amax_workgroups((rows - 1) * s_row + (red - 1) * s_red + 1) as usize;
         let src = ((offset - start) / 4) as usize;
-        let row = [src, rows, red, s_row, s_red, kp, words, c * COPY_MAXIMA_STRIDE, copy_groups, groups, kp / 64, tiles];
-        table.extend(row.map(|v| u32::try_from(v).map_err(|_| Error::Gpu(format!("kept copy table entry {v} exceeds 32 bits")))).into_iter().collect::<Result<Vec<u32>>>()?);
+        for v in [src, rows, red, s_row, s_red, kp, words, c * COPY_MAXIMA_STRIDE, copy_groups, groups, kp / 64, tiles] {
+            table.push(u32::try_from(v).map_err(|_| Error::Gpu(format!("kept copy table entry {v} exceeds 32 bits")))?);
+        }
         places.push((words, rows_p * kp / 2, c * COPY_MAXIMA_STRIDE));
         words += rows_p * kp / 2;
         tiles += (rows_p / 64) * (kp / 64);

@@ -130,9 +130,6 @@ pub struct KlTerm<'a> {
     pub scale: f32,
 }
 
-/// Partial maxima operand_f16 reduces for one copy (nn::AMAX_WORDS' region of an operand).
-const MAX_PARTIAL_MAXIMA: usize = 1024;
-
 pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
     let (rows, vocab, d) = (a.rows, a.student_head.rows, a.student_head.cols);
     if let Some(t) = a.kl.as_ref().filter(|t| t.teacher_head.rows != vocab || t.teacher_head.cols != d) {
@@ -151,7 +148,7 @@ pub fn head_losses(rec: &mut Recorder, a: &HeadLosses) -> Result<()> {
         let ce = LossOut { loss: &a.ce.view(r0, n)?, grad: &d_logits, scale: a.ce_scale, accumulate: false };
         // The gradient's f16 copy for the head's backward products (on tensor cores) from the
         // rows' maxima the losses write.
-        let staged = a.d_x.is_some() && n <= MAX_PARTIAL_MAXIMA && nn::products_on_tensor_cores(rec, n);
+        let staged = a.d_x.is_some() && n <= nn::MAX_ROWS_COPY_MAXIMA && nn::products_on_tensor_cores(rec, n);
         let maxima = nn::partial_maxima(rec, staged)?;
         match (&a.kl, &teacher) {
             (Some(t), Some(teacher)) => {
